@@ -1,0 +1,209 @@
+#include "passes/cluster.h"
+
+#include <torch/csrc/jit/ir/alias_analysis.h>
+#include <torch/csrc/jit/passes/utils/subgraph_utils.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace blade::passes {
+namespace {
+
+using torch::jit::AliasDb;
+using torch::jit::Block;
+using torch::jit::Node;
+using torch::jit::Value;
+namespace SubgraphUtils = torch::jit::SubgraphUtils;
+
+bool is_tensor(const Value* v) {
+  return v->type()->kind() == c10::TypeKind::TensorType;
+}
+
+class Clusterer {
+ public:
+  Clusterer(const std::shared_ptr<torch::jit::Graph>& graph, const ClusterOptions& options)
+      : graph_(graph), options_(options), alias_db_(std::make_unique<AliasDb>(graph)) {
+    for (Node* n : options_.compute) {
+      compute_count_[n] = 1;
+    }
+  }
+
+  ClusterResult run() {
+    cluster_block(graph_->block());
+    ClusterResult result;
+    finalize_block(graph_->block(), result);
+    return result;
+  }
+
+ private:
+  bool joinable(Node* n) const {
+    return n->kind() == cluster_kind() || options_.supported.count(n) > 0;
+  }
+
+  void cluster_block(Block* block) {
+    for (Node* n : block->nodes()) {
+      for (Block* sub : n->blocks()) {
+        cluster_block(sub);
+      }
+    }
+    // Walk backwards, letting each cluster absorb its producers, until nothing changes.
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      for (auto it = block->nodes().rbegin(); it != block->nodes().rend();) {
+        auto [next, merged] = visit(*it);
+        it = next;
+        changed |= merged;
+      }
+    }
+  }
+
+  std::pair<torch::jit::graph_node_list_iterator, bool> visit(Node* consumer) {
+    if (!joinable(consumer)) {
+      return {++consumer->reverseIterator(), false};
+    }
+    if (consumer->kind() != cluster_kind()) {
+      int64_t count = compute_count_[consumer];
+      consumer = SubgraphUtils::createSingletonSubgraphAndUpdateAliasing(consumer, cluster_kind(),
+                                                                         *alias_db_);
+      compute_count_[consumer] = count;
+    }
+    // Try producers from the latest to the earliest, as they are the cheapest to move.
+    std::vector<Node*> producers;
+    for (Value* input : consumer->inputs()) {
+      Node* p = input->node();
+      if (p->owningBlock() == consumer->owningBlock() && joinable(p) &&
+          std::find(producers.begin(), producers.end(), p) == producers.end()) {
+        producers.push_back(p);
+      }
+    }
+    std::sort(producers.begin(), producers.end(),
+              [](Node* a, Node* b) { return b->isBefore(a); });
+    for (Node* producer : producers) {
+      if (!only_tensors_escape(producer, consumer)) {
+        continue;
+      }
+      if (!alias_db_->moveBeforeTopologicallyValid(producer, consumer)) {
+        continue;
+      }
+      int64_t count = compute_count_[producer] + compute_count_[consumer];
+      SubgraphUtils::mergeNodeIntoSubgraphAndUpdateAliasing(producer, consumer, *alias_db_);
+      compute_count_[consumer] = count;
+      return {consumer->reverseIterator(), true};
+    }
+    return {++consumer->reverseIterator(), false};
+  }
+
+  // A producer whose non-tensor outputs are used outside `consumer` would make a
+  // non-tensor cross the cluster boundary.
+  static bool only_tensors_escape(Node* producer, Node* consumer) {
+    for (Value* out : producer->outputs()) {
+      if (is_tensor(out)) {
+        continue;
+      }
+      for (const auto& use : out->uses()) {
+        if (use.user != consumer) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  void finalize_block(Block* block, ClusterResult& result) {
+    std::vector<Node*> clusters;
+    for (Node* n : block->nodes()) {
+      for (Block* sub : n->blocks()) {
+        finalize_block(sub, result);
+      }
+      if (n->kind() == cluster_kind()) {
+        clusters.push_back(n);
+      }
+    }
+    for (Node* cluster : clusters) {
+      // An engine returns fresh tensors: outputs that are views of the cluster's inputs, or
+      // of each other, run outside it so that TorchScript keeps their aliasing.
+      SubgraphUtils::unmergeOutputsAlisingInputs(cluster);
+      SubgraphUtils::unmergeAliasedOutputs(cluster);
+      if (cluster->g(c10::attr::Subgraph)->nodes().begin() ==
+          cluster->g(c10::attr::Subgraph)->nodes().end()) {
+        dissolve_cluster(cluster);
+        continue;
+      }
+      absorb_constant_inputs(cluster);
+      std::string reason = check_boundary(cluster);
+      if (reason.empty() && compute_count_[cluster] < options_.min_compute_ops) {
+        reason = "cluster has " + std::to_string(compute_count_[cluster]) +
+                 " compute ops, fewer than min_cluster_size=" +
+                 std::to_string(options_.min_compute_ops);
+      }
+      if (reason.empty()) {
+        result.clusters.push_back(cluster);
+        continue;
+      }
+      DissolvedCluster dissolved;
+      for (Node* inner : cluster->g(c10::attr::Subgraph)->nodes()) {
+        if (inner->kind() != c10::prim::Constant) {
+          dissolved.node_kinds.push_back(inner->kind().toQualString());
+        }
+      }
+      dissolved.reason = reason;
+      result.dissolved.push_back(std::move(dissolved));
+      dissolve_cluster(cluster);
+    }
+  }
+
+  // Constants computed outside become constants inside, so they never cross the boundary.
+  static void absorb_constant_inputs(Node* cluster) {
+    auto subgraph = cluster->g(c10::attr::Subgraph);
+    for (size_t i = cluster->inputs().size(); i-- > 0;) {
+      Node* producer = cluster->input(i)->node();
+      if (producer->kind() != c10::prim::Constant) {
+        continue;
+      }
+      torch::jit::WithInsertPoint guard(subgraph->block()->nodes().front());
+      Node* copy = subgraph->createClone(producer, [](Value* v) { return v; });
+      subgraph->insertNode(copy);
+      subgraph->inputs()[i]->replaceAllUsesWith(copy->output());
+      subgraph->eraseInput(i);
+      cluster->removeInput(i);
+    }
+  }
+
+  static std::string check_boundary(Node* cluster) {
+    for (Value* v : cluster->inputs()) {
+      if (!is_tensor(v)) {
+        return "a non-tensor value (" + v->type()->repr_str() + ", produced by " +
+               v->node()->kind().toQualString() + ") would enter the cluster";
+      }
+    }
+    for (Value* v : cluster->outputs()) {
+      if (!is_tensor(v)) {
+        return "a non-tensor value (" + v->type()->repr_str() + ") would leave the cluster";
+      }
+    }
+    return "";
+  }
+
+  std::shared_ptr<torch::jit::Graph> graph_;
+  const ClusterOptions& options_;
+  std::unique_ptr<AliasDb> alias_db_;
+  std::unordered_map<Node*, int64_t> compute_count_;
+};
+
+}  // namespace
+
+c10::Symbol cluster_kind() {
+  return c10::prim::FunctionalGraph;
+}
+
+void dissolve_cluster(Node* cluster) {
+  SubgraphUtils::unmergeSubgraph(cluster);
+}
+
+ClusterResult cluster_supported_nodes(const std::shared_ptr<torch::jit::Graph>& graph,
+                                      const ClusterOptions& options) {
+  return Clusterer(graph, options).run();
+}
+
+}  // namespace blade::passes

@@ -1,0 +1,49 @@
+// cluster_supported_nodes: merges the nodes the converter registry accepts into clusters.
+//
+// Guarantees:
+//  - no cycles: a node joins a cluster only when AliasDb can move it next to the cluster
+//    without breaking a data dependency or reordering a memory effect, so no cluster ever
+//    depends on itself through an outside node;
+//  - every block is clustered, recursing into prim::If and prim::Loop bodies; a cluster
+//    never spans blocks;
+//  - only tensors cross a cluster's boundary: non-tensor constants used inside are cloned
+//    into it, and a cluster that would still take or give a non-tensor is dissolved;
+//  - clusters with fewer than `min_compute_ops` compute nodes are dissolved.
+// Each cluster is a node of kind prim::FunctionalGraph whose `Subgraph` attribute holds
+// the nodes (the kind AliasDb already analyses as a pure subgraph).
+#pragma once
+
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace blade::passes {
+
+struct ClusterOptions {
+  std::unordered_set<torch::jit::Node*> supported;  // nodes that may join a cluster
+  std::unordered_set<torch::jit::Node*> compute;    // those that count towards the size
+  int64_t min_compute_ops = 1;
+};
+
+struct DissolvedCluster {
+  std::vector<std::string> node_kinds;
+  std::string reason;
+};
+
+struct ClusterResult {
+  std::vector<torch::jit::Node*> clusters;
+  std::vector<DissolvedCluster> dissolved;
+};
+
+ClusterResult cluster_supported_nodes(const std::shared_ptr<torch::jit::Graph>& graph,
+                                      const ClusterOptions& options);
+
+// The kind of the nodes cluster_supported_nodes creates.
+c10::Symbol cluster_kind();
+
+// Moves a cluster's nodes back into the graph and removes the cluster node.
+void dissolve_cluster(torch::jit::Node* cluster);
+
+}  // namespace blade::passes

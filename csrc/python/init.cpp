@@ -1,0 +1,73 @@
+// blade._C: the Python bindings of the graph passes. The runtime (libblade_ral) is linked
+// in, so importing this module also registers the Engine class and the execute op.
+#include "passes/cluster.h"
+#include "passes/engine_call.h"
+#include "passes/materialize_types.h"
+#include "ral/engine.h"
+#include "ral/ral_abi.h"
+
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/extension.h>
+
+namespace py = pybind11;
+
+namespace blade {
+namespace {
+
+std::vector<c10::IValue> to_ivalues(const std::shared_ptr<torch::jit::Graph>& graph,
+                                    const py::tuple& inputs) {
+  TORCH_CHECK(inputs.size() == graph->inputs().size(), "blade: the graph takes ",
+              graph->inputs().size(), " inputs (the module first), but ", inputs.size(),
+              " were given");
+  std::vector<c10::IValue> values;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    values.push_back(torch::jit::toIValue(inputs[i], graph->inputs()[i]->type()));
+  }
+  return values;
+}
+
+}  // namespace
+}  // namespace blade
+
+PYBIND11_MODULE(_C, m) {
+  using namespace blade;
+  m.doc() = "Blade's TorchScript graph passes and runtime bindings";
+
+  m.def(
+      "materialize_types",
+      [](const std::shared_ptr<torch::jit::Graph>& graph, const py::tuple& inputs,
+         bool static_shapes) {
+        auto values = to_ivalues(graph, inputs);
+        py::gil_scoped_release no_gil;
+        return passes::materialize_types(graph, std::move(values), static_shapes);
+      },
+      py::arg("graph"), py::arg("inputs"), py::arg("static_shapes"));
+
+  py::class_<passes::DissolvedCluster>(m, "DissolvedCluster")
+      .def_readonly("node_kinds", &passes::DissolvedCluster::node_kinds)
+      .def_readonly("reason", &passes::DissolvedCluster::reason);
+
+  m.def(
+      "cluster_supported_nodes",
+      [](const std::shared_ptr<torch::jit::Graph>& graph,
+         const std::vector<torch::jit::Node*>& supported,
+         const std::vector<torch::jit::Node*>& compute, int64_t min_compute_ops) {
+        passes::ClusterOptions options;
+        options.supported.insert(supported.begin(), supported.end());
+        options.compute.insert(compute.begin(), compute.end());
+        options.min_compute_ops = min_compute_ops;
+        auto result = passes::cluster_supported_nodes(graph, options);
+        return std::make_pair(result.clusters, result.dissolved);
+      },
+      py::arg("graph"), py::arg("supported"), py::arg("compute"), py::arg("min_compute_ops"),
+      py::return_value_policy::reference);
+
+  m.def("dissolve_cluster", &passes::dissolve_cluster, py::arg("cluster"));
+  m.def("lift_tensor_constants", &passes::lift_tensor_constants, py::arg("subgraph"));
+  m.def("fallback_ir", &passes::fallback_ir, py::arg("subgraph"));
+  m.def("replace_cluster_with_engine", &passes::replace_cluster_with_engine, py::arg("cluster"),
+        py::arg("attr_name"));
+  m.def("live_allocations", &blade_ral_live_allocations,
+        "Buffers allocated by generated code and not yet freed, in this process.");
+  m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;
+}

@@ -1,0 +1,71 @@
+#include "ral/compiled_code.h"
+
+#include <c10/util/Exception.h>
+
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace blade::ral {
+namespace {
+
+// Closes a file descriptor on every path out of the loader.
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) {
+      ::close(fd);
+    }
+  }
+};
+
+}  // namespace
+
+CompiledCode::CompiledCode(const uint8_t* data, size_t size, const std::string& name) {
+  int fd = ::memfd_create(("blade:" + name).c_str(), MFD_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "blade: engine '", name, "': memfd_create failed: ", std::strerror(errno));
+  FdCloser closer{fd};
+  size_t written = 0;
+  while (written < size) {
+    ssize_t n = ::write(fd, data + written, size - written);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    TORCH_CHECK(n > 0, "blade: engine '", name, "': writing code to memory failed: ",
+                std::strerror(errno));
+    written += static_cast<size_t>(n);
+  }
+  std::string path = "/proc/self/fd/" + std::to_string(fd);
+  // RTLD_LOCAL: the engine's symbols never clash with another engine's.
+  handle_ = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  const char* load_error = handle_ ? nullptr : ::dlerror();
+  TORCH_CHECK(handle_ != nullptr, "blade: engine '", name,
+              "': its compiled code could not be loaded: ", load_error ? load_error : "unknown");
+  entry_ = reinterpret_cast<EntryFn>(::dlsym(handle_, kEntrySymbol));
+  if (entry_ == nullptr) {
+    ::dlclose(handle_);
+    handle_ = nullptr;
+    TORCH_CHECK(false, "blade: engine '", name, "': compiled code has no '", kEntrySymbol,
+                "' symbol");
+  }
+}
+
+CompiledCode::~CompiledCode() {
+  if (handle_ != nullptr) {
+    ::dlclose(handle_);
+  }
+}
+
+uint64_t checksum_bytes(const uint8_t* data, size_t size) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (size_t i = 0; i < size; ++i) {
+    hash ^= data[i];
+    hash *= 1099511628211ULL;
+  }
+  return hash;
+}
+
+}  // namespace blade::ral

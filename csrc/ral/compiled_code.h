@@ -1,0 +1,36 @@
+// CompiledCode: the native code of one engine, loaded from bytes held in memory.
+//
+// The shared library produced by the compiler is written to an anonymous memory file
+// (memfd) and opened from there, so nothing is left in the working directory or /tmp.
+// The library stays loaded as long as this object lives; the destructor unloads it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace blade::ral {
+
+// The one entry point every engine's code exports: `args` holds one pointer per memref
+// descriptor, inputs first, then outputs (which the runtime allocates).
+using EntryFn = void (*)(void** args);
+constexpr const char* kEntrySymbol = "blade_entry";
+
+class CompiledCode {
+ public:
+  // Throws c10::Error with the loader's message if the bytes are not a loadable library.
+  CompiledCode(const uint8_t* data, size_t size, const std::string& name);
+  ~CompiledCode();
+  CompiledCode(const CompiledCode&) = delete;
+  CompiledCode& operator=(const CompiledCode&) = delete;
+
+  EntryFn entry() const { return entry_; }
+
+ private:
+  void* handle_ = nullptr;
+  EntryFn entry_ = nullptr;
+};
+
+// FNV-1a, 64 bits: detects corrupted code bytes in a saved engine.
+uint64_t checksum_bytes(const uint8_t* data, size_t size);
+
+}  // namespace blade::ral

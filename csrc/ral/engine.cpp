@@ -1,0 +1,267 @@
+#include "ral/engine.h"
+
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/irparser.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#ifndef BLADE_VERSION
+#define BLADE_VERSION "unknown"
+#endif
+
+namespace blade::ral {
+namespace {
+
+FallbackMode parse_fallback_mode(const std::string& mode) {
+  if (mode == "fallback") {
+    return FallbackMode::kFallback;
+  }
+  TORCH_CHECK(mode == "error", "blade: fallback mode must be 'fallback' or 'error', got '", mode,
+              "'");
+  return FallbackMode::kError;
+}
+
+std::string meta_value(const std::string& meta, const std::string& key) {
+  std::istringstream in(meta);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + "=", 0) == 0) {
+      return line.substr(key.size() + 1);
+    }
+  }
+  return "";
+}
+
+// The subgraph, typed only as far as any input would be, returning its outputs as one list
+// so that the engine can run it whatever the number of outputs.
+std::shared_ptr<torch::jit::GraphFunction> make_fallback_function(const std::string& name,
+                                                                  const std::string& ir) {
+  auto graph = std::make_shared<torch::jit::Graph>();
+  torch::jit::parseIR(ir, graph.get());
+  std::vector<torch::jit::Value*> outputs(graph->outputs().begin(), graph->outputs().end());
+  auto* list = graph->insertNode(graph->createList(c10::TensorType::get(), outputs));
+  while (!graph->outputs().empty()) {
+    graph->eraseOutput(0);
+  }
+  graph->registerOutput(list->output());
+  return std::make_shared<torch::jit::GraphFunction>(name + "_fallback", graph, nullptr);
+}
+
+std::set<std::string> host_cpu_flags() {
+  std::set<std::string> flags;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      std::istringstream words(line.substr(line.find(':') + 1));
+      std::string flag;
+      while (words >> flag) {
+        flags.insert(flag);
+      }
+      break;
+    }
+  }
+  return flags;
+}
+
+}  // namespace
+
+std::string missing_cpu_features(const std::string& required) {
+  static const std::set<std::string> host = host_cpu_flags();
+  std::string missing;
+  std::istringstream in(required);
+  std::string feature;
+  while (std::getline(in, feature, ',')) {
+    if (!feature.empty() && host.count(feature) == 0) {
+      missing += (missing.empty() ? "" : ",") + feature;
+    }
+  }
+  return missing;
+}
+
+Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
+               std::string output_specs, std::string fallback_ir, std::vector<at::Tensor> params,
+               std::string fallback_mode, std::string cpu_features)
+    : name_(std::move(name)),
+      code_bytes_(code.defined() ? code.contiguous() : at::empty({0}, at::kByte)),
+      input_specs_(parse_specs(input_specs)),
+      output_specs_(parse_specs(output_specs)),
+      fallback_ir_(std::move(fallback_ir)),
+      fallback_mode_(parse_fallback_mode(fallback_mode)),
+      cpu_features_(std::move(cpu_features)) {
+  TORCH_CHECK(code_bytes_.scalar_type() == at::kByte, "blade: engine '", name_,
+              "': code must be a uint8 tensor");
+  params_.reserve(params.size());
+  for (auto& p : params) {
+    params_.push_back(p.contiguous());
+  }
+  expected_checksum_ = static_cast<int64_t>(
+      checksum_bytes(code_bytes_.data_ptr<uint8_t>(), static_cast<size_t>(code_bytes_.numel())));
+  fallback_fn_ = make_fallback_function(name_, fallback_ir_);
+  load_code();
+}
+
+Engine::~Engine() = default;
+
+void Engine::load_code() {
+  auto size = static_cast<size_t>(code_bytes_.numel());
+  const auto* data = code_bytes_.data_ptr<uint8_t>();
+  if (size == 0) {
+    load_error_ = "the engine has no compiled code";
+  } else if (static_cast<int64_t>(checksum_bytes(data, size)) != expected_checksum_) {
+    load_error_ = "the compiled code fails its checksum (the saved file is corrupted)";
+  } else if (auto missing = missing_cpu_features(cpu_features_); !missing.empty()) {
+    load_error_ = "the compiled code needs CPU features this machine lacks: " + missing;
+  } else {
+    try {
+      code_ = std::make_unique<CompiledCode>(data, size, name_);
+    } catch (const c10::Error& e) {
+      load_error_ = e.what_without_backtrace();
+    }
+  }
+  TORCH_CHECK(load_error_.empty() || fallback_mode_ != FallbackMode::kError, "blade: engine '",
+              name_, "' cannot run its compiled code: ", load_error_,
+              ". It was built with fallback='error'; rebuild the model with blade.optimize on "
+              "this machine, or with Config(fallback='fallback') to run its TorchScript "
+              "subgraph instead.");
+}
+
+std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) {
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  if (!code_) {
+    return run_fallback(inputs, load_error_);
+  }
+  if (inputs.size() != input_specs_.size()) {
+    return run_fallback(inputs, "expected " + std::to_string(input_specs_.size()) +
+                                    " inputs, got " + std::to_string(inputs.size()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto why = input_specs_[i].mismatch(inputs[i]);
+    if (!why.empty()) {
+      return run_fallback(inputs, "input " + std::to_string(i) + ": " + why);
+    }
+  }
+  return run_compiled(inputs);
+}
+
+std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inputs) {
+  // Contiguous views of the inputs: the code reads identity-layout buffers. `contiguous`
+  // returns the tensor itself when it already is, so no copy is made in the common case.
+  std::vector<at::Tensor> args;
+  args.reserve(inputs.size() + params_.size() + output_specs_.size());
+  for (const auto& t : inputs) {
+    args.push_back(t.contiguous());
+  }
+  args.insert(args.end(), params_.begin(), params_.end());
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(output_specs_.size());
+  for (const auto& spec : output_specs_) {
+    outputs.push_back(at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype)));
+    args.push_back(outputs.back());
+  }
+
+  // One memref descriptor per argument: {allocated, aligned, offset, sizes..., strides...}.
+  size_t words = 0;
+  for (const auto& t : args) {
+    words += 3 + 2 * static_cast<size_t>(t.dim());
+  }
+  std::vector<int64_t> descriptors(words);
+  std::vector<void*> pointers(args.size());
+  size_t at = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& t = args[i];
+    int64_t* d = descriptors.data() + at;
+    auto* data = static_cast<char*>(t.data_ptr());
+    d[0] = reinterpret_cast<int64_t>(data);
+    d[1] = reinterpret_cast<int64_t>(data);
+    d[2] = 0;
+    const int64_t rank = t.dim();
+    for (int64_t k = 0; k < rank; ++k) {
+      d[3 + k] = t.size(k);
+      d[3 + rank + k] = t.stride(k);
+    }
+    pointers[i] = d;
+    at += 3 + 2 * static_cast<size_t>(rank);
+  }
+  code_->entry()(pointers.data());
+  return outputs;
+}
+
+std::vector<at::Tensor> Engine::run_fallback(const std::vector<at::Tensor>& inputs,
+                                             const std::string& reason) {
+  TORCH_CHECK(fallback_mode_ != FallbackMode::kError, "blade: engine '", name_,
+              "' cannot run these inputs: ", reason, ". Expected signature (",
+              format_specs(input_specs_), "), got (", describe_tensors(inputs),
+              "). Call it with inputs of the expected signature, or build the model with "
+              "Config(fallback='fallback') to run the TorchScript subgraph for such inputs.");
+  fallbacks_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> guard(reason_mutex_);
+    last_fallback_reason_ = reason;
+  }
+  torch::jit::Stack stack(inputs.begin(), inputs.end());
+  stack.insert(stack.end(), params_.begin(), params_.end());
+  fallback_fn_->run(stack);
+  auto outputs = stack.back().toTensorVector();
+  // The op's schema promises fresh outputs; a subgraph that returns a view of an input
+  // would break that promise, so such outputs are copied.
+  for (auto& out : outputs) {
+    for (const auto& in : inputs) {
+      if (in.defined() && out.defined() && out.is_alias_of(in)) {
+        out = out.clone();
+        break;
+      }
+    }
+  }
+  return outputs;
+}
+
+EngineStats Engine::stats() const {
+  return EngineStats{calls_.load(), fallbacks_.load()};
+}
+
+std::string Engine::last_fallback_reason() const {
+  std::lock_guard<std::mutex> guard(reason_mutex_);
+  return last_fallback_reason_;
+}
+
+Engine::State Engine::serialize() const {
+  std::ostringstream meta;
+  meta << "blade_version=" << BLADE_VERSION << "\n"
+       << "cpu_features=" << cpu_features_ << "\n"
+       << "checksum=" << expected_checksum_ << "\n";
+  return State(kEngineFormatVersion, name_,
+               fallback_mode_ == FallbackMode::kError ? "error" : "fallback", fallback_ir_, params_,
+               format_specs(input_specs_), format_specs(output_specs_), meta.str(), code_bytes_);
+}
+
+c10::intrusive_ptr<Engine> Engine::deserialize(State state) {
+  auto& [version, name, mode, fallback_ir, params, input_specs, output_specs, meta, code] = state;
+  if (version != kEngineFormatVersion) {
+    // The code and its ABI are unknown to this runtime: keep only what every format has.
+    auto engine = c10::make_intrusive<Engine>(name, at::Tensor(), input_specs, output_specs,
+                                              fallback_ir, params, "fallback", "");
+    engine->load_error_ = "the engine's format version " + std::to_string(version) +
+                          " is not the one this Blade runtime reads (" +
+                          std::to_string(kEngineFormatVersion) + ")";
+    engine->fallback_mode_ = parse_fallback_mode(mode);
+    TORCH_CHECK(engine->fallback_mode_ != FallbackMode::kError, "blade: engine '", name,
+                "' cannot be loaded: ", engine->load_error_,
+                ". Rebuild the model with this version of Blade.");
+    return engine;
+  }
+  auto engine = c10::make_intrusive<Engine>(name, at::Tensor(), input_specs, output_specs,
+                                            fallback_ir, params, "fallback",
+                                            meta_value(meta, "cpu_features"));
+  engine->code_bytes_ = code.contiguous();
+  auto checksum = meta_value(meta, "checksum");
+  engine->expected_checksum_ = checksum.empty() ? 0 : std::stoll(checksum);
+  engine->load_error_.clear();
+  engine->fallback_mode_ = parse_fallback_mode(mode);
+  engine->load_code();
+  return engine;
+}
+
+}  // namespace blade::ral

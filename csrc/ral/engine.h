@@ -1,0 +1,97 @@
+// Engine: one compiled cluster, as a TorchScript custom class (torch.classes.blade.Engine).
+//
+// An engine holds the cluster's native code, its signature, the constant tensors the code
+// reads (params), and the cluster's original TorchScript subgraph. `execute` runs the code
+// when the inputs match the signature and the code is loadable; otherwise it runs the
+// subgraph (or raises, when the engine was built with fallback mode "error"). The engine
+// keeps no per-call state in shared fields except atomic counters and a mutex-guarded
+// reason, so one engine can serve many threads at once.
+#pragma once
+
+#include "ral/compiled_code.h"
+#include "ral/tensor_spec.h"
+
+#include <ATen/ATen.h>
+#include <torch/custom_class.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace torch::jit {
+struct GraphFunction;
+}
+
+namespace blade::ral {
+
+// Bumped whenever the pickled layout or the generated code's ABI changes.
+constexpr int64_t kEngineFormatVersion = 1;
+
+enum class FallbackMode { kFallback, kError };
+
+struct EngineStats {
+  int64_t calls = 0;
+  int64_t fallbacks = 0;
+};
+
+class Engine : public torch::CustomClassHolder {
+ public:
+  Engine(std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
+         std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
+         std::string cpu_features);
+  ~Engine() override;
+
+  std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs);
+
+  const std::string& name() const { return name_; }
+  std::string input_specs() const { return format_specs(input_specs_); }
+  std::string output_specs() const { return format_specs(output_specs_); }
+  const std::string& fallback_ir() const { return fallback_ir_; }
+  const std::string& cpu_features() const { return cpu_features_; }
+  bool is_compiled() const { return code_ != nullptr; }
+  // Why the compiled code is not in use (empty when it is).
+  const std::string& load_error() const { return load_error_; }
+  EngineStats stats() const;
+  std::string last_fallback_reason() const;
+
+  // The pickled form. Its shape never changes between format versions, so that a model saved
+  // by a newer Blade still loads here and can fall back to its subgraph: (format version,
+  // name, fallback mode, fallback IR, params, input specs, output specs, meta, code), where
+  // meta is "key=value" lines (blade_version, cpu_features, checksum) that versions may extend.
+  using State = std::tuple<int64_t, std::string, std::string, std::string, std::vector<at::Tensor>,
+                           std::string, std::string, std::string, at::Tensor>;
+  State serialize() const;
+  static c10::intrusive_ptr<Engine> deserialize(State state);
+
+ private:
+  void load_code();
+  std::vector<at::Tensor> run_compiled(const std::vector<at::Tensor>& inputs);
+  std::vector<at::Tensor> run_fallback(const std::vector<at::Tensor>& inputs,
+                                       const std::string& reason);
+
+  std::string name_;
+  at::Tensor code_bytes_;  // uint8, the shared library's bytes
+  std::vector<TensorSpec> input_specs_;
+  std::vector<TensorSpec> output_specs_;
+  std::string fallback_ir_;
+  std::vector<at::Tensor> params_;
+  FallbackMode fallback_mode_;
+  std::string cpu_features_;
+  int64_t expected_checksum_ = 0;
+
+  std::unique_ptr<CompiledCode> code_;
+  std::string load_error_;
+  std::shared_ptr<torch::jit::GraphFunction> fallback_fn_;
+
+  std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> fallbacks_{0};
+  mutable std::mutex reason_mutex_;
+  std::string last_fallback_reason_;
+};
+
+// CPU features (as /proc/cpuinfo names them) that `required` lists and this host lacks.
+std::string missing_cpu_features(const std::string& required);
+
+}  // namespace blade::ral

@@ -1,0 +1,41 @@
+// Registers the runtime with TorchScript, in one place: the Engine class and the op that
+// executes one. Loading libblade_ral (Python: `import blade`; C++: linking it with
+// --no-as-needed) is what makes saved optimized models loadable.
+#include "ral/engine.h"
+
+#include <torch/library.h>
+
+namespace blade::ral {
+namespace {
+
+std::vector<at::Tensor> execute_engine(const c10::intrusive_ptr<Engine>& engine,
+                                       std::vector<at::Tensor> inputs) {
+  return engine->execute(inputs);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(blade, m) {
+  m.class_<Engine>("Engine")
+      .def(torch::init<std::string, at::Tensor, std::string, std::string, std::string,
+                       std::vector<at::Tensor>, std::string, std::string>())
+      .def("execute", &Engine::execute)
+      .def("name", [](const c10::intrusive_ptr<Engine>& e) { return e->name(); })
+      .def("input_specs", &Engine::input_specs)
+      .def("output_specs", &Engine::output_specs)
+      .def("fallback_ir", [](const c10::intrusive_ptr<Engine>& e) { return e->fallback_ir(); })
+      .def("cpu_features", [](const c10::intrusive_ptr<Engine>& e) { return e->cpu_features(); })
+      .def("is_compiled", &Engine::is_compiled)
+      .def("load_error", [](const c10::intrusive_ptr<Engine>& e) { return e->load_error(); })
+      .def("calls", [](const c10::intrusive_ptr<Engine>& e) { return e->stats().calls; })
+      .def("fallbacks", [](const c10::intrusive_ptr<Engine>& e) { return e->stats().fallbacks; })
+      .def("last_fallback_reason", &Engine::last_fallback_reason)
+      .def_pickle(
+          [](const c10::intrusive_ptr<Engine>& e) { return e->serialize(); },
+          [](Engine::State state) { return Engine::deserialize(std::move(state)); });
+
+  m.def("execute(__torch__.torch.classes.blade.Engine engine, Tensor[] inputs) -> Tensor[]",
+        execute_engine);
+}
+
+}  // namespace blade::ral

@@ -1,0 +1,134 @@
+#include "ral/tensor_spec.h"
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace blade::ral {
+namespace {
+
+struct DtypeName {
+  at::ScalarType dtype;
+  const char* name;
+};
+
+constexpr DtypeName kDtypeNames[] = {
+    {at::kFloat, "float32"}, {at::kDouble, "float64"}, {at::kHalf, "float16"},
+    {at::kBFloat16, "bfloat16"}, {at::kLong, "int64"}, {at::kInt, "int32"},
+    {at::kShort, "int16"}, {at::kChar, "int8"}, {at::kByte, "uint8"}, {at::kBool, "bool"},
+};
+
+std::string describe_tensor(const at::Tensor& t) {
+  if (!t.defined()) {
+    return "undefined";
+  }
+  std::ostringstream out;
+  out << dtype_name(t.scalar_type()) << "[";
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    out << (d ? "," : "") << t.size(d);
+  }
+  out << "]";
+  if (!t.device().is_cpu()) {
+    out << "@" << t.device();
+  }
+  return out.str();
+}
+
+}  // namespace
+
+const char* dtype_name(at::ScalarType dtype) {
+  for (const auto& entry : kDtypeNames) {
+    if (entry.dtype == dtype) {
+      return entry.name;
+    }
+  }
+  return c10::toString(dtype);
+}
+
+at::ScalarType dtype_from_name(const std::string& name) {
+  for (const auto& entry : kDtypeNames) {
+    if (name == entry.name) {
+      return entry.dtype;
+    }
+  }
+  TORCH_CHECK(false, "blade: unknown dtype '", name, "' in an engine signature");
+}
+
+std::string TensorSpec::str() const {
+  std::ostringstream out;
+  out << dtype_name(dtype) << "[";
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    out << (d ? "," : "");
+    if (sizes[d] == kDynamicDim) {
+      out << "?";
+    } else {
+      out << sizes[d];
+    }
+  }
+  out << "]";
+  return out.str();
+}
+
+std::string TensorSpec::mismatch(const at::Tensor& t) const {
+  if (!t.defined()) {
+    return "the tensor is undefined";
+  }
+  std::ostringstream why;
+  if (!t.device().is_cpu()) {
+    why << "device is " << t.device() << ", expected cpu";
+  } else if (t.scalar_type() != dtype) {
+    why << "dtype is " << dtype_name(t.scalar_type()) << ", expected " << dtype_name(dtype);
+  } else if (t.dim() != static_cast<int64_t>(sizes.size())) {
+    why << "rank is " << t.dim() << ", expected " << sizes.size();
+  } else {
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (sizes[d] != kDynamicDim && sizes[d] != t.size(static_cast<int64_t>(d))) {
+        why << "size of dim " << d << " is " << t.size(static_cast<int64_t>(d)) << ", expected "
+            << sizes[d];
+        break;
+      }
+    }
+  }
+  return why.str();
+}
+
+std::vector<TensorSpec> parse_specs(const std::string& text) {
+  std::vector<TensorSpec> specs;
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ';')) {
+    if (item.empty()) {
+      continue;
+    }
+    auto open = item.find('[');
+    TORCH_CHECK(open != std::string::npos && item.back() == ']',
+                "blade: malformed tensor spec '", item, "', expected dtype[d0,d1,...]");
+    TensorSpec spec;
+    spec.dtype = dtype_from_name(item.substr(0, open));
+    std::istringstream dims(item.substr(open + 1, item.size() - open - 2));
+    std::string dim;
+    while (std::getline(dims, dim, ',')) {
+      spec.sizes.push_back(dim == "?" ? kDynamicDim : std::stoll(dim));
+    }
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+std::string format_specs(const std::vector<TensorSpec>& specs) {
+  std::string out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    out += (i ? ";" : "") + specs[i].str();
+  }
+  return out;
+}
+
+std::string describe_tensors(const std::vector<at::Tensor>& tensors) {
+  std::string out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    out += (i ? ";" : "") + describe_tensor(tensors[i]);
+  }
+  return out;
+}
+
+}  // namespace blade::ral

@@ -1,0 +1,33 @@
+// TensorSpec: what an engine assumes about one tensor (dtype, rank, static sizes, device).
+//
+// Specs travel as text, `float32[4,?,768]`, one spec per tensor joined by ';', so that the
+// engine's signature is readable in a saved model and in error messages.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+namespace blade::ral {
+
+constexpr int64_t kDynamicDim = -1;
+
+struct TensorSpec {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes;  // kDynamicDim where the size may vary between calls
+
+  // Empty when `t` satisfies the spec, otherwise a sentence saying what differs.
+  std::string mismatch(const at::Tensor& t) const;
+  std::string str() const;
+};
+
+std::vector<TensorSpec> parse_specs(const std::string& text);
+std::string format_specs(const std::vector<TensorSpec>& specs);
+// The signature of actual tensors, in the same notation, for error messages.
+std::string describe_tensors(const std::vector<at::Tensor>& tensors);
+
+const char* dtype_name(at::ScalarType dtype);
+at::ScalarType dtype_from_name(const std::string& name);
+
+}  // namespace blade::ral

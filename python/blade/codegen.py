@@ -1,0 +1,190 @@
+"""From torch-dialect MLIR to a native shared library, held in memory as bytes.
+
+Stages (the pipelines are data files in the top-level mlir/ folder):
+  torch dialect --torch_to_stablehlo--> StableHLO --stablehlo_to_linalg--> linalg
+  --linalg_to_llvm--> LLVM dialect --ExecutionEngine--> object --cc -shared--> library
+
+The library exports `blade_entry(void** args)`: one pointer per memref descriptor, the
+cluster's inputs, then its params, then its outputs (written in place).
+"""
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Dict
+
+from torch_mlir import ir, passmanager
+from torch_mlir.dialects import torch as torch_dialect
+import ctypes
+
+from ._runtime import RUNTIME_LIBRARY
+
+STAGES = ("torch_to_stablehlo", "stablehlo_to_linalg", "linalg_to_llvm")
+
+
+class CodegenError(Exception):
+    """A compilation stage failed; the message names the stage and MLIR's diagnostics."""
+
+
+@dataclass
+class CompiledCluster:
+    library: bytes
+    ir: Dict[str, str] = field(default_factory=dict)  # stage name -> IR after it
+    seconds: Dict[str, float] = field(default_factory=dict)
+
+
+def load_pipeline(stage: str) -> str:
+    text = resources.files("blade.mlir").joinpath(f"{stage}.pipeline").read_text()
+    lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    return "".join(line for line in lines if line)
+
+
+def _run_stage(module, stage: str) -> None:
+    pipeline = load_pipeline(stage)
+    try:
+        with module.context:
+            passmanager.PassManager.parse(pipeline).run(module.operation)
+    except Exception as e:  # MLIR raises MLIRError with the diagnostics attached
+        raise CodegenError(f"stage {stage} failed: {e}") from None
+
+
+def _entry_wrapper(num_args: int) -> str:
+    """LLVM-dialect `blade_entry(args)`, which unpacks `args` and calls the C interface."""
+    lines = ["  llvm.func @blade_entry(%args: !llvm.ptr) {"]
+    names = []
+    for i in range(num_args):
+        lines.append(f"    %p{i} = llvm.getelementptr %args[{i}] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr")
+        lines.append(f"    %a{i} = llvm.load %p{i} : !llvm.ptr -> !llvm.ptr")
+        names.append(f"%a{i}")
+    types = ", ".join(["!llvm.ptr"] * num_args)
+    lines.append(f"    llvm.call @_mlir_ciface_main({', '.join(names)}) : ({types}) -> ()")
+    lines.append("    llvm.return")
+    lines.append("  }")
+    return "\n".join(lines)
+
+
+def _link_shared_library(obj: Path, out: Path) -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise CodegenError("no C compiler driver (cc) was found to link the engine's code")
+    cmd = [compiler, "-shared", "-o", str(out), str(obj), f"-L{RUNTIME_LIBRARY.parent}",
+           "-lblade_ral", "-lm"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CodegenError(f"linking the engine's code failed: {proc.stderr.strip()}")
+
+
+def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False) -> CompiledCluster:
+    """Compiles one torch-dialect function `main` into a shared library.
+
+    `num_buffers` is the number of memref arguments after bufferization: inputs, params and
+    outputs together.
+    """
+    result = CompiledCluster(b"")
+    context = ir.Context()
+    torch_dialect.register_dialect(context)
+    with context:
+        try:
+            module = ir.Module.parse(text)
+        except Exception as e:
+            raise CodegenError(f"the imported torch-dialect IR does not parse: {e}") from None
+        if keep_ir:
+            result.ir["torch"] = str(module)
+        for stage in STAGES:
+            start = time.perf_counter()
+            if stage == "linalg_to_llvm":
+                main = _find_main(module)
+                main.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+            _run_stage(module, stage)
+            result.seconds[stage] = time.perf_counter() - start
+            if keep_ir:
+                result.ir[stage] = str(module)
+        start = time.perf_counter()
+        llvm_text = str(module).rstrip()
+        if not llvm_text.endswith("}"):
+            raise CodegenError("unexpected LLVM-dialect module text")
+        llvm_text = llvm_text[:-1] + _entry_wrapper(num_buffers) + "\n}\n"
+        module = ir.Module.parse(llvm_text)
+        with tempfile.TemporaryDirectory(prefix="blade-codegen-") as tmp:
+            obj = Path(tmp) / "engine.o"
+            lib = Path(tmp) / "engine.so"
+            _emit_object(module, obj)
+            _link_shared_library(obj, lib)
+            result.library = lib.read_bytes()
+        result.seconds["native"] = time.perf_counter() - start
+    return result
+
+
+class _StringRef(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_char_p), ("length", ctypes.c_size_t)]
+
+
+def _mlir_c_api():
+    """MLIR's C API from the torch-mlir wheel. The Python ExecutionEngine binding creates
+    engines without object dumping, so the object file is obtained through the C API."""
+    from torch_mlir import _mlir_libs
+
+    lib = ctypes.CDLL(str(Path(_mlir_libs.__file__).parent / "libTorchMLIRAggregateCAPI.so"))
+    lib.mlirExecutionEngineCreate.restype = ctypes.c_void_p
+    lib.mlirExecutionEngineCreate.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                              ctypes.c_void_p, ctypes.c_bool]
+    lib.mlirExecutionEngineDumpToObjectFile.argtypes = [ctypes.c_void_p, _StringRef]
+    lib.mlirExecutionEngineDestroy.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def _capsule_pointer(capsule) -> int:
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule))
+
+
+def _emit_object(module, path: Path, opt_level: int = 3) -> None:
+    """LLVM-dialect module -> native object file for this host (LLVM at `opt_level`)."""
+    lib = _mlir_c_api()
+    # The JIT links the code in memory before the object is dumped, so it must resolve the
+    # runtime's symbols: hand it libblade_ral.
+    runtime = str(RUNTIME_LIBRARY).encode()
+    libs = (_StringRef * 1)(_StringRef(runtime, len(runtime)))
+    engine = lib.mlirExecutionEngineCreate(_capsule_pointer(module._CAPIPtr), opt_level, 1,
+                                           ctypes.cast(libs, ctypes.c_void_p), True)
+    if not engine:
+        raise CodegenError("LLVM could not compile the module (ExecutionEngine creation failed)")
+    try:
+        name = str(path).encode()
+        lib.mlirExecutionEngineDumpToObjectFile(engine, _StringRef(name, len(name)))
+    finally:
+        lib.mlirExecutionEngineDestroy(engine)
+    if not path.exists():
+        raise CodegenError("LLVM produced no object file for the module")
+
+
+def _find_main(module):
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and \
+                ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            return op
+    raise CodegenError("the module has no function 'main'")
+
+
+def host_cpu_features() -> str:
+    """The vector-ISA features of this host that generated code may use, as /proc/cpuinfo
+    names them; recorded in each engine and checked when it is loaded."""
+    interesting = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
+                   "avx512vl", "avx512dq", "avx512cd", "avx512_bf16", "avx512_vnni",
+                   "avx512_fp16", "amx_tile", "asimd", "sve")
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    match = re.search(r"^(flags|Features)\s*:\s*(.*)$", text, re.MULTILINE)
+    flags = set(match.group(2).split()) if match else set()
+    return ",".join(f for f in interesting if f in flags)

@@ -1,0 +1,234 @@
+"""The compiler driver: `blade.optimize`.
+
+    script/trace -> freeze -> simplify + materialize types -> registry verdicts
+    -> acyclic clustering (C++) -> per cluster: import -> StableHLO -> native -> Engine
+"""
+import contextlib
+import time
+import warnings
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+
+from . import _C, converters  # noqa: F401  (importing converters registers the built-ins)
+from .config import Config
+from .registry import REGISTRY, Verdict, describe, schema_name
+from .report import REPORT_ATTRIBUTE, ClusterReport, Report
+
+ENGINE_PREFIX = "blade_engine_"
+
+
+@contextlib.contextmanager
+def quiet_torchscript():
+    """TorchScript's own deprecation notices, and nothing else, are silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated",
+                                category=DeprecationWarning)
+        yield
+
+
+def _as_tuple(example_inputs) -> Tuple[Any, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    raise TypeError("blade.optimize: example_inputs must be a tensor or a tuple of the "
+                    f"model's inputs, got {type(example_inputs).__name__}")
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module):
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _to_torchscript(model, inputs, config: Config) -> torch.jit.ScriptModule:
+    if isinstance(model, torch.jit.ScriptModule):
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("blade.optimize: model must be a torch.nn.Module or a "
+                        f"torch.jit.ScriptModule, got {type(model).__name__}")
+    with _eval_mode(model):
+        if config.allow_tracing:
+            return torch.jit.trace(model, inputs, check_trace=False)
+        try:
+            return torch.jit.script(model)
+        except Exception as e:
+            raise RuntimeError(
+                f"blade.optimize: TorchScript could not script {type(model).__name__}: {e}\n"
+                "Make the model scriptable, or pass Config(allow_tracing=True) to trace it "
+                "with the example inputs instead.") from e
+
+
+def _all_nodes(block) -> List[torch._C.Node]:
+    nodes = []
+    for node in block.nodes():
+        nodes.append(node)
+        for sub in node.blocks():
+            nodes.extend(_all_nodes(sub))
+    return nodes
+
+
+def is_tensor_op(node: torch._C.Node) -> bool:
+    """An op that computes or views tensors: what coverage counts."""
+    if node.kind().startswith("prim::"):
+        return False
+    return any(isinstance(v.type(), torch._C.TensorType) for v in node.outputs())
+
+
+def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple) -> None:
+    """Cleans the frozen graph and materializes its types from the example inputs."""
+    torch._C._jit_pass_inline(graph)
+    torch._C._jit_pass_constant_propagation(graph)
+    torch._C._jit_pass_dce(graph)
+    _C.materialize_types(graph, (module._c,) + inputs, True)
+    # Shape peepholes fold size()/dim() of values whose shapes are now known.
+    for _ in range(8):
+        before = str(graph)
+        torch._C._jit_pass_peephole(graph, False)
+        torch._C._jit_pass_constant_propagation(graph)
+        torch._C._jit_pass_dce(graph)
+        if str(graph) == before:
+            break
+
+
+def _verdicts(graph, config: Config) -> Dict[torch._C.Node, Verdict]:
+    verdicts = {}
+    nodes = _all_nodes(graph)
+    for node in nodes:
+        if node.kind() == "prim::Constant":
+            continue
+        verdicts[node] = REGISTRY.check(node, config.excluded_ops)
+    # List plumbing joins a cluster only with its users, so it needs every user supported.
+    for node in nodes:
+        v = verdicts.get(node)
+        if node.kind() == "prim::ListConstruct" and v is not None and v.supported:
+            users = [u.user for u in node.output().uses()]
+            if not users or not all(verdicts.get(u, Verdict(None)).supported for u in users):
+                verdicts[node] = Verdict(None, "not_needed", "list used outside compiled ops")
+    return verdicts
+
+
+def _signature(values) -> str:
+    specs = []
+    for v in values:
+        t = v.type()
+        dtype = _DTYPE_SPEC[t.scalarType()]
+        dims = ",".join("?" if s is None else str(s) for s in t.sizes())
+        specs.append(f"{dtype}[{dims}]")
+    return ";".join(specs)
+
+
+_DTYPE_SPEC = {
+    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+    "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+    "Bool": "bool",
+}
+
+
+def _op_counts(subgraph) -> Dict[str, int]:
+    counts: Dict[str, int] = {}
+    for node in _all_nodes(subgraph):
+        if is_tensor_op(node):
+            counts[node.kind()] = counts.get(node.kind(), 0) + 1
+    return counts
+
+
+def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: str):
+    """Compiles one cluster and swaps it for an engine call. Raises on any failure, leaving
+    the graph untouched."""
+    from . import codegen
+    from .importer import import_subgraph
+
+    subgraph = cluster.g("Subgraph").copy()
+    params = _C.lift_tensor_constants(subgraph)
+    fallback_ir = _C.fallback_ir(subgraph)
+    text = import_subgraph(subgraph)
+    num_buffers = len(list(subgraph.inputs())) + len(list(subgraph.outputs()))
+    compiled = codegen.compile_torch_mlir(text, num_buffers)
+    name = f"{ENGINE_PREFIX}{index}"
+    code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
+    engine = torch.classes.blade.Engine(
+        name, code, _signature(cluster.inputs()), _signature(cluster.outputs()), fallback_ir,
+        params, config.fallback, cpu_features)
+    if not engine.is_compiled():
+        raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
+    module._c._register_attribute(name, engine._type(), engine)
+    _C.replace_cluster_with_engine(cluster, name)
+    return name, compiled
+
+
+def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptModule:
+    """Compiles what it can of `model` and returns a ScriptModule computing the same results.
+
+    Example:
+        >>> optimized = blade.optimize(model.eval(), (torch.randn(8, 64),))
+        >>> torch.jit.save(optimized, "model.pt")
+    """
+    config = config or Config()
+    inputs = _as_tuple(example_inputs)
+    with quiet_torchscript():
+        scripted = _to_torchscript(model, inputs, config)
+        if scripted.training:
+            scripted = scripted.eval()
+        module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
+    graph = module.graph
+    simplify(graph, module, inputs)
+
+    report = Report(dry_run=config.dry_run)
+    verdicts = _verdicts(graph, config)
+    for node, verdict in verdicts.items():
+        if is_tensor_op(node):
+            report.total_ops += 1
+            if not verdict.supported:
+                report.add_unsupported(schema_name(node), verdict.reason)
+    supported = [n for n, v in verdicts.items() if v.supported]
+    compute = [n for n in supported if verdicts[n].converter.compute]
+    # Clustering moves nodes into subgraphs: the Python handles above are invalid after it.
+    del verdicts
+    clusters, dissolved = _C.cluster_supported_nodes(graph, supported, compute,
+                                                     config.min_cluster_size)
+    del supported, compute
+    for d in dissolved:
+        for kind in d.node_kinds:
+            if not kind.startswith("prim::"):
+                report.add_unsupported(kind, f"supported, but not clustered: {d.reason}")
+
+    cpu_features = ""
+    if clusters and not config.dry_run:
+        from .codegen import host_cpu_features
+        cpu_features = host_cpu_features()
+    for index, cluster in enumerate(clusters):
+        ops = _op_counts(cluster.g("Subgraph"))
+        entry = ClusterReport(f"{ENGINE_PREFIX}{index}", ops, _signature(cluster.inputs()),
+                              _signature(cluster.outputs()))
+        if config.dry_run:
+            entry.compiled = False
+            entry.status = "dry run: not compiled"
+            report.clusters.append(entry)
+            _C.dissolve_cluster(cluster)
+            continue
+        try:
+            _compile_cluster(module, cluster, index, config, cpu_features)
+            report.compiled_ops += sum(ops.values())
+            report.clusters.append(entry)
+        except Exception as e:  # any failure of one cluster: it stays TorchScript
+            message = f"{entry.name} ({', '.join(sorted(ops))}): {type(e).__name__}: {e}"
+            report.compile_errors.append(message)
+            for kind, count in ops.items():
+                for _ in range(count):
+                    report.add_unsupported(kind, f"conversion failed: {str(e).splitlines()[0]}")
+            _C.dissolve_cluster(cluster)
+    torch._C._jit_pass_dce(graph)
+    module._c._register_attribute(REPORT_ATTRIBUTE, torch._C.StringType.get(), report.to_json())
+    if config.verbose:
+        from .report import report as read_report
+        print(read_report(module))
+    return module

@@ -1,0 +1,44 @@
+"""The one object that controls how Blade compiles a model."""
+from dataclasses import dataclass, field
+from typing import List
+
+FALLBACK_MODES = ("fallback", "error")
+
+
+@dataclass
+class Config:
+    """Options of `blade.optimize`.
+
+    Example:
+        >>> cfg = Config(min_cluster_size=2, excluded_ops=["aten::softmax.int"])
+
+    Attributes:
+        allow_tracing: trace the model with the example inputs instead of scripting it.
+        preserved_attributes: attributes and methods that freezing must keep on the module.
+        min_cluster_size: clusters with fewer compute ops (constants, views and list
+            plumbing do not count) stay in TorchScript.
+        excluded_ops: op overloads (``"aten::add.Tensor"``) or op names (``"aten::add"``)
+            that always stay in TorchScript.
+        fallback: what an engine does with inputs it was not compiled for, or code it
+            cannot load: ``"fallback"`` runs the cluster's TorchScript subgraph,
+            ``"error"`` raises an error naming the engine and both signatures.
+        verbose: print the report when optimization ends.
+        dry_run: analyse and cluster but compile nothing; the returned module is the
+            frozen model with the analysis attached, so `blade.report` works on it.
+    """
+
+    allow_tracing: bool = False
+    preserved_attributes: List[str] = field(default_factory=list)
+    min_cluster_size: int = 1
+    excluded_ops: List[str] = field(default_factory=list)
+    fallback: str = "fallback"
+    verbose: bool = False
+    dry_run: bool = False
+
+    def __post_init__(self):
+        if self.fallback not in FALLBACK_MODES:
+            raise ValueError(
+                f"Config.fallback must be one of {FALLBACK_MODES}, got {self.fallback!r}"
+            )
+        if self.min_cluster_size < 1:
+            raise ValueError(f"Config.min_cluster_size must be >= 1, got {self.min_cluster_size}")

@@ -1,0 +1,23 @@
+"""Elementwise arithmetic, activations, math functions, selection and comparisons."""
+from ..dtypes import BOOL, F32, FLOAT_SAME, FLOAT_TO_BOOL, DtypeRule
+from . import builtin
+
+builtin([
+    "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor",
+    "aten::add.Scalar", "aten::sub.Scalar", "aten::mul.Scalar", "aten::div.Scalar",
+    "aten::rsub.Scalar", "aten::rsub.Tensor",
+    "aten::relu", "aten::sigmoid", "aten::tanh", "aten::gelu", "aten::exp", "aten::log",
+    "aten::sqrt", "aten::rsqrt", "aten::neg", "aten::abs", "aten::erf", "aten::silu",
+    "aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", "aten::reciprocal",
+    "aten::maximum", "aten::minimum", "aten::clamp",
+], FLOAT_SAME)
+
+builtin(["aten::where.self"], DtypeRule(args={"condition": BOOL, "*": F32}))
+builtin(["aten::masked_fill.Scalar", "aten::masked_fill.Tensor"],
+        DtypeRule(args={"mask": BOOL, "*": F32}))
+
+builtin([
+    "aten::gt.Tensor", "aten::lt.Tensor", "aten::ge.Tensor", "aten::le.Tensor",
+    "aten::eq.Tensor", "aten::ne.Tensor", "aten::gt.Scalar", "aten::lt.Scalar",
+    "aten::ge.Scalar", "aten::le.Scalar", "aten::eq.Scalar", "aten::ne.Scalar",
+], FLOAT_TO_BOOL)

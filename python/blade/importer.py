@@ -1,0 +1,186 @@
+"""Blade's TorchScript importer: a cluster's subgraph as a function in Torch-MLIR's
+`torch` dialect.
+
+The torch-mlir wheel has no TorchScript importer, so Blade writes the MLIR itself, from
+each node's schema: `aten::add.Tensor` becomes the op `torch.aten.add.Tensor`, with the
+node's operands in schema order and the materialized types as `!torch.vtensor<[4,?],f32>`
+(a `?` is a dynamic dimension). Ops are written in MLIR's generic form, which every op
+accepts, so no per-op printing code is needed. The text is parsed and verified by MLIR.
+"""
+import math
+from typing import Dict, List
+
+import torch
+
+from .registry import describe, schema_name
+
+ELEMENT_TYPES = {
+    "Float": "f32", "Double": "f64", "Half": "f16", "BFloat16": "bf16", "Long": "si64",
+    "Int": "si32", "Short": "si16", "Char": "si8", "Byte": "ui8", "Bool": "i1",
+}
+
+
+class ImportError_(Exception):
+    """A node that the importer cannot express in the torch dialect."""
+
+
+def tensor_type(t: torch._C.TensorType) -> str:
+    dtype = t.scalarType()
+    if dtype not in ELEMENT_TYPES:
+        raise ImportError_(f"dtype {dtype} has no torch-dialect element type")
+    sizes = t.symbolic_sizes()
+    if sizes is None:
+        raise ImportError_("a tensor of unknown rank cannot be imported")
+    dims = ",".join(str(s) if s >= 0 else "?" for s in sizes)
+    return f"!torch.vtensor<[{dims}],{ELEMENT_TYPES[dtype]}>"
+
+
+def value_type(t) -> str:
+    if isinstance(t, torch._C.TensorType):
+        return tensor_type(t)
+    if isinstance(t, torch._C.IntType):
+        return "!torch.int"
+    if isinstance(t, torch._C.FloatType):
+        return "!torch.float"
+    if isinstance(t, torch._C.BoolType):
+        return "!torch.bool"
+    if isinstance(t, torch._C.StringType):
+        return "!torch.str"
+    if isinstance(t, torch._C.NoneType):
+        return "!torch.none"
+    if isinstance(t, torch._C.DeviceObjType):
+        return "!torch.Device"
+    if isinstance(t, torch._C.NumberType):
+        return "!torch.number"
+    if isinstance(t, torch._C.ListType):
+        element = t.getElementType()
+        if isinstance(element, torch._C.TensorType):
+            return "!torch.list<vtensor>"
+        return f"!torch.list<{value_type(element)[len('!torch.'):]}>"
+    if isinstance(t, torch._C.OptionalType):
+        return value_type(t.getElementType())
+    raise ImportError_(f"type {t} has no torch-dialect equivalent")
+
+
+def _float_literal(x: float) -> str:
+    if math.isnan(x) or math.isinf(x):
+        # MLIR spells non-finite floats as their bit pattern.
+        return "0x" + torch.tensor(x, dtype=torch.float64).view(torch.int64).item().to_bytes(
+            8, "big", signed=True).hex().upper()
+    return repr(float(x))
+
+
+def _string_literal(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class _Emitter:
+    def __init__(self):
+        self.lines: List[str] = []
+        self.names: Dict[torch._C.Value, str] = {}
+        self.counter = 0
+
+    def fresh(self) -> str:
+        self.counter += 1
+        return f"%v{self.counter}"
+
+    def emit(self, results: List[str], op: str, operands: List[str], operand_types: List[str],
+             result_types: List[str], attrs: str = "") -> None:
+        lhs = (", ".join(results) + " = ") if results else ""
+        self.lines.append(
+            f"    {lhs}\"{op}\"({', '.join(operands)}){attrs} : "
+            f"({', '.join(operand_types)}) -> ({', '.join(result_types)})")
+
+    def constant(self, value: torch._C.Value) -> None:
+        t = value.type()
+        ivalue = value.toIValue()
+        name = self.fresh()
+        self.names[value] = name
+        if isinstance(t, torch._C.NoneType) or ivalue is None:
+            self.emit([name], "torch.constant.none", [], [], ["!torch.none"])
+        elif isinstance(t, torch._C.BoolType):
+            self.emit([name], "torch.constant.bool", [], [], ["!torch.bool"],
+                      f" {{value = {'true' if ivalue else 'false'}}}")
+        elif isinstance(t, torch._C.IntType):
+            self.emit([name], "torch.constant.int", [], [], ["!torch.int"],
+                      f" {{value = {int(ivalue)} : i64}}")
+        elif isinstance(t, torch._C.FloatType):
+            self.emit([name], "torch.constant.float", [], [], ["!torch.float"],
+                      f" {{value = {_float_literal(ivalue)} : f64}}")
+        elif isinstance(t, torch._C.StringType):
+            self.emit([name], "torch.constant.str", [], [], ["!torch.str"],
+                      f" {{value = {_string_literal(ivalue)}}}")
+        elif isinstance(t, torch._C.DeviceObjType):
+            self.emit([name], "torch.constant.device", [], [], ["!torch.Device"],
+                      f" {{value = {_string_literal(str(ivalue))}}}")
+        elif isinstance(t, torch._C.ListType) and isinstance(ivalue, (list, tuple)):
+            element = t.getElementType()
+            items = []
+            for item in ivalue:
+                item_name = self.fresh()
+                if isinstance(element, torch._C.IntType):
+                    self.emit([item_name], "torch.constant.int", [], [], ["!torch.int"],
+                              f" {{value = {int(item)} : i64}}")
+                elif isinstance(element, torch._C.FloatType):
+                    self.emit([item_name], "torch.constant.float", [], [], ["!torch.float"],
+                              f" {{value = {_float_literal(item)} : f64}}")
+                elif isinstance(element, torch._C.BoolType):
+                    self.emit([item_name], "torch.constant.bool", [], [], ["!torch.bool"],
+                              f" {{value = {'true' if item else 'false'}}}")
+                else:
+                    raise ImportError_(f"constant list of {element} cannot be imported")
+                items.append(item_name)
+            element_type = value_type(element)
+            self.emit([name], "torch.prim.ListConstruct", items, [element_type] * len(items),
+                      [value_type(t)])
+        else:
+            raise ImportError_(f"constant of type {t} ({ivalue!r}) cannot be imported")
+
+    def node(self, node: torch._C.Node) -> None:
+        kind = node.kind()
+        if kind == "prim::Constant":
+            self.constant(node.output())
+            return
+        operands = [self.names[v] for v in node.inputs()]
+        operand_types = [value_type(v.type()) for v in node.inputs()]
+        results = [self.fresh() for _ in node.outputs()]
+        result_types = [value_type(v.type()) for v in node.outputs()]
+        if kind == "prim::ListConstruct":
+            op = "torch.prim.ListConstruct"
+        elif kind.startswith("aten::"):
+            op = "torch." + schema_name(node).replace("::", ".")
+        else:
+            raise ImportError_(f"{describe(node)} has no torch-dialect op")
+        self.emit(results, op, operands, operand_types, result_types)
+        for value, name in zip(node.outputs(), results):
+            self.names[value] = name
+
+
+def import_subgraph(subgraph: torch._C.Graph, func_name: str = "main") -> str:
+    """The subgraph as torch-dialect MLIR text, one function `func_name`.
+
+    Example:
+        >>> text = import_subgraph(cluster_node.g("Subgraph"))
+    """
+    emitter = _Emitter()
+    args = []
+    for i, value in enumerate(subgraph.inputs()):
+        emitter.names[value] = f"%arg{i}"
+        args.append(f"%arg{i}: {value_type(value.type())}")
+    for node in subgraph.nodes():
+        try:
+            emitter.node(node)
+        except ImportError_ as e:
+            raise ImportError_(f"{describe(node)}: {e}") from None
+    outputs = list(subgraph.outputs())
+    result_types = [value_type(v.type()) for v in outputs]
+    body = "\n".join(emitter.lines)
+    returns = ", ".join(emitter.names[v] for v in outputs)
+    return (
+        "module {\n"
+        f"  func.func @{func_name}({', '.join(args)}) -> ({', '.join(result_types)}) {{\n"
+        f"{body}\n"
+        f"    \"func.return\"({returns}) : ({', '.join(result_types)}) -> ()\n"
+        "  }\n"
+        "}\n"
+    )

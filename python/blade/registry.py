@@ -1,0 +1,171 @@
+"""The converter registry: the one place that answers "can this node be compiled, and how".
+
+Entries are keyed by exact overload (``aten::add.Tensor``, not ``aten::add``). Each has a
+capability validator that may refuse a particular node, a priority (the highest-priority
+entry that accepts a node wins, so a user's converter can override a built-in one), and
+the dtype rule from `blade.dtypes`. Built-in entries have no `lower` function: their op is
+imported into Torch-MLIR's torch dialect as it is and lowered by Torch-MLIR.
+"""
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from . import dtypes
+
+# A validator returns None to accept the node, or the reason it refuses it.
+Validator = Callable[[torch._C.Node], Optional[str]]
+
+BUILTIN_PRIORITY = 0
+USER_PRIORITY = 100
+
+
+@dataclass
+class Converter:
+    schema: str
+    lower: Optional[Callable] = None
+    validator: Optional[Validator] = None
+    priority: int = BUILTIN_PRIORITY
+    compute: bool = True  # counts towards Config.min_cluster_size
+    dtype_rule: Optional[dtypes.DtypeRule] = None
+    origin: str = "builtin"
+
+
+@dataclass
+class Verdict:
+    converter: Optional[Converter]
+    category: str = ""  # why not: no_converter, not_materialized, dtype, validator, excluded,
+    reason: str = ""    # non_constant_argument
+
+    @property
+    def supported(self) -> bool:
+        return self.converter is not None
+
+
+def schema_name(node: torch._C.Node) -> str:
+    """`aten::add.Tensor` for a node calling that overload; the kind for prim nodes."""
+    schema = node.schema()
+    if schema == "(no schema)":
+        return node.kind()
+    return schema.split("(", 1)[0]
+
+
+def describe(node: torch._C.Node) -> str:
+    """The node's kind and, when known, where it comes from in the user's source."""
+    location = node.sourceRange().strip().splitlines()[0] if node.sourceRange() else ""
+    return f"{node.kind()}" + (f" ({location})" if location else "")
+
+
+def _tensor_dtype(value: torch._C.Value) -> Optional[str]:
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType) or t.scalarType() is None:
+        return None
+    return _SCALAR_TYPE_NAMES.get(t.scalarType())
+
+
+_SCALAR_TYPE_NAMES = {
+    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+    "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+    "Bool": "bool",
+}
+
+
+def is_materialized(value: torch._C.Value, static_shapes: bool = True) -> bool:
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType):
+        return True
+    if t.scalarType() is None or t.dim() is None or t.device() is None:
+        return False
+    return not static_shapes or all(s is not None for s in t.sizes())
+
+
+class ConverterRegistry:
+    def __init__(self):
+        self._entries: Dict[str, List[Converter]] = {}
+
+    def register(self, converter: Converter) -> Converter:
+        entries = self._entries.setdefault(converter.schema, [])
+        entries.append(converter)
+        entries.sort(key=lambda c: -c.priority)
+        return converter
+
+    def unregister(self, converter: Converter) -> None:
+        entries = self._entries.get(converter.schema, [])
+        if converter in entries:
+            entries.remove(converter)
+
+    def entries(self, schema: str) -> List[Converter]:
+        return list(self._entries.get(schema, []))
+
+    def schemas(self) -> List[str]:
+        return sorted(k for k, v in self._entries.items() if v)
+
+    def check(self, node: torch._C.Node, excluded_ops: Sequence[str] = (),
+              static_shapes: bool = True) -> Verdict:
+        """Whether `node` can be compiled, by which converter, or why not."""
+        name = schema_name(node)
+        if name in excluded_ops or node.kind() in excluded_ops:
+            return Verdict(None, "excluded", f"{name} is in Config.excluded_ops")
+        candidates = self._entries.get(name, [])
+        if not candidates:
+            return Verdict(None, "no_converter", f"no converter is registered for {name}")
+        for value in list(node.inputs()) + list(node.outputs()):
+            if not is_materialized(value, static_shapes):
+                return Verdict(None, "not_materialized",
+                               f"{name}: the type of %{value.debugName()} is not known (the "
+                               "example inputs never reached this node)")
+        for arg, value in zip(_argument_names(node), node.inputs()):
+            if not _is_static_argument(value):
+                return Verdict(None, "non_constant_argument",
+                               f"{name}: argument '{arg}' (%{value.debugName()}, made by "
+                               f"{value.node().kind()}) is not a compile-time constant")
+        refusals = []
+        for converter in candidates:
+            why = self._dtype_refusal(node, name, converter)
+            if why is not None:
+                refusals.append(("dtype", why))
+                continue
+            if converter.validator is not None:
+                why = converter.validator(node)
+                if why is not None:
+                    refusals.append(("validator", f"{name}: {why}"))
+                    continue
+            return Verdict(converter)
+        category, reason = refusals[0]
+        return Verdict(None, category, reason)
+
+    @staticmethod
+    def _dtype_refusal(node, name, converter) -> Optional[str]:
+        schema_args = _argument_names(node)
+        arg_dtypes = {}
+        for arg, value in zip(schema_args, node.inputs()):
+            dtype = _tensor_dtype(value)
+            if isinstance(value.type(), torch._C.TensorType):
+                arg_dtypes[arg] = dtype or "unknown"
+        result_dtypes = [(_tensor_dtype(v) or "unknown") for v in node.outputs()
+                         if isinstance(v.type(), torch._C.TensorType)]
+        return dtypes.check_dtypes(name, arg_dtypes, result_dtypes, converter.dtype_rule)
+
+
+def _is_static_argument(value: torch._C.Value) -> bool:
+    """Tensors are passed at run time; anything else must be known when compiling."""
+    if isinstance(value.type(), torch._C.TensorType):
+        return True
+    producer = value.node()
+    if producer.kind() == "prim::Constant":
+        return True
+    if producer.kind() == "prim::ListConstruct":
+        return all(isinstance(v.type(), torch._C.TensorType) or v.node().kind() == "prim::Constant"
+                   for v in producer.inputs())
+    return False
+
+
+def _argument_names(node: torch._C.Node) -> List[str]:
+    schema = node.schema()
+    if schema == "(no schema)":
+        return [f"input{i}" for i in range(len(list(node.inputs())))]
+    return [a.name for a in torch._C.parse_schema(schema).arguments]
+
+
+REGISTRY = ConverterRegistry()
+

@@ -1,0 +1,111 @@
+"""What Blade compiled, what fell back, and why: `blade.report(module)`.
+
+The analysis done by `blade.optimize` is stored on the optimized module as JSON (so it is
+saved and loaded with it); run-time counters are read live from the module's engines.
+"""
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List
+
+import torch
+
+REPORT_ATTRIBUTE = "_blade_report"
+
+
+@dataclass
+class ClusterReport:
+    name: str
+    ops: Dict[str, int]  # op kind -> count inside the cluster
+    inputs: str          # signature, e.g. "float32[4,8];float32[8]"
+    outputs: str
+    compiled: bool = True
+    calls: int = 0
+    fallbacks: int = 0
+    status: str = ""     # why the compiled code is not in use, or the last fallback reason
+
+
+@dataclass
+class UnsupportedOp:
+    count: int = 0
+    reasons: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    total_ops: int = 0
+    compiled_ops: int = 0
+    clusters: List[ClusterReport] = field(default_factory=list)
+    unsupported: Dict[str, UnsupportedOp] = field(default_factory=dict)
+    compile_errors: List[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def coverage(self) -> float:
+        return self.compiled_ops / self.total_ops if self.total_ops else 0.0
+
+    @property
+    def runtime_fallbacks(self) -> int:
+        return sum(c.fallbacks for c in self.clusters)
+
+    def add_unsupported(self, kind: str, reason: str) -> None:
+        entry = self.unsupported.setdefault(kind, UnsupportedOp())
+        entry.count += 1
+        if reason not in entry.reasons:
+            entry.reasons.append(reason)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> "Report":
+        data = json.loads(text)
+        report = Report(total_ops=data["total_ops"], compiled_ops=data["compiled_ops"],
+                        compile_errors=data["compile_errors"], dry_run=data["dry_run"])
+        report.clusters = [ClusterReport(**c) for c in data["clusters"]]
+        report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
+        return report
+
+    def __str__(self) -> str:
+        lines = [
+            f"Blade report{' (dry run: nothing compiled)' if self.dry_run else ''}",
+            f"  tensor ops: {self.total_ops}, compiled: {self.compiled_ops} "
+            f"({100 * self.coverage:.1f}%), clusters: {len(self.clusters)}, "
+            f"run-time fallbacks: {self.runtime_fallbacks}",
+        ]
+        if self.clusters:
+            lines.append(f"  {'cluster':<28} {'ops':>4} {'calls':>7} {'fallbk':>7}  inputs -> outputs")
+            for c in self.clusters:
+                lines.append(f"  {c.name:<28} {sum(c.ops.values()):>4} {c.calls:>7} "
+                             f"{c.fallbacks:>7}  {c.inputs} -> {c.outputs}")
+                if c.status:
+                    lines.append(f"  {'':<28} {c.status}")
+        if self.unsupported:
+            lines.append(f"  {'not compiled':<28} {'count':>5}  reason")
+            for kind, entry in sorted(self.unsupported.items(), key=lambda kv: -kv[1].count):
+                lines.append(f"  {kind:<28} {entry.count:>5}  {entry.reasons[0]}")
+                for reason in entry.reasons[1:3]:
+                    lines.append(f"  {'':<28} {'':>5}  {reason}")
+        for error in self.compile_errors:
+            lines.append(f"  compile-time fallback: {error}")
+        return "\n".join(lines)
+
+
+def report(module: torch.jit.ScriptModule) -> Report:
+    """The report of a module returned by `blade.optimize` (or loaded after saving one).
+
+    Example:
+        >>> r = blade.report(optimized)
+        >>> print(r.coverage, r.runtime_fallbacks)
+    """
+    if not hasattr(module, REPORT_ATTRIBUTE):
+        raise ValueError("blade.report: this module was not produced by blade.optimize "
+                         f"(it has no {REPORT_ATTRIBUTE} attribute)")
+    result = Report.from_json(getattr(module, REPORT_ATTRIBUTE))
+    for cluster in result.clusters:
+        if not cluster.compiled or result.dry_run:
+            continue
+        engine = getattr(module, cluster.name)
+        cluster.calls = engine.calls()
+        cluster.fallbacks = engine.fallbacks()
+        cluster.status = engine.load_error() or engine.last_fallback_reason()
+    return result
