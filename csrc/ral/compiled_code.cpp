@@ -25,9 +25,12 @@ struct FdCloser {
 }  // namespace
 
 CompiledCode::CompiledCode(const uint8_t* data, size_t size, const std::string& name) {
-  int fd = ::memfd_create(("blade:" + name).c_str(), MFD_CLOEXEC);
-  TORCH_CHECK(fd >= 0, "blade: engine '", name, "': memfd_create failed: ", std::strerror(errno));
-  FdCloser closer{fd};
+  fd_ = ::memfd_create(("blade:" + name).c_str(), MFD_CLOEXEC);
+  TORCH_CHECK(fd_ >= 0, "blade: engine '", name, "': memfd_create failed: ", std::strerror(errno));
+  // The memory file stays open while the code is loaded: the loader identifies libraries
+  // by path, and a reused descriptor number would make it hand back another engine's code.
+  FdCloser closer{fd_};
+  const int fd = fd_;
   size_t written = 0;
   while (written < size) {
     ssize_t n = ::write(fd, data + written, size - written);
@@ -51,11 +54,15 @@ CompiledCode::CompiledCode(const uint8_t* data, size_t size, const std::string& 
     TORCH_CHECK(false, "blade: engine '", name, "': compiled code has no '", kEntrySymbol,
                 "' symbol");
   }
+  closer.fd = -1;  // loaded: the descriptor now lives as long as this object
 }
 
 CompiledCode::~CompiledCode() {
   if (handle_ != nullptr) {
     ::dlclose(handle_);
+  }
+  if (fd_ >= 0) {
+    ::close(fd_);
   }
 }
 

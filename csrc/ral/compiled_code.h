@@ -2,6 +2,7 @@
 //
 // The shared library produced by the compiler is written to an anonymous memory file
 // (memfd) and opened from there, so nothing is left in the working directory or /tmp.
+// The memory file stays open while the code is loaded (see the constructor for why).
 // The library stays loaded as long as this object lives; the destructor unloads it.
 #pragma once
 
@@ -26,6 +27,7 @@ class CompiledCode {
   EntryFn entry() const { return entry_; }
 
  private:
+  int fd_ = -1;
   void* handle_ = nullptr;
   EntryFn entry_ = nullptr;
 };

@@ -1,0 +1,31 @@
+"""Shared checks: a compiled model must match eager AND have really run compiled code."""
+import torch
+
+import blade
+
+
+def run_compiled(model, inputs, config=None, rtol=1e-5, atol=1e-5, min_compiled_ops=1):
+    """Optimizes `model`, checks its outputs against eager, and that at least one engine
+    ran its compiled code with no run-time fallback. Returns (optimized, report)."""
+    model = model.eval() if isinstance(model, torch.nn.Module) else model
+    optimized = blade.optimize(model, inputs, config)
+    with torch.no_grad():
+        expected = model(*inputs)
+        actual = optimized(*inputs)
+    assert_same(actual, expected, rtol, atol)
+    report = blade.report(optimized)
+    assert report.compiled_ops >= min_compiled_ops, str(report)
+    assert report.clusters and all(c.calls > 0 for c in report.clusters), str(report)
+    assert report.runtime_fallbacks == 0, str(report)
+    return optimized, report
+
+
+def assert_same(actual, expected, rtol=1e-5, atol=1e-5):
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor)
+        assert actual.shape == expected.shape and actual.dtype == expected.dtype
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+        return
+    assert isinstance(actual, (tuple, list)) and len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert_same(a, e, rtol, atol)
