@@ -8,7 +8,9 @@ namespace {
 using torch::jit::Node;
 using torch::jit::Value;
 
-void erase_shapes(torch::jit::Block* block) {
+// Shape-free types, so the fallback accepts any input; no scopes (tracing records module
+// scopes, which the IR parser does not read back).
+void prepare_for_fallback(torch::jit::Block* block) {
   auto strip = [](Value* v) {
     if (v->type()->kind() == c10::TypeKind::TensorType) {
       v->setType(c10::TensorType::get());
@@ -18,11 +20,12 @@ void erase_shapes(torch::jit::Block* block) {
     strip(v);
   }
   for (Node* n : block->nodes()) {
+    n->setScope(c10::make_intrusive<torch::jit::Scope>());
     for (Value* v : n->outputs()) {
       strip(v);
     }
     for (auto* sub : n->blocks()) {
-      erase_shapes(sub);
+      prepare_for_fallback(sub);
     }
   }
 }
@@ -50,7 +53,7 @@ std::vector<at::Tensor> lift_tensor_constants(const std::shared_ptr<torch::jit::
 
 std::string fallback_ir(const std::shared_ptr<torch::jit::Graph>& subgraph) {
   auto copy = subgraph->copy();
-  erase_shapes(copy->block());
+  prepare_for_fallback(copy->block());
   return copy->toString(/*print_source_locations=*/false);
 }
 

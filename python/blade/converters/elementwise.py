@@ -2,10 +2,14 @@
 from ..dtypes import BOOL, F32, FLOAT_SAME, FLOAT_TO_BOOL, DtypeRule
 from . import builtin
 
+# The second operand may be an integer tensor (tracing records Python scalars as 0-d int64
+# tensors); type promotion makes the result float32.
+builtin(["aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor",
+         "aten::rsub.Tensor"], DtypeRule(args={"other": ("float32", "int64"), "*": F32}))
+
 builtin([
-    "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor",
     "aten::add.Scalar", "aten::sub.Scalar", "aten::mul.Scalar", "aten::div.Scalar",
-    "aten::rsub.Scalar", "aten::rsub.Tensor",
+    "aten::rsub.Scalar",
     "aten::relu", "aten::sigmoid", "aten::tanh", "aten::gelu", "aten::exp", "aten::log",
     "aten::sqrt", "aten::rsqrt", "aten::neg", "aten::abs", "aten::erf", "aten::silu",
     "aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", "aten::reciprocal",

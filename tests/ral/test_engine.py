@@ -1,0 +1,92 @@
+"""The runtime: run-time fallback, fallback='error', input layouts, memory ownership."""
+import gc
+
+import pytest
+import torch
+
+import blade
+from blade import _C
+from helpers import assert_same
+
+
+class Chain(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x * y + 1.0).sum(dim=-1), torch.sigmoid(x) - y
+
+
+def optimize_chain(config=None):
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 8), torch.randn(8)
+    return blade.optimize(Chain(), (x, y), config), x, y
+
+
+def engine_of(module):
+    return getattr(module, blade.report(module).clusters[0].name)
+
+
+def test_wrong_shape_dtype_or_rank_falls_back_with_correct_results():
+    optimized, x, y = optimize_chain()
+    cases = [
+        (torch.randn(3, 8), y),                      # static dim differs
+        (torch.randn(2, 4, 8), y),                   # rank differs
+        (torch.randn(4, 8, dtype=torch.float64), y.double()),  # dtype differs
+    ]
+    for inputs in cases:
+        assert_same(optimized(*inputs), Chain()(*inputs))
+    report = blade.report(optimized)
+    assert report.clusters and all(c.fallbacks == len(cases) for c in report.clusters)
+    assert all("dtype is float64, expected float32" in c.status for c in report.clusters)
+    # Matching inputs still run the compiled code.
+    assert_same(optimized(x, y), Chain()(x, y))
+    assert all(c.fallbacks == len(cases) and c.calls == len(cases) + 1
+               for c in blade.report(optimized).clusters)
+
+
+def test_fallback_error_mode_names_engine_and_signatures():
+    optimized, x, y = optimize_chain(blade.Config(fallback="error"))
+    with pytest.raises(RuntimeError) as info:
+        optimized(torch.randn(5, 8), y)
+    message = str(info.value)
+    assert "blade_engine_0" in message
+    assert "float32[4,8];float32[8]" in message      # expected signature
+    assert "float32[5,8];float32[8]" in message      # actual signature
+    assert "size of dim 0 is 5, expected 4" in message
+
+
+def test_non_contiguous_and_aliasing_inputs():
+    optimized, x, y = optimize_chain()
+    wide = torch.randn(8, 4).t()  # non-contiguous view of the right shape
+    assert not wide.is_contiguous()
+    assert_same(optimized(wide, y), Chain()(wide, y))
+    same = torch.randn(8, 8)
+    row = same[0]
+    assert_same(optimized(same[:4], row), Chain()(same[:4], row))  # inputs alias each other
+    assert blade.report(optimized).runtime_fallbacks == 0
+
+
+def test_outputs_own_their_memory_and_intermediates_are_freed():
+    optimized, x, y = optimize_chain()
+    before = _C.live_allocations()
+    outputs = optimized(x, y)
+    expected = Chain()(x, y)
+    assert _C.live_allocations() == before  # every buffer the code allocated was freed
+    del optimized
+    gc.collect()
+    assert_same(outputs, expected)  # outputs outlive the engine that produced them
+
+
+def test_engine_refuses_unloadable_code_and_falls_back():
+    optimized, x, y = optimize_chain()
+    engine = engine_of(optimized)
+    expected = engine.execute([x, y])
+    broken = torch.classes.blade.Engine(
+        "broken", torch.zeros(64, dtype=torch.uint8), engine.input_specs(),
+        engine.output_specs(), engine.fallback_ir(), [], "fallback", "")
+    assert not broken.is_compiled()
+    assert "could not be loaded" in broken.load_error()
+    assert_same(broken.execute([x, y]), expected)
+    assert broken.fallbacks() == 1
+    with pytest.raises(RuntimeError, match="cannot run its compiled code"):
+        torch.classes.blade.Engine(
+            "broken", torch.zeros(64, dtype=torch.uint8), engine.input_specs(),
+            engine.output_specs(), engine.fallback_ir(), [], "error", "")
