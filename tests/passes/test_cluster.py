@@ -1,0 +1,95 @@
+"""Clustering: no cycles, nested blocks, min size, excluded ops, compile-time fallback."""
+import torch
+from torch.testing import FileCheck
+
+import blade
+from helpers import assert_same, run_compiled
+
+
+class CycleProne(torch.nn.Module):
+    """a (supported) -> topk (unsupported) -> c (supported, also uses a): a and c must not
+    share a cluster, or the cluster would depend on itself through topk."""
+
+    def forward(self, x):
+        a = torch.relu(x) * 2.0
+        b = torch.topk(a, 3, dim=-1).values.sum(dim=-1, keepdim=True)
+        return torch.sigmoid(a + b) * a
+
+
+class Looped(torch.nn.Module):
+    def forward(self, x, n: int):
+        for _ in range(n):
+            x = torch.tanh(x) * 0.5 + 1.0
+        return x
+
+
+class Chain3(torch.nn.Module):
+    def forward(self, x):
+        return torch.exp(x) * 2.0 + 1.0
+
+
+def test_cycle_prone_graph_clusters_without_cycles():
+    x = torch.randn(4, 8)
+    optimized, report = run_compiled(CycleProne(), (x,))
+    assert len(report.clusters) == 2
+    FileCheck().check("blade::execute").check("aten::topk").check("blade::execute").run(
+        str(optimized.graph))
+
+
+def test_nested_loop_body_is_clustered():
+    x = torch.randn(4, 8)
+    optimized, report = run_compiled(Looped(), (x, 3))
+    FileCheck().check("prim::Loop").check("blade::execute").run(str(optimized.graph))
+    assert report.clusters[0].calls == 3  # once per iteration
+
+
+def test_min_cluster_size_counts_compute_ops():
+    x = torch.randn(4, 8)
+    # exp, mul, add: three compute ops.
+    run_compiled(Chain3(), (x,), blade.Config(min_cluster_size=3))
+    optimized = blade.optimize(Chain3(), (x,), blade.Config(min_cluster_size=4))
+    report = blade.report(optimized)
+    assert not report.clusters and report.compiled_ops == 0
+    assert "fewer than min_cluster_size=4" in report.unsupported["aten::exp"].reasons[0]
+    assert_same(optimized(x), Chain3()(x))
+
+
+def test_excluded_ops_stay_in_torchscript():
+    x = torch.randn(4, 8)
+    optimized, report = run_compiled(Chain3(), (x,), blade.Config(excluded_ops=["aten::mul"]))
+    assert "aten::mul.Scalar" in report.unsupported
+    assert "excluded" in report.unsupported["aten::mul.Scalar"].reasons[0]
+    FileCheck().check("aten::mul").run(str(optimized.graph))
+
+
+def test_failing_cluster_falls_back_and_model_runs(monkeypatch):
+    from blade import codegen
+
+    def broken(*args, **kwargs):
+        raise codegen.CodegenError("stage linalg_to_llvm failed: injected by the test")
+
+    monkeypatch.setattr(codegen, "compile_torch_mlir", broken)
+    x = torch.randn(4, 8)
+    optimized = blade.optimize(CycleProne(), (x,))
+    report = blade.report(optimized)
+    assert not report.clusters and report.compiled_ops == 0
+    assert len(report.compile_errors) == 2
+    assert "injected by the test" in report.compile_errors[0]
+    assert "blade::execute" not in str(optimized.graph)
+    assert_same(optimized(x), CycleProne()(x))
+
+
+def test_dry_run_reports_clusters_without_compiling(monkeypatch):
+    from blade import codegen
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("dry_run compiled something")
+
+    monkeypatch.setattr(codegen, "compile_torch_mlir", must_not_run)
+    x = torch.randn(4, 8)
+    optimized = blade.optimize(CycleProne(), (x,), blade.Config(dry_run=True))
+    report = blade.report(optimized)
+    assert report.dry_run and len(report.clusters) == 2
+    assert report.compiled_ops == 0 and not any(c.compiled for c in report.clusters)
+    assert "blade::execute" not in str(optimized.graph)
+    assert_same(optimized(x), CycleProne()(x))

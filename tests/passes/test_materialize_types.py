@@ -1,0 +1,58 @@
+"""materialize_types: types recorded from a run on the example inputs."""
+import torch
+from torch.testing import FileCheck
+
+import blade  # noqa: F401  (loads the runtime)
+from blade import _C
+from blade.compiler import quiet_torchscript
+
+
+class Branchy(torch.nn.Module):
+    def forward(self, x, flag: bool):
+        y = torch.relu(x)
+        if flag:
+            z = y * 2.0
+        else:
+            z = y.to(torch.float64) - 1.0
+        return z
+
+
+def frozen(model):
+    with quiet_torchscript():
+        return torch.jit.freeze(torch.jit.script(model.eval()))
+
+
+def test_records_dtype_and_sizes_and_leaves_unreached_values_alone():
+    module = frozen(Branchy())
+    graph = module.graph
+    FileCheck().check("Tensor = aten::relu").run(str(graph))
+    count = _C.materialize_types(graph, (module._c, torch.randn(4, 8), True), True)
+    assert count >= 3
+    text = str(graph)
+    FileCheck().check("Float(4, 8").check("aten::relu").check("block0").check(
+        "Float(4, 8").check("aten::mul").check("block1").check("Tensor = aten::to").run(text)
+    # The graph still computes the same results.
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(module(x, True), Branchy()(x, True))
+    torch.testing.assert_close(module(x, False), Branchy()(x, False))
+
+
+def test_dynamic_policy_keeps_rank_not_sizes():
+    module = frozen(Branchy())
+    graph = module.graph
+    _C.materialize_types(graph, (module._c, torch.randn(4, 8), True), False)
+    FileCheck().check("Float(*, *").check("aten::relu").run(str(graph))
+
+
+def test_values_seen_with_several_shapes_keep_only_what_agrees():
+    class Grow(torch.nn.Module):
+        def forward(self, x, n: int):
+            for _ in range(n):
+                x = torch.cat([x, x], dim=0)
+            return x
+
+    module = frozen(Grow())
+    graph = module.graph
+    _C.materialize_types(graph, (module._c, torch.randn(2, 5), 3), True)
+    # Inside the loop the carried value is seen as [2,5], [4,5], [8,5]: dim 0 varies.
+    FileCheck().check("prim::Loop").check("Float(*, 5").run(str(graph))
