@@ -4,15 +4,14 @@
     -> acyclic clustering (C++) -> per cluster: import -> StableHLO -> native -> Engine
 """
 import contextlib
-import time
 import warnings
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
 from . import _C, converters  # noqa: F401  (importing converters registers the built-ins)
 from .config import Config
-from .registry import REGISTRY, Verdict, describe, schema_name
+from .registry import REGISTRY, SCALAR_TYPE_NAMES, Verdict, schema_name
 from .report import REPORT_ATTRIBUTE, ClusterReport, Report
 
 ENGINE_PREFIX = "blade_engine_"
@@ -120,24 +119,17 @@ def _signature(values) -> str:
     specs = []
     for v in values:
         t = v.type()
-        dtype = _DTYPE_SPEC[t.scalarType()]
+        dtype = SCALAR_TYPE_NAMES[t.scalarType()]
         dims = ",".join("?" if s is None else str(s) for s in t.sizes())
         specs.append(f"{dtype}[{dims}]")
     return ";".join(specs)
-
-
-_DTYPE_SPEC = {
-    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
-    "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
-    "Bool": "bool",
-}
 
 
 def _op_counts(subgraph) -> Dict[str, int]:
     counts: Dict[str, int] = {}
     for node in _all_nodes(subgraph):
         if is_tensor_op(node):
-            counts[node.kind()] = counts.get(node.kind(), 0) + 1
+            counts[schema_name(node)] = counts.get(schema_name(node), 0) + 1
     return counts
 
 

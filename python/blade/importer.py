@@ -91,11 +91,8 @@ class _Emitter:
             f"    {lhs}\"{op}\"({', '.join(operands)}){attrs} : "
             f"({', '.join(operand_types)}) -> ({', '.join(result_types)})")
 
-    def constant(self, value: torch._C.Value) -> None:
-        t = value.type()
-        ivalue = value.toIValue()
-        name = self.fresh()
-        self.names[value] = name
+    def scalar(self, name: str, t, ivalue) -> bool:
+        """Emits a constant of a scalar type; False when `t` is not one."""
         if isinstance(t, torch._C.NoneType) or ivalue is None:
             self.emit([name], "torch.constant.none", [], [], ["!torch.none"])
         elif isinstance(t, torch._C.BoolType):
@@ -113,28 +110,27 @@ class _Emitter:
         elif isinstance(t, torch._C.DeviceObjType):
             self.emit([name], "torch.constant.device", [], [], ["!torch.Device"],
                       f" {{value = {_string_literal(str(ivalue))}}}")
-        elif isinstance(t, torch._C.ListType) and isinstance(ivalue, (list, tuple)):
-            element = t.getElementType()
-            items = []
-            for item in ivalue:
-                item_name = self.fresh()
-                if isinstance(element, torch._C.IntType):
-                    self.emit([item_name], "torch.constant.int", [], [], ["!torch.int"],
-                              f" {{value = {int(item)} : i64}}")
-                elif isinstance(element, torch._C.FloatType):
-                    self.emit([item_name], "torch.constant.float", [], [], ["!torch.float"],
-                              f" {{value = {_float_literal(item)} : f64}}")
-                elif isinstance(element, torch._C.BoolType):
-                    self.emit([item_name], "torch.constant.bool", [], [], ["!torch.bool"],
-                              f" {{value = {'true' if item else 'false'}}}")
-                else:
-                    raise ImportError_(f"constant list of {element} cannot be imported")
-                items.append(item_name)
-            element_type = value_type(element)
-            self.emit([name], "torch.prim.ListConstruct", items, [element_type] * len(items),
-                      [value_type(t)])
         else:
-            raise ImportError_(f"constant of type {t} ({ivalue!r}) cannot be imported")
+            return False
+        return True
+
+    def constant(self, value: torch._C.Value) -> None:
+        t = value.type()
+        ivalue = value.toIValue()
+        name = self.fresh()
+        self.names[value] = name
+        if self.scalar(name, t, ivalue):
+            return
+        if isinstance(t, torch._C.ListType) and isinstance(ivalue, (list, tuple)):
+            element = t.getElementType()
+            items = [self.fresh() for _ in ivalue]
+            for item_name, item in zip(items, ivalue):
+                if item is None or not self.scalar(item_name, element, item):
+                    raise ImportError_(f"constant list of {element} cannot be imported")
+            self.emit([name], "torch.prim.ListConstruct", items,
+                      [value_type(element)] * len(items), [value_type(t)])
+            return
+        raise ImportError_(f"constant of type {t} ({ivalue!r}) cannot be imported")
 
     def node(self, node: torch._C.Node) -> None:
         kind = node.kind()

@@ -60,10 +60,10 @@ def _tensor_dtype(value: torch._C.Value) -> Optional[str]:
     t = value.type()
     if not isinstance(t, torch._C.TensorType) or t.scalarType() is None:
         return None
-    return _SCALAR_TYPE_NAMES.get(t.scalarType())
+    return SCALAR_TYPE_NAMES.get(t.scalarType())
 
 
-_SCALAR_TYPE_NAMES = {
+SCALAR_TYPE_NAMES = {
     "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
     "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
     "Bool": "bool",
