@@ -7,6 +7,8 @@ Stages (the pipelines are data files in the top-level mlir/ folder):
 The library exports `blade_entry(void** args)`: one pointer per memref descriptor, the
 cluster's inputs, then its params, then its outputs (written in place).
 """
+import ctypes
+import functools
 import os
 import re
 import shutil
@@ -20,7 +22,6 @@ from typing import Dict
 
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
-import ctypes
 
 from ._runtime import RUNTIME_LIBRARY
 
@@ -124,6 +125,7 @@ class _StringRef(ctypes.Structure):
     _fields_ = [("data", ctypes.c_char_p), ("length", ctypes.c_size_t)]
 
 
+@functools.lru_cache(maxsize=None)
 def _mlir_c_api():
     """MLIR's C API from the torch-mlir wheel. The Python ExecutionEngine binding creates
     engines without object dumping, so the object file is obtained through the C API."""

@@ -114,14 +114,15 @@ class ConverterRegistry:
                 return Verdict(None, "not_materialized",
                                f"{name}: the type of %{value.debugName()} is not known (the "
                                "example inputs never reached this node)")
-        for arg, value in zip(_argument_names(node), node.inputs()):
+        arg_names = _argument_names(node)
+        for arg, value in zip(arg_names, node.inputs()):
             if not _is_static_argument(value):
                 return Verdict(None, "non_constant_argument",
                                f"{name}: argument '{arg}' (%{value.debugName()}, made by "
                                f"{value.node().kind()}) is not a compile-time constant")
         refusals = []
         for converter in candidates:
-            why = self._dtype_refusal(node, name, converter)
+            why = self._dtype_refusal(node, name, arg_names, converter)
             if why is not None:
                 refusals.append(("dtype", why))
                 continue
@@ -135,10 +136,9 @@ class ConverterRegistry:
         return Verdict(None, category, reason)
 
     @staticmethod
-    def _dtype_refusal(node, name, converter) -> Optional[str]:
-        schema_args = _argument_names(node)
+    def _dtype_refusal(node, name, arg_names, converter) -> Optional[str]:
         arg_dtypes = {}
-        for arg, value in zip(schema_args, node.inputs()):
+        for arg, value in zip(arg_names, node.inputs()):
             dtype = _tensor_dtype(value)
             if isinstance(value.type(), torch._C.TensorType):
                 arg_dtypes[arg] = dtype or "unknown"
