@@ -29,3 +29,31 @@ def assert_same(actual, expected, rtol=1e-5, atol=1e-5):
     assert isinstance(actual, (tuple, list)) and len(actual) == len(expected)
     for a, e in zip(actual, expected):
         assert_same(a, e, rtol, atol)
+
+
+# Tolerances per dtype: low-precision floats are compared at their own precision.
+TOLERANCE = {
+    torch.float32: (1e-5, 1e-5), torch.float64: (1e-7, 1e-7),
+    torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2),
+    torch.int64: (0, 0), torch.int32: (0, 0), torch.bool: (0, 0),
+}
+
+
+def random_tensor(shape, dtype, low=-3, high=3):
+    """Random values of `dtype`: normal floats, integers in [low, high), random bools."""
+    if dtype == torch.bool:
+        return torch.rand(*shape) > 0.5
+    if dtype in (torch.int64, torch.int32):
+        return torch.randint(low, high, shape, dtype=dtype)
+    return torch.randn(*shape).to(dtype)
+
+
+class Lambda(torch.nn.Module):
+    """A module calling `fn` on its inputs; traced (lambdas cannot be scripted)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *inputs):
+        return self.fn(*inputs)

@@ -1,5 +1,7 @@
 #include "ral/engine.h"
 
+#include "ral/ral_kernels.h"
+
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/irparser.h>
 
@@ -186,6 +188,11 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
     at += 3 + 2 * static_cast<size_t>(rank);
   }
   code_->entry()(pointers.data());
+  // A library call that failed (see ral_kernels.h) left the outputs unspecified.
+  std::string kernel_error = take_kernel_error();
+  if (!kernel_error.empty()) {
+    return run_fallback(inputs, "the compiled code reported an error: " + kernel_error);
+  }
   return outputs;
 }
 

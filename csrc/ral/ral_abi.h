@@ -16,6 +16,15 @@ void* _mlir_memref_to_llvm_alloc(size_t size);
 void* _mlir_memref_to_llvm_aligned_alloc(size_t alignment, size_t size);
 void _mlir_memref_to_llvm_free(void* ptr);
 
+// Conversions to bfloat16 that LLVM lowers to compiler-rt routines; GCC 12's libgcc, which
+// the engine's code is otherwise linked with, does not have them. The result is the
+// bfloat16's bits in the register a 16-bit float is returned in (the same on x86-64 for
+// _Float16 and bfloat16). Rounding is to nearest, ties to even, as PyTorch's.
+#if defined(__x86_64__)
+_Float16 __truncdfbf2(double value);
+_Float16 __truncsfbf2(float value);
+#endif
+
 // Bytes still allocated by generated code in this process; tests use it to prove that
 // every intermediate buffer was released.
 int64_t blade_ral_live_allocations(void);

@@ -1,8 +1,10 @@
 """From torch-dialect MLIR to a native shared library, held in memory as bytes.
 
 Stages (the pipelines are data files in the top-level mlir/ folder):
-  torch dialect --torch_to_stablehlo--> StableHLO --stablehlo_to_linalg--> linalg
-  --linalg_to_llvm--> LLVM dialect --ExecutionEngine--> object --cc -shared--> library
+  torch dialect --torch_to_stablehlo--> StableHLO --(library_calls.outline)-->
+  --stablehlo_to_linalg--> linalg on tensors --bufferize--> linalg on memrefs
+  --(library_calls.lower)--linalg_to_llvm--> LLVM dialect --ExecutionEngine--> object
+  --cc -shared--> library
 
 The library exports `blade_entry(void** args)`: one pointer per memref descriptor, the
 cluster's inputs, then its params, then its outputs (written in place).
@@ -23,9 +25,10 @@ from typing import Dict
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
+from . import library_calls
 from ._runtime import RUNTIME_LIBRARY
 
-STAGES = ("torch_to_stablehlo", "stablehlo_to_linalg", "linalg_to_llvm")
+STAGES = ("torch_to_stablehlo", "stablehlo_to_linalg", "bufferize", "linalg_to_llvm")
 
 
 class CodegenError(Exception):
@@ -37,6 +40,7 @@ class CompiledCluster:
     library: bytes
     ir: Dict[str, str] = field(default_factory=dict)  # stage name -> IR after it
     seconds: Dict[str, float] = field(default_factory=dict)
+    library_calls: int = 0  # ops outlined as RAL kernel calls
 
 
 def load_pipeline(stage: str) -> str:
@@ -98,7 +102,10 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False) -> Co
             result.ir["torch"] = str(module)
         for stage in STAGES:
             start = time.perf_counter()
+            if stage == "stablehlo_to_linalg":
+                result.library_calls = library_calls.outline(module, _find_main(module))
             if stage == "linalg_to_llvm":
+                library_calls.lower(module)
                 main = _find_main(module)
                 main.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
             _run_stage(module, stage)

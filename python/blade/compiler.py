@@ -208,7 +208,8 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
             _C.dissolve_cluster(cluster)
             continue
         try:
-            _compile_cluster(module, cluster, index, config, cpu_features)
+            _, compiled = _compile_cluster(module, cluster, index, config, cpu_features)
+            entry.library_calls = compiled.library_calls
             report.compiled_ops += sum(ops.values())
             report.clusters.append(entry)
         except Exception as e:  # any failure of one cluster: it stays TorchScript

@@ -1,8 +1,9 @@
 """Dtype constraints of every op Blade compiles, as data: one table, one validator.
 
 Each entry says, per tensor argument of the op's schema (by name, ``*`` for the rest),
-which dtypes the compiled code accepts, and what dtype the result has (``"same"``: the
-dtype of the first tensor argument). "Is this op supported for these dtypes" has exactly
+which dtypes the compiled code accepts, and what dtype the result has: a dtype name
+(comparisons give ``"bool"``), ``"same"`` (one of the argument dtypes, after PyTorch's
+type promotion) or ``"any"`` (casts and factories: any dtype Blade compiles). "Is this op supported for these dtypes" has exactly
 one answer, `check_dtypes`.
 """
 from dataclasses import dataclass, field
@@ -18,6 +19,10 @@ DTYPE_NAMES = {
 
 F32 = ("float32",)
 BOOL = ("bool",)
+FLOATS = ("float32", "float64", "float16", "bfloat16")
+INTS = ("int64", "int32")
+NUMERIC = FLOATS + INTS
+ALL = NUMERIC + BOOL
 
 
 @dataclass(frozen=True)
@@ -26,9 +31,13 @@ class DtypeRule:
     result: str = "same"
 
 
-FLOAT_SAME = DtypeRule()
-# Comparisons take floats and give bools.
-FLOAT_TO_BOOL = DtypeRule(result="bool")
+FLOAT_SAME = DtypeRule(args={"*": FLOATS})
+NUMERIC_SAME = DtypeRule(args={"*": NUMERIC})
+ALL_SAME = DtypeRule(args={"*": ALL})
+# Comparisons give bools.
+NUMERIC_TO_BOOL = DtypeRule(args={"*": NUMERIC}, result="bool")
+BOOL_SAME = DtypeRule(args={"*": BOOL})
+ANY_RESULT = DtypeRule(args={"*": ALL}, result="any")
 
 # Keyed by exact overload. Families are listed together; see blade/converters/.
 DTYPE_TABLE: Dict[str, DtypeRule] = {}
@@ -54,9 +63,14 @@ def check_dtypes(schema_name: str, arg_dtypes: Dict[str, str], result_dtypes: Se
         if dtype not in allowed:
             return (f"{schema_name}: argument '{arg}' has dtype {dtype}, the dtype table "
                     f"allows {', '.join(allowed) or 'none'}")
-    if rule.result != "same":
-        for dtype in result_dtypes:
-            if dtype != rule.result:
-                return (f"{schema_name}: result has dtype {dtype}, the dtype table gives "
-                        f"{rule.result}")
+    if rule.result == "any":
+        allowed_results = ALL
+    elif rule.result == "same":
+        allowed_results = tuple(d for ds in rule.args.values() for d in ds)
+    else:
+        allowed_results = (rule.result,)
+    for dtype in result_dtypes:
+        if dtype not in allowed_results:
+            return (f"{schema_name}: result has dtype {dtype}, the dtype table allows "
+                    f"{', '.join(dict.fromkeys(allowed_results))}")
     return None

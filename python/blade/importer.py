@@ -67,7 +67,8 @@ def _float_literal(x: float) -> str:
         # MLIR spells non-finite floats as their bit pattern.
         return "0x" + torch.tensor(x, dtype=torch.float64).view(torch.int64).item().to_bytes(
             8, "big", signed=True).hex().upper()
-    return repr(float(x))
+    # Always with a mantissa dot and an exponent (`1e-05` alone is not an MLIR float).
+    return f"{float(x):.17e}"
 
 
 def _string_literal(s: str) -> str:

@@ -22,6 +22,7 @@ class ClusterReport:
     calls: int = 0
     fallbacks: int = 0
     status: str = ""     # why the compiled code is not in use, or the last fallback reason
+    library_calls: int = 0  # matmuls/convolutions run by PyTorch's kernels through the RAL
 
 
 @dataclass

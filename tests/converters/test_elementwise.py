@@ -75,3 +75,64 @@ def test_unary(name, shape):
     torch.manual_seed(0)
     x = torch.randn(*shape)
     run_compiled(Unary(unary_ops()[name]), (x,), TRACE)
+
+
+# The ops the first tests cover in float32, over the other dtypes the table allows.
+from helpers import TOLERANCE, Lambda, random_tensor  # noqa: E402
+
+F = torch.nn.functional
+NUMERIC_OPS = {
+    "arith": lambda x, y: (x + y) * y - x,
+    "relu_neg_abs": lambda x, y: torch.relu(x) - torch.neg(y).abs(),
+    "clamp_max_min": lambda x, y: torch.clamp(torch.maximum(x, y), -2, 2) + torch.minimum(x, y),
+    "compare_where": lambda x, y: torch.where(x > y, x, y) + (x == y).to(x.dtype),
+}
+FLOAT_OPS = {
+    "activations": lambda x: F.hardswish(x) + F.hardsigmoid(x) + F.leaky_relu(x, 0.1) + F.elu(x),
+    "gelu_silu": lambda x: F.gelu(x) + F.gelu(x, approximate="tanh") + F.silu(x),
+    "exp_log": lambda x: torch.exp(x * 0.5) + torch.log1p(x.abs()) + torch.expm1(x * 0.1),
+    "trig": lambda x: torch.sin(x) + torch.cos(x) + torch.tanh(x) + torch.atan(x),
+    "rounding": lambda x: torch.floor(x) + torch.ceil(x) + torch.round(x) + torch.sign(x),
+    "erf_sigmoid": lambda x: torch.erf(x) + torch.sigmoid(x) + torch.rsqrt(x.abs() + 1),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.int32], ids=str)
+@pytest.mark.parametrize("shape", [(4, 8), (2, 3, 5)], ids=["2d", "3d"])
+@pytest.mark.parametrize("name", sorted(NUMERIC_OPS))
+def test_numeric_dtypes(name, shape, dtype):
+    torch.manual_seed(0)
+    x, y = random_tensor(shape, dtype), random_tensor(shape, dtype)
+    rtol, atol = TOLERANCE[dtype]
+    run_compiled(Lambda(NUMERIC_OPS[name]), (x, y), TRACE, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
+                                   torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(16,), (3, 4, 5)], ids=["1d", "3d"])
+@pytest.mark.parametrize("name", sorted(FLOAT_OPS))
+def test_float_dtypes(name, shape, dtype):
+    torch.manual_seed(0)
+    rtol, atol = TOLERANCE[dtype]
+    run_compiled(Lambda(FLOAT_OPS[name]), (random_tensor(shape, dtype),), TRACE, rtol=rtol,
+                 atol=max(atol, 1e-5))
+
+
+@pytest.mark.parametrize("shape", [(4, 8), (2, 3, 5)], ids=["2d", "3d"])
+def test_logical_and_casts(shape):
+    torch.manual_seed(0)
+    x, y = torch.randn(*shape), torch.randn(*shape)
+
+    def fn(x, y):
+        m = torch.logical_and(x > 0, y < 0) | torch.logical_not(x > y)
+        return torch.where(m, x.to(torch.float64), y.type_as(x).double()), (x * 4).to(torch.int64)
+
+    run_compiled(Lambda(fn), (x, y), TRACE)
+
+
+def test_integer_true_division_is_refused_with_its_reason():
+    x = torch.randint(1, 5, (3, 4))
+    report = blade.report(blade.optimize(Lambda(lambda x: x / (x + 1)), (x,), TRACE))
+    reasons = report.unsupported["aten::div.Tensor"].reasons
+    assert any("argument 'self' has dtype int64" in r for r in reasons), reasons

@@ -1,35 +1,75 @@
-"""View family: view/reshape/permute/transpose/unsqueeze/squeeze/expand/flatten."""
+"""Shape, view, indexing, joining and factory ops; each dtype, two shapes."""
 import pytest
 import torch
 
 import blade
-from helpers import run_compiled
+from helpers import Lambda, random_tensor, run_compiled
 
 TRACE = blade.Config(allow_tracing=True)
+DTYPES = [torch.float32, torch.float16, torch.int64, torch.bool]
 
+# Every op is surrounded by a compute op (x + x or a cat) so that a cluster forms.
 OPS = {
-    "view": lambda x: x.view(x.shape[0], -1) * 2,
-    "reshape": lambda x: (x * 2).reshape(-1),
-    "permute": lambda x: (x * 2).permute(2, 0, 1) + 1,
-    "transpose": lambda x: (x + 1).transpose(0, 2).contiguous() * 3,
-    "unsqueeze": lambda x: (x + 1).unsqueeze(1) * 2,
-    "squeeze": lambda x: (x + 1).unsqueeze(0).squeeze(0) * 2,
-    "expand": lambda x: (x.sum(dim=1, keepdim=True) * 2).expand(x.shape[0], 4, x.shape[2]) + 1,
-    "flatten": lambda x: torch.flatten(x * 2, 1) + 1,
+    "view": lambda x: torch.cat([x, x]).view(2 * x.shape[0], -1),
+    "reshape": lambda x: torch.cat([x, x]).reshape(-1),
+    "permute": lambda x: torch.cat([x, x]).permute(2, 0, 1).contiguous(),
+    "transpose": lambda x: torch.cat([x, x]).transpose(0, 2).contiguous(),
+    "unsqueeze_squeeze": lambda x: torch.cat([x, x]).unsqueeze(1).squeeze(1),
+    "expand": lambda x: torch.cat([x[:, :1], x[:, :1]]).expand(2 * x.shape[0], 4, x.shape[2]),
+    "flatten": lambda x: torch.flatten(torch.cat([x, x]), 1),
+    "slice": lambda x: torch.cat([x[:, 1:], x[:, :-1]], dim=2)[::2],
+    "select_narrow": lambda x: torch.stack([x[0], x.narrow(0, 1, 1).squeeze(0)]),
+    "cat": lambda x: torch.cat([x, x, x], dim=1),
+    "stack": lambda x: torch.stack([x, x], dim=-1),
+    "repeat": lambda x: x.repeat(1, 2, 1),
+    "split": lambda x: torch.cat(torch.split(x, 1, dim=1)[::-1], dim=1),
+    "chunk": lambda x: torch.cat(list(reversed(torch.chunk(x, 2, dim=2))), dim=2),
+    "flip": lambda x: torch.flip(x, dims=[1]),
+    "tril": lambda x: torch.tril(x),
 }
 
 
-class View(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(2, 3, 4), (5, 4, 6)], ids=["small", "larger"])
 @pytest.mark.parametrize("name", sorted(OPS))
-def test_view(name, shape):
+def test_view_and_join(name, shape, dtype):
     torch.manual_seed(0)
-    run_compiled(View(OPS[name]), (torch.randn(*shape),), TRACE)
+    run_compiled(Lambda(OPS[name]), (random_tensor(shape, dtype),), TRACE, rtol=0, atol=0)
+
+
+INDEXING = {
+    "index_select": (lambda x, i: torch.index_select(x, 1, i), lambda s: (s[1],)),
+    "gather": (lambda x, i: torch.gather(x, 1, i), lambda s: s),
+    "embedding": (lambda x, i: torch.nn.functional.embedding(i, x), lambda s: (3, 5)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64], ids=str)
+@pytest.mark.parametrize("shape", [(4, 6), (3, 9)], ids=["small", "larger"])
+@pytest.mark.parametrize("name", sorted(INDEXING))
+def test_indexing(name, shape, dtype):
+    torch.manual_seed(0)
+    fn, index_shape = INDEXING[name]
+    x = random_tensor(shape, dtype)
+    high = shape[0] if name == "embedding" else shape[1]
+    index = torch.randint(0, high, index_shape(shape))
+    run_compiled(Lambda(lambda x, i: fn(x * 1, i)), (x, index), TRACE, rtol=0, atol=0)
+
+
+FACTORIES = {
+    "arange": lambda x: x + torch.arange(x.shape[-1], dtype=x.dtype),
+    "arange_start_step": lambda x: x * torch.arange(1, 2 * x.shape[-1] + 1, 2).to(x.dtype),
+    "full": lambda x: x + torch.full(x.shape, 3, dtype=x.dtype),
+    "zeros_ones": lambda x: x + torch.zeros(x.shape[-1], dtype=x.dtype) + torch.ones_like(x),
+    "zeros_like": lambda x: torch.zeros_like(x) - x,
+    "full_like": lambda x: torch.full_like(x, 2) * x,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64], ids=str)
+@pytest.mark.parametrize("shape", [(4, 6), (2, 3, 5)], ids=["2d", "3d"])
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_factory(name, shape, dtype):
+    torch.manual_seed(0)
+    run_compiled(Lambda(FACTORIES[name]), (random_tensor(shape, dtype),), TRACE, rtol=0,
+                 atol=0)

@@ -11,4 +11,4 @@ def builtin(schemas, rule: DtypeRule, *, compute: bool = True, validator=None) -
         REGISTRY.register(Converter(schema, validator=validator, compute=compute))
 
 
-from . import elementwise, reduction, view  # noqa: E402,F401  (registers the families)
+from . import conv, elementwise, linalg, reduction, view  # noqa: E402,F401  (registers them)

@@ -1,15 +1,32 @@
-"""View-like ops. They move no data by themselves, so they do not count as compute ops."""
-from ..dtypes import DtypeRule
+"""Shape, view, indexing and joining ops, and tensor factories.
+
+Pure views move no data by themselves, so they do not count as compute ops.
+"""
+from ..dtypes import ALL, ANY_RESULT, DtypeRule, INTS
 from . import builtin
 
-ANY_DTYPE = DtypeRule(args={"*": ("float32", "float64", "float16", "bfloat16", "int64",
-                                  "int32", "bool")})
+ANY_DTYPE = DtypeRule(args={"*": ALL})
 
 builtin([
     "aten::view", "aten::reshape", "aten::permute", "aten::transpose.int", "aten::unsqueeze",
-    "aten::squeeze.dim", "aten::squeeze", "aten::expand", "aten::contiguous",
-    "aten::flatten.using_ints", "aten::t",
+    "aten::squeeze.dim", "aten::squeeze", "aten::expand", "aten::expand_as",
+    "aten::contiguous", "aten::flatten.using_ints", "aten::unflatten.int", "aten::t",
+    "aten::slice.Tensor", "aten::select.int", "aten::narrow", "aten::view_as",
+    "aten::reshape_as",
 ], ANY_DTYPE, compute=False)
 
-# List plumbing (e.g. the operands of cat); it may only join a cluster with its users.
-builtin(["prim::ListConstruct"], ANY_DTYPE, compute=False)
+# List plumbing (the operands of cat, the pieces of split); it only joins a cluster together
+# with its producer or users.
+builtin(["prim::ListConstruct", "prim::ListUnpack"], ANY_DTYPE, compute=False)
+
+# Ops that copy data.
+builtin(["aten::cat", "aten::stack", "aten::repeat", "aten::split.Tensor",
+         "aten::split_with_sizes", "aten::chunk", "aten::unbind.int", "aten::clone",
+         "aten::flip", "aten::roll", "aten::tril", "aten::triu"], ANY_DTYPE)
+builtin(["aten::index_select", "aten::gather"], DtypeRule(args={"index": INTS, "*": ALL}))
+builtin(["aten::embedding"], DtypeRule(args={"indices": INTS, "*": ALL}))
+
+# Factories: no tensor operands, the dtype is an argument.
+builtin(["aten::arange", "aten::arange.start", "aten::arange.start_step", "aten::full",
+         "aten::zeros", "aten::ones", "aten::zeros_like", "aten::ones_like",
+         "aten::full_like", "aten::new_zeros", "aten::new_ones"], ANY_RESULT)

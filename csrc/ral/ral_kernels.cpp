@@ -1,0 +1,134 @@
+#include "ral/ral_kernels.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <exception>
+#include <vector>
+
+namespace {
+
+thread_local std::string kernel_error;
+
+// A tensor viewing the memory a descriptor describes (no copy, not owned).
+at::Tensor view_of(const BladeUnrankedMemRef* memref, c10::ScalarType scalar_type) {
+  const auto* d = static_cast<const int64_t*>(memref->descriptor);
+  const int64_t rank = memref->rank;
+  auto* aligned = reinterpret_cast<char*>(d[1]);
+  const int64_t element_size = static_cast<int64_t>(c10::elementSize(scalar_type));
+  std::vector<int64_t> sizes(d + 3, d + 3 + rank);
+  std::vector<int64_t> strides(d + 3 + rank, d + 3 + 2 * rank);
+  return at::from_blob(aligned + d[2] * element_size, sizes, strides,
+                       at::TensorOptions().dtype(scalar_type));
+}
+
+template <typename Fn>
+void guarded(const char* what, Fn&& fn) noexcept {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    kernel_error = std::string(what) + ": " + e.what();
+  } catch (...) {
+    kernel_error = std::string(what) + ": unknown error";
+  }
+}
+
+// Copies `rank`-dimensional strided data element by element (sizes/strides in elements).
+void strided_copy(const char* src, char* dst, const int64_t* sizes, const int64_t* src_strides,
+                  const int64_t* dst_strides, int64_t rank, int64_t element_size) {
+  if (rank == 0) {
+    std::memcpy(dst, src, static_cast<size_t>(element_size));
+    return;
+  }
+  for (int64_t i = 0; i < sizes[0]; ++i) {
+    strided_copy(src + i * src_strides[0] * element_size, dst + i * dst_strides[0] * element_size,
+                 sizes + 1, src_strides + 1, dst_strides + 1, rank - 1, element_size);
+  }
+}
+
+void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* b,
+            BladeUnrankedMemRef* out, int64_t transpose_b) noexcept {
+  guarded("blade_ral_matmul", [&] {
+    at::Tensor rhs = view_of(b, dtype);
+    if (transpose_b != 0) {
+      rhs = rhs.transpose(-1, -2);
+    }
+    at::Tensor result = view_of(out, dtype);
+    at::matmul_out(result, view_of(a, dtype), rhs);
+  });
+}
+
+void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* weight,
+            BladeUnrankedMemRef* out, int64_t stride_h, int64_t stride_w, int64_t pad_top,
+            int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
+            int64_t dilation_w, int64_t groups) noexcept {
+  guarded("blade_ral_conv2d", [&] {
+    at::Tensor x = view_of(input, dtype);
+    std::vector<int64_t> padding{pad_top, pad_left};
+    if (pad_top != pad_bottom || pad_left != pad_right) {
+      x = at::constant_pad_nd(x, {pad_left, pad_right, pad_top, pad_bottom}, 0);
+      padding = {0, 0};
+    }
+    const std::vector<int64_t> stride{stride_h, stride_w};
+    const std::vector<int64_t> dilation{dilation_h, dilation_w};
+    at::Tensor result = at::conv2d(x, view_of(weight, dtype), c10::optional<at::Tensor>(),
+                                   stride, padding, dilation, groups);
+    view_of(out, dtype).copy_(result);
+  });
+}
+
+}  // namespace
+
+namespace blade::ral {
+
+std::string take_kernel_error() {
+  std::string error;
+  error.swap(kernel_error);
+  return error;
+}
+
+}  // namespace blade::ral
+
+extern "C" {
+
+void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
+                BladeUnrankedMemRef* target) {
+  const auto* s = static_cast<const int64_t*>(source->descriptor);
+  const auto* t = static_cast<const int64_t*>(target->descriptor);
+  const int64_t rank = source->rank;
+  const char* src = reinterpret_cast<const char*>(s[1]) + s[2] * element_size;
+  char* dst = reinterpret_cast<char*>(t[1]) + t[2] * element_size;
+  for (int64_t k = 0; k < rank; ++k) {
+    if (s[3 + k] == 0) {
+      return;  // nothing to copy
+    }
+  }
+  strided_copy(src, dst, s + 3, s + 3 + rank, t + 3 + rank, rank, element_size);
+}
+
+#define BLADE_RAL_UNRANKED(name) BladeUnrankedMemRef{name##_rank, name##_descriptor}
+#define BLADE_RAL_DEFINE_KERNELS(suffix, scalar_type)                                        \
+  void blade_ral_matmul_##suffix(BLADE_RAL_MEMREF(a), BLADE_RAL_MEMREF(b),                   \
+                                 BLADE_RAL_MEMREF(out), int64_t transpose_b) {               \
+    BladeUnrankedMemRef lhs = BLADE_RAL_UNRANKED(a), rhs = BLADE_RAL_UNRANKED(b),            \
+                        result = BLADE_RAL_UNRANKED(out);                                    \
+    matmul(scalar_type, &lhs, &rhs, &result, transpose_b);                                   \
+  }                                                                                          \
+  void blade_ral_conv2d_##suffix(BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight),          \
+                                 BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w,  \
+                                 int64_t pad_top, int64_t pad_bottom, int64_t pad_left,      \
+                                 int64_t pad_right, int64_t dilation_h, int64_t dilation_w,  \
+                                 int64_t groups) {                                           \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
+                        result = BLADE_RAL_UNRANKED(out);                                    \
+    conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top, pad_bottom, pad_left,  \
+           pad_right, dilation_h, dilation_w, groups);                                       \
+  }
+
+BLADE_RAL_DEFINE_KERNELS(f32, c10::ScalarType::Float)
+BLADE_RAL_DEFINE_KERNELS(f64, c10::ScalarType::Double)
+BLADE_RAL_DEFINE_KERNELS(f16, c10::ScalarType::Half)
+BLADE_RAL_DEFINE_KERNELS(bf16, c10::ScalarType::BFloat16)
+#undef BLADE_RAL_DEFINE_KERNELS
+#undef BLADE_RAL_UNRANKED
+}

@@ -1,0 +1,55 @@
+// Library calls from generated code into PyTorch's own CPU kernels (MKL / oneDNN), and the
+// memref helpers MLIR's lowering expects from a runtime.
+//
+// Generated code calls these through MLIR's C interface: each argument is a pointer to a
+// memref descriptor {allocated, aligned, offset, sizes[rank], strides[rank]}. None of them
+// throws; a failure is recorded for the calling thread and the engine that made the call
+// discards the results and runs its TorchScript fallback instead (see Engine::execute).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace blade::ral {
+
+// The error a library call recorded on this thread since the last call, and clears it.
+std::string take_kernel_error();
+
+}  // namespace blade::ral
+
+extern "C" {
+
+struct BladeUnrankedMemRef {
+  int64_t rank;
+  void* descriptor;
+};
+
+// MLIR's `memref.copy` between non-contiguous memrefs lowers to this call.
+void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
+                BladeUnrankedMemRef* target);
+
+// Generated code declares `func.func private @blade_ral_matmul_f32(memref<*xf32>, ...)`; the
+// LLVM lowering passes each unranked memref as two arguments, its rank and a pointer to its
+// descriptor (BLADE_RAL_MEMREF below). One symbol per element type: f32, f64, f16, bf16.
+// Each writes all of `out` (python/blade/library_calls.py says which ops they replace).
+//
+// matmul: out = a @ b, or a @ b^T when `transpose_b`; batch dims broadcast as in
+// torch.matmul (b may have fewer of them).
+// conv2d: out = conv2d(input, weight) in NCHW / OIHW layout with explicit (possibly
+// asymmetric) zero padding.
+#define BLADE_RAL_MEMREF(name) int64_t name##_rank, void* name##_descriptor
+#define BLADE_RAL_DECLARE_KERNELS(suffix)                                                    \
+  void blade_ral_matmul_##suffix(BLADE_RAL_MEMREF(a), BLADE_RAL_MEMREF(b),                   \
+                                 BLADE_RAL_MEMREF(out), int64_t transpose_b);                \
+  void blade_ral_conv2d_##suffix(BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight),          \
+                                 BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w,  \
+                                 int64_t pad_top, int64_t pad_bottom, int64_t pad_left,      \
+                                 int64_t pad_right, int64_t dilation_h, int64_t dilation_w,  \
+                                 int64_t groups);
+
+BLADE_RAL_DECLARE_KERNELS(f32)
+BLADE_RAL_DECLARE_KERNELS(f64)
+BLADE_RAL_DECLARE_KERNELS(f16)
+BLADE_RAL_DECLARE_KERNELS(bf16)
+#undef BLADE_RAL_DECLARE_KERNELS
+}

@@ -1,0 +1,233 @@
+"""Matmuls and convolutions as calls into PyTorch's own CPU kernels (through the RAL).
+
+Loops generated from linalg cannot match MKL or oneDNN, so these ops never become loops:
+
+1. `outline` (on StableHLO, before linalg): each `stablehlo.dot_general` and
+   `stablehlo.convolution` of a supported form moves into a private function of its own,
+   marked `blade.library_call`, and main calls it. Transposes of the last two dims and
+   broadcasts of leading (batch) dims that feed a matmul move into the function too, so
+   the kernel reads the original weight in place (no per-call transpose or broadcast
+   copy). Until step 2 the function body is the real computation, so every analysis in
+   between (fusion, bufferization) sees the truth.
+2. `lower` (after bufferization, when the function has become `(inputs..., out)` on
+   memrefs): the body is replaced by one call to the RAL kernel `blade_ral_<op>_<type>`
+   (csrc/ral/ral_kernels.h), which writes all of `out`. Memrefs are passed unranked, which
+   the LLVM lowering turns into a (rank, descriptor pointer) pair of arguments.
+
+Ops of any other form stay in the module and are compiled to loops.
+"""
+from typing import List, Optional, Tuple
+
+from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo as stablehlo
+from torch_mlir.dialects import arith, func, memref
+
+LIBRARY_CALL = "blade.library_call"
+ELEMENT_SUFFIX = {"f32": "f32", "f64": "f64", "f16": "f16", "bf16": "bf16"}
+
+
+def _element_suffix(value) -> Optional[str]:
+    return ELEMENT_SUFFIX.get(str(ir.ShapedType(value.type).element_type))
+
+
+def _rank(value) -> int:
+    return ir.ShapedType(value.type).rank
+
+
+def _producer(value, name: str):
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    op = owner.operation if hasattr(owner, "operation") else owner
+    return op if op.name == name else None
+
+
+def _i64s(attr) -> List[int]:
+    return list(ir.DenseI64ArrayAttr(attr))
+
+
+def _peel_matmul_operand(value, is_rhs: bool) -> Tuple[object, List, bool]:
+    """Walks up broadcasts of leading dims and (for the rhs) transposes of the last two dims.
+    Returns the source value, the ops peeled (producers first) and whether the source is
+    transposed."""
+    peeled = []
+    transposed = False
+    while True:
+        broadcast = _producer(value, "stablehlo.broadcast_in_dim")
+        if broadcast is not None:
+            source = broadcast.operands[0]
+            dims = _i64s(broadcast.attributes["broadcast_dimensions"])
+            out_rank, in_rank = _rank(value), _rank(source)
+            shapes_kept = ir.ShapedType(source.type).shape == \
+                ir.ShapedType(value.type).shape[out_rank - in_rank:]
+            if in_rank >= 2 and dims == list(range(out_rank - in_rank, out_rank)) \
+                    and shapes_kept:
+                peeled.insert(0, broadcast)
+                value = source
+                continue
+        transpose = _producer(value, "stablehlo.transpose")
+        if transpose is not None and is_rhs:
+            perm = _i64s(transpose.attributes["permutation"])
+            rank = len(perm)
+            if rank >= 2 and perm == list(range(rank - 2)) + [rank - 1, rank - 2]:
+                peeled.insert(0, transpose)
+                value = transpose.operands[0]
+                transposed = not transposed
+                continue
+        return value, peeled, transposed
+
+
+def _matmul_form(op) -> Optional[Tuple[object, object, List, dict]]:
+    """(lhs source, rhs source, peeled ops, attributes) for a dot_general the RAL runs."""
+    dims = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    lhs, rhs = op.operands[0], op.operands[1]
+    rank = _rank(lhs)
+    batch = list(range(rank - 2))
+    if rank < 2 or _rank(rhs) != rank or _element_suffix(lhs) is None:
+        return None
+    if list(dims.lhs_batching_dimensions) != batch or \
+            list(dims.rhs_batching_dimensions) != batch or \
+            list(dims.lhs_contracting_dimensions) != [rank - 1]:
+        return None
+    if list(dims.rhs_contracting_dimensions) == [rank - 2]:
+        transposed = False
+    elif list(dims.rhs_contracting_dimensions) == [rank - 1]:
+        transposed = True
+    else:
+        return None
+    if str(ir.ShapedType(op.result.type).element_type) != \
+            str(ir.ShapedType(lhs.type).element_type):
+        return None
+    lhs_source, lhs_peeled, _ = _peel_matmul_operand(lhs, is_rhs=False)
+    rhs_source, rhs_peeled, flipped = _peel_matmul_operand(rhs, is_rhs=True)
+    return lhs_source, rhs_source, lhs_peeled + rhs_peeled, {
+        "kind": "matmul", "transpose_b": int(transposed != flipped)}
+
+
+def _conv_form(op) -> Optional[dict]:
+    """The attributes of a 2-d NCHW/OIHW convolution the RAL runs, or None."""
+    dims = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    if _element_suffix(op.operands[0]) is None or _rank(op.operands[0]) != 4:
+        return None
+    nchw = (dims.input_batch_dimension, dims.input_feature_dimension,
+            list(dims.input_spatial_dimensions)) == (0, 1, [2, 3])
+    oihw = (dims.kernel_output_feature_dimension, dims.kernel_input_feature_dimension,
+            list(dims.kernel_spatial_dimensions)) == (0, 1, [2, 3])
+    out_nchw = (dims.output_batch_dimension, dims.output_feature_dimension,
+                list(dims.output_spatial_dimensions)) == (0, 1, [2, 3])
+    if not (nchw and oihw and out_nchw):
+        return None
+    attrs = op.attributes
+
+    def ints(name, default):
+        return _i64s(attrs[name]) if name in attrs else default
+
+    if ints("lhs_dilation", [1, 1]) != [1, 1]:
+        return None
+    if "batch_group_count" in attrs and ir.IntegerAttr(attrs["batch_group_count"]).value != 1:
+        return None
+    if "window_reversal" in attrs:
+        return None
+    padding = [0, 0, 0, 0]
+    if "padding" in attrs:
+        pad = ir.DenseIntElementsAttr(attrs["padding"])
+        padding = [pad[i] for i in range(len(pad))]
+    if min(padding) < 0:
+        return None
+    stride = ints("window_strides", [1, 1])
+    dilation = ints("rhs_dilation", [1, 1])
+    groups = ir.IntegerAttr(attrs["feature_group_count"]).value \
+        if "feature_group_count" in attrs else 1
+    return {"kind": "conv2d", "stride_h": stride[0], "stride_w": stride[1],
+            "pad_top": padding[0], "pad_bottom": padding[1], "pad_left": padding[2],
+            "pad_right": padding[3], "dilation_h": dilation[0], "dilation_w": dilation[1],
+            "groups": groups}
+
+
+# The integer arguments each kernel takes after its memrefs, in order.
+KERNEL_ARGUMENTS = {
+    "matmul": ["transpose_b"],
+    "conv2d": ["stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
+               "dilation_h", "dilation_w", "groups"],
+}
+
+
+def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> None:
+    name = f"blade_library_call_{index}"
+    result_type = op.result.type
+    with ir.InsertionPoint(module.body):
+        function = func.FuncOp(name, ([s.type for s in sources], [result_type]),
+                               visibility="private")
+    function.operation.move_after(main)
+    block = function.add_entry_block()
+    mapping = {source: arg for source, arg in zip(sources, block.arguments)}
+    with ir.InsertionPoint(block):
+        for original in peeled + [op]:
+            copy = original.clone()
+            for i, operand in enumerate(copy.operands):
+                if operand in mapping:
+                    copy.operands[i] = mapping[operand]
+            mapping[original.result] = copy.result
+        func.ReturnOp([mapping[op.result]])
+    i64 = ir.IntegerType.get_signless(64)
+    function.attributes[LIBRARY_CALL] = ir.StringAttr.get(attributes["kind"])
+    for key in KERNEL_ARGUMENTS[attributes["kind"]]:
+        function.attributes[f"blade.{key}"] = ir.IntegerAttr.get(i64, attributes[key])
+    with ir.InsertionPoint(op):
+        call = func.CallOp([result_type], ir.FlatSymbolRefAttr.get(name), list(sources))
+    op.result.replace_all_uses_with(call.result)
+    op.erase()
+    for original in reversed(peeled):
+        if not list(original.result.uses):
+            original.erase()
+
+
+def outline(module, main) -> int:
+    """Step 1 (see the module docstring); returns how many ops were outlined."""
+    count = 0
+    with module.context, ir.Location.unknown():
+        for op in list(main.regions[0].blocks[0].operations):
+            if op.name == "stablehlo.dot_general":
+                form = _matmul_form(op)
+                if form is None:
+                    continue
+                lhs, rhs, peeled, attributes = form
+                _outline_one(module, main, op, [lhs, rhs], peeled, attributes, count)
+                count += 1
+            elif op.name == "stablehlo.convolution":
+                attributes = _conv_form(op)
+                if attributes is None:
+                    continue
+                _outline_one(module, main, op, list(op.operands), [], attributes, count)
+                count += 1
+    return count
+
+
+def lower(module) -> None:
+    """Step 2 (see the module docstring): bodies of outlined functions become RAL calls."""
+    declared = set()
+    with module.context, ir.Location.unknown():
+        i64 = ir.IntegerType.get_signless(64)
+        for function in list(module.body.operations):
+            if function.operation.name != "func.func" or \
+                    LIBRARY_CALL not in function.attributes:
+                continue
+            kind = ir.StringAttr(function.attributes[LIBRARY_CALL]).value
+            block = function.regions[0].blocks[0]
+            for op in reversed(list(block.operations)):
+                op.erase()
+            arguments = list(block.arguments)
+            element = ir.ShapedType(arguments[0].type).element_type
+            callee = f"blade_ral_{kind}_{ELEMENT_SUFFIX[str(element)]}"
+            unranked = ir.UnrankedMemRefType.get(element, None)
+            with ir.InsertionPoint(block):
+                operands = [memref.CastOp(unranked, a).result for a in arguments]
+                for key in KERNEL_ARGUMENTS[kind]:
+                    value = ir.IntegerAttr(function.attributes[f"blade.{key}"]).value
+                    operands.append(arith.ConstantOp(i64, value).result)
+                func.CallOp([], ir.FlatSymbolRefAttr.get(callee), operands)
+                func.ReturnOp([])
+            if callee not in declared:
+                declared.add(callee)
+                with ir.InsertionPoint.at_block_begin(module.body):
+                    func.FuncOp(callee, ([o.type for o in operands], []), visibility="private")

@@ -1,0 +1,78 @@
+"""Convolution and pooling: conv2d through PyTorch's kernels (RAL), each dtype, two shapes."""
+import pytest
+import torch
+
+import blade
+from helpers import TOLERANCE, Lambda, random_tensor, run_compiled
+
+TRACE = blade.Config(allow_tracing=True)
+DTYPES = [torch.float32, torch.float64]
+F = torch.nn.functional
+
+CONVS = {
+    "plain": dict(),
+    "stride_padding": dict(stride=2, padding=1),
+    "dilation": dict(padding=2, dilation=2),
+    "groups": dict(groups=2, padding=(1, 0)),
+    "depthwise": dict(groups=4, padding=1),
+}
+SHAPES = [(2, 4, 9, 9), (1, 4, 6, 11)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=["square", "wide"])
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_conv2d(name, shape, dtype):
+    torch.manual_seed(0)
+    kwargs = CONVS[name]
+    conv = torch.nn.Conv2d(4, 8, 3, **kwargs).to(dtype).eval()
+    x = random_tensor(shape, dtype)
+    rtol, atol = TOLERANCE[dtype]
+    # Scripted (aten::conv2d), then traced (aten::_convolution).
+    _, report = run_compiled(conv, (x,), rtol=rtol, atol=max(atol, 1e-4))
+    assert report.clusters[0].library_calls == 1
+    run_compiled(conv, (x,), TRACE, rtol=rtol, atol=max(atol, 1e-4))
+
+
+def test_conv2d_without_bias_and_asymmetric_padding_through_pad():
+    torch.manual_seed(0)
+    weight = torch.randn(6, 3, 2, 2)
+    x = torch.randn(2, 3, 7, 7)
+    fn = Lambda(lambda x: F.conv2d(F.relu(x), weight, stride=(1, 2)))
+    _, report = run_compiled(fn, (x,), TRACE, atol=1e-4)
+    assert report.clusters[0].library_calls == 1
+
+
+def test_conv_bn_relu_block_compiles_to_one_cluster():
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                                torch.nn.ReLU()).eval()
+    block[1].running_mean.uniform_(-1, 1)
+    block[1].running_var.uniform_(0.5, 2)
+    _, report = run_compiled(block, (torch.randn(2, 3, 10, 10),), atol=1e-4)
+    assert len(report.clusters) == 1 and report.coverage == 1.0
+
+
+def test_conv3d_is_refused_by_the_validator():
+    conv = torch.nn.Conv3d(2, 2, 3).eval()
+    optimized = blade.optimize(conv, (torch.randn(1, 2, 5, 5, 5),), TRACE)
+    reasons = blade.report(optimized).unsupported["aten::_convolution"].reasons
+    assert any("only 2-d convolution" in r for r in reasons), reasons
+
+
+POOLS = {
+    "max_pool": lambda x: F.max_pool2d(x, 3, stride=2, padding=1),
+    "avg_pool": lambda x: F.avg_pool2d(x, 2),
+    "avg_pool_stride": lambda x: F.avg_pool2d(x, 3, stride=1, padding=1),
+    "adaptive_avg_pool": lambda x: F.adaptive_avg_pool2d(x, (1, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (1, 2, 6, 10)], ids=["square", "wide"])
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_pooling(name, shape, dtype):
+    torch.manual_seed(0)
+    rtol, atol = TOLERANCE[dtype]
+    run_compiled(Lambda(POOLS[name]), (random_tensor(shape, dtype),), TRACE, rtol=rtol,
+                 atol=atol)

@@ -1,0 +1,54 @@
+"""Normalizations (inference form) and softmax, each float dtype, two shapes."""
+import pytest
+import torch
+
+import blade
+from helpers import TOLERANCE, Lambda, random_tensor, run_compiled
+
+TRACE = blade.Config(allow_tracing=True)
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+F = torch.nn.functional
+# group_norm's Python code branches on sizes while tracing; expected here.
+pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+
+
+def layer_norm(x):
+    weight = torch.linspace(0.5, 1.5, x.shape[-1], dtype=x.dtype)
+    return F.layer_norm(x, (x.shape[-1],), weight, weight * 0.1)
+
+
+def group_norm(x):
+    return F.group_norm(x, 2, eps=1e-3)
+
+
+def batch_norm(x):
+    c = x.shape[1]
+    mean = torch.linspace(-1, 1, c, dtype=x.dtype)
+    var = torch.linspace(0.5, 2, c, dtype=x.dtype)
+    return F.batch_norm(x, mean, var, var * 0.5, mean, training=False, eps=1e-5)
+
+
+OPS = {
+    "layer_norm": layer_norm,
+    "group_norm": group_norm,
+    "batch_norm": batch_norm,
+    "softmax": lambda x: torch.softmax(x, dim=-1),
+    "log_softmax": lambda x: torch.log_softmax(x, dim=1),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 4, 6), (3, 6, 5, 4)], ids=["3d", "4d"])
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_normalization(name, shape, dtype):
+    torch.manual_seed(0)
+    rtol, atol = TOLERANCE[dtype]
+    run_compiled(Lambda(OPS[name]), (random_tensor(shape, dtype),), TRACE, rtol=rtol,
+                 atol=max(atol, 1e-5))
+
+
+def test_layer_norm_module_scripted():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.GELU()).eval()
+    _, report = run_compiled(model, (torch.randn(3, 5, 16),))
+    assert report.coverage == 1.0
