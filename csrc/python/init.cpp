@@ -3,6 +3,7 @@
 #include "passes/cluster.h"
 #include "passes/engine_call.h"
 #include "passes/materialize_types.h"
+#include "passes/split_to_slices.h"
 #include "ral/engine.h"
 #include "ral/ral_abi.h"
 
@@ -63,6 +64,8 @@ PYBIND11_MODULE(_C, m) {
       py::return_value_policy::reference);
 
   m.def("dissolve_cluster", &passes::dissolve_cluster, py::arg("cluster"));
+  m.def("split_to_slices", &passes::split_to_slices, py::arg("graph"),
+        "Splits unpacked right away become slices; returns how many were rewritten.");
   m.def("lift_tensor_constants", &passes::lift_tensor_constants, py::arg("subgraph"));
   m.def("fallback_ir", &passes::fallback_ir, py::arg("subgraph"));
   m.def("replace_cluster_with_engine", &passes::replace_cluster_with_engine, py::arg("cluster"),

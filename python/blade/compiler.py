@@ -37,6 +37,22 @@ def _as_tuple(example_inputs) -> Tuple[Any, ...]:
                     f"model's inputs, got {type(example_inputs).__name__}")
 
 
+def _with_defaults(scripted: torch.jit.ScriptModule, inputs: Tuple) -> Tuple:
+    """The example inputs, completed with forward's default values for arguments not given
+    (the types of the graph are materialized from a run with exactly these)."""
+    arguments = scripted.forward.schema.arguments[1:]  # the module itself first
+    if len(inputs) > len(arguments):
+        raise TypeError(f"blade.optimize: forward takes {len(arguments)} inputs, "
+                        f"{len(inputs)} example inputs were given")
+    completed = list(inputs)
+    for arg in arguments[len(inputs):]:
+        if not arg.has_default_value():
+            raise TypeError(f"blade.optimize: no example input for forward's argument "
+                            f"'{arg.name}', which has no default value")
+        completed.append(arg.default_value)
+    return tuple(completed)
+
+
 @contextlib.contextmanager
 def _eval_mode(model: torch.nn.Module):
     modes = [(m, m.training) for m in model.modules()]
@@ -88,9 +104,11 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     torch._C._jit_pass_constant_propagation(graph)
     torch._C._jit_pass_dce(graph)
     _C.materialize_types(graph, (module._c,) + inputs, True)
-    # Shape peepholes fold size()/dim() of values whose shapes are now known.
+    # Shape peepholes fold size()/dim() of values whose shapes are now known; splits with
+    # known sizes become slices. To a fixed point.
     for _ in range(8):
         before = str(graph)
+        _C.split_to_slices(graph)
         torch._C._jit_pass_peephole(graph, False)
         torch._C._jit_pass_constant_propagation(graph)
         torch._C._jit_pass_dce(graph)
@@ -170,6 +188,7 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
         scripted = _to_torchscript(model, inputs, config)
         if scripted.training:
             scripted = scripted.eval()
+        inputs = _with_defaults(scripted, inputs)
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
     simplify(graph, module, inputs)
