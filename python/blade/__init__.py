@@ -28,4 +28,31 @@ def optimize(model, example_inputs, config=None):
     return _optimize(model, example_inputs, config)
 
 
-__all__ = ["Config", "Report", "optimize", "report", "__version__"]
+def register_converter(schema, capability_validator=None, priority=None, dtypes=None,
+                       result_dtype="same", compute=True):
+    """Decorator registering a user converter to StableHLO; see
+    `blade.user_converters.register_converter` and docs/adding_a_converter.md.
+
+    Example:
+        >>> @blade.register_converter("mylib::my_tanh")
+        ... def convert(ctx):
+        ...     return ctx.op("stablehlo.tanh", ctx.operands)
+    """
+    from . import converters  # noqa: F401  (built-ins first, so priorities compare)
+    from .registry import USER_PRIORITY
+    from .user_converters import register_converter as _register
+
+    return _register(schema, capability_validator,
+                     USER_PRIORITY if priority is None else priority, dtypes, result_dtype,
+                     compute)
+
+
+def unregister_converter(converter):
+    """Removes a converter returned by `register_converter`."""
+    from .user_converters import unregister_converter as _unregister
+
+    _unregister(converter)
+
+
+__all__ = ["Config", "Report", "optimize", "register_converter", "report",
+           "unregister_converter", "__version__"]

@@ -84,13 +84,15 @@ def _link_shared_library(obj: Path, out: Path) -> None:
         raise CodegenError(f"linking the engine's code failed: {proc.stderr.strip()}")
 
 
-def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False) -> CompiledCluster:
+def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
+                       user_calls=()) -> CompiledCluster:
     """Compiles one torch-dialect function `main` into a shared library.
 
     `num_buffers` is the number of memref arguments after bufferization: inputs, params and
-    outputs together.
+    outputs together. `user_calls` are the nodes the importer left to user converters.
     """
     result = CompiledCluster(b"")
+    _register_passes()
     context = ir.Context()
     torch_dialect.register_dialect(context)
     with context:
@@ -103,6 +105,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False) -> Co
         for stage in STAGES:
             start = time.perf_counter()
             if stage == "stablehlo_to_linalg":
+                if user_calls:
+                    _inline_user_converters(module, user_calls)
                 result.library_calls = library_calls.outline(module, _find_main(module))
             if stage == "linalg_to_llvm":
                 library_calls.lower(module)
@@ -126,6 +130,14 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False) -> Co
             result.library = lib.read_bytes()
         result.seconds["native"] = time.perf_counter() - start
     return result
+
+
+@functools.lru_cache(maxsize=None)
+def _register_passes() -> None:
+    """StableHLO's passes by name (mlir/torch_to_stablehlo.pipeline names some); once."""
+    from torch_mlir._mlir_libs import _stablehlo
+
+    _stablehlo.register_stablehlo_passes()
 
 
 class _StringRef(ctypes.Structure):
@@ -174,6 +186,17 @@ def _emit_object(module, path: Path, opt_level: int = 3) -> None:
         lib.mlirExecutionEngineDestroy(engine)
     if not path.exists():
         raise CodegenError("LLVM produced no object file for the module")
+
+
+def _inline_user_converters(module, user_calls) -> None:
+    from .user_converters import fill_bodies
+
+    fill_bodies(module, user_calls)
+    try:
+        passmanager.PassManager.parse("builtin.module(inline, symbol-dce)").run(
+            module.operation)
+    except Exception as e:
+        raise CodegenError(f"inlining user converters failed: {e}") from None
 
 
 def _find_main(module):

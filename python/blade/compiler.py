@@ -160,9 +160,11 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     subgraph = cluster.g("Subgraph").copy()
     params = _C.lift_tensor_constants(subgraph)
     fallback_ir = _C.fallback_ir(subgraph)
-    text = import_subgraph(subgraph)
+    imported = import_subgraph(
+        subgraph, converter_for=lambda n: REGISTRY.check(n, config.excluded_ops).converter)
     num_buffers = len(list(subgraph.inputs())) + len(list(subgraph.outputs()))
-    compiled = codegen.compile_torch_mlir(text, num_buffers)
+    compiled = codegen.compile_torch_mlir(imported.text, num_buffers,
+                                          user_calls=imported.user_calls)
     name = f"{ENGINE_PREFIX}{index}"
     code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
     engine = torch.classes.blade.Engine(

@@ -8,7 +8,8 @@ node's operands in schema order and the materialized types as `!torch.vtensor<[4
 accepts, so no per-op printing code is needed. The text is parsed and verified by MLIR.
 """
 import math
-from typing import Dict, List
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -75,11 +76,20 @@ def _string_literal(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+@dataclass
+class ImportedModule:
+    text: str
+    user_calls: List = field(default_factory=list)  # user_converters.UserCall, in order
+
+
 class _Emitter:
-    def __init__(self):
+    def __init__(self, converter_for: Optional[Callable] = None):
         self.lines: List[str] = []
+        self.declarations: List[str] = []
+        self.user_calls: List = []
         self.names: Dict[torch._C.Value, str] = {}
         self.counter = 0
+        self.converter_for = converter_for
 
     def fresh(self) -> str:
         self.counter += 1
@@ -133,10 +143,34 @@ class _Emitter:
             return
         raise ImportError_(f"constant of type {t} ({ivalue!r}) cannot be imported")
 
+    def user_call(self, node: torch._C.Node, converter) -> None:
+        """A call of a private function that the user's converter fills in later (see
+        blade/user_converters.py); only tensors are passed, other arguments are constants
+        the converter reads from the node."""
+        from .user_converters import UserCall, constant_arguments
+
+        function = f"blade_user_{len(self.user_calls)}"
+        tensors = [v for v in node.inputs() if isinstance(v.type(), torch._C.TensorType)]
+        operand_types = [value_type(v.type()) for v in tensors]
+        result_types = [value_type(v.type()) for v in node.outputs()]
+        results = [self.fresh() for _ in node.outputs()]
+        self.emit(results, "func.call", [self.names[v] for v in tensors], operand_types,
+                  result_types, f" {{callee = @{function}}}")
+        self.declarations.append(
+            f"  func.func private @{function}({', '.join(operand_types)}) -> "
+            f"({', '.join(result_types)})")
+        self.user_calls.append(UserCall(function, converter, node, constant_arguments(node)))
+        for value, name in zip(node.outputs(), results):
+            self.names[value] = name
+
     def node(self, node: torch._C.Node) -> None:
         kind = node.kind()
         if kind == "prim::Constant":
             self.constant(node.output())
+            return
+        converter = self.converter_for(node) if self.converter_for else None
+        if converter is not None and converter.lower is not None:
+            self.user_call(node, converter)
             return
         operands = [self.names[v] for v in node.inputs()]
         operand_types = [value_type(v.type()) for v in node.inputs()]
@@ -153,13 +187,15 @@ class _Emitter:
             self.names[value] = name
 
 
-def import_subgraph(subgraph: torch._C.Graph, func_name: str = "main") -> str:
-    """The subgraph as torch-dialect MLIR text, one function `func_name`.
+def import_subgraph(subgraph: torch._C.Graph, func_name: str = "main",
+                    converter_for: Optional[Callable] = None) -> ImportedModule:
+    """The subgraph as torch-dialect MLIR text, one function `func_name` (plus a private
+    declaration per node that `converter_for(node)` gives a user converter for).
 
     Example:
-        >>> text = import_subgraph(cluster_node.g("Subgraph"))
+        >>> imported = import_subgraph(cluster_node.g("Subgraph"))
     """
-    emitter = _Emitter()
+    emitter = _Emitter(converter_for)
     args = []
     for i, value in enumerate(subgraph.inputs()):
         emitter.names[value] = f"%arg{i}"
@@ -173,11 +209,14 @@ def import_subgraph(subgraph: torch._C.Graph, func_name: str = "main") -> str:
     result_types = [value_type(v.type()) for v in outputs]
     body = "\n".join(emitter.lines)
     returns = ", ".join(emitter.names[v] for v in outputs)
-    return (
+    declarations = "".join(d + "\n" for d in emitter.declarations)
+    text = (
         "module {\n"
         f"  func.func @{func_name}({', '.join(args)}) -> ({', '.join(result_types)}) {{\n"
         f"{body}\n"
         f"    \"func.return\"({returns}) : ({', '.join(result_types)}) -> ()\n"
         "  }\n"
+        f"{declarations}"
         "}\n"
     )
+    return ImportedModule(text, emitter.user_calls)
