@@ -93,3 +93,34 @@ def test_dry_run_reports_clusters_without_compiling(monkeypatch):
     assert report.compiled_ops == 0 and not any(c.compiled for c in report.clusters)
     assert "blade::execute" not in str(optimized.graph)
     assert_same(optimized(x), CycleProne()(x))
+
+
+def test_twenty_thousand_node_graph_clusters_in_under_five_seconds(monkeypatch):
+    import time
+
+    from blade import _C
+
+    class Long(torch.nn.Module):
+        def forward(self, x):
+            for i in range(20_000):
+                x = torch.sin(x) if i % 3 == 0 else x * 1.0001
+            return x
+
+    seconds = []
+    nodes = []
+    original = _C.cluster_supported_nodes
+
+    def timed(graph, *args):
+        nodes.append(sum(1 for _ in graph.nodes()))
+        start = time.perf_counter()
+        result = original(graph, *args)
+        seconds.append(time.perf_counter() - start)
+        return result
+
+    monkeypatch.setattr(_C, "cluster_supported_nodes", timed)
+    optimized = blade.optimize(Long(), (torch.randn(4),),
+                               blade.Config(allow_tracing=True, dry_run=True))
+    assert nodes[0] >= 20_000
+    assert seconds[0] < 5.0, f"clustering {nodes[0]} nodes took {seconds[0]:.2f} s"
+    report = blade.report(optimized)
+    assert len(report.clusters) == 1 and report.clusters[0].ops["aten::sin"] == 6667
