@@ -2,6 +2,7 @@
 
 #include <torch/csrc/jit/ir/constants.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,6 +73,20 @@ std::optional<SplitSource> source_of(Node* node, Value* dim_value) {
   return SplitSource{self, d, *extent};
 }
 
+// `extent` cut into pieces of `size`, the last one shorter (aten::split's definition).
+std::vector<int64_t> pieces_of(int64_t extent, int64_t size) {
+  std::vector<int64_t> lengths;
+  for (int64_t start = 0; start < extent; start += size) {
+    lengths.push_back(std::min(size, extent - start));
+  }
+  return lengths;
+}
+
+// aten::chunk's definition: pieces of ceil(extent / chunks).
+std::vector<int64_t> chunk_lengths(int64_t extent, int64_t chunks) {
+  return pieces_of(extent, (extent + chunks - 1) / chunks);
+}
+
 // Piece lengths along the dim, following each op's definition; nullopt when unknown.
 std::optional<std::vector<int64_t>> piece_lengths(Node* node, SplitSource* source,
                                                   size_t pieces) {
@@ -81,26 +96,17 @@ std::optional<std::vector<int64_t>> piece_lengths(Node* node, SplitSource* sourc
   if (kind == c10::prim::ConstantChunk) {
     src = source_of(node, nullptr);
     if (!src) return std::nullopt;
-    const int64_t chunks = node->i(c10::attr::chunks);
-    const int64_t size = (src->extent + chunks - 1) / chunks;
-    for (int64_t start = 0; start < src->extent; start += size) {
-      lengths.push_back(std::min(size, src->extent - start));
-    }
+    lengths = chunk_lengths(src->extent, node->i(c10::attr::chunks));
   } else if (kind == c10::aten::chunk && overload(node) == std::string("")) {
     src = source_of(node, node->input(2));
     auto chunks = constant_int(node->input(1));
     if (!src || !chunks || *chunks <= 0) return std::nullopt;
-    const int64_t size = (src->extent + *chunks - 1) / *chunks;
-    for (int64_t start = 0; start < src->extent; start += size) {
-      lengths.push_back(std::min(size, src->extent - start));
-    }
+    lengths = chunk_lengths(src->extent, *chunks);
   } else if (kind == c10::aten::split && overload(node) == std::string("Tensor")) {
     src = source_of(node, node->input(2));
     auto size = constant_int(node->input(1));
     if (!src || !size || *size <= 0) return std::nullopt;
-    for (int64_t start = 0; start < src->extent; start += *size) {
-      lengths.push_back(std::min(*size, src->extent - start));
-    }
+    lengths = pieces_of(src->extent, *size);
   } else if ((kind == c10::aten::split_with_sizes && overload(node) == std::string("")) ||
              (kind == c10::aten::split && overload(node) == std::string("sizes"))) {
     src = source_of(node, node->input(2));

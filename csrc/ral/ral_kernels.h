@@ -1,9 +1,8 @@
 // Library calls from generated code into PyTorch's own CPU kernels (MKL / oneDNN), and the
 // memref helpers MLIR's lowering expects from a runtime.
 //
-// Generated code calls these through MLIR's C interface: each argument is a pointer to a
-// memref descriptor {allocated, aligned, offset, sizes[rank], strides[rank]}. None of them
-// throws; a failure is recorded for the calling thread and the engine that made the call
+// Each memref argument arrives as an unranked memref: its rank and a pointer to its
+// descriptor {allocated, aligned, offset, sizes[rank], strides[rank]}. None of them throws; a failure is recorded for the calling thread and the engine that made the call
 // discards the results and runs its TorchScript fallback instead (see Engine::execute).
 #pragma once
 

@@ -160,8 +160,15 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     subgraph = cluster.g("Subgraph").copy()
     params = _C.lift_tensor_constants(subgraph)
     fallback_ir = _C.fallback_ir(subgraph)
-    imported = import_subgraph(
-        subgraph, converter_for=lambda n: REGISTRY.check(n, config.excluded_ops).converter)
+
+    def converter_for(node):
+        # The clusterer's verdicts died with the node handles; re-check only the ops that a
+        # converter with its own lowering may take.
+        if not REGISTRY.has_lowering(schema_name(node)):
+            return None
+        return REGISTRY.check(node, config.excluded_ops).converter
+
+    imported = import_subgraph(subgraph, converter_for=converter_for)
     num_buffers = len(list(subgraph.inputs())) + len(list(subgraph.outputs()))
     compiled = codegen.compile_torch_mlir(imported.text, num_buffers,
                                           user_calls=imported.user_calls)
@@ -174,7 +181,7 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
         raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
     module._c._register_attribute(name, engine._type(), engine)
     _C.replace_cluster_with_engine(cluster, name)
-    return name, compiled
+    return compiled
 
 
 def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptModule:
@@ -229,7 +236,7 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
             _C.dissolve_cluster(cluster)
             continue
         try:
-            _, compiled = _compile_cluster(module, cluster, index, config, cpu_features)
+            compiled = _compile_cluster(module, cluster, index, config, cpu_features)
             entry.library_calls = compiled.library_calls
             report.compiled_ops += sum(ops.values())
             report.clusters.append(entry)

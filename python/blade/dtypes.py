@@ -3,8 +3,8 @@
 Each entry says, per tensor argument of the op's schema (by name, ``*`` for the rest),
 which dtypes the compiled code accepts, and what dtype the result has: a dtype name
 (comparisons give ``"bool"``), ``"same"`` (one of the argument dtypes, after PyTorch's
-type promotion) or ``"any"`` (casts and factories: any dtype Blade compiles). "Is this op supported for these dtypes" has exactly
-one answer, `check_dtypes`.
+type promotion) or ``"any"`` (casts and factories: any dtype Blade compiles). "Is this op
+supported for these dtypes" has exactly one answer, `check_dtypes`.
 """
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple

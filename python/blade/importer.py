@@ -147,7 +147,8 @@ class _Emitter:
         """A call of a private function that the user's converter fills in later (see
         blade/user_converters.py); only tensors are passed, other arguments are constants
         the converter reads from the node."""
-        from .user_converters import UserCall, constant_arguments
+        from .registry import constant_arguments
+        from .user_converters import UserCall
 
         function = f"blade_user_{len(self.user_calls)}"
         tensors = [v for v in node.inputs() if isinstance(v.type(), torch._C.TensorType)]

@@ -23,11 +23,13 @@ from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import arith, func, memref
 
 LIBRARY_CALL = "blade.library_call"
-ELEMENT_SUFFIX = {"f32": "f32", "f64": "f64", "f16": "f16", "bf16": "bf16"}
+# Element types the kernels take; the name is also the kernel symbol's suffix.
+KERNEL_ELEMENT_TYPES = ("f32", "f64", "f16", "bf16")
 
 
 def _element_suffix(value) -> Optional[str]:
-    return ELEMENT_SUFFIX.get(str(ir.ShapedType(value.type).element_type))
+    element = str(ir.ShapedType(value.type).element_type)
+    return element if element in KERNEL_ELEMENT_TYPES else None
 
 
 def _rank(value) -> int:
@@ -218,7 +220,7 @@ def lower(module) -> None:
                 op.erase()
             arguments = list(block.arguments)
             element = ir.ShapedType(arguments[0].type).element_type
-            callee = f"blade_ral_{kind}_{ELEMENT_SUFFIX[str(element)]}"
+            callee = f"blade_ral_{kind}_{element}"
             unranked = ir.UnrankedMemRefType.get(element, None)
             with ir.InsertionPoint(block):
                 operands = [memref.CastOp(unranked, a).result for a in arguments]

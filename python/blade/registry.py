@@ -7,7 +7,7 @@ the dtype rule from `blade.dtypes`. Built-in entries have no `lower` function: t
 imported into Torch-MLIR's torch dialect as it is and lowered by Torch-MLIR.
 """
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -97,6 +97,10 @@ class ConverterRegistry:
     def entries(self, schema: str) -> List[Converter]:
         return list(self._entries.get(schema, []))
 
+    def has_lowering(self, schema: str) -> bool:
+        """Whether some converter of `schema` builds its own IR (a user converter)."""
+        return any(c.lower is not None for c in self._entries.get(schema, ()))
+
     def schemas(self) -> List[str]:
         return sorted(k for k, v in self._entries.items() if v)
 
@@ -158,6 +162,19 @@ def _is_static_argument(value: torch._C.Value) -> bool:
         return all(isinstance(v.type(), torch._C.TensorType) or v.node().kind() == "prim::Constant"
                    for v in producer.inputs())
     return False
+
+
+def constant_arguments(node: torch._C.Node) -> Dict[str, Any]:
+    """The node's non-tensor arguments by schema name, as Python values (lists built by a
+    prim::ListConstruct of constants included)."""
+    values = {}
+    for arg, value in zip(_argument_names(node), node.inputs()):
+        if isinstance(value.type(), torch._C.TensorType):
+            continue
+        producer = value.node()
+        values[arg] = [v.toIValue() for v in producer.inputs()] \
+            if producer.kind() == "prim::ListConstruct" else value.toIValue()
+    return values
 
 
 def _argument_names(node: torch._C.Node) -> List[str]:

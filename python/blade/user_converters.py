@@ -24,7 +24,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import func
 
 from . import dtypes
-from .registry import REGISTRY, USER_PRIORITY, Converter, schema_name
+from .registry import (REGISTRY, USER_PRIORITY, Converter, constant_arguments,  # noqa: F401
+                       schema_name)
 
 
 class ConverterError(Exception):
@@ -137,17 +138,6 @@ def _origin(fn) -> str:
     return f"user: {getattr(fn, '__qualname__', fn)}{where}"
 
 
-def constant_arguments(node: torch._C.Node) -> Dict[str, Any]:
-    """The node's non-tensor arguments by schema name, as Python values."""
-    values = {}
-    schema = torch._C.parse_schema(node.schema())
-    for arg, value in zip(schema.arguments, node.inputs()):
-        if not isinstance(value.type(), torch._C.TensorType):
-            values[arg.name] = value.toIValue() if value.node().kind() == "prim::Constant" \
-                else [v.toIValue() for v in value.node().inputs()]
-    return values
-
-
 def fill_bodies(module, calls: Sequence[UserCall]) -> None:
     """Builds the body of each `@blade_user_N` declaration by running its converter."""
     by_name = {c.function: c for c in calls}
@@ -159,9 +149,8 @@ def fill_bodies(module, calls: Sequence[UserCall]) -> None:
             call = by_name.get(name)
             if call is None:
                 continue
-            function = func.FuncOp(op.operation) if not isinstance(op, func.FuncOp) else op
-            function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-            block = function.add_entry_block()
+            function_type = ir.FunctionType(op.type)
+            block = op.add_entry_block()
             what = f"converter {call.converter.origin} for {schema_name(call.node)}"
             ctx = ConversionContext(call.node, block.arguments, call.arguments,
                                     function_type.results, block)
@@ -169,11 +158,7 @@ def fill_bodies(module, calls: Sequence[UserCall]) -> None:
                 results = call.converter.lower(ctx)
             except Exception as e:
                 raise ConverterError(f"{what} raised {type(e).__name__}: {e}") from e
-            if isinstance(results, ir.Value):
-                results = [results]
-            if isinstance(results, ir.OpView) or isinstance(results, ir.Operation):
-                results = list(results.results)
-            results = list(results)
+            results = [results] if isinstance(results, ir.Value) else list(results)
             expected = [str(t) for t in function_type.results]
             got = [str(r.type) for r in results]
             if got != expected:
@@ -181,8 +166,7 @@ def fill_bodies(module, calls: Sequence[UserCall]) -> None:
                                      f"{expected}")
             with ir.InsertionPoint(block):
                 func.ReturnOp(results)
-            op.attributes["sym_visibility"] = ir.StringAttr.get("private")
             try:
-                function.operation.verify()
+                op.operation.verify()
             except Exception as e:
                 raise ConverterError(f"{what} built IR that does not verify: {e}") from None

@@ -1,7 +1,6 @@
 """Reductions over dims, softmax and the normalizations built from them."""
-import torch
-
 from ..dtypes import FLOATS, NUMERIC, DtypeRule
+from ..registry import constant_arguments
 from . import builtin
 
 FLOAT_REDUCTION = DtypeRule(args={"*": FLOATS})
@@ -9,10 +8,9 @@ FLOAT_REDUCTION = DtypeRule(args={"*": FLOATS})
 
 def _no_dtype_cast(node):
     """The optional `dtype` argument must be None: a cast inside a reduction is not lowered."""
-    arguments = torch._C.parse_schema(node.schema()).arguments
-    for arg, value in zip(arguments, node.inputs()):
-        if arg.name == "dtype" and value.toIValue() is not None:
-            return f"the dtype argument is {value.toIValue()}, only None is supported"
+    dtype = constant_arguments(node).get("dtype")
+    if dtype is not None:
+        return f"the dtype argument is {dtype}, only None is supported"
     return None
 
 
