@@ -1,4 +1,6 @@
 """Shared checks: a compiled model must match eager AND have really run compiled code."""
+import zipfile
+
 import torch
 
 import blade
@@ -57,3 +59,30 @@ class Lambda(torch.nn.Module):
 
     def forward(self, *inputs):
         return self.fn(*inputs)
+
+
+class TanhChain(torch.nn.Module):
+    """A tiny model compiled into one engine; tests that tamper with saved files use it."""
+
+    def forward(self, x):
+        return torch.tanh(x) * 2.0 + 1.0
+
+
+def save_tampered(tmp_path, config, change):
+    """Optimizes TanhChain, saves it, and writes a copy whose archive members are passed
+    through `change(filename, data) -> new data or None (unchanged)`. Returns the copy's
+    path, the example input, and how many members were changed."""
+    x = torch.randn(4, 8)
+    path = tmp_path / "model.pt"
+    torch.jit.save(blade.optimize(TanhChain(), (x,), config), str(path))
+    tampered = tmp_path / "tampered.pt"
+    changed = 0
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            new = change(item.filename, data)
+            if new is not None and new != data:
+                data = new
+                changed += 1
+            dst.writestr(item, data)
+    return tampered, x, changed

@@ -1,13 +1,12 @@
 """The runtime in a service: many threads, many calls, engines from a future Blade."""
 import threading
-import zipfile
 
 import pytest
 import torch
 
 import blade
 from blade import _C
-from helpers import assert_same
+from helpers import TanhChain, assert_same, save_tampered
 
 
 class Block(torch.nn.Module):
@@ -75,39 +74,30 @@ def test_repeated_calls_do_not_grow_memory():
     assert _C.live_allocations() == live
 
 
-class Chain(torch.nn.Module):
-    def forward(self, x):
-        return torch.tanh(x) * 2.0 + 1.0
-
-
 def save_from_the_future(tmp_path, config):
     """A saved model whose engine claims a format version this runtime does not know."""
-    x = torch.randn(4, 8)
-    path = tmp_path / "model.pt"
-    torch.jit.save(blade.optimize(Chain(), (x,), config), str(path))
-    future = tmp_path / "future.pt"
     version = _C.ENGINE_FORMAT_VERSION
-    patched = 0
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(future, "w") as dst:
-        for item in src.infolist():
-            data = src.read(item.filename)
-            if item.filename.endswith("data.pkl"):
-                # The engine's state is a tuple whose first item is the format version:
-                # "(" (MARK) then "K" (BININT1) and the version byte, after the class.
-                cls = data.find(b"classes.blade\nEngine\n")
-                at = data.find(b"(K" + bytes([version]), cls)
-                if cls >= 0 and at >= 0:
-                    data = data[:at + 2] + bytes([version + 1]) + data[at + 3:]
-                    patched += 1
-            dst.writestr(item, data)
-    assert patched == 1
-    return future, x
+
+    def bump_version(filename, data):
+        if not filename.endswith("data.pkl"):
+            return None
+        # The engine's state is a tuple whose first item is the format version: "("
+        # (MARK) then "K" (BININT1) and the version byte, after the class.
+        cls = data.find(b"classes.blade\nEngine\n")
+        at = data.find(b"(K" + bytes([version]), cls)
+        if cls < 0 or at < 0:
+            return None
+        return data[:at + 2] + bytes([version + 1]) + data[at + 3:]
+
+    path, x, changed = save_tampered(tmp_path, config, bump_version)
+    assert changed == 1
+    return path, x
 
 
 def test_engine_format_from_the_future_falls_back(tmp_path):
     path, x = save_from_the_future(tmp_path, None)
     loaded = torch.jit.load(str(path))
-    assert_same(loaded(x), Chain()(x))
+    assert_same(loaded(x), TanhChain()(x))
     cluster = blade.report(loaded).clusters[0]
     assert cluster.fallbacks == 1 and "format" in cluster.status, cluster
 
