@@ -1,6 +1,7 @@
 // blade._C: the Python bindings of the graph passes. The runtime (libblade_ral) is linked
 // in, so importing this module also registers the Engine class and the execute op.
 #include "passes/cluster.h"
+#include "passes/decompose.h"
 #include "passes/engine_call.h"
 #include "passes/materialize_types.h"
 #include "passes/split_to_slices.h"
@@ -66,6 +67,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("dissolve_cluster", &passes::dissolve_cluster, py::arg("cluster"));
   m.def("split_to_slices", &passes::split_to_slices, py::arg("graph"),
         "Splits unpacked right away become slices; returns how many were rewritten.");
+  m.def("decompose", &passes::decompose, py::arg("graph"), py::arg("overload"), py::arg("body"),
+        "Inlines `body` in place of every call of `overload`; returns how many were rewritten.");
   m.def("lift_tensor_constants", &passes::lift_tensor_constants, py::arg("subgraph"));
   m.def("fallback_ir", &passes::fallback_ir, py::arg("subgraph"));
   m.def("replace_cluster_with_engine", &passes::replace_cluster_with_engine, py::arg("cluster"),

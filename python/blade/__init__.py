@@ -54,5 +54,27 @@ def unregister_converter(converter):
     _unregister(converter)
 
 
-__all__ = ["Config", "Report", "optimize", "register_converter", "report",
-           "unregister_converter", "__version__"]
+def register_decomposition(overload):
+    """Decorator: every call of `overload` ("aten::op.overload" or a torch.library op) is
+    rewritten as the decorated function's body before clustering; see
+    `blade.decompositions` and docs/adding_a_converter.md.
+
+    Example:
+        >>> @blade.register_decomposition("mylib::softplus2")
+        ... def softplus2(x: torch.Tensor, beta: float) -> torch.Tensor:
+        ...     return torch.log1p(torch.exp(x * beta)) / beta
+    """
+    from .decompositions import register_decomposition as _register
+
+    return _register(overload)
+
+
+def unregister_decomposition(overload):
+    """Removes the user's decomposition of `overload`."""
+    from .decompositions import unregister_decomposition as _unregister
+
+    _unregister(overload)
+
+
+__all__ = ["Config", "Report", "optimize", "register_converter", "register_decomposition",
+           "report", "unregister_converter", "unregister_decomposition", "__version__"]

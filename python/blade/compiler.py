@@ -98,9 +98,15 @@ def is_tensor_op(node: torch._C.Node) -> bool:
     return any(isinstance(v.type(), torch._C.TensorType) for v in node.outputs())
 
 
-def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple) -> None:
-    """Cleans the frozen graph and materializes its types from the example inputs."""
+def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple,
+             excluded_ops=()) -> Dict[str, int]:
+    """Cleans the frozen graph, applies the decompositions and materializes its types from
+    the example inputs. Returns how many nodes of each op were decomposed."""
+    from .decompositions import decompose
+
     torch._C._jit_pass_inline(graph)
+    torch._C._jit_pass_constant_propagation(graph)
+    decomposed = decompose(graph, excluded_ops)
     torch._C._jit_pass_constant_propagation(graph)
     torch._C._jit_pass_dce(graph)
     _C.materialize_types(graph, (module._c,) + inputs, True)
@@ -114,6 +120,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
         torch._C._jit_pass_dce(graph)
         if str(graph) == before:
             break
+    return decomposed
 
 
 def _verdicts(graph, config: Config) -> Dict[torch._C.Node, Verdict]:
@@ -200,9 +207,9 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
         inputs = _with_defaults(scripted, inputs)
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
-    simplify(graph, module, inputs)
+    decomposed = simplify(graph, module, inputs, config.excluded_ops)
 
-    report = Report(dry_run=config.dry_run)
+    report = Report(dry_run=config.dry_run, decomposed=decomposed)
     verdicts = _verdicts(graph, config)
     for node, verdict in verdicts.items():
         if is_tensor_op(node):

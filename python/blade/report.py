@@ -39,6 +39,7 @@ class Report:
     unsupported: Dict[str, UnsupportedOp] = field(default_factory=dict)
     compile_errors: List[str] = field(default_factory=list)
     dry_run: bool = False
+    decomposed: Dict[str, int] = field(default_factory=dict)  # op -> nodes rewritten
 
     @property
     def coverage(self) -> float:
@@ -61,7 +62,8 @@ class Report:
     def from_json(text: str) -> "Report":
         data = json.loads(text)
         report = Report(total_ops=data["total_ops"], compiled_ops=data["compiled_ops"],
-                        compile_errors=data["compile_errors"], dry_run=data["dry_run"])
+                        compile_errors=data["compile_errors"], dry_run=data["dry_run"],
+                        decomposed=data.get("decomposed", {}))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
         return report
@@ -73,6 +75,9 @@ class Report:
             f"({100 * self.coverage:.1f}%), clusters: {len(self.clusters)}, "
             f"run-time fallbacks: {self.runtime_fallbacks}",
         ]
+        if self.decomposed:
+            lines.append("  decomposed: " + ", ".join(
+                f"{op} x{n}" for op, n in sorted(self.decomposed.items())))
         if self.clusters:
             lines.append(f"  {'cluster':<28} {'ops':>4} {'calls':>7} {'fallbk':>7}  inputs -> outputs")
             for c in self.clusters:

@@ -94,6 +94,7 @@ FLOAT_OPS = {
     "trig": lambda x: torch.sin(x) + torch.cos(x) + torch.tanh(x) + torch.atan(x),
     "rounding": lambda x: torch.floor(x) + torch.ceil(x) + torch.round(x) + torch.sign(x),
     "erf_sigmoid": lambda x: torch.erf(x) + torch.sigmoid(x) + torch.rsqrt(x.abs() + 1),
+    "isinf_isnan": lambda x: torch.where(torch.isinf(1 / (x * 0)) | torch.isnan(x.log()), x, -x),
 }
 
 

@@ -19,6 +19,8 @@ OPS = {
     "amin": (lambda x: x.amin(dim=0, keepdim=True), NUMERIC),
     "mean": (lambda x: x.mean(dim=1), FLOATS),
     "mean_all": (lambda x: x.mean(), FLOATS),
+    "logsumexp": (lambda x: torch.logsumexp(x, dim=-1), FLOATS),
+    "logsumexp_keepdim": (lambda x: torch.logsumexp(x * 40, dim=(0, 1), keepdim=True), FLOATS),
     "var": (lambda x: x.var(dim=1), FLOATS),
     "std": (lambda x: x.std(dim=-1, keepdim=True), FLOATS),
     "var_mean": (lambda x: torch.var_mean(x, dim=1, correction=0), FLOATS),

@@ -34,6 +34,7 @@ builtin([
     "aten::eq.Tensor", "aten::ne.Tensor", "aten::gt.Scalar", "aten::lt.Scalar",
     "aten::ge.Scalar", "aten::le.Scalar", "aten::eq.Scalar", "aten::ne.Scalar",
 ], NUMERIC_TO_BOOL)
+builtin(["aten::isinf", "aten::isnan"], DtypeRule(args={"*": FLOATS}, result="bool"))
 builtin(["aten::logical_and", "aten::logical_or", "aten::logical_xor"],
         DtypeRule(args={"*": ALL}, result="bool"))
 builtin(["aten::logical_not"], DtypeRule(args={"*": ALL}, result="bool"))
