@@ -32,5 +32,17 @@ test: build
 bench: build
 	$(PY) benchmarks/run.py
 
+# The runtime's C++ tests (tests/ral/ral_tests.cpp) with the runtime and the tests built
+# under AddressSanitizer + LeakSanitizer, against models saved by the regular build.
+ASAN_DIR := build/asan
+test-asan: build
+	$(VENV)/bin/cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DBLADE_ASAN=ON -DBLADE_BUILD_PYTHON=OFF -DBLADE_BUILD_TESTS=ON \
+	  -DBLADE_OUTPUT_DIR=$(abspath $(ASAN_DIR))/out \
+	  -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+	$(VENV)/bin/cmake --build $(ASAN_DIR) -j2
+	$(PY) tests/ral/make_fixtures.py $(ASAN_DIR)/fixtures
+	ASAN_OPTIONS=detect_leaks=1 $(ASAN_DIR)/out/ral_tests $(ASAN_DIR)/fixtures
+
 clean:
 	rm -rf build python/blade/*.so python/blade/lib*.so* *.egg-info python/*.egg-info

@@ -86,3 +86,28 @@ def save_tampered(tmp_path, config, change):
                 changed += 1
             dst.writestr(item, data)
     return tampered, x, changed
+
+
+def flip_code_bytes(filename, data):
+    """For save_tampered: inverts 16 bytes in the middle of the engine's shared library."""
+    if not data.startswith(b"\x7fELF"):
+        return None
+    middle = len(data) // 2
+    return data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 16]) + \
+        data[middle + 16:]
+
+
+def bump_format_version(filename, data):
+    """For save_tampered: the engine claims a format version this runtime does not know."""
+    from blade import _C
+
+    version = _C.ENGINE_FORMAT_VERSION
+    if not filename.endswith("data.pkl"):
+        return None
+    # The engine's state is a tuple whose first item is the format version: "(" (MARK)
+    # then "K" (BININT1) and the version byte, after the class.
+    cls = data.find(b"classes.blade\nEngine\n")
+    at = data.find(b"(K" + bytes([version]), cls)
+    if cls < 0 or at < 0:
+        return None
+    return data[:at + 2] + bytes([version + 1]) + data[at + 3:]

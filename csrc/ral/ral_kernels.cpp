@@ -46,6 +46,13 @@ void strided_copy(const char* src, char* dst, const int64_t* sizes, const int64_
   }
 }
 
+// ATen's out= variants resize an output of the wrong shape and copy_ broadcasts into one;
+// the generated code's buffers must be written exactly, so shapes are checked first.
+void check_result_shape(const char* what, const at::Tensor& out, at::IntArrayRef expected) {
+  TORCH_CHECK(out.sizes() == expected, what, ": the output buffer has shape ", out.sizes(),
+              ", the result has shape ", expected);
+}
+
 void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* b,
             BladeUnrankedMemRef* out, int64_t transpose_b) noexcept {
   guarded("blade_ral_matmul", [&] {
@@ -53,8 +60,16 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
     if (transpose_b != 0) {
       rhs = rhs.transpose(-1, -2);
     }
+    at::Tensor lhs = view_of(a, dtype);
     at::Tensor result = view_of(out, dtype);
-    at::matmul_out(result, view_of(a, dtype), rhs);
+    TORCH_CHECK(lhs.dim() >= 2 && rhs.dim() >= 2 && lhs.size(-1) == rhs.size(-2),
+                "blade_ral_matmul: cannot multiply ", lhs.sizes(), " by ", rhs.sizes());
+    std::vector<int64_t> expected = at::infer_size(lhs.sizes().slice(0, lhs.dim() - 2),
+                                                   rhs.sizes().slice(0, rhs.dim() - 2));
+    expected.push_back(lhs.size(-2));
+    expected.push_back(rhs.size(-1));
+    check_result_shape("blade_ral_matmul", result, expected);
+    at::matmul_out(result, lhs, rhs);
   });
 }
 
@@ -73,7 +88,9 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     const std::vector<int64_t> dilation{dilation_h, dilation_w};
     at::Tensor result = at::conv2d(x, view_of(weight, dtype), c10::optional<at::Tensor>(),
                                    stride, padding, dilation, groups);
-    view_of(out, dtype).copy_(result);
+    at::Tensor target = view_of(out, dtype);
+    check_result_shape("blade_ral_conv2d", target, result.sizes());
+    target.copy_(result);
   });
 }
 

@@ -108,7 +108,15 @@ std::vector<TensorSpec> parse_specs(const std::string& text) {
     std::istringstream dims(item.substr(open + 1, item.size() - open - 2));
     std::string dim;
     while (std::getline(dims, dim, ',')) {
-      spec.sizes.push_back(dim == "?" ? kDynamicDim : std::stoll(dim));
+      if (dim == "?") {
+        spec.sizes.push_back(kDynamicDim);
+        continue;
+      }
+      const bool digits = !dim.empty() && dim.size() <= 18 &&
+                          dim.find_first_not_of("0123456789") == std::string::npos;
+      TORCH_CHECK(digits, "blade: malformed tensor spec '", item, "': dimension '", dim,
+                  "' is neither a size nor '?'");
+      spec.sizes.push_back(std::stoll(dim));
     }
     specs.push_back(std::move(spec));
   }

@@ -64,6 +64,35 @@ def test_non_contiguous_and_aliasing_inputs():
     assert blade.report(optimized).runtime_fallbacks == 0
 
 
+class LinearChain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 16)
+
+    def forward(self, x, y):
+        return torch.relu(self.fc(x)) * torch.sigmoid(y) + x.sum(dim=1, keepdim=True)
+
+
+def test_zero_size_inputs():
+    torch.manual_seed(0)
+    model = LinearChain().eval()
+    empty = (torch.randn(0, 8), torch.randn(0, 16))
+    # Compiled for an empty batch: the code (library matmul included) runs on it.
+    optimized = blade.optimize(model, empty)
+    result = optimized(*empty)
+    assert result.shape == (0, 16)
+    assert_same(result, model(*empty))
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and report.clusters[0].calls == 1, str(report)
+    assert report.runtime_fallbacks == 0, str(report)
+    # Compiled for batch 4, called with an empty batch: the static engine falls back.
+    optimized = blade.optimize(model, (torch.randn(4, 8), torch.randn(4, 16)))
+    assert_same(optimized(*empty), model(*empty))
+    report = blade.report(optimized)
+    assert report.runtime_fallbacks == 1
+    assert "input 0: size of dim 0 is 0, expected 4" in report.clusters[0].status
+
+
 def test_outputs_own_their_memory_and_intermediates_are_freed():
     optimized, x, y = optimize_chain()
     before = _C.live_allocations()

@@ -3,15 +3,7 @@ import pytest
 import torch
 
 import blade
-from helpers import TanhChain, assert_same, save_tampered
-
-
-def flip_code_bytes(filename, data):
-    if not data.startswith(b"\x7fELF"):  # the engine's shared library
-        return None
-    middle = len(data) // 2
-    return data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 16]) + \
-        data[middle + 16:]
+from helpers import TanhChain, assert_same, flip_code_bytes, save_tampered
 
 
 def save_with_flipped_code(tmp_path, config):

@@ -6,7 +6,7 @@ import torch
 
 import blade
 from blade import _C
-from helpers import TanhChain, assert_same, save_tampered
+from helpers import TanhChain, assert_same, bump_format_version, save_tampered
 
 
 class Block(torch.nn.Module):
@@ -76,20 +76,7 @@ def test_repeated_calls_do_not_grow_memory():
 
 def save_from_the_future(tmp_path, config):
     """A saved model whose engine claims a format version this runtime does not know."""
-    version = _C.ENGINE_FORMAT_VERSION
-
-    def bump_version(filename, data):
-        if not filename.endswith("data.pkl"):
-            return None
-        # The engine's state is a tuple whose first item is the format version: "("
-        # (MARK) then "K" (BININT1) and the version byte, after the class.
-        cls = data.find(b"classes.blade\nEngine\n")
-        at = data.find(b"(K" + bytes([version]), cls)
-        if cls < 0 or at < 0:
-            return None
-        return data[:at + 2] + bytes([version + 1]) + data[at + 3:]
-
-    path, x, changed = save_tampered(tmp_path, config, bump_version)
+    path, x, changed = save_tampered(tmp_path, config, bump_format_version)
     assert changed == 1
     return path, x
 

@@ -1,0 +1,341 @@
+// C++ tests of the runtime (libblade_ral), without Python: specs, checksums, code loading,
+// the allocator and library-call ABI, and saved engines run from libtorch (correct results,
+// fallbacks, tampered files, many threads, load/unload cycles). `make test-asan` runs them
+// under AddressSanitizer + LeakSanitizer; tests/ral/test_ral_cpp.py runs them in `make test`.
+//
+//   ral_tests FIXTURE_DIR     (fixtures from tests/ral/make_fixtures.py)
+#include "ral/compiled_code.h"
+#include "ral/engine.h"
+#include "ral/ral_abi.h"
+#include "ral/ral_kernels.h"
+#include "ral/tensor_spec.h"
+
+#include <torch/script.h>
+#include <torch/serialize.h>
+
+#include <dirent.h>
+
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int g_failures = 0;
+std::string g_fixtures;
+
+#define EXPECT(cond)                                                                     \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      std::cerr << "  FAILED " << __FILE__ << ":" << __LINE__ << ": " #cond "\n";       \
+      ++g_failures;                                                                      \
+    }                                                                                    \
+  } while (0)
+
+#define EXPECT_THROWS_WITH(statement, text)                                              \
+  do {                                                                                   \
+    std::string message_;                                                                \
+    try {                                                                                \
+      statement;                                                                         \
+    } catch (const std::exception& e) {                                                  \
+      message_ = e.what();                                                               \
+    }                                                                                    \
+    if (message_.find(text) == std::string::npos) {                                      \
+      std::cerr << "  FAILED " << __FILE__ << ":" << __LINE__ << ": " #statement         \
+                << " should throw an error containing '" << (text) << "', got '"         \
+                << message_.substr(0, 2000) << "'\n";                                     \
+      ++g_failures;                                                                      \
+    }                                                                                    \
+  } while (0)
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+int open_fds() {
+  int count = 0;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (::readdir(dir) != nullptr) {
+      ++count;
+    }
+    ::closedir(dir);
+  }
+  return count;
+}
+
+std::vector<c10::IValue> load_list(const std::string& name) {
+  std::ifstream in(g_fixtures + "/" + name, std::ios::binary);
+  TORCH_CHECK(in, "cannot open fixture ", name, " in ", g_fixtures);
+  std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  c10::IValue value = torch::pickle_load(bytes);
+  TORCH_CHECK(value.isList(), name, " must hold a list");
+  std::vector<c10::IValue> items;
+  for (const c10::IValue& item : value.toListRef()) {
+    items.push_back(item);
+  }
+  return items;
+}
+
+torch::jit::Module load_model(const std::string& name) {
+  return torch::jit::load(g_fixtures + "/" + name);
+}
+
+c10::intrusive_ptr<blade::ral::Engine> engine_of(const torch::jit::Module& module) {
+  return module.attr("blade_engine_0").toCustomClass<blade::ral::Engine>();
+}
+
+bool same_outputs(const c10::IValue& actual, const std::vector<c10::IValue>& expected) {
+  std::vector<c10::IValue> items;
+  if (actual.isTuple()) {
+    items = actual.toTupleRef().elements().vec();
+  } else {
+    items.push_back(actual);
+  }
+  if (items.size() != expected.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!at::allclose(items[i].toTensor(), expected[i].toTensor(), 1e-5, 1e-5)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// --- specs and checksums -----------------------------------------------------------------
+
+void test_specs_round_trip_and_explain_mismatches() {
+  using namespace blade::ral;
+  auto specs = parse_specs("float32[4,?,768];int64[];bool[3]");
+  EXPECT(specs.size() == 3);
+  EXPECT(format_specs(specs) == "float32[4,?,768];int64[];bool[3]");
+  EXPECT(specs[0].mismatch(at::zeros({4, 5, 768})).empty());
+  EXPECT(specs[0].mismatch(at::zeros({4, 9, 768})).empty());  // dynamic dim
+  EXPECT(contains(specs[0].mismatch(at::zeros({4, 5, 767})), "size of dim 2 is 767, expected 768"));
+  EXPECT(contains(specs[0].mismatch(at::zeros({4, 5})), "rank"));
+  EXPECT(contains(specs[0].mismatch(at::zeros({4, 5, 768}, at::kDouble)),
+                  "dtype is float64, expected float32"));
+  EXPECT(specs[1].mismatch(at::scalar_tensor(3, at::kLong)).empty());
+  EXPECT_THROWS_WITH(parse_specs("float32[4,x]"), "dimension 'x' is neither a size nor '?'");
+  EXPECT_THROWS_WITH(parse_specs("complex7[4]"), "complex7");
+}
+
+void test_checksum_sees_every_byte() {
+  std::vector<uint8_t> bytes(4096, 7);
+  uint64_t original = blade::ral::checksum_bytes(bytes.data(), bytes.size());
+  EXPECT(original == blade::ral::checksum_bytes(bytes.data(), bytes.size()));
+  for (size_t at : {size_t{0}, size_t{2048}, size_t{4095}}) {
+    bytes[at] ^= 1;
+    EXPECT(original != blade::ral::checksum_bytes(bytes.data(), bytes.size()));
+    bytes[at] ^= 1;
+  }
+}
+
+void test_garbage_code_is_refused_without_leaking_descriptors() {
+  int before = open_fds();
+  std::vector<uint8_t> garbage(1000, 0x5a);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_THROWS_WITH(blade::ral::CompiledCode(garbage.data(), garbage.size(), "junk"),
+                       "could not be loaded");
+  }
+  EXPECT(open_fds() == before);
+}
+
+// --- the ABI generated code calls ---------------------------------------------------------
+
+void test_allocator_balances() {
+  int64_t live = blade_ral_live_allocations();
+  std::vector<void*> blocks;
+  for (size_t size : {size_t{1}, size_t{64}, size_t{1 << 20}}) {
+    blocks.push_back(_mlir_memref_to_llvm_alloc(size));
+    blocks.push_back(_mlir_memref_to_llvm_aligned_alloc(64, size));
+  }
+  EXPECT(blade_ral_live_allocations() == live + 6);
+  for (void* block : blocks) {
+    EXPECT(block != nullptr);
+    EXPECT(reinterpret_cast<uintptr_t>(block) % 16 == 0);
+    _mlir_memref_to_llvm_free(block);
+  }
+  EXPECT(blade_ral_live_allocations() == live);
+}
+
+template <int Rank>
+struct Descriptor {
+  float* allocated;
+  float* aligned;
+  int64_t offset;
+  int64_t sizes[Rank];
+  int64_t strides[Rank];
+};
+
+template <int Rank>
+Descriptor<Rank> describe(const at::Tensor& t) {
+  Descriptor<Rank> d{};
+  d.allocated = d.aligned = t.data_ptr<float>();
+  for (int i = 0; i < Rank; ++i) {
+    d.sizes[i] = t.size(i);
+    d.strides[i] = t.stride(i);
+  }
+  return d;
+}
+
+void test_matmul_library_call() {
+  at::Tensor a = at::randn({5, 7});
+  at::Tensor b = at::randn({3, 7});  // used transposed
+  at::Tensor out = at::empty({5, 3});
+  auto da = describe<2>(a);
+  auto db = describe<2>(b);
+  auto dout = describe<2>(out);
+  blade_ral_matmul_f32(2, &da, 2, &db, 2, &dout, /*transpose_b=*/1);
+  EXPECT(blade::ral::take_kernel_error().empty());
+  EXPECT(at::allclose(out, at::matmul(a, b.t()), 1e-5, 1e-5));
+
+  // Shapes that do not fit: an error is recorded for this thread, nothing is thrown.
+  at::Tensor wrong = at::full({4, 4}, 7.0);
+  auto dwrong = describe<2>(wrong);
+  blade_ral_matmul_f32(2, &da, 2, &db, 2, &dwrong, 1);
+  std::string error = blade::ral::take_kernel_error();
+  EXPECT(contains(error, "the output buffer has shape [4, 4], the result has shape [5, 3]"));
+  EXPECT(at::equal(wrong, at::full({4, 4}, 7.0)));  // untouched, not resized
+  EXPECT(wrong.sizes() == at::IntArrayRef({4, 4}));
+  EXPECT(blade::ral::take_kernel_error().empty());  // taking it clears it
+}
+
+// --- saved engines --------------------------------------------------------------------------
+
+void test_saved_model_runs_compiled_code() {
+  auto module = load_model("model.pt");
+  auto inputs = load_list("inputs.pt");
+  auto expected = load_list("expected.pt");
+  auto engine = engine_of(module);
+  EXPECT(engine->is_compiled());
+  EXPECT(engine->load_error().empty());
+  int64_t live = blade_ral_live_allocations();
+  for (int i = 0; i < 200; ++i) {
+    EXPECT(same_outputs(module.forward(inputs), expected));
+  }
+  EXPECT(blade_ral_live_allocations() == live);
+  EXPECT(engine->stats().calls == 200);
+  EXPECT(engine->stats().fallbacks == 0);
+}
+
+void test_wrong_inputs_fall_back_or_raise_per_mode() {
+  auto module = load_model("model.pt");
+  std::vector<c10::IValue> wrong{at::randn({3, 8}), at::randn({3, 16})};
+  auto out = module.forward(wrong).toTuple();
+  EXPECT(out->elements()[0].toTensor().sizes() == at::IntArrayRef({3, 16}));
+  auto engine = engine_of(module);
+  EXPECT(engine->stats().fallbacks == 1);
+  EXPECT(contains(engine->last_fallback_reason(), "size of dim 0 is 3, expected 4"));
+
+  auto strict = load_model("strict.pt");
+  EXPECT_THROWS_WITH(strict.forward(wrong), "blade_engine_0");
+  EXPECT_THROWS_WITH(strict.forward(wrong), "got (float32[3,16];float32[3,8])");
+}
+
+void test_tampered_engines_fall_back_with_the_reason() {
+  auto inputs = load_list("tanh_input.pt");
+  auto expected = load_list("tanh_expected.pt");
+  struct Case {
+    const char* file;
+    const char* reason;
+  };
+  for (const Case& c : {Case{"flipped.pt", "checksum"}, Case{"future.pt", "format"}}) {
+    auto module = load_model(c.file);
+    auto engine = engine_of(module);
+    EXPECT(!engine->is_compiled());
+    EXPECT(contains(engine->load_error(), c.reason));
+    EXPECT(same_outputs(module.forward(inputs), expected));
+    EXPECT(engine->stats().fallbacks == 1);
+  }
+}
+
+void test_four_threads_share_one_module() {
+  auto module = load_model("model.pt");
+  auto inputs = load_list("inputs.pt");
+  auto expected = load_list("expected.pt");
+  std::vector<int> wrong(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 100; ++i) {
+        // Each thread its own inputs too: same values, different storage.
+        std::vector<c10::IValue> own{inputs[0].toTensor().clone(), inputs[1].toTensor().clone()};
+        try {
+          if (!same_outputs(module.forward(own), expected)) {
+            ++wrong[t];
+          }
+        } catch (const std::exception& e) {
+          ++wrong[t];
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) {
+    thread.join();
+  }
+  for (int t = 0; t < 4; ++t) {
+    EXPECT(wrong[t] == 0);
+  }
+  EXPECT(engine_of(module)->stats().calls == 400);
+  EXPECT(engine_of(module)->stats().fallbacks == 0);
+}
+
+void test_loading_and_unloading_releases_code() {
+  auto inputs = load_list("inputs.pt");
+  auto expected = load_list("expected.pt");
+  {  // first load: libtorch's own one-time state is created here, not counted below
+    auto module = load_model("model.pt");
+    module.forward(inputs);
+  }
+  int fds = open_fds();
+  for (int i = 0; i < 30; ++i) {
+    auto module = load_model("model.pt");
+    EXPECT(same_outputs(module.forward(inputs), expected));
+  }
+  EXPECT(open_fds() == fds);  // each engine's memory file closed with its code
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: " << argv[0] << " FIXTURE_DIR  (tests/ral/make_fixtures.py)\n";
+    return 2;
+  }
+  g_fixtures = argv[1];
+  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
+      {"specs_round_trip_and_explain_mismatches", test_specs_round_trip_and_explain_mismatches},
+      {"checksum_sees_every_byte", test_checksum_sees_every_byte},
+      {"garbage_code_is_refused_without_leaking_descriptors",
+       test_garbage_code_is_refused_without_leaking_descriptors},
+      {"allocator_balances", test_allocator_balances},
+      {"matmul_library_call", test_matmul_library_call},
+      {"saved_model_runs_compiled_code", test_saved_model_runs_compiled_code},
+      {"wrong_inputs_fall_back_or_raise_per_mode", test_wrong_inputs_fall_back_or_raise_per_mode},
+      {"tampered_engines_fall_back_with_the_reason", test_tampered_engines_fall_back_with_the_reason},
+      {"four_threads_share_one_module", test_four_threads_share_one_module},
+      {"loading_and_unloading_releases_code", test_loading_and_unloading_releases_code},
+  };
+  int failed_tests = 0;
+  for (const auto& [name, test] : tests) {
+    int before = g_failures;
+    try {
+      test();
+    } catch (const std::exception& e) {
+      std::cerr << "  FAILED: unexpected exception: " << e.what() << "\n";
+      ++g_failures;
+    }
+    bool ok = g_failures == before;
+    failed_tests += ok ? 0 : 1;
+    std::cout << (ok ? "PASS " : "FAIL ") << name << std::endl;
+  }
+  std::cout << tests.size() - failed_tests << " passed, " << failed_tests << " failed"
+            << std::endl;
+  return failed_tests == 0 ? 0 : 1;
+}
