@@ -68,6 +68,18 @@ class TanhChain(torch.nn.Module):
         return torch.tanh(x) * 2.0 + 1.0
 
 
+class TwoClusters(torch.nn.Module):
+    """A Linear/tanh cluster and a sigmoid cluster, cut apart by erfinv (no converter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.tanh(self.fc(x)) * 2
+        return torch.erfinv(y * 0.4) * torch.sigmoid(y)
+
+
 def save_tampered(tmp_path, config, change):
     """Optimizes TanhChain, saves it, and writes a copy whose archive members are passed
     through `change(filename, data) -> new data or None (unchanged)`. Returns the copy's

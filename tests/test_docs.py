@@ -1,23 +1,45 @@
-"""The docs' code blocks run as written: each document's blocks, in order, as one script
-(a real file, because TorchScript reads the source of the classes it scripts)."""
+"""The docs' code blocks run as written. Per document: its python blocks, in order, as one
+script (a real file, because TorchScript reads the source of the classes it scripts), then
+its bash blocks, in order, in the same working directory (so they see the files the python
+blocks saved), with this environment's `python`, `blade` and `cmake` first on PATH. Blocks
+marked `text` are diagrams and output, not code; any other fence is an error."""
+import os
 import re
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
-def python_blocks(path: Path):
-    return re.findall(r"```python\n(.*?)```", path.read_text(), re.DOTALL)
+def blocks(path: Path):
+    return FENCE.findall(path.read_text())
 
 
-@pytest.mark.parametrize("name", ["adding_a_converter.md"])
-def test_code_blocks_run(name, tmp_path):
-    blocks = python_blocks(DOCS / name)
-    assert blocks, f"{name} has no python code blocks"
-    script = tmp_path / (Path(name).stem + ".py")
-    script.write_text("".join(f"# --- {name}, code block {i}\n{block}\n"
-                              for i, block in enumerate(blocks)))
-    runpy.run_path(str(script), run_name=f"docs_{Path(name).stem}")
+@pytest.mark.parametrize("name", sorted(p.name for p in DOCS.glob("*.md")))
+def test_code_blocks_run(name, tmp_path, monkeypatch):
+    found = blocks(DOCS / name)
+    languages = {language for language, _ in found}
+    assert languages <= {"python", "bash", "text"}, f"{name}: fences {languages}"
+    python = [code for language, code in found if language == "python"]
+    bash = [code for language, code in found if language == "bash"]
+    if name != "architecture.md":
+        assert python, f"{name} has no python code blocks"
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    if python:
+        script = tmp_path / (Path(name).stem + ".py")
+        script.write_text("".join(f"# --- {name}, code block {i}\n{code}\n"
+                                  for i, code in enumerate(python)))
+        runpy.run_path(str(script), run_name=f"docs_{Path(name).stem}")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    for i, code in enumerate(bash):
+        run = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env,
+                             capture_output=True, text=True)
+        assert run.returncode == 0, f"{name}, bash block {i}:\n{code}\n{run.stdout}\n{run.stderr}"

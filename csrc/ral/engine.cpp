@@ -208,6 +208,10 @@ std::vector<at::Tensor> Engine::run_fallback(const std::vector<at::Tensor>& inpu
     std::lock_guard<std::mutex> guard(reason_mutex_);
     last_fallback_reason_ = reason;
   }
+  return run_subgraph(inputs);
+}
+
+std::vector<at::Tensor> Engine::run_subgraph(const std::vector<at::Tensor>& inputs) {
   torch::jit::Stack stack(inputs.begin(), inputs.end());
   stack.insert(stack.end(), params_.begin(), params_.end());
   fallback_fn_->run(stack);

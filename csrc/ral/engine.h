@@ -44,6 +44,9 @@ class Engine : public torch::CustomClassHolder {
   ~Engine() override;
 
   std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs);
+  // The cluster's TorchScript subgraph on `inputs`, whatever the fallback mode, without
+  // counting a call: what the compiled code is compared with (`blade bisect`).
+  std::vector<at::Tensor> run_subgraph(const std::vector<at::Tensor>& inputs);
 
   const std::string& name() const { return name_; }
   std::string input_specs() const { return format_specs(input_specs_); }

@@ -85,13 +85,24 @@ def _link_shared_library(obj: Path, out: Path) -> None:
 
 
 def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
-                       user_calls=()) -> CompiledCluster:
+                       user_calls=(), dump=None) -> CompiledCluster:
     """Compiles one torch-dialect function `main` into a shared library.
 
     `num_buffers` is the number of memref arguments after bufferization: inputs, params and
     outputs together. `user_calls` are the nodes the importer left to user converters.
+    `keep_ir` keeps the IR after each stage in the result; `dump` (a `dump.ClusterDump`)
+    receives it as each stage ends, so a failing stage leaves the IR that led to it.
     """
     result = CompiledCluster(b"")
+
+    def record(stage: str, make_text) -> None:
+        if keep_ir or (dump is not None and dump.enabled):
+            text_of_stage = make_text()
+            if keep_ir:
+                result.ir[stage] = text_of_stage
+            if dump is not None:
+                dump.stage(stage, text_of_stage)
+
     _register_passes()
     context = ir.Context()
     torch_dialect.register_dialect(context)
@@ -100,8 +111,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
             module = ir.Module.parse(text)
         except Exception as e:
             raise CodegenError(f"the imported torch-dialect IR does not parse: {e}") from None
-        if keep_ir:
-            result.ir["torch"] = str(module)
+        record("torch", lambda: str(module))
         for stage in STAGES:
             start = time.perf_counter()
             if stage == "stablehlo_to_linalg":
@@ -114,14 +124,16 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 main.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
             _run_stage(module, stage)
             result.seconds[stage] = time.perf_counter() - start
-            if keep_ir:
-                result.ir[stage] = str(module)
+            if dump is not None:
+                dump.seconds[stage] = result.seconds[stage]
+            record(stage, lambda: str(module))
         start = time.perf_counter()
         llvm_text = str(module).rstrip()
         if not llvm_text.endswith("}"):
             raise CodegenError("unexpected LLVM-dialect module text")
         llvm_text = llvm_text[:-1] + _entry_wrapper(num_buffers) + "\n}\n"
         module = ir.Module.parse(llvm_text)
+        record("llvm_ir", lambda: llvm_ir(module))
         with tempfile.TemporaryDirectory(prefix="blade-codegen-") as tmp:
             obj = Path(tmp) / "engine.o"
             lib = Path(tmp) / "engine.so"
@@ -129,6 +141,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
             _link_shared_library(obj, lib)
             result.library = lib.read_bytes()
         result.seconds["native"] = time.perf_counter() - start
+        if dump is not None:
+            dump.seconds["native"] = result.seconds["native"]
     return result
 
 
@@ -156,6 +170,15 @@ def _mlir_c_api():
                                               ctypes.c_void_p, ctypes.c_bool]
     lib.mlirExecutionEngineDumpToObjectFile.argtypes = [ctypes.c_void_p, _StringRef]
     lib.mlirExecutionEngineDestroy.argtypes = [ctypes.c_void_p]
+    lib.mlirRegisterAllLLVMTranslations.argtypes = [ctypes.c_void_p]
+    lib.mlirTranslateModuleToLLVMIR.restype = ctypes.c_void_p
+    lib.mlirTranslateModuleToLLVMIR.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.LLVMContextCreate.restype = ctypes.c_void_p
+    lib.LLVMContextDispose.argtypes = [ctypes.c_void_p]
+    lib.LLVMPrintModuleToString.restype = ctypes.c_void_p
+    lib.LLVMPrintModuleToString.argtypes = [ctypes.c_void_p]
+    lib.LLVMDisposeMessage.argtypes = [ctypes.c_void_p]
+    lib.LLVMDisposeModule.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -166,6 +189,28 @@ def _capsule_pointer(capsule) -> int:
     api.PyCapsule_GetPointer.restype = ctypes.c_void_p
     api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
     return api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule))
+
+
+def llvm_ir(module) -> str:
+    """The LLVM IR an LLVM-dialect module translates to (what `_emit_object` compiles)."""
+    lib = _mlir_c_api()
+    lib.mlirRegisterAllLLVMTranslations(_capsule_pointer(module.context._CAPIPtr))
+    llvm_context = lib.LLVMContextCreate()
+    try:
+        llvm_module = lib.mlirTranslateModuleToLLVMIR(
+            _capsule_pointer(module.operation._CAPIPtr), llvm_context)
+        if not llvm_module:
+            raise CodegenError("the LLVM-dialect module does not translate to LLVM IR")
+        try:
+            message = lib.LLVMPrintModuleToString(llvm_module)
+            try:
+                return ctypes.string_at(message).decode()
+            finally:
+                lib.LLVMDisposeMessage(message)
+        finally:
+            lib.LLVMDisposeModule(llvm_module)
+    finally:
+        lib.LLVMContextDispose(llvm_context)
 
 
 def _emit_object(module, path: Path, opt_level: int = 3) -> None:

@@ -4,13 +4,15 @@
     -> acyclic clustering (C++) -> per cluster: import -> StableHLO -> native -> Engine
 """
 import contextlib
+import time
 import warnings
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from . import _C, converters  # noqa: F401  (importing converters registers the built-ins)
 from .config import Config
+from .dump import Dumper, Progress
 from .registry import REGISTRY, SCALAR_TYPE_NAMES, Verdict, schema_name
 from .report import REPORT_ATTRIBUTE, ClusterReport, Report
 
@@ -99,25 +101,35 @@ def is_tensor_op(node: torch._C.Node) -> bool:
 
 
 def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple,
-             excluded_ops=()) -> Dict[str, int]:
+             excluded_ops=(), dump: Optional[Dumper] = None) -> Dict[str, int]:
     """Cleans the frozen graph, applies the decompositions and materializes its types from
-    the example inputs. Returns how many nodes of each op were decomposed."""
+    the example inputs. Returns how many nodes of each op were decomposed. `dump` gets the
+    graph after every pass that changed it."""
     from .decompositions import decompose
 
-    torch._C._jit_pass_inline(graph)
-    torch._C._jit_pass_constant_propagation(graph)
-    decomposed = decompose(graph, excluded_ops)
-    torch._C._jit_pass_constant_propagation(graph)
-    torch._C._jit_pass_dce(graph)
-    _C.materialize_types(graph, (module._c,) + inputs, True)
+    dump = dump or Dumper(None)
+    dump.graph("frozen", graph, always=True)
+
+    def run(name, fn):
+        result = fn()
+        dump.graph(name, graph)
+        return result
+
+    run("inline", lambda: torch._C._jit_pass_inline(graph))
+    run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
+    decomposed = run("decompose", lambda: decompose(graph, excluded_ops))
+    run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
+    run("dce", lambda: torch._C._jit_pass_dce(graph))
+    run("materialize_types",
+        lambda: _C.materialize_types(graph, (module._c,) + inputs, True))
     # Shape peepholes fold size()/dim() of values whose shapes are now known; splits with
     # known sizes become slices. To a fixed point.
     for _ in range(8):
         before = str(graph)
-        _C.split_to_slices(graph)
-        torch._C._jit_pass_peephole(graph, False)
-        torch._C._jit_pass_constant_propagation(graph)
-        torch._C._jit_pass_dce(graph)
+        run("split_to_slices", lambda: _C.split_to_slices(graph))
+        run("peephole", lambda: torch._C._jit_pass_peephole(graph, False))
+        run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
+        run("dce", lambda: torch._C._jit_pass_dce(graph))
         if str(graph) == before:
             break
     return decomposed
@@ -158,13 +170,16 @@ def _op_counts(subgraph) -> Dict[str, int]:
     return counts
 
 
-def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: str):
+def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: str,
+                     dump):
     """Compiles one cluster and swaps it for an engine call. Raises on any failure, leaving
-    the graph untouched."""
+    the graph untouched. `dump` (a ClusterDump) receives the IR of every stage."""
     from . import codegen
     from .importer import import_subgraph
 
     subgraph = cluster.g("Subgraph").copy()
+    dump.write("0_torchscript.txt", str(subgraph))
+    start = time.perf_counter()
     params = _C.lift_tensor_constants(subgraph)
     fallback_ir = _C.fallback_ir(subgraph)
 
@@ -176,9 +191,10 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
         return REGISTRY.check(node, config.excluded_ops).converter
 
     imported = import_subgraph(subgraph, converter_for=converter_for)
+    dump.seconds["import"] = time.perf_counter() - start
     num_buffers = len(list(subgraph.inputs())) + len(list(subgraph.outputs()))
     compiled = codegen.compile_torch_mlir(imported.text, num_buffers,
-                                          user_calls=imported.user_calls)
+                                          user_calls=imported.user_calls, dump=dump)
     name = f"{ENGINE_PREFIX}{index}"
     code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
     engine = torch.classes.blade.Engine(
@@ -207,7 +223,8 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
         inputs = _with_defaults(scripted, inputs)
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
-    decomposed = simplify(graph, module, inputs, config.excluded_ops)
+    dump = Dumper.for_config(config.dump_dir)
+    decomposed = simplify(graph, module, inputs, config.excluded_ops, dump)
 
     report = Report(dry_run=config.dry_run, decomposed=decomposed)
     verdicts = _verdicts(graph, config)
@@ -223,6 +240,7 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
     clusters, dissolved = _C.cluster_supported_nodes(graph, supported, compute,
                                                      config.min_cluster_size)
     del supported, compute
+    dump.graph("clustered", graph, always=True)
     for d in dissolved:
         for kind in d.node_kinds:
             if not kind.startswith("prim::"):
@@ -232,6 +250,8 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
     if clusters and not config.dry_run:
         from .codegen import host_cpu_features
         cpu_features = host_cpu_features()
+    progress = Progress(len(clusters), "compiling clusters",
+                        config.progress and not config.dry_run)
     for index, cluster in enumerate(clusters):
         ops = _op_counts(cluster.g("Subgraph"))
         entry = ClusterReport(f"{ENGINE_PREFIX}{index}", ops, _signature(cluster.inputs()),
@@ -242,21 +262,33 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
             report.clusters.append(entry)
             _C.dissolve_cluster(cluster)
             continue
+        cluster_dump = dump.cluster(entry.name)
+        start = time.perf_counter()
         try:
-            compiled = _compile_cluster(module, cluster, index, config, cpu_features)
+            compiled = _compile_cluster(module, cluster, index, config, cpu_features,
+                                        cluster_dump)
             entry.library_calls = compiled.library_calls
             report.compiled_ops += sum(ops.values())
             report.clusters.append(entry)
+            cluster_dump.finish({**cluster_dump.seconds,
+                                 "total": time.perf_counter() - start})
         except Exception as e:  # any failure of one cluster: it stays TorchScript
             message = f"{entry.name} ({', '.join(sorted(ops))}): {type(e).__name__}: {e}"
+            cluster_dump.finish({**cluster_dump.seconds, "total": time.perf_counter() - start},
+                                error=message)
             report.compile_errors.append(message)
             for kind, count in ops.items():
                 for _ in range(count):
                     report.add_unsupported(kind, f"conversion failed: {str(e).splitlines()[0]}")
             _C.dissolve_cluster(cluster)
+        progress.step(entry.name)
     torch._C._jit_pass_dce(graph)
+    dump.graph("final", graph, always=True)
     module._c._register_attribute(REPORT_ATTRIBUTE, torch._C.StringType.get(), report.to_json())
-    if config.verbose:
+    if config.verbose or dump.enabled:
         from .report import report as read_report
-        print(read_report(module))
+        text = str(read_report(module))
+        dump.text("report.txt", text + "\n")
+        if config.verbose:
+            print(text)
     return module

@@ -1,6 +1,6 @@
 """The one object that controls how Blade compiles a model."""
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 FALLBACK_MODES = ("fallback", "error")
 
@@ -25,6 +25,10 @@ class Config:
         verbose: print the report when optimization ends.
         dry_run: analyse and cluster but compile nothing; the returned module is the
             frozen model with the analysis attached, so `blade.report` works on it.
+        dump_dir: write the graph after each simplification pass and, per cluster, its
+            IR at every stage with timings (layout in `blade.dump`). The environment
+            variable BLADE_DUMP_DIR does the same when this is not set.
+        progress: show a progress bar on stderr while clusters compile.
     """
 
     allow_tracing: bool = False
@@ -34,6 +38,8 @@ class Config:
     fallback: str = "fallback"
     verbose: bool = False
     dry_run: bool = False
+    dump_dir: Optional[str] = None
+    progress: bool = False
 
     def __post_init__(self):
         if self.fallback not in FALLBACK_MODES:

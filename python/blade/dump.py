@@ -1,0 +1,125 @@
+"""IR dumps (`Config(dump_dir=...)` or the BLADE_DUMP_DIR environment variable) and progress
+on long compilations.
+
+Layout of a dump directory:
+
+    passes/00_frozen.txt ... NN_<pass>.txt   the graph after each simplification pass that
+                                             changed it, then after clustering and at the end
+    blade_engine_N/0_torchscript.txt         the cluster's TorchScript subgraph
+                   1_torch.mlir              Blade's import into the torch dialect
+                   2_stablehlo.mlir          after mlir/torch_to_stablehlo.pipeline
+                   3_linalg.mlir             after mlir/stablehlo_to_linalg.pipeline
+                   4_bufferized.mlir         after mlir/bufferize.pipeline
+                   5_llvm_dialect.mlir       after mlir/linalg_to_llvm.pipeline
+                   6_llvm.ll                 LLVM IR, as LLVM compiles it
+                   timings.json              seconds per stage
+                   error.txt                 why the cluster fell back, if it did
+    report.txt                               the report of the optimized module
+"""
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+DUMP_ENV = "BLADE_DUMP_DIR"
+
+# codegen stage -> file of the IR after it
+STAGE_FILES = {
+    "torch": "1_torch.mlir",
+    "torch_to_stablehlo": "2_stablehlo.mlir",
+    "stablehlo_to_linalg": "3_linalg.mlir",
+    "bufferize": "4_bufferized.mlir",
+    "linalg_to_llvm": "5_llvm_dialect.mlir",
+    "llvm_ir": "6_llvm.ll",
+}
+
+
+class Dumper:
+    """Writes dumps under one directory; every method does nothing when dumping is off."""
+
+    def __init__(self, directory: Optional[str]):
+        self.root = Path(directory) if directory else None
+        self._pass_index = 0
+        self._last_graph = None
+        if self.root is not None:
+            self.root.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def for_config(dump_dir: Optional[str]) -> "Dumper":
+        """Config.dump_dir, else the BLADE_DUMP_DIR environment variable, else no dumps."""
+        return Dumper(dump_dir or os.environ.get(DUMP_ENV) or None)
+
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    def graph(self, name: str, graph: torch._C.Graph, always: bool = False) -> None:
+        """The graph after pass `name`, when it changed (or `always`)."""
+        if self.root is None:
+            return
+        text = str(graph)
+        if not always and text == self._last_graph:
+            return
+        self._last_graph = text
+        passes = self.root / "passes"
+        passes.mkdir(exist_ok=True)
+        (passes / f"{self._pass_index:02d}_{name}.txt").write_text(text)
+        self._pass_index += 1
+
+    def cluster(self, name: str) -> "ClusterDump":
+        return ClusterDump(self.root / name if self.root is not None else None)
+
+    def text(self, filename: str, text: str) -> None:
+        if self.root is not None:
+            (self.root / filename).write_text(text)
+
+
+class ClusterDump:
+    def __init__(self, directory: Optional[Path]):
+        self.directory = directory
+        self.seconds: Dict[str, float] = {}
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self.directory is not None
+
+    def write(self, filename: str, text: str) -> None:
+        if self.directory is not None:
+            (self.directory / filename).write_text(text)
+
+    def stage(self, stage: str, text: str) -> None:
+        """Called by codegen with the IR after each stage."""
+        self.write(STAGE_FILES[stage], text)
+
+    def finish(self, seconds: Dict[str, float], error: Optional[str] = None) -> None:
+        self.write("timings.json", json.dumps(seconds, indent=2) + "\n")
+        if error is not None:
+            self.write("error.txt", error + "\n")
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per step when stderr is not a terminal)."""
+
+    def __init__(self, total: int, label: str, enabled: bool, width: int = 24):
+        self.total, self.label, self.enabled, self.width = total, label, enabled, width
+        self.done = 0
+        self.tty = sys.stderr.isatty()
+
+    def step(self, what: str) -> None:
+        if not self.enabled or self.total == 0:
+            return
+        self.done += 1
+        filled = self.width * self.done // self.total
+        bar = "#" * filled + "-" * (self.width - filled)
+        line = f"[blade] {self.label} [{bar}] {self.done}/{self.total} {what}"
+        if self.tty:
+            end = "\n" if self.done == self.total else ""
+            sys.stderr.write("\r\x1b[2K" + line + end)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()

@@ -1,0 +1,111 @@
+"""The command line: `blade optimize | report | bisect` on small saved models."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import blade
+from helpers import TwoClusters, assert_same
+
+
+WRONG_SIGMOID_PLUGIN = '''
+import blade
+
+@blade.register_converter("aten::sigmoid", priority=200)
+def wrong_sigmoid(ctx):
+    """Deliberately wrong, for `blade bisect` to find: x + x instead of sigmoid(x)."""
+    x = ctx.operands[0]
+    return ctx.op("stablehlo.add", [x, x])
+'''
+
+
+def blade_cli(*args, console_script=False):
+    command = [str(Path(sys.executable).parent / "blade")] if console_script else \
+        [sys.executable, "-m", "blade"]
+    return subprocess.run(command + [str(a) for a in args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    torch.manual_seed(0)
+    model = TwoClusters().eval()
+    path = tmp_path_factory.mktemp("cli") / "model.pt"
+    torch.jit.save(torch.jit.script(model), str(path))
+    return path, model
+
+
+def test_optimize_saves_a_model_that_matches_eager(saved_model, tmp_path):
+    path, model = saved_model
+    out = tmp_path / "optimized.pt"
+    run = blade_cli("optimize", path, "-o", out, "--input", "float32[4,8]",
+                    console_script=True)
+    assert run.returncode == 0, run.stderr
+    assert "[blade] compiling clusters [" in run.stderr and "2/2" in run.stderr
+    assert "clusters: 2" in run.stdout and f"saved {out}" in run.stdout
+    assert "DeprecationWarning" not in run.stderr
+    loaded = torch.jit.load(str(out))
+    x = torch.randn(4, 8)
+    assert_same(loaded(x), model(x), rtol=1e-4, atol=1e-5)
+    report = blade.report(loaded)
+    assert len(report.clusters) == 2 and all(c.calls == 1 for c in report.clusters)
+    assert report.runtime_fallbacks == 0
+
+
+def test_optimize_with_inputs_from_a_file_and_report(saved_model, tmp_path):
+    path, _ = saved_model
+    torch.save([torch.randn(2, 8)], str(tmp_path / "inputs.pt"))
+    out = tmp_path / "optimized.pt"
+    run = blade_cli("optimize", path, "-o", out, "--inputs", tmp_path / "inputs.pt", "--quiet")
+    assert run.returncode == 0, run.stderr
+    assert "[blade]" not in run.stderr
+
+    run = blade_cli("report", out)
+    assert run.returncode == 0, run.stderr
+    assert "float32[2,8]" in run.stdout and "aten::erfinv" in run.stdout
+    run = blade_cli("report", out, "--json")
+    data = json.loads(run.stdout)
+    assert data["compiled_ops"] > 0 and len(data["clusters"]) == 2
+
+
+def test_user_errors_are_one_line_with_status_2(saved_model, tmp_path):
+    path, _ = saved_model
+    cases = [
+        (("optimize", path, "-o", tmp_path / "o.pt", "--input", "float32[4,x]"),
+         "--input 'float32[4,x]': expected dtype[d0,d1,...]"),
+        (("optimize", path, "-o", tmp_path / "o.pt", "--input", "complex9[4]"),
+         "unknown dtype 'complex9'"),
+        (("optimize", path, "-o", tmp_path / "o.pt"), "example inputs are needed"),
+        (("optimize", tmp_path / "missing.pt", "-o", tmp_path / "o.pt", "--input", "float32[1]"),
+         "missing.pt: no such file"),
+        (("report", path), "was not optimized by Blade"),
+        (("bisect", path, "--input", "float32[4,8]", "--plugin", tmp_path / "nope.py"),
+         "nope.py: no such file"),
+    ]
+    for args, message in cases:
+        run = blade_cli(*args)
+        assert run.returncode == 2, (args, run.stderr)
+        assert message in run.stderr, (args, run.stderr)
+        assert "Traceback" not in run.stderr, run.stderr
+
+
+def test_bisect_names_the_cluster_that_miscomputes(saved_model, tmp_path):
+    path, _ = saved_model
+    run = blade_cli("bisect", path, "--input", "float32[4,8]", "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 of 2 clusters differ" in run.stdout
+
+    plugin = tmp_path / "wrong_sigmoid.py"
+    plugin.write_text(WRONG_SIGMOID_PLUGIN)
+    run = blade_cli("bisect", path, "--input", "float32[4,8]", "--plugin", plugin, "--quiet")
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    wrong = [line for line in lines if "DIFFERS" in line]
+    assert len(wrong) == 1 and "aten::sigmoid" in wrong[0], run.stdout
+    name = wrong[0].split(":")[0]
+    assert f"1 of 2 clusters differ from their TorchScript subgraph beyond rtol=0.0001, " \
+           f"atol=0.0001: {name}" in run.stdout
+    assert any(line.endswith("[aten::linear, aten::mul.Scalar x2, aten::tanh]")
+               and ": ok (" in line for line in lines), run.stdout

@@ -1,0 +1,77 @@
+"""Config(dump_dir) / BLADE_DUMP_DIR: every stage of every cluster, every pass's graph."""
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+import blade
+from blade.dump import STAGE_FILES
+from helpers import TwoClusters
+
+TRACE = blade.Config(allow_tracing=True)
+CLUSTER_FILES = ["0_torchscript.txt", *STAGE_FILES.values(), "timings.json"]
+
+
+def check_dump(root, clusters):
+    for name in clusters:
+        directory = root / name
+        assert sorted(p.name for p in directory.iterdir()) == sorted(CLUSTER_FILES)
+        assert "graph(" in (directory / "0_torchscript.txt").read_text()
+        assert "torch.aten" in (directory / "1_torch.mlir").read_text()
+        assert "stablehlo." in (directory / "2_stablehlo.mlir").read_text()
+        assert "linalg." in (directory / "3_linalg.mlir").read_text()
+        assert "memref" in (directory / "4_bufferized.mlir").read_text()
+        assert "llvm.func" in (directory / "5_llvm_dialect.mlir").read_text()
+        assert "define void @blade_entry(ptr" in (directory / "6_llvm.ll").read_text()
+        timings = json.loads((directory / "timings.json").read_text())
+        assert {"import", "torch_to_stablehlo", "stablehlo_to_linalg", "bufferize",
+                "linalg_to_llvm", "native", "total"} <= set(timings)
+    passes = sorted(p.name for p in (root / "passes").iterdir())
+    assert passes[0] == "00_frozen.txt"
+    assert any("materialize_types" in p for p in passes)
+    assert passes[-2].endswith("_clustered.txt") and passes[-1].endswith("_final.txt")
+    assert "blade::execute" in (root / "passes" / passes[-1]).read_text()
+    assert "Blade report" in (root / "report.txt").read_text()
+
+
+def test_dump_dir_has_every_stage_of_every_cluster(tmp_path):
+    model = TwoClusters().eval()
+    optimized = blade.optimize(model, (torch.randn(4, 8),),
+                               blade.Config(dump_dir=str(tmp_path / "dump")))
+    clusters = [c.name for c in blade.report(optimized).clusters]
+    assert len(clusters) == 2
+    check_dump(tmp_path / "dump", clusters)
+
+
+def test_dump_dir_from_the_environment(tmp_path):
+    script = (
+        "import torch, blade, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from helpers import TwoClusters\n"
+        "blade.optimize(TwoClusters().eval(), (torch.randn(4, 8),))\n"
+    )
+    env = dict(os.environ, BLADE_DUMP_DIR=str(tmp_path / "env_dump"))
+    run = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__)],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    check_dump(tmp_path / "env_dump", ["blade_engine_0", "blade_engine_1"])
+
+
+def test_a_failing_cluster_leaves_its_ir_and_the_error(tmp_path):
+    def broken(ctx):
+        raise ValueError("broken on purpose")
+
+    converter = blade.register_converter("aten::erfinv")(broken)
+    try:
+        model = TwoClusters().eval()
+        blade.optimize(model, (torch.randn(4, 8),), blade.Config(dump_dir=str(tmp_path)))
+    finally:
+        blade.unregister_converter(converter)
+    failed = [d for d in tmp_path.iterdir() if (d / "error.txt").exists()]
+    assert len(failed) == 1, list(tmp_path.iterdir())
+    assert "broken on purpose" in (failed[0] / "error.txt").read_text()
+    assert "aten::erfinv" in (failed[0] / "0_torchscript.txt").read_text()
+    assert (failed[0] / "1_torch.mlir").exists()   # the import that led to the failure
+    assert "total" in json.loads((failed[0] / "timings.json").read_text())
