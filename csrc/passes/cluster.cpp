@@ -125,6 +125,7 @@ class Clusterer {
       // of each other, run outside it so that TorchScript keeps their aliasing.
       SubgraphUtils::unmergeOutputsAlisingInputs(cluster);
       SubgraphUtils::unmergeAliasedOutputs(cluster);
+      unmerge_view_outputs(cluster);
       if (cluster->g(c10::attr::Subgraph)->nodes().begin() ==
           cluster->g(c10::attr::Subgraph)->nodes().end()) {
         dissolve_cluster(cluster);
@@ -150,6 +151,45 @@ class Clusterer {
       dissolved.reason = reason;
       result.dissolved.push_back(std::move(dissolved));
       dissolve_cluster(cluster);
+    }
+  }
+
+  // Two outputs that alias (`y = x * 2` and the view `y[:, :2]` both leaving the cluster)
+  // would come back as separate fresh tensors, so a write through the view outside would
+  // not reach `y`. The view node, and what uses it inside, moves out after the cluster;
+  // its source is an output already. To a fixed point, since the source may be a view too.
+  // (A view whose source stays inside may be returned as a fresh tensor: nothing outside
+  // can observe the difference.)
+  static void unmerge_view_outputs(Node* cluster) {
+    for (bool moved = true; moved;) {
+      moved = false;
+      auto subgraph = cluster->g(c10::attr::Subgraph);
+      AliasDb alias_db(subgraph);
+      for (Value* out : subgraph->outputs()) {
+        Node* producer = out->node();
+        if (producer->kind() == c10::prim::Constant || producer->kind() == c10::prim::Param) {
+          continue;
+        }
+        bool is_view = false;
+        for (Value* in : producer->inputs()) {
+          if (is_tensor(in) && alias_db.mayAlias(out, in)) {
+            is_view = true;
+            break;
+          }
+        }
+        bool aliases_an_output = false;
+        for (Value* other : subgraph->outputs()) {
+          if (other != out && alias_db.mayAlias(out, other)) {
+            aliases_an_output = true;
+            break;
+          }
+        }
+        if (is_view && aliases_an_output) {
+          SubgraphUtils::unmergeNode(producer, cluster);
+          moved = true;
+          break;
+        }
+      }
     }
   }
 

@@ -1,5 +1,7 @@
 #include "passes/split_to_slices.h"
 
+#include "passes/uses.h"
+
 #include <torch/csrc/jit/ir/constants.h>
 
 #include <algorithm>
@@ -87,7 +89,10 @@ std::vector<int64_t> chunk_lengths(int64_t extent, int64_t chunks) {
   return pieces_of(extent, (extent + chunks - 1) / chunks);
 }
 
-// Piece lengths along the dim, following each op's definition; nullopt when unknown.
+constexpr size_t kAnyCount = static_cast<size_t>(-1);
+
+// Piece lengths along the dim, following each op's definition; nullopt when unknown, or
+// when `pieces` (unless kAnyCount) differs from their number.
 std::optional<std::vector<int64_t>> piece_lengths(Node* node, SplitSource* source,
                                                   size_t pieces) {
   const auto kind = node->kind();
@@ -122,7 +127,7 @@ std::optional<std::vector<int64_t>> piece_lengths(Node* node, SplitSource* sourc
   } else {
     return std::nullopt;
   }
-  if (lengths.size() != pieces) {
+  if (pieces != kAnyCount && lengths.size() != pieces) {
     return std::nullopt;  // the unpack disagrees with the sizes: leave it to fail as before
   }
   *source = *src;
@@ -166,6 +171,8 @@ void replace_pieces(Node* node, const SplitSource& src, const std::vector<int64_
   }
 }
 
+bool rewrite_list(Node* node);
+
 bool rewrite(Node* node) {
   SplitSource src{};
   if (node->kind() == c10::prim::ConstantChunk) {
@@ -178,12 +185,12 @@ bool rewrite(Node* node) {
     node->destroy();
     return true;
   }
-  if (node->outputs().size() != 1 || node->output()->uses().size() != 1) {
+  if (node->outputs().size() != 1) {
     return false;
   }
-  Node* unpack = node->output()->uses()[0].user;
-  if (unpack->kind() != c10::prim::ListUnpack) {
-    return false;
+  Node* unpack = node->output()->uses().size() == 1 ? node->output()->uses()[0].user : nullptr;
+  if (unpack == nullptr || unpack->kind() != c10::prim::ListUnpack) {
+    return rewrite_list(node);
   }
   if (node->kind() == c10::aten::unbind) {
     return rewrite_unbind(node, unpack);
@@ -194,6 +201,67 @@ bool rewrite(Node* node) {
   }
   replace_pieces(node, src, *lengths, unpack->outputs());
   unpack->destroy();
+  node->destroy();
+  return true;
+}
+
+// A split whose list is only read (indexed, measured, sliced, iterated, concatenated):
+// the list becomes a prim::ListConstruct of the slices, which PyTorch's list peepholes and
+// constant loop unrolling can see through.
+bool rewrite_list(Node* node) {
+  for (const auto& use : node->output()->uses()) {
+    if (!only_reads(use)) {
+      return false;
+    }
+  }
+  auto* graph = node->owningGraph();
+  std::vector<Value*> pieces;
+  SplitSource src{};
+  auto self_type = node->input(0)->type()->cast<c10::TensorType>();
+  if (!self_type || !self_type->sizes().concrete_sizes()) {
+    return false;  // every size is needed for the pieces' types
+  }
+  if (node->kind() == c10::aten::unbind) {
+    if (overload(node) != std::string("int")) {
+      return false;
+    }
+    auto unbound = source_of(node, node->input(1));
+    if (!unbound || !self_type) {
+      return false;
+    }
+    src = *unbound;
+    torch::jit::WithInsertPoint guard(node);
+    for (int64_t i = 0; i < src.extent; ++i) {
+      pieces.push_back(graph->insert(c10::aten::select, {src.self, src.dim, i}));
+    }
+  } else {
+    auto lengths = piece_lengths(node, &src, kAnyCount);
+    if (!lengths || !self_type) {
+      return false;
+    }
+    torch::jit::WithInsertPoint guard(node);
+    int64_t start = 0;
+    for (int64_t length : *lengths) {
+      Value* slice = graph->insert(c10::aten::slice,
+                                   {src.self, src.dim, start, start + length, int64_t{1}});
+      auto sizes = *self_type->sizes().concrete_sizes();
+      sizes[src.dim] = length;
+      slice->setType(self_type->withSizes(sizes));
+      pieces.push_back(slice);
+      start += length;
+    }
+  }
+  if (node->kind() == c10::aten::unbind) {
+    auto sizes = *self_type->sizes().concrete_sizes();
+    sizes.erase(sizes.begin() + src.dim);
+    for (Value* piece : pieces) {
+      piece->setType(self_type->withSizes(sizes));
+    }
+  }
+  torch::jit::WithInsertPoint guard(node);
+  Node* list = graph->insertNode(graph->create(c10::prim::ListConstruct, pieces));
+  list->output()->setType(node->output()->type());
+  node->output()->replaceAllUsesWith(list->output());
   node->destroy();
   return true;
 }

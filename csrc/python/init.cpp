@@ -3,6 +3,8 @@
 #include "passes/cluster.h"
 #include "passes/decompose.h"
 #include "passes/engine_call.h"
+#include "passes/fold_structures.h"
+#include "passes/functionalize_view_writes.h"
 #include "passes/materialize_types.h"
 #include "passes/split_to_slices.h"
 #include "ral/engine.h"
@@ -69,6 +71,10 @@ PYBIND11_MODULE(_C, m) {
         "Splits unpacked right away become slices; returns how many were rewritten.");
   m.def("decompose", &passes::decompose, py::arg("graph"), py::arg("overload"), py::arg("body"),
         "Inlines `body` in place of every call of `overload`; returns how many were rewritten.");
+  m.def("fold_structures", &passes::fold_structures, py::arg("graph"),
+        "Folds dicts with constant keys and appended lists that never escape.");
+  m.def("functionalize_view_writes", &passes::functionalize_view_writes, py::arg("graph"),
+        "Writes into slices/selects of fresh tensors become slice_scatter/select_scatter.");
   m.def("lift_tensor_constants", &passes::lift_tensor_constants, py::arg("subgraph"));
   m.def("fallback_ir", &passes::fallback_ir, py::arg("subgraph"));
   m.def("replace_cluster_with_engine", &passes::replace_cluster_with_engine, py::arg("cluster"),

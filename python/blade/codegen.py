@@ -118,6 +118,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 if user_calls:
                     _inline_user_converters(module, user_calls)
                 result.library_calls = library_calls.outline(module, _find_main(module))
+            if stage == "bufferize":
+                _distinct_results(_find_main(module))
             if stage == "linalg_to_llvm":
                 library_calls.lower(module)
                 main = _find_main(module)
@@ -242,6 +244,26 @@ def _inline_user_converters(module, user_calls) -> None:
             module.operation)
     except Exception as e:
         raise CodegenError(f"inlining user converters failed: {e}") from None
+
+
+def _distinct_results(main) -> None:
+    """Each result of `main` becomes its own buffer: a value returned twice (two cluster
+    outputs that canonicalization proved equal) is copied into a fresh allocation for its
+    later uses. Bufferization would otherwise return one buffer twice, and
+    buffer-results-to-out-params crashes on that. (`bufferization.alloc_tensor` with a
+    copy, unlike a copy into `tensor.empty`, is never folded back into its source.)"""
+    from torch_mlir.dialects import bufferization
+
+    block = main.regions[0].blocks[0]
+    terminator = block.operations[len(block.operations) - 1]
+    seen = []
+    with ir.InsertionPoint(terminator), terminator.location:
+        for i, value in enumerate(list(terminator.operands)):
+            if not any(value == other for other in seen):
+                seen.append(value)
+                continue
+            copy = bufferization.AllocTensorOp(value.type, [], copy=value)
+            terminator.operands[i] = copy.result
 
 
 def _find_main(module):

@@ -115,23 +115,39 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
         dump.graph(name, graph)
         return result
 
+    def to_fixed_point(passes):
+        for _ in range(8):
+            before = str(graph)
+            for name, fn in passes:
+                run(name, fn)
+            if str(graph) == before:
+                break
+
     run("inline", lambda: torch._C._jit_pass_inline(graph))
+    run("remove_dropout", lambda: torch._C._jit_pass_remove_dropout(module._c))
     run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
     decomposed = run("decompose", lambda: decompose(graph, excluded_ops))
-    run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
-    run("dce", lambda: torch._C._jit_pass_dce(graph))
+    # Python structure that needs no shapes: in-place ops on fresh values, writes through
+    # views, dicts and appended lists, list idioms, loops with constant trip counts.
+    structure = [
+        ("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph)),
+        ("remove_mutation", lambda: torch._C._jit_pass_remove_mutation(graph)),
+        ("functionalize_view_writes", lambda: _C.functionalize_view_writes(graph)),
+        ("fold_structures", lambda: _C.fold_structures(graph)),
+        ("list_idioms", lambda: torch._C._jit_pass_peephole_list_idioms(graph, True)),
+        ("constant_loop_unrolling",
+         lambda: torch._C._jit_pass_constant_loop_unrolling(graph)),
+        ("dce", lambda: torch._C._jit_pass_dce(graph)),
+    ]
+    to_fixed_point(structure)
     run("materialize_types",
         lambda: _C.materialize_types(graph, (module._c,) + inputs, True))
-    # Shape peepholes fold size()/dim() of values whose shapes are now known; splits with
-    # known sizes become slices. To a fixed point.
-    for _ in range(8):
-        before = str(graph)
-        run("split_to_slices", lambda: _C.split_to_slices(graph))
-        run("peephole", lambda: torch._C._jit_pass_peephole(graph, False))
-        run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
-        run("dce", lambda: torch._C._jit_pass_dce(graph))
-        if str(graph) == before:
-            break
+    # With shapes known: size()/dim() fold, splits of known sizes become slices, which
+    # opens more of the above.
+    to_fixed_point([
+        ("split_to_slices", lambda: _C.split_to_slices(graph)),
+        ("peephole", lambda: torch._C._jit_pass_peephole(graph, False)),
+    ] + structure)
     return decomposed
 
 

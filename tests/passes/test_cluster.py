@@ -124,3 +124,36 @@ def test_twenty_thousand_node_graph_clusters_in_under_five_seconds(monkeypatch):
     assert seconds[0] < 5.0, f"clustering {nodes[0]} nodes took {seconds[0]:.2f} s"
     report = blade.report(optimized)
     assert len(report.clusters) == 1 and report.clusters[0].ops["aten::sin"] == 6667
+
+
+class WriteThroughView(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2.0
+        # A write through a view of a value computed by a cluster (negative bounds: the
+        # write is not made functional, the mutation stays in TorchScript).
+        y[:, -2:] = 0.0
+        return torch.sigmoid(y) + x
+
+
+def test_view_of_a_cluster_output_stays_outside_so_writes_through_it_are_seen():
+    x = torch.randn(4, 6)
+    optimized, report = run_compiled(WriteThroughView(), (x,))
+    # The slice that is written to runs in TorchScript, on the engine's output itself.
+    FileCheck().check("blade::execute").check("aten::slice").check("aten::copy_") \
+        .run(str(optimized.graph))
+    assert all("aten::slice.Tensor" not in c.ops for c in report.clusters), str(report)
+
+
+class EqualOutputs(torch.nn.Module):
+    def forward(self, x):
+        a = x * 2.0
+        return a, a * 1.0, torch.tanh(a)
+
+
+def test_outputs_that_compile_to_one_value_get_their_own_buffers():
+    x = torch.randn(4, 6)
+    optimized, _ = run_compiled(EqualOutputs(), (x,))
+    a, b, _ = optimized(x)
+    assert a.data_ptr() != b.data_ptr()
+    a.add_(1.0)
+    assert_same(b, x * 2.0)

@@ -69,7 +69,7 @@ def test_unbind_becomes_selects():
 def test_escaping_list_is_left_alone():
     def fn(x):
         parts = x.split(2, dim=0)
-        return parts[0] + parts[1], len(parts)
+        return parts[0] + parts[1], parts     # the list itself leaves the graph
 
     _, graph = frozen_graph(fn, torch.randn(4, 3))
     assert _C.split_to_slices(graph) == 0
@@ -98,3 +98,32 @@ def test_qkv_split_keeps_one_cluster():
 
     report = blade.report(blade.optimize(Qkv().eval(), (torch.randn(2, 5, 8),)))
     assert len(report.clusters) == 1 and report.coverage == 1.0, str(report)
+
+
+def chunk_list_fn(x):
+    parts = x.chunk(4, dim=-1)
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p * 0.5
+    return total * len(parts)
+
+
+def test_split_list_that_is_only_read_becomes_a_list_of_slices():
+    scripted, graph = frozen_graph(chunk_list_fn, torch.randn(3, 16))
+    FileCheck().check("aten::chunk").check("aten::__getitem__").run(str(graph))
+    assert _C.split_to_slices(graph) == 1
+    FileCheck().check_not("aten::chunk").check("aten::slice").check("prim::ListConstruct") \
+        .run(str(graph))
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(run_graph(graph, x), scripted(x))
+
+
+def chunk_list_appended_fn(x):
+    parts = x.chunk(2, dim=0)
+    parts.append(x)
+    return torch.cat(parts)
+
+
+def test_split_list_that_is_mutated_is_left_alone():
+    _, graph = frozen_graph(chunk_list_appended_fn, torch.randn(4, 3))
+    assert _C.split_to_slices(graph) == 0

@@ -22,7 +22,8 @@ builtin(["prim::ListConstruct", "prim::ListUnpack"], ANY_DTYPE, compute=False)
 # Ops that copy data.
 builtin(["aten::cat", "aten::stack", "aten::repeat", "aten::split.Tensor",
          "aten::split_with_sizes", "aten::chunk", "aten::unbind.int", "aten::clone",
-         "aten::flip", "aten::roll", "aten::tril", "aten::triu"], ANY_DTYPE)
+         "aten::flip", "aten::roll", "aten::tril", "aten::triu", "aten::slice_scatter",
+         "aten::select_scatter"], ANY_DTYPE)
 builtin(["aten::index_select", "aten::gather"], DtypeRule(args={"index": INTS, "*": ALL}))
 builtin(["aten::embedding"], DtypeRule(args={"indices": INTS, "*": ALL}))
 

@@ -1,0 +1,28 @@
+// Writes into views of a fresh tensor become functional scatters.
+//
+//   %y = aten::mul(%x, %c)                          %y = aten::mul(%x, %c)
+//   %a = aten::slice(%y, 0, None, None, 1)          %a = aten::slice(%y, 0, None, None, 1)
+//   %b = aten::slice(%a, 1, None, 2, 1)       ==>   %b = aten::slice(%a, 1, None, 2, 1)
+//   aten::copy_(%b, %src, false)                    %s = expand_as(type_as(%src, %b), %b)
+//   ... uses of %y ...                              %a2 = aten::slice_scatter(%a, %s, 1, None, 2, 1)
+//                                                   %y2 = aten::slice_scatter(%y, %a2, 0, None, None, 1)
+//                                                   ... uses of %y2 ...
+//
+// `x[:, :2] = v`, `x[0] = v` and `x[1:].fill_(v)` in scripted code are such writes:
+// aten::copy_ or aten::fill_ into a chain of aten::slice / aten::select views. PyTorch's
+// RemoveMutation only rewrites in-place ops applied to a fresh value itself, not writes
+// through views, hence this pass. A write is rewritten only when it is provably the only
+// way the base changes and nothing observes the old aliasing: the base is a fresh tensor
+// made in the same block (not an input, not itself a view), every view in the chain has a
+// single use, the write's result is unused, and any other view of the base is used only
+// before the write. Otherwise the mutation stays, and its node is not compiled.
+#pragma once
+
+#include <torch/csrc/jit/ir/ir.h>
+
+namespace blade::passes {
+
+// Returns how many writes were rewritten.
+int functionalize_view_writes(const std::shared_ptr<torch::jit::Graph>& graph);
+
+}  // namespace blade::passes
