@@ -3,6 +3,7 @@
 #include "passes/cluster.h"
 #include "passes/decompose.h"
 #include "passes/engine_call.h"
+#include "passes/fold_numel.h"
 #include "passes/fold_structures.h"
 #include "passes/functionalize_view_writes.h"
 #include "passes/materialize_types.h"
@@ -71,6 +72,8 @@ PYBIND11_MODULE(_C, m) {
         "Splits unpacked right away become slices; returns how many were rewritten.");
   m.def("decompose", &passes::decompose, py::arg("graph"), py::arg("overload"), py::arg("body"),
         "Inlines `body` in place of every call of `overload`; returns how many were rewritten.");
+  m.def("fold_numel", &passes::fold_numel, py::arg("graph"),
+        "numel() of tensors with known sizes becomes a constant.");
   m.def("fold_structures", &passes::fold_structures, py::arg("graph"),
         "Folds dicts with constant keys and appended lists that never escape.");
   m.def("functionalize_view_writes", &passes::functionalize_view_writes, py::arg("graph"),

@@ -147,6 +147,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     to_fixed_point([
         ("split_to_slices", lambda: _C.split_to_slices(graph)),
         ("peephole", lambda: torch._C._jit_pass_peephole(graph, False)),
+        ("fold_numel", lambda: _C.fold_numel(graph)),
     ] + structure)
     return decomposed
 

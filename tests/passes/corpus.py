@@ -188,6 +188,14 @@ class ListOfShapes(torch.nn.Module):
         return y.sum(dim=len(new) - 1) * y.amax(dim=-1)
 
 
+class NumelReshape(torch.nn.Module):
+    """Rows counted with numel(), scaled by the rank."""
+
+    def forward(self, x):
+        rows = x.numel() // x.size(-1)
+        return torch.tanh(x.reshape(rows, x.size(-1))) * x.dim()
+
+
 def corpus():
     """name -> (module, inputs, minimum compiled share)."""
     torch.manual_seed(0)
@@ -212,4 +220,5 @@ def corpus():
         "optional_mask_given": (OptionalMask(), (torch.randn(2, 4, 8), torch.randn(2, 4, 4)),
                                 1.0),
         "list_of_shapes": (ListOfShapes(), (torch.randn(3, 4, 8),), 1.0),
+        "numel_reshape": (NumelReshape(), (torch.randn(2, 3, 4),), 1.0),
     }

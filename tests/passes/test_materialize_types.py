@@ -56,3 +56,22 @@ def test_values_seen_with_several_shapes_keep_only_what_agrees():
     _C.materialize_types(graph, (module._c, torch.randn(2, 5), 3), True)
     # Inside the loop the carried value is seen as [2,5], [4,5], [8,5]: dim 0 varies.
     FileCheck().check("prim::Loop").check("Float(*, 5").run(str(graph))
+
+
+def numel_fn(x):
+    return x.reshape(x.numel() // x.size(-1), x.size(-1)) * 2.0
+
+
+def test_fold_numel_of_known_sizes():
+    with quiet_torchscript():
+        scripted = torch.jit.script(numel_fn)
+    graph = scripted.graph.copy()
+    assert _C.fold_numel(graph) == 0            # sizes unknown: left alone
+    _C.materialize_types(graph, (torch.randn(2, 3, 4),), True)
+    FileCheck().check("aten::numel").run(str(graph))
+    assert _C.fold_numel(graph) == 1
+    FileCheck().check_not("aten::numel").check("prim::Constant[value=24]").run(str(graph))
+    with quiet_torchscript():
+        function = torch._C._create_function_from_graph("f", graph)
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(function(x), scripted(x))
