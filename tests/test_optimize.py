@@ -74,3 +74,37 @@ def test_optimize_accepts_a_script_module_and_a_single_tensor():
     optimized = blade.optimize(scripted, x)
     assert_same(optimized(x), Chain()(x))
     assert blade.report(optimized).clusters[0].calls == 1
+
+
+class WithExtras(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.factor = 3.0
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * self.factor
+
+    @torch.jit.export
+    def scale(self, x):
+        return x * self.factor
+
+
+def test_preserved_attributes_and_methods_survive_freezing():
+    model = WithExtras().eval()
+    x = torch.randn(2, 4)
+    optimized = blade.optimize(model, (x,),
+                               blade.Config(preserved_attributes=["factor", "scale"]))
+    assert optimized.factor == 3.0
+    torch.testing.assert_close(optimized.scale(x), model.scale(x))
+    torch.testing.assert_close(optimized(x), model(x))
+    # A preserved attribute stays an attribute (the user may set it): the op reading it
+    # runs in TorchScript, and sees the new value.
+    report = blade.report(optimized)
+    assert report.compiled_ops == 2 and "not a compile-time constant" in \
+        report.unsupported["aten::mul.Scalar"].reasons[0], str(report)
+    optimized.factor = 5.0
+    torch.testing.assert_close(optimized(x), torch.relu(model.fc(x)) * 5.0)
+    plain = blade.optimize(model, (x,))
+    assert not hasattr(plain, "scale")
+    assert blade.report(plain).coverage == 1.0

@@ -28,3 +28,25 @@ def test_corpus_module_compiles_and_matches_eager(name):
 def test_corpus_is_large_and_mostly_compiled():
     assert len(CORPUS) >= 15
     assert sum(share for _, _, share in CORPUS.values()) / len(CORPUS) >= 0.9
+
+
+class WritesItsInput(torch.nn.Module):
+    def forward(self, x):
+        x[:, 0] = 0.0                 # the caller sees this write
+        y = torch.tanh(x) * 2.0
+        y[1:3] = y[0] + 1.0           # a fresh tensor: made functional
+        return y
+
+
+def test_a_write_into_an_input_stays_and_the_caller_sees_it():
+    torch.manual_seed(0)
+    module = WritesItsInput()
+    x = torch.randn(4, 5)
+    optimized = blade.optimize(module, (x.clone(),))
+    report = blade.report(optimized)
+    assert "aten::copy_" in report.unsupported, str(report)   # the write into x
+    assert report.clusters and report.compiled_ops >= 4, str(report)
+    mine, theirs = x.clone(), x.clone()
+    assert_same(optimized(mine), module(theirs))
+    assert_same(mine, theirs)         # the input was written the same way
+    assert (mine[:, 0] == 0).all()
