@@ -100,9 +100,12 @@ def main():
         rows = bench(workload, args.backends.split(","), args.runs, args.warmup)
         results[workload] = rows
         for name, r in rows.items():
+            note = ""
+            if "coverage" in r:  # a Blade number means little if little of it compiled
+                note = f"  compiled {100 * r['coverage']:.0f}%"
             print(f"{workload:<14}{name:<13}{r['median_ms']:>10.3f}{r['p10_ms']:>9.3f}"
                   f"{r['p90_ms']:>9.3f}{r['ratio_to_eager']:>8.2f}{r['compile_s']:>10.2f}"
-                  f"{r['max_abs_diff']:>10.1e}")
+                  f"{r['max_abs_diff']:>10.1e}{note}")
     ratios = [r["blade"]["ratio_to_eager"] for r in results.values() if "blade" in r]
     if ratios:
         geomean = statistics.geometric_mean(ratios)

@@ -26,6 +26,7 @@ from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
 from . import library_calls
+from .approximations import allow_reduction_reassociation, approximate_math
 from ._runtime import RUNTIME_LIBRARY
 
 STAGES = ("torch_to_stablehlo", "stablehlo_to_linalg", "bufferize", "linalg_to_llvm")
@@ -120,7 +121,10 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 result.library_calls = library_calls.outline(module, _find_main(module))
             if stage == "bufferize":
                 _distinct_results(_find_main(module))
+                _mark_arguments(_find_main(module))
             if stage == "linalg_to_llvm":
+                approximate_math(module)
+                allow_reduction_reassociation(module)
                 library_calls.lower(module)
                 main = _find_main(module)
                 main.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
@@ -244,6 +248,22 @@ def _inline_user_converters(module, user_calls) -> None:
             module.operation)
     except Exception as e:
         raise CodegenError(f"inlining user converters failed: {e}") from None
+
+
+def _mark_arguments(main) -> None:
+    """The caller's buffers are read-only to the code (`bufferization.writable = false`:
+    bufferization never computes in place in an input or a param), and no buffer the code
+    writes is reachable through another argument (`llvm.noalias`: outputs are fresh
+    tensors, inputs and params are only read). The second lets LLVM keep accumulators in
+    registers and vectorize loops that read one buffer and write another."""
+    attrs = []
+    for arg in main.regions[0].blocks[0].arguments:
+        entries = {}
+        if isinstance(arg.type, ir.RankedTensorType):
+            entries["bufferization.writable"] = ir.BoolAttr.get(False)
+            entries["llvm.noalias"] = ir.UnitAttr.get()
+        attrs.append(ir.DictAttr.get(entries))
+    main.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
 
 
 def _distinct_results(main) -> None:
