@@ -25,6 +25,12 @@ _Float16 __truncdfbf2(double value);
 _Float16 __truncsfbf2(float value);
 #endif
 
+// Runs `task(begin, end, arguments)` over [0, extent) in chunks of at least `grain`, on
+// PyTorch's intra-op thread pool (at::parallel_for: torch.get_num_threads() threads).
+// python/blade/parallel.py emits the calls; `arguments` are the task's memref descriptors.
+void blade_ral_parallel_for(int64_t extent, int64_t grain,
+                            void (*task)(int64_t, int64_t, void**), void** arguments);
+
 // Bytes still allocated by generated code in this process; tests use it to prove that
 // every intermediate buffer was released.
 int64_t blade_ral_live_allocations(void);

@@ -25,7 +25,7 @@ from typing import Dict
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
-from . import library_calls
+from . import library_calls, parallel
 from .approximations import allow_reduction_reassociation, approximate_math
 from ._runtime import RUNTIME_LIBRARY
 
@@ -42,6 +42,7 @@ class CompiledCluster:
     ir: Dict[str, str] = field(default_factory=dict)  # stage name -> IR after it
     seconds: Dict[str, float] = field(default_factory=dict)
     library_calls: int = 0  # ops outlined as RAL kernel calls
+    parallel_loops: int = 0  # loop nests run on PyTorch's intra-op threads
 
 
 def load_pipeline(stage: str) -> str:
@@ -86,11 +87,13 @@ def _link_shared_library(obj: Path, out: Path) -> None:
 
 
 def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
-                       user_calls=(), dump=None) -> CompiledCluster:
+                       user_calls=(), dump=None,
+                       parallel_loops: bool = True) -> CompiledCluster:
     """Compiles one torch-dialect function `main` into a shared library.
 
     `num_buffers` is the number of memref arguments after bufferization: inputs, params and
     outputs together. `user_calls` are the nodes the importer left to user converters.
+    `parallel_loops` lets large loop nests run on PyTorch's intra-op threads.
     `keep_ir` keeps the IR after each stage in the result; `dump` (a `dump.ClusterDump`)
     receives it as each stage ends, so a failing stage leaves the IR that led to it.
     """
@@ -125,6 +128,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
             if stage == "linalg_to_llvm":
                 approximate_math(module)
                 allow_reduction_reassociation(module)
+                tasks = parallel.outline(module, _find_main(module)) if parallel_loops else []
+                result.parallel_loops = len(tasks)
                 library_calls.lower(module)
                 main = _find_main(module)
                 main.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
@@ -137,7 +142,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
         llvm_text = str(module).rstrip()
         if not llvm_text.endswith("}"):
             raise CodegenError("unexpected LLVM-dialect module text")
-        llvm_text = llvm_text[:-1] + _entry_wrapper(num_buffers) + "\n}\n"
+        llvm_text = parallel.drop_launch_declarations(llvm_text[:-1]) + \
+            parallel.llvm_glue(tasks) + "\n" + _entry_wrapper(num_buffers) + "\n}\n"
         module = ir.Module.parse(llvm_text)
         record("llvm_ir", lambda: llvm_ir(module))
         with tempfile.TemporaryDirectory(prefix="blade-codegen-") as tmp:

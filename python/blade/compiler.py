@@ -211,7 +211,8 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     dump.seconds["import"] = time.perf_counter() - start
     num_buffers = len(list(subgraph.inputs())) + len(list(subgraph.outputs()))
     compiled = codegen.compile_torch_mlir(imported.text, num_buffers,
-                                          user_calls=imported.user_calls, dump=dump)
+                                          user_calls=imported.user_calls, dump=dump,
+                                          parallel_loops=config.parallel)
     name = f"{ENGINE_PREFIX}{index}"
     code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
     engine = torch.classes.blade.Engine(
@@ -285,6 +286,7 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
             compiled = _compile_cluster(module, cluster, index, config, cpu_features,
                                         cluster_dump)
             entry.library_calls = compiled.library_calls
+            entry.parallel_loops = compiled.parallel_loops
             report.compiled_ops += sum(ops.values())
             report.clusters.append(entry)
             cluster_dump.finish({**cluster_dump.seconds,

@@ -29,6 +29,8 @@ class Config:
             IR at every stage with timings (layout in `blade.dump`). The environment
             variable BLADE_DUMP_DIR does the same when this is not set.
         progress: show a progress bar on stderr while clusters compile.
+        parallel: run large loop nests of generated code on PyTorch's intra-op threads
+            (``torch.set_num_threads`` applies); ``False`` keeps every loop serial.
     """
 
     allow_tracing: bool = False
@@ -40,6 +42,7 @@ class Config:
     dry_run: bool = False
     dump_dir: Optional[str] = None
     progress: bool = False
+    parallel: bool = True
 
     def __post_init__(self):
         if self.fallback not in FALLBACK_MODES:

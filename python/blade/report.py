@@ -23,6 +23,7 @@ class ClusterReport:
     fallbacks: int = 0
     status: str = ""     # why the compiled code is not in use, or the last fallback reason
     library_calls: int = 0  # matmuls/convolutions run by PyTorch's kernels through the RAL
+    parallel_loops: int = 0  # loop nests split across PyTorch's intra-op threads
 
 
 @dataclass

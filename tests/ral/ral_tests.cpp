@@ -13,8 +13,10 @@
 #include <torch/script.h>
 #include <torch/serialize.h>
 
+#include <ATen/Parallel.h>
 #include <dirent.h>
 
+#include <atomic>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -206,6 +208,27 @@ void test_matmul_library_call() {
   EXPECT(blade::ral::take_kernel_error().empty());  // taking it clears it
 }
 
+void mark_rows(int64_t begin, int64_t end, void** arguments) {
+  auto* counts = static_cast<std::atomic<int>*>(arguments[0]);
+  for (int64_t i = begin; i < end; ++i) {
+    counts[i].fetch_add(1);
+  }
+}
+
+void test_parallel_for_covers_every_row_once() {
+  for (int threads : {1, 2, 4}) {
+    at::set_num_threads(threads);
+    std::vector<std::atomic<int>> counts(1000);
+    void* arguments[] = {counts.data()};
+    blade_ral_parallel_for(1000, 7, mark_rows, arguments);
+    bool once = true;
+    for (auto& c : counts) {
+      once = once && c.load() == 1;
+    }
+    EXPECT(once);
+  }
+}
+
 // --- saved engines --------------------------------------------------------------------------
 
 void test_saved_model_runs_compiled_code() {
@@ -316,6 +339,7 @@ int main(int argc, char** argv) {
        test_garbage_code_is_refused_without_leaking_descriptors},
       {"allocator_balances", test_allocator_balances},
       {"matmul_library_call", test_matmul_library_call},
+      {"parallel_for_covers_every_row_once", test_parallel_for_covers_every_row_once},
       {"saved_model_runs_compiled_code", test_saved_model_runs_compiled_code},
       {"wrong_inputs_fall_back_or_raise_per_mode", test_wrong_inputs_fall_back_or_raise_per_mode},
       {"tampered_engines_fall_back_with_the_reason", test_tampered_engines_fall_back_with_the_reason},

@@ -1,0 +1,278 @@
+"""Parallel loops on PyTorch's intra-op thread pool.
+
+After bufferization, each large `linalg.generic` of `main` whose outermost loop is
+parallel, and which every output indexes by that loop first, is split along it:
+
+    main:  linalg.generic ins(%a, %b) outs(%c)       main:  call @blade_launch_N(%a, %b, %c)
+                                                ==>
+                                                     @blade_task_N(%begin, %end, %a, %b, %c):
+                                                        the same generic on rows [begin, end)
+                                                        of every operand indexed by that loop
+
+`@blade_launch_N` and a trampoline are written in the LLVM dialect (`llvm_glue`): the
+launcher gathers the descriptor pointers into an array and calls
+`blade_ral_parallel_for(extent, grain, trampoline, array)` (csrc/ral/ral_parallel.cpp),
+which runs `at::parallel_for` (torch.get_num_threads() threads, PyTorch's own pool); the
+trampoline unpacks the array and calls the task's C interface. Tasks never allocate and
+write disjoint rows, so they need no synchronization.
+"""
+from typing import List
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, func, memref
+
+PARALLEL_TASK = "blade.parallel_task"
+MIN_ITERATIONS = 32768   # smaller loops are not worth waking threads for
+MIN_TASK_ITERATIONS = 16384
+
+
+def _affine_results(map_attr) -> List[str]:
+    text = str(map_attr)                       # affine_map<(d0, d1) -> (d0, 0, d1)>
+    results = text.split("->", 1)[1].strip().rstrip(">").strip()
+    return [r.strip() for r in results.strip("()").split(",")] if results != "()" else []
+
+
+def _loop_bounds(op, maps) -> List[int]:
+    """Static extent of each loop, read from the operands' shapes."""
+    loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
+    extents = [None] * loops
+    for operand, map_attr in zip(op.operands, maps):
+        shape = ir.MemRefType(operand.type).shape
+        for position, expr in enumerate(_affine_results(map_attr)):
+            if expr.startswith("d") and expr[1:].isdigit():
+                extents[int(expr[1:])] = shape[position]
+    return extents
+
+
+def _plan(op):
+    """(extent of loop 0, inner iterations, operand uses d0 first) if `op` can be split."""
+    if op.name != "linalg.generic":
+        return None
+    iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if not iterators or "parallel" not in iterators[0]:
+        return None
+    maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
+    if len(maps) != len(op.operands):
+        return None
+    for operand in op.operands:
+        if not isinstance(operand.type, ir.MemRefType):
+            return None
+        t = ir.MemRefType(operand.type)
+        dims = ", ".join(f"d{i}" for i in range(t.rank))
+        if not t.has_static_shape or \
+                str(t.layout) != f"affine_map<({dims}) -> ({dims})>":
+            return None  # identity layouts only (strides follow from the shape)
+    split = []
+    outputs = int(str(op.attributes["operandSegmentSizes"]).split(",")[-1].strip(" >]"))
+    for index, map_attr in enumerate(maps):
+        results = _affine_results(map_attr)
+        uses_d0 = any("d0" == r or r.startswith("d0 ") or " d0" in r for r in results)
+        first = bool(results) and results[0] == "d0"
+        if uses_d0 and not first:
+            return None
+        if index >= len(maps) - outputs and not first:
+            return None  # an output not split by the loop would be written by every task
+        split.append(first)
+    extents = _loop_bounds(op, maps)
+    if any(e is None for e in extents) or extents[0] < 2:
+        return None
+    inner = 1
+    for e in extents[1:]:
+        inner *= e
+    if extents[0] * inner < MIN_ITERATIONS:
+        return None
+    return extents[0], inner, split
+
+
+def _captured(op):
+    """Values the generic's body uses from outside it: (value, defining op) pairs, or None
+    if one is not a constant (then the op is not split)."""
+    inside = []
+
+    def visit(inner):
+        if inner != op:           # the walk ends with the generic itself
+            inside.append(inner)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    found = []
+    for inner in inside:
+        for operand in inner.operands:
+            owner = operand.owner
+            if isinstance(owner, ir.Block):
+                continue          # the body's own arguments
+            owner_op = owner.operation if hasattr(owner, "operation") else owner
+            if any(owner_op == o for o in inside):
+                continue
+            if owner_op.name != "arith.constant":
+                return None
+            if not any(operand == v for v, _ in found):
+                found.append((operand, owner_op))
+    return found
+
+
+_VIEW_OPS = ("memref.expand_shape", "memref.collapse_shape", "memref.subview", "memref.cast",
+             "memref.reinterpret_cast")
+
+
+def _root(value):
+    """The buffer a memref value views (through reshapes, subviews and casts)."""
+    while True:
+        owner = value.owner
+        if isinstance(owner, ir.Block):
+            return value
+        op = owner.operation if hasattr(owner, "operation") else owner
+        if op.name not in _VIEW_OPS:
+            return value
+        value = op.operands[0]
+
+
+def _distinct_buffers(operands) -> bool:
+    roots = []
+    for value in operands:
+        root = _root(value)
+        if any(root == r for r in roots):
+            return False
+        roots.append(root)
+    return True
+
+
+def _row_view(value, begin, size):
+    """Rows [begin, begin + size) of an identity-layout memref, as a strided subview."""
+    t = ir.MemRefType(value.type)
+    shape = list(t.shape)
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    dynamic = ir.ShapedType.get_dynamic_size()
+    layout = ir.StridedLayoutAttr.get(ir.ShapedType.get_dynamic_stride_or_offset(), strides)
+    result = ir.MemRefType.get([dynamic] + shape[1:], t.element_type, layout)
+    return memref.SubViewOp(result, value, [begin], [size], [],
+                            [dynamic] + [0] * (len(shape) - 1),
+                            [dynamic] + shape[1:], [1] * len(shape)).result
+
+
+def _replace_inside(op, old, new) -> None:
+    def visit(inner):
+        for i, operand in enumerate(inner.operands):
+            if operand == old:
+                inner.operands[i] = new
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+
+
+def outline(module, main) -> List[dict]:
+    """Moves each splittable generic of `main` into a task; returns what `llvm_glue` needs."""
+    tasks = []
+    block = main.regions[0].blocks[0]
+    with module.context, ir.Location.unknown():
+        index = ir.IndexType.get()
+        for op in list(block.operations):
+            plan = _plan(op)
+            if plan is None:
+                continue
+            extent, inner, split = plan
+            captured = _captured(op)
+            # Each operand must be its own buffer, as the task marks its arguments noalias.
+            # A loop reading and writing one buffer (through two views of it) stays serial
+            # in main: outlined without noalias, LLVM stops vectorizing it (measured 4-8x
+            # slower on ln_gelu and softmax_attn).
+            if captured is None or not _distinct_buffers(list(op.operands)):
+                continue
+            n = len(tasks)
+            operands = list(op.operands)
+            types = [v.type for v in operands]
+            with ir.InsertionPoint(main):
+                task = func.FuncOp(f"blade_task_{n}", ([index, index] + types, []),
+                                   visibility="private")
+                task.attributes[PARALLEL_TASK] = ir.UnitAttr.get()
+                # As for main (codegen._mark_arguments): written buffers are reachable
+                # through one argument only, so LLVM may vectorize without checks.
+                noalias = ir.DictAttr.get({"llvm.noalias": ir.UnitAttr.get()})
+                task.attributes["arg_attrs"] = ir.ArrayAttr.get(
+                    [ir.DictAttr.get({})] * 2 + [noalias] * len(types))
+                body = task.add_entry_block()
+            with ir.InsertionPoint(body):
+                begin, end = body.arguments[0], body.arguments[1]
+                size = arith.SubIOp(end, begin).result
+                views = [_row_view(arg, begin, size) if first else arg
+                         for arg, first in zip(list(body.arguments)[2:], split)]
+                constants = [(value, c.clone()) for value, c in captured]
+                clone = op.clone()
+                for i, v in enumerate(views):
+                    clone.operands[i] = v
+                for value, copy in constants:
+                    _replace_inside(clone, value, copy.results[0])
+                func.ReturnOp([])
+            with ir.InsertionPoint(main):
+                func.FuncOp(f"blade_launch_{n}", (types, []), visibility="private")
+            with ir.InsertionPoint(op):
+                func.CallOp([], ir.FlatSymbolRefAttr.get(f"blade_launch_{n}"), operands)
+            op.erase()
+            grain = max(1, -(-MIN_TASK_ITERATIONS // inner))
+            ranks = [ir.MemRefType(t).rank for t in types]
+            tasks.append({"index": n, "ranks": ranks, "extent": extent, "grain": grain})
+    return tasks
+
+
+def drop_launch_declarations(llvm_text: str) -> str:
+    """The lowering declares each launcher; `llvm_glue` defines it."""
+    import re
+
+    # A declaration lists types only (no %names) and has no body.
+    return re.sub(r"(?m)^\s*llvm\.func (private )?@blade_launch_\d+\([^%\n]*\)"
+                  r"( attributes \{[^\n]*\})?\n", "", llvm_text)
+
+
+def _expanded(ranks):
+    """The LLVM types of memref arguments after lowering: per memref (allocated ptr,
+    aligned ptr, offset, sizes..., strides...)."""
+    types = []
+    for rank in ranks:
+        types += ["!llvm.ptr", "!llvm.ptr", "i64"] + ["i64"] * (2 * rank)
+    return types
+
+
+def llvm_glue(tasks) -> str:
+    """LLVM-dialect launchers and trampolines (see the module docstring). A launcher takes
+    the task's memrefs as the lowering passes them, stores every word in an array on its
+    stack, and hands the array to the RAL; the trampoline loads them back and calls the
+    task on its rows."""
+    if not tasks:
+        return ""
+    lines = ["  llvm.func @blade_ral_parallel_for(i64, i64, !llvm.ptr, !llvm.ptr)"]
+    for t in tasks:
+        n = t["index"]
+        types = _expanded(t["ranks"])
+        words = len(types)
+        params = ", ".join(f"%p{i}: {ty}" for i, ty in enumerate(types))
+        lines.append(f"  llvm.func @blade_launch_{n}({params}) {{")
+        lines.append("    %one = llvm.mlir.constant(1 : i64) : i64")
+        lines.append(f"    %array = llvm.alloca %one x !llvm.array<{words} x i64> : "
+                     "(i64) -> !llvm.ptr")
+        for i, ty in enumerate(types):
+            lines.append(f"    %slot{i} = llvm.getelementptr %array[{i}] : "
+                         "(!llvm.ptr) -> !llvm.ptr, i64")
+            lines.append(f"    llvm.store %p{i}, %slot{i} : {ty}, !llvm.ptr")
+        lines.append(f"    %extent = llvm.mlir.constant({t['extent']} : i64) : i64")
+        lines.append(f"    %grain = llvm.mlir.constant({t['grain']} : i64) : i64")
+        lines.append(f"    %fn = llvm.mlir.addressof @blade_trampoline_{n} : !llvm.ptr")
+        lines.append("    llvm.call @blade_ral_parallel_for(%extent, %grain, %fn, %array) : "
+                     "(i64, i64, !llvm.ptr, !llvm.ptr) -> ()")
+        lines.append("    llvm.return")
+        lines.append("  }")
+        lines.append(f"  llvm.func @blade_trampoline_{n}(%begin: i64, %end: i64, "
+                     "%args: !llvm.ptr) {")
+        names = []
+        for i, ty in enumerate(types):
+            lines.append(f"    %q{i}p = llvm.getelementptr %args[{i}] : "
+                         "(!llvm.ptr) -> !llvm.ptr, i64")
+            lines.append(f"    %q{i} = llvm.load %q{i}p : !llvm.ptr -> {ty}")
+            names.append(f"%q{i}")
+        signature = ", ".join(["i64", "i64"] + types)
+        lines.append(f"    llvm.call @blade_task_{n}(%begin, %end, {', '.join(names)}) : "
+                     f"({signature}) -> ()")
+        lines.append("    llvm.return")
+        lines.append("  }")
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""Parallel loops: large loop nests run on PyTorch's intra-op threads (report's
+parallel_loops), with eager's results whatever the thread count, from several threads."""
+import threading
+
+import torch
+
+import blade
+from helpers import Lambda, assert_same, run_compiled
+
+TRACE = blade.Config(allow_tracing=True)
+
+
+def chain(x, b):
+    return torch.nn.functional.gelu(x * 1.5 + b) * torch.sigmoid(x) + x
+
+
+def norm_softmax(x, b):
+    y = torch.nn.functional.layer_norm(x + b, (x.shape[-1],))
+    return torch.softmax(y, dim=-1) + y.sum(dim=0, keepdim=True)   # the sum over rows: serial
+
+
+def check(fn, threads):
+    torch.manual_seed(0)
+    x, b = torch.randn(512, 1024), torch.randn(1024)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        optimized, report = run_compiled(Lambda(fn), (x, b), TRACE, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(previous)
+    return report
+
+
+def test_elementwise_chain_runs_in_parallel_with_any_thread_count():
+    for threads in (1, 2, 3):
+        report = check(chain, threads)
+        assert report.clusters[0].parallel_loops >= 1, str(report.clusters[0])
+
+
+def test_reductions_split_by_rows_and_a_reduction_over_rows_stays_serial():
+    report = check(norm_softmax, 2)
+    assert report.clusters[0].parallel_loops >= 2, str(report.clusters[0])
+
+
+def test_small_loops_stay_serial():
+    optimized, report = run_compiled(Lambda(chain), (torch.randn(8, 64), torch.randn(64)),
+                                     TRACE)
+    assert report.clusters[0].parallel_loops == 0
+
+
+def test_parallel_engine_called_from_four_threads():
+    torch.manual_seed(0)
+    x, b = torch.randn(256, 1024), torch.randn(1024)
+    optimized = blade.optimize(Lambda(norm_softmax), (x, b), TRACE)
+    assert blade.report(optimized).clusters[0].parallel_loops >= 1
+    inputs = [torch.randn(256, 1024) for _ in range(4)]
+    expected = [norm_softmax(t, b) for t in inputs]
+    wrong = []
+
+    def worker(i):
+        for _ in range(20):
+            try:
+                assert_same(optimized(inputs[i], b), expected[i], 1e-5, 1e-5)
+            except AssertionError as e:
+                wrong.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, wrong[0]
+    assert blade.report(optimized).runtime_fallbacks == 0
+
+
+def test_config_parallel_false_keeps_every_loop_serial():
+    torch.manual_seed(0)
+    x, b = torch.randn(512, 1024), torch.randn(1024)
+    config = blade.Config(allow_tracing=True, parallel=False)
+    optimized, report = run_compiled(Lambda(chain), (x, b), config, rtol=1e-5, atol=1e-5)
+    assert report.clusters[0].parallel_loops == 0
