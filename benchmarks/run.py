@@ -37,6 +37,8 @@ def make_backends(model, inputs, names):
                 fn = torch.compile(model)
             elif name == "blade":
                 fn = blade.optimize(model, inputs)
+            elif name == "blade_dynamic":  # one engine for every batch/sequence size
+                fn = blade.optimize(model, inputs, blade.Config(dynamic=True))
             else:
                 raise KeyError(name)
             with torch.no_grad():
@@ -78,15 +80,16 @@ def bench(workload, names, runs, warmup):
         rows[name] = {"median_ms": median, "p10_ms": q[0], "p90_ms": q[-1],
                       "ratio_to_eager": median / eager, "compile_s": compile_s[name],
                       "max_abs_diff": diffs[name], "samples_ms": samples}
-    if "blade" in backends:
-        rows["blade"]["coverage"] = blade.report(backends["blade"]).coverage
+    for name in ("blade", "blade_dynamic"):
+        if name in backends:
+            rows[name]["coverage"] = blade.report(backends[name]).coverage
     return rows
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--backends", default="torchscript,inductor,blade")
+    parser.add_argument("--backends", default="torchscript,inductor,blade,blade_dynamic")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", help="write the raw numbers here")

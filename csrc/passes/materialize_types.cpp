@@ -3,6 +3,7 @@
 #include <torch/csrc/jit/runtime/custom_operator.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 
+#include <map>
 #include <unordered_map>
 
 namespace blade::passes {
@@ -28,6 +29,13 @@ class TypeRecorder {
 
   void record(int64_t slot, const at::Tensor& t) {
     Value* v = observed_values_.at(static_cast<size_t>(slot));
+    auto& history = sizes_seen_[v];
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (history.size() <= static_cast<size_t>(d)) {
+        history.resize(static_cast<size_t>(d) + 1);
+      }
+      history[static_cast<size_t>(d)].push_back(t.size(d));
+    }
     auto seen = c10::TensorType::create(t)->withRequiresGrad(false);
     auto it = observed_.find(v);
     if (it == observed_.end()) {
@@ -62,12 +70,35 @@ class TypeRecorder {
 
   int64_t apply(bool static_shapes) {
     int64_t count = 0;
+    // A dimension whose size differed between observations gets a shape symbol; dimensions
+    // that went through the same sizes in the same order share one, so the relation "these
+    // two are equal" survives into the types (and from there into the engines' guards).
+    std::map<std::vector<int64_t>, c10::ShapeSymbol> symbols;
     for (auto& [value, type] : observed_) {
       if (!type->scalarType() || !type->device() || !type->dim()) {
         continue;
       }
       c10::TensorTypePtr result = type;
-      if (!static_shapes) {
+      if (static_shapes && !type->sizes().concrete_sizes()) {
+        const auto& history = sizes_seen_.at(value);
+        std::vector<c10::ShapeSymbol> dims;
+        for (size_t d = 0; d < *type->dim(); ++d) {
+          auto size = type->sizes()[d];
+          if (size) {
+            dims.push_back(c10::ShapeSymbol::fromStaticSize(*size));
+            continue;
+          }
+          auto it = symbols.find(history[d]);
+          if (it == symbols.end()) {
+            it = symbols.emplace(history[d], c10::ShapeSymbol::newSymbol()).first;
+          }
+          dims.push_back(it->second);
+        }
+        result = c10::TensorType::create(*type->scalarType(), *type->device(),
+                                         c10::SymbolicShape(dims),
+                                         c10::VaryingShape<c10::Stride>(*type->dim()),
+                                         /*requires_grad=*/false);
+      } else if (!static_shapes) {
         result = c10::TensorType::create(*type->scalarType(), *type->device(),
                                          c10::SymbolicShape(std::optional<size_t>(*type->dim())),
                                          c10::VaryingShape<c10::Stride>(*type->dim()),
@@ -103,6 +134,8 @@ class TypeRecorder {
   std::vector<Node*> profiles_;
   std::vector<Value*> observed_values_;
   std::unordered_map<Value*, c10::TensorTypePtr> observed_;
+  // Per value and dimension, every size observed, in order.
+  std::unordered_map<Value*, std::vector<std::vector<int64_t>>> sizes_seen_;
 };
 
 // Records the type of its tensor input; inserted by TypeRecorder, never left in a graph.
@@ -124,18 +157,23 @@ torch::jit::RegisterOperators observe_op({torch::jit::Operator(
 }  // namespace
 
 int64_t materialize_types(const std::shared_ptr<torch::jit::Graph>& graph,
-                          std::vector<c10::IValue> inputs, bool static_shapes) {
-  TORCH_CHECK(inputs.size() == graph->inputs().size(), "blade: the graph takes ",
-              graph->inputs().size(), " inputs (the module first), but ", inputs.size(),
-              " were given");
+                          const std::vector<std::vector<c10::IValue>>& runs, bool static_shapes) {
+  TORCH_CHECK(!runs.empty(), "blade: materialize_types needs at least one set of inputs");
+  for (const auto& inputs : runs) {
+    TORCH_CHECK(inputs.size() == graph->inputs().size(), "blade: the graph takes ",
+                graph->inputs().size(), " inputs (the module first), but ", inputs.size(),
+                " were given");
+  }
   TypeRecorder recorder(*graph);
   recorder.instrument(graph->block());
   try {
     torch::jit::Code code(graph, "blade_materialize_types");
-    torch::jit::InterpreterState state(code);
-    torch::jit::Stack stack(inputs.begin(), inputs.end());
     active_recorder = &recorder;
-    state.run(stack);
+    for (const auto& inputs : runs) {
+      torch::jit::InterpreterState state(code);
+      torch::jit::Stack stack(inputs.begin(), inputs.end());
+      state.run(stack);
+    }
     active_recorder = nullptr;
   } catch (...) {
     active_recorder = nullptr;

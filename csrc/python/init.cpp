@@ -2,8 +2,10 @@
 // in, so importing this module also registers the Engine class and the execute op.
 #include "passes/cluster.h"
 #include "passes/decompose.h"
+#include "passes/duplicate_shape_arithmetic.h"
 #include "passes/engine_call.h"
 #include "passes/fold_numel.h"
+#include "passes/fold_sizes.h"
 #include "passes/fold_structures.h"
 #include "passes/functionalize_view_writes.h"
 #include "passes/materialize_types.h"
@@ -41,12 +43,18 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "materialize_types",
       [](const std::shared_ptr<torch::jit::Graph>& graph, const py::tuple& inputs,
-         bool static_shapes) {
-        auto values = to_ivalues(graph, inputs);
+         bool static_shapes, const py::list& more_inputs) {
+        std::vector<std::vector<c10::IValue>> runs{to_ivalues(graph, inputs)};
+        for (const auto& more : more_inputs) {
+          runs.push_back(to_ivalues(graph, more.cast<py::tuple>()));
+        }
         py::gil_scoped_release no_gil;
-        return passes::materialize_types(graph, std::move(values), static_shapes);
+        return passes::materialize_types(graph, runs, static_shapes);
       },
-      py::arg("graph"), py::arg("inputs"), py::arg("static_shapes"));
+      py::arg("graph"), py::arg("inputs"), py::arg("static_shapes"),
+      py::arg("more_inputs") = py::list(),
+      "Types every tensor value as it was seen running on `inputs` (and on each tuple of "
+      "`more_inputs`: dimensions whose sizes differ become shape symbols).");
 
   py::class_<passes::DissolvedCluster>(m, "DissolvedCluster")
       .def_readonly("node_kinds", &passes::DissolvedCluster::node_kinds)
@@ -74,6 +82,13 @@ PYBIND11_MODULE(_C, m) {
         "Inlines `body` in place of every call of `overload`; returns how many were rewritten.");
   m.def("fold_numel", &passes::fold_numel, py::arg("graph"),
         "numel() of tensors with known sizes becomes a constant.");
+  m.def("fold_sizes", &passes::fold_sizes, py::arg("graph"),
+        "size() of static dims becomes a constant; x.size() of a partly dynamic x a list of "
+        "per-dim sizes.");
+  m.def("duplicate_shape_arithmetic", &passes::duplicate_shape_arithmetic, py::arg("graph"),
+        "Each use of a size computed at run time gets its own copy of the computation.");
+  m.def("is_shape_arithmetic", &passes::is_shape_arithmetic, py::arg("node"),
+        "Whether the node computes an int from tensor sizes and constants only.");
   m.def("fold_structures", &passes::fold_structures, py::arg("graph"),
         "Folds dicts with constant keys and appended lists that never escape.");
   m.def("functionalize_view_writes", &passes::functionalize_view_writes, py::arg("graph"),

@@ -1,5 +1,6 @@
 #include "ral/engine.h"
 
+#include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
 
 #include <torch/csrc/jit/api/function_impl.h>
@@ -95,6 +96,9 @@ Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
       cpu_features_(std::move(cpu_features)) {
   TORCH_CHECK(code_bytes_.scalar_type() == at::kByte, "blade: engine '", name_,
               "': code must be a uint8 tensor");
+  for (const auto& spec : output_specs_) {
+    returns_outputs_ = returns_outputs_ || !spec.is_static();
+  }
   params_.reserve(params.size());
   for (auto& p : params) {
     params_.push_back(p.contiguous());
@@ -145,6 +149,10 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) {
       return run_fallback(inputs, "input " + std::to_string(i) + ": " + why);
     }
   }
+  auto why = symbol_mismatch(input_specs_, inputs);
+  if (!why.empty()) {
+    return run_fallback(inputs, why);
+  }
   return run_compiled(inputs);
 }
 
@@ -158,22 +166,35 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
   }
   args.insert(args.end(), params_.begin(), params_.end());
   std::vector<at::Tensor> outputs;
-  outputs.reserve(output_specs_.size());
-  for (const auto& spec : output_specs_) {
-    outputs.push_back(at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype)));
-    args.push_back(outputs.back());
+  if (!returns_outputs_) {
+    outputs.reserve(output_specs_.size());
+    for (const auto& spec : output_specs_) {
+      outputs.push_back(at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype)));
+      args.push_back(outputs.back());
+    }
   }
 
   // One memref descriptor per argument: {allocated, aligned, offset, sizes..., strides...}.
+  // A dynamic engine's code takes, first, where to write the descriptors of its outputs.
   size_t words = 0;
   for (const auto& t : args) {
     words += 3 + 2 * static_cast<size_t>(t.dim());
   }
+  size_t result_words = 0;
+  if (returns_outputs_) {
+    for (const auto& spec : output_specs_) {
+      result_words += 3 + 2 * spec.sizes.size();
+    }
+  }
+  std::vector<int64_t> results(result_words, 0);
   std::vector<int64_t> descriptors(words);
-  std::vector<void*> pointers(args.size());
+  std::vector<void*> pointers;
+  pointers.reserve(args.size() + 1);
+  if (returns_outputs_) {
+    pointers.push_back(results.data());
+  }
   size_t at = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const auto& t = args[i];
+  for (const auto& t : args) {
     int64_t* d = descriptors.data() + at;
     auto* data = static_cast<char*>(t.data_ptr());
     d[0] = reinterpret_cast<int64_t>(data);
@@ -184,14 +205,54 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
       d[3 + k] = t.size(k);
       d[3 + rank + k] = t.stride(k);
     }
-    pointers[i] = d;
+    pointers.push_back(d);
     at += 3 + 2 * static_cast<size_t>(rank);
   }
   code_->entry()(pointers.data());
+  if (returns_outputs_) {
+    outputs = adopt_results(results);
+  }
   // A library call that failed (see ral_kernels.h) left the outputs unspecified.
   std::string kernel_error = take_kernel_error();
   if (!kernel_error.empty()) {
     return run_fallback(inputs, "the compiled code reported an error: " + kernel_error);
+  }
+  return outputs;
+}
+
+std::vector<at::Tensor> Engine::adopt_results(std::vector<int64_t>& results) const {
+  // Each returned buffer is owned by the caller (MLIR's deallocation pipeline guarantees it
+  // for results of a public function) and came from _mlir_memref_to_llvm_alloc; the tensor
+  // made from it frees it the same way. Buffers not yet adopted when something throws are
+  // freed here, so none leaks.
+  std::vector<void*> pending;
+  for (size_t at = 0, i = 0; i < output_specs_.size(); ++i) {
+    pending.push_back(reinterpret_cast<void*>(results[at]));
+    at += 3 + 2 * output_specs_[i].sizes.size();
+  }
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(output_specs_.size());
+  try {
+    size_t at = 0;
+    for (size_t i = 0; i < output_specs_.size(); ++i) {
+      const auto& spec = output_specs_[i];
+      const auto rank = static_cast<int64_t>(spec.sizes.size());
+      const int64_t* d = results.data() + at;
+      std::vector<int64_t> sizes(d + 3, d + 3 + rank);
+      std::vector<int64_t> strides(d + 3 + rank, d + 3 + 2 * rank);
+      void* allocated = reinterpret_cast<void*>(d[0]);
+      auto* data = reinterpret_cast<char*>(d[1]) + d[2] * c10::elementSize(spec.dtype);
+      outputs.push_back(at::from_blob(
+          data, sizes, strides, [allocated](void*) { _mlir_memref_to_llvm_free(allocated); },
+          at::TensorOptions().dtype(spec.dtype)));
+      pending[i] = nullptr;
+      at += 3 + 2 * static_cast<size_t>(rank);
+    }
+  } catch (...) {
+    for (void* p : pending) {
+      _mlir_memref_to_llvm_free(p);
+    }
+    throw;
   }
   return outputs;
 }

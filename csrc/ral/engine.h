@@ -26,8 +26,9 @@ struct GraphFunction;
 
 namespace blade::ral {
 
-// Bumped whenever the pickled layout or the generated code's ABI changes.
-constexpr int64_t kEngineFormatVersion = 1;
+// Bumped whenever the pickled layout or the generated code's ABI changes. Version 2: engines
+// with dynamic output sizes get their outputs from the code (see run_compiled).
+constexpr int64_t kEngineFormatVersion = 2;
 
 enum class FallbackMode { kFallback, kError };
 
@@ -71,6 +72,8 @@ class Engine : public torch::CustomClassHolder {
  private:
   void load_code();
   std::vector<at::Tensor> run_compiled(const std::vector<at::Tensor>& inputs);
+  // The outputs the code returned (dynamic engines), as tensors that own their memory.
+  std::vector<at::Tensor> adopt_results(std::vector<int64_t>& results) const;
   std::vector<at::Tensor> run_fallback(const std::vector<at::Tensor>& inputs,
                                        const std::string& reason);
 
@@ -78,6 +81,9 @@ class Engine : public torch::CustomClassHolder {
   at::Tensor code_bytes_;  // uint8, the shared library's bytes
   std::vector<TensorSpec> input_specs_;
   std::vector<TensorSpec> output_specs_;
+  // Some output size is only known once the code has run: the code allocates the outputs
+  // (through the RAL, from PyTorch's allocator) and returns them.
+  bool returns_outputs_ = false;
   std::string fallback_ir_;
   std::vector<at::Tensor> params_;
   FallbackMode fallback_mode_;

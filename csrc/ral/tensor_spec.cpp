@@ -2,7 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <map>
 #include <sstream>
+#include <utility>
 
 namespace blade::ral {
 namespace {
@@ -59,7 +61,9 @@ std::string TensorSpec::str() const {
   out << dtype_name(dtype) << "[";
   for (size_t d = 0; d < sizes.size(); ++d) {
     out << (d ? "," : "");
-    if (sizes[d] == kDynamicDim) {
+    if (symbols[d] != kNoSymbol) {
+      out << "s" << symbols[d];
+    } else if (sizes[d] == kDynamicDim) {
       out << "?";
     } else {
       out << sizes[d];
@@ -92,6 +96,44 @@ std::string TensorSpec::mismatch(const at::Tensor& t) const {
   return why.str();
 }
 
+bool TensorSpec::is_static() const {
+  for (int64_t s : sizes) {
+    if (s == kDynamicDim) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string symbol_mismatch(const std::vector<TensorSpec>& specs,
+                            const std::vector<at::Tensor>& tensors) {
+  // symbol -> (input, dim) where it was first seen
+  std::map<int64_t, std::pair<size_t, size_t>> first;
+  for (size_t i = 0; i < specs.size() && i < tensors.size(); ++i) {
+    const auto& spec = specs[i];
+    for (size_t d = 0; d < spec.symbols.size(); ++d) {
+      if (spec.symbols[d] == TensorSpec::kNoSymbol) {
+        continue;
+      }
+      auto [it, inserted] = first.emplace(spec.symbols[d], std::make_pair(i, d));
+      if (inserted) {
+        continue;
+      }
+      auto [j, e] = it->second;
+      const int64_t here = tensors[i].size(static_cast<int64_t>(d));
+      const int64_t there = tensors[j].size(static_cast<int64_t>(e));
+      if (here != there) {
+        std::ostringstream why;
+        why << "size of dim " << d << " of input " << i << " is " << here
+            << ", but the compiled code needs it equal to dim " << e << " of input " << j
+            << " (" << there << "; both are s" << spec.symbols[d] << ")";
+        return why.str();
+      }
+    }
+  }
+  return "";
+}
+
 std::vector<TensorSpec> parse_specs(const std::string& text) {
   std::vector<TensorSpec> specs;
   std::istringstream in(text);
@@ -110,13 +152,21 @@ std::vector<TensorSpec> parse_specs(const std::string& text) {
     while (std::getline(dims, dim, ',')) {
       if (dim == "?") {
         spec.sizes.push_back(kDynamicDim);
+        spec.symbols.push_back(TensorSpec::kNoSymbol);
+        continue;
+      }
+      if (dim.size() > 1 && dim.size() <= 10 && dim[0] == 's' &&
+          dim.find_first_not_of("0123456789", 1) == std::string::npos) {
+        spec.sizes.push_back(kDynamicDim);
+        spec.symbols.push_back(std::stoll(dim.substr(1)));
         continue;
       }
       const bool digits = !dim.empty() && dim.size() <= 18 &&
                           dim.find_first_not_of("0123456789") == std::string::npos;
       TORCH_CHECK(digits, "blade: malformed tensor spec '", item, "': dimension '", dim,
-                  "' is neither a size nor '?'");
+                  "' is neither a size, '?' nor a symbol s<N>");
       spec.sizes.push_back(std::stoll(dim));
+      spec.symbols.push_back(TensorSpec::kNoSymbol);
     }
     specs.push_back(std::move(spec));
   }

@@ -1,7 +1,10 @@
 // TensorSpec: what an engine assumes about one tensor (dtype, rank, static sizes, device).
 //
 // Specs travel as text, `float32[4,?,768]`, one spec per tensor joined by ';', so that the
-// engine's signature is readable in a saved model and in error messages.
+// engine's signature is readable in a saved model and in error messages. A dynamic
+// dimension is `?` (any size) or a named symbol `s0`, `s1`, ...: every dimension named by
+// one symbol, across all the inputs of a signature, must have the same size, because the
+// compiled code relies on it (two dims that meet in a broadcast, say).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -16,13 +19,22 @@ constexpr int64_t kDynamicDim = -1;
 struct TensorSpec {
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> sizes;  // kDynamicDim where the size may vary between calls
+  // Per dimension, the symbol that names it (>= 0), or kNoSymbol.
+  std::vector<int64_t> symbols;
+
+  static constexpr int64_t kNoSymbol = -1;
 
   // Empty when `t` satisfies the spec, otherwise a sentence saying what differs.
   std::string mismatch(const at::Tensor& t) const;
   std::string str() const;
+  bool is_static() const;
 };
 
 std::vector<TensorSpec> parse_specs(const std::string& text);
+// Empty when every symbol names dimensions of one size in `tensors` (which already satisfy
+// `specs` one by one), otherwise a sentence naming two dimensions that differ.
+std::string symbol_mismatch(const std::vector<TensorSpec>& specs,
+                            const std::vector<at::Tensor>& tensors);
 std::string format_specs(const std::vector<TensorSpec>& specs);
 // The signature of actual tensors, in the same notation, for error messages.
 std::string describe_tensors(const std::vector<at::Tensor>& tensors);

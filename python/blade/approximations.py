@@ -164,3 +164,32 @@ def allow_reduction_reassociation(module) -> int:
         for op in marked:
             op.attributes["fastmath"] = flag
     return len(marked)
+
+
+_CONTRACTIBLE = ("arith.addf", "arith.subf", "arith.mulf")
+
+
+def allow_contraction(module) -> int:
+    """Lets LLVM fuse a multiply and the add that consumes it into one fused multiply-add
+    (`fastmath<contract>`, as C compilers do by default with -ffp-contract=fast): one
+    rounding instead of two, so results move by at most an ulp, towards the exact value.
+    Polynomial approximations and normalizations are chains of exactly this shape. Returns
+    how many ops were marked."""
+    marked = []
+
+    def visit(op):
+        if op.name in _CONTRACTIBLE:
+            marked.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    with module.context:
+        for op in marked:
+            flags = ["contract"]
+            if "fastmath" in op.attributes:
+                existing = str(op.attributes["fastmath"])  # #arith.fastmath<reassoc>
+                flags += [f.strip() for f in existing.split("<", 1)[1].rstrip(">").split(",")
+                          if f.strip() not in ("none", "contract")]
+            op.attributes["fastmath"] = ir.Attribute.parse(
+                f"#arith.fastmath<{','.join(flags)}>")
+    return len(marked)

@@ -26,8 +26,9 @@ from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
 from . import library_calls, parallel
-from .approximations import allow_reduction_reassociation, approximate_math
+from .approximations import allow_contraction, allow_reduction_reassociation, approximate_math
 from ._runtime import RUNTIME_LIBRARY
+from .shape_assumptions import annotate_broadcasts, lower_dynamic_reshapes
 
 STAGES = ("torch_to_stablehlo", "stablehlo_to_linalg", "bufferize", "linalg_to_llvm")
 
@@ -60,15 +61,17 @@ def _run_stage(module, stage: str) -> None:
         raise CodegenError(f"stage {stage} failed: {e}") from None
 
 
-def _entry_wrapper(num_args: int) -> str:
-    """LLVM-dialect `blade_entry(args)`, which unpacks `args` and calls the C interface."""
+def _entry_wrapper(num_args: int, returns_outputs: bool = False) -> str:
+    """LLVM-dialect `blade_entry(args)`, which unpacks `args` and calls the C interface.
+    With `returns_outputs`, args[0] is where main's C interface writes the descriptors of
+    the outputs it returns, and `num_args` pointers follow."""
     lines = ["  llvm.func @blade_entry(%args: !llvm.ptr) {"]
     names = []
-    for i in range(num_args):
+    for i in range(num_args + (1 if returns_outputs else 0)):
         lines.append(f"    %p{i} = llvm.getelementptr %args[{i}] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr")
         lines.append(f"    %a{i} = llvm.load %p{i} : !llvm.ptr -> !llvm.ptr")
         names.append(f"%a{i}")
-    types = ", ".join(["!llvm.ptr"] * num_args)
+    types = ", ".join(["!llvm.ptr"] * len(names))
     lines.append(f"    llvm.call @_mlir_ciface_main({', '.join(names)}) : ({types}) -> ()")
     lines.append("    llvm.return")
     lines.append("  }")
@@ -87,12 +90,13 @@ def _link_shared_library(obj: Path, out: Path) -> None:
 
 
 def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
-                       user_calls=(), dump=None,
-                       parallel_loops: bool = True) -> CompiledCluster:
+                       user_calls=(), dump=None, parallel_loops: bool = True,
+                       returns_outputs: bool = False) -> CompiledCluster:
     """Compiles one torch-dialect function `main` into a shared library.
 
     `num_buffers` is the number of memref arguments after bufferization: inputs, params and
-    outputs together. `user_calls` are the nodes the importer left to user converters.
+    outputs together; with `returns_outputs` (outputs of dynamic size) main allocates and
+    returns its outputs instead, and `num_buffers` counts inputs and params only. `user_calls` are the nodes the importer left to user converters.
     `parallel_loops` lets large loop nests run on PyTorch's intra-op threads.
     `keep_ir` keeps the IR after each stage in the result; `dump` (a `dump.ClusterDump`)
     receives it as each stage ends, so a failing stage leaves the IR that led to it.
@@ -122,18 +126,23 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 if user_calls:
                     _inline_user_converters(module, user_calls)
                 result.library_calls = library_calls.outline(module, _find_main(module))
+                annotate_broadcasts(module)
+                lower_dynamic_reshapes(module)
             if stage == "bufferize":
                 _distinct_results(_find_main(module))
                 _mark_arguments(_find_main(module))
             if stage == "linalg_to_llvm":
                 approximate_math(module)
                 allow_reduction_reassociation(module)
+                allow_contraction(module)
                 tasks = parallel.outline(module, _find_main(module)) if parallel_loops else []
                 result.parallel_loops = len(tasks)
                 library_calls.lower(module)
                 main = _find_main(module)
                 main.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-            _run_stage(module, stage)
+            pipeline = "bufferize_returning" if stage == "bufferize" and returns_outputs \
+                else stage
+            _run_stage(module, pipeline)
             result.seconds[stage] = time.perf_counter() - start
             if dump is not None:
                 dump.seconds[stage] = result.seconds[stage]
@@ -143,8 +152,9 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
         if not llvm_text.endswith("}"):
             raise CodegenError("unexpected LLVM-dialect module text")
         llvm_text = parallel.drop_launch_declarations(llvm_text[:-1]) + \
-            parallel.llvm_glue(tasks) + "\n" + _entry_wrapper(num_buffers) + "\n}\n"
+            parallel.llvm_glue(tasks) + "\n" + _entry_wrapper(num_buffers, returns_outputs) + "\n}\n"
         module = ir.Module.parse(llvm_text)
+        _prefer_host_vector_width(module)
         record("llvm_ir", lambda: llvm_ir(module))
         with tempfile.TemporaryDirectory(prefix="blade-codegen-") as tmp:
             obj = Path(tmp) / "engine.o"
@@ -292,6 +302,19 @@ def _distinct_results(main) -> None:
             terminator.operands[i] = copy.result
 
 
+def _prefer_host_vector_width(module) -> None:
+    """LLVM tunes for 256-bit vectors on CPUs with AVX-512 (to avoid frequency drops on
+    old Xeons); generated loops are long, streaming and FMA-bound, so full-width vectors
+    pay: each function is told to use 512 bits where the host has them."""
+    if "avx512f" not in host_cpu_features().split(","):
+        return
+    with module.context:
+        width = ir.Attribute.parse('[["prefer-vector-width", "512"]]')
+        for op in module.body.operations:
+            if op.operation.name == "llvm.func" and len(op.regions[0].blocks) > 0:
+                op.attributes["passthrough"] = width
+
+
 def _find_main(module):
     for op in module.body.operations:
         if op.operation.name == "func.func" and \
@@ -300,6 +323,7 @@ def _find_main(module):
     raise CodegenError("the module has no function 'main'")
 
 
+@functools.lru_cache(maxsize=None)
 def host_cpu_features() -> str:
     """The vector-ISA features of this host that generated code may use, as /proc/cpuinfo
     names them; recorded in each engine and checked when it is loaded."""

@@ -6,7 +6,7 @@
 import contextlib
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -101,10 +101,12 @@ def is_tensor_op(node: torch._C.Node) -> bool:
 
 
 def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple,
-             excluded_ops=(), dump: Optional[Dumper] = None) -> Dict[str, int]:
+             excluded_ops=(), dump: Optional[Dumper] = None,
+             resized_inputs: Sequence[Tuple] = (), dynamic: bool = False) -> Dict[str, int]:
     """Cleans the frozen graph, applies the decompositions and materializes its types from
-    the example inputs. Returns how many nodes of each op were decomposed. `dump` gets the
-    graph after every pass that changed it."""
+    the example inputs (and `resized_inputs`: dims that differ there become dynamic).
+    Returns how many nodes of each op were decomposed. `dump` gets the graph after every
+    pass that changed it."""
     from .decompositions import decompose
 
     dump = dump or Dumper(None)
@@ -126,7 +128,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     run("inline", lambda: torch._C._jit_pass_inline(graph))
     run("remove_dropout", lambda: torch._C._jit_pass_remove_dropout(module._c))
     run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
-    decomposed = run("decompose", lambda: decompose(graph, excluded_ops))
+    decomposed = run("decompose", lambda: decompose(graph, excluded_ops, dynamic))
     # Python structure that needs no shapes: in-place ops on fresh values, writes through
     # views, dicts and appended lists, list idioms, loops with constant trip counts.
     structure = [
@@ -141,13 +143,15 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     ]
     to_fixed_point(structure)
     run("materialize_types",
-        lambda: _C.materialize_types(graph, (module._c,) + inputs, True))
+        lambda: _C.materialize_types(graph, (module._c,) + inputs, True,
+                                     [(module._c,) + more for more in resized_inputs]))
     # With shapes known: size()/dim() fold, splits of known sizes become slices, which
     # opens more of the above.
     to_fixed_point([
         ("split_to_slices", lambda: _C.split_to_slices(graph)),
         ("peephole", lambda: torch._C._jit_pass_peephole(graph, False)),
         ("fold_numel", lambda: _C.fold_numel(graph)),
+        ("fold_sizes", lambda: _C.fold_sizes(graph)),
     ] + structure)
     return decomposed
 
@@ -158,7 +162,8 @@ def _verdicts(graph, config: Config) -> Dict[torch._C.Node, Verdict]:
     for node in nodes:
         if node.kind() == "prim::Constant":
             continue
-        verdicts[node] = REGISTRY.check(node, config.excluded_ops)
+        verdicts[node] = REGISTRY.check(node, config.excluded_ops,
+                                        static_shapes=not config.dynamic)
     # List plumbing joins a cluster only with its users, so it needs every user supported.
     for node in nodes:
         v = verdicts.get(node)
@@ -169,14 +174,23 @@ def _verdicts(graph, config: Config) -> Dict[torch._C.Node, Verdict]:
     return verdicts
 
 
-def _signature(values) -> str:
-    specs = []
-    for v in values:
+def _signatures(inputs, outputs) -> Tuple[str, str]:
+    """The engine's input and output specs, `float32[s0,128,768];...`: a dynamic dim is
+    named by its shape symbol (`s0`, `s1`, ... in order of appearance), so dims that must be
+    equal share a name; see csrc/ral/tensor_spec.h."""
+    names: Dict[int, str] = {}
+
+    def spec(v) -> str:
         t = v.type()
-        dtype = SCALAR_TYPE_NAMES[t.scalarType()]
-        dims = ",".join("?" if s is None else str(s) for s in t.sizes())
-        specs.append(f"{dtype}[{dims}]")
-    return ";".join(specs)
+        dims = []
+        for s in t.symbolic_sizes():
+            if s >= 0:
+                dims.append(str(s))
+            else:
+                dims.append(names.setdefault(s, f"s{len(names)}"))
+        return f"{SCALAR_TYPE_NAMES[t.scalarType()]}[{','.join(dims)}]"
+
+    return ";".join(spec(v) for v in inputs), ";".join(spec(v) for v in outputs)
 
 
 def _op_counts(subgraph) -> Dict[str, int]:
@@ -205,24 +219,49 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
         # converter with its own lowering may take.
         if not REGISTRY.has_lowering(schema_name(node)):
             return None
-        return REGISTRY.check(node, config.excluded_ops).converter
+        return REGISTRY.check(node, config.excluded_ops,
+                              static_shapes=not config.dynamic).converter
 
     imported = import_subgraph(subgraph, converter_for=converter_for)
     dump.seconds["import"] = time.perf_counter() - start
-    num_buffers = len(list(subgraph.inputs())) + len(list(subgraph.outputs()))
+    input_specs, output_specs = _signatures(cluster.inputs(), cluster.outputs())
+    # Outputs of dynamic size are allocated and returned by the code, not passed to it.
+    returns_outputs = "s" in output_specs or "?" in output_specs
+    num_buffers = len(list(subgraph.inputs())) + \
+        (0 if returns_outputs else len(list(subgraph.outputs())))
     compiled = codegen.compile_torch_mlir(imported.text, num_buffers,
+                                          returns_outputs=returns_outputs,
                                           user_calls=imported.user_calls, dump=dump,
                                           parallel_loops=config.parallel)
     name = f"{ENGINE_PREFIX}{index}"
     code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
     engine = torch.classes.blade.Engine(
-        name, code, _signature(cluster.inputs()), _signature(cluster.outputs()), fallback_ir,
-        params, config.fallback, cpu_features)
+        name, code, input_specs, output_specs, fallback_ir, params, config.fallback,
+        cpu_features)
     if not engine.is_compiled():
         raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
     module._c._register_attribute(name, engine._type(), engine)
     _C.replace_cluster_with_engine(cluster, name)
     return compiled
+
+
+def _dynamic_groups(module, inputs: Tuple, config: Config):
+    """The groups of input dims that vary (see blade.dynamic_shapes) and the example inputs
+    resized along all of them, for materialize_types; nothing without Config.dynamic."""
+    if not config.dynamic:
+        return [], []
+    from .dynamic_shapes import find_dynamic_groups, with_groups_resized
+
+    # A function of its own over a copy of the graph: running `module` itself would make
+    # TorchScript cache an execution plan of the graph that simplify is about to rewrite.
+    probe = torch._C._create_function_from_graph("blade_probe_shapes", module.graph.copy())
+
+    def run(xs):
+        with torch.no_grad(), quiet_torchscript():
+            probe(module._c, *xs)
+
+    groups = find_dynamic_groups(run, inputs, config.dynamic_dims)
+    return groups, ([with_groups_resized(inputs, groups)] if groups else [])
 
 
 def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptModule:
@@ -242,9 +281,15 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
     dump = Dumper.for_config(config.dump_dir)
-    decomposed = simplify(graph, module, inputs, config.excluded_ops, dump)
+    groups, resized_inputs = _dynamic_groups(module, inputs, config)
+    decomposed = simplify(graph, module, inputs, config.excluded_ops, dump, resized_inputs,
+                          config.dynamic)
+    if config.dynamic:
+        _C.duplicate_shape_arithmetic(graph)
+        dump.graph("duplicate_shape_arithmetic", graph)
 
-    report = Report(dry_run=config.dry_run, decomposed=decomposed)
+    report = Report(dry_run=config.dry_run, decomposed=decomposed,
+                    dynamic_dims=[[f"input {p} dim {d}" for p, d in g.dims] for g in groups])
     verdicts = _verdicts(graph, config)
     for node, verdict in verdicts.items():
         if is_tensor_op(node):
@@ -272,8 +317,8 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
                         config.progress and not config.dry_run)
     for index, cluster in enumerate(clusters):
         ops = _op_counts(cluster.g("Subgraph"))
-        entry = ClusterReport(f"{ENGINE_PREFIX}{index}", ops, _signature(cluster.inputs()),
-                              _signature(cluster.outputs()))
+        entry = ClusterReport(f"{ENGINE_PREFIX}{index}", ops,
+                              *_signatures(cluster.inputs(), cluster.outputs()))
         if config.dry_run:
             entry.compiled = False
             entry.status = "dry run: not compiled"

@@ -1,6 +1,6 @@
 """The one object that controls how Blade compiles a model."""
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 FALLBACK_MODES = ("fallback", "error")
 
@@ -29,6 +29,12 @@ class Config:
             IR at every stage with timings (layout in `blade.dump`). The environment
             variable BLADE_DUMP_DIR does the same when this is not set.
         progress: show a progress bar on stderr while clusters compile.
+        dynamic: compile engines that serve inputs of other sizes too. The dimensions
+            that may vary are found by running the model on copies of the example inputs
+            resized along each group of equally sized dimensions (size 1 excluded): those
+            the model accepts become dynamic, the rest stay static.
+        dynamic_dims: the dynamic dimensions named explicitly, per input position:
+            ``{0: [0, 1]}`` means dims 0 and 1 of input 0 vary. Implies ``dynamic``.
         parallel: run large loop nests of generated code on PyTorch's intra-op threads
             (``torch.set_num_threads`` applies); ``False`` keeps every loop serial.
     """
@@ -42,6 +48,8 @@ class Config:
     dry_run: bool = False
     dump_dir: Optional[str] = None
     progress: bool = False
+    dynamic: bool = False
+    dynamic_dims: Optional[Dict[int, List[int]]] = None
     parallel: bool = True
 
     def __post_init__(self):
@@ -49,5 +57,12 @@ class Config:
             raise ValueError(
                 f"Config.fallback must be one of {FALLBACK_MODES}, got {self.fallback!r}"
             )
+        if self.dynamic_dims is not None:
+            if not isinstance(self.dynamic_dims, dict) or not all(
+                    isinstance(k, int) and isinstance(v, (list, tuple)) and
+                    all(isinstance(d, int) for d in v) for k, v in self.dynamic_dims.items()):
+                raise ValueError("Config.dynamic_dims must map input positions to lists of "
+                                 f"dims, like {{0: [0, 1]}}; got {self.dynamic_dims!r}")
+            self.dynamic = True
         if self.min_cluster_size < 1:
             raise ValueError(f"Config.min_cluster_size must be >= 1, got {self.min_cluster_size}")

@@ -28,6 +28,7 @@ class Decomposition:
     fn: Callable
     graph: torch._C.Graph
     builtin: bool = False
+    dynamic_only: bool = False  # applies only with Config.dynamic
 
 
 _BUILTIN: Dict[str, Decomposition] = {}
@@ -112,11 +113,15 @@ def active() -> Dict[str, Decomposition]:
     return {**_BUILTIN, **_USER}
 
 
-def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = ()) -> Dict[str, int]:
-    """Applies every active decomposition to `graph`; returns overload -> nodes rewritten."""
+def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
+              dynamic: bool = False) -> Dict[str, int]:
+    """Applies every active decomposition to `graph`; returns overload -> nodes rewritten.
+    With `dynamic`, also those that only dynamic shapes need."""
     counts = {}
     for overload, decomposition in active().items():
         if overload in excluded_ops or overload.split(".")[0] in excluded_ops:
+            continue
+        if decomposition.dynamic_only and not dynamic:
             continue
         count = _C.decompose(graph, overload, decomposition.graph)
         if count:
@@ -124,9 +129,10 @@ def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = ()) -> Dict[s
     return counts
 
 
-def _builtin(overload: str):
+def _builtin(overload: str, dynamic_only: bool = False):
     def wrap(fn):
         _BUILTIN[overload] = _make(overload, fn, builtin=True)
+        _BUILTIN[overload].dynamic_only = dynamic_only
         return fn
     return wrap
 
@@ -141,3 +147,12 @@ def _logsumexp(x: torch.Tensor, dim: List[int], keepdim: bool) -> torch.Tensor:
     peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
     total = torch.sum(torch.exp(x - peak), dim, keepdim)
     return torch.log(total) + torch.reshape(peak, total.shape)
+
+
+@_builtin("aten::tril", dynamic_only=True)
+def _tril(x: torch.Tensor, diagonal: int) -> torch.Tensor:
+    # Torch-MLIR lowers tril of static sizes only; a causal mask of a dynamic sequence
+    # length needs it as index arithmetic.
+    rows = torch.arange(x.size(-2), device=x.device).unsqueeze(-1)
+    cols = torch.arange(x.size(-1), device=x.device)
+    return x.masked_fill(cols > rows + diagonal, 0)

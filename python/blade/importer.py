@@ -164,6 +164,35 @@ class _Emitter:
         for value, name in zip(node.outputs(), results):
             self.names[value] = name
 
+    def factory_of_computed_size(self, node: torch._C.Node) -> None:
+        """`ones/zeros/full(size, ...)` with a size computed at run time (dynamic shapes):
+        Torch-MLIR lowers factories of constant sizes only, so the factory makes a tensor
+        of ones in every dim and `broadcast_to` stretches it to the size."""
+        size = node.inputs()[0] if hasattr(node.inputs(), "__getitem__") else \
+            list(node.inputs())[0]
+        rank = len(list(size.node().inputs()))
+        ones = [self.fresh() for _ in range(rank)]
+        for name in ones:
+            self.scalar(name, torch._C.IntType.get(), 1)
+        small_size = self.fresh()
+        self.emit([small_size], "torch.prim.ListConstruct", ones, ["!torch.int"] * rank,
+                  ["!torch.list<int>"])
+        inputs = list(node.inputs())
+        output = node.output()
+        t = output.type()
+        small_type = tensor_type(t).replace(
+            tensor_type(t)[len("!torch.vtensor<["):].split("]", 1)[0],
+            ",".join(["1"] * rank), 1)
+        small = self.fresh()
+        self.emit([small], "torch." + schema_name(node).replace("::", "."),
+                  [small_size] + [self.names[v] for v in inputs[1:]],
+                  ["!torch.list<int>"] + [value_type(v.type()) for v in inputs[1:]],
+                  [small_type])
+        result = self.fresh()
+        self.emit([result], "torch.aten.broadcast_to", [small, self.names[size]],
+                  [small_type, "!torch.list<int>"], [tensor_type(t)])
+        self.names[output] = result
+
     def node(self, node: torch._C.Node) -> None:
         kind = node.kind()
         if kind == "prim::Constant":
@@ -172,6 +201,9 @@ class _Emitter:
         converter = self.converter_for(node) if self.converter_for else None
         if converter is not None and converter.lower is not None:
             self.user_call(node, converter)
+            return
+        if kind in _FACTORIES and _computed_size(node):
+            self.factory_of_computed_size(node)
             return
         operands = [self.names[v] for v in node.inputs()]
         operand_types = [value_type(v.type()) for v in node.inputs()]
@@ -186,6 +218,17 @@ class _Emitter:
         self.emit(results, op, operands, operand_types, result_types)
         for value, name in zip(node.outputs(), results):
             self.names[value] = name
+
+
+# Factories whose first argument is the size.
+_FACTORIES = ("aten::ones", "aten::zeros", "aten::full")
+
+
+def _computed_size(node: torch._C.Node) -> bool:
+    size = list(node.inputs())[0]
+    producer = size.node()
+    return producer.kind() == "prim::ListConstruct" and \
+        any(v.node().kind() != "prim::Constant" for v in producer.inputs())
 
 
 def import_subgraph(subgraph: torch._C.Graph, func_name: str = "main",

@@ -157,9 +157,13 @@ KERNEL_ARGUMENTS = {
 def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> None:
     name = f"blade_library_call_{index}"
     result_type = op.result.type
+    # A result of static size becomes an out-parameter its caller allocates (bufferize
+    # pipelines, buffer-results-to-out-params, which takes private functions); one of
+    # dynamic size cannot, so that function stays public and allocates its result itself.
+    dynamic = not ir.ShapedType(result_type).has_static_shape
     with ir.InsertionPoint(module.body):
         function = func.FuncOp(name, ([s.type for s in sources], [result_type]),
-                               visibility="private")
+                               visibility="public" if dynamic else "private")
     function.operation.move_after(main)
     block = function.add_entry_block()
     mapping = {source: arg for source, arg in zip(sources, block.arguments)}
@@ -205,8 +209,27 @@ def outline(module, main) -> int:
     return count
 
 
+def _allocation_slice(result) -> List:
+    """The ops that compute the allocation of `result` (the allocation and the sizes it
+    takes, read from the arguments), producers first."""
+    kept, pending = [], [result]
+    while pending:
+        value = pending.pop()
+        owner = value.owner
+        if isinstance(owner, ir.Block):
+            continue
+        op = owner.operation if hasattr(owner, "operation") else owner
+        if any(op == k for k in kept):
+            continue
+        kept.append(op)
+        pending.extend(op.operands)
+    return kept
+
+
 def lower(module) -> None:
-    """Step 2 (see the module docstring): bodies of outlined functions become RAL calls."""
+    """Step 2 (see the module docstring): bodies of outlined functions become RAL calls.
+    A function of static size has become `(inputs..., out)`; one of dynamic size returns
+    its result, whose allocation is kept and handed to the kernel as `out`."""
     declared = set()
     with module.context, ir.Location.unknown():
         i64 = ir.IntegerType.get_signless(64)
@@ -216,9 +239,13 @@ def lower(module) -> None:
                 continue
             kind = ir.StringAttr(function.attributes[LIBRARY_CALL]).value
             block = function.regions[0].blocks[0]
+            terminator = block.operations[len(block.operations) - 1]
+            returned = list(terminator.operands)
+            kept = _allocation_slice(returned[0]) if returned else []
             for op in reversed(list(block.operations)):
-                op.erase()
-            arguments = list(block.arguments)
+                if not any(op == k for k in kept):
+                    op.erase()
+            arguments = list(block.arguments) + returned
             element = ir.ShapedType(arguments[0].type).element_type
             callee = f"blade_ral_{kind}_{element}"
             unranked = ir.UnrankedMemRefType.get(element, None)
@@ -228,7 +255,7 @@ def lower(module) -> None:
                     value = ir.IntegerAttr(function.attributes[f"blade.{key}"]).value
                     operands.append(arith.ConstantOp(i64, value).result)
                 func.CallOp([], ir.FlatSymbolRefAttr.get(callee), operands)
-                func.ReturnOp([])
+                func.ReturnOp(returned)
             if callee not in declared:
                 declared.add(callee)
                 with ir.InsertionPoint.at_block_begin(module.body):

@@ -24,6 +24,7 @@ from torch_mlir.dialects import arith, func, memref
 PARALLEL_TASK = "blade.parallel_task"
 MIN_ITERATIONS = 32768   # smaller loops are not worth waking threads for
 MIN_TASK_ITERATIONS = 16384
+DYNAMIC_EXTENT = -1      # the loop's extent is dim 0 of its first split operand
 
 
 def _affine_results(map_attr) -> List[str]:
@@ -59,9 +60,9 @@ def _plan(op):
             return None
         t = ir.MemRefType(operand.type)
         dims = ", ".join(f"d{i}" for i in range(t.rank))
-        if not t.has_static_shape or \
+        if any(t.is_dynamic_dim(d) for d in range(1, t.rank)) or \
                 str(t.layout) != f"affine_map<({dims}) -> ({dims})>":
-            return None  # identity layouts only (strides follow from the shape)
+            return None  # identity layouts, static but for dim 0 (strides follow)
     split = []
     outputs = int(str(op.attributes["operandSegmentSizes"]).split(",")[-1].strip(" >]"))
     for index, map_attr in enumerate(maps):
@@ -74,12 +75,16 @@ def _plan(op):
             return None  # an output not split by the loop would be written by every task
         split.append(first)
     extents = _loop_bounds(op, maps)
-    if any(e is None for e in extents) or extents[0] < 2:
+    if any(e is None for e in extents) or any(e < 0 for e in extents[1:]):
         return None
     inner = 1
     for e in extents[1:]:
         inner *= e
-    if extents[0] * inner < MIN_ITERATIONS:
+    if extents[0] == ir.ShapedType.get_dynamic_size():
+        # Dynamic rows: the extent is read at run time, and at::parallel_for runs a range
+        # no longer than the grain on the calling thread, so small calls stay serial.
+        return DYNAMIC_EXTENT, inner, split
+    if extents[0] < 2 or extents[0] * inner < MIN_ITERATIONS:
         return None
     return extents[0], inner, split
 
@@ -212,7 +217,8 @@ def outline(module, main) -> List[dict]:
             op.erase()
             grain = max(1, -(-MIN_TASK_ITERATIONS // inner))
             ranks = [ir.MemRefType(t).rank for t in types]
-            tasks.append({"index": n, "ranks": ranks, "extent": extent, "grain": grain})
+            tasks.append({"index": n, "ranks": ranks, "extent": extent, "grain": grain,
+                          "extent_operand": split.index(True)})
     return tasks
 
 
@@ -255,10 +261,16 @@ def llvm_glue(tasks) -> str:
             lines.append(f"    %slot{i} = llvm.getelementptr %array[{i}] : "
                          "(!llvm.ptr) -> !llvm.ptr, i64")
             lines.append(f"    llvm.store %p{i}, %slot{i} : {ty}, !llvm.ptr")
-        lines.append(f"    %extent = llvm.mlir.constant({t['extent']} : i64) : i64")
+        if t["extent"] == DYNAMIC_EXTENT:
+            # dim 0's size in the descriptor of the first split operand: after its
+            # allocated pointer, aligned pointer and offset.
+            extent = f"%p{len(_expanded(t['ranks'][:t['extent_operand']])) + 3}"
+        else:
+            extent = "%extent"
+            lines.append(f"    %extent = llvm.mlir.constant({t['extent']} : i64) : i64")
         lines.append(f"    %grain = llvm.mlir.constant({t['grain']} : i64) : i64")
         lines.append(f"    %fn = llvm.mlir.addressof @blade_trampoline_{n} : !llvm.ptr")
-        lines.append("    llvm.call @blade_ral_parallel_for(%extent, %grain, %fn, %array) : "
+        lines.append(f"    llvm.call @blade_ral_parallel_for({extent}, %grain, %fn, %array) : "
                      "(i64, i64, !llvm.ptr, !llvm.ptr) -> ()")
         lines.append("    llvm.return")
         lines.append("  }")

@@ -124,8 +124,15 @@ class ConverterRegistry:
                 return Verdict(None, "non_constant_argument",
                                f"{name}: argument '{arg}' (%{value.debugName()}, made by "
                                f"{value.node().kind()}) is not a compile-time constant")
+        computed = [arg for arg, value in zip(arg_names, node.inputs()) if _is_computed(value)]
         refusals = []
         for converter in candidates:
+            if converter.lower is not None and computed:
+                # A user converter reads its non-tensor arguments as constants.
+                refusals.append(("non_constant_argument",
+                                 f"{name}: argument '{computed[0]}' is a size computed at run "
+                                 f"time; {converter.origin} converters take constants only"))
+                continue
             why = self._dtype_refusal(node, name, arg_names, converter)
             if why is not None:
                 refusals.append(("dtype", why))
@@ -152,21 +159,37 @@ class ConverterRegistry:
 
 
 def _is_static_argument(value: torch._C.Value) -> bool:
-    """Tensors are passed at run time; anything else must be known when compiling."""
+    """Tensors are passed at run time; anything else must be known when compiling, or be a
+    size the compiled code computes itself from its tensors (dynamic shapes: `size()` of a
+    dynamic dim and int arithmetic on it, see csrc/passes/duplicate_shape_arithmetic.h)."""
     if isinstance(value.type(), torch._C.TensorType):
         return True
     producer = value.node()
     if producer.kind() == "prim::Constant":
         return True
     if producer.kind() == "prim::ListConstruct":
-        return all(isinstance(v.type(), torch._C.TensorType) or v.node().kind() == "prim::Constant"
+        return all(isinstance(v.type(), torch._C.TensorType) or
+                   v.node().kind() == "prim::Constant" or _is_shape_int(v)
                    for v in producer.inputs())
-    return False
+    return _is_shape_int(value)
+
+
+def _is_computed(value: torch._C.Value) -> bool:
+    """A size computed at run time, or a list holding one."""
+    if value.node().kind() == "prim::ListConstruct":
+        return any(_is_shape_int(v) for v in value.node().inputs())
+    return _is_shape_int(value)
+
+
+def _is_shape_int(value: torch._C.Value) -> bool:
+    from . import _C
+
+    return isinstance(value.type(), torch._C.IntType) and _C.is_shape_arithmetic(value.node())
 
 
 def constant_arguments(node: torch._C.Node) -> Dict[str, Any]:
     """The node's non-tensor arguments by schema name, as Python values (lists built by a
-    prim::ListConstruct of constants included)."""
+    prim::ListConstruct of constants included; a size computed at run time is None)."""
     values = {}
     for arg, value in zip(_argument_names(node), node.inputs()):
         if isinstance(value.type(), torch._C.TensorType):

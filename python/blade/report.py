@@ -41,6 +41,9 @@ class Report:
     compile_errors: List[str] = field(default_factory=list)
     dry_run: bool = False
     decomposed: Dict[str, int] = field(default_factory=dict)  # op -> nodes rewritten
+    # Config.dynamic: the groups of input dims that vary together ("input 0 dim 1"); the
+    # engines' signatures name them s0, s1, ... Engines are compiled once, in optimize.
+    dynamic_dims: List[List[str]] = field(default_factory=list)
 
     @property
     def coverage(self) -> float:
@@ -64,7 +67,8 @@ class Report:
         data = json.loads(text)
         report = Report(total_ops=data["total_ops"], compiled_ops=data["compiled_ops"],
                         compile_errors=data["compile_errors"], dry_run=data["dry_run"],
-                        decomposed=data.get("decomposed", {}))
+                        decomposed=data.get("decomposed", {}),
+                        dynamic_dims=data.get("dynamic_dims", []))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
         return report
@@ -76,6 +80,9 @@ class Report:
             f"({100 * self.coverage:.1f}%), clusters: {len(self.clusters)}, "
             f"run-time fallbacks: {self.runtime_fallbacks}",
         ]
+        if self.dynamic_dims:
+            lines.append("  dynamic dims (each group varies together): " + "; ".join(
+                ", ".join(group) for group in self.dynamic_dims))
         if self.decomposed:
             lines.append("  decomposed: " + ", ".join(
                 f"{op} x{n}" for op, n in sorted(self.decomposed.items())))

@@ -75,3 +75,21 @@ def test_fold_numel_of_known_sizes():
         function = torch._C._create_function_from_graph("f", graph)
     x = torch.randn(2, 3, 4)
     torch.testing.assert_close(function(x), scripted(x))
+
+
+class Pair(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x) + y, x.sum(dim=1)
+
+
+def test_runs_of_other_sizes_give_shared_shape_symbols():
+    module = frozen(Pair())
+    graph = module.graph
+    _C.materialize_types(graph, (module._c, torch.randn(4, 8), torch.randn(4, 8)), True,
+                         [(module._c, torch.randn(5, 8), torch.randn(5, 8))])
+    inputs = list(graph.inputs())[1:]
+    x, y = (v.type().symbolic_sizes() for v in inputs)
+    assert x[1] == 8 and y[1] == 8
+    assert x[0] < 0 and x[0] == y[0]          # one symbol: equal in every run
+    total = [n for n in graph.nodes() if n.kind() == "aten::sum"][0].output()
+    assert total.type().symbolic_sizes() == [x[0]]

@@ -5,7 +5,9 @@
 model.pt: a Linear (library call), elementwise ops and a reduction in one engine;
 inputs.pt / expected.pt: a list of inputs and eager's outputs for it; strict.pt: the same
 model with Config(fallback="error"); flipped.pt: an engine whose code fails its checksum;
-future.pt: an engine from a format version this runtime does not know.
+future.pt: an engine from a format version this runtime does not know; dynamic.pt: the
+model with Config(dynamic=True), and dynamic_inputs.pt / dynamic_expected.pt: inputs of
+three batch sizes (x, y of each, in turn) and eager's outputs for each.
 """
 import sys
 import warnings
@@ -51,6 +53,14 @@ def main(out: Path) -> None:
             path, tanh_input, changed = save_tampered(scratch, None, change)
             assert changed == 1, name
             path.rename(out / f"{name}.pt")
+        dynamic = blade.optimize(model, (x, y), blade.Config(dynamic=True))
+        assert "s0" in blade.report(dynamic).clusters[0].inputs, str(blade.report(dynamic))
+        torch.jit.save(dynamic, str(out / "dynamic.pt"))
+        batches = [(torch.randn(n, 8), torch.randn(n, 16)) for n in (1, 7, 33)]
+        with torch.no_grad():
+            torch.save([t for pair in batches for t in pair], str(out / "dynamic_inputs.pt"))
+            torch.save([t for pair in batches for t in model(*pair)],
+                       str(out / "dynamic_expected.pt"))
         torch.save([tanh_input], str(out / "tanh_input.pt"))
         torch.save([TanhChain()(tanh_input)], str(out / "tanh_expected.pt"))
     print(f"fixtures written to {out}")

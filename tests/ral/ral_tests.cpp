@@ -123,8 +123,20 @@ void test_specs_round_trip_and_explain_mismatches() {
   EXPECT(contains(specs[0].mismatch(at::zeros({4, 5, 768}, at::kDouble)),
                   "dtype is float64, expected float32"));
   EXPECT(specs[1].mismatch(at::scalar_tensor(3, at::kLong)).empty());
-  EXPECT_THROWS_WITH(parse_specs("float32[4,x]"), "dimension 'x' is neither a size nor '?'");
+  EXPECT_THROWS_WITH(parse_specs("float32[4,x]"), "dimension 'x' is neither a size, '?' nor a symbol");
   EXPECT_THROWS_WITH(parse_specs("complex7[4]"), "complex7");
+}
+
+void test_symbols_tie_dynamic_dims_together() {
+  using namespace blade::ral;
+  auto specs = parse_specs("float32[s0,s1,8];float32[s0,1,1,s1]");
+  EXPECT(format_specs(specs) == "float32[s0,s1,8];float32[s0,1,1,s1]");
+  EXPECT(!specs[0].is_static());
+  EXPECT(specs[0].mismatch(at::zeros({3, 7, 8})).empty());
+  EXPECT(symbol_mismatch(specs, {at::zeros({3, 7, 8}), at::zeros({3, 1, 1, 7})}).empty());
+  EXPECT(contains(symbol_mismatch(specs, {at::zeros({3, 7, 8}), at::zeros({3, 1, 1, 6})}),
+                  "size of dim 3 of input 1 is 6, but the compiled code needs it equal to dim 1 "
+                  "of input 0 (7; both are s1)"));
 }
 
 void test_checksum_sees_every_byte() {
@@ -247,6 +259,30 @@ void test_saved_model_runs_compiled_code() {
   EXPECT(engine->stats().fallbacks == 0);
 }
 
+// The code of a dynamic engine allocates its outputs; the tensors made of them free them.
+void test_dynamic_engine_serves_every_batch_and_frees_its_outputs() {
+  auto module = load_model("dynamic.pt");
+  auto inputs = load_list("dynamic_inputs.pt");
+  auto expected = load_list("dynamic_expected.pt");
+  auto engine = engine_of(module);
+  EXPECT(engine->is_compiled());
+  EXPECT(contains(engine->input_specs(), "s0"));
+  int64_t live = blade_ral_live_allocations();
+  for (int round = 0; round < 50; ++round) {
+    for (size_t i = 0; i + 1 < inputs.size(); i += 2) {
+      std::vector<c10::IValue> pair{inputs[i], inputs[i + 1]};
+      auto out = module.forward(pair).toTuple();
+      for (size_t k = 0; k < 2; ++k) {
+        EXPECT(at::allclose(out->elements()[k].toTensor(), expected[i + k].toTensor(), 1e-5,
+                            1e-5));
+      }
+    }
+  }
+  EXPECT(blade_ral_live_allocations() == live);
+  EXPECT(engine->stats().fallbacks == 0);
+  EXPECT(engine->stats().calls == 150);
+}
+
 void test_wrong_inputs_fall_back_or_raise_per_mode() {
   auto module = load_model("model.pt");
   std::vector<c10::IValue> wrong{at::randn({3, 8}), at::randn({3, 16})};
@@ -334,6 +370,7 @@ int main(int argc, char** argv) {
   g_fixtures = argv[1];
   const std::vector<std::pair<const char*, std::function<void()>>> tests = {
       {"specs_round_trip_and_explain_mismatches", test_specs_round_trip_and_explain_mismatches},
+      {"symbols_tie_dynamic_dims_together", test_symbols_tie_dynamic_dims_together},
       {"checksum_sees_every_byte", test_checksum_sees_every_byte},
       {"garbage_code_is_refused_without_leaking_descriptors",
        test_garbage_code_is_refused_without_leaking_descriptors},
@@ -342,6 +379,8 @@ int main(int argc, char** argv) {
       {"parallel_for_covers_every_row_once", test_parallel_for_covers_every_row_once},
       {"saved_model_runs_compiled_code", test_saved_model_runs_compiled_code},
       {"wrong_inputs_fall_back_or_raise_per_mode", test_wrong_inputs_fall_back_or_raise_per_mode},
+      {"dynamic_engine_serves_every_batch_and_frees_its_outputs",
+       test_dynamic_engine_serves_every_batch_and_frees_its_outputs},
       {"tampered_engines_fall_back_with_the_reason", test_tampered_engines_fall_back_with_the_reason},
       {"four_threads_share_one_module", test_four_threads_share_one_module},
       {"loading_and_unloading_releases_code", test_loading_and_unloading_releases_code},

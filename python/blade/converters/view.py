@@ -19,6 +19,12 @@ builtin([
 # with its producer or users.
 builtin(["prim::ListConstruct", "prim::ListUnpack"], ANY_DTYPE, compute=False)
 
+# Sizes computed at run time (dynamic shapes): `size()` of a dynamic dim and int arithmetic
+# on it, feeding reshapes and factories in the same cluster. Only such chains are accepted:
+# the registry takes an int argument that is not a constant only from these.
+builtin(["aten::size.int", "aten::mul.int", "aten::add.int", "aten::sub.int",
+         "aten::floordiv.int", "aten::neg.int"], ANY_DTYPE, compute=False)
+
 # Ops that copy data.
 builtin(["aten::cat", "aten::stack", "aten::repeat", "aten::split.Tensor",
          "aten::split_with_sizes", "aten::chunk", "aten::unbind.int", "aten::clone",

@@ -1,0 +1,103 @@
+"""Dynamic shapes: which dimensions of the example inputs may vary, and example inputs
+resized along them.
+
+An engine compiled with symbolic dimensions serves every size of those dims. Which dims
+may vary is found, not guessed: the dims of the tensor inputs are grouped by their example
+size (dims that are equal in the example are assumed to vary together, like the batch of
+an input and of its mask), and the model is run on copies of the inputs resized along one
+group at a time. Groups the model accepts are dynamic; a hidden size that meets a weight
+makes the run fail and stays static. Size-1 dims are never probed (they broadcast).
+
+Resized copies repeat the original's slices cyclically (`index_select` with `i % n`), so
+token ids stay valid ids and masks stay masks. `materialize_types` then runs the graph on
+the example inputs and on one copy with every dynamic group resized (to distinct sizes),
+and the dims whose sizes differed become shape symbols.
+"""
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+Dim = Tuple[int, int]  # (input position, dim)
+
+
+@dataclass
+class DynamicGroup:
+    size: int           # the dims' size in the example inputs
+    dims: List[Dim]
+
+
+def resized(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    index = torch.arange(size) % t.shape[dim]
+    return t.index_select(dim, index)
+
+
+def with_groups_resized(inputs: Tuple, groups: List[DynamicGroup]) -> Tuple:
+    """A copy of `inputs` where group k's dims have size `size + k + 1`."""
+    result = list(inputs)
+    for k, group in enumerate(groups):
+        for position, dim in group.dims:
+            result[position] = resized(result[position], dim, group.size + k + 1)
+    return tuple(result)
+
+
+def _groups_by_size(dims: List[Dim], inputs: Tuple) -> List[DynamicGroup]:
+    groups: Dict[int, DynamicGroup] = {}
+    for position, dim in dims:
+        size = inputs[position].shape[dim]
+        groups.setdefault(size, DynamicGroup(size, [])).dims.append((position, dim))
+    return [groups[size] for size in sorted(groups)]
+
+
+def _explicit_dims(dynamic_dims: Dict[int, List[int]], inputs: Tuple) -> List[Dim]:
+    dims = []
+    for position, wanted in sorted(dynamic_dims.items()):
+        if not 0 <= position < len(inputs) or not isinstance(inputs[position], torch.Tensor):
+            raise ValueError(f"Config.dynamic_dims names input {position}, but the model's "
+                             f"input {position} is not a tensor among the "
+                             f"{len(inputs)} example inputs")
+        rank = inputs[position].dim()
+        for dim in wanted:
+            if not -rank <= dim < rank:
+                raise ValueError(f"Config.dynamic_dims names dim {dim} of input {position}, "
+                                 f"which has rank {rank}")
+            dims.append((position, dim % rank))
+    return dims
+
+
+def find_dynamic_groups(run: Callable[[Tuple], object], inputs: Tuple,
+                        dynamic_dims=None) -> List[DynamicGroup]:
+    """The groups of input dims that may vary. `run(inputs)` runs the model.
+
+    With `dynamic_dims` ({input position: [dims]}), exactly those, grouped by size; the
+    model must accept them resized, or this raises naming them. Without, every group of
+    equally sized dims (size > 1) that the model accepts resized.
+
+    Example:
+        >>> groups = find_dynamic_groups(lambda xs: model(*xs), (x, mask))
+    """
+    if dynamic_dims:
+        groups = _groups_by_size(_explicit_dims(dynamic_dims, inputs), inputs)
+        try:
+            run(with_groups_resized(inputs, groups))
+        except Exception as e:
+            names = ", ".join(f"dim {d} of input {p}" for g in groups for p, d in g.dims)
+            raise ValueError(f"blade.optimize: Config.dynamic_dims says {names} may vary, but "
+                             "the model fails on inputs resized along them: "
+                             f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
+        return groups
+    candidates = [(position, dim) for position, t in enumerate(inputs)
+                  if isinstance(t, torch.Tensor) for dim in range(t.dim()) if t.shape[dim] > 1]
+    accepted = []
+    for group in _groups_by_size(candidates, inputs):
+        try:
+            run(with_groups_resized(inputs, [group]))
+        except Exception:  # the model needs this size: the group stays static
+            continue
+        accepted.append(group)
+    if len(accepted) > 1:
+        try:
+            run(with_groups_resized(inputs, accepted))
+        except Exception:  # each varies alone, not together: keep the first only
+            accepted = accepted[:1]
+    return accepted

@@ -1,0 +1,136 @@
+"""Dynamic shapes: one engine, compiled once, serves every batch size and sequence length
+with eager's results and no fallback; the guard keeps what the code assumes."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import blade
+from helpers import assert_same
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
+from zoo import BertLayer, GptBlock, bert_inputs  # noqa: E402
+
+DYNAMIC = blade.Config(dynamic=True)
+OTHER_SHAPES = [(1, 5), (3, 16), (4, 33), (2, 7), (1, 1)]   # (batch, sequence)
+
+
+def check_every_shape(optimized, model, make_inputs):
+    with torch.no_grad():
+        for batch, seq in OTHER_SHAPES:
+            inputs = make_inputs(batch, seq)
+            assert_same(optimized(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.coverage == 1.0, str(report)
+    assert len(report.clusters) == 1, str(report)
+    assert report.clusters[0].calls == len(OTHER_SHAPES), str(report)
+    assert report.runtime_fallbacks == 0, str(report)
+    return report
+
+
+def test_bert_layer_serves_every_batch_and_length():
+    torch.manual_seed(0)
+    model = BertLayer().eval()
+    optimized = blade.optimize(model, bert_inputs(2, 16), DYNAMIC)
+    report = check_every_shape(optimized, model, bert_inputs)
+    # The mask's batch and length are tied to the input's: the signature says so.
+    assert report.clusters[0].inputs == "float32[s0,s1,64];float32[s0,1,1,s1]", str(report)
+    assert report.dynamic_dims == [["input 0 dim 0", "input 1 dim 0"],
+                                   ["input 0 dim 1", "input 1 dim 3"]]
+
+
+def test_gpt_block_with_a_causal_mask_of_dynamic_length():
+    torch.manual_seed(0)
+    model = GptBlock().eval()
+    optimized = blade.optimize(model, (torch.randn(2, 16, 64),), DYNAMIC)
+    report = check_every_shape(optimized, model, lambda b, s: (torch.randn(b, s, 64),))
+    assert report.clusters[0].outputs == "float32[s0,s1,64]", str(report)
+    assert report.decomposed == {"aten::tril": 1}
+
+
+class Hidden(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)).sum(dim=-1)
+
+
+def test_explicit_dynamic_dims_and_static_ones_still_guarded():
+    torch.manual_seed(0)
+    model = Hidden().eval()
+    optimized = blade.optimize(model, (torch.randn(4, 5, 32),),
+                               blade.Config(dynamic_dims={0: [0]}))   # only dim 0 varies
+    assert blade.report(optimized).clusters[0].inputs == "float32[s0,5,32]"
+    with torch.no_grad():
+        for batch in (1, 9):
+            x = torch.randn(batch, 5, 32)
+            assert_same(optimized(x), model(x))
+        assert blade.report(optimized).runtime_fallbacks == 0
+        x = torch.randn(2, 3, 32)                            # dim 1 is static: fallback
+        assert_same(optimized(x), model(x))
+    report = blade.report(optimized)
+    assert report.runtime_fallbacks == 1
+    assert "size of dim 1 is 3, expected 5" in report.clusters[0].status
+
+
+class Gate(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.sigmoid(x) * y + x
+
+
+def test_a_broken_relation_between_dims_falls_back_correctly():
+    optimized = blade.optimize(Gate(), (torch.randn(6, 10), torch.randn(6, 10)), DYNAMIC)
+    report = blade.report(optimized)
+    assert report.clusters[0].inputs == "float32[s0,s1];float32[s0,s1]", str(report)
+    x, y = torch.randn(3, 7), torch.randn(3, 1)               # y broadcasts: s1 differs
+    with torch.no_grad():
+        assert_same(optimized(x, y), Gate()(x, y))
+    report = blade.report(optimized)
+    assert report.runtime_fallbacks == 1
+    assert "needs it equal to dim 1 of input 0" in report.clusters[0].status
+    strict = blade.optimize(Gate(), (torch.randn(6, 10), torch.randn(6, 10)),
+                            blade.Config(dynamic=True, fallback="error"))
+    with pytest.raises(RuntimeError, match="both are s1"):
+        strict(x, y)
+
+
+def test_dims_the_model_needs_stay_static():
+    model = Hidden().eval()
+    optimized = blade.optimize(model, (torch.randn(4, 5, 32),), DYNAMIC)
+    report = blade.report(optimized)
+    assert report.dynamic_dims == [["input 0 dim 0"], ["input 0 dim 1"]], str(report)
+    assert report.clusters[0].inputs == "float32[s0,s1,32]"
+    assert report.clusters[0].outputs == "float32[s0,s1]"
+    with torch.no_grad():
+        x = torch.randn(9, 2, 32)
+        assert_same(optimized(x), model(x), rtol=1e-5, atol=1e-5)
+    assert blade.report(optimized).runtime_fallbacks == 0
+
+
+def test_dynamic_dims_that_the_model_refuses_are_a_clear_error():
+    with pytest.raises(ValueError, match="dim 2 of input 0 may vary, but the model fails"):
+        blade.optimize(Hidden().eval(), (torch.randn(4, 5, 32),),
+                       blade.Config(dynamic_dims={0: [2]}))
+    with pytest.raises(ValueError, match="input 3"):
+        blade.optimize(Hidden().eval(), (torch.randn(4, 5, 32),),
+                       blade.Config(dynamic_dims={3: [0]}))
+
+
+def test_saved_dynamic_model_serves_new_shapes_and_releases_outputs(tmp_path):
+    from blade import _C
+
+    torch.manual_seed(0)
+    model = BertLayer().eval()
+    optimized = blade.optimize(model, bert_inputs(2, 16), DYNAMIC)
+    torch.jit.save(optimized, str(tmp_path / "bert.pt"))
+    loaded = torch.jit.load(str(tmp_path / "bert.pt"))
+    live = _C.live_allocations()
+    with torch.no_grad():
+        for batch, seq in OTHER_SHAPES * 4:
+            inputs = bert_inputs(batch, seq)
+            assert_same(loaded(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    assert _C.live_allocations() == live
+    assert blade.report(loaded).runtime_fallbacks == 0
