@@ -73,7 +73,7 @@ def test_explicit_dynamic_dims_and_static_ones_still_guarded():
         assert_same(optimized(x), model(x))
     report = blade.report(optimized)
     assert report.runtime_fallbacks == 1
-    assert "size of dim 1 is 3, expected 5" in report.clusters[0].status
+    assert "size of dim 1 is 3, expected 5" in report.guard_status
 
 
 class Gate(torch.nn.Module):
@@ -90,7 +90,7 @@ def test_a_broken_relation_between_dims_falls_back_correctly():
         assert_same(optimized(x, y), Gate()(x, y))
     report = blade.report(optimized)
     assert report.runtime_fallbacks == 1
-    assert "needs it equal to dim 1 of input 0" in report.clusters[0].status
+    assert "needs it equal to dim 1 of input 0" in report.guard_status
     strict = blade.optimize(Gate(), (torch.randn(6, 10), torch.randn(6, 10)),
                             blade.Config(dynamic=True, fallback="error"))
     with pytest.raises(RuntimeError, match="both are s1"):

@@ -8,6 +8,7 @@
 #include "passes/fold_sizes.h"
 #include "passes/fold_structures.h"
 #include "passes/functionalize_view_writes.h"
+#include "passes/guard_specialization.h"
 #include "passes/materialize_types.h"
 #include "passes/split_to_slices.h"
 #include "ral/engine.h"
@@ -89,6 +90,10 @@ PYBIND11_MODULE(_C, m) {
         "Each use of a size computed at run time gets its own copy of the computation.");
   m.def("is_shape_arithmetic", &passes::is_shape_arithmetic, py::arg("node"),
         "Whether the node computes an int from tensor sizes and constants only.");
+  m.def("guard_specialization", &passes::guard_specialization, py::arg("graph"),
+        py::arg("unspecialized"), py::arg("guard_attr"),
+        "The optimized body runs under a guard of its inputs; other inputs run the "
+        "unspecialized graph.");
   m.def("fold_structures", &passes::fold_structures, py::arg("graph"),
         "Folds dicts with constant keys and appended lists that never escape.");
   m.def("functionalize_view_writes", &passes::functionalize_view_writes, py::arg("graph"),

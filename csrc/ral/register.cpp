@@ -1,7 +1,8 @@
 // Registers the runtime with TorchScript, in one place: the Engine class and the op that
-// executes one. Loading libblade_ral (Python: `import blade`; C++: linking it with
+// executes one, the Guard class and the op that checks a model's inputs against it. Loading libblade_ral (Python: `import blade`; C++: linking it with
 // --no-as-needed) is what makes saved optimized models loadable.
 #include "ral/engine.h"
+#include "ral/guard.h"
 
 #include <torch/library.h>
 
@@ -11,6 +12,10 @@ namespace {
 std::vector<at::Tensor> execute_engine(const c10::intrusive_ptr<Engine>& engine,
                                        std::vector<at::Tensor> inputs) {
   return engine->execute(inputs);
+}
+
+bool guard_admits(const c10::intrusive_ptr<Guard>& guard, std::vector<at::Tensor> inputs) {
+  return guard->admits(inputs);
 }
 
 }  // namespace
@@ -37,6 +42,20 @@ TORCH_LIBRARY(blade, m) {
 
   m.def("execute(__torch__.torch.classes.blade.Engine engine, Tensor[] inputs) -> Tensor[]",
         execute_engine);
+
+  m.class_<Guard>("Guard")
+      .def(torch::init<std::string, std::string>())
+      .def("admits", &Guard::admits)
+      .def("input_specs", &Guard::input_specs)
+      .def("calls", &Guard::calls)
+      .def("fallbacks", &Guard::fallbacks)
+      .def("last_fallback_reason", &Guard::last_fallback_reason)
+      .def_pickle(
+          [](const c10::intrusive_ptr<Guard>& g) { return g->serialize(); },
+          [](Guard::State state) { return Guard::deserialize(std::move(state)); });
+
+  m.def("guard_admits(__torch__.torch.classes.blade.Guard guard, Tensor[] inputs) -> bool",
+        guard_admits);
 }
 
 }  // namespace blade::ral

@@ -57,6 +57,9 @@ at::ScalarType dtype_from_name(const std::string& name) {
 }
 
 std::string TensorSpec::str() const {
+  if (any) {
+    return "*";
+  }
   std::ostringstream out;
   out << dtype_name(dtype) << "[";
   for (size_t d = 0; d < sizes.size(); ++d) {
@@ -74,6 +77,9 @@ std::string TensorSpec::str() const {
 }
 
 std::string TensorSpec::mismatch(const at::Tensor& t) const {
+  if (any) {
+    return "";
+  }
   if (!t.defined()) {
     return "the tensor is undefined";
   }
@@ -140,6 +146,12 @@ std::vector<TensorSpec> parse_specs(const std::string& text) {
   std::string item;
   while (std::getline(in, item, ';')) {
     if (item.empty()) {
+      continue;
+    }
+    if (item == "*") {
+      TensorSpec spec;
+      spec.any = true;
+      specs.push_back(std::move(spec));
       continue;
     }
     auto open = item.find('[');

@@ -21,6 +21,8 @@ struct TensorSpec {
   std::vector<int64_t> sizes;  // kDynamicDim where the size may vary between calls
   // Per dimension, the symbol that names it (>= 0), or kNoSymbol.
   std::vector<int64_t> symbols;
+  // `*`: any tensor (an input whose type the example run did not record).
+  bool any = false;
 
   static constexpr int64_t kNoSymbol = -1;
 

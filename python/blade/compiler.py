@@ -102,11 +102,13 @@ def is_tensor_op(node: torch._C.Node) -> bool:
 
 def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple,
              excluded_ops=(), dump: Optional[Dumper] = None,
-             resized_inputs: Sequence[Tuple] = (), dynamic: bool = False) -> Dict[str, int]:
+             resized_inputs: Sequence[Tuple] = (),
+             dynamic: bool = False) -> Tuple[Dict[str, int], torch._C.Graph]:
     """Cleans the frozen graph, applies the decompositions and materializes its types from
     the example inputs (and `resized_inputs`: dims that differ there become dynamic).
-    Returns how many nodes of each op were decomposed. `dump` gets the graph after every
-    pass that changed it."""
+    Returns how many nodes of each op were decomposed, and a copy of the graph from just
+    before the example inputs were used (the model for any input). `dump` gets the graph
+    after every pass that changed it."""
     from .decompositions import decompose
 
     dump = dump or Dumper(None)
@@ -142,6 +144,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
         ("dce", lambda: torch._C._jit_pass_dce(graph)),
     ]
     to_fixed_point(structure)
+    unspecialized = graph.copy()
     run("materialize_types",
         lambda: _C.materialize_types(graph, (module._c,) + inputs, True,
                                      [(module._c,) + more for more in resized_inputs]))
@@ -153,7 +156,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
         ("fold_numel", lambda: _C.fold_numel(graph)),
         ("fold_sizes", lambda: _C.fold_sizes(graph)),
     ] + structure)
-    return decomposed
+    return decomposed, unspecialized
 
 
 def _verdicts(graph, config: Config) -> Dict[torch._C.Node, Verdict]:
@@ -245,6 +248,22 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     return compiled
 
 
+GUARD_ATTRIBUTE = "blade_guard"
+
+
+def _guard(module, graph, unspecialized, config: Config) -> None:
+    """The optimized graph runs under a guard of its inputs (csrc/ral/guard.h); other
+    inputs run `unspecialized`, the graph from before the example inputs were used."""
+    tensors = [v for v in list(graph.inputs())[1:] if isinstance(v.type(), torch._C.TensorType)]
+    complete = [v for v in tensors if v.type().scalarType() is not None and
+                v.type().symbolic_sizes() is not None]
+    specs = iter(_signatures(complete, [])[0].split(";"))
+    text = ";".join(next(specs) if any(v is c for c in complete) else "*" for v in tensors)
+    guard = torch.classes.blade.Guard(text, config.fallback)
+    module._c._register_attribute(GUARD_ATTRIBUTE, guard._type(), guard)
+    _C.guard_specialization(graph, unspecialized, GUARD_ATTRIBUTE)
+
+
 def _dynamic_groups(module, inputs: Tuple, config: Config):
     """The groups of input dims that vary (see blade.dynamic_shapes) and the example inputs
     resized along all of them, for materialize_types; nothing without Config.dynamic."""
@@ -282,8 +301,8 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
     graph = module.graph
     dump = Dumper.for_config(config.dump_dir)
     groups, resized_inputs = _dynamic_groups(module, inputs, config)
-    decomposed = simplify(graph, module, inputs, config.excluded_ops, dump, resized_inputs,
-                          config.dynamic)
+    decomposed, unspecialized = simplify(graph, module, inputs, config.excluded_ops, dump,
+                                         resized_inputs, config.dynamic)
     if config.dynamic:
         _C.duplicate_shape_arithmetic(graph)
         dump.graph("duplicate_shape_arithmetic", graph)
@@ -347,6 +366,7 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
             _C.dissolve_cluster(cluster)
         progress.step(entry.name)
     torch._C._jit_pass_dce(graph)
+    _guard(module, graph, unspecialized, config)
     dump.graph("final", graph, always=True)
     module._c._register_attribute(REPORT_ATTRIBUTE, torch._C.StringType.get(), report.to_json())
     if config.verbose or dump.enabled:

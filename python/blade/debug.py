@@ -34,10 +34,25 @@ class ClusterComparison:
         return f"{self.name}: {verdict}  [{ops}]"
 
 
+def _unguarded(graph):
+    """The graph with its input guard's optimized branch inlined at the top level (the
+    inputs compared are the example-like ones the guard admits)."""
+    for node in list(graph.nodes()):
+        if node.kind() != "prim::If" or node.inputsAt(0).node().kind() != "blade::guard_admits":
+            continue
+        optimized = list(node.blocks())[0]
+        for inner in list(optimized.nodes()):
+            inner.moveBefore(node)
+        for out, value in zip(node.outputs(), optimized.returnNode().inputs()):
+            out.replaceAllUsesWith(value)
+        node.destroy()
+    return graph
+
+
 def _engine_inputs(module: torch.jit.ScriptModule, inputs: Sequence) -> dict:
     """engine name -> the list of tensors it received, for the engines of the top-level
     block (engines inside if/loop bodies are not captured)."""
-    graph = module.graph.copy()
+    graph = _unguarded(module.graph.copy())
     captured = []
     for node in graph.nodes():
         if node.kind() != EXECUTE_KIND:

@@ -44,6 +44,12 @@ class Report:
     # Config.dynamic: the groups of input dims that vary together ("input 0 dim 1"); the
     # engines' signatures name them s0, s1, ... Engines are compiled once, in optimize.
     dynamic_dims: List[List[str]] = field(default_factory=list)
+    # The input guard of the optimized graph (read live): calls, and calls whose inputs
+    # were not like the example inputs and ran the unspecialized model instead.
+    guard_specs: str = ""
+    guard_calls: int = 0
+    guard_fallbacks: int = 0
+    guard_status: str = ""
 
     @property
     def coverage(self) -> float:
@@ -51,7 +57,7 @@ class Report:
 
     @property
     def runtime_fallbacks(self) -> int:
-        return sum(c.fallbacks for c in self.clusters)
+        return self.guard_fallbacks + sum(c.fallbacks for c in self.clusters)
 
     def add_unsupported(self, kind: str, reason: str) -> None:
         entry = self.unsupported.setdefault(kind, UnsupportedOp())
@@ -80,6 +86,10 @@ class Report:
             f"({100 * self.coverage:.1f}%), clusters: {len(self.clusters)}, "
             f"run-time fallbacks: {self.runtime_fallbacks}",
         ]
+        if self.guard_specs or self.guard_calls:
+            lines.append(f"  input guard ({self.guard_specs}): {self.guard_calls} calls, "
+                         f"{self.guard_fallbacks} ran the unspecialized model"
+                         + (f"; last: {self.guard_status}" if self.guard_status else ""))
         if self.dynamic_dims:
             lines.append("  dynamic dims (each group varies together): " + "; ".join(
                 ", ".join(group) for group in self.dynamic_dims))
@@ -115,6 +125,12 @@ def report(module: torch.jit.ScriptModule) -> Report:
         raise ValueError("blade.report: this module was not produced by blade.optimize "
                          f"(it has no {REPORT_ATTRIBUTE} attribute)")
     result = Report.from_json(getattr(module, REPORT_ATTRIBUTE))
+    guard = getattr(module, "blade_guard", None)
+    if guard is not None:
+        result.guard_specs = guard.input_specs()
+        result.guard_calls = guard.calls()
+        result.guard_fallbacks = guard.fallbacks()
+        result.guard_status = guard.last_fallback_reason()
     for cluster in result.clusters:
         if not cluster.compiled or result.dry_run:
             continue

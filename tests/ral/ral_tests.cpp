@@ -6,6 +6,7 @@
 //   ral_tests FIXTURE_DIR     (fixtures from tests/ral/make_fixtures.py)
 #include "ral/compiled_code.h"
 #include "ral/engine.h"
+#include "ral/guard.h"
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
 #include "ral/tensor_spec.h"
@@ -89,6 +90,10 @@ torch::jit::Module load_model(const std::string& name) {
 
 c10::intrusive_ptr<blade::ral::Engine> engine_of(const torch::jit::Module& module) {
   return module.attr("blade_engine_0").toCustomClass<blade::ral::Engine>();
+}
+
+c10::intrusive_ptr<blade::ral::Guard> guard_of(const torch::jit::Module& module) {
+  return module.attr("blade_guard").toCustomClass<blade::ral::Guard>();
 }
 
 bool same_outputs(const c10::IValue& actual, const std::vector<c10::IValue>& expected) {
@@ -288,13 +293,22 @@ void test_wrong_inputs_fall_back_or_raise_per_mode() {
   std::vector<c10::IValue> wrong{at::randn({3, 8}), at::randn({3, 16})};
   auto out = module.forward(wrong).toTuple();
   EXPECT(out->elements()[0].toTensor().sizes() == at::IntArrayRef({3, 16}));
+  auto guard = guard_of(module);
+  EXPECT(guard->fallbacks() == 1);
+  EXPECT(contains(guard->last_fallback_reason(), "size of dim 0 is 3, expected 4"));
+  EXPECT(engine_of(module)->stats().calls == 0);
+  // The engine itself, given such inputs, runs its subgraph (it takes y, then x).
   auto engine = engine_of(module);
+  auto direct = engine->execute({at::randn({3, 16}), at::randn({3, 8})});
+  EXPECT(direct.size() == 2 && direct[0].size(0) == 3);
   EXPECT(engine->stats().fallbacks == 1);
   EXPECT(contains(engine->last_fallback_reason(), "size of dim 0 is 3, expected 4"));
 
   auto strict = load_model("strict.pt");
-  EXPECT_THROWS_WITH(strict.forward(wrong), "blade_engine_0");
-  EXPECT_THROWS_WITH(strict.forward(wrong), "got (float32[3,16];float32[3,8])");
+  EXPECT_THROWS_WITH(strict.forward(wrong), "optimized for (float32[4,8];float32[4,16])");
+  EXPECT_THROWS_WITH(strict.forward(wrong), "got (float32[3,8];float32[3,16])");
+  EXPECT_THROWS_WITH(engine_of(strict)->execute({at::randn({3, 16}), at::randn({3, 8})}),
+                     "blade_engine_0");
 }
 
 void test_tampered_engines_fall_back_with_the_reason() {

@@ -24,7 +24,7 @@ def engine_of(module):
     return getattr(module, blade.report(module).clusters[0].name)
 
 
-def test_wrong_shape_dtype_or_rank_falls_back_with_correct_results():
+def test_wrong_shape_dtype_or_rank_runs_the_unspecialized_model():
     optimized, x, y = optimize_chain()
     cases = [
         (torch.randn(3, 8), y),                      # static dim differs
@@ -34,23 +34,39 @@ def test_wrong_shape_dtype_or_rank_falls_back_with_correct_results():
     for inputs in cases:
         assert_same(optimized(*inputs), Chain()(*inputs))
     report = blade.report(optimized)
-    assert report.clusters and all(c.fallbacks == len(cases) for c in report.clusters)
-    assert all("dtype is float64, expected float32" in c.status for c in report.clusters)
+    assert report.guard_fallbacks == len(cases) == report.runtime_fallbacks, str(report)
+    assert "dtype is float64, expected float32" in report.guard_status
+    assert all(c.calls == 0 for c in report.clusters)  # the guard kept them out
     # Matching inputs still run the compiled code.
     assert_same(optimized(x, y), Chain()(x, y))
-    assert all(c.fallbacks == len(cases) and c.calls == len(cases) + 1
-               for c in blade.report(optimized).clusters)
+    report = blade.report(optimized)
+    assert report.guard_calls == len(cases) + 1
+    assert all(c.fallbacks == 0 and c.calls == 1 for c in report.clusters)
 
 
-def test_fallback_error_mode_names_engine_and_signatures():
+def test_an_engine_given_other_inputs_runs_its_subgraph():
+    optimized, x, y = optimize_chain()
+    engine = engine_of(optimized)
+    wrong = [torch.randn(3, 8), y]
+    expected = engine.run_subgraph(wrong)
+    assert_same(engine.execute(wrong), expected)
+    assert engine.fallbacks() == 1
+    assert "size of dim 0 is 3, expected 4" in engine.last_fallback_reason()
+
+
+def test_fallback_error_mode_names_the_inputs_and_signatures():
     optimized, x, y = optimize_chain(blade.Config(fallback="error"))
     with pytest.raises(RuntimeError) as info:
         optimized(torch.randn(5, 8), y)
     message = str(info.value)
-    assert "blade_engine_0" in message
-    assert "float32[4,8];float32[8]" in message      # expected signature
-    assert "float32[5,8];float32[8]" in message      # actual signature
+    assert "optimized for (float32[4,8];float32[8])" in message      # expected signature
+    assert "got (float32[5,8];float32[8])" in message                 # actual signature
     assert "size of dim 0 is 5, expected 4" in message
+    # An engine in error mode raises naming itself.
+    with pytest.raises(RuntimeError) as info:
+        engine_of(optimized).execute([torch.randn(5, 8), y])
+    assert "blade_engine_0" in str(info.value)
+    assert "size of dim 0 is 5, expected 4" in str(info.value)
 
 
 def test_non_contiguous_and_aliasing_inputs():
@@ -85,12 +101,12 @@ def test_zero_size_inputs():
     report = blade.report(optimized)
     assert report.coverage == 1.0 and report.clusters[0].calls == 1, str(report)
     assert report.runtime_fallbacks == 0, str(report)
-    # Compiled for batch 4, called with an empty batch: the static engine falls back.
+    # Compiled for batch 4, called with an empty batch: the unspecialized model runs.
     optimized = blade.optimize(model, (torch.randn(4, 8), torch.randn(4, 16)))
     assert_same(optimized(*empty), model(*empty))
     report = blade.report(optimized)
     assert report.runtime_fallbacks == 1
-    assert "input 0: size of dim 0 is 0, expected 4" in report.clusters[0].status
+    assert "input 0: size of dim 0 is 0, expected 4" in report.guard_status
 
 
 def test_outputs_own_their_memory_and_intermediates_are_freed():

@@ -1,0 +1,54 @@
+// Guard: what the optimized graph as a whole assumes about its inputs
+// (torch.classes.blade.Guard).
+//
+// blade.optimize specializes the model's graph to its example inputs: sizes of static
+// dims become constants, reshapes and splits are computed with them, types carry them.
+// An engine's own check protects its code, but not the TorchScript around it, nor its
+// fallback subgraph, which were specialized too. So the optimized forward starts with a
+// guard: inputs that match the specs (dtype, rank, device, static dims, and equal sizes
+// for dims that share a symbol) run the optimized graph; anything else runs the model's
+// graph as it was before specialization (or raises, in fallback mode "error"). Counters
+// are atomic and the reason is mutex-guarded, so one guard serves many threads.
+#pragma once
+
+#include "ral/tensor_spec.h"
+
+#include <torch/custom_class.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace blade::ral {
+
+class Guard : public torch::CustomClassHolder {
+ public:
+  // `input_specs`: one spec per tensor input of the graph, in order (see tensor_spec.h).
+  Guard(std::string input_specs, std::string fallback_mode);
+
+  // Whether `inputs` may run the specialized graph; counts the call, and the fallback when
+  // not. Raises instead, naming what differs, when built with fallback mode "error".
+  bool admits(const std::vector<at::Tensor>& inputs);
+
+  std::string input_specs() const { return format_specs(specs_); }
+  int64_t calls() const { return calls_.load(); }
+  int64_t fallbacks() const { return fallbacks_.load(); }
+  std::string last_fallback_reason() const;
+
+  using State = std::tuple<int64_t, std::string, std::string>;  // (version, specs, mode)
+  State serialize() const;
+  static c10::intrusive_ptr<Guard> deserialize(State state);
+
+ private:
+  std::string mismatch(const std::vector<at::Tensor>& inputs) const;
+
+  std::vector<TensorSpec> specs_;
+  bool raise_ = false;
+  std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> fallbacks_{0};
+  mutable std::mutex reason_mutex_;
+  std::string last_fallback_reason_;
+};
+
+}  // namespace blade::ral
