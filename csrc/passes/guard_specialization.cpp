@@ -10,7 +10,7 @@ using torch::jit::Value;
 
 void guard_specialization(const std::shared_ptr<torch::jit::Graph>& graph,
                           const std::shared_ptr<torch::jit::Graph>& unspecialized,
-                          const std::string& guard_attr) {
+                          const std::string& guard_attr, const std::vector<int64_t>& guarded) {
   TORCH_CHECK(graph->inputs().size() == unspecialized->inputs().size(),
               "blade: the unspecialized graph takes ", unspecialized->inputs().size(),
               " inputs, the optimized one ", graph->inputs().size());
@@ -28,12 +28,13 @@ void guard_specialization(const std::shared_ptr<torch::jit::Graph>& graph,
   Node* get_guard = graph->insertNode(graph->createGetAttr(self, guard_attr));
   get_guard->output()->setType(guard_type);
   std::vector<Value*> tensors;
-  for (Value* v : graph->inputs()) {
-    if (v->type()->kind() == c10::TypeKind::TensorType) {
-      tensors.push_back(v);
-    }
+  for (int64_t i : guarded) {
+    TORCH_CHECK(i > 0 && i < static_cast<int64_t>(graph->inputs().size()),
+                "blade: guarded input ", i, " is not an input of the graph");
+    tensors.push_back(graph->inputs()[static_cast<size_t>(i)]);
   }
-  Node* list = graph->insertNode(graph->createList(c10::TensorType::get(), tensors));
+  Node* list = graph->insertNode(
+      graph->createList(c10::OptionalType::create(c10::TensorType::get()), tensors));
   Value* admitted = graph->insert(c10::Symbol::fromQualString("blade::guard_admits"),
                                   {get_guard->output(), list->output()});
   const size_t num_outputs = graph->outputs().size();

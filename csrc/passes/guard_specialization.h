@@ -12,13 +12,15 @@
 // Simplification folds the example inputs' sizes into the graph (size() calls, reshapes,
 // split sizes), so the optimized graph is not the model for other shapes; neither are the
 // engines' fallback subgraphs. The graph inputs lose their specialized types, so nothing
-// later specializes the unspecialized branch again. Returns the specs the guard must
-// check: one per tensor input, from the specialized input types.
+// later specializes the unspecialized branch again. The guard is given the inputs at
+// `guarded` (positions in the graph's inputs: tensors, and optional tensors the graph was
+// specialized to see as None), in that order.
 #pragma once
 
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <string>
+#include <vector>
 
 namespace blade::passes {
 
@@ -26,6 +28,6 @@ namespace blade::passes {
 // its inputs match `graph`'s.
 void guard_specialization(const std::shared_ptr<torch::jit::Graph>& graph,
                           const std::shared_ptr<torch::jit::Graph>& unspecialized,
-                          const std::string& guard_attr);
+                          const std::string& guard_attr, const std::vector<int64_t>& guarded);
 
 }  // namespace blade::passes

@@ -91,7 +91,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("is_shape_arithmetic", &passes::is_shape_arithmetic, py::arg("node"),
         "Whether the node computes an int from tensor sizes and constants only.");
   m.def("guard_specialization", &passes::guard_specialization, py::arg("graph"),
-        py::arg("unspecialized"), py::arg("guard_attr"),
+        py::arg("unspecialized"), py::arg("guard_attr"), py::arg("guarded"),
         "The optimized body runs under a guard of its inputs; other inputs run the "
         "unspecialized graph.");
   m.def("fold_structures", &passes::fold_structures, py::arg("graph"),

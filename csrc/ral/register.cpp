@@ -14,8 +14,15 @@ std::vector<at::Tensor> execute_engine(const c10::intrusive_ptr<Engine>& engine,
   return engine->execute(inputs);
 }
 
-bool guard_admits(const c10::intrusive_ptr<Guard>& guard, std::vector<at::Tensor> inputs) {
-  return guard->admits(inputs);
+bool guard_admits(const c10::intrusive_ptr<Guard>& guard,
+                  const c10::List<std::optional<at::Tensor>>& inputs) {
+  std::vector<at::Tensor> tensors;  // None becomes an undefined tensor
+  tensors.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::optional<at::Tensor> t = inputs.get(i);
+    tensors.push_back(t.has_value() ? *t : at::Tensor());
+  }
+  return guard->admits(tensors);
 }
 
 }  // namespace
@@ -45,7 +52,6 @@ TORCH_LIBRARY(blade, m) {
 
   m.class_<Guard>("Guard")
       .def(torch::init<std::string, std::string>())
-      .def("admits", &Guard::admits)
       .def("input_specs", &Guard::input_specs)
       .def("calls", &Guard::calls)
       .def("fallbacks", &Guard::fallbacks)
@@ -54,7 +60,7 @@ TORCH_LIBRARY(blade, m) {
           [](const c10::intrusive_ptr<Guard>& g) { return g->serialize(); },
           [](Guard::State state) { return Guard::deserialize(std::move(state)); });
 
-  m.def("guard_admits(__torch__.torch.classes.blade.Guard guard, Tensor[] inputs) -> bool",
+  m.def("guard_admits(__torch__.torch.classes.blade.Guard guard, Tensor?[] inputs) -> bool",
         guard_admits);
 }
 

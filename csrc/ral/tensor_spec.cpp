@@ -60,6 +60,9 @@ std::string TensorSpec::str() const {
   if (any) {
     return "*";
   }
+  if (none) {
+    return "None";
+  }
   std::ostringstream out;
   out << dtype_name(dtype) << "[";
   for (size_t d = 0; d < sizes.size(); ++d) {
@@ -79,6 +82,9 @@ std::string TensorSpec::str() const {
 std::string TensorSpec::mismatch(const at::Tensor& t) const {
   if (any) {
     return "";
+  }
+  if (none) {
+    return t.defined() ? "is a tensor, expected None" : "";
   }
   if (!t.defined()) {
     return "the tensor is undefined";
@@ -148,9 +154,10 @@ std::vector<TensorSpec> parse_specs(const std::string& text) {
     if (item.empty()) {
       continue;
     }
-    if (item == "*") {
+    if (item == "*" || item == "None") {
       TensorSpec spec;
-      spec.any = true;
+      spec.any = item == "*";
+      spec.none = item == "None";
       specs.push_back(std::move(spec));
       continue;
     }

@@ -23,6 +23,8 @@ struct TensorSpec {
   std::vector<int64_t> symbols;
   // `*`: any tensor (an input whose type the example run did not record).
   bool any = false;
+  // `None`: an optional tensor that must be absent (the graph was specialized to None).
+  bool none = false;
 
   static constexpr int64_t kNoSymbol = -1;
 

@@ -102,10 +102,11 @@ def is_tensor_op(node: torch._C.Node) -> bool:
 
 def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple,
              excluded_ops=(), dump: Optional[Dumper] = None,
-             resized_inputs: Sequence[Tuple] = (),
-             dynamic: bool = False) -> Tuple[Dict[str, int], torch._C.Graph]:
+             resized_inputs: Sequence[Tuple] = (), dynamic: bool = False,
+             none_inputs: Sequence[int] = ()) -> Tuple[Dict[str, int], torch._C.Graph]:
     """Cleans the frozen graph, applies the decompositions and materializes its types from
     the example inputs (and `resized_inputs`: dims that differ there become dynamic).
+    Optional tensor inputs at `none_inputs` (graph positions) are taken to be None.
     Returns how many nodes of each op were decomposed, and a copy of the graph from just
     before the example inputs were used (the model for any input). `dump` gets the graph
     after every pass that changed it."""
@@ -145,9 +146,21 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     ]
     to_fixed_point(structure)
     unspecialized = graph.copy()
-    run("materialize_types",
-        lambda: _C.materialize_types(graph, (module._c,) + inputs, True,
-                                     [(module._c,) + more for more in resized_inputs]))
+    if none_inputs:
+        # Optional inputs that are None in the example: `if mask is not None` folds.
+        none = graph.insertConstant(None)
+        none.node().moveBefore(graph.nodes().__iter__().__next__())
+        for position in none_inputs:
+            list(graph.inputs())[position].replaceAllUsesWith(none)
+        run("specialize_none_inputs", lambda: None)
+        to_fixed_point(structure)
+    # Blade compiles for inference: the types are recorded under no_grad, so branches a
+    # model takes only when autograd is on (nn.TransformerEncoderLayer's slow path) are
+    # not the ones compiled.
+    with torch.no_grad():
+        run("materialize_types",
+            lambda: _C.materialize_types(graph, (module._c,) + inputs, True,
+                                         [(module._c,) + more for more in resized_inputs]))
     # With shapes known: size()/dim() fold, splits of known sizes become slices, which
     # opens more of the above.
     to_fixed_point([
@@ -251,17 +264,33 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
 GUARD_ATTRIBUTE = "blade_guard"
 
 
-def _guard(module, graph, unspecialized, config: Config) -> None:
-    """The optimized graph runs under a guard of its inputs (csrc/ral/guard.h); other
-    inputs run `unspecialized`, the graph from before the example inputs were used."""
-    tensors = [v for v in list(graph.inputs())[1:] if isinstance(v.type(), torch._C.TensorType)]
-    complete = [v for v in tensors if v.type().scalarType() is not None and
-                v.type().symbolic_sizes() is not None]
-    specs = iter(_signatures(complete, [])[0].split(";"))
-    text = ";".join(next(specs) if any(v is c for c in complete) else "*" for v in tensors)
+def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config) -> None:
+    """The optimized graph runs under a guard of its inputs (csrc/ral/guard.h): tensor
+    inputs as typed, optional ones specialized to None (`none_inputs`, graph positions)
+    must be None; other inputs run `unspecialized`, the graph from before the example
+    inputs were used."""
+    inputs = list(graph.inputs())
+    tensors = [i for i, v in enumerate(inputs)
+               if i > 0 and isinstance(v.type(), torch._C.TensorType)]
+    complete = [i for i in tensors if inputs[i].type().scalarType() is not None and
+                inputs[i].type().symbolic_sizes() is not None]
+    specs = dict(zip(complete, _signatures([inputs[i] for i in complete], [])[0].split(";")))
+    guarded = sorted(tensors + list(none_inputs))
+    text = ";".join("None" if i in none_inputs else specs.get(i, "*") for i in guarded)
     guard = torch.classes.blade.Guard(text, config.fallback)
     module._c._register_attribute(GUARD_ATTRIBUTE, guard._type(), guard)
-    _C.guard_specialization(graph, unspecialized, GUARD_ATTRIBUTE)
+    _C.guard_specialization(graph, unspecialized, GUARD_ATTRIBUTE, guarded)
+
+
+def _none_inputs(graph, inputs: Tuple) -> List[int]:
+    """Graph positions of the optional tensor inputs that are None in the example."""
+    found = []
+    for position, (value, example) in enumerate(zip(list(graph.inputs())[1:], inputs), 1):
+        t = value.type()
+        if example is None and isinstance(t, torch._C.OptionalType) and \
+                isinstance(t.getElementType(), torch._C.TensorType):
+            found.append(position)
+    return found
 
 
 def _dynamic_groups(module, inputs: Tuple, config: Config):
@@ -301,8 +330,9 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
     graph = module.graph
     dump = Dumper.for_config(config.dump_dir)
     groups, resized_inputs = _dynamic_groups(module, inputs, config)
+    none_inputs = _none_inputs(graph, inputs)
     decomposed, unspecialized = simplify(graph, module, inputs, config.excluded_ops, dump,
-                                         resized_inputs, config.dynamic)
+                                         resized_inputs, config.dynamic, none_inputs)
     if config.dynamic:
         _C.duplicate_shape_arithmetic(graph)
         dump.graph("duplicate_shape_arithmetic", graph)
@@ -311,10 +341,17 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
                     dynamic_dims=[[f"input {p} dim {d}" for p, d in g.dims] for g in groups])
     verdicts = _verdicts(graph, config)
     for node, verdict in verdicts.items():
-        if is_tensor_op(node):
-            report.total_ops += 1
-            if not verdict.supported:
-                report.add_unsupported(schema_name(node), verdict.reason)
+        if not is_tensor_op(node):
+            continue
+        if verdict.category == "not_materialized":
+            # Never ran on the example inputs (an untaken branch): listed, but not counted
+            # in the coverage of what the example inputs run.
+            report.unreached_ops += 1
+            report.add_unreached(schema_name(node), verdict.reason)
+            continue
+        report.total_ops += 1
+        if not verdict.supported:
+            report.add_unsupported(schema_name(node), verdict.reason)
     supported = [n for n, v in verdicts.items() if v.supported]
     compute = [n for n in supported if verdicts[n].converter.compute]
     # Clustering moves nodes into subgraphs: the Python handles above are invalid after it.
@@ -366,7 +403,7 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
             _C.dissolve_cluster(cluster)
         progress.step(entry.name)
     torch._C._jit_pass_dce(graph)
-    _guard(module, graph, unspecialized, config)
+    _guard(module, graph, unspecialized, none_inputs, config)
     dump.graph("final", graph, always=True)
     module._c._register_attribute(REPORT_ATTRIBUTE, torch._C.StringType.get(), report.to_json())
     if config.verbose or dump.enabled:

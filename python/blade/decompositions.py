@@ -10,8 +10,9 @@ graph are materialized, so the ops it is made of are clustered and converted lik
 A user's decomposition replaces Blade's own for the same overload. Ops named in
 `Config.excluded_ops` are not decomposed.
 """
+import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -156,3 +157,59 @@ def _tril(x: torch.Tensor, diagonal: int) -> torch.Tensor:
     rows = torch.arange(x.size(-2), device=x.device).unsqueeze(-1)
     cols = torch.arange(x.size(-1), device=x.device)
     return x.masked_fill(cols > rows + diagonal, 0)
+
+
+@_builtin("aten::_transformer_encoder_layer_fwd")
+def _transformer_encoder_layer(
+        src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor,
+        qkv_bias: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor,
+        use_gelu: bool, norm_first: bool, eps: float, norm_weight_1: torch.Tensor,
+        norm_bias_1: torch.Tensor, norm_weight_2: torch.Tensor, norm_bias_2: torch.Tensor,
+        ffn_weight_1: torch.Tensor, ffn_bias_1: torch.Tensor, ffn_weight_2: torch.Tensor,
+        ffn_bias_2: torch.Tensor, mask: Optional[torch.Tensor] = None,
+        mask_type: Optional[int] = None) -> torch.Tensor:
+    # nn.TransformerEncoderLayer's inference fast path, one fused native op that nothing
+    # can compile, as the ops it is made of (PyTorch's transformer.cpp): self-attention and
+    # the feed-forward block, each around a residual and a LayerNorm (before or after).
+    # One function body, no helpers: the decomposition is inlined after call inlining.
+    unbatched = src.dim() == 2
+    x = src.unsqueeze(0) if unbatched else src
+    batch, length = x.size(0), x.size(1)
+    head = embed_dim // num_heads
+    for block in range(2):
+        residual = x
+        if norm_first:
+            if block == 0:
+                x = torch.layer_norm(x, [embed_dim], norm_weight_1, norm_bias_1, eps)
+            else:
+                x = torch.layer_norm(x, [embed_dim], norm_weight_2, norm_bias_2, eps)
+        if block == 0:
+            q, k, v = torch.nn.functional.linear(x, qkv_weight, qkv_bias).chunk(3, -1)
+            q = q.view(batch, length, num_heads, head).transpose(1, 2)
+            k = k.view(batch, length, num_heads, head).transpose(1, 2)
+            v = v.view(batch, length, num_heads, head).transpose(1, 2)
+            scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(float(head)))
+            if mask is not None:
+                m = mask
+                if mask_type is not None and mask_type == 1:   # key padding, [batch, length]
+                    m = m.view(batch, 1, 1, length)
+                elif m.dim() == 2:                  # one mask for every sequence
+                    m = m.view(1, 1, length, length)
+                if m.dtype == torch.bool:           # True: masked out
+                    scores = scores.masked_fill(m, float("-inf"))
+                else:
+                    scores = scores + m
+            context = torch.matmul(torch.softmax(scores, -1), v)
+            context = context.transpose(1, 2).reshape(batch, length, embed_dim)
+            x = torch.nn.functional.linear(context, proj_weight, proj_bias)
+        else:
+            hidden = torch.nn.functional.linear(x, ffn_weight_1, ffn_bias_1)
+            hidden = torch.nn.functional.gelu(hidden) if use_gelu else torch.relu(hidden)
+            x = torch.nn.functional.linear(hidden, ffn_weight_2, ffn_bias_2)
+        x = residual + x
+        if not norm_first:
+            if block == 0:
+                x = torch.layer_norm(x, [embed_dim], norm_weight_1, norm_bias_1, eps)
+            else:
+                x = torch.layer_norm(x, [embed_dim], norm_weight_2, norm_bias_2, eps)
+    return x.squeeze(0) if unbatched else x

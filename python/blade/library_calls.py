@@ -55,7 +55,10 @@ def _peel_matmul_operand(value, is_rhs: bool) -> Tuple[object, List, bool]:
     peeled = []
     transposed = False
     while True:
-        broadcast = _producer(value, "stablehlo.broadcast_in_dim")
+        # A dynamic engine broadcasts with a run-time shape; the kernel broadcasts the
+        # weight's batch dims itself either way.
+        broadcast = _producer(value, "stablehlo.broadcast_in_dim") or \
+            _producer(value, "stablehlo.dynamic_broadcast_in_dim")
         if broadcast is not None:
             source = broadcast.operands[0]
             dims = _i64s(broadcast.attributes["broadcast_dimensions"])
@@ -154,6 +157,37 @@ KERNEL_ARGUMENTS = {
 }
 
 
+def _broadcast_shape(broadcast, lhs):
+    """The output shape of a batch broadcast of a matmul operand, computed in the outlined
+    function (the original shape operand lives in main): a dim the operand has keeps its
+    size, a new leading (batch) dim takes the lhs's."""
+    from torch_mlir.dialects import arith, tensor
+
+    source = broadcast.operands[0]
+    source_type = ir.RankedTensorType(source.type)
+    result = ir.RankedTensorType(broadcast.results[0].type)
+    mapping = _i64s(broadcast.attributes["broadcast_dimensions"])
+    shape_type = ir.RankedTensorType(broadcast.operands[1].type)
+    element = shape_type.element_type
+    index = ir.IndexType.get()
+    items = []
+    for d in range(result.rank):
+        if not result.is_dynamic_dim(d):
+            items.append(arith.ConstantOp(element, result.shape[d]).result)
+            continue
+        if d in mapping and source_type.is_dynamic_dim(mapping.index(d)):
+            size = tensor.DimOp(source, arith.ConstantOp(index, mapping.index(d)).result).result
+        else:
+            size = tensor.DimOp(lhs, arith.ConstantOp(index, d).result).result
+        if not isinstance(element, ir.IndexType):
+            size = arith.IndexCastOp(element, size).result
+        items.append(size)
+    shape = tensor.FromElementsOp(shape_type, items).result
+    # Ops built at the block's insertion point come after the clone: move the clone last.
+    broadcast.move_after(shape.owner)
+    return shape
+
+
 def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> None:
     name = f"blade_library_call_{index}"
     result_type = op.result.type
@@ -173,6 +207,8 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> N
             for i, operand in enumerate(copy.operands):
                 if operand in mapping:
                     copy.operands[i] = mapping[operand]
+            if original.name == "stablehlo.dynamic_broadcast_in_dim":
+                copy.operands[1] = _broadcast_shape(copy, block.arguments[0])
             mapping[original.result] = copy.result
         func.ReturnOp([mapping[op.result]])
     i64 = ir.IntegerType.get_signless(64)

@@ -24,7 +24,6 @@ from torch_mlir.dialects import arith, func, memref
 PARALLEL_TASK = "blade.parallel_task"
 MIN_ITERATIONS = 32768   # smaller loops are not worth waking threads for
 MIN_TASK_ITERATIONS = 16384
-DYNAMIC_EXTENT = -1      # the loop's extent is dim 0 of its first split operand
 
 
 def _affine_results(map_attr) -> List[str]:
@@ -33,20 +32,26 @@ def _affine_results(map_attr) -> List[str]:
     return [r.strip() for r in results.strip("()").split(",")] if results != "()" else []
 
 
-def _loop_bounds(op, maps) -> List[int]:
-    """Static extent of each loop, read from the operands' shapes."""
+def _loop_bounds(op, maps) -> List:
+    """Per loop, where its extent is read: (operand, position, size), the size static or
+    ir.ShapedType.get_dynamic_size() (read from the operand's descriptor at run time); a
+    static source is preferred. None for a loop no operand indexes by itself."""
     loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
-    extents = [None] * loops
-    for operand, map_attr in zip(op.operands, maps):
+    bounds = [None] * loops
+    dynamic = ir.ShapedType.get_dynamic_size()
+    for index, (operand, map_attr) in enumerate(zip(op.operands, maps)):
         shape = ir.MemRefType(operand.type).shape
         for position, expr in enumerate(_affine_results(map_attr)):
             if expr.startswith("d") and expr[1:].isdigit():
-                extents[int(expr[1:])] = shape[position]
-    return extents
+                loop = int(expr[1:])
+                if bounds[loop] is None or (bounds[loop][2] == dynamic and
+                                            shape[position] != dynamic):
+                    bounds[loop] = (index, position, shape[position])
+    return bounds
 
 
 def _plan(op):
-    """(extent of loop 0, inner iterations, operand uses d0 first) if `op` can be split."""
+    """(where each loop's extent is read, operand uses d0 first) if `op` can be split."""
     if op.name != "linalg.generic":
         return None
     iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
@@ -60,9 +65,8 @@ def _plan(op):
             return None
         t = ir.MemRefType(operand.type)
         dims = ", ".join(f"d{i}" for i in range(t.rank))
-        if any(t.is_dynamic_dim(d) for d in range(1, t.rank)) or \
-                str(t.layout) != f"affine_map<({dims}) -> ({dims})>":
-            return None  # identity layouts, static but for dim 0 (strides follow)
+        if str(t.layout) != f"affine_map<({dims}) -> ({dims})>":
+            return None  # identity layouts only (strides follow from the sizes)
     split = []
     outputs = int(str(op.attributes["operandSegmentSizes"]).split(",")[-1].strip(" >]"))
     for index, map_attr in enumerate(maps):
@@ -74,19 +78,20 @@ def _plan(op):
         if index >= len(maps) - outputs and not first:
             return None  # an output not split by the loop would be written by every task
         split.append(first)
-    extents = _loop_bounds(op, maps)
-    if any(e is None for e in extents) or any(e < 0 for e in extents[1:]):
+    bounds = _loop_bounds(op, maps)
+    if any(b is None for b in bounds):
         return None
-    inner = 1
-    for e in extents[1:]:
-        inner *= e
-    if extents[0] == ir.ShapedType.get_dynamic_size():
-        # Dynamic rows: the extent is read at run time, and at::parallel_for runs a range
-        # no longer than the grain on the calling thread, so small calls stay serial.
-        return DYNAMIC_EXTENT, inner, split
-    if extents[0] < 2 or extents[0] * inner < MIN_ITERATIONS:
-        return None
-    return extents[0], inner, split
+    sizes = [b[2] for b in bounds]
+    if all(size != ir.ShapedType.get_dynamic_size() for size in sizes):
+        inner = 1
+        for size in sizes[1:]:
+            inner *= size
+        if sizes[0] < 2 or sizes[0] * inner < MIN_ITERATIONS:
+            return None
+    # With dynamic sizes the launcher computes extent and grain at run time, and
+    # at::parallel_for runs a range no longer than the grain on the calling thread, so
+    # small calls stay serial.
+    return bounds, split
 
 
 def _captured(op):
@@ -146,13 +151,18 @@ def _row_view(value, begin, size):
     """Rows [begin, begin + size) of an identity-layout memref, as a strided subview."""
     t = ir.MemRefType(value.type)
     shape = list(t.shape)
+    dynamic = ir.ShapedType.get_dynamic_size()
+    dynamic_stride = ir.ShapedType.get_dynamic_stride_or_offset()
     strides = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * shape[i + 1]
-    dynamic = ir.ShapedType.get_dynamic_size()
-    layout = ir.StridedLayoutAttr.get(ir.ShapedType.get_dynamic_stride_or_offset(), strides)
+        strides[i] = dynamic_stride if shape[i + 1] == dynamic or \
+            strides[i + 1] == dynamic_stride else strides[i + 1] * shape[i + 1]
+    layout = ir.StridedLayoutAttr.get(dynamic_stride, strides)
     result = ir.MemRefType.get([dynamic] + shape[1:], t.element_type, layout)
-    return memref.SubViewOp(result, value, [begin], [size], [],
+    index = ir.IndexType.get()
+    sizes = [size] + [memref.DimOp(value, arith.ConstantOp(index, d).result).result
+                      for d in range(1, len(shape)) if shape[d] == dynamic]
+    return memref.SubViewOp(result, value, [begin], sizes, [],
                             [dynamic] + [0] * (len(shape) - 1),
                             [dynamic] + shape[1:], [1] * len(shape)).result
 
@@ -177,7 +187,7 @@ def outline(module, main) -> List[dict]:
             plan = _plan(op)
             if plan is None:
                 continue
-            extent, inner, split = plan
+            bounds, split = plan
             captured = _captured(op)
             # Each operand must be its own buffer, as the task marks its arguments noalias.
             # A loop reading and writing one buffer (through two views of it) stays serial
@@ -215,10 +225,8 @@ def outline(module, main) -> List[dict]:
             with ir.InsertionPoint(op):
                 func.CallOp([], ir.FlatSymbolRefAttr.get(f"blade_launch_{n}"), operands)
             op.erase()
-            grain = max(1, -(-MIN_TASK_ITERATIONS // inner))
             ranks = [ir.MemRefType(t).rank for t in types]
-            tasks.append({"index": n, "ranks": ranks, "extent": extent, "grain": grain,
-                          "extent_operand": split.index(True)})
+            tasks.append({"index": n, "ranks": ranks, "bounds": bounds})
     return tasks
 
 
@@ -238,6 +246,35 @@ def _expanded(ranks):
     for rank in ranks:
         types += ["!llvm.ptr", "!llvm.ptr", "i64"] + ["i64"] * (2 * rank)
     return types
+
+
+def _extent_and_grain(task) -> List[str]:
+    """LLVM-dialect lines defining %extent (loop 0's size) and %grain (rows per task, so
+    that a task runs at least MIN_TASK_ITERATIONS iterations): constants where the sizes
+    are static, else computed from the launcher's descriptor words (%p<i>)."""
+    dynamic = ir.ShapedType.get_dynamic_size()
+    lines, names = [], []
+    for loop, (operand, position, size) in enumerate(task["bounds"]):
+        if size == dynamic:
+            # An operand's words: allocated and aligned pointers, offset, sizes, strides.
+            names.append(f"%p{len(_expanded(task['ranks'][:operand])) + 3 + position}")
+        else:
+            lines.append(f"    %size{loop} = llvm.mlir.constant({size} : i64) : i64")
+            names.append(f"%size{loop}")
+    lines.append(f"    %extent = llvm.add {names[0]}, %zero : i64")
+    lines.insert(0, "    %zero = llvm.mlir.constant(0 : i64) : i64")
+    lines.append("    %inner1 = llvm.mlir.constant(1 : i64) : i64")
+    for loop, name in enumerate(names[1:], 1):
+        lines.append(f"    %inner{loop + 1} = llvm.mul %inner{loop}, {name} : i64")
+    inner = f"%inner{len(names)}"
+    lines += [
+        f"    %small = llvm.icmp \"slt\" {inner}, %one : i64",
+        f"    %rows_of = llvm.select %small, %one, {inner} : i1, i64",
+        f"    %work = llvm.mlir.constant({MIN_TASK_ITERATIONS - 1} : i64) : i64",
+        "    %wanted = llvm.add %work, %rows_of : i64",
+        "    %grain = llvm.sdiv %wanted, %rows_of : i64",
+    ]
+    return lines
 
 
 def llvm_glue(tasks) -> str:
@@ -261,16 +298,9 @@ def llvm_glue(tasks) -> str:
             lines.append(f"    %slot{i} = llvm.getelementptr %array[{i}] : "
                          "(!llvm.ptr) -> !llvm.ptr, i64")
             lines.append(f"    llvm.store %p{i}, %slot{i} : {ty}, !llvm.ptr")
-        if t["extent"] == DYNAMIC_EXTENT:
-            # dim 0's size in the descriptor of the first split operand: after its
-            # allocated pointer, aligned pointer and offset.
-            extent = f"%p{len(_expanded(t['ranks'][:t['extent_operand']])) + 3}"
-        else:
-            extent = "%extent"
-            lines.append(f"    %extent = llvm.mlir.constant({t['extent']} : i64) : i64")
-        lines.append(f"    %grain = llvm.mlir.constant({t['grain']} : i64) : i64")
+        lines += _extent_and_grain(t)
         lines.append(f"    %fn = llvm.mlir.addressof @blade_trampoline_{n} : !llvm.ptr")
-        lines.append(f"    llvm.call @blade_ral_parallel_for({extent}, %grain, %fn, %array) : "
+        lines.append("    llvm.call @blade_ral_parallel_for(%extent, %grain, %fn, %array) : "
                      "(i64, i64, !llvm.ptr, !llvm.ptr) -> ()")
         lines.append("    llvm.return")
         lines.append("  }")

@@ -110,14 +110,15 @@ class ConverterRegistry:
         name = schema_name(node)
         if name in excluded_ops or node.kind() in excluded_ops:
             return Verdict(None, "excluded", f"{name} is in Config.excluded_ops")
-        candidates = self._entries.get(name, [])
-        if not candidates:
-            return Verdict(None, "no_converter", f"no converter is registered for {name}")
+        # Unreached code first: whatever its ops, the example inputs never ran them.
         for value in list(node.inputs()) + list(node.outputs()):
             if not is_materialized(value, static_shapes):
                 return Verdict(None, "not_materialized",
                                f"{name}: the type of %{value.debugName()} is not known (the "
                                "example inputs never reached this node)")
+        candidates = self._entries.get(name, [])
+        if not candidates:
+            return Verdict(None, "no_converter", f"no converter is registered for {name}")
         arg_names = _argument_names(node)
         for arg, value in zip(arg_names, node.inputs()):
             if not _is_static_argument(value):

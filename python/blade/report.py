@@ -34,7 +34,7 @@ class UnsupportedOp:
 
 @dataclass
 class Report:
-    total_ops: int = 0
+    total_ops: int = 0   # tensor ops the example inputs ran
     compiled_ops: int = 0
     clusters: List[ClusterReport] = field(default_factory=list)
     unsupported: Dict[str, UnsupportedOp] = field(default_factory=dict)
@@ -44,6 +44,10 @@ class Report:
     # Config.dynamic: the groups of input dims that vary together ("input 0 dim 1"); the
     # engines' signatures name them s0, s1, ... Engines are compiled once, in optimize.
     dynamic_dims: List[List[str]] = field(default_factory=list)
+    # Tensor ops in code the example inputs never ran (untaken branches): not compiled,
+    # not in total_ops; inputs that take those branches run them as TorchScript.
+    unreached_ops: int = 0
+    unreached: Dict[str, UnsupportedOp] = field(default_factory=dict)
     # The input guard of the optimized graph (read live): calls, and calls whose inputs
     # were not like the example inputs and ran the unspecialized model instead.
     guard_specs: str = ""
@@ -58,6 +62,12 @@ class Report:
     @property
     def runtime_fallbacks(self) -> int:
         return self.guard_fallbacks + sum(c.fallbacks for c in self.clusters)
+
+    def add_unreached(self, kind: str, reason: str) -> None:
+        entry = self.unreached.setdefault(kind, UnsupportedOp())
+        entry.count += 1
+        if not entry.reasons:
+            entry.reasons.append(reason)
 
     def add_unsupported(self, kind: str, reason: str) -> None:
         entry = self.unsupported.setdefault(kind, UnsupportedOp())
@@ -74,9 +84,11 @@ class Report:
         report = Report(total_ops=data["total_ops"], compiled_ops=data["compiled_ops"],
                         compile_errors=data["compile_errors"], dry_run=data["dry_run"],
                         decomposed=data.get("decomposed", {}),
-                        dynamic_dims=data.get("dynamic_dims", []))
+                        dynamic_dims=data.get("dynamic_dims", []),
+                        unreached_ops=data.get("unreached_ops", 0))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
+        report.unreached = {k: UnsupportedOp(**v) for k, v in data.get("unreached", {}).items()}
         return report
 
     def __str__(self) -> str:
@@ -86,6 +98,11 @@ class Report:
             f"({100 * self.coverage:.1f}%), clusters: {len(self.clusters)}, "
             f"run-time fallbacks: {self.runtime_fallbacks}",
         ]
+        if self.unreached_ops:
+            lines.append(f"  not reached by the example inputs (not counted): "
+                         f"{self.unreached_ops} tensor ops, e.g. " + ", ".join(
+                             f"{k} x{v.count}" for k, v in sorted(
+                                 self.unreached.items(), key=lambda kv: -kv[1].count)[:4]))
         if self.guard_specs or self.guard_calls:
             lines.append(f"  input guard ({self.guard_specs}): {self.guard_calls} calls, "
                          f"{self.guard_fallbacks} ran the unspecialized model"

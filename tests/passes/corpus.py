@@ -214,9 +214,9 @@ def corpus():
         "dropout_block": (DropoutBlock(), (torch.randn(4, 16),), 1.0),
         "raise_guard": (RaiseGuard(), (torch.randn(2, 3, 8),), 1.0),
         "chunk_loop": (ChunkLoop(), (torch.randn(3, 16),), 1.0),
-        # The `mask is not None` branch is never reached by this example: its add stays
-        # TorchScript (and runs correctly when a mask is given).
-        "optional_mask_none": (OptionalMask(), (torch.randn(2, 4, 8),), 0.75),
+        # The mask is None in the example: the graph is specialized to that (`if mask is not
+        # None` folds away) and a call with a mask runs the unspecialized model.
+        "optional_mask_none": (OptionalMask(), (torch.randn(2, 4, 8),), 1.0),
         "optional_mask_given": (OptionalMask(), (torch.randn(2, 4, 8), torch.randn(2, 4, 4)),
                                 1.0),
         "list_of_shapes": (ListOfShapes(), (torch.randn(3, 4, 8),), 1.0),

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import blade
-from corpus import corpus
+from corpus import OptionalMask, corpus
 from helpers import assert_same, run_compiled
 
 CORPUS = corpus()
@@ -50,3 +50,19 @@ def test_a_write_into_an_input_stays_and_the_caller_sees_it():
     assert_same(optimized(mine), module(theirs))
     assert_same(mine, theirs)         # the input was written the same way
     assert (mine[:, 0] == 0).all()
+
+
+def test_an_input_specialized_to_none_is_guarded():
+    torch.manual_seed(0)
+    module, x = OptionalMask(), torch.randn(2, 4, 8)
+    optimized = blade.optimize(module, (x,))
+    report = blade.report(optimized)
+    assert report.guard_specs == "float32[2,4,8];None" and report.coverage == 1.0, str(report)
+    mask = torch.randn(2, 4, 4)
+    with torch.no_grad():
+        assert_same(optimized(x, mask), module(x, mask))
+        assert_same(optimized(x), module(x))
+    report = blade.report(optimized)
+    assert report.guard_fallbacks == 1 and "input 1: is a tensor, expected None" in \
+        report.guard_status, str(report)
+    assert report.clusters[0].calls == 1
