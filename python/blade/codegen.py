@@ -132,6 +132,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 _distinct_results(_find_main(module))
                 _mark_arguments(_find_main(module))
             if stage == "linalg_to_llvm":
+                _write_outputs_in_place(_find_main(module))
                 approximate_math(module)
                 allow_reduction_reassociation(module)
                 allow_contraction(module)
@@ -280,6 +281,32 @@ def _mark_arguments(main) -> None:
             entries["llvm.noalias"] = ir.UnitAttr.get()
         attrs.append(ir.DictAttr.get(entries))
     main.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+
+
+def _write_outputs_in_place(main) -> int:
+    """`%t = memref.alloc; <ops writing %t>; memref.copy %t, %out` becomes the same ops
+    writing %out, the caller's output buffer, when %out is used by nothing else and %t is
+    an allocation of the same type in main: bufferization leaves such a copy where a
+    result comes out of a call (a library call's out-parameter). Returns how many."""
+    block = main.regions[0].blocks[0]
+    arguments = list(block.arguments)
+    forwarded = 0
+    for op in list(block.operations):
+        if op.name != "memref.copy":
+            continue
+        source, target = op.operands[0], op.operands[1]
+        owner = source.owner
+        if isinstance(owner, ir.Block) or not any(target == a for a in arguments):
+            continue
+        alloc = owner.operation if hasattr(owner, "operation") else owner
+        if alloc.name != "memref.alloc" or source.type != target.type or \
+                len(list(target.uses)) != 1:
+            continue
+        op.erase()
+        source.replace_all_uses_with(target)
+        alloc.erase()
+        forwarded += 1
+    return forwarded
 
 
 def _distinct_results(main) -> None:
