@@ -19,7 +19,7 @@ write disjoint rows, so they need no synchronization.
 from typing import List
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, func, memref
+from torch_mlir.dialects import arith, func, memref, scf
 
 PARALLEL_TASK = "blade.parallel_task"
 MIN_ITERATIONS = 32768   # smaller loops are not worth waking threads for
@@ -177,11 +177,178 @@ def _replace_inside(op, old, new) -> None:
     op.walk(visit)
 
 
+_NEUTRAL = ("memref.alloc", "memref.expand_shape", "memref.collapse_shape", "arith.constant")
+ROW_BLOCK_BYTES = 512 * 1024   # the rows a group works on at a time stay in L2
+
+
+def _static_identity(t) -> bool:
+    t = ir.MemRefType(t)
+    dims = ", ".join(f"d{i}" for i in range(t.rank))
+    return t.has_static_shape and t.rank > 0 and \
+        str(t.layout) == f"affine_map<({dims}) -> ({dims})>"
+
+
+def _numel(t) -> int:
+    count = 1
+    for size in ir.MemRefType(t).shape:
+        count *= size
+    return count
+
+
+def _row_op(op):
+    """(rows, [(value, root, split)]) for a fill or splittable generic of static shapes
+    whose operands are row-aligned views of their buffers, else None."""
+    if op.name == "linalg.fill":
+        scalar = op.operands[0].owner
+        if isinstance(scalar, ir.Block) or not isinstance(op.operands[1].type, ir.MemRefType):
+            return None
+        if (scalar.operation if hasattr(scalar, "operation") else scalar).name != \
+                "arith.constant":
+            return None
+        uses = [(1, op.operands[1], True)]
+        rows = ir.MemRefType(op.operands[1].type).shape[0] \
+            if _static_identity(op.operands[1].type) else None
+    else:
+        plan = _plan(op)
+        if plan is None or _captured(op) is None:
+            return None
+        bounds, split = plan
+        rows = bounds[0][2]
+        uses = [(i, value, first) for i, (value, first) in enumerate(zip(op.operands, split))]
+    if rows is None or rows < 2:
+        return None
+    found = []
+    for position, value, split in uses:
+        root = _root(value)
+        owner = root.owner
+        if not isinstance(owner, ir.Block):
+            owner = owner.operation if hasattr(owner, "operation") else owner
+            if owner.name != "memref.alloc":
+                return None
+        if not _static_identity(root.type) or not _static_identity(value.type):
+            return None
+        if split:
+            if ir.MemRefType(value.type).shape[0] != rows or \
+                    ir.MemRefType(root.type).shape[0] != rows or \
+                    _numel(value.type) != _numel(root.type):
+                return None  # not the same rows as its buffer's
+        elif not value == root:
+            return None
+        found.append((position, value, root, split))
+    return rows, found
+
+
+def _outline_row_groups(module, main, tasks) -> None:
+    """Consecutive loop nests over the same rows (a softmax's or a LayerNorm's passes, the
+    fills between them) become one task: each thread runs all of them on a block of rows
+    that fits in L2 before going on to the next, instead of each pass streaming the whole
+    tensor through memory. Each buffer is one argument, and each loop sees it through a
+    view of the block's rows."""
+    block = main.regions[0].blocks[0]
+    groups, current, rows = [], [], None
+    for op in list(block.operations):
+        if op.name in _NEUTRAL:
+            continue
+        row_op = _row_op(op)
+        if row_op is not None and (not current or row_op[0] == rows):
+            current.append((op, row_op[1]))
+            rows = row_op[0]
+            continue
+        groups.append((rows, current))
+        current, rows = ([(op, row_op[1])], row_op[0]) if row_op is not None else ([], None)
+    groups.append((rows, current))
+    index = ir.IndexType.get()
+    for rows, members in groups:
+        if len([op for op, _ in members if op.name == "linalg.generic"]) < 2:
+            continue
+        roots, split_of = [], []
+        consistent = True
+        for _, uses in members:
+            for _, value, root, split in uses:
+                found = [k for k, r in enumerate(roots) if r == root]
+                if found:
+                    consistent = consistent and split_of[found[0]] == split
+                else:
+                    roots.append(root)
+                    split_of.append(split)
+        if not consistent:
+            continue
+        n = len(tasks)
+        types = [r.type for r in roots]
+        row_bytes = sum(_numel(t) // rows * 4 for t, split in zip(types, split_of) if split)
+        block_rows = max(1, min(rows, ROW_BLOCK_BYTES // max(row_bytes, 1)))
+        with ir.InsertionPoint(main):
+            task = func.FuncOp(f"blade_task_{n}", ([index, index] + types, []),
+                               visibility="private")
+            task.attributes[PARALLEL_TASK] = ir.UnitAttr.get()
+            noalias = ir.DictAttr.get({"llvm.noalias": ir.UnitAttr.get()})
+            task.attributes["arg_attrs"] = ir.ArrayAttr.get(
+                [ir.DictAttr.get({})] * 2 + [noalias] * len(types))
+            body = task.add_entry_block()
+        with ir.InsertionPoint(body):
+            begin, end = body.arguments[0], body.arguments[1]
+            step = arith.ConstantOp(index, block_rows).result
+            loop = scf.ForOp(begin, end, step)
+        with ir.InsertionPoint(loop.body):
+            row = loop.induction_variable
+            count = arith.MinSIOp(arith.SubIOp(end, row).result, step).result
+            args = list(body.arguments)[2:]
+            for op, uses in members:
+                new_operands = []
+                for i, value, root, split in uses:
+                    arg = args[[k for k, r in enumerate(roots) if r == root][0]]
+                    new_operands.append(
+                        (i, _rows_of(arg, value.type, row, count) if split else arg))
+                if op.name == "linalg.generic":
+                    constants = [(value, c.clone()) for value, c in _captured(op)]
+                else:   # the fill's value, a constant of main
+                    scalar = op.operands[0].owner
+                    scalar = scalar.operation if hasattr(scalar, "operation") else scalar
+                    new_operands.append((0, scalar.clone().results[0]))
+                    constants = []
+                clone = op.clone()
+                for i, value in new_operands:
+                    clone.operands[i] = value
+                for value, copy in constants:
+                    _replace_inside(clone, value, copy.results[0])
+            scf.YieldOp([])
+        with ir.InsertionPoint(body):
+            func.ReturnOp([])
+        last = members[-1][0]
+        with ir.InsertionPoint(main):
+            func.FuncOp(f"blade_launch_{n}", (types, []), visibility="private")
+        with ir.InsertionPoint(last):
+            func.CallOp([], ir.FlatSymbolRefAttr.get(f"blade_launch_{n}"), roots)
+        for op, _ in members:
+            op.erase()
+        tasks.append({"index": n, "ranks": [ir.MemRefType(t).rank for t in types],
+                      "bounds": [(split_of.index(True), 0, rows)], "grain": block_rows})
+
+
+def _rows_of(buffer, view_type, row, count):
+    """Rows [row, row + count) of `buffer`, seen with the shape of `view_type` (a reshape
+    of the buffer that keeps its rows)."""
+    t = ir.MemRefType(view_type)
+    shape = list(t.shape)
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    dynamic = ir.ShapedType.get_dynamic_size()
+    layout = ir.StridedLayoutAttr.get(ir.ShapedType.get_dynamic_stride_or_offset(), strides)
+    result = ir.MemRefType.get([dynamic] + shape[1:], t.element_type, layout)
+    index = ir.IndexType.get()
+    offset = arith.MulIOp(row, arith.ConstantOp(index, strides[0]).result).result
+    return memref.ReinterpretCastOp(result, buffer, [offset], [count], [],
+                                    [dynamic], [dynamic] + shape[1:], strides).result
+
+
 def outline(module, main) -> List[dict]:
-    """Moves each splittable generic of `main` into a task; returns what `llvm_glue` needs."""
+    """Moves loop nests of `main` into tasks (groups over the same rows first, then each
+    splittable generic left); returns what `llvm_glue` needs."""
     tasks = []
     block = main.regions[0].blocks[0]
     with module.context, ir.Location.unknown():
+        _outline_row_groups(module, main, tasks)
         index = ir.IndexType.get()
         for op in list(block.operations):
             plan = _plan(op)
@@ -277,6 +444,8 @@ def _extent_and_grain(task) -> List[str]:
     lines.append("    %inner1 = llvm.mlir.constant(1 : i64) : i64")
     for loop, name in enumerate(names[1:], 1):
         lines.append(f"    %inner{loop + 1} = llvm.mul %inner{loop}, {name} : i64")
+    if "grain" in task:
+        return lines + [f"    %grain = llvm.mlir.constant({task['grain']} : i64) : i64"]
     inner = f"%inner{len(names)}"
     lines += [
         f"    %small = llvm.icmp \"slt\" {inner}, %one : i64",
