@@ -277,14 +277,7 @@ def _outline_row_groups(module, main, tasks) -> None:
         types = [r.type for r in roots]
         row_bytes = sum(_numel(t) // rows * 4 for t, split in zip(types, split_of) if split)
         block_rows = max(1, min(rows, ROW_BLOCK_BYTES // max(row_bytes, 1)))
-        with ir.InsertionPoint(main):
-            task = func.FuncOp(f"blade_task_{n}", ([index, index] + types, []),
-                               visibility="private")
-            task.attributes[PARALLEL_TASK] = ir.UnitAttr.get()
-            noalias = ir.DictAttr.get({"llvm.noalias": ir.UnitAttr.get()})
-            task.attributes["arg_attrs"] = ir.ArrayAttr.get(
-                [ir.DictAttr.get({})] * 2 + [noalias] * len(types))
-            body = task.add_entry_block()
+        body = _task_function(main, n, types)
         with ir.InsertionPoint(body):
             begin, end = body.arguments[0], body.arguments[1]
             step = arith.ConstantOp(index, block_rows).result
@@ -325,6 +318,21 @@ def _outline_row_groups(module, main, tasks) -> None:
                       "bounds": [(split_of.index(True), 0, rows)], "grain": block_rows})
 
 
+def _task_function(main, n: int, types):
+    """The entry block of a new `blade_task_<n>(begin, end, buffers...)`. As for main
+    (codegen._mark_arguments), written buffers are reachable through one argument only
+    (noalias), so LLVM may vectorize without runtime checks."""
+    index = ir.IndexType.get()
+    with ir.InsertionPoint(main):
+        task = func.FuncOp(f"blade_task_{n}", ([index, index] + types, []),
+                           visibility="private")
+    task.attributes[PARALLEL_TASK] = ir.UnitAttr.get()
+    noalias = ir.DictAttr.get({"llvm.noalias": ir.UnitAttr.get()})
+    task.attributes["arg_attrs"] = ir.ArrayAttr.get(
+        [ir.DictAttr.get({})] * 2 + [noalias] * len(types))
+    return task.add_entry_block()
+
+
 def _rows_of(buffer, view_type, row, count):
     """Rows [row, row + count) of `buffer`, seen with the shape of `view_type` (a reshape
     of the buffer that keeps its rows)."""
@@ -349,7 +357,6 @@ def outline(module, main) -> List[dict]:
     block = main.regions[0].blocks[0]
     with module.context, ir.Location.unknown():
         _outline_row_groups(module, main, tasks)
-        index = ir.IndexType.get()
         for op in list(block.operations):
             plan = _plan(op)
             if plan is None:
@@ -376,16 +383,7 @@ def outline(module, main) -> List[dict]:
             bounds = [(position[operand], at, size) for operand, at, size in bounds]
             n = len(tasks)
             types = [v.type for v in operands]
-            with ir.InsertionPoint(main):
-                task = func.FuncOp(f"blade_task_{n}", ([index, index] + types, []),
-                                   visibility="private")
-                task.attributes[PARALLEL_TASK] = ir.UnitAttr.get()
-                # As for main (codegen._mark_arguments): written buffers are reachable
-                # through one argument only, so LLVM may vectorize without checks.
-                noalias = ir.DictAttr.get({"llvm.noalias": ir.UnitAttr.get()})
-                task.attributes["arg_attrs"] = ir.ArrayAttr.get(
-                    [ir.DictAttr.get({})] * 2 + [noalias] * len(types))
-                body = task.add_entry_block()
+            body = _task_function(main, n, types)
             with ir.InsertionPoint(body):
                 begin, end = body.arguments[0], body.arguments[1]
                 size = arith.SubIOp(end, begin).result
