@@ -134,3 +134,27 @@ def test_saved_dynamic_model_serves_new_shapes_and_releases_outputs(tmp_path):
             assert_same(loaded(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
     assert _C.live_allocations() == live
     assert blade.report(loaded).runtime_fallbacks == 0
+
+
+class Convs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.b = torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_convolutions_of_dynamic_image_size():
+    torch.manual_seed(0)
+    model = Convs().eval()
+    optimized = blade.optimize(model, (torch.randn(2, 3, 16, 16),), DYNAMIC)
+    report = blade.report(optimized)
+    assert report.clusters[0].inputs == "float32[s0,3,s1,s1]", str(report)
+    with torch.no_grad():
+        for shape in ((1, 3, 15, 15), (3, 3, 9, 9), (2, 3, 33, 33)):
+            x = torch.randn(*shape)
+            assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.runtime_fallbacks == 0 and report.clusters[0].library_calls == 2, str(report)

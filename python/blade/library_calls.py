@@ -157,35 +157,48 @@ KERNEL_ARGUMENTS = {
 }
 
 
-def _broadcast_shape(broadcast, lhs):
-    """The output shape of a batch broadcast of a matmul operand, computed in the outlined
-    function (the original shape operand lives in main): a dim the operand has keeps its
-    size, a new leading (batch) dim takes the lhs's."""
+def _result_sizes(attributes, arguments, result_type) -> List:
+    """Index values of the result's dynamic sizes, computed from the arguments: what a
+    function of dynamic size allocates for the kernel to write (see `_outline_one`)."""
     from torch_mlir.dialects import arith, tensor
 
-    source = broadcast.operands[0]
-    source_type = ir.RankedTensorType(source.type)
-    result = ir.RankedTensorType(broadcast.results[0].type)
-    mapping = _i64s(broadcast.attributes["broadcast_dimensions"])
-    shape_type = ir.RankedTensorType(broadcast.operands[1].type)
-    element = shape_type.element_type
     index = ir.IndexType.get()
-    items = []
-    for d in range(result.rank):
+    result = ir.RankedTensorType(result_type)
+
+    def dim(value, d):
+        return tensor.DimOp(value, arith.ConstantOp(index, d).result).result
+
+    def const(v):
+        return arith.ConstantOp(index, v).result
+
+    lhs, rhs = arguments[0], arguments[1]
+    rank, rhs_rank = result.rank, ir.RankedTensorType(rhs.type).rank
+    sizes = []
+    for d in range(rank):
         if not result.is_dynamic_dim(d):
-            items.append(arith.ConstantOp(element, result.shape[d]).result)
             continue
-        if d in mapping and source_type.is_dynamic_dim(mapping.index(d)):
-            size = tensor.DimOp(source, arith.ConstantOp(index, mapping.index(d)).result).result
-        else:
-            size = tensor.DimOp(lhs, arith.ConstantOp(index, d).result).result
-        if not isinstance(element, ir.IndexType):
-            size = arith.IndexCastOp(element, size).result
-        items.append(size)
-    shape = tensor.FromElementsOp(shape_type, items).result
-    # Ops built at the block's insertion point come after the clone: move the clone last.
-    broadcast.move_after(shape.owner)
-    return shape
+        if attributes["kind"] == "matmul":
+            if d < rank - 1:            # batch dims and rows come with the lhs
+                sizes.append(dim(lhs, d))
+            else:                       # columns: the rhs's last dim, or its rows if transposed
+                sizes.append(dim(rhs, rhs_rank - 2 if attributes["transpose_b"] else
+                                 rhs_rank - 1))
+        elif d == 0:                    # conv2d, NCHW: the batch
+            sizes.append(dim(lhs, 0))
+        elif d == 1:
+            sizes.append(dim(rhs, 0))
+        else:                           # (in + pads - dilation * (k - 1) - 1) / stride + 1
+            axis = "h" if d == 2 else "w"
+            pads = attributes["pad_top"] + attributes["pad_bottom"] if axis == "h" else \
+                attributes["pad_left"] + attributes["pad_right"]
+            span = arith.MulIOp(const(attributes[f"dilation_{axis}"]),
+                                arith.SubIOp(dim(rhs, d), const(1)).result).result
+            reach = arith.SubIOp(arith.AddIOp(dim(lhs, d), const(pads)).result,
+                                 arith.AddIOp(span, const(1)).result).result
+            sizes.append(arith.AddIOp(
+                arith.FloorDivSIOp(reach, const(attributes[f"stride_{axis}"])).result,
+                const(1)).result)
+    return sizes
 
 
 def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> None:
@@ -202,15 +215,25 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> N
     block = function.add_entry_block()
     mapping = {source: arg for source, arg in zip(sources, block.arguments)}
     with ir.InsertionPoint(block):
-        for original in peeled + [op]:
-            copy = original.clone()
-            for i, operand in enumerate(copy.operands):
-                if operand in mapping:
-                    copy.operands[i] = mapping[operand]
-            if original.name == "stablehlo.dynamic_broadcast_in_dim":
-                copy.operands[1] = _broadcast_shape(copy, block.arguments[0])
-            mapping[original.result] = copy.result
-        func.ReturnOp([mapping[op.result]])
+        if dynamic:
+            # StableHLO's linalg lowering takes no dot/convolution of dynamic sizes; the
+            # body only has to allocate the result, which `lower` keeps for the kernel.
+            from torch_mlir.dialects import tensor
+
+            dynamic_sizes = iter(_result_sizes(attributes, list(block.arguments), result_type))
+            result = ir.RankedTensorType(result_type)
+            sizes = [next(dynamic_sizes) if result.is_dynamic_dim(d) else result.shape[d]
+                     for d in range(result.rank)]
+            empty = tensor.EmptyOp(sizes, result.element_type)
+            func.ReturnOp([empty.result])
+        else:
+            for original in peeled + [op]:
+                copy = original.clone()
+                for i, operand in enumerate(copy.operands):
+                    if operand in mapping:
+                        copy.operands[i] = mapping[operand]
+                mapping[original.result] = copy.result
+            func.ReturnOp([mapping[op.result]])
     i64 = ir.IntegerType.get_signless(64)
     function.attributes[LIBRARY_CALL] = ir.StringAttr.get(attributes["kind"])
     for key in KERNEL_ARGUMENTS[attributes["kind"]]:
