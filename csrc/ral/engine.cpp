@@ -139,17 +139,7 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) {
   if (!code_) {
     return run_fallback(inputs, load_error_);
   }
-  if (inputs.size() != input_specs_.size()) {
-    return run_fallback(inputs, "expected " + std::to_string(input_specs_.size()) +
-                                    " inputs, got " + std::to_string(inputs.size()));
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    auto why = input_specs_[i].mismatch(inputs[i]);
-    if (!why.empty()) {
-      return run_fallback(inputs, "input " + std::to_string(i) + ": " + why);
-    }
-  }
-  auto why = symbol_mismatch(input_specs_, inputs);
+  auto why = signature_mismatch(input_specs_, inputs);
   if (!why.empty()) {
     return run_fallback(inputs, why);
   }
@@ -220,37 +210,32 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
   return outputs;
 }
 
-std::vector<at::Tensor> Engine::adopt_results(std::vector<int64_t>& results) const {
+std::vector<at::Tensor> Engine::adopt_results(const std::vector<int64_t>& results) const {
   // Each returned buffer is owned by the caller (MLIR's deallocation pipeline guarantees it
   // for results of a public function) and came from _mlir_memref_to_llvm_alloc; the tensor
-  // made from it frees it the same way. Buffers not yet adopted when something throws are
-  // freed here, so none leaks.
-  std::vector<void*> pending;
-  for (size_t at = 0, i = 0; i < output_specs_.size(); ++i) {
-    pending.push_back(reinterpret_cast<void*>(results[at]));
-    at += 3 + 2 * output_specs_[i].sizes.size();
-  }
+  // made from it frees it the same way. If adopting one throws, it and the ones after it
+  // are freed here, so none leaks.
   std::vector<at::Tensor> outputs;
   outputs.reserve(output_specs_.size());
+  size_t i = 0;
+  size_t at = 0;
   try {
-    size_t at = 0;
-    for (size_t i = 0; i < output_specs_.size(); ++i) {
+    for (; i < output_specs_.size(); ++i) {
       const auto& spec = output_specs_[i];
       const auto rank = static_cast<int64_t>(spec.sizes.size());
       const int64_t* d = results.data() + at;
-      std::vector<int64_t> sizes(d + 3, d + 3 + rank);
-      std::vector<int64_t> strides(d + 3 + rank, d + 3 + 2 * rank);
       void* allocated = reinterpret_cast<void*>(d[0]);
       auto* data = reinterpret_cast<char*>(d[1]) + d[2] * c10::elementSize(spec.dtype);
       outputs.push_back(at::from_blob(
-          data, sizes, strides, [allocated](void*) { _mlir_memref_to_llvm_free(allocated); },
+          data, at::IntArrayRef(d + 3, rank), at::IntArrayRef(d + 3 + rank, rank),
+          [allocated](void*) { _mlir_memref_to_llvm_free(allocated); },
           at::TensorOptions().dtype(spec.dtype)));
-      pending[i] = nullptr;
       at += 3 + 2 * static_cast<size_t>(rank);
     }
   } catch (...) {
-    for (void* p : pending) {
-      _mlir_memref_to_llvm_free(p);
+    for (; i < output_specs_.size(); ++i) {
+      _mlir_memref_to_llvm_free(reinterpret_cast<void*>(results[at]));
+      at += 3 + 2 * output_specs_[i].sizes.size();
     }
     throw;
   }

@@ -73,7 +73,7 @@ class Engine : public torch::CustomClassHolder {
   void load_code();
   std::vector<at::Tensor> run_compiled(const std::vector<at::Tensor>& inputs);
   // The outputs the code returned (dynamic engines), as tensors that own their memory.
-  std::vector<at::Tensor> adopt_results(std::vector<int64_t>& results) const;
+  std::vector<at::Tensor> adopt_results(const std::vector<int64_t>& results) const;
   std::vector<at::Tensor> run_fallback(const std::vector<at::Tensor>& inputs,
                                        const std::string& reason);
 

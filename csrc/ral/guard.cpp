@@ -16,23 +16,9 @@ bool parse_raise(const std::string& mode) {
 Guard::Guard(std::string input_specs, std::string fallback_mode)
     : specs_(parse_specs(input_specs)), raise_(parse_raise(fallback_mode)) {}
 
-std::string Guard::mismatch(const std::vector<at::Tensor>& inputs) const {
-  if (inputs.size() != specs_.size()) {
-    return "expected " + std::to_string(specs_.size()) + " tensor inputs, got " +
-           std::to_string(inputs.size());
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    auto why = specs_[i].mismatch(inputs[i]);
-    if (!why.empty()) {
-      return "input " + std::to_string(i) + ": " + why;
-    }
-  }
-  return symbol_mismatch(specs_, inputs);
-}
-
 bool Guard::admits(const std::vector<at::Tensor>& inputs) {
   calls_.fetch_add(1, std::memory_order_relaxed);
-  auto why = mismatch(inputs);
+  auto why = signature_mismatch(specs_, inputs);
   if (why.empty()) {
     return true;
   }

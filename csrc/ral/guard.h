@@ -41,8 +41,6 @@ class Guard : public torch::CustomClassHolder {
   static c10::intrusive_ptr<Guard> deserialize(State state);
 
  private:
-  std::string mismatch(const std::vector<at::Tensor>& inputs) const;
-
   std::vector<TensorSpec> specs_;
   bool raise_ = false;
   std::atomic<int64_t> calls_{0};

@@ -1,6 +1,7 @@
 // Registers the runtime with TorchScript, in one place: the Engine class and the op that
-// executes one, the Guard class and the op that checks a model's inputs against it. Loading libblade_ral (Python: `import blade`; C++: linking it with
-// --no-as-needed) is what makes saved optimized models loadable.
+// executes one, the Guard class and the op that checks a model's inputs against it.
+// Loading libblade_ral (Python: `import blade`; C++: linking it with --no-as-needed) is
+// what makes saved optimized models loadable.
 #include "ral/engine.h"
 #include "ral/guard.h"
 

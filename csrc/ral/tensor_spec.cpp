@@ -117,6 +117,10 @@ bool TensorSpec::is_static() const {
   return true;
 }
 
+namespace {
+
+// Empty when every symbol names dimensions of one size in `tensors` (which already satisfy
+// `specs` one by one), otherwise a sentence naming two dimensions that differ.
 std::string symbol_mismatch(const std::vector<TensorSpec>& specs,
                             const std::vector<at::Tensor>& tensors) {
   // symbol -> (input, dim) where it was first seen
@@ -144,6 +148,23 @@ std::string symbol_mismatch(const std::vector<TensorSpec>& specs,
     }
   }
   return "";
+}
+
+}  // namespace
+
+std::string signature_mismatch(const std::vector<TensorSpec>& specs,
+                               const std::vector<at::Tensor>& tensors) {
+  if (tensors.size() != specs.size()) {
+    return "expected " + std::to_string(specs.size()) + " inputs, got " +
+           std::to_string(tensors.size());
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto why = specs[i].mismatch(tensors[i]);
+    if (!why.empty()) {
+      return "input " + std::to_string(i) + ": " + why;
+    }
+  }
+  return symbol_mismatch(specs, tensors);
 }
 
 std::vector<TensorSpec> parse_specs(const std::string& text) {

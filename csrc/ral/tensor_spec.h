@@ -35,10 +35,11 @@ struct TensorSpec {
 };
 
 std::vector<TensorSpec> parse_specs(const std::string& text);
-// Empty when every symbol names dimensions of one size in `tensors` (which already satisfy
-// `specs` one by one), otherwise a sentence naming two dimensions that differ.
-std::string symbol_mismatch(const std::vector<TensorSpec>& specs,
-                            const std::vector<at::Tensor>& tensors);
+// Empty when `tensors` satisfy the signature `specs`: as many tensors, each matching its
+// spec, and every symbol naming dimensions of one size. Otherwise a sentence saying what
+// differs (the first input that does not match, or two dimensions that differ).
+std::string signature_mismatch(const std::vector<TensorSpec>& specs,
+                               const std::vector<at::Tensor>& tensors);
 std::string format_specs(const std::vector<TensorSpec>& specs);
 // The signature of actual tensors, in the same notation, for error messages.
 std::string describe_tensors(const std::vector<at::Tensor>& tensors);

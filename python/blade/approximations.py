@@ -163,10 +163,7 @@ def allow_reduction_reassociation(module) -> int:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    with module.context:
-        flag = ir.Attribute.parse("#arith.fastmath<reassoc>")
-        for op in marked:
-            op.attributes["fastmath"] = flag
+    _add_fastmath(module, marked, "reassoc")
     return len(marked)
 
 
@@ -187,13 +184,18 @@ def allow_contraction(module) -> int:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    with module.context:
-        for op in marked:
-            flags = ["contract"]
-            if "fastmath" in op.attributes:
-                existing = str(op.attributes["fastmath"])  # #arith.fastmath<reassoc>
-                flags += [f.strip() for f in existing.split("<", 1)[1].rstrip(">").split(",")
-                          if f.strip() not in ("none", "contract")]
-            op.attributes["fastmath"] = ir.Attribute.parse(
-                f"#arith.fastmath<{','.join(flags)}>")
+    _add_fastmath(module, marked, "contract")
     return len(marked)
+
+
+def _add_fastmath(module, ops, flag: str) -> None:
+    """Adds `flag` to each op's fastmath flags, keeping those it has."""
+    with module.context:
+        for op in ops:
+            flags = []
+            if "fastmath" in op.attributes:
+                existing = str(op.attributes["fastmath"])  # #arith.fastmath<reassoc,contract>
+                flags = [f.strip() for f in existing.split("<", 1)[1].rstrip(">").split(",")
+                         if f.strip() not in ("none", flag)]
+            op.attributes["fastmath"] = ir.Attribute.parse(
+                f"#arith.fastmath<{','.join(flags + [flag])}>")

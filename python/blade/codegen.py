@@ -96,8 +96,9 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
 
     `num_buffers` is the number of memref arguments after bufferization: inputs, params and
     outputs together; with `returns_outputs` (outputs of dynamic size) main allocates and
-    returns its outputs instead, and `num_buffers` counts inputs and params only. `user_calls` are the nodes the importer left to user converters.
-    `parallel_loops` lets large loop nests run on PyTorch's intra-op threads.
+    returns its outputs instead, and `num_buffers` counts inputs and params only.
+    `user_calls` are the nodes the importer left to user converters. `parallel_loops` lets
+    large loop nests run on PyTorch's intra-op threads.
     `keep_ir` keeps the IR after each stage in the result; `dump` (a `dump.ClusterDump`)
     receives it as each stage ends, so a failing stage leaves the IR that led to it.
     """
@@ -153,7 +154,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
         if not llvm_text.endswith("}"):
             raise CodegenError("unexpected LLVM-dialect module text")
         llvm_text = parallel.drop_launch_declarations(llvm_text[:-1]) + \
-            parallel.llvm_glue(tasks) + "\n" + _entry_wrapper(num_buffers, returns_outputs) + "\n}\n"
+            parallel.llvm_glue(tasks) + "\n" + \
+            _entry_wrapper(num_buffers, returns_outputs) + "\n}\n"
         module = ir.Module.parse(llvm_text)
         _prefer_host_vector_width(module)
         record("llvm_ir", lambda: llvm_ir(module))

@@ -14,7 +14,7 @@ from . import _C, converters  # noqa: F401  (importing converters registers the 
 from .config import Config
 from .dump import Dumper, Progress
 from .registry import REGISTRY, SCALAR_TYPE_NAMES, Verdict, schema_name
-from .report import REPORT_ATTRIBUTE, ClusterReport, Report
+from .report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 
 ENGINE_PREFIX = "blade_engine_"
 
@@ -149,10 +149,10 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     if none_inputs:
         # Optional inputs that are None in the example: `if mask is not None` folds.
         none = graph.insertConstant(None)
-        none.node().moveBefore(graph.nodes().__iter__().__next__())
+        none.node().moveBefore(next(iter(graph.nodes())))
         for position in none_inputs:
             list(graph.inputs())[position].replaceAllUsesWith(none)
-        run("specialize_none_inputs", lambda: None)
+        dump.graph("specialize_none_inputs", graph)
         to_fixed_point(structure)
     # Blade compiles for inference: the types are recorded under no_grad, so branches a
     # model takes only when autograd is on (nn.TransformerEncoderLayer's slow path) are
@@ -190,23 +190,29 @@ def _verdicts(graph, config: Config) -> Dict[torch._C.Node, Verdict]:
     return verdicts
 
 
-def _signatures(inputs, outputs) -> Tuple[str, str]:
-    """The engine's input and output specs, `float32[s0,128,768];...`: a dynamic dim is
-    named by its shape symbol (`s0`, `s1`, ... in order of appearance), so dims that must be
-    equal share a name; see csrc/ral/tensor_spec.h."""
+def _specs(*groups) -> List[List[str]]:
+    """Per group of values, their specs, `float32[s0,128,768]`: a dynamic dim is named by
+    its shape symbol (`s0`, `s1`, ... in order of appearance across all groups), so dims
+    that must be equal share a name; see csrc/ral/tensor_spec.h."""
     names: Dict[int, str] = {}
 
     def spec(v) -> str:
         t = v.type()
-        dims = []
-        for s in t.symbolic_sizes():
-            if s >= 0:
-                dims.append(str(s))
-            else:
-                dims.append(names.setdefault(s, f"s{len(names)}"))
+        dims = [str(s) if s >= 0 else names.setdefault(s, f"s{len(names)}")
+                for s in t.symbolic_sizes()]
         return f"{SCALAR_TYPE_NAMES[t.scalarType()]}[{','.join(dims)}]"
 
-    return ";".join(spec(v) for v in inputs), ";".join(spec(v) for v in outputs)
+    return [[spec(v) for v in group] for group in groups]
+
+
+def _signatures(inputs, outputs) -> Tuple[str, str]:
+    """The engine's input and output specs, one symbol naming across both."""
+    specs_in, specs_out = _specs(list(inputs), list(outputs))
+    return ";".join(specs_in), ";".join(specs_out)
+
+
+def _has_dynamic_dims(values) -> bool:
+    return any(s < 0 for v in values for s in v.type().symbolic_sizes())
 
 
 def _op_counts(subgraph) -> Dict[str, int]:
@@ -242,7 +248,7 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     dump.seconds["import"] = time.perf_counter() - start
     input_specs, output_specs = _signatures(cluster.inputs(), cluster.outputs())
     # Outputs of dynamic size are allocated and returned by the code, not passed to it.
-    returns_outputs = "s" in output_specs or "?" in output_specs
+    returns_outputs = _has_dynamic_dims(cluster.outputs())
     num_buffers = len(list(subgraph.inputs())) + \
         (0 if returns_outputs else len(list(subgraph.outputs())))
     compiled = codegen.compile_torch_mlir(imported.text, num_buffers,
@@ -261,9 +267,6 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     return compiled
 
 
-GUARD_ATTRIBUTE = "blade_guard"
-
-
 def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config) -> None:
     """The optimized graph runs under a guard of its inputs (csrc/ral/guard.h): tensor
     inputs as typed, optional ones specialized to None (`none_inputs`, graph positions)
@@ -274,7 +277,7 @@ def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Con
                if i > 0 and isinstance(v.type(), torch._C.TensorType)]
     complete = [i for i in tensors if inputs[i].type().scalarType() is not None and
                 inputs[i].type().symbolic_sizes() is not None]
-    specs = dict(zip(complete, _signatures([inputs[i] for i in complete], [])[0].split(";")))
+    specs = dict(zip(complete, _specs([inputs[i] for i in complete])[0]))
     guarded = sorted(tensors + list(none_inputs))
     text = ";".join("None" if i in none_inputs else specs.get(i, "*") for i in guarded)
     guard = torch.classes.blade.Guard(text, config.fallback)
@@ -346,7 +349,6 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
         if verdict.category == "not_materialized":
             # Never ran on the example inputs (an untaken branch): listed, but not counted
             # in the coverage of what the example inputs run.
-            report.unreached_ops += 1
             report.add_unreached(schema_name(node), verdict.reason)
             continue
         report.total_ops += 1

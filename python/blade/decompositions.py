@@ -80,7 +80,8 @@ def _check_fits(overload: str, schema, scripted) -> None:
             f"({', '.join(str(r) for r in returns)}), the function returns {declared}")
 
 
-def _make(overload: str, fn: Callable, builtin: bool) -> Decomposition:
+def _make(overload: str, fn: Callable, builtin: bool,
+          dynamic_only: bool = False) -> Decomposition:
     schema = _op_schema(overload)
     try:
         scripted = torch.jit.script(fn)
@@ -88,7 +89,7 @@ def _make(overload: str, fn: Callable, builtin: bool) -> Decomposition:
         raise DecompositionError(f"register_decomposition({overload}): TorchScript cannot "
                                  f"script {getattr(fn, '__name__', fn)}: {e}") from e
     _check_fits(overload, schema, scripted)
-    return Decomposition(overload, fn, scripted.graph, builtin)
+    return Decomposition(overload, fn, scripted.graph, builtin, dynamic_only)
 
 
 def register_decomposition(overload: str):
@@ -132,8 +133,7 @@ def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
 
 def _builtin(overload: str, dynamic_only: bool = False):
     def wrap(fn):
-        _BUILTIN[overload] = _make(overload, fn, builtin=True)
-        _BUILTIN[overload].dynamic_only = dynamic_only
+        _BUILTIN[overload] = _make(overload, fn, builtin=True, dynamic_only=dynamic_only)
         return fn
     return wrap
 

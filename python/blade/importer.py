@@ -168,8 +168,7 @@ class _Emitter:
         """`ones/zeros/full(size, ...)` with a size computed at run time (dynamic shapes):
         Torch-MLIR lowers factories of constant sizes only, so the factory makes a tensor
         of ones in every dim and `broadcast_to` stretches it to the size."""
-        size = node.inputs()[0] if hasattr(node.inputs(), "__getitem__") else \
-            list(node.inputs())[0]
+        size, *rest = list(node.inputs())
         rank = len(list(size.node().inputs()))
         ones = [self.fresh() for _ in range(rank)]
         for name in ones:
@@ -177,21 +176,17 @@ class _Emitter:
         small_size = self.fresh()
         self.emit([small_size], "torch.prim.ListConstruct", ones, ["!torch.int"] * rank,
                   ["!torch.list<int>"])
-        inputs = list(node.inputs())
-        output = node.output()
-        t = output.type()
-        small_type = tensor_type(t).replace(
-            tensor_type(t)[len("!torch.vtensor<["):].split("]", 1)[0],
-            ",".join(["1"] * rank), 1)
+        t = node.output().type()
+        ones_shape = ",".join(["1"] * rank)
+        small_type = f"!torch.vtensor<[{ones_shape}],{ELEMENT_TYPES[t.scalarType()]}>"
         small = self.fresh()
         self.emit([small], "torch." + schema_name(node).replace("::", "."),
-                  [small_size] + [self.names[v] for v in inputs[1:]],
-                  ["!torch.list<int>"] + [value_type(v.type()) for v in inputs[1:]],
-                  [small_type])
+                  [small_size] + [self.names[v] for v in rest],
+                  ["!torch.list<int>"] + [value_type(v.type()) for v in rest], [small_type])
         result = self.fresh()
         self.emit([result], "torch.aten.broadcast_to", [small, self.names[size]],
                   [small_type, "!torch.list<int>"], [tensor_type(t)])
-        self.names[output] = result
+        self.names[node.output()] = result
 
     def node(self, node: torch._C.Node) -> None:
         kind = node.kind()

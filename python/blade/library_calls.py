@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
-from torch_mlir.dialects import arith, func, memref
+from torch_mlir.dialects import arith, func, memref, tensor
 
 LIBRARY_CALL = "blade.library_call"
 # Element types the kernels take; the name is also the kernel symbol's suffix.
@@ -160,8 +160,6 @@ KERNEL_ARGUMENTS = {
 def _result_sizes(attributes, arguments, result_type) -> List:
     """Index values of the result's dynamic sizes, computed from the arguments: what a
     function of dynamic size allocates for the kernel to write (see `_outline_one`)."""
-    from torch_mlir.dialects import arith, tensor
-
     index = ir.IndexType.get()
     result = ir.RankedTensorType(result_type)
 
@@ -218,8 +216,6 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> N
         if dynamic:
             # StableHLO's linalg lowering takes no dot/convolution of dynamic sizes; the
             # body only has to allocate the result, which `lower` keeps for the kernel.
-            from torch_mlir.dialects import tensor
-
             dynamic_sizes = iter(_result_sizes(attributes, list(block.arguments), result_type))
             result = ir.RankedTensorType(result_type)
             sizes = [next(dynamic_sizes) if result.is_dynamic_dim(d) else result.shape[d]
@@ -268,27 +264,10 @@ def outline(module, main) -> int:
     return count
 
 
-def _allocation_slice(result) -> List:
-    """The ops that compute the allocation of `result` (the allocation and the sizes it
-    takes, read from the arguments), producers first."""
-    kept, pending = [], [result]
-    while pending:
-        value = pending.pop()
-        owner = value.owner
-        if isinstance(owner, ir.Block):
-            continue
-        op = owner.operation if hasattr(owner, "operation") else owner
-        if any(op == k for k in kept):
-            continue
-        kept.append(op)
-        pending.extend(op.operands)
-    return kept
-
-
 def lower(module) -> None:
     """Step 2 (see the module docstring): bodies of outlined functions become RAL calls.
-    A function of static size has become `(inputs..., out)`; one of dynamic size returns
-    its result, whose allocation is kept and handed to the kernel as `out`."""
+    A function of static size has become `(inputs..., out)`; one of dynamic size only
+    allocates and returns its result, which is handed to the kernel as `out`."""
     declared = set()
     with module.context, ir.Location.unknown():
         i64 = ir.IntegerType.get_signless(64)
@@ -300,9 +279,10 @@ def lower(module) -> None:
             block = function.regions[0].blocks[0]
             terminator = block.operations[len(block.operations) - 1]
             returned = list(terminator.operands)
-            kept = _allocation_slice(returned[0]) if returned else []
-            for op in reversed(list(block.operations)):
-                if not any(op == k for k in kept):
+            if returned:      # dynamic: the body is the result's allocation (_outline_one)
+                terminator.erase()
+            else:
+                for op in reversed(list(block.operations)):
                     op.erase()
             arguments = list(block.arguments) + returned
             element = ir.ShapedType(arguments[0].type).element_type

@@ -1,7 +1,10 @@
 """Parallel loops on PyTorch's intra-op thread pool.
 
-After bufferization, each large `linalg.generic` of `main` whose outermost loop is
-parallel, and which every output indexes by that loop first, is split along it:
+After bufferization, consecutive loop nests of `main` over the same rows (the passes of a
+softmax or a LayerNorm, and the fills between them) become one task that runs all of them
+on a block of rows at a time (`_outline_row_groups`). Then each remaining large
+`linalg.generic` whose outermost loop is parallel, and which every output indexes by that
+loop first, is split along it:
 
     main:  linalg.generic ins(%a, %b) outs(%c)       main:  call @blade_launch_N(%a, %b, %c)
                                                 ==>
@@ -147,18 +150,30 @@ def _distinct_buffers(operands) -> bool:
     return True
 
 
-def _row_view(value, begin, size):
-    """Rows [begin, begin + size) of an identity-layout memref, as a strided subview."""
-    t = ir.MemRefType(value.type)
-    shape = list(t.shape)
+def _identity_strides(shape) -> List[int]:
+    """The strides of a row-major buffer of `shape` (dynamic after a dynamic size)."""
     dynamic = ir.ShapedType.get_dynamic_size()
     dynamic_stride = ir.ShapedType.get_dynamic_stride_or_offset()
     strides = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
         strides[i] = dynamic_stride if shape[i + 1] == dynamic or \
             strides[i + 1] == dynamic_stride else strides[i + 1] * shape[i + 1]
-    layout = ir.StridedLayoutAttr.get(dynamic_stride, strides)
-    result = ir.MemRefType.get([dynamic] + shape[1:], t.element_type, layout)
+    return strides
+
+
+def _rows_type(t, strides):
+    """`t` with a dynamic number of rows and the given strides, at a dynamic offset."""
+    layout = ir.StridedLayoutAttr.get(ir.ShapedType.get_dynamic_stride_or_offset(), strides)
+    return ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] + list(t.shape)[1:],
+                             t.element_type, layout)
+
+
+def _row_view(value, begin, size):
+    """Rows [begin, begin + size) of an identity-layout memref, as a strided subview."""
+    t = ir.MemRefType(value.type)
+    shape = list(t.shape)
+    dynamic = ir.ShapedType.get_dynamic_size()
+    result = _rows_type(t, _identity_strides(shape))
     index = ir.IndexType.get()
     sizes = [size] + [memref.DimOp(value, arith.ConstantOp(index, d).result).result
                       for d in range(1, len(shape)) if shape[d] == dynamic]
@@ -196,21 +211,24 @@ def _numel(t) -> int:
 
 
 def _row_op(op):
-    """(rows, [(value, root, split)]) for a fill or splittable generic of static shapes
-    whose operands are row-aligned views of their buffers, else None."""
+    """(rows, [(operand index, value, root, split)], captured constants) for a fill or a
+    splittable generic of static shapes whose operands are row-aligned views of their
+    buffers, else None."""
     if op.name == "linalg.fill":
         scalar = op.operands[0].owner
         if isinstance(scalar, ir.Block) or not isinstance(op.operands[1].type, ir.MemRefType):
             return None
-        if (scalar.operation if hasattr(scalar, "operation") else scalar).name != \
-                "arith.constant":
+        scalar = scalar.operation if hasattr(scalar, "operation") else scalar
+        if scalar.name != "arith.constant":
             return None
         uses = [(1, op.operands[1], True)]
         rows = ir.MemRefType(op.operands[1].type).shape[0] \
             if _static_identity(op.operands[1].type) else None
+        captured = [(op.operands[0], scalar)]    # the fill's value, a constant of main
     else:
         plan = _plan(op)
-        if plan is None or _captured(op) is None:
+        captured = _captured(op)
+        if plan is None or captured is None:
             return None
         bounds, split = plan
         rows = bounds[0][2]
@@ -235,10 +253,10 @@ def _row_op(op):
         elif not value == root:
             return None
         found.append((position, value, root, split))
-    return rows, found
+    return rows, found, captured
 
 
-def _outline_row_groups(module, main, tasks) -> None:
+def _outline_row_groups(main, tasks) -> None:
     """Consecutive loop nests over the same rows (a softmax's or a LayerNorm's passes, the
     fills between them) become one task: each thread runs all of them on a block of rows
     that fits in L2 before going on to the next, instead of each pass streaming the whole
@@ -251,19 +269,20 @@ def _outline_row_groups(module, main, tasks) -> None:
             continue
         row_op = _row_op(op)
         if row_op is not None and (not current or row_op[0] == rows):
-            current.append((op, row_op[1]))
+            current.append((op,) + row_op[1:])
             rows = row_op[0]
             continue
         groups.append((rows, current))
-        current, rows = ([(op, row_op[1])], row_op[0]) if row_op is not None else ([], None)
+        current, rows = ([(op,) + row_op[1:]], row_op[0]) if row_op is not None else \
+            ([], None)
     groups.append((rows, current))
     index = ir.IndexType.get()
     for rows, members in groups:
-        if len([op for op, _ in members if op.name == "linalg.generic"]) < 2:
+        if len([m for m in members if m[0].name == "linalg.generic"]) < 2:
             continue
         roots, split_of = [], []
         consistent = True
-        for _, uses in members:
+        for _, uses, _ in members:
             for _, value, root, split in uses:
                 found = [k for k, r in enumerate(roots) if r == root]
                 if found:
@@ -275,6 +294,7 @@ def _outline_row_groups(module, main, tasks) -> None:
             continue
         n = len(tasks)
         types = [r.type for r in roots]
+        # Sized as float32: only how many rows make a block depends on it.
         row_bytes = sum(_numel(t) // rows * 4 for t, split in zip(types, split_of) if split)
         block_rows = max(1, min(rows, ROW_BLOCK_BYTES // max(row_bytes, 1)))
         body = _task_function(main, n, types)
@@ -286,19 +306,13 @@ def _outline_row_groups(module, main, tasks) -> None:
             row = loop.induction_variable
             count = arith.MinSIOp(arith.SubIOp(end, row).result, step).result
             args = list(body.arguments)[2:]
-            for op, uses in members:
+            for op, uses, captured in members:
                 new_operands = []
                 for i, value, root, split in uses:
                     arg = args[[k for k, r in enumerate(roots) if r == root][0]]
                     new_operands.append(
                         (i, _rows_of(arg, value.type, row, count) if split else arg))
-                if op.name == "linalg.generic":
-                    constants = [(value, c.clone()) for value, c in _captured(op)]
-                else:   # the fill's value, a constant of main
-                    scalar = op.operands[0].owner
-                    scalar = scalar.operation if hasattr(scalar, "operation") else scalar
-                    new_operands.append((0, scalar.clone().results[0]))
-                    constants = []
+                constants = [(value, c.clone()) for value, c in captured]
                 clone = op.clone()
                 for i, value in new_operands:
                     clone.operands[i] = value
@@ -307,15 +321,20 @@ def _outline_row_groups(module, main, tasks) -> None:
             scf.YieldOp([])
         with ir.InsertionPoint(body):
             func.ReturnOp([])
-        last = members[-1][0]
-        with ir.InsertionPoint(main):
-            func.FuncOp(f"blade_launch_{n}", (types, []), visibility="private")
-        with ir.InsertionPoint(last):
-            func.CallOp([], ir.FlatSymbolRefAttr.get(f"blade_launch_{n}"), roots)
-        for op, _ in members:
-            op.erase()
+        _launch(main, n, members[-1][0], roots)
+        for member in members:
+            member[0].erase()
         tasks.append({"index": n, "ranks": [ir.MemRefType(t).rank for t in types],
                       "bounds": [(split_of.index(True), 0, rows)], "grain": block_rows})
+
+
+def _launch(main, n: int, anchor, buffers) -> None:
+    """Declares `blade_launch_<n>` (defined by `llvm_glue`) and calls it with `buffers`
+    just before `anchor`."""
+    with ir.InsertionPoint(main):
+        func.FuncOp(f"blade_launch_{n}", ([b.type for b in buffers], []), visibility="private")
+    with ir.InsertionPoint(anchor):
+        func.CallOp([], ir.FlatSymbolRefAttr.get(f"blade_launch_{n}"), buffers)
 
 
 def _task_function(main, n: int, types):
@@ -338,12 +357,9 @@ def _rows_of(buffer, view_type, row, count):
     of the buffer that keeps its rows)."""
     t = ir.MemRefType(view_type)
     shape = list(t.shape)
-    strides = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * shape[i + 1]
+    strides = _identity_strides(shape)    # static: groups are of static shapes
     dynamic = ir.ShapedType.get_dynamic_size()
-    layout = ir.StridedLayoutAttr.get(ir.ShapedType.get_dynamic_stride_or_offset(), strides)
-    result = ir.MemRefType.get([dynamic] + shape[1:], t.element_type, layout)
+    result = _rows_type(t, strides)
     index = ir.IndexType.get()
     offset = arith.MulIOp(row, arith.ConstantOp(index, strides[0]).result).result
     return memref.ReinterpretCastOp(result, buffer, [offset], [count], [],
@@ -356,7 +372,7 @@ def outline(module, main) -> List[dict]:
     tasks = []
     block = main.regions[0].blocks[0]
     with module.context, ir.Location.unknown():
-        _outline_row_groups(module, main, tasks)
+        _outline_row_groups(main, tasks)
         for op in list(block.operations):
             plan = _plan(op)
             if plan is None:
@@ -396,10 +412,7 @@ def outline(module, main) -> List[dict]:
                 for value, copy in constants:
                     _replace_inside(clone, value, copy.results[0])
                 func.ReturnOp([])
-            with ir.InsertionPoint(main):
-                func.FuncOp(f"blade_launch_{n}", (types, []), visibility="private")
-            with ir.InsertionPoint(op):
-                func.CallOp([], ir.FlatSymbolRefAttr.get(f"blade_launch_{n}"), operands)
+            _launch(main, n, op, operands)
             op.erase()
             ranks = [ir.MemRefType(t).rank for t in types]
             tasks.append({"index": n, "ranks": ranks, "bounds": bounds})

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from . import dtypes
+from . import _C, dtypes
 
 # A validator returns None to accept the node, or the reason it refuses it.
 Validator = Callable[[torch._C.Node], Optional[str]]
@@ -125,10 +125,11 @@ class ConverterRegistry:
                 return Verdict(None, "non_constant_argument",
                                f"{name}: argument '{arg}' (%{value.debugName()}, made by "
                                f"{value.node().kind()}) is not a compile-time constant")
-        computed = [arg for arg, value in zip(arg_names, node.inputs()) if _is_computed(value)]
         refusals = []
         for converter in candidates:
-            if converter.lower is not None and computed:
+            computed = [arg for arg, value in zip(arg_names, node.inputs())
+                        if _is_computed(value)] if converter.lower is not None else []
+            if computed:
                 # A user converter reads its non-tensor arguments as constants.
                 refusals.append(("non_constant_argument",
                                  f"{name}: argument '{computed[0]}' is a size computed at run "
@@ -183,8 +184,6 @@ def _is_computed(value: torch._C.Value) -> bool:
 
 
 def _is_shape_int(value: torch._C.Value) -> bool:
-    from . import _C
-
     return isinstance(value.type(), torch._C.IntType) and _C.is_shape_arithmetic(value.node())
 
 

@@ -10,6 +10,7 @@ from typing import Dict, List
 import torch
 
 REPORT_ATTRIBUTE = "_blade_report"
+GUARD_ATTRIBUTE = "blade_guard"   # the optimized graph's input guard (csrc/ral/guard.h)
 
 
 @dataclass
@@ -46,7 +47,6 @@ class Report:
     dynamic_dims: List[List[str]] = field(default_factory=list)
     # Tensor ops in code the example inputs never ran (untaken branches): not compiled,
     # not in total_ops; inputs that take those branches run them as TorchScript.
-    unreached_ops: int = 0
     unreached: Dict[str, UnsupportedOp] = field(default_factory=dict)
     # The input guard of the optimized graph (read live): calls, and calls whose inputs
     # were not like the example inputs and ran the unspecialized model instead.
@@ -63,17 +63,16 @@ class Report:
     def runtime_fallbacks(self) -> int:
         return self.guard_fallbacks + sum(c.fallbacks for c in self.clusters)
 
+    @property
+    def unreached_ops(self) -> int:
+        return sum(entry.count for entry in self.unreached.values())
+
     def add_unreached(self, kind: str, reason: str) -> None:
-        entry = self.unreached.setdefault(kind, UnsupportedOp())
-        entry.count += 1
-        if not entry.reasons:
-            entry.reasons.append(reason)
+        # One reason per op: each names its own unreached value, and they all say the same.
+        _tally(self.unreached, kind, reason if kind not in self.unreached else None)
 
     def add_unsupported(self, kind: str, reason: str) -> None:
-        entry = self.unsupported.setdefault(kind, UnsupportedOp())
-        entry.count += 1
-        if reason not in entry.reasons:
-            entry.reasons.append(reason)
+        _tally(self.unsupported, kind, reason)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -84,8 +83,7 @@ class Report:
         report = Report(total_ops=data["total_ops"], compiled_ops=data["compiled_ops"],
                         compile_errors=data["compile_errors"], dry_run=data["dry_run"],
                         decomposed=data.get("decomposed", {}),
-                        dynamic_dims=data.get("dynamic_dims", []),
-                        unreached_ops=data.get("unreached_ops", 0))
+                        dynamic_dims=data.get("dynamic_dims", []))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
         report.unreached = {k: UnsupportedOp(**v) for k, v in data.get("unreached", {}).items()}
@@ -131,6 +129,13 @@ class Report:
         return "\n".join(lines)
 
 
+def _tally(table: Dict[str, UnsupportedOp], kind: str, reason) -> None:
+    entry = table.setdefault(kind, UnsupportedOp())
+    entry.count += 1
+    if reason is not None and reason not in entry.reasons:
+        entry.reasons.append(reason)
+
+
 def report(module: torch.jit.ScriptModule) -> Report:
     """The report of a module returned by `blade.optimize` (or loaded after saving one).
 
@@ -142,7 +147,7 @@ def report(module: torch.jit.ScriptModule) -> Report:
         raise ValueError("blade.report: this module was not produced by blade.optimize "
                          f"(it has no {REPORT_ATTRIBUTE} attribute)")
     result = Report.from_json(getattr(module, REPORT_ATTRIBUTE))
-    guard = getattr(module, "blade_guard", None)
+    guard = getattr(module, GUARD_ATTRIBUTE, None)
     if guard is not None:
         result.guard_specs = guard.input_specs()
         result.guard_calls = guard.calls()

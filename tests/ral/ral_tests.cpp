@@ -138,8 +138,8 @@ void test_symbols_tie_dynamic_dims_together() {
   EXPECT(format_specs(specs) == "float32[s0,s1,8];float32[s0,1,1,s1]");
   EXPECT(!specs[0].is_static());
   EXPECT(specs[0].mismatch(at::zeros({3, 7, 8})).empty());
-  EXPECT(symbol_mismatch(specs, {at::zeros({3, 7, 8}), at::zeros({3, 1, 1, 7})}).empty());
-  EXPECT(contains(symbol_mismatch(specs, {at::zeros({3, 7, 8}), at::zeros({3, 1, 1, 6})}),
+  EXPECT(signature_mismatch(specs, {at::zeros({3, 7, 8}), at::zeros({3, 1, 1, 7})}).empty());
+  EXPECT(contains(signature_mismatch(specs, {at::zeros({3, 7, 8}), at::zeros({3, 1, 1, 6})}),
                   "size of dim 3 of input 1 is 6, but the compiled code needs it equal to dim 1 "
                   "of input 0 (7; both are s1)"));
 }
