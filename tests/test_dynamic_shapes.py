@@ -158,3 +158,49 @@ def test_convolutions_of_dynamic_image_size():
             assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
     report = blade.report(optimized)
     assert report.runtime_fallbacks == 0 and report.clusters[0].library_calls == 2, str(report)
+
+
+class HeadSplit(torch.nn.Module):
+    """The attention idiom: a slice of a fused projection viewed as heads."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+
+    def forward(self, x):
+        batch, length = x.size(0), x.size(1)
+        q = self.qkv(x)[:, :, 64:128]          # strided: every row skips 128 floats
+        heads = q.view(batch, length, 4, 16).transpose(1, 2)
+        return heads.reshape(batch * 4, length, 16) * 2.0
+
+
+def test_views_of_dynamic_size_keep_the_dims_they_pass_through(tmp_path):
+    torch.manual_seed(0)
+    model = HeadSplit().eval()
+    optimized = blade.optimize(model, (torch.randn(2, 8, 64),),
+                               blade.Config(dynamic=True, dump_dir=str(tmp_path)))
+    check_every_shape(optimized, model, lambda b, s: (torch.randn(b, s, 64),))
+    # The head split expands only the last dim: a view of the strided slice, no copy.
+    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    assert "[[0], [1], [2, 3]]" in linalg, linalg
+    bufferized = next(tmp_path.glob("*/4_bufferized.mlir")).read_text()
+    assert "memref.copy" not in bufferized, bufferized
+
+
+@pytest.mark.parametrize("source, result, passed, groups", [
+    # [s0, s1, 768] -> [s0, s1, 12, 64], both dynamic dims proven to pass through
+    ([None, None, 768], [None, None, 12, 64], [0, 1, None, None],
+     ([[0], [1], [2]], [[0], [1], [2, 3]])),
+    # the merge of heads back, and a static regrouping in the middle
+    ([None, 6, 4], [None, 3, 8], [0, None, None], ([[0], [1, 2]], [[0], [1, 2]])),
+    # keepdim: a trailing 1 joins the last group; leading 1s join the next group
+    ([None, 12, None], [None, 12, None, 1], [0, None, 2, None],
+     ([[0], [1], [2]], [[0], [1], [2, 3]])),
+    ([1, None], [None], [1], ([[0, 1]], [[0]])),
+    # dims not proven equal: no grouping (the caller flattens)
+    ([None, None, 768], [None, None, 12, 64], [0, None, None, None], None),
+    ([None, 3], [3, None], [None, 0], None),
+])
+def test_reassociation_groups_only_what_it_can_prove(source, result, passed, groups):
+    from blade.shape_assumptions import reassociation
+    assert reassociation(source, result, passed) == groups

@@ -188,6 +188,42 @@ class _Emitter:
                   [small_type, "!torch.list<int>"], [tensor_type(t)])
         self.names[node.output()] = result
 
+    def view_sizes_from_source(self, node: torch._C.Node) -> Optional[str]:
+        """For a view/reshape of dynamic size, a new size list whose dynamic entries are
+        `size(source, i)` wherever the result dim has the shape symbol of source dim `i`
+        (the guard keeps such dims equal): the reshape then names which of its dims pass
+        through unchanged, and `shape_assumptions.lower_dynamic_reshapes` keeps them as
+        they are instead of flattening the whole tensor (a copy, when the source is a
+        strided slice). None when there is nothing to rebind."""
+        source, size = list(node.inputs())[:2]
+        if size.node().kind() != "prim::ListConstruct":
+            return None
+        source_dims = source.type().symbolic_sizes()
+        result_dims = node.output().type().symbolic_sizes()
+        elements = list(size.node().inputs())
+        if source_dims is None or result_dims is None or len(elements) != len(result_dims):
+            return None
+        names, used, rebound = [], set(), False
+        for j, symbol in enumerate(result_dims):
+            matches = [i for i, s in enumerate(source_dims) if s == symbol and i not in used]
+            if symbol >= 0 or not matches:
+                names.append(self.names[elements[j]])
+                continue
+            i = j if j in matches else matches[0]
+            used.add(i)
+            index, name = self.fresh(), self.fresh()
+            self.scalar(index, torch._C.IntType.get(), i)
+            self.emit([name], "torch.aten.size.int", [self.names[source], index],
+                      [value_type(source.type()), "!torch.int"], ["!torch.int"])
+            names.append(name)
+            rebound = True
+        if not rebound:
+            return None
+        sizes = self.fresh()
+        self.emit([sizes], "torch.prim.ListConstruct", names, ["!torch.int"] * len(names),
+                  ["!torch.list<int>"])
+        return sizes
+
     def node(self, node: torch._C.Node) -> None:
         kind = node.kind()
         if kind == "prim::Constant":
@@ -201,6 +237,10 @@ class _Emitter:
             self.factory_of_computed_size(node)
             return
         operands = [self.names[v] for v in node.inputs()]
+        if kind in ("aten::view", "aten::reshape"):
+            sizes = self.view_sizes_from_source(node)
+            if sizes is not None:
+                operands[1] = sizes
         operand_types = [value_type(v.type()) for v in node.inputs()]
         results = [self.fresh() for _ in node.outputs()]
         result_types = [value_type(v.type()) for v in node.outputs()]

@@ -13,6 +13,8 @@ tensor_spec.h). Hence: every broadcast in a cluster is valid (the constraints ar
 removed by `remove-shape-constraints` in mlir/stablehlo_to_linalg.pipeline), and an
 operand dim is stretched exactly when it is a static 1 in a result dim that is not.
 """
+import math
+
 from torch_mlir import ir
 
 
@@ -48,46 +50,170 @@ def annotate_broadcasts(module) -> int:
     return len(targets)
 
 
+def _constant_int(value):
+    owner = value.owner
+    if isinstance(owner, ir.Block) or owner.name != "arith.constant":
+        return None
+    return ir.IntegerAttr(owner.attributes["value"]).value
+
+
+def _passed_through(source, shape, rank: int):
+    """Per result dim of a `dynamic_reshape(source, shape)`, the source dim whose run-time
+    size it provably has (`shape` is built from `tensor.dim(source, i)`, as the importer
+    writes it for dims that keep their shape symbol), else None."""
+    producer = shape.owner
+    if isinstance(producer, ir.Block) or producer.name != "tensor.from_elements" or \
+            len(producer.operands) != rank:
+        return [None] * rank
+    found = []
+    for element in producer.operands:
+        owner = element.owner
+        if not isinstance(owner, ir.Block) and owner.name == "arith.index_cast":
+            element = owner.operands[0]
+            owner = element.owner
+        dim = None
+        if not isinstance(owner, ir.Block) and owner.name == "tensor.dim":
+            dim = _dim_of(source, owner.operands[0], _constant_int(owner.operands[1]))
+        found.append(dim)
+    return found
+
+
+def _dim_of(source, value, dim):
+    """The dim of `source` that has the size of `value`'s dim `dim`: the same dim of the
+    same value, or a kept dim of the operand `source` was reduced from (a keepdim
+    reduction's reshape names its sizes from the reduction's input). Else None."""
+    if dim is None:
+        return None
+    if value == source:
+        return dim
+    producer = source.owner
+    if isinstance(producer, ir.Block) or producer.name != "stablehlo.reduce" or \
+            len(producer.results) != 1 or producer.operands[0] != value:
+        return None
+    reduced = list(ir.DenseI64ArrayAttr(producer.attributes["dimensions"]))
+    return None if dim in reduced else dim - sum(1 for r in reduced if r < dim)
+
+
+def reassociation(source_dims, result_dims, passed):
+    """Groups of source dims and of result dims, pairwise of equal element count, that
+    turn a row-major reshape into a collapse and an expansion touching only the dims that
+    change. `*_dims` are static sizes or None (dynamic); `passed[j]` is the source dim
+    that result dim j is known to equal. None when the sizes do not prove a grouping."""
+    groups_src, groups_res = [], []
+    pending_src, pending_res = [], []
+    i = j = 0
+    n, m = len(source_dims), len(result_dims)
+    while i < n and j < m:
+        a, b = source_dims[i], result_dims[j]
+        if (a is None and b is None and passed[j] == i) or \
+                (a is not None and a == b):
+            groups_src.append(pending_src + [i])
+            groups_res.append(pending_res + [j])
+            pending_src, pending_res = [], []
+            i, j = i + 1, j + 1
+            continue
+        if a == 1:
+            pending_src.append(i)
+            i += 1
+            continue
+        if b == 1:
+            pending_res.append(j)
+            j += 1
+            continue
+        if a is None or b is None:
+            return None
+        group_src, group_res, left, right = [i], [j], a, b
+        while left != right:
+            if left < right:
+                i += 1
+                if i >= n or source_dims[i] is None:
+                    return None
+                group_src.append(i)
+                left *= source_dims[i]
+            else:
+                j += 1
+                if j >= m or result_dims[j] is None:
+                    return None
+                group_res.append(j)
+                right *= result_dims[j]
+        groups_src.append(pending_src + group_src)
+        groups_res.append(pending_res + group_res)
+        pending_src, pending_res = [], []
+        i, j = i + 1, j + 1
+    rest_src, rest_res = pending_src + list(range(i, n)), pending_res + list(range(j, m))
+    if any(source_dims[d] != 1 for d in rest_src) or \
+            any(result_dims[d] != 1 for d in rest_res) or not groups_src:
+        return None
+    groups_src[-1] += rest_src
+    groups_res[-1] += rest_res
+    return groups_src, groups_res
+
+
 def lower_dynamic_reshapes(module) -> int:
     """Rewrites each `stablehlo.dynamic_reshape` (a view of dynamic size) as a collapse of
-    its operand to one dimension and an expansion to the result's sizes, read from the
-    shape operand: StableHLO's linalg lowering leaves most dynamic reshapes unconverted.
-    Row-major reshapes are exactly this, and both halves are free views after
-    bufferization. Returns how many were rewritten."""
+    its operand and an expansion to the result's sizes, read from the shape operand:
+    StableHLO's linalg lowering leaves most dynamic reshapes unconverted. Dims that provably
+    pass through unchanged (see `_passed_through`) and static groups of equal element count
+    are grouped apart, so a strided operand stays a view; otherwise the operand collapses
+    to one dimension, which copies it unless it is contiguous. Returns how many were
+    rewritten."""
     from torch_mlir.dialects import arith, tensor
 
     targets = _ops_named(module, "stablehlo.dynamic_reshape")
+    dynamic = ir.ShapedType.get_dynamic_size()
+    rewritten = 0
     with module.context:
         index = ir.IndexType.get()
         i64 = ir.IntegerType.get_signless(64)
+
+        def groups_attr(groups):
+            return ir.ArrayAttr.get([ir.ArrayAttr.get(
+                [ir.IntegerAttr.get(i64, d) for d in group]) for group in groups])
+
+        def sizes_of(t):
+            return [None if t.is_dynamic_dim(d) else t.shape[d] for d in range(t.rank)]
+
         for op in targets:
             source, shape = op.operands[0], op.operands[1]
             source_type = ir.RankedTensorType(source.type)
             result_type = ir.RankedTensorType(op.results[0].type)
+            if result_type.rank == 0 or source_type.rank == 0:
+                continue  # a scalar has no dynamic size; left to StableHLO
+            source_dims, result_dims = sizes_of(source_type), sizes_of(result_type)
+            grouping = reassociation(source_dims, result_dims,
+                                     _passed_through(source, shape, result_type.rank))
+            if grouping is None:
+                grouping = [list(range(source_type.rank))], [list(range(result_type.rank))]
+            groups_src, groups_res = grouping
             with ir.InsertionPoint(op), op.location:
-                flat = source
-                if source_type.rank != 1:
-                    flat_type = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size()],
-                                                        source_type.element_type)
-                    groups = ir.ArrayAttr.get([ir.ArrayAttr.get(
-                        [ir.IntegerAttr.get(i64, d) for d in range(source_type.rank)])])
-                    flat = tensor.CollapseShapeOp(flat_type, source, groups).result
+                collapsed = source
+                if len(groups_src) != source_type.rank:
+                    middle = []
+                    for group in groups_src:
+                        sizes = [source_dims[d] for d in group]
+                        middle.append(dynamic if None in sizes else math.prod(sizes))
+                    middle_type = ir.RankedTensorType.get(middle, source_type.element_type)
+                    collapsed = tensor.CollapseShapeOp(middle_type, source,
+                                                       groups_attr(groups_src)).result
                 sizes = []
                 for d in range(result_type.rank):
-                    if not result_type.is_dynamic_dim(d):
+                    if result_dims[d] is not None:
                         continue
                     position = arith.ConstantOp(index, ir.IntegerAttr.get(index, d)).result
                     size = tensor.ExtractOp(shape, [position]).result
                     if not isinstance(size.type, ir.IndexType):
                         size = arith.IndexCastOp(index, size).result
                     sizes.append(size)
-                groups = ir.ArrayAttr.get([ir.ArrayAttr.get(
-                    [ir.IntegerAttr.get(i64, d) for d in range(result_type.rank)])])
-                static = [ir.ShapedType.get_dynamic_size() if result_type.is_dynamic_dim(d)
-                          else result_type.shape[d] for d in range(result_type.rank)]
-                if result_type.rank == 0:
-                    continue  # a scalar has no dynamic size; left to StableHLO
-                expanded = tensor.ExpandShapeOp(result_type, flat, groups, sizes, static).result
-            op.results[0].replace_all_uses_with(expanded)
+                static = [dynamic if s is None else s for s in result_dims]
+                if len(groups_res) != result_type.rank:
+                    result = tensor.ExpandShapeOp(result_type, collapsed,
+                                                  groups_attr(groups_res), sizes,
+                                                  static).result
+                elif collapsed.type != result_type:
+                    result = tensor.CastOp(result_type, collapsed).result
+                else:
+                    result = collapsed
+            op.results[0].replace_all_uses_with(result)
             op.erase()
-    return len(targets)
+            rewritten += 1
+    return rewritten
