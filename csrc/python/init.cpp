@@ -104,5 +104,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("attr_name"));
   m.def("live_allocations", &blade_ral_live_allocations,
         "Buffers allocated by generated code and not yet freed, in this process.");
+  m.def("cached_bytes", &blade_ral_cached_bytes,
+        "Bytes of buffers that generated code freed, kept for its next allocations.");
+  m.def("release_cached_memory", &blade_ral_release_cached_memory,
+        "Gives every cached buffer back to PyTorch's allocator.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;
 }

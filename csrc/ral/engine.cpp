@@ -103,6 +103,7 @@ Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
   for (auto& p : params) {
     params_.push_back(p.contiguous());
   }
+  prepared_weights_ = std::make_unique<PreparedWeights>(params_);
   expected_checksum_ = static_cast<int64_t>(
       checksum_bytes(code_bytes_.data_ptr<uint8_t>(), static_cast<size_t>(code_bytes_.numel())));
   fallback_fn_ = make_fallback_function(name_, fallback_ir_);
@@ -198,7 +199,10 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
     pointers.push_back(d);
     at += 3 + 2 * static_cast<size_t>(rank);
   }
-  code_->entry()(pointers.data());
+  {
+    ActivePreparedWeights weights(prepared_weights_.get());
+    code_->entry()(pointers.data());
+  }
   if (returns_outputs_) {
     outputs = adopt_results(results);
   }

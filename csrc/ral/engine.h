@@ -9,6 +9,7 @@
 #pragma once
 
 #include "ral/compiled_code.h"
+#include "ral/prepared_weights.h"
 #include "ral/tensor_spec.h"
 
 #include <ATen/ATen.h>
@@ -58,6 +59,8 @@ class Engine : public torch::CustomClassHolder {
   // Why the compiled code is not in use (empty when it is).
   const std::string& load_error() const { return load_error_; }
   EngineStats stats() const;
+  // Weights the code multiplies by through a packed copy (one per weight and row count).
+  int64_t packed_weights() const { return prepared_weights_->packed_count(); }
   std::string last_fallback_reason() const;
 
   // The pickled form. Its shape never changes between format versions, so that a model saved
@@ -86,6 +89,8 @@ class Engine : public torch::CustomClassHolder {
   bool returns_outputs_ = false;
   std::string fallback_ir_;
   std::vector<at::Tensor> params_;
+  // Weights packed for MKL's GEMM on first use (see prepared_weights.h).
+  std::unique_ptr<PreparedWeights> prepared_weights_;
   FallbackMode fallback_mode_;
   std::string cpu_features_;
   int64_t expected_checksum_ = 0;

@@ -5,22 +5,113 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 
 namespace {
 
 // PyTorch's CPU allocator aligns every block to this many bytes.
 constexpr size_t kAllocatorAlignment = 64;
 
+// Every block starts with a header this large holding its capacity, so that a freed block
+// can be cached by size; the generated code gets the memory after it (still aligned).
+constexpr size_t kHeaderBytes = kAllocatorAlignment;
+
 std::atomic<int64_t> live_allocations{0};
+
+size_t cache_limit_from_environment() {
+  const char* text = std::getenv("BLADE_RAL_CACHE_MB");
+  if (text == nullptr || *text == '\0') {
+    return size_t{1} << 30;  // 1 GiB
+  }
+  char* end = nullptr;
+  const unsigned long long megabytes = std::strtoull(text, &end, 10);
+  return *end == '\0' ? static_cast<size_t>(megabytes) << 20 : size_t{1} << 30;
+}
+
+// Buffers that generated code freed, kept for its next allocations: an engine allocates
+// the same intermediates on every call, and fresh memory costs a page fault per 4 KiB
+// page (the kernel zeroes each one) every time. A request takes the smallest cached block
+// that holds it and is at most twice its size. The cache holds at most BLADE_RAL_CACHE_MB
+// (default 1024) MiB; beyond that, freed blocks go back to PyTorch's allocator, as do all
+// of them on blade_ral_release_cached_memory().
+class BufferCache {
+ public:
+  void* take(size_t capacity_needed) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = blocks_.lower_bound(capacity_needed);
+    if (it == blocks_.end() || it->first / 2 > capacity_needed) {
+      return nullptr;
+    }
+    void* block = it->second;
+    cached_bytes_ -= it->first;
+    blocks_.erase(it);
+    return block;
+  }
+
+  // False when the cache is full: the caller frees the block.
+  bool keep(void* block, size_t capacity) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cached_bytes_ + capacity > limit_) {
+      return false;
+    }
+    blocks_.emplace(capacity, block);
+    cached_bytes_ += capacity;
+    return true;
+  }
+
+  std::multimap<size_t, void*> take_all() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cached_bytes_ = 0;
+    return std::exchange(blocks_, {});
+  }
+
+  size_t cached_bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cached_bytes_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::multimap<size_t, void*> blocks_;  // capacity -> block (header included)
+  size_t cached_bytes_ = 0;
+  const size_t limit_ = cache_limit_from_environment();
+};
+
+// Never destroyed: engines may free buffers while static objects are being torn down.
+BufferCache& cache() {
+  static auto* instance = new BufferCache();
+  return *instance;
+}
 
 void* allocate(size_t size) noexcept {
   try {
-    void* ptr = c10::GetCPUAllocator()->raw_allocate(size == 0 ? 1 : size);
+    const size_t capacity = kHeaderBytes + (size == 0 ? 1 : size);
+    void* block = cache().take(capacity);
+    if (block == nullptr) {
+      block = c10::GetCPUAllocator()->raw_allocate(capacity);
+      *static_cast<size_t*>(block) = capacity;
+    }
     live_allocations.fetch_add(1, std::memory_order_relaxed);
-    return ptr;
+    return static_cast<char*>(block) + kHeaderBytes;
   } catch (...) {
     return nullptr;
+  }
+}
+
+void deallocate(void* ptr) noexcept {
+  void* block = static_cast<char*>(ptr) - kHeaderBytes;
+  const size_t capacity = *static_cast<size_t*>(block);
+  bool kept = false;
+  try {
+    kept = cache().keep(block, capacity);
+  } catch (...) {  // no memory for the cache's own bookkeeping: free the block instead
+  }
+  if (!kept) {
+    c10::GetCPUAllocator()->raw_deallocate(block);
   }
 }
 
@@ -77,8 +168,16 @@ void _mlir_memref_to_llvm_free(void* ptr) {
     return;
   }
   live_allocations.fetch_sub(1, std::memory_order_relaxed);
-  c10::GetCPUAllocator()->raw_deallocate(ptr);
+  deallocate(ptr);
 }
 
 int64_t blade_ral_live_allocations(void) { return live_allocations.load(); }
+
+int64_t blade_ral_cached_bytes(void) { return static_cast<int64_t>(cache().cached_bytes()); }
+
+void blade_ral_release_cached_memory(void) {
+  for (const auto& entry : cache().take_all()) {
+    c10::GetCPUAllocator()->raw_deallocate(entry.second);
+  }
+}
 }

@@ -9,9 +9,10 @@
 
 extern "C" {
 
-// Memory for buffers the generated code allocates itself (intermediates), from PyTorch's
-// CPU allocator. The names are the ones MLIR's memref-to-LLVM lowering emits when asked
-// for generic allocation functions (`use-generic-functions`).
+// Memory for buffers the generated code allocates itself (intermediates, and the outputs
+// of dynamic engines), from PyTorch's CPU allocator. Freed buffers are cached for the next
+// allocations (see blade_ral_cached_bytes). The names are the ones MLIR's memref-to-LLVM
+// lowering emits when asked for generic allocation functions (`use-generic-functions`).
 void* _mlir_memref_to_llvm_alloc(size_t size);
 void* _mlir_memref_to_llvm_aligned_alloc(size_t alignment, size_t size);
 void _mlir_memref_to_llvm_free(void* ptr);
@@ -34,4 +35,9 @@ void blade_ral_parallel_for(int64_t extent, int64_t grain,
 // Bytes still allocated by generated code in this process; tests use it to prove that
 // every intermediate buffer was released.
 int64_t blade_ral_live_allocations(void);
+
+// Bytes of freed buffers kept for reuse (at most BLADE_RAL_CACHE_MB MiB, default 1024), and
+// a way to give them all back to PyTorch's allocator (blade.release_cached_memory()).
+int64_t blade_ral_cached_bytes(void);
+void blade_ral_release_cached_memory(void);
 }

@@ -1,7 +1,10 @@
 #include "ral/ral_kernels.h"
 
+#include "ral/prepared_weights.h"
+
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <vector>
@@ -53,13 +56,60 @@ void check_result_shape(const char* what, const at::Tensor& out, at::IntArrayRef
               ", the result has shape ", expected);
 }
 
+// A tensor of rank >= 2 read as rows of its last dim: the rows (all other dims folded) and
+// the distance between consecutive rows, in elements. False when the rows are not evenly
+// spaced with unit column stride, or overlap.
+bool as_rows(const at::Tensor& t, int64_t* rows, int64_t* row_stride) {
+  const int64_t rank = t.dim();
+  const int64_t columns = t.size(rank - 1);
+  if (rank < 2 || (t.stride(rank - 1) != 1 && columns != 1)) {
+    return false;
+  }
+  int64_t count = 1;
+  int64_t step = columns;
+  int64_t expected = -1;  // the stride the next folded dim must have
+  for (int64_t i = rank - 2; i >= 0; --i) {
+    if (t.size(i) == 1) {
+      continue;
+    }
+    if (expected < 0) {
+      step = t.stride(i);
+    } else if (t.stride(i) != expected) {
+      return false;
+    }
+    expected = t.stride(i) * t.size(i);
+    count *= t.size(i);
+  }
+  if (count > 1 && step < columns) {
+    return false;
+  }
+  *rows = count;
+  *row_stride = std::max(step, columns);
+  return true;
+}
+
+// lhs @ weight through the engine's packed copy of the weight, when `weight` is a param of
+// the running engine and both row operands fold to 2-d (see prepared_weights.h).
+bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transposed,
+                   const at::Tensor& result) {
+  blade::ral::PreparedWeights* prepared = blade::ral::active_prepared_weights();
+  int64_t rows = 0;
+  int64_t lda = 0;
+  int64_t out_rows = 0;
+  int64_t ldc = 0;
+  if (prepared == nullptr || lhs.scalar_type() != at::kFloat || weight.dim() != 2 ||
+      !as_rows(lhs, &rows, &lda) || !as_rows(result, &out_rows, &ldc) || rows != out_rows) {
+    return false;
+  }
+  return prepared->matmul_f32(lhs.data_ptr<float>(), lda, weight, transposed,
+                              result.data_ptr<float>(), ldc, rows);
+}
+
 void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* b,
             BladeUnrankedMemRef* out, int64_t transpose_b) noexcept {
   guarded("blade_ral_matmul", [&] {
-    at::Tensor rhs = view_of(b, dtype);
-    if (transpose_b != 0) {
-      rhs = rhs.transpose(-1, -2);
-    }
+    const at::Tensor weight = view_of(b, dtype);
+    at::Tensor rhs = transpose_b != 0 ? weight.transpose(-1, -2) : weight;
     at::Tensor lhs = view_of(a, dtype);
     at::Tensor result = view_of(out, dtype);
     TORCH_CHECK(lhs.dim() >= 2 && rhs.dim() >= 2 && lhs.size(-1) == rhs.size(-2),
@@ -69,7 +119,9 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
     expected.push_back(lhs.size(-2));
     expected.push_back(rhs.size(-1));
     check_result_shape("blade_ral_matmul", result, expected);
-    at::matmul_out(result, lhs, rhs);
+    if (!packed_matmul(lhs, weight, transpose_b != 0, result)) {
+      at::matmul_out(result, lhs, rhs);
+    }
   });
 }
 

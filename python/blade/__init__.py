@@ -28,6 +28,14 @@ def optimize(model, example_inputs, config=None):
     return _optimize(model, example_inputs, config)
 
 
+def release_cached_memory():
+    """Gives the buffers that compiled code freed and the runtime kept for reuse (up to
+    BLADE_RAL_CACHE_MB MiB, default 1024) back to PyTorch's allocator."""
+    from . import _C
+
+    _C.release_cached_memory()
+
+
 def register_converter(schema, capability_validator=None, priority=None, dtypes=None,
                        result_dtype="same", compute=True):
     """Decorator registering a user converter to StableHLO; see

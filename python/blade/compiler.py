@@ -100,6 +100,66 @@ def is_tensor_op(node: torch._C.Node) -> bool:
     return any(isinstance(v.type(), torch._C.TensorType) for v in node.outputs())
 
 
+def _writes(value: torch._C.Value) -> bool:
+    """Whether some node may write to `value`: an op whose schema marks the argument as
+    written, or a container of it that reaches one; a node without a schema counts as one
+    (except the list/tuple plumbing and reads that TorchScript has no schema for)."""
+    for use in value.uses():
+        node = use.user
+        if node.kind() in ("prim::ListConstruct", "prim::TupleConstruct"):
+            if _writes(node.output()):
+                return True
+            continue
+        if node.kind() in _READS_WITHOUT_SCHEMA:
+            continue
+        schema = node.schema()
+        if schema == "(no schema)":
+            return True
+        arguments = torch._C.parse_schema(schema).arguments
+        if not arguments:
+            return True
+        argument = arguments[min(use.offset, len(arguments) - 1)]
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            return True
+    return False
+
+
+_READS_WITHOUT_SCHEMA = ("prim::device", "prim::dtype", "prim::requires_grad", "prim::is_cuda",
+                         "prim::layout", "prim::shape", "prim::is_nested", "prim::If",
+                         "prim::TupleUnpack", "prim::ListUnpack", "prim::unchecked_cast",
+                         "prim::isinstance", "aten::__isnot__", "aten::__is__")
+
+
+def fold_tensor_attributes(graph: torch._C.Graph, module: torch.jit.ScriptModule) -> int:
+    """Module tensors that freezing left as `prim::GetAttr` (it keeps an attribute that is
+    put in a list or tuple, as nn.MultiheadAttention's `in_proj_weight` is for its fast path
+    checks) become constants when nothing in the graph writes to them: engines then get
+    them as params, prepared once (packed weights), instead of as inputs on every call.
+    Returns how many were folded."""
+    self_value = next(iter(graph.inputs()))
+    folded = 0
+    for node in _all_nodes(graph):
+        if node.kind() != "prim::GetAttr" or \
+                not isinstance(node.output().type(), torch._C.TensorType):
+            continue
+        path, owner = [node.s("name")], node.input()
+        while owner != self_value and owner.node().kind() == "prim::GetAttr":
+            path.append(owner.node().s("name"))
+            owner = owner.node().input()
+        if owner != self_value or _writes(node.output()):
+            continue
+        obj = module._c
+        for name in reversed(path):
+            obj = obj.getattr(name)
+        if not isinstance(obj, torch.Tensor):
+            continue
+        with graph.insert_point_guard(node):
+            constant = graph.insertConstant(obj.detach())
+        node.output().replaceAllUsesWith(constant)
+        folded += 1
+    return folded
+
+
 def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple,
              excluded_ops=(), dump: Optional[Dumper] = None,
              resized_inputs: Sequence[Tuple] = (), dynamic: bool = False,
@@ -130,6 +190,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
 
     run("inline", lambda: torch._C._jit_pass_inline(graph))
     run("remove_dropout", lambda: torch._C._jit_pass_remove_dropout(module._c))
+    run("fold_tensor_attributes", lambda: fold_tensor_attributes(graph, module))
     run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
     decomposed = run("decompose", lambda: decompose(graph, excluded_ops, dynamic))
     # Python structure that needs no shapes: in-place ops on fresh values, writes through

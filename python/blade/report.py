@@ -25,6 +25,7 @@ class ClusterReport:
     status: str = ""     # why the compiled code is not in use, or the last fallback reason
     library_calls: int = 0  # matmuls/convolutions run by PyTorch's kernels through the RAL
     parallel_loops: int = 0  # loop nests split across PyTorch's intra-op threads
+    packed_weights: int = 0  # weights multiplied through MKL's packed copy (read live)
 
 
 @dataclass
@@ -159,5 +160,6 @@ def report(module: torch.jit.ScriptModule) -> Report:
         engine = getattr(module, cluster.name)
         cluster.calls = engine.calls()
         cluster.fallbacks = engine.fallbacks()
+        cluster.packed_weights = engine.packed_weights()
         cluster.status = engine.load_error() or engine.last_fallback_reason()
     return result

@@ -7,6 +7,7 @@
 #include "ral/compiled_code.h"
 #include "ral/engine.h"
 #include "ral/guard.h"
+#include "ral/prepared_weights.h"
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
 #include "ral/tensor_spec.h"
@@ -18,6 +19,7 @@
 #include <dirent.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -183,6 +185,29 @@ void test_allocator_balances() {
   EXPECT(blade_ral_live_allocations() == live);
 }
 
+void test_freed_buffers_are_reused_and_released() {
+  blade_ral_release_cached_memory();
+  EXPECT(blade_ral_cached_bytes() == 0);
+  void* first = _mlir_memref_to_llvm_alloc(1 << 20);
+  _mlir_memref_to_llvm_free(first);
+  EXPECT(blade_ral_cached_bytes() >= (1 << 20));
+  // The same size again, and a slightly smaller one, get the cached block back...
+  void* again = _mlir_memref_to_llvm_alloc(1 << 20);
+  EXPECT(again == first);
+  EXPECT(blade_ral_cached_bytes() == 0);
+  _mlir_memref_to_llvm_free(again);
+  void* smaller = _mlir_memref_to_llvm_alloc((1 << 20) - 4096);
+  EXPECT(smaller == first);
+  // ...a much smaller one does not take it (it would waste more than half of it).
+  void* tiny = _mlir_memref_to_llvm_alloc(1000);
+  EXPECT(tiny != first);
+  std::memset(smaller, 1, (1 << 20) - 4096);  // all of it is usable (ASan checks)
+  _mlir_memref_to_llvm_free(smaller);
+  _mlir_memref_to_llvm_free(tiny);
+  blade_ral_release_cached_memory();
+  EXPECT(blade_ral_cached_bytes() == 0);
+}
+
 template <int Rank>
 struct Descriptor {
   float* allocated;
@@ -223,6 +248,43 @@ void test_matmul_library_call() {
   EXPECT(at::equal(wrong, at::full({4, 4}, 7.0)));  // untouched, not resized
   EXPECT(wrong.sizes() == at::IntArrayRef({4, 4}));
   EXPECT(blade::ral::take_kernel_error().empty());  // taking it clears it
+}
+
+void test_matmul_by_a_param_uses_its_packed_copy() {
+  at::Tensor weight = at::randn({48, 32});  // a linear layer's [out, in] weight
+  blade::ral::PreparedWeights prepared({weight});
+  at::Tensor x = at::randn({2, 10, 32});
+  at::Tensor out = at::empty({2, 10, 48});
+  auto dx = describe<3>(x);
+  auto dw = describe<2>(weight);
+  auto dout = describe<3>(out);
+  {
+    blade::ral::ActivePreparedWeights active(&prepared);
+    for (int call = 0; call < 3; ++call) {
+      out.fill_(0);
+      blade_ral_matmul_f32(3, &dx, 2, &dw, 3, &dout, /*transpose_b=*/1);
+      EXPECT(blade::ral::take_kernel_error().empty());
+      EXPECT(at::allclose(out, at::matmul(x, weight.t()), 1e-4, 1e-4));
+    }
+    EXPECT(prepared.packed_count() == 1);  // packed once, for 20 rows
+
+    // Rows that do not fold to one matrix (a strided slice) multiply unpacked, correctly.
+    at::Tensor wide = at::randn({2, 10, 64});
+    at::Tensor slice = wide.slice(2, 0, 32).transpose(0, 1);  // [10, 2, 32], rows interleaved
+    at::Tensor out2 = at::empty({10, 2, 48});
+    auto ds = describe<3>(slice);
+    auto dout2 = describe<3>(out2);
+    blade_ral_matmul_f32(3, &ds, 2, &dw, 3, &dout2, 1);
+    EXPECT(at::allclose(out2, at::matmul(slice, weight.t()), 1e-4, 1e-4));
+    EXPECT(prepared.packed_count() == 1);
+  }
+  // Not a param (another tensor with the same shape), or no engine running: not packed.
+  at::Tensor other = at::randn({48, 32});
+  auto dother = describe<2>(other);
+  blade::ral::ActivePreparedWeights active(&prepared);
+  blade_ral_matmul_f32(3, &dx, 2, &dother, 3, &dout, 1);
+  EXPECT(at::allclose(out, at::matmul(x, other.t()), 1e-4, 1e-4));
+  EXPECT(prepared.packed_count() == 1);
 }
 
 void mark_rows(int64_t begin, int64_t end, void** arguments) {
@@ -389,7 +451,9 @@ int main(int argc, char** argv) {
       {"garbage_code_is_refused_without_leaking_descriptors",
        test_garbage_code_is_refused_without_leaking_descriptors},
       {"allocator_balances", test_allocator_balances},
+      {"freed_buffers_are_reused_and_released", test_freed_buffers_are_reused_and_released},
       {"matmul_library_call", test_matmul_library_call},
+      {"matmul_by_a_param_uses_its_packed_copy", test_matmul_by_a_param_uses_its_packed_copy},
       {"parallel_for_covers_every_row_once", test_parallel_for_covers_every_row_once},
       {"saved_model_runs_compiled_code", test_saved_model_runs_compiled_code},
       {"wrong_inputs_fall_back_or_raise_per_mode", test_wrong_inputs_fall_back_or_raise_per_mode},

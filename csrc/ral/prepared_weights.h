@@ -1,0 +1,58 @@
+// Weights prepared once per engine for PyTorch's GEMM: MKL's packed B operand.
+//
+// A linear layer's weight is a constant of the engine (a param), multiplied by a batch of
+// rows on every call. MKL reorders the weight into its own blocked layout inside every
+// sgemm call; `cblas_sgemm_pack` does it once, and `cblas_sgemm_compute` then multiplies
+// by the packed copy (as TorchScript's frozen `mkl_linear` does). The packed copy is made
+// by the engine's first call that multiplies by the weight and lives as long as the engine. MKL's packed layout depends on the number of rows, so each
+// weight keeps packs for a few row counts (a dynamic engine's other batches run unpacked).
+// Where libtorch has no MKL, nothing is packed and matmuls run as before.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+namespace blade::ral {
+
+class PreparedWeights {
+ public:
+  explicit PreparedWeights(const std::vector<at::Tensor>& params);
+
+  // out[M, N] = lhs[M, K] @ op(rhs) with a packed rhs, where `rhs` is a param ([N, K] with
+  // `transposed`, else [K, N]) and the 2-d operands have unit column stride and row strides
+  // lda/ldc. False when this call cannot use a packed weight (the caller multiplies).
+  bool matmul_f32(const float* lhs, int64_t lda, const at::Tensor& rhs, bool transposed,
+                  float* out, int64_t ldc, int64_t m);
+
+  // How many packed weights exist (tests and the report read it).
+  int64_t packed_count() const;
+
+ private:
+  const float* packed(const at::Tensor& rhs, bool transposed, int64_t m);
+
+  std::vector<at::Tensor> params_;
+  mutable std::mutex mutex_;
+  // (weight data, transposed, rows) -> packed bytes
+  std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
+};
+
+// The prepared weights of the engine whose code runs on this thread (null outside a call);
+// set for the duration of a call by ActivePreparedWeights.
+PreparedWeights* active_prepared_weights();
+
+class ActivePreparedWeights {
+ public:
+  explicit ActivePreparedWeights(PreparedWeights* weights);
+  ~ActivePreparedWeights();
+  ActivePreparedWeights(const ActivePreparedWeights&) = delete;
+  ActivePreparedWeights& operator=(const ActivePreparedWeights&) = delete;
+
+ private:
+  PreparedWeights* previous_;
+};
+
+}  // namespace blade::ral

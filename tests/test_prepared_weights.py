@@ -1,0 +1,89 @@
+"""Weights as engine params, prepared once: module tensors freezing left as attributes are
+folded into constants when nothing writes them, a linear layer's weight is packed for MKL's
+GEMM on the first call, and the intermediate buffers of one call are reused by the next."""
+import torch
+
+import blade
+from blade import _C
+from helpers import assert_same, run_compiled
+
+
+def test_transformer_layer_weights_become_params_and_are_packed():
+    torch.manual_seed(0)
+    model = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, dropout=0.0)
+    x = torch.randn(2, 8, 64)
+    optimized, report = run_compiled(model, (x,), rtol=1e-4, atol=1e-5)
+    # nn.MultiheadAttention's in_proj_weight/bias stayed attributes after freezing (they
+    # are put in a tuple); folded, the engine's only input is the activation.
+    assert [c.inputs for c in report.clusters] == ["float32[2,8,64]"], str(report)
+    # in_proj, out_proj, linear1 and linear2 multiply through packed copies.
+    assert report.clusters[0].packed_weights == 4, str(report)
+    with torch.no_grad():
+        for _ in range(3):
+            assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+    assert blade.report(optimized).clusters[0].packed_weights == 4
+
+
+class Counter(torch.nn.Module):
+    """An attribute written by forward must stay an attribute (read fresh every call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1))
+
+    def forward(self, x):
+        self.count.add_(1.0)
+        return torch.relu(x * self.count + 1.0)
+
+
+def test_attributes_that_forward_writes_are_not_folded():
+    model = Counter().eval()
+    reference = Counter().eval()
+    x = torch.randn(4, 8)
+    optimized = blade.optimize(model, (x,))
+    reference(x)  # optimize ran the model once on the example, as the reference does now
+    with torch.no_grad():
+        for _ in range(3):
+            assert_same(optimized(x), reference(x))
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 64)
+        self.fc2 = torch.nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def test_dynamic_batches_pack_a_few_row_counts_and_run_the_rest_unpacked():
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    optimized = blade.optimize(model, (torch.randn(8, 32),), blade.Config(dynamic=True))
+    with torch.no_grad():
+        for batch in (1, 3, 8, 17, 64, 5, 3):
+            x = torch.randn(batch, 32)
+            assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.runtime_fallbacks == 0 and report.clusters[0].calls == 7, str(report)
+    assert report.clusters[0].packed_weights == 2 * 4, str(report)  # 4 row counts each
+
+
+def test_intermediate_buffers_are_reused_across_calls():
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    optimized = blade.optimize(model, (torch.randn(256, 32),))
+    x = torch.randn(256, 32)
+    with torch.no_grad():
+        optimized(x)
+        cached = _C.cached_bytes()
+        live = _C.live_allocations()
+        for _ in range(5):
+            assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+        # The [256, 64] intermediate comes from the cache and goes back to it: the cache
+        # does not grow with the calls, and nothing stays allocated.
+        assert _C.cached_bytes() == cached >= 256 * 64 * 4
+        assert _C.live_allocations() == live
+    blade.release_cached_memory()
+    assert _C.cached_bytes() == 0
