@@ -86,6 +86,36 @@ def bench(workload, names, runs, warmup):
     return rows
 
 
+class Tiny(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x * 2.0 + 1.0)
+
+
+def call_overhead(samples=20000):
+    """Microseconds per call on a 4-element input, where the kernel itself takes a few
+    nanoseconds: what a call costs beyond its work. `blade engine` is one engine's execute
+    (signature check, descriptors, output allocation, the call); `blade module` adds the
+    optimized module's TorchScript forward and input guard."""
+    model, x = Tiny().eval(), torch.randn(4)
+    optimized = blade.optimize(model, (x,))
+    engine = getattr(optimized, blade.report(optimized).clusters[0].name)
+    scripted = torch.jit.freeze(torch.jit.script(model))
+    calls = {"eager": lambda: model(x), "torchscript": lambda: scripted(x),
+             "blade module": lambda: optimized(x), "blade engine": lambda: engine.execute([x])}
+    times = {name: [] for name in calls}
+    with torch.no_grad():
+        for fn in calls.values():
+            for _ in range(1000):
+                fn()
+        for _ in range(samples):
+            for name, fn in calls.items():
+                start = time.perf_counter_ns()
+                fn()
+                times[name].append((time.perf_counter_ns() - start) / 1e3)
+    assert blade.report(optimized).runtime_fallbacks == 0
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -93,6 +123,8 @@ def main():
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", help="write the raw numbers here")
+    parser.add_argument("--no-overhead", action="store_true",
+                        help="skip the per-call overhead measurement")
     args = parser.parse_args()
     torch.set_num_threads(2)
     results = {}
@@ -113,6 +145,11 @@ def main():
     if ratios:
         geomean = statistics.geometric_mean(ratios)
         print(f"\nblade geometric-mean speedup over eager: {1 / geomean:.2f}x")
+    if not args.no_overhead:
+        overhead = call_overhead()
+        results["call_overhead_us"] = overhead
+        print("\nper-call cost on a 4-element input (median us, the kernel itself takes ns): " +
+              ", ".join(f"{name} {us:.1f}" for name, us in overhead.items()))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Tuple
 
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
@@ -142,9 +142,12 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 library_calls.lower(module)
                 main = _find_main(module)
                 main.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+                noalias = _noalias_buffers(module)
             pipeline = "bufferize_returning" if stage == "bufferize" and returns_outputs \
                 else stage
             _run_stage(module, pipeline)
+            if stage == "linalg_to_llvm":
+                _mark_noalias_pointers(module, noalias)
             result.seconds[stage] = time.perf_counter() - start
             if dump is not None:
                 dump.seconds[stage] = result.seconds[stage]
@@ -283,6 +286,55 @@ def _mark_arguments(main) -> None:
             entries["llvm.noalias"] = ir.UnitAttr.get()
         attrs.append(ir.DictAttr.get(entries))
     main.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+
+
+def _noalias_buffers(module) -> Dict[str, List[Tuple[int, bool]]]:
+    """Per function with marked arguments, per argument: how many values the LLVM lowering
+    expands it into (a memref of rank r: its descriptor's 3 + 2r fields) and whether it is
+    a memref marked `llvm.noalias` (a parallel task's, see parallel.py; all of main's: its
+    inputs and params, see _mark_arguments, and the out-parameters bufferization added for
+    its outputs, fresh tensors, one per output). The lowering drops the mark;
+    _mark_noalias_pointers puts it back."""
+    found = {}
+    for op in module.body.operations:
+        if op.operation.name != "func.func" or "arg_attrs" not in op.attributes:
+            continue
+        is_main = ir.StringAttr(op.attributes["sym_name"]).value == "main"
+        args = []
+        for arg, attrs in zip(op.regions[0].blocks[0].arguments,
+                              ir.ArrayAttr(op.attributes["arg_attrs"])):
+            if isinstance(arg.type, ir.MemRefType):
+                args.append((3 + 2 * ir.MemRefType(arg.type).rank,
+                             is_main or "llvm.noalias" in ir.DictAttr(attrs)))
+            elif isinstance(arg.type, (ir.IndexType, ir.IntegerType, ir.FloatType)):
+                args.append((1, False))
+            else:
+                break  # an argument whose expansion is not known here: leave it
+        else:
+            if any(marked for _, marked in args):
+                found[ir.StringAttr(op.attributes["sym_name"]).value] = args
+    return found
+
+
+def _mark_noalias_pointers(module, noalias: Dict[str, List[Tuple[int, bool]]]) -> None:
+    """Marks the allocated and aligned pointers of each noalias memref argument on the
+    lowered llvm.func: without it LLVM must assume that a store into an output may change
+    any input, so it cannot hoist a row's mean out of the loop over the row's elements."""
+    for op in module.body.operations:
+        if op.operation.name != "llvm.func" or not op.regions[0].blocks:
+            continue
+        args = noalias.get(ir.StringAttr(op.attributes["sym_name"]).value)
+        count = len(op.regions[0].blocks[0].arguments)
+        if args is None or sum(width for width, _ in args) != count:
+            continue
+        marked, position = set(), 0
+        for width, is_noalias in args:
+            if is_noalias:
+                marked.update((position, position + 1))
+            position += width
+        op.attributes["arg_attrs"] = ir.ArrayAttr.get([
+            ir.DictAttr.get({"llvm.noalias": ir.UnitAttr.get()} if k in marked else {})
+            for k in range(count)])
 
 
 def _write_outputs_in_place(main) -> int:
