@@ -7,25 +7,27 @@ bit-cast) that LLVM's loop vectorizer turns into AVX code. The MLIR pass that do
 (math-polynomial-approximation) is not registered in the torch-mlir wheel, hence our own.
 
 Accuracy, measured over [-110, 100] against float64 (tests/test_approximations.py):
-exp < 1 ulp relative in the normal range (and exact at 0, +-inf, NaN; 0 below -87.33654,
-where results would be subnormal; inf above 88.72); tanh and erf < 4e-7 absolute and
+exp < 1 ulp relative in the normal range (and exact at 0, +-inf, NaN; 0 below -87.3,
+where results are under 1.22e-38, near or below FLT_MIN; inf above 88.72); tanh and erf < 4e-7 absolute and
 relative. The forms are the classic
 ones: Cody-Waite range reduction with a degree-5 polynomial for exp, and odd/even rational
 minimax approximations on a clamped range for tanh and erf (coefficients as in Eigen's
 float kernels).
 """
 from torch_mlir import ir
-from torch_mlir.dialects import arith, math
+from torch_mlir.dialects import arith, llvm, math
 
 # exp: x = n*ln2 + r, |r| <= ln2/2; exp(r) = 1 + r + r^2 * P(r)
 _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
           1.6666665459e-1, 5.0000001201e-1)
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
 _LOG2E = 1.44269504088896341
-# Below ln(FLT_MIN) the result would be subnormal: it flushes to 0. Computing subnormal
-# results (and intermediates) costs a microcode assist of 100+ cycles per element on x86,
-# which made softmax rows with -1e4 masks several times slower than eager.
-_EXP_MAX, _EXP_MIN = 88.72283905206835, -87.33654
+# Below -87.3 the result flushes to 0: e**-87.3 = 1.22e-38 is just above FLT_MIN, so every
+# result and intermediate is a normal float. Computing subnormals costs a microcode assist
+# of 100+ cycles per element on x86 (softmax rows with -1e4 masks ran several times slower
+# than eager), and with the bound at ln(FLT_MIN) itself, inputs clamped to it still gave
+# products just under FLT_MIN.
+_EXP_MAX, _EXP_MIN = 88.72283905206835, -87.3
 
 # tanh(x) = x * P(x^2) / Q(x^2) on [-7.905, 7.905]; x itself below 4e-4
 _TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
@@ -46,7 +48,8 @@ _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
 class _Builder:
     """Scalar f32 arithmetic at the current insertion point."""
 
-    def __init__(self):
+    def __init__(self, scalef: bool):
+        self.scalef = scalef
         self.f32 = ir.F32Type.get()
         self.i32 = ir.IntegerType.get_signless(32)
 
@@ -96,11 +99,14 @@ def _exp(b: _Builder, x):
     n = math.FloorOp(b.add(b.mul(xc, b.const(_LOG2E)), b.const(0.5))).result
     r = b.sub(b.sub(xc, b.mul(n, b.const(_LN2_HI))), b.mul(n, b.const(_LN2_LO)))
     y = b.add(b.add(b.mul(b.mul(b.poly(r, _EXP_P), r), r), r), b.const(1.0))
-    # 2**n as two factors, so that n from -150 to 128 stays within normal exponents.
+    # y * 2**n for n in [-126, 128] (at 128 the product is still finite when y < 2**0.5).
     ni = arith.FPToSIOp(b.i32, n).result
-    half = arith.ShRSIOp(ni, b.int_const(1)).result
-    rest = arith.SubIOp(ni, half).result
-    result = b.mul(b.mul(y, b.pow2(half)), b.pow2(rest))
+    if b.scalef:  # ldexp: one vscalefps per 16 lanes
+        result = llvm.intr_ldexp(b.f32, y, ni)
+    else:  # two factors built in the exponent bits, each within normal exponents
+        half = arith.ShRSIOp(ni, b.int_const(1)).result
+        rest = arith.SubIOp(ni, half).result
+        result = b.mul(b.mul(y, b.pow2(half)), b.pow2(rest))
     result = b.select_if(arith.CmpFPredicate.OGT, x, _EXP_MAX, b.const(float("inf")), result)
     return b.select_if(arith.CmpFPredicate.OLT, x, _EXP_MIN, b.const(0.0), result)
 
@@ -124,8 +130,10 @@ def _erf(b: _Builder, x):
 _REWRITES = {"math.exp": _exp, "math.tanh": _tanh, "math.erf": _erf}
 
 
-def approximate_math(module) -> int:
-    """Replaces every f32 math.exp/tanh/erf in `module`; returns how many."""
+def approximate_math(module, scalef: bool = False) -> int:
+    """Replaces every f32 math.exp/tanh/erf in `module`; returns how many. `scalef`: the
+    host scales by powers of two in one vector instruction (AVX-512's vscalefps), so
+    exp uses LLVM's ldexp, which elsewhere would become a libm call per element."""
     targets = []
 
     def visit(op):
@@ -135,7 +143,7 @@ def approximate_math(module) -> int:
 
     module.operation.walk(visit)
     with module.context:
-        builder = _Builder()
+        builder = _Builder(scalef)
         for op in targets:
             with ir.InsertionPoint(op), op.location:
                 value = _REWRITES[op.name](builder, op.operands[0])

@@ -134,7 +134,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 _mark_arguments(_find_main(module))
             if stage == "linalg_to_llvm":
                 _write_outputs_in_place(_find_main(module))
-                approximate_math(module)
+                approximate_math(module,
+                                 scalef="avx512f" in host_cpu_features().split(","))
                 allow_reduction_reassociation(module)
                 allow_contraction(module)
                 tasks = parallel.outline(module, _find_main(module)) if parallel_loops else []
