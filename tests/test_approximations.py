@@ -39,3 +39,32 @@ def test_compiled_math_matches_float64_within_a_few_ulp(name, scalef, monkeypatc
     normal = finite & (want.abs() > 1.23e-38)
     error = (got.double() - want).abs()[normal] / want.abs()[normal].clamp_min(1e-6)
     assert error.max().item() < 5e-7, (name, error.max().item())
+
+
+def test_reciprocal_estimates_only_where_the_division_is_provably_finite():
+    """`ninf` (and so the reciprocal estimate) only on divisions whose operands are bounded
+    and whose denominator stays away from 0: a polynomial of a clamped input, not a
+    model's own x / y."""
+    from torch_mlir import ir
+
+    from blade.approximations import allow_reciprocal_estimates
+    text = """
+    func.func @f(%x: f32, %y: f32) -> (f32, f32, f32) {
+      %lo = arith.constant -4.0 : f32
+      %hi = arith.constant 4.0 : f32
+      %c = arith.constant -0.5 : f32
+      %a = arith.maximumf %x, %lo : f32
+      %b = arith.minimumf %a, %hi : f32
+      %sq = arith.mulf %b, %b : f32
+      %q = arith.mulf %sq, %c : f32
+      %q1 = arith.addf %q, %c : f32
+      %ok = arith.divf %b, %q1 : f32
+      %user = arith.divf %x, %y : f32
+      %through_zero = arith.divf %b, %b : f32
+      return %ok, %user, %through_zero : f32, f32, f32
+    }"""
+    with ir.Context():
+        module = ir.Module.parse(text)
+        assert allow_reciprocal_estimates(module) == 1
+        lines = [line for line in str(module).splitlines() if "arith.divf" in line]
+    assert "ninf" in lines[0] and "ninf" not in lines[1] and "ninf" not in lines[2], lines

@@ -14,6 +14,8 @@ ones: Cody-Waite range reduction with a degree-5 polynomial for exp, and odd/eve
 minimax approximations on a clamped range for tanh and erf (coefficients as in Eigen's
 float kernels).
 """
+from typing import Tuple
+
 from torch_mlir import ir
 from torch_mlir.dialects import arith, llvm, math
 
@@ -69,7 +71,11 @@ class _Builder:
         return arith.MulFOp(a, b).result
 
     def div(self, a, b):
-        return arith.DivFOp(a, b).result
+        """a / b for a denominator that is finite and far from 0 by construction (a
+        rational approximation's Q on its clamped range): `ninf` with `arcp` lets LLVM
+        use the reciprocal estimate (see allow_reciprocal)."""
+        return arith.DivFOp(a, b, fastmath=ir.Attribute.parse(
+            "#arith.fastmath<arcp,ninf>")).result
 
     def clamp(self, x, low: float, high: float):
         # maximumf/minimumf propagate NaN, so NaN stays NaN.
@@ -193,6 +199,96 @@ def allow_contraction(module) -> int:
 
     module.operation.walk(visit)
     _add_fastmath(module, marked, "contract")
+    return len(marked)
+
+
+def allow_reciprocal(module) -> int:
+    """Lets LLVM divide by multiplying with a reciprocal (`fastmath<arcp>` on f32
+    divisions): a softmax row divided by its sum becomes one division per row and a
+    multiply per element, as in PyTorch's own softmax (at most an ulp or two apart, for
+    denominators above FLT_MIN).
+    Divisions that are also `ninf` (the approximations' own, `_Builder.div`) may use the
+    host's reciprocal estimate refined by one Newton step (codegen._tune_for_host) instead
+    of a full-latency vector division; `ninf` is not added here, as a model's own
+    division may mean to produce an infinity. Returns how many ops were marked."""
+    marked = []
+
+    def visit(op):
+        if op.name == "arith.divf" and isinstance(op.results[0].type, ir.F32Type):
+            marked.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    _add_fastmath(module, marked, "arcp")
+    return len(marked)
+
+
+_UNBOUNDED = (-float("inf"), float("inf"))
+
+
+def _interval(value, memo) -> Tuple[float, float]:
+    """Bounds of a scalar f32 `value` from the ops that compute it: constants, and
+    max/min/add/sub/mul of bounded values (a clamp bounds anything); NaN aside. Anything
+    else is unbounded."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return _UNBOUNDED
+    key = owner
+    if key in memo:
+        return memo[key]
+    memo[key] = _UNBOUNDED  # cycles cannot occur in SSA, but stay safe
+    name = owner.name
+    result = _UNBOUNDED
+    if name == "arith.constant" and isinstance(owner.attributes["value"], ir.FloatAttr):
+        c = ir.FloatAttr(owner.attributes["value"]).value
+        result = (c, c)
+    elif name in ("arith.maximumf", "arith.maxnumf", "arith.minimumf", "arith.minnumf",
+                  "arith.addf", "arith.subf", "arith.mulf"):
+        (a_lo, a_hi), (b_lo, b_hi) = (_interval(v, memo) for v in owner.operands)
+        if name in ("arith.maximumf", "arith.maxnumf"):
+            result = (max(a_lo, b_lo), max(a_hi, b_hi))
+        elif name in ("arith.minimumf", "arith.minnumf"):
+            result = (min(a_lo, b_lo), min(a_hi, b_hi))
+        elif _finite(a_lo, a_hi) and _finite(b_lo, b_hi):
+            if name == "arith.addf":
+                result = (a_lo + b_lo, a_hi + b_hi)
+            elif name == "arith.subf":
+                result = (a_lo - b_hi, a_hi - b_lo)
+            elif owner.operands[0] == owner.operands[1]:  # a square
+                low = 0.0 if a_lo <= 0.0 <= a_hi else min(a_lo * a_lo, a_hi * a_hi)
+                result = (low, max(a_lo * a_lo, a_hi * a_hi))
+            else:
+                products = [a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi]
+                result = (min(products), max(products))
+    if not _finite(*result) and result != _UNBOUNDED and name not in (
+            "arith.maximumf", "arith.maxnumf", "arith.minimumf", "arith.minnumf"):
+        result = _UNBOUNDED
+    memo[key] = result
+    return result
+
+
+def _finite(lo: float, hi: float) -> bool:
+    # with margin: float32 rounding of the bounds' arithmetic must not reach infinity
+    return -1e30 < lo <= hi < 1e30
+
+
+def allow_reciprocal_estimates(module) -> int:
+    """Marks `ninf` the f32 divisions whose operands are provably finite and whose
+    denominator is provably away from 0 (`_interval`): a rational approximation's P/Q on
+    a clamped input, as StableHLO's erf in GELU. With `arcp` (allow_reciprocal) LLVM may
+    then use the reciprocal estimate plus a Newton step there. Returns how many."""
+    marked, memo = [], {}
+
+    def visit(op):
+        if op.name == "arith.divf" and isinstance(op.results[0].type, ir.F32Type):
+            numerator = _interval(op.operands[0], memo)
+            lo, hi = _interval(op.operands[1], memo)
+            if _finite(*numerator) and _finite(lo, hi) and (lo > 1e-30 or hi < -1e-30):
+                marked.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    _add_fastmath(module, marked, "ninf")
     return len(marked)
 
 
