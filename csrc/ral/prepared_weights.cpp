@@ -51,14 +51,32 @@ thread_local PreparedWeights* active = nullptr;
 
 PreparedWeights::PreparedWeights(const std::vector<at::Tensor>& params) : params_(params) {}
 
+bool PreparedWeights::is_param(const at::Tensor& t) const {
+  for (const auto& p : params_) {
+    if (p.data_ptr() == t.data_ptr() && p.sizes() == t.sizes() && p.strides() == t.strides()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+at::Tensor PreparedWeights::channels_last(const at::Tensor& weight) {
+  if (weight.dim() != 4 || !is_param(weight)) {
+    return weight;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = channels_last_.find(weight.data_ptr());
+  if (it == channels_last_.end()) {
+    it = channels_last_
+             .emplace(weight.data_ptr(), weight.clone(at::MemoryFormat::ChannelsLast))
+             .first;
+  }
+  return it->second;
+}
+
 const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int64_t m) {
   const void* data = rhs.data_ptr();
-  bool is_param = false;
-  for (const auto& p : params_) {
-    is_param = is_param || (p.data_ptr() == data && p.sizes() == rhs.sizes() &&
-                            p.strides() == rhs.strides());
-  }
-  if (!is_param) {
+  if (!is_param(rhs)) {
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(mutex_);

@@ -1,4 +1,5 @@
-// Weights prepared once per engine for PyTorch's GEMM: MKL's packed B operand.
+// Weights prepared once per engine for PyTorch's kernels: MKL's packed B operand for GEMMs,
+// channels_last copies for NHWC convolutions.
 //
 // A linear layer's weight is a constant of the engine (a param), multiplied by a batch of
 // rows on every call. MKL reorders the weight into its own blocked layout inside every
@@ -28,16 +29,22 @@ class PreparedWeights {
   bool matmul_f32(const float* lhs, int64_t lda, const at::Tensor& rhs, bool transposed,
                   float* out, int64_t ldc, int64_t m);
 
+  // A convolution weight in channels_last layout (what oneDNN reads for NHWC data), made
+  // once if `weight` is a param; otherwise `weight` itself.
+  at::Tensor channels_last(const at::Tensor& weight);
+
   // How many packed weights exist (tests and the report read it).
   int64_t packed_count() const;
 
  private:
+  bool is_param(const at::Tensor& t) const;
   const float* packed(const at::Tensor& rhs, bool transposed, int64_t m);
 
   std::vector<at::Tensor> params_;
   mutable std::mutex mutex_;
   // (weight data, transposed, rows) -> packed bytes
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
+  std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
 };
 
 // The prepared weights of the engine whose code runs on this thread (null outside a call);

@@ -128,9 +128,12 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
 void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* weight,
             BladeUnrankedMemRef* out, int64_t stride_h, int64_t stride_w, int64_t pad_top,
             int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
-            int64_t dilation_w, int64_t groups) noexcept {
-  guarded("blade_ral_conv2d", [&] {
-    at::Tensor x = view_of(input, dtype);
+            int64_t dilation_w, int64_t groups, bool channels_last) noexcept {
+  guarded(channels_last ? "blade_ral_conv2d_nhwc" : "blade_ral_conv2d", [&] {
+    // NHWC buffers are viewed as NCHW tensors with channels_last strides: PyTorch (oneDNN)
+    // convolves those without reordering them, and returns a channels_last result.
+    const auto as_nchw = [&](at::Tensor t) { return channels_last ? t.permute({0, 3, 1, 2}) : t; };
+    at::Tensor x = as_nchw(view_of(input, dtype));
     std::vector<int64_t> padding{pad_top, pad_left};
     if (pad_top != pad_bottom || pad_left != pad_right) {
       x = at::constant_pad_nd(x, {pad_left, pad_right, pad_top, pad_bottom}, 0);
@@ -138,9 +141,14 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     }
     const std::vector<int64_t> stride{stride_h, stride_w};
     const std::vector<int64_t> dilation{dilation_h, dilation_w};
-    at::Tensor result = at::conv2d(x, view_of(weight, dtype), c10::optional<at::Tensor>(),
+    at::Tensor w = view_of(weight, dtype);
+    blade::ral::PreparedWeights* prepared = blade::ral::active_prepared_weights();
+    if (channels_last && prepared != nullptr) {
+      w = prepared->channels_last(w);
+    }
+    at::Tensor result = at::conv2d(x, w, c10::optional<at::Tensor>(),
                                    stride, padding, dilation, groups);
-    at::Tensor target = view_of(out, dtype);
+    at::Tensor target = as_nchw(view_of(out, dtype));
     check_result_shape("blade_ral_conv2d", target, result.sizes());
     target.copy_(result);
   });
@@ -191,7 +199,17 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
     BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
                         result = BLADE_RAL_UNRANKED(out);                                    \
     conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top, pad_bottom, pad_left,  \
-           pad_right, dilation_h, dilation_w, groups);                                       \
+           pad_right, dilation_h, dilation_w, groups, false);                                \
+  }                                                                                          \
+  void blade_ral_conv2d_nhwc_##suffix(                                                       \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(out),              \
+      int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_bottom,               \
+      int64_t pad_left, int64_t pad_right, int64_t dilation_h, int64_t dilation_w,           \
+      int64_t groups) {                                                                      \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
+                        result = BLADE_RAL_UNRANKED(out);                                    \
+    conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top, pad_bottom, pad_left,  \
+           pad_right, dilation_h, dilation_w, groups, true);                                 \
   }
 
 BLADE_RAL_DEFINE_KERNELS(f32, c10::ScalarType::Float)

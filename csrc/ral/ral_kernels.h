@@ -35,7 +35,8 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
 // matmul: out = a @ b, or a @ b^T when `transpose_b`; batch dims broadcast as in
 // torch.matmul (b may have fewer of them).
 // conv2d: out = conv2d(input, weight) in NCHW / OIHW layout with explicit (possibly
-// asymmetric) zero padding.
+// asymmetric) zero padding. conv2d_nhwc: the same with input and out in NHWC layout
+// (python/blade/layouts.py), the weight still OIHW.
 #define BLADE_RAL_MEMREF(name) int64_t name##_rank, void* name##_descriptor
 #define BLADE_RAL_DECLARE_KERNELS(suffix)                                                    \
   void blade_ral_matmul_##suffix(BLADE_RAL_MEMREF(a), BLADE_RAL_MEMREF(b),                   \
@@ -44,7 +45,12 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
                                  BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w,  \
                                  int64_t pad_top, int64_t pad_bottom, int64_t pad_left,      \
                                  int64_t pad_right, int64_t dilation_h, int64_t dilation_w,  \
-                                 int64_t groups);
+                                 int64_t groups);                                            \
+  void blade_ral_conv2d_nhwc_##suffix(                                                       \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(out),              \
+      int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_bottom,               \
+      int64_t pad_left, int64_t pad_right, int64_t dilation_h, int64_t dilation_w,           \
+      int64_t groups);
 
 BLADE_RAL_DECLARE_KERNELS(f32)
 BLADE_RAL_DECLARE_KERNELS(f64)

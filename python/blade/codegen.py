@@ -25,7 +25,7 @@ from typing import Dict, List, Tuple
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
-from . import library_calls, parallel
+from . import layouts, library_calls, parallel
 from .approximations import (allow_contraction, allow_reciprocal, allow_reciprocal_estimates,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
@@ -127,6 +127,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
             if stage == "stablehlo_to_linalg":
                 if user_calls:
                     _inline_user_converters(module, user_calls)
+                layouts.to_channels_last(module, _find_main(module))
                 result.library_calls = library_calls.outline(module, _find_main(module))
                 annotate_broadcasts(module)
                 lower_dynamic_reshapes(module)

@@ -110,17 +110,22 @@ def _matmul_form(op) -> Optional[Tuple[object, object, List, dict]]:
 
 
 def _conv_form(op) -> Optional[dict]:
-    """The attributes of a 2-d NCHW/OIHW convolution the RAL runs, or None."""
+    """The attributes of a 2-d convolution the RAL runs, or None: OIHW weights, and NCHW
+    data and result (`conv2d`) or NHWC ones (`conv2d_nhwc`, see layouts.py; static)."""
     dims = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     if _element_suffix(op.operands[0]) is None or _rank(op.operands[0]) != 4:
         return None
-    nchw = (dims.input_batch_dimension, dims.input_feature_dimension,
-            list(dims.input_spatial_dimensions)) == (0, 1, [2, 3])
+    data = (dims.input_batch_dimension, dims.input_feature_dimension,
+            list(dims.input_spatial_dimensions))
+    result = (dims.output_batch_dimension, dims.output_feature_dimension,
+              list(dims.output_spatial_dimensions))
     oihw = (dims.kernel_output_feature_dimension, dims.kernel_input_feature_dimension,
             list(dims.kernel_spatial_dimensions)) == (0, 1, [2, 3])
-    out_nchw = (dims.output_batch_dimension, dims.output_feature_dimension,
-                list(dims.output_spatial_dimensions)) == (0, 1, [2, 3])
-    if not (nchw and oihw and out_nchw):
+    if not oihw or data != result or data not in ((0, 1, [2, 3]), (0, 3, [1, 2])):
+        return None
+    kind = "conv2d" if data == (0, 1, [2, 3]) else "conv2d_nhwc"
+    if kind == "conv2d_nhwc" and any(ir.RankedTensorType(v.type).has_static_shape is False
+                                     for v in list(op.operands) + list(op.results)):
         return None
     attrs = op.attributes
 
@@ -143,7 +148,7 @@ def _conv_form(op) -> Optional[dict]:
     dilation = ints("rhs_dilation", [1, 1])
     groups = ir.IntegerAttr(attrs["feature_group_count"]).value \
         if "feature_group_count" in attrs else 1
-    return {"kind": "conv2d", "stride_h": stride[0], "stride_w": stride[1],
+    return {"kind": kind, "stride_h": stride[0], "stride_w": stride[1],
             "pad_top": padding[0], "pad_bottom": padding[1], "pad_left": padding[2],
             "pad_right": padding[3], "dilation_h": dilation[0], "dilation_w": dilation[1],
             "groups": groups}
@@ -155,6 +160,7 @@ KERNEL_ARGUMENTS = {
     "conv2d": ["stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
                "dilation_h", "dilation_w", "groups"],
 }
+KERNEL_ARGUMENTS["conv2d_nhwc"] = KERNEL_ARGUMENTS["conv2d"]
 
 
 def _result_sizes(attributes, arguments, result_type) -> List:

@@ -76,3 +76,51 @@ def test_pooling(name, shape, dtype):
     rtol, atol = TOLERANCE[dtype]
     run_compiled(Lambda(POOLS[name]), (random_tensor(shape, dtype),), TRACE, rtol=rtol,
                  atol=atol)
+
+
+class ResidualConvs(torch.nn.Module):
+    """Two conv+bias+relu blocks and a residual add: NCHW in, NCHW out."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.b = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.b(torch.relu(self.a(x)))) + x
+        return y, torch.sigmoid(y) * 2.0
+
+
+def test_convolutions_run_channels_last_and_transposes_cancel(tmp_path):
+    torch.manual_seed(0)
+    model = ResidualConvs().eval()
+    x = torch.randn(2, 8, 10, 12)
+    config = blade.Config(dump_dir=str(tmp_path))
+    optimized, report = run_compiled(model, (x,), config, rtol=1e-4, atol=1e-4)
+    assert report.clusters[0].library_calls == 2, str(report)
+    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    # Both convolutions take and give NHWC data; between them, bias, relu and the residual
+    # run on NHWC too, so the only layout changes are the input's and the two outputs'.
+    assert linalg.count('blade.library_call = "conv2d_nhwc"') == 2, linalg
+    stablehlo = next(tmp_path.glob("*/2_stablehlo.mlir")).read_text()
+    assert "stablehlo.transpose" not in stablehlo   # the rewrite happens after this stage
+    with torch.no_grad():  # weights prepared once (channels_last copies) serve every call
+        for _ in range(3):
+            x = torch.randn(2, 8, 10, 12)
+            for got, want in zip(optimized(x), model(x)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert blade.report(optimized).runtime_fallbacks == 0
+
+
+def test_convolutions_of_dynamic_size_stay_nchw(tmp_path):
+    torch.manual_seed(0)
+    model = ResidualConvs().eval()
+    optimized = blade.optimize(model, (torch.randn(2, 8, 10, 12),),
+                               blade.Config(dynamic=True, dump_dir=str(tmp_path)))
+    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    assert "conv2d_nhwc" not in linalg  # dynamic sizes: NCHW through PyTorch as before
+    with torch.no_grad():
+        for shape in ((1, 8, 5, 7), (3, 8, 10, 12)):
+            x = torch.randn(shape)
+            for got, want in zip(optimized(x), model(x)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
