@@ -3,6 +3,8 @@
 #include "ral/prepared_weights.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 
 #include <algorithm>
 #include <cstring>
@@ -125,6 +127,40 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
   });
 }
 
+// oneDNN's convolution that adds its result into an existing channels_last tensor (what
+// Inductor uses for conv + add): with `target` zeroed it convolves straight into the
+// engine's buffer, where at::conv2d would allocate a fresh output (page faults on every
+// call) that then had to be copied. False when it does not apply or is unavailable, and
+// the caller convolves as usual (which also rewrites all of `target`).
+bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
+                   const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                   const std::vector<int64_t>& dilation, int64_t groups) {
+  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(
+      c10::OperatorName("mkldnn::_convolution_pointwise_", "binary"));
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  if (!op.has_value() || target.scalar_type() != at::kFloat || !x.is_contiguous(cl) ||
+      !w.is_contiguous(cl) || !target.is_contiguous(cl) || x.size(0) != target.size(0) ||
+      w.size(0) != target.size(1)) {
+    return false;
+  }
+  for (int64_t d = 0; d < 2; ++d) {  // the result's spatial sizes
+    const int64_t reach = x.size(2 + d) + 2 * padding[d] - dilation[d] * (w.size(2 + d) - 1) - 1;
+    if (reach < 0 || reach / stride[d] + 1 != target.size(2 + d)) {
+      return false;
+    }
+  }
+  try {
+    target.zero_();
+    torch::jit::Stack stack{target, x, w, c10::IValue(), padding, stride, dilation, groups,
+                            std::string("add"), at::Scalar(1.0), c10::IValue(),
+                            c10::List<std::optional<at::Scalar>>(), c10::IValue()};
+    op->callBoxed(&stack);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* weight,
             BladeUnrankedMemRef* out, int64_t stride_h, int64_t stride_w, int64_t pad_top,
             int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
@@ -146,9 +182,12 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     if (channels_last && prepared != nullptr) {
       w = prepared->channels_last(w);
     }
+    at::Tensor target = as_nchw(view_of(out, dtype));
+    if (channels_last && convolve_into(target, x, w, padding, stride, dilation, groups)) {
+      return;
+    }
     at::Tensor result = at::conv2d(x, w, c10::optional<at::Tensor>(),
                                    stride, padding, dilation, groups);
-    at::Tensor target = as_nchw(view_of(out, dtype));
     check_result_shape("blade_ral_conv2d", target, result.sizes());
     target.copy_(result);
   });
