@@ -87,3 +87,22 @@ def test_intermediate_buffers_are_reused_across_calls():
         assert _C.live_allocations() == live
     blade.release_cached_memory()
     assert _C.cached_bytes() == 0
+
+
+def test_cache_limit_bounds_what_is_kept():
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    optimized = blade.optimize(model, (torch.randn(256, 32),))
+    x = torch.randn(256, 32)
+    try:
+        blade.set_cached_memory_limit(0)   # nothing kept: every buffer goes back at once
+        assert _C.cached_bytes() == 0
+        with torch.no_grad():
+            for _ in range(3):
+                assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+        assert _C.cached_bytes() == 0
+    finally:
+        blade.set_cached_memory_limit(1 << 30)
+    with torch.no_grad():
+        optimized(x)
+    assert 0 < _C.cached_bytes() <= 1 << 30

@@ -108,5 +108,7 @@ PYBIND11_MODULE(_C, m) {
         "Bytes of buffers that generated code freed, kept for its next allocations.");
   m.def("release_cached_memory", &blade_ral_release_cached_memory,
         "Gives every cached buffer back to PyTorch's allocator.");
+  m.def("set_cached_memory_limit", &blade_ral_set_cached_memory_limit, py::arg("bytes"),
+        "The most bytes of freed buffers the runtime keeps for reuse (0: none).");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;
 }

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -22,22 +21,12 @@ constexpr size_t kHeaderBytes = kAllocatorAlignment;
 
 std::atomic<int64_t> live_allocations{0};
 
-size_t cache_limit_from_environment() {
-  const char* text = std::getenv("BLADE_RAL_CACHE_MB");
-  if (text == nullptr || *text == '\0') {
-    return size_t{1} << 30;  // 1 GiB
-  }
-  char* end = nullptr;
-  const unsigned long long megabytes = std::strtoull(text, &end, 10);
-  return *end == '\0' ? static_cast<size_t>(megabytes) << 20 : size_t{1} << 30;
-}
-
 // Buffers that generated code freed, kept for its next allocations: an engine allocates
 // the same intermediates on every call, and fresh memory costs a page fault per 4 KiB
 // page (the kernel zeroes each one) every time. A request takes the smallest cached block
-// that holds it and is at most twice its size. The cache holds at most BLADE_RAL_CACHE_MB
-// (default 1024) MiB; beyond that, freed blocks go back to PyTorch's allocator, as do all
-// of them on blade_ral_release_cached_memory().
+// that holds it and is at most twice its size. The cache holds at most 1 GiB by default
+// (blade_ral_set_cached_memory_limit); beyond that, freed blocks go back to PyTorch's
+// allocator, as do all of them on blade_ral_release_cached_memory().
 class BufferCache {
  public:
   void* take(size_t capacity_needed) {
@@ -74,11 +63,17 @@ class BufferCache {
     return cached_bytes_;
   }
 
+  // Blocks beyond a lowered limit are handed back by the caller (take_all, then keep).
+  void set_limit(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    limit_ = bytes;
+  }
+
  private:
   std::mutex mutex_;
   std::multimap<size_t, void*> blocks_;  // capacity -> block (header included)
   size_t cached_bytes_ = 0;
-  const size_t limit_ = cache_limit_from_environment();
+  size_t limit_ = size_t{1} << 30;
 };
 
 // Never destroyed: engines may free buffers while static objects are being torn down.
@@ -178,6 +173,15 @@ int64_t blade_ral_cached_bytes(void) { return static_cast<int64_t>(cache().cache
 void blade_ral_release_cached_memory(void) {
   for (const auto& entry : cache().take_all()) {
     c10::GetCPUAllocator()->raw_deallocate(entry.second);
+  }
+}
+
+void blade_ral_set_cached_memory_limit(int64_t bytes) {
+  cache().set_limit(bytes > 0 ? static_cast<size_t>(bytes) : 0);
+  for (const auto& entry : cache().take_all()) {  // what no longer fits is freed
+    if (!cache().keep(entry.second, entry.first)) {
+      c10::GetCPUAllocator()->raw_deallocate(entry.second);
+    }
   }
 }
 }

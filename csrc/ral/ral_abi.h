@@ -36,8 +36,10 @@ void blade_ral_parallel_for(int64_t extent, int64_t grain,
 // every intermediate buffer was released.
 int64_t blade_ral_live_allocations(void);
 
-// Bytes of freed buffers kept for reuse (at most BLADE_RAL_CACHE_MB MiB, default 1024), and
-// a way to give them all back to PyTorch's allocator (blade.release_cached_memory()).
+// Bytes of freed buffers kept for reuse, a way to give them all back to PyTorch's
+// allocator (blade.release_cached_memory()), and the most the cache may keep (default
+// 1 GiB; 0 turns caching off; blade.set_cached_memory_limit()).
 int64_t blade_ral_cached_bytes(void);
 void blade_ral_release_cached_memory(void);
+void blade_ral_set_cached_memory_limit(int64_t bytes);
 }

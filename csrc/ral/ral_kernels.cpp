@@ -131,7 +131,7 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
 // Inductor uses for conv + add): with `target` zeroed it convolves straight into the
 // engine's buffer, where at::conv2d would allocate a fresh output (page faults on every
 // call) that then had to be copied. False when it does not apply or is unavailable, and
-// the caller convolves as usual (which also rewrites all of `target`).
+// the caller convolves as usual.
 bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
                    const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                    const std::vector<int64_t>& dilation, int64_t groups) {
@@ -149,16 +149,14 @@ bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
       return false;
     }
   }
-  try {
-    target.zero_();
-    torch::jit::Stack stack{target, x, w, c10::IValue(), padding, stride, dilation, groups,
-                            std::string("add"), at::Scalar(1.0), c10::IValue(),
-                            c10::List<std::optional<at::Scalar>>(), c10::IValue()};
-    op->callBoxed(&stack);
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
+  // An error here (none is expected for these operands) propagates: the engine falls back
+  // for the call and reports it.
+  target.zero_();
+  torch::jit::Stack stack{target, x, w, c10::IValue(), padding, stride, dilation, groups,
+                          std::string("add"), at::Scalar(1.0), c10::IValue(),
+                          c10::List<std::optional<at::Scalar>>(), c10::IValue()};
+  op->callBoxed(&stack);
+  return true;
 }
 
 void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* weight,

@@ -29,11 +29,28 @@ def optimize(model, example_inputs, config=None):
 
 
 def release_cached_memory():
-    """Gives the buffers that compiled code freed and the runtime kept for reuse (up to
-    BLADE_RAL_CACHE_MB MiB, default 1024) back to PyTorch's allocator."""
+    """Gives the buffers that compiled code freed and the runtime kept for its next calls
+    back to PyTorch's allocator.
+
+    Example:
+        >>> blade.release_cached_memory()
+    """
     from . import _C
 
     _C.release_cached_memory()
+
+
+def set_cached_memory_limit(num_bytes: int):
+    """The most memory (bytes, process-wide) of freed intermediate buffers the runtime
+    keeps for compiled code's next calls; 1 GiB by default, 0 keeps none. A C++ service
+    calls `blade_ral_set_cached_memory_limit` (csrc/ral/ral_abi.h).
+
+    Example:
+        >>> blade.set_cached_memory_limit(256 << 20)
+    """
+    from . import _C
+
+    _C.set_cached_memory_limit(int(num_bytes))
 
 
 def register_converter(schema, capability_validator=None, priority=None, dtypes=None,
