@@ -106,3 +106,47 @@ def test_cache_limit_bounds_what_is_kept():
     with torch.no_grad():
         optimized(x)
     assert 0 < _C.cached_bytes() <= 1 << 30
+
+
+class WritesThroughAView(torch.nn.Module):
+    """Forward writes its buffer through a view: the buffer must stay an attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(2, 2))
+
+    def forward(self, x):
+        self.count.view(-1).add_(1.0)
+        return torch.relu(x * self.count.sum() + 1.0)
+
+
+def test_attributes_written_through_a_view_are_not_folded():
+    model, reference = WritesThroughAView().eval(), WritesThroughAView().eval()
+    x = torch.randn(4, 8)
+    optimized = blade.optimize(model, (x,))
+    reference(x)
+    with torch.no_grad():
+        for _ in range(3):
+            assert_same(optimized(x), reference(x))
+
+
+class Reassigns(torch.nn.Module):
+    """Forward assigns a new tensor to its buffer (prim::SetAttr)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1))
+
+    def forward(self, x):
+        self.count = self.count + 1.0
+        return torch.relu(x * self.count + 1.0)
+
+
+def test_attributes_that_forward_assigns_are_not_folded():
+    model, reference = Reassigns().eval(), Reassigns().eval()
+    x = torch.randn(4, 8)
+    optimized = blade.optimize(model, (x,))
+    reference(x)
+    with torch.no_grad():
+        for _ in range(3):
+            assert_same(optimized(x), reference(x))

@@ -102,12 +102,13 @@ def is_tensor_op(node: torch._C.Node) -> bool:
 
 def _writes(value: torch._C.Value) -> bool:
     """Whether some node may write to `value`: an op whose schema marks the argument as
-    written, or a container of it that reaches one; a node without a schema counts as one
-    (except the list/tuple plumbing and reads that TorchScript has no schema for)."""
+    written, or one that writes a view of it or a container holding it (followed through
+    every op whose schema says its result may alias the argument). A node without a
+    schema counts as a writer, except list/tuple plumbing and the reads below."""
     for use in value.uses():
         node = use.user
-        if node.kind() in ("prim::ListConstruct", "prim::TupleConstruct"):
-            if _writes(node.output()):
+        if node.kind() in _CONTAINER_PLUMBING:
+            if any(_writes(output) for output in node.outputs()):
                 return True
             continue
         if node.kind() in _READS_WITHOUT_SCHEMA:
@@ -118,38 +119,53 @@ def _writes(value: torch._C.Value) -> bool:
         arguments = torch._C.parse_schema(schema).arguments
         if not arguments:
             return True
-        argument = arguments[min(use.offset, len(arguments) - 1)]
-        if argument.alias_info is not None and argument.alias_info.is_write:
+        alias = arguments[min(use.offset, len(arguments) - 1)].alias_info
+        if alias is not None and (alias.is_write or
+                                  any(_writes(output) for output in node.outputs())):
             return True
     return False
 
 
+_CONTAINER_PLUMBING = ("prim::ListConstruct", "prim::TupleConstruct", "prim::TupleUnpack",
+                       "prim::ListUnpack", "prim::TupleIndex", "prim::unchecked_cast")
 _READS_WITHOUT_SCHEMA = ("prim::device", "prim::dtype", "prim::requires_grad", "prim::is_cuda",
-                         "prim::layout", "prim::shape", "prim::is_nested", "prim::If",
-                         "prim::TupleUnpack", "prim::ListUnpack", "prim::unchecked_cast",
-                         "prim::isinstance", "aten::__isnot__", "aten::__is__")
+                         "prim::layout", "prim::shape", "prim::is_nested", "prim::isinstance",
+                         "aten::__isnot__", "aten::__is__")
+
+
+def _attribute_path(node: torch._C.Node, self_value) -> Optional[Tuple[str, ...]]:
+    """The attribute names from the module (`self`) to what a GetAttr/SetAttr node names,
+    outermost first; None when its owner is not reached through GetAttrs from `self`."""
+    path, owner = [node.s("name")], next(iter(node.inputs()))
+    while owner != self_value and owner.node().kind() == "prim::GetAttr":
+        path.append(owner.node().s("name"))
+        owner = owner.node().input()
+    return tuple(reversed(path)) if owner == self_value else None
 
 
 def fold_tensor_attributes(graph: torch._C.Graph, module: torch.jit.ScriptModule) -> int:
     """Module tensors that freezing left as `prim::GetAttr` (it keeps an attribute that is
     put in a list or tuple, as nn.MultiheadAttention's `in_proj_weight` is for its fast path
-    checks) become constants when nothing in the graph writes to them: engines then get
-    them as params, prepared once (packed weights), instead of as inputs on every call.
-    Returns how many were folded."""
+    checks) become constants when nothing in the graph writes to them through any of its
+    reads, nor assigns it: engines then get them as params, prepared once (packed
+    weights), instead of as inputs on every call. Returns how many were folded."""
     self_value = next(iter(graph.inputs()))
-    folded = 0
+    reads, written = [], set()
     for node in _all_nodes(graph):
-        if node.kind() != "prim::GetAttr" or \
-                not isinstance(node.output().type(), torch._C.TensorType):
-            continue
-        path, owner = [node.s("name")], node.input()
-        while owner != self_value and owner.node().kind() == "prim::GetAttr":
-            path.append(owner.node().s("name"))
-            owner = owner.node().input()
-        if owner != self_value or _writes(node.output()):
+        if node.kind() == "prim::SetAttr":
+            written.add(_attribute_path(node, self_value))
+        elif node.kind() == "prim::GetAttr" and \
+                isinstance(node.output().type(), torch._C.TensorType):
+            path = _attribute_path(node, self_value)
+            reads.append((node, path))
+            if _writes(node.output()):
+                written.add(path)
+    folded = 0
+    for node, path in reads:
+        if path is None or path in written:
             continue
         obj = module._c
-        for name in reversed(path):
+        for name in path:
             obj = obj.getattr(name)
         if not isinstance(obj, torch.Tensor):
             continue
