@@ -74,7 +74,8 @@ at::Tensor PreparedWeights::channels_last(const at::Tensor& weight) {
   return it->second;
 }
 
-const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int64_t m) {
+const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int64_t m,
+                                     int64_t n, int64_t k) {
   const void* data = rhs.data_ptr();
   if (!is_param(rhs)) {
     return nullptr;
@@ -92,8 +93,6 @@ const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int
   if (packs_of_weight >= kRowCountsPerWeight) {
     return nullptr;
   }
-  const int64_t n = transposed ? rhs.size(0) : rhs.size(1);
-  const int64_t k = transposed ? rhs.size(1) : rhs.size(0);
   const size_t bytes = mkl().pack_get_size(kBMatrix, static_cast<int>(m), static_cast<int>(n),
                                            static_cast<int>(k));
   at::Tensor buffer = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
@@ -112,12 +111,12 @@ bool PreparedWeights::matmul_f32(const float* lhs, int64_t lda, const at::Tensor
       !fits_int(lda) || !fits_int(ldc) || !fits_int(rhs.stride(0))) {
     return false;
   }
-  const float* packed_rhs = packed(rhs, transposed, m);
+  const int64_t n = transposed ? rhs.size(0) : rhs.size(1);
+  const int64_t k = transposed ? rhs.size(1) : rhs.size(0);
+  const float* packed_rhs = packed(rhs, transposed, m, n, k);
   if (packed_rhs == nullptr) {
     return false;
   }
-  const int64_t n = transposed ? rhs.size(0) : rhs.size(1);
-  const int64_t k = transposed ? rhs.size(1) : rhs.size(0);
   mkl().compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(m), static_cast<int>(n),
                 static_cast<int>(k), lhs, static_cast<int>(lda), packed_rhs,
                 static_cast<int>(n), 0.0F, out, static_cast<int>(ldc));

@@ -38,7 +38,8 @@ class PreparedWeights {
 
  private:
   bool is_param(const at::Tensor& t) const;
-  const float* packed(const at::Tensor& rhs, bool transposed, int64_t m);
+  // rhs packed for m rows of op(rhs) [k, n]; null when rhs is not a param or has its packs.
+  const float* packed(const at::Tensor& rhs, bool transposed, int64_t m, int64_t n, int64_t k);
 
   std::vector<at::Tensor> params_;
   mutable std::mutex mutex_;

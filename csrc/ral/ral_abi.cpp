@@ -6,9 +6,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
-#include <utility>
+#include <vector>
 
 namespace {
 
@@ -52,21 +53,36 @@ class BufferCache {
     return true;
   }
 
-  std::multimap<size_t, void*> take_all() {
+  // Sets the most the cache keeps; returns the blocks that no longer fit (largest first),
+  // for the caller to free. A limit of 0 empties it.
+  std::vector<void*> set_limit(size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
+    limit_ = bytes;
+    std::vector<void*> evicted;
+    while (cached_bytes_ > limit_) {
+      auto largest = std::prev(blocks_.end());
+      cached_bytes_ -= largest->first;
+      evicted.push_back(largest->second);
+      blocks_.erase(largest);
+    }
+    return evicted;
+  }
+
+  std::vector<void*> take_all() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<void*> all;
+    all.reserve(blocks_.size());
+    for (const auto& entry : blocks_) {
+      all.push_back(entry.second);
+    }
+    blocks_.clear();
     cached_bytes_ = 0;
-    return std::exchange(blocks_, {});
+    return all;
   }
 
   size_t cached_bytes() {
     std::lock_guard<std::mutex> lock(mutex_);
     return cached_bytes_;
-  }
-
-  // Blocks beyond a lowered limit are handed back by the caller (take_all, then keep).
-  void set_limit(size_t bytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    limit_ = bytes;
   }
 
  private:
@@ -94,6 +110,12 @@ void* allocate(size_t size) noexcept {
     return static_cast<char*>(block) + kHeaderBytes;
   } catch (...) {
     return nullptr;
+  }
+}
+
+void free_blocks(const std::vector<void*>& blocks) {
+  for (void* block : blocks) {
+    c10::GetCPUAllocator()->raw_deallocate(block);
   }
 }
 
@@ -170,18 +192,9 @@ int64_t blade_ral_live_allocations(void) { return live_allocations.load(); }
 
 int64_t blade_ral_cached_bytes(void) { return static_cast<int64_t>(cache().cached_bytes()); }
 
-void blade_ral_release_cached_memory(void) {
-  for (const auto& entry : cache().take_all()) {
-    c10::GetCPUAllocator()->raw_deallocate(entry.second);
-  }
-}
+void blade_ral_release_cached_memory(void) { free_blocks(cache().take_all()); }
 
 void blade_ral_set_cached_memory_limit(int64_t bytes) {
-  cache().set_limit(bytes > 0 ? static_cast<size_t>(bytes) : 0);
-  for (const auto& entry : cache().take_all()) {  // what no longer fits is freed
-    if (!cache().keep(entry.second, entry.first)) {
-      c10::GetCPUAllocator()->raw_deallocate(entry.second);
-    }
-  }
+  free_blocks(cache().set_limit(bytes > 0 ? static_cast<size_t>(bytes) : 0));
 }
 }

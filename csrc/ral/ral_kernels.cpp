@@ -127,11 +127,26 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
   });
 }
 
+// The [N, O, H, W] sizes of conv2d(x, w) with symmetric `padding`.
+std::vector<int64_t> conv_output_sizes(const at::Tensor& x, const at::Tensor& w,
+                                       const std::vector<int64_t>& padding,
+                                       const std::vector<int64_t>& stride,
+                                       const std::vector<int64_t>& dilation) {
+  std::vector<int64_t> sizes{x.size(0), w.size(0)};
+  for (int64_t d = 0; d < 2; ++d) {
+    const int64_t reach = x.size(2 + d) + 2 * padding[d] - dilation[d] * (w.size(2 + d) - 1) - 1;
+    TORCH_CHECK(reach >= 0 && stride[d] > 0, "blade_ral_conv2d: input ", x.sizes(),
+                " is smaller than the dilated kernel ", w.sizes());
+    sizes.push_back(reach / stride[d] + 1);
+  }
+  return sizes;
+}
+
 // oneDNN's convolution that adds its result into an existing channels_last tensor (what
-// Inductor uses for conv + add): with `target` zeroed it convolves straight into the
-// engine's buffer, where at::conv2d would allocate a fresh output (page faults on every
-// call) that then had to be copied. False when it does not apply or is unavailable, and
-// the caller convolves as usual.
+// Inductor uses for conv + add): with `target` (already of the result's shape) zeroed it
+// convolves straight into the engine's buffer, where at::conv2d would allocate a fresh
+// output (page faults on every call) that then had to be copied. False when it does not
+// apply or is unavailable, and the caller convolves as usual.
 bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
                    const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                    const std::vector<int64_t>& dilation, int64_t groups) {
@@ -139,15 +154,8 @@ bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
       c10::OperatorName("mkldnn::_convolution_pointwise_", "binary"));
   const auto cl = at::MemoryFormat::ChannelsLast;
   if (!op.has_value() || target.scalar_type() != at::kFloat || !x.is_contiguous(cl) ||
-      !w.is_contiguous(cl) || !target.is_contiguous(cl) || x.size(0) != target.size(0) ||
-      w.size(0) != target.size(1)) {
+      !w.is_contiguous(cl) || !target.is_contiguous(cl)) {
     return false;
-  }
-  for (int64_t d = 0; d < 2; ++d) {  // the result's spatial sizes
-    const int64_t reach = x.size(2 + d) + 2 * padding[d] - dilation[d] * (w.size(2 + d) - 1) - 1;
-    if (reach < 0 || reach / stride[d] + 1 != target.size(2 + d)) {
-      return false;
-    }
   }
   // An error here (none is expected for these operands) propagates: the engine falls back
   // for the call and reports it.
@@ -181,13 +189,13 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       w = prepared->channels_last(w);
     }
     at::Tensor target = as_nchw(view_of(out, dtype));
+    check_result_shape("blade_ral_conv2d", target,
+                       conv_output_sizes(x, w, padding, stride, dilation));
     if (channels_last && convolve_into(target, x, w, padding, stride, dilation, groups)) {
       return;
     }
-    at::Tensor result = at::conv2d(x, w, c10::optional<at::Tensor>(),
-                                   stride, padding, dilation, groups);
-    check_result_shape("blade_ral_conv2d", target, result.sizes());
-    target.copy_(result);
+    target.copy_(at::conv2d(x, w, c10::optional<at::Tensor>(), stride, padding, dilation,
+                            groups));
   });
 }
 

@@ -203,27 +203,35 @@ def allow_contraction(module) -> int:
 
 
 def allow_reciprocal(module) -> int:
-    """Lets LLVM divide by multiplying with a reciprocal (`fastmath<arcp>` on f32
-    divisions): a softmax row divided by its sum becomes one division per row and a
-    multiply per element, as in PyTorch's own softmax (at most an ulp or two apart, for
-    denominators above FLT_MIN).
-    Divisions that are also `ninf` (the approximations' own, `_Builder.div`) may use the
+    """Lets LLVM divide by multiplying with a reciprocal: every f32 division gets
+    `fastmath<arcp>`, so a softmax row divided by its sum becomes one division per row and
+    a multiply per element, as in PyTorch's own softmax (at most an ulp or two apart, for
+    denominators above FLT_MIN). Divisions whose operands are provably finite and whose
+    denominator is provably away from 0 (`_interval`: a rational approximation's P/Q on a
+    clamped input, as StableHLO's erf in GELU) also get `ninf`, which lets LLVM use the
     host's reciprocal estimate refined by one Newton step (codegen._tune_for_host) instead
-    of a full-latency vector division; `ninf` is not added here, as a model's own
-    division may mean to produce an infinity. Returns how many ops were marked."""
-    marked = []
+    of a full-latency vector division; other divisions do not, as a model's own division
+    may mean to produce an infinity. Returns how many divisions got `ninf`."""
+    divisions, finite, memo = [], [], {}
 
     def visit(op):
         if op.name == "arith.divf" and isinstance(op.results[0].type, ir.F32Type):
-            marked.append(op)
+            divisions.append(op)
+            lo, hi = _interval(op.operands[1], memo)
+            if _finite(*_interval(op.operands[0], memo)) and _finite(lo, hi) and \
+                    (lo > 1e-30 or hi < -1e-30):
+                finite.append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    _add_fastmath(module, marked, "arcp")
-    return len(marked)
+    _add_fastmath(module, divisions, "arcp")
+    _add_fastmath(module, finite, "ninf")
+    return len(finite)
 
 
 _UNBOUNDED = (-float("inf"), float("inf"))
+_MAXIMA = ("arith.maximumf", "arith.maxnumf")
+_MINIMA = ("arith.minimumf", "arith.minnumf")
 
 
 def _interval(value, memo) -> Tuple[float, float]:
@@ -233,21 +241,18 @@ def _interval(value, memo) -> Tuple[float, float]:
     owner = value.owner
     if isinstance(owner, ir.Block):
         return _UNBOUNDED
-    key = owner
-    if key in memo:
-        return memo[key]
-    memo[key] = _UNBOUNDED  # cycles cannot occur in SSA, but stay safe
+    if owner in memo:
+        return memo[owner]
     name = owner.name
     result = _UNBOUNDED
     if name == "arith.constant" and isinstance(owner.attributes["value"], ir.FloatAttr):
         c = ir.FloatAttr(owner.attributes["value"]).value
         result = (c, c)
-    elif name in ("arith.maximumf", "arith.maxnumf", "arith.minimumf", "arith.minnumf",
-                  "arith.addf", "arith.subf", "arith.mulf"):
+    elif name in _MAXIMA + _MINIMA + ("arith.addf", "arith.subf", "arith.mulf"):
         (a_lo, a_hi), (b_lo, b_hi) = (_interval(v, memo) for v in owner.operands)
-        if name in ("arith.maximumf", "arith.maxnumf"):
+        if name in _MAXIMA:
             result = (max(a_lo, b_lo), max(a_hi, b_hi))
-        elif name in ("arith.minimumf", "arith.minnumf"):
+        elif name in _MINIMA:
             result = (min(a_lo, b_lo), min(a_hi, b_hi))
         elif _finite(a_lo, a_hi) and _finite(b_lo, b_hi):
             if name == "arith.addf":
@@ -260,36 +265,15 @@ def _interval(value, memo) -> Tuple[float, float]:
             else:
                 products = [a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi]
                 result = (min(products), max(products))
-    if not _finite(*result) and result != _UNBOUNDED and name not in (
-            "arith.maximumf", "arith.maxnumf", "arith.minimumf", "arith.minnumf"):
-        result = _UNBOUNDED
-    memo[key] = result
+            if not _finite(*result):  # past float32's range: no bound worth keeping
+                result = _UNBOUNDED
+    memo[owner] = result
     return result
 
 
 def _finite(lo: float, hi: float) -> bool:
     # with margin: float32 rounding of the bounds' arithmetic must not reach infinity
     return -1e30 < lo <= hi < 1e30
-
-
-def allow_reciprocal_estimates(module) -> int:
-    """Marks `ninf` the f32 divisions whose operands are provably finite and whose
-    denominator is provably away from 0 (`_interval`): a rational approximation's P/Q on
-    a clamped input, as StableHLO's erf in GELU. With `arcp` (allow_reciprocal) LLVM may
-    then use the reciprocal estimate plus a Newton step there. Returns how many."""
-    marked, memo = [], {}
-
-    def visit(op):
-        if op.name == "arith.divf" and isinstance(op.results[0].type, ir.F32Type):
-            numerator = _interval(op.operands[0], memo)
-            lo, hi = _interval(op.operands[1], memo)
-            if _finite(*numerator) and _finite(lo, hi) and (lo > 1e-30 or hi < -1e-30):
-                marked.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    _add_fastmath(module, marked, "ninf")
-    return len(marked)
 
 
 def _add_fastmath(module, ops, flag: str) -> None:

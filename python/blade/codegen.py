@@ -26,7 +26,7 @@ from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
 from . import layouts, library_calls, parallel
-from .approximations import (allow_contraction, allow_reciprocal, allow_reciprocal_estimates,
+from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
 from .shape_assumptions import annotate_broadcasts, lower_dynamic_reshapes
@@ -135,13 +135,12 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 _distinct_results(_find_main(module))
                 _mark_arguments(_find_main(module))
             if stage == "linalg_to_llvm":
+                _mark_out_params(_find_main(module))
                 _write_outputs_in_place(_find_main(module))
-                approximate_math(module,
-                                 scalef="avx512f" in host_cpu_features().split(","))
+                approximate_math(module, scalef=_host_has_avx512())
                 allow_reduction_reassociation(module)
                 allow_contraction(module)
                 allow_reciprocal(module)
-                allow_reciprocal_estimates(module)
                 tasks = parallel.outline(module, _find_main(module)) if parallel_loops else []
                 result.parallel_loops = len(tasks)
                 library_calls.lower(module)
@@ -293,24 +292,26 @@ def _mark_arguments(main) -> None:
     main.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
 
 
+def _host_has_avx512() -> bool:
+    return "avx512f" in host_cpu_features().split(",")
+
+
 def _noalias_buffers(module) -> Dict[str, List[Tuple[int, bool]]]:
     """Per function with marked arguments, per argument: how many values the LLVM lowering
     expands it into (a memref of rank r: its descriptor's 3 + 2r fields) and whether it is
-    a memref marked `llvm.noalias` (a parallel task's, see parallel.py; all of main's: its
-    inputs and params, see _mark_arguments, and the out-parameters bufferization added for
-    its outputs, fresh tensors, one per output). The lowering drops the mark;
+    a memref marked `llvm.noalias` (main's, see _mark_arguments and _mark_out_params; a
+    parallel task's, see parallel.py). The lowering drops the mark;
     _mark_noalias_pointers puts it back."""
     found = {}
     for op in module.body.operations:
         if op.operation.name != "func.func" or "arg_attrs" not in op.attributes:
             continue
-        is_main = ir.StringAttr(op.attributes["sym_name"]).value == "main"
         args = []
         for arg, attrs in zip(op.regions[0].blocks[0].arguments,
                               ir.ArrayAttr(op.attributes["arg_attrs"])):
             if isinstance(arg.type, ir.MemRefType):
                 args.append((3 + 2 * ir.MemRefType(arg.type).rank,
-                             is_main or "llvm.noalias" in ir.DictAttr(attrs)))
+                             "llvm.noalias" in ir.DictAttr(attrs)))
             elif isinstance(arg.type, (ir.IndexType, ir.IntegerType, ir.FloatType)):
                 args.append((1, False))
             else:
@@ -340,6 +341,22 @@ def _mark_noalias_pointers(module, noalias: Dict[str, List[Tuple[int, bool]]]) -
         op.attributes["arg_attrs"] = ir.ArrayAttr.get([
             ir.DictAttr.get({"llvm.noalias": ir.UnitAttr.get()} if k in marked else {})
             for k in range(count)])
+
+
+def _mark_out_params(main) -> None:
+    """After bufferization main has an out-parameter per output: fresh tensors the engine
+    allocates, one per output (_distinct_results), so `llvm.noalias` like its inputs."""
+    arguments = main.regions[0].blocks[0].arguments
+    attrs = list(ir.ArrayAttr(main.attributes["arg_attrs"])) \
+        if "arg_attrs" in main.attributes else []
+    attrs += [ir.DictAttr.get({})] * (len(arguments) - len(attrs))
+    marked = []
+    for arg, attr in zip(arguments, attrs):
+        entries = {named.name: named.attr for named in ir.DictAttr(attr)}
+        if isinstance(arg.type, ir.MemRefType):
+            entries["llvm.noalias"] = ir.UnitAttr.get()
+        marked.append(ir.DictAttr.get(entries))
+    main.attributes["arg_attrs"] = ir.ArrayAttr.get(marked)
 
 
 def _write_outputs_in_place(main) -> int:
@@ -396,7 +413,7 @@ def _tune_for_host(module) -> None:
     approximations.allow_reciprocal) use the hardware estimate refined by one Newton step
     (relative error about 2**-28, under float32's ulp) instead of a vector division."""
     attributes = ['["reciprocal-estimates", "divf:1,vec-divf:1"]']
-    if "avx512f" in host_cpu_features().split(","):
+    if _host_has_avx512():
         attributes.append('["prefer-vector-width", "512"]')
     with module.context:
         passthrough = ir.Attribute.parse(f"[{', '.join(attributes)}]")

@@ -18,6 +18,8 @@ from typing import List, Optional
 
 from torch_mlir import ir
 
+from .ir_queries import producer
+
 TO_NHWC = [0, 2, 3, 1]   # NHWC dim i is NCHW dim TO_NHWC[i]
 TO_NCHW = [0, 3, 1, 2]   # NCHW dim i is NHWC dim TO_NCHW[i]
 
@@ -25,13 +27,6 @@ TO_NCHW = [0, 3, 1, 2]   # NCHW dim i is NHWC dim TO_NCHW[i]
 ELEMENTWISE = frozenset(f"stablehlo.{name}" for name in (
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "negate", "abs",
     "exponential", "log", "logistic", "tanh", "sqrt", "rsqrt", "convert"))
-
-
-def _producer(value, name: str):
-    owner = value.owner
-    if isinstance(owner, ir.Block) or owner.name != name:
-        return None
-    return owner
 
 
 def _permutation(op) -> List[int]:
@@ -61,17 +56,13 @@ def _attributes(op) -> dict:
     return {name: op.attributes[name] for name in op.attributes}
 
 
-def _is_static(value) -> bool:
-    t = ir.RankedTensorType(value.type)
-    return all(not t.is_dynamic_dim(d) for d in range(t.rank))
-
-
 def _nchw_convolution(op) -> bool:
     """A static 2-d convolution with NCHW data, OIHW weights and an NCHW result."""
     text = str(op.attributes["dimension_numbers"])
     if "[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]" not in text:
         return False
-    return all(_is_static(v) for v in list(op.operands) + list(op.results))
+    return all(ir.RankedTensorType(v.type).has_static_shape
+               for v in list(op.operands) + list(op.results))
 
 
 def _convolve_nhwc(op) -> None:
@@ -89,7 +80,7 @@ def _convolve_nhwc(op) -> None:
 
 
 def _is_transpose(value, p: List[int]) -> bool:
-    source = _producer(value, "stablehlo.transpose")
+    source = producer(value, "stablehlo.transpose")
     return source is not None and _permutation(source) == p
 
 
@@ -98,19 +89,19 @@ def _operand_in_layout(value, p: List[int], before) -> Optional[object]:
     the transpose's source, a splat or broadcast rebuilt in that layout, or an existing
     `transpose(value, inverse(p))` defined before `before`. None if it would take a new
     transpose of data."""
-    source = _producer(value, "stablehlo.transpose")
+    source = producer(value, "stablehlo.transpose")
     if source is not None and _permutation(source) == p:
         return source.operands[0]
     inverse = _inverse(p)
     target = _permuted_type(value.type, inverse)
-    constant = _producer(value, "stablehlo.constant")
+    constant = producer(value, "stablehlo.constant")
     if constant is not None:
         dense = ir.DenseElementsAttr(constant.attributes["value"])
         if dense.is_splat:
             return ir.Operation.create("stablehlo.constant", results=[target], attributes={
                 "value": ir.DenseElementsAttr.get_splat(target, dense.get_splat_value())
             }).result
-    broadcast = _producer(value, "stablehlo.broadcast_in_dim")
+    broadcast = producer(value, "stablehlo.broadcast_in_dim")
     if broadcast is not None:
         small = broadcast.operands[0]
         # operand dim k lands on dim p[dims[k]] of the layout before the transpose
@@ -152,7 +143,7 @@ def _sink(op) -> bool:
 
 
 def _fold_transpose_pair(op) -> bool:
-    source = _producer(op.operands[0], "stablehlo.transpose")
+    source = producer(op.operands[0], "stablehlo.transpose")
     if source is None:
         return False
     first, second = _permutation(source), _permutation(op)

@@ -22,6 +22,8 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import arith, func, memref, tensor
 
+from .ir_queries import producer
+
 LIBRARY_CALL = "blade.library_call"
 # Element types the kernels take; the name is also the kernel symbol's suffix.
 KERNEL_ELEMENT_TYPES = ("f32", "f64", "f16", "bf16")
@@ -34,14 +36,6 @@ def _element_suffix(value) -> Optional[str]:
 
 def _rank(value) -> int:
     return ir.ShapedType(value.type).rank
-
-
-def _producer(value, name: str):
-    owner = value.owner
-    if isinstance(owner, ir.Block):
-        return None
-    op = owner.operation if hasattr(owner, "operation") else owner
-    return op if op.name == name else None
 
 
 def _i64s(attr) -> List[int]:
@@ -57,8 +51,8 @@ def _peel_matmul_operand(value, is_rhs: bool) -> Tuple[object, List, bool]:
     while True:
         # A dynamic engine broadcasts with a run-time shape; the kernel broadcasts the
         # weight's batch dims itself either way.
-        broadcast = _producer(value, "stablehlo.broadcast_in_dim") or \
-            _producer(value, "stablehlo.dynamic_broadcast_in_dim")
+        broadcast = producer(value, "stablehlo.broadcast_in_dim") or \
+            producer(value, "stablehlo.dynamic_broadcast_in_dim")
         if broadcast is not None:
             source = broadcast.operands[0]
             dims = _i64s(broadcast.attributes["broadcast_dimensions"])
@@ -70,7 +64,7 @@ def _peel_matmul_operand(value, is_rhs: bool) -> Tuple[object, List, bool]:
                 peeled.insert(0, broadcast)
                 value = source
                 continue
-        transpose = _producer(value, "stablehlo.transpose")
+        transpose = producer(value, "stablehlo.transpose")
         if transpose is not None and is_rhs:
             perm = _i64s(transpose.attributes["permutation"])
             rank = len(perm)
@@ -124,8 +118,8 @@ def _conv_form(op) -> Optional[dict]:
     if not oihw or data != result or data not in ((0, 1, [2, 3]), (0, 3, [1, 2])):
         return None
     kind = "conv2d" if data == (0, 1, [2, 3]) else "conv2d_nhwc"
-    if kind == "conv2d_nhwc" and any(ir.RankedTensorType(v.type).has_static_shape is False
-                                     for v in list(op.operands) + list(op.results)):
+    if kind == "conv2d_nhwc" and not all(ir.RankedTensorType(v.type).has_static_shape
+                                         for v in list(op.operands) + list(op.results)):
         return None
     attrs = op.attributes
 

@@ -17,23 +17,13 @@ import math
 
 from torch_mlir import ir
 
-
-def _ops_named(module, name: str):
-    found = []
-
-    def visit(op):
-        if op.name == name:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
+from .ir_queries import ops_named, producer
 
 
 def annotate_broadcasts(module) -> int:
     """Marks each dynamic_broadcast_in_dim's expanding and non-expanding operand dims;
     returns how many ops were marked."""
-    targets = _ops_named(module, "stablehlo.dynamic_broadcast_in_dim")
+    targets = ops_named(module, "stablehlo.dynamic_broadcast_in_dim")
     with module.context:
         for op in targets:
             operand = ir.RankedTensorType(op.operands[0].type)
@@ -51,30 +41,23 @@ def annotate_broadcasts(module) -> int:
 
 
 def _constant_int(value):
-    owner = value.owner
-    if isinstance(owner, ir.Block) or owner.name != "arith.constant":
-        return None
-    return ir.IntegerAttr(owner.attributes["value"]).value
+    constant = producer(value, "arith.constant")
+    return None if constant is None else ir.IntegerAttr(constant.attributes["value"]).value
 
 
 def _passed_through(source, shape, rank: int):
     """Per result dim of a `dynamic_reshape(source, shape)`, the source dim whose run-time
     size it provably has (`shape` is built from `tensor.dim(source, i)`, as the importer
     writes it for dims that keep their shape symbol), else None."""
-    producer = shape.owner
-    if isinstance(producer, ir.Block) or producer.name != "tensor.from_elements" or \
-            len(producer.operands) != rank:
+    elements = producer(shape, "tensor.from_elements")
+    if elements is None or len(elements.operands) != rank:
         return [None] * rank
     found = []
-    for element in producer.operands:
-        owner = element.owner
-        if not isinstance(owner, ir.Block) and owner.name == "arith.index_cast":
-            element = owner.operands[0]
-            owner = element.owner
-        dim = None
-        if not isinstance(owner, ir.Block) and owner.name == "tensor.dim":
-            dim = _dim_of(source, owner.operands[0], _constant_int(owner.operands[1]))
-        found.append(dim)
+    for element in elements.operands:
+        cast = producer(element, "arith.index_cast")
+        size = producer(cast.operands[0] if cast is not None else element, "tensor.dim")
+        found.append(None if size is None else
+                     _dim_of(source, size.operands[0], _constant_int(size.operands[1])))
     return found
 
 
@@ -86,11 +69,10 @@ def _dim_of(source, value, dim):
         return None
     if value == source:
         return dim
-    producer = source.owner
-    if isinstance(producer, ir.Block) or producer.name != "stablehlo.reduce" or \
-            len(producer.results) != 1 or producer.operands[0] != value:
+    reduce = producer(source, "stablehlo.reduce")
+    if reduce is None or len(reduce.results) != 1 or reduce.operands[0] != value:
         return None
-    reduced = list(ir.DenseI64ArrayAttr(producer.attributes["dimensions"]))
+    reduced = list(ir.DenseI64ArrayAttr(reduce.attributes["dimensions"]))
     return None if dim in reduced else dim - sum(1 for r in reduced if r < dim)
 
 
@@ -159,7 +141,7 @@ def lower_dynamic_reshapes(module) -> int:
     rewritten."""
     from torch_mlir.dialects import arith, tensor
 
-    targets = _ops_named(module, "stablehlo.dynamic_reshape")
+    targets = ops_named(module, "stablehlo.dynamic_reshape")
     dynamic = ir.ShapedType.get_dynamic_size()
     rewritten = 0
     with module.context:
