@@ -1,5 +1,6 @@
 #include "ral/ral_kernels.h"
 
+#include "ral/fused_attention.h"
 #include "ral/prepared_weights.h"
 
 #include <ATen/ATen.h>
@@ -9,6 +10,8 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <limits>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -199,6 +202,87 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
   });
 }
 
+// PyTorch's fused CPU attention reads q, k and v through their strides but assumes unit
+// stride along the head dim; anything else is copied first.
+at::Tensor unit_last_stride(const at::Tensor& t) {
+  return t.stride(-1) == 1 || t.size(-1) == 1 ? t : t.contiguous();
+}
+
+// Prepends unit dims up to rank 4, the only rank PyTorch's fused attention takes.
+at::Tensor as_rank4(at::Tensor t) {
+  while (t.dim() < 4) {
+    t = t.unsqueeze(0);
+  }
+  return t;
+}
+
+void attention(c10::ScalarType dtype, BladeUnrankedMemRef* q, BladeUnrankedMemRef* k,
+               BladeUnrankedMemRef* v, BladeUnrankedMemRef* mask, BladeUnrankedMemRef* out,
+               int64_t transpose_k, int64_t transpose_v, double scale) noexcept {
+  guarded("blade_ral_attention", [&] {
+    at::Tensor query = view_of(q, dtype);
+    at::Tensor key = view_of(k, dtype);
+    at::Tensor value = view_of(v, dtype);
+    if (transpose_k != 0) {
+      key = key.transpose(-1, -2);
+    }
+    if (transpose_v != 0) {
+      value = value.transpose(-1, -2);
+    }
+    const int64_t rank = query.dim();
+    TORCH_CHECK((rank == 3 || rank == 4) && key.dim() == rank && value.dim() == rank &&
+                    key.size(-1) == query.size(-1) && value.size(-2) == key.size(-2) &&
+                    key.sizes().slice(0, rank - 2) == query.sizes().slice(0, rank - 2) &&
+                    value.sizes().slice(0, rank - 2) == query.sizes().slice(0, rank - 2),
+                "blade_ral_attention: q ", query.sizes(), ", k ", key.sizes(), " and v ",
+                value.sizes(), " are not [batch..., length, head dim] attention operands");
+    at::Tensor result = view_of(out, dtype);
+    std::vector<int64_t> expected(query.sizes().begin(), query.sizes().end() - 1);
+    expected.push_back(value.size(-1));
+    check_result_shape("blade_ral_attention", result, expected);
+    at::Tensor target = as_rank4(result);
+    std::optional<at::Tensor> bias;
+    if (mask != nullptr) {
+      at::Tensor m = view_of(mask, dtype);
+      std::vector<int64_t> scores(expected.begin(), expected.end() - 1);
+      scores.push_back(key.size(-2));
+      bool broadcasts = m.dim() <= rank;
+      for (int64_t i = 1; broadcasts && i <= m.dim(); ++i) {
+        broadcasts = m.size(-i) == 1 || m.size(-i) == scores[scores.size() - i];
+      }
+      TORCH_CHECK(broadcasts, "blade_ral_attention: the mask ", m.sizes(),
+                  " does not broadcast to the scores ", at::IntArrayRef(scores));
+      bias = as_rank4(unit_last_stride(m));
+    }
+    if (dtype == at::kFloat &&
+        blade::ral::fused_attention_f32(as_rank4(query), as_rank4(key), as_rank4(value), bias,
+                                        scale, target)) {
+      return;
+    }
+    if (query.size(-1) != value.size(-1)) {
+      // PyTorch's fused kernel wants v's head size to be q's: its kernels one by one.
+      at::Tensor logits = at::matmul(as_rank4(query), as_rank4(key).transpose(-1, -2)) * scale;
+      if (bias.has_value()) {
+        logits = logits + *bias;
+      }
+      target.copy_(at::matmul(at::softmax(logits, -1), as_rank4(value)));
+      return;
+    }
+    const at::Tensor attended = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
+        as_rank4(unit_last_stride(query)), as_rank4(unit_last_stride(key)),
+        as_rank4(unit_last_stride(value)), 0.0, false, bias, scale));
+    target.copy_(attended);
+    if (bias.has_value()) {
+      // softmax over a row the mask sets to -inf everywhere is 0/0, NaN, where PyTorch's
+      // fused kernel returns 0: those rows are set to NaN, as the unfused computation gives.
+      const at::Tensor masked_rows = bias->isneginf().all(-1, true);
+      if (masked_rows.any().item<bool>()) {
+        target.masked_fill_(masked_rows, std::numeric_limits<double>::quiet_NaN());
+      }
+    }
+  });
+}
+
 }  // namespace
 
 namespace blade::ral {
@@ -255,6 +339,23 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
                         result = BLADE_RAL_UNRANKED(out);                                    \
     conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top, pad_bottom, pad_left,  \
            pad_right, dilation_h, dilation_w, groups, true);                                 \
+  }                                                                                          \
+  void blade_ral_attention_##suffix(BLADE_RAL_MEMREF(q), BLADE_RAL_MEMREF(k),                \
+                                    BLADE_RAL_MEMREF(v), BLADE_RAL_MEMREF(out),              \
+                                    int64_t transpose_k, int64_t transpose_v, double scale) { \
+    BladeUnrankedMemRef query = BLADE_RAL_UNRANKED(q), key = BLADE_RAL_UNRANKED(k),          \
+                        value = BLADE_RAL_UNRANKED(v), result = BLADE_RAL_UNRANKED(out);     \
+    attention(scalar_type, &query, &key, &value, nullptr, &result, transpose_k, transpose_v, \
+              scale);                                                                        \
+  }                                                                                          \
+  void blade_ral_attention_masked_##suffix(                                                  \
+      BLADE_RAL_MEMREF(q), BLADE_RAL_MEMREF(k), BLADE_RAL_MEMREF(v), BLADE_RAL_MEMREF(mask), \
+      BLADE_RAL_MEMREF(out), int64_t transpose_k, int64_t transpose_v, double scale) {       \
+    BladeUnrankedMemRef query = BLADE_RAL_UNRANKED(q), key = BLADE_RAL_UNRANKED(k),          \
+                        value = BLADE_RAL_UNRANKED(v), bias = BLADE_RAL_UNRANKED(mask),      \
+                        result = BLADE_RAL_UNRANKED(out);                                    \
+    attention(scalar_type, &query, &key, &value, &bias, &result, transpose_k, transpose_v,   \
+              scale);                                                                        \
   }
 
 BLADE_RAL_DEFINE_KERNELS(f32, c10::ScalarType::Float)

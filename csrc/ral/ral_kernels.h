@@ -37,6 +37,10 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
 // conv2d: out = conv2d(input, weight) in NCHW / OIHW layout with explicit (possibly
 // asymmetric) zero padding. conv2d_nhwc: the same with input and out in NHWC layout
 // (python/blade/layouts.py), the weight still OIHW.
+// attention: out = softmax(q @ k^T * scale + mask) @ v over the last dim, q/k/v of rank 3
+// or 4 ([batch..., length, head dim]; k and v stored transposed when `transpose_k` /
+// `transpose_v`), the mask broadcasting to the scores; PyTorch's fused CPU attention, which
+// never materializes the scores. attention_masked takes the mask, attention has none.
 #define BLADE_RAL_MEMREF(name) int64_t name##_rank, void* name##_descriptor
 #define BLADE_RAL_DECLARE_KERNELS(suffix)                                                    \
   void blade_ral_matmul_##suffix(BLADE_RAL_MEMREF(a), BLADE_RAL_MEMREF(b),                   \
@@ -50,7 +54,13 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
       BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(out),              \
       int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_bottom,               \
       int64_t pad_left, int64_t pad_right, int64_t dilation_h, int64_t dilation_w,           \
-      int64_t groups);
+      int64_t groups);                                                                       \
+  void blade_ral_attention_##suffix(BLADE_RAL_MEMREF(q), BLADE_RAL_MEMREF(k),                \
+                                    BLADE_RAL_MEMREF(v), BLADE_RAL_MEMREF(out),              \
+                                    int64_t transpose_k, int64_t transpose_v, double scale); \
+  void blade_ral_attention_masked_##suffix(                                                  \
+      BLADE_RAL_MEMREF(q), BLADE_RAL_MEMREF(k), BLADE_RAL_MEMREF(v), BLADE_RAL_MEMREF(mask), \
+      BLADE_RAL_MEMREF(out), int64_t transpose_k, int64_t transpose_v, double scale);
 
 BLADE_RAL_DECLARE_KERNELS(f32)
 BLADE_RAL_DECLARE_KERNELS(f64)

@@ -44,6 +44,7 @@ class CompiledCluster:
     ir: Dict[str, str] = field(default_factory=dict)  # stage name -> IR after it
     seconds: Dict[str, float] = field(default_factory=dict)
     library_calls: int = 0  # ops outlined as RAL kernel calls
+    fused_attention: int = 0  # of those, attention chains run as one kernel (attention.py)
     parallel_loops: int = 0  # loop nests run on PyTorch's intra-op threads
 
 
@@ -128,7 +129,10 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 if user_calls:
                     _inline_user_converters(module, user_calls)
                 layouts.to_channels_last(module, _find_main(module))
-                result.library_calls = library_calls.outline(module, _find_main(module))
+                calls = library_calls.outline(module, _find_main(module))
+                result.library_calls = sum(calls.values())
+                result.fused_attention = sum(count for kind, count in calls.items()
+                                             if kind.startswith("attention"))
                 annotate_broadcasts(module)
                 lower_dynamic_reshapes(module)
             if stage == "bufferize":

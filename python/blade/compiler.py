@@ -321,7 +321,7 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
         return REGISTRY.check(node, config.excluded_ops,
                               static_shapes=not config.dynamic).converter
 
-    imported = import_subgraph(subgraph, converter_for=converter_for)
+    imported = import_subgraph(subgraph, converter_for=converter_for, params=params)
     dump.seconds["import"] = time.perf_counter() - start
     input_specs, output_specs = _signatures(cluster.inputs(), cluster.outputs())
     # Outputs of dynamic size are allocated and returned by the code, not passed to it.
@@ -466,6 +466,7 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
             compiled = _compile_cluster(module, cluster, index, config, cpu_features,
                                         cluster_dump)
             entry.library_calls = compiled.library_calls
+            entry.fused_attention = compiled.fused_attention
             entry.parallel_loops = compiled.parallel_loops
             report.compiled_ops += sum(ops.values())
             report.clusters.append(entry)

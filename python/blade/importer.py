@@ -9,7 +9,7 @@ accepts, so no per-op printing code is needed. The text is parsed and verified b
 """
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -267,18 +267,36 @@ def _computed_size(node: torch._C.Node) -> bool:
 
 
 def import_subgraph(subgraph: torch._C.Graph, func_name: str = "main",
-                    converter_for: Optional[Callable] = None) -> ImportedModule:
+                    converter_for: Optional[Callable] = None,
+                    params: Sequence[torch.Tensor] = ()) -> ImportedModule:
     """The subgraph as torch-dialect MLIR text, one function `func_name` (plus a private
     declaration per node that `converter_for(node)` gives a user converter for).
+    `params` are the values of the subgraph's trailing inputs (lifted constants): finite
+    0-d float ones are read as literals.
 
     Example:
         >>> imported = import_subgraph(cluster_node.g("Subgraph"))
     """
+    inputs = list(subgraph.inputs())
+    scalar_params = {len(inputs) - len(params) + j: p for j, p in enumerate(params)
+                     if p.dim() == 0 and p.dtype in (torch.float32, torch.float64) and
+                     math.isfinite(p.item())}
     emitter = _Emitter(converter_for)
     args = []
     for i, value in enumerate(subgraph.inputs()):
         emitter.names[value] = f"%arg{i}"
         args.append(f"%arg{i}: {value_type(value.type())}")
+        known = scalar_params.get(i)
+        if known is not None:
+            # The argument stays (the engine passes every param) but nothing reads it: the
+            # code folds the literal (a scale traced from Python math, say).
+            element = "f32" if known.dtype == torch.float32 else "f64"
+            literal = emitter.fresh()
+            emitter.emit([literal], "torch.vtensor.literal", [], [],
+                         [f"!torch.vtensor<[],{element}>"],
+                         f" {{value = dense<{_float_literal(known.item())}> : "
+                         f"tensor<{element}>}}")
+            emitter.names[value] = literal
     for node in subgraph.nodes():
         try:
             emitter.node(node)

@@ -16,12 +16,13 @@ Loops generated from linalg cannot match MKL or oneDNN, so these ops never becom
 
 Ops of any other form stay in the module and are compiled to loops.
 """
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import arith, func, memref, tensor
 
+from . import attention
 from .ir_queries import producer
 
 LIBRARY_CALL = "blade.library_call"
@@ -155,6 +156,8 @@ KERNEL_ARGUMENTS = {
                "dilation_h", "dilation_w", "groups"],
 }
 KERNEL_ARGUMENTS["conv2d_nhwc"] = KERNEL_ARGUMENTS["conv2d"]
+KERNEL_ARGUMENTS["attention"] = ["transpose_k", "transpose_v", "scale"]   # scale: f64
+KERNEL_ARGUMENTS["attention_masked"] = KERNEL_ARGUMENTS["attention"]
 
 
 def _result_sizes(attributes, arguments, result_type) -> List:
@@ -181,6 +184,12 @@ def _result_sizes(attributes, arguments, result_type) -> List:
             else:                       # columns: the rhs's last dim, or its rows if transposed
                 sizes.append(dim(rhs, rhs_rank - 2 if attributes["transpose_b"] else
                                  rhs_rank - 1))
+        elif attributes["kind"].startswith("attention"):
+            if d < rank - 1:            # batch dims and query rows come with q
+                sizes.append(dim(lhs, d))
+            else:                       # v's last dim, or its rows if stored transposed
+                sizes.append(dim(arguments[2], rank - 2 if attributes["transpose_v"] else
+                                 rank - 1))
         elif d == 0:                    # conv2d, NCHW: the batch
             sizes.append(dim(lhs, 0))
         elif d == 1:
@@ -233,7 +242,10 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> N
     i64 = ir.IntegerType.get_signless(64)
     function.attributes[LIBRARY_CALL] = ir.StringAttr.get(attributes["kind"])
     for key in KERNEL_ARGUMENTS[attributes["kind"]]:
-        function.attributes[f"blade.{key}"] = ir.IntegerAttr.get(i64, attributes[key])
+        value = attributes[key]
+        function.attributes[f"blade.{key}"] = \
+            ir.FloatAttr.get(ir.F64Type.get(), value) if isinstance(value, float) else \
+            ir.IntegerAttr.get(i64, value)
     with ir.InsertionPoint(op):
         call = func.CallOp([result_type], ir.FlatSymbolRefAttr.get(name), list(sources))
     op.result.replace_all_uses_with(call.result)
@@ -243,25 +255,32 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> N
             original.erase()
 
 
-def outline(module, main) -> int:
-    """Step 1 (see the module docstring); returns how many ops were outlined."""
-    count = 0
+def outline(module, main) -> Dict[str, int]:
+    """Step 1 (see the module docstring); returns how many ops were outlined, by kind."""
+    counts: Dict[str, int] = {}
+
+    def take(op, sources, peeled, attributes) -> None:
+        _outline_one(module, main, op, sources, peeled, attributes, sum(counts.values()))
+        counts[attributes["kind"]] = counts.get(attributes["kind"], 0) + 1
+
     with module.context, ir.Location.unknown():
+        # Attention first: its chain holds two dot_generals the loop below would take.
+        for op in list(main.regions[0].blocks[0].operations):
+            if op.name == "stablehlo.dot_general":
+                form = attention.attention_form(main, op, _matmul_form)
+                if form is not None:
+                    take(op, *form)
         for op in list(main.regions[0].blocks[0].operations):
             if op.name == "stablehlo.dot_general":
                 form = _matmul_form(op)
-                if form is None:
-                    continue
-                lhs, rhs, peeled, attributes = form
-                _outline_one(module, main, op, [lhs, rhs], peeled, attributes, count)
-                count += 1
+                if form is not None:
+                    lhs, rhs, peeled, attributes = form
+                    take(op, [lhs, rhs], peeled, attributes)
             elif op.name == "stablehlo.convolution":
                 attributes = _conv_form(op)
-                if attributes is None:
-                    continue
-                _outline_one(module, main, op, list(op.operands), [], attributes, count)
-                count += 1
-    return count
+                if attributes is not None:
+                    take(op, list(op.operands), [], attributes)
+    return counts
 
 
 def lower(module) -> None:
@@ -291,8 +310,8 @@ def lower(module) -> None:
             with ir.InsertionPoint(block):
                 operands = [memref.CastOp(unranked, a).result for a in arguments]
                 for key in KERNEL_ARGUMENTS[kind]:
-                    value = ir.IntegerAttr(function.attributes[f"blade.{key}"]).value
-                    operands.append(arith.ConstantOp(i64, value).result)
+                    attr = function.attributes[f"blade.{key}"]
+                    operands.append(arith.ConstantOp(attr.type, attr).result)
                 func.CallOp([], ir.FlatSymbolRefAttr.get(callee), operands)
                 func.ReturnOp(returned)
             if callee not in declared:

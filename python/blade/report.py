@@ -24,6 +24,7 @@ class ClusterReport:
     fallbacks: int = 0
     status: str = ""     # why the compiled code is not in use, or the last fallback reason
     library_calls: int = 0  # matmuls/convolutions run by PyTorch's kernels through the RAL
+    fused_attention: int = 0  # of those, softmax(q @ k^T * s + mask) @ v chains as one kernel
     parallel_loops: int = 0  # loop nests split across PyTorch's intra-op threads
     packed_weights: int = 0  # weights multiplied through MKL's packed copy (read live)
 

@@ -23,7 +23,9 @@ def test_fast_path_compiles_into_one_engine(norm_first, activation):
     report = blade.report(optimized)
     assert report.decomposed == {"aten::_transformer_encoder_layer_fwd": 1}, str(report)
     assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
-    assert report.clusters[0].library_calls == 6, str(report)   # qkv, 2 batched, out, ffn x2
+    # qkv, the attention as one fused kernel, out, ffn x2
+    assert report.clusters[0].library_calls == 5, str(report)
+    assert report.clusters[0].fused_attention == 1, str(report)
     with torch.no_grad():
         assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
     assert blade.report(optimized).clusters[0].calls == 1

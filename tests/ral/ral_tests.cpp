@@ -24,6 +24,7 @@
 #include <functional>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -210,8 +211,8 @@ void test_freed_buffers_are_reused_and_released() {
 
 template <int Rank>
 struct Descriptor {
-  float* allocated;
-  float* aligned;
+  void* allocated;
+  void* aligned;
   int64_t offset;
   int64_t sizes[Rank];
   int64_t strides[Rank];
@@ -220,7 +221,7 @@ struct Descriptor {
 template <int Rank>
 Descriptor<Rank> describe(const at::Tensor& t) {
   Descriptor<Rank> d{};
-  d.allocated = d.aligned = t.data_ptr<float>();
+  d.allocated = d.aligned = t.data_ptr();
   for (int i = 0; i < Rank; ++i) {
     d.sizes[i] = t.size(i);
     d.strides[i] = t.stride(i);
@@ -285,6 +286,65 @@ void test_matmul_by_a_param_uses_its_packed_copy() {
   blade_ral_matmul_f32(3, &dx, 2, &dother, 3, &dout, 1);
   EXPECT(at::allclose(out, at::matmul(x, other.t()), 1e-4, 1e-4));
   EXPECT(prepared.packed_count() == 1);
+}
+
+at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& mask, double scale) {
+  return at::matmul(at::softmax(at::matmul(q, k.transpose(-1, -2)) * scale + mask, -1), v);
+}
+
+void test_attention_library_call() {
+  // float32 runs Blade's fused kernel; strided q (heads of a fused projection), a padding
+  // mask broadcast over heads and queries, a ragged key count, and one query row whose
+  // mask excludes every key (NaN, as softmax gives unfused).
+  at::Tensor projection = at::randn({2, 37, 3 * 16});
+  at::Tensor q = projection.slice(2, 0, 16).view({2, 37, 2, 8}).transpose(1, 2);
+  at::Tensor k = at::randn({2, 2, 37, 8});
+  at::Tensor v = at::randn({2, 2, 37, 5});
+  at::Tensor mask = at::zeros({2, 1, 37, 37});
+  mask.select(0, 1).select(1, 4).fill_(-std::numeric_limits<float>::infinity());
+  mask.select(0, 0).slice(2, 30).fill_(-1e4);
+  at::Tensor out = at::empty({2, 2, 37, 5});
+  auto dq = describe<4>(q);
+  auto dk = describe<4>(k);
+  auto dv = describe<4>(v);
+  auto dmask = describe<4>(mask);
+  auto dout = describe<4>(out);
+  blade_ral_attention_masked_f32(4, &dq, 4, &dk, 4, &dv, 4, &dmask, 4, &dout, 0, 0, 0.3);
+  EXPECT(blade::ral::take_kernel_error().empty());
+  at::Tensor expected = reference_attention(q, k, v, mask, 0.3);
+  EXPECT(at::isnan(out.select(0, 1).select(1, 4)).all().item<bool>());
+  EXPECT(at::allclose(out, expected, 1e-4, 1e-5, /*equal_nan=*/true));
+
+  // float64 takes PyTorch's own kernels (its fused one needs v's head size to be q's).
+  at::Tensor out64 = at::empty({2, 2, 37, 5}, at::kDouble);
+  at::Tensor q64 = q.to(at::kDouble), k64 = k.to(at::kDouble), v64 = v.to(at::kDouble);
+  at::Tensor mask64 = mask.to(at::kDouble);
+  auto dq64 = describe<4>(q64);
+  auto dk64 = describe<4>(k64);
+  auto dv64 = describe<4>(v64);
+  auto dmask64 = describe<4>(mask64);
+  auto dout64 = describe<4>(out64);
+  blade_ral_attention_masked_f64(4, &dq64, 4, &dk64, 4, &dv64, 4, &dmask64, 4, &dout64, 0, 0,
+                                 0.3);
+  EXPECT(blade::ral::take_kernel_error().empty());
+  EXPECT(at::allclose(out64, expected.to(at::kDouble), 1e-4, 1e-5, /*equal_nan=*/true));
+
+  // k stored transposed ([..., head dim, keys]), no mask.
+  at::Tensor k_t = k.transpose(-1, -2).contiguous();
+  auto dkt = describe<4>(k_t);
+  blade_ral_attention_f32(4, &dq, 4, &dkt, 4, &dv, 4, &dout, /*transpose_k=*/1, 0, 0.3);
+  EXPECT(blade::ral::take_kernel_error().empty());
+  EXPECT(at::allclose(out, reference_attention(q, k, v, at::zeros({1}), 0.3), 1e-4, 1e-5));
+
+  // A mask that does not broadcast to the scores: an error, and nothing written.
+  at::Tensor wrong_mask = at::zeros({3, 1, 1, 37});
+  auto dwrong = describe<4>(wrong_mask);
+  out.fill_(7.0);
+  blade_ral_attention_masked_f32(4, &dq, 4, &dk, 4, &dv, 4, &dwrong, 4, &dout, 0, 0, 0.3);
+  EXPECT(contains(blade::ral::take_kernel_error(),
+                  "the mask [3, 1, 1, 37] does not broadcast to the scores [2, 2, 37, 37]"));
+  EXPECT(at::equal(out, at::full({2, 2, 37, 5}, 7.0)));
 }
 
 void mark_rows(int64_t begin, int64_t end, void** arguments) {
@@ -454,6 +514,7 @@ int main(int argc, char** argv) {
       {"freed_buffers_are_reused_and_released", test_freed_buffers_are_reused_and_released},
       {"matmul_library_call", test_matmul_library_call},
       {"matmul_by_a_param_uses_its_packed_copy", test_matmul_by_a_param_uses_its_packed_copy},
+      {"attention_library_call", test_attention_library_call},
       {"parallel_for_covers_every_row_once", test_parallel_for_covers_every_row_once},
       {"saved_model_runs_compiled_code", test_saved_model_runs_compiled_code},
       {"wrong_inputs_fall_back_or_raise_per_mode", test_wrong_inputs_fall_back_or_raise_per_mode},

@@ -1,0 +1,288 @@
+#include "ral/fused_attention.h"
+
+#include "ral/ral_abi.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+namespace blade::ral {
+namespace {
+
+// The BLAS sgemm libtorch carries (MKL's, Fortran interface, column-major), found at run
+// time as in prepared_weights.cpp, so a libtorch without it still loads the runtime and
+// attention takes PyTorch's own kernel.
+using FortranSgemm = void (*)(const char* transa, const char* transb, const int* m,
+                              const int* n, const int* k, const float* alpha, const float* a,
+                              const int* lda, const float* b, const int* ldb,
+                              const float* beta, float* c, const int* ldc);
+
+FortranSgemm fortran_sgemm() {
+  static const FortranSgemm found =
+      reinterpret_cast<FortranSgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  return found;
+}
+
+// Row-major C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C: the column-major
+// product C^T = op(B)^T @ op(A)^T, the same call with the operands swapped.
+void gemm_row_major(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                    float beta, float* c, int64_t ldc) {
+  const char ta = transpose_a ? 'T' : 'N';
+  const char tb = transpose_b ? 'T' : 'N';
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  const int lda_i = static_cast<int>(lda), ldb_i = static_cast<int>(ldb),
+            ldc_i = static_cast<int>(ldc);
+  fortran_sgemm()(&tb, &ta, &ni, &mi, &ki, &alpha, b, &ldb_i, a, &lda_i, &beta, c, &ldc_i);
+}
+
+// Scores per task block: query rows are taken so that a block of scores (rows x keys
+// floats) stays within this many, in L2 next to its k and v.
+constexpr int64_t kScoresPerBlock = 32 * 1024;
+constexpr int64_t kMinRowsPerBlock = 16;
+
+// A [rows, cols] matrix of a rank-4 tensor for CBLAS (row-major): stored as is (unit
+// stride along cols) or transposed (unit stride along rows), `ld` apart.
+struct Matrix {
+  const float* data = nullptr;
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+  int64_t row_stride = 0;  // elements between rows of the logical matrix
+  bool transposed = false;
+  int64_t ld = 0;
+};
+
+bool fits_int(int64_t value) { return value >= 0 && value <= std::numeric_limits<int>::max(); }
+
+bool as_matrix(const at::Tensor& t, Matrix* m) {
+  const int64_t rows = t.size(2);
+  const int64_t cols = t.size(3);
+  m->data = t.data_ptr<float>();
+  m->batch_stride = t.stride(0);
+  m->head_stride = t.stride(1);
+  m->row_stride = t.stride(2);
+  if (t.stride(3) == 1 || cols == 1) {
+    m->transposed = false;
+    m->ld = std::max<int64_t>(t.stride(2), cols);
+    return rows == 1 || t.stride(2) >= cols ? fits_int(m->ld) : false;
+  }
+  if (t.stride(2) == 1 || rows == 1) {
+    m->transposed = true;
+    m->ld = std::max<int64_t>(t.stride(3), rows);
+    return fits_int(m->ld) && (cols == 1 || t.stride(3) >= rows);
+  }
+  return false;
+}
+
+// 16 floats (or int32s) as one value: GCC's vector extensions, which compile to one
+// AVX-512 register, two AVX2 or four SSE ones, whichever the function is compiled for.
+// The helpers taking them are internal and inlined into exp_row's clones, so the ABI of
+// passing such a value (what -Wpsabi warns about, at the end of the file) never applies.
+#pragma GCC diagnostic ignored "-Wpsabi"
+constexpr int64_t kLanes = 16;
+typedef float Floats __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline Floats load(const float* p) {
+  Floats v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store(float* p, Floats v) { std::memcpy(p, &v, sizeof v); }
+
+inline Floats splat(float x) { return Floats{} + x; }
+
+inline Floats max(Floats a, Floats b) { return a > b ? a : b; }
+
+// exp(x) for x <= 0 (a score minus its row's max): Cody-Waite range reduction and the
+// degree-5 polynomial of approximations.py (< 1 ulp in the normal range; 0 below -87.3,
+// where the true result is under 1.22e-38; NaN stays NaN).
+inline Floats exp_nonpositive(Floats x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kMin = -87.3f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2**23: adding it rounds to an integer
+  const Floats below = splat(kMin);
+  const Floats xc = x < below ? below : x;
+  const Floats n = (xc * kLog2e + kRound) - kRound;
+  const Floats r = (xc - n * kLn2Hi) - n * kLn2Lo;
+  Floats p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const Floats y = p * r * r + r + 1.0f;
+  // y * 2**n, n in [-126, 0]: 2**n is a normal float built in the exponent bits.
+  const Ints bits = (__builtin_convertvector(n, Ints) + 127) << 23;
+  Floats scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return x < below ? Floats{} : y * scale;
+}
+
+// One row of scores: adds the mask row, then exp(score - max) in place; returns the
+// reciprocal of the row's sum, by which the caller scales the row's output (fewer
+// multiplies than scaling the row when the value dim is under the key count), or NaN when
+// every score is -inf (softmax's 0/0 unfused; the row is then NaN too). Compiled for
+// AVX-512, AVX2 and the baseline, picked by the CPU at load time. Rows are padded to
+// whole vectors with -inf scores (exp 0) in the scratch block, so no loop has a tail.
+__attribute__((target_clones("avx512f", "avx2,fma", "default"))) float exp_row(
+    float* __restrict row, const float* __restrict mask, int64_t n, int64_t padded) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t j = n; j < padded; ++j) {
+    row[j] = kNegInf;
+  }
+  Floats top = splat(kNegInf);
+  const int64_t whole = n - n % kLanes;
+  if (mask != nullptr) {
+    for (int64_t j = 0; j < whole; j += kLanes) {
+      const Floats x = load(row + j) + load(mask + j);
+      store(row + j, x);
+      top = max(top, x);
+    }
+    for (int64_t j = whole; j < n; ++j) {
+      row[j] += mask[j];
+    }
+    if (whole < n) {
+      top = max(top, load(row + whole));
+    }
+  } else {
+    for (int64_t j = 0; j < padded; j += kLanes) {
+      top = max(top, load(row + j));
+    }
+  }
+  float largest = kNegInf;
+  for (int64_t l = 0; l < kLanes; ++l) {
+    largest = std::max(largest, top[l]);
+  }
+  if (largest == kNegInf) {
+    std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const Floats shift = splat(largest);
+  Floats sums{};
+  for (int64_t j = 0; j < padded; j += kLanes) {
+    const Floats e = exp_nonpositive(load(row + j) - shift);
+    store(row + j, e);
+    sums += e;
+  }
+  float sum = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) {
+    sum += sums[l];
+  }
+  return 1.0f / sum;
+}
+
+struct Problem {
+  Matrix q;
+  Matrix k;
+  Matrix v;
+  float* out = nullptr;
+  int64_t out_batch_stride = 0;
+  int64_t out_head_stride = 0;
+  int64_t out_row_stride = 0;
+  const float* mask = nullptr;
+  int64_t mask_strides[3] = {0, 0, 0};  // batch, head, row; unit along keys
+  int64_t heads = 0;
+  int64_t rows = 0;  // query length
+  int64_t keys = 0;
+  int64_t head_dim = 0;
+  int64_t value_dim = 0;
+  int64_t rows_per_block = 0;
+  int64_t blocks_per_head = 0;
+  float scale = 1.0f;
+};
+
+void run_blocks(int64_t begin, int64_t end, void** arguments) {
+  const Problem& p = *static_cast<const Problem*>(arguments[0]);
+  // Rows of scores padded to whole vectors (exp_row).
+  const int64_t padded = (p.keys + kLanes - 1) / kLanes * kLanes;
+  std::unique_ptr<float[]> scores(new float[p.rows_per_block * padded]);
+  std::unique_ptr<float[]> inverse_sums(new float[p.rows_per_block]);
+  for (int64_t task = begin; task < end; ++task) {
+    const int64_t head_index = task / p.blocks_per_head;
+    const int64_t b = head_index / p.heads;
+    const int64_t h = head_index % p.heads;
+    const int64_t first = (task % p.blocks_per_head) * p.rows_per_block;
+    const int64_t count = std::min(p.rows_per_block, p.rows - first);
+    const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride +
+                     first * p.q.row_stride;
+    const float* k = p.k.data + b * p.k.batch_stride + h * p.k.head_stride;
+    const float* v = p.v.data + b * p.v.batch_stride + h * p.v.head_stride;
+    float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride +
+                 first * p.out_row_stride;
+    // scores = scale * q @ k^T: k^T is k read transposed, or as stored when k is.
+    gemm_row_major(p.q.transposed, !p.k.transposed, count, p.keys, p.head_dim, p.scale, q,
+                   p.q.ld, k, p.k.ld, 0.0f, scores.get(), padded);
+    for (int64_t i = 0; i < count; ++i) {
+      const float* mask = p.mask == nullptr
+                              ? nullptr
+                              : p.mask + b * p.mask_strides[0] + h * p.mask_strides[1] +
+                                    (first + i) * p.mask_strides[2];
+      inverse_sums[i] = exp_row(scores.get() + i * padded, mask, p.keys, padded);
+    }
+    gemm_row_major(false, p.v.transposed, count, p.value_dim, p.keys, 1.0f, scores.get(),
+                   padded, v, p.v.ld, 0.0f, out, p.out_row_stride);
+    for (int64_t i = 0; i < count; ++i) {
+      float* row = out + i * p.out_row_stride;
+      const float inverse = inverse_sums[i];
+      for (int64_t j = 0; j < p.value_dim; ++j) {
+        row[j] *= inverse;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double scale, at::Tensor& out) {
+  if (fortran_sgemm() == nullptr || q.dim() != 4 || q.scalar_type() != at::kFloat ||
+      k.scalar_type() != at::kFloat || v.scalar_type() != at::kFloat ||
+      out.scalar_type() != at::kFloat) {
+    return false;
+  }
+  Problem p;
+  p.heads = q.size(1);
+  p.rows = q.size(2);
+  p.keys = k.size(2);
+  p.head_dim = q.size(3);
+  p.value_dim = v.size(3);
+  if (q.numel() == 0 || out.numel() == 0 || p.keys == 0 || !fits_int(p.rows) ||
+      !fits_int(p.keys + kLanes) || !fits_int(p.head_dim) || !fits_int(p.value_dim) ||
+      !as_matrix(q, &p.q) || !as_matrix(k, &p.k) || !as_matrix(v, &p.v) ||
+      (out.stride(3) != 1 && p.value_dim != 1) || out.stride(2) < p.value_dim ||
+      !fits_int(out.stride(2))) {
+    return false;
+  }
+  p.out = out.data_ptr<float>();
+  p.out_batch_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  p.out_row_stride = out.stride(2);
+  if (mask.has_value()) {
+    const at::Tensor& m = *mask;
+    if (m.scalar_type() != at::kFloat || m.dim() != 4 || m.size(3) != p.keys ||
+        (m.stride(3) != 1 && p.keys != 1)) {
+      return false;
+    }
+    p.mask = m.data_ptr<float>();
+    for (int64_t d = 0; d < 3; ++d) {
+      p.mask_strides[d] = m.size(d) == 1 ? 0 : m.stride(d);
+    }
+  }
+  p.scale = static_cast<float>(scale);
+  p.rows_per_block =
+      std::min(p.rows, std::max(kMinRowsPerBlock, kScoresPerBlock / p.keys));
+  p.blocks_per_head = (p.rows + p.rows_per_block - 1) / p.rows_per_block;
+  void* arguments[] = {&p};
+  blade_ral_parallel_for(q.size(0) * p.heads * p.blocks_per_head, 1, &run_blocks, arguments);
+  return true;
+}
+
+}  // namespace blade::ral

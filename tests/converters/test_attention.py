@@ -1,0 +1,168 @@
+"""softmax(q @ k^T * scale + mask) @ v as one fused kernel (python/blade/attention.py,
+csrc/ral/fused_attention.cpp): eager's results, in every spelling and layout the matcher
+takes, and left op by op where fusing would change what the model computes."""
+import math
+
+import pytest
+import torch
+
+import blade
+from helpers import assert_same, run_compiled
+
+
+class Attention(torch.nn.Module):
+    """Hand-written attention as in the benchmark's softmax_attn."""
+
+    def __init__(self, divide: bool = False, head_dim: int = 16):
+        super().__init__()
+        self.divide = divide
+        self.root = math.sqrt(head_dim)
+
+    def forward(self, q, k, v, mask):
+        if self.divide:
+            scores = q @ k.transpose(-2, -1) / self.root
+        else:
+            scores = q @ k.transpose(-2, -1) * (1.0 / self.root)
+        return torch.softmax(scores + mask, dim=-1) @ v
+
+
+class Unmasked(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * 0.3, dim=-1) @ v
+
+
+class KeysStoredTransposed(torch.nn.Module):
+    """k arrives as [..., head dim, keys]: the kernel reads it without a copy."""
+
+    def forward(self, q, k_t, v):
+        return torch.softmax(q @ k_t * 0.25, dim=-1) @ v
+
+
+class ScoresReturned(torch.nn.Module):
+    """The probabilities are an output too: fusing would lose them, so nothing fuses."""
+
+    def forward(self, q, k, v):
+        p = torch.softmax(q @ k.transpose(-2, -1) * 0.25, dim=-1)
+        return p @ v, p
+
+
+class Projected(torch.nn.Module):
+    """q, k and v as strided head views of one fused projection, as in MultiheadAttention."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+
+    def forward(self, x, mask):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 4, 16).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        out = torch.softmax(q @ k.transpose(-2, -1) * 0.25 + mask, dim=-1) @ v
+        return out.transpose(1, 2).reshape(b, n, 64)
+
+
+def qkv(*shape, dtype=torch.float32):
+    torch.manual_seed(0)
+    return tuple(torch.randn(*shape, dtype=dtype) for _ in range(3))
+
+
+def padding_mask(batch, keys, dtype=torch.float32):
+    mask = torch.zeros(batch, 1, 1, keys, dtype=dtype)
+    mask[0, ..., keys // 2:] = -1e4
+    return mask
+
+
+def fused(report) -> int:
+    return sum(c.fused_attention for c in report.clusters)
+
+
+TRACE = blade.Config(allow_tracing=True)
+
+
+@pytest.mark.parametrize("divide", [False, True])
+@pytest.mark.parametrize("keys", [128, 37])   # a whole number of vectors, and a ragged one
+def test_masked_attention_is_one_kernel(divide, keys):
+    q = torch.randn(2, 3, 50, 16)
+    k, v = torch.randn(2, 3, keys, 16), torch.randn(2, 3, keys, 24)
+    _, report = run_compiled(Attention(divide), (q, k, v, padding_mask(2, keys)), TRACE,
+                             rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1 and report.clusters[0].library_calls == 1, str(report)
+
+
+def test_unmasked_rank_3():
+    q, k, v = qkv(6, 33, 8)
+    _, report = run_compiled(Unmasked(), (q, k, v), TRACE, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+
+
+def test_keys_stored_transposed():
+    q, k, v = qkv(2, 2, 20, 8)
+    _, report = run_compiled(KeysStoredTransposed(), (q, k.transpose(-2, -1).contiguous(), v),
+                             TRACE, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+
+
+def test_long_rows_are_split_into_blocks():
+    """More keys than one block of scores holds per 16 rows (csrc kScoresPerBlock)."""
+    q = torch.randn(1, 2, 40, 8)
+    k, v = torch.randn(1, 2, 3000, 8), torch.randn(1, 2, 3000, 8)
+    _, report = run_compiled(Attention(), (q, k, v, padding_mask(1, 3000)), TRACE,
+                             rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+
+
+def test_strided_heads_of_a_projection():
+    x = torch.randn(2, 10, 64)
+    mask = padding_mask(2, 10)
+    _, report = run_compiled(Projected(), (x, mask), TRACE, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+
+
+def test_probabilities_used_elsewhere_are_not_fused():
+    q, k, v = qkv(2, 2, 12, 8)
+    _, report = run_compiled(ScoresReturned(), (q, k, v), TRACE, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 0 and report.clusters[0].library_calls == 2, str(report)
+
+
+def test_fully_masked_rows_are_nan_as_in_eager():
+    q, k, v = qkv(2, 2, 6, 8)
+    mask = torch.zeros(2, 2, 6, 6)
+    mask[1, 0, 3, :] = float("-inf")            # one query row that sees no key
+    mask[0, 1, :, :2] = float("-inf")
+    model = Attention()
+    optimized = blade.optimize(model, (q, k, v, mask), TRACE)
+    with torch.no_grad():
+        expected, actual = model(q, k, v, mask), optimized(q, k, v, mask)
+    assert torch.isnan(expected[1, 0, 3]).all() and torch.isnan(actual[1, 0, 3]).all()
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5, equal_nan=True)
+    report = blade.report(optimized)
+    assert fused(report) == 1 and report.clusters[0].calls == 1, str(report)
+
+
+def test_float64_uses_pytorchs_fused_kernel():
+    q, k, v = qkv(2, 2, 12, 8, dtype=torch.float64)
+    _, report = run_compiled(Attention(), (q, k, v, padding_mask(2, 12, torch.float64)), TRACE,
+                             rtol=1e-7, atol=1e-7)
+    assert fused(report) == 1, str(report)
+
+
+def test_dynamic_lengths():
+    """A dynamic engine computes attention op by op (its broadcasts are shape.assuming
+    regions the matcher does not take), with eager's results."""
+    q, k, v = qkv(2, 4, 16, 8)
+    model = Unmasked()
+    optimized = blade.optimize(model, (q, k, v), blade.Config(allow_tracing=True, dynamic=True))
+    with torch.no_grad():
+        for batch, length in ((1, 1), (3, 40), (2, 7)):
+            q, k, v = qkv(batch, 4, length, 8)
+            assert_same(optimized(q, k, v), model(q, k, v), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
+
+
+def test_encoder_layer_attention_is_fused():
+    torch.manual_seed(0)
+    model = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True,
+                                             dropout=0.0).eval()
+    x = torch.randn(2, 16, 64)
+    _, report = run_compiled(model, (x,), rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
