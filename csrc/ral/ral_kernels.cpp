@@ -151,6 +151,7 @@ std::vector<int64_t> conv_output_sizes(const at::Tensor& x, const at::Tensor& w,
 // output (page faults on every call) that then had to be copied. False when it does not
 // apply or is unavailable, and the caller convolves as usual.
 bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
+                   const std::optional<at::Tensor>& bias, bool relu,
                    const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                    const std::vector<int64_t>& dilation, int64_t groups) {
   static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(
@@ -163,9 +164,21 @@ bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
   // An error here (none is expected for these operands) propagates: the engine falls back
   // for the call and reports it.
   target.zero_();
-  torch::jit::Stack stack{target, x, w, c10::IValue(), padding, stride, dilation, groups,
-                          std::string("add"), at::Scalar(1.0), c10::IValue(),
-                          c10::List<std::optional<at::Scalar>>(), c10::IValue()};
+  // out = relu?(conv(x, w) + bias + out): the bias and the ReLU as the convolution's own
+  // bias and post-op, not a pass over its result.
+  torch::jit::Stack stack{target,
+                          x,
+                          w,
+                          bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
+                          padding,
+                          stride,
+                          dilation,
+                          groups,
+                          std::string("add"),
+                          at::Scalar(1.0),
+                          relu ? c10::IValue(std::string("relu")) : c10::IValue(),
+                          c10::List<std::optional<at::Scalar>>(),
+                          c10::IValue()};
   op->callBoxed(&stack);
   return true;
 }
@@ -173,7 +186,8 @@ bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
 void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* weight,
             BladeUnrankedMemRef* out, int64_t stride_h, int64_t stride_w, int64_t pad_top,
             int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
-            int64_t dilation_w, int64_t groups, bool channels_last) noexcept {
+            int64_t dilation_w, int64_t groups, bool channels_last,
+            BladeUnrankedMemRef* bias_memref = nullptr, bool relu = false) noexcept {
   guarded(channels_last ? "blade_ral_conv2d_nhwc" : "blade_ral_conv2d", [&] {
     // NHWC buffers are viewed as NCHW tensors with channels_last strides: PyTorch (oneDNN)
     // convolves those without reordering them, and returns a channels_last result.
@@ -194,11 +208,18 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     at::Tensor target = as_nchw(view_of(out, dtype));
     check_result_shape("blade_ral_conv2d", target,
                        conv_output_sizes(x, w, padding, stride, dilation));
-    if (channels_last && convolve_into(target, x, w, padding, stride, dilation, groups)) {
+    std::optional<at::Tensor> bias;
+    if (bias_memref != nullptr) {
+      bias = view_of(bias_memref, dtype).reshape({-1});
+      TORCH_CHECK(bias->numel() == w.size(0), "blade_ral_conv2d: a bias of ", bias->numel(),
+                  " values for ", w.size(0), " output channels");
+    }
+    if (channels_last && convolve_into(target, x, w, bias, relu, padding, stride, dilation,
+                                       groups)) {
       return;
     }
-    target.copy_(at::conv2d(x, w, c10::optional<at::Tensor>(), stride, padding, dilation,
-                            groups));
+    at::Tensor result = at::conv2d(x, w, bias, stride, padding, dilation, groups);
+    target.copy_(relu ? at::relu(result) : result);
   });
 }
 
@@ -339,6 +360,16 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
                         result = BLADE_RAL_UNRANKED(out);                                    \
     conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top, pad_bottom, pad_left,  \
            pad_right, dilation_h, dilation_w, groups, true);                                 \
+  }                                                                                          \
+  void blade_ral_conv2d_nhwc_bias_##suffix(                                                  \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
+      BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w, int64_t pad_top,            \
+      int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,           \
+      int64_t dilation_w, int64_t groups, int64_t relu) {                                    \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
+                        b = BLADE_RAL_UNRANKED(bias), result = BLADE_RAL_UNRANKED(out);      \
+    conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top, pad_bottom, pad_left,  \
+           pad_right, dilation_h, dilation_w, groups, true, &b, relu != 0);                  \
   }                                                                                          \
   void blade_ral_attention_##suffix(BLADE_RAL_MEMREF(q), BLADE_RAL_MEMREF(k),                \
                                     BLADE_RAL_MEMREF(v), BLADE_RAL_MEMREF(out),              \

@@ -55,11 +55,27 @@ def _splat(value) -> Optional[float]:
         value = op.operands[0]
 
 
+def _keeps_rows(op) -> bool:
+    """Whether a reshape or broadcast between a row reduction and its use only adds (or
+    stretches) the trailing row dim: each row's value stays with its row."""
+    source = ir.ShapedType(op.operands[0].type)
+    if "broadcast" in op.name:
+        dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+        return dims == list(range(source.rank))
+    target = ir.ShapedType(op.result.type)
+    leading = min(source.rank, target.rank)
+    return abs(source.rank - target.rank) == 1 and \
+        list(source.shape[:leading]) == list(target.shape[:leading]) and \
+        (source.shape[leading:] + target.shape[leading:]) == [1]
+
+
 def _row_reduction(value, combiner: str, initial: float, rank: int):
     """The reduce over the last dim with `combiner` and init `initial` that `value`
     broadcasts back over the row, and its input; None when it is not one."""
     op = _op(value)
     while op is not None and op.name in _RESHAPES:
+        if not _keeps_rows(op):
+            return None
         op = _op(op.operands[0])
     if op is None or op.name != "stablehlo.reduce" or len(op.operands) != 2:
         return None

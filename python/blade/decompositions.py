@@ -195,8 +195,9 @@ def _transformer_encoder_layer(
                     m = m.view(batch, 1, 1, length)
                 elif m.dim() == 2:                  # one mask for every sequence
                     m = m.view(1, 1, length, length)
-                if m.dtype == torch.bool:           # True: masked out
-                    scores = scores.masked_fill(m, float("-inf"))
+                if m.dtype == torch.bool:           # True: masked out; made additive
+                    scores = scores + torch.zeros(m.shape, dtype=scores.dtype,
+                                                  device=x.device).masked_fill(m, float("-inf"))
                 else:
                     scores = scores + m
             context = torch.matmul(torch.softmax(scores, -1), v)
@@ -213,3 +214,35 @@ def _transformer_encoder_layer(
             else:
                 x = torch.layer_norm(x, [embed_dim], norm_weight_2, norm_bias_2, eps)
     return x.squeeze(0) if unbatched else x
+
+
+@_builtin("aten::scaled_dot_product_attention")
+def _scaled_dot_product_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+        is_causal: bool = False, scale: Optional[float] = None,
+        enable_gqa: bool = False) -> torch.Tensor:
+    # PyTorch's reference math for F.scaled_dot_product_attention, with boolean and causal
+    # masks made additive (-inf where a key is not attended) as PyTorch's fused CPU kernel
+    # does: softmax(q @ k^T * scale + mask) @ v, the chain attention.py runs as one kernel.
+    factor = 1.0 / math.sqrt(float(query.size(-1))) if scale is None else scale
+    if enable_gqa:
+        key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
+        value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)
+    scores = torch.matmul(query, key.transpose(-2, -1)) * factor
+    if is_causal:
+        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool,
+                          device=query.device).tril()
+        scores = scores + torch.zeros(keep.shape, dtype=scores.dtype,
+                                      device=query.device).masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores + torch.zeros(attn_mask.shape, dtype=scores.dtype,
+                                          device=query.device).masked_fill(
+                                              ~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    probabilities = torch.softmax(scores, -1)
+    if dropout_p > 0.0:
+        probabilities = torch.dropout(probabilities, dropout_p, True)
+    return torch.matmul(probabilities, value)

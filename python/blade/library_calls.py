@@ -149,6 +149,81 @@ def _conv_form(op) -> Optional[dict]:
             "groups": groups}
 
 
+def _channel_bias(value, channels: int) -> Optional[Tuple[object, List]]:
+    """(the source, the ops peeled) of a per-channel vector that `value` broadcasts over an
+    NHWC tensor's last dim: a broadcast_in_dim of a tensor whose one non-unit dim holds
+    the `channels` values, through reshapes and transposes that only move unit dims."""
+    broadcast = producer(value, "stablehlo.broadcast_in_dim")
+    if broadcast is None or channels < 2:
+        return None
+    source = broadcast.operands[0]
+    shape = ir.ShapedType(source.type).shape
+    dims = _i64s(broadcast.attributes["broadcast_dimensions"])
+    non_unit = [i for i, size in enumerate(shape) if size != 1]
+    if non_unit != [i for i, size in enumerate(shape) if size == channels] or \
+            len(non_unit) != 1 or dims[non_unit[0]] != _rank(value) - 1:
+        return None
+    peeled = [broadcast]
+    while True:
+        move = producer(source, "stablehlo.reshape") or producer(source, "stablehlo.transpose")
+        if move is None or [size for size in ir.ShapedType(move.operands[0].type).shape
+                            if size != 1] != [channels]:
+            return source, peeled
+        peeled.insert(0, move)
+        source = move.operands[0]
+
+
+def _only_use(value):
+    uses = list(value.uses)
+    if len(uses) != 1:
+        return None
+    owner = uses[0].owner
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+def _is_zero(value) -> bool:
+    while True:
+        op = producer(value, "stablehlo.broadcast_in_dim") or \
+            producer(value, "stablehlo.constant")
+        if op is None:
+            return False
+        if op.name == "stablehlo.constant":
+            attr = op.attributes["value"]
+            return isinstance(attr, ir.DenseFPElementsAttr) and attr.is_splat and \
+                float(ir.FloatAttr(attr.get_splat_value()).value) == 0.0
+        value = op.operands[0]
+
+
+def _conv_epilogue(conv) -> Optional[Tuple[object, List, object, bool]]:
+    """For an NHWC convolution followed by a per-channel bias add (and a ReLU) that nothing
+    else reads in between: (the bias source, the ops between, the last op, relu?), which
+    the kernel runs as the convolution's own bias and post-op instead of a pass of loops
+    over its result. None otherwise."""
+    add = _only_use(conv.result)
+    if add is None or add.name != "stablehlo.add":
+        return None
+    other = add.operands[1] if add.operands[0] == conv.result else add.operands[0]
+    channels = ir.ShapedType(conv.result.type).shape[-1]
+    bias = _channel_bias(other, channels)
+    if bias is None:
+        return None
+    source, peeled = bias
+    chain = peeled + [add]
+    relu = _only_use(add.result)
+    if relu is not None and relu.name == "stablehlo.maximum" and \
+            _is_zero(relu.operands[1] if relu.operands[0] == add.result else relu.operands[0]):
+        zero = relu.operands[1] if relu.operands[0] == add.result else relu.operands[0]
+        zero_ops = []
+        while not isinstance(zero.owner, ir.Block):
+            owner = zero.owner.operation if hasattr(zero.owner, "operation") else zero.owner
+            zero_ops.insert(0, owner)
+            if not owner.operands:
+                break
+            zero = owner.operands[0]
+        return source, chain[:-1] + zero_ops + [add], relu, True
+    return source, chain[:-1], add, False
+
+
 # The integer arguments each kernel takes after its memrefs, in order.
 KERNEL_ARGUMENTS = {
     "matmul": ["transpose_b"],
@@ -156,6 +231,7 @@ KERNEL_ARGUMENTS = {
                "dilation_h", "dilation_w", "groups"],
 }
 KERNEL_ARGUMENTS["conv2d_nhwc"] = KERNEL_ARGUMENTS["conv2d"]
+KERNEL_ARGUMENTS["conv2d_nhwc_bias"] = KERNEL_ARGUMENTS["conv2d"] + ["relu"]
 KERNEL_ARGUMENTS["attention"] = ["transpose_k", "transpose_v", "scale"]   # scale: f64
 KERNEL_ARGUMENTS["attention_masked"] = KERNEL_ARGUMENTS["attention"]
 
@@ -255,6 +331,13 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> N
             original.erase()
 
 
+def _in_block_order(main, ops) -> List:
+    listed = [o.operation if hasattr(o, "operation") else o for o in ops]
+    return [o for o in (b.operation if hasattr(b, "operation") else b
+                        for b in main.regions[0].blocks[0].operations)
+            if any(o == m for m in listed)]
+
+
 def outline(module, main) -> Dict[str, int]:
     """Step 1 (see the module docstring); returns how many ops were outlined, by kind."""
     counts: Dict[str, int] = {}
@@ -263,13 +346,34 @@ def outline(module, main) -> Dict[str, int]:
         _outline_one(module, main, op, sources, peeled, attributes, sum(counts.values()))
         counts[attributes["kind"]] = counts.get(attributes["kind"], 0) + 1
 
+    def attention_chain(op):
+        if op.name != "stablehlo.dot_general":
+            return None
+        form = attention.attention_form(main, op, _matmul_form)
+        return None if form is None else (op, *form)
+
+    def convolution_with_epilogue(op):
+        if op.name != "stablehlo.convolution":
+            return None
+        attributes = _conv_form(op)
+        epilogue = _conv_epilogue(op) if attributes and attributes["kind"] == "conv2d_nhwc" \
+            else None
+        if epilogue is None:
+            return None
+        bias, between, last, relu = epilogue
+        return (last, list(op.operands) + [bias], _in_block_order(main, [op] + between),
+                {**attributes, "kind": "conv2d_nhwc_bias", "relu": int(relu)})
+
     with module.context, ir.Location.unknown():
-        # Attention first: its chain holds two dot_generals the loop below would take.
-        for op in list(main.regions[0].blocks[0].operations):
-            if op.name == "stablehlo.dot_general":
-                form = attention.attention_form(main, op, _matmul_form)
-                if form is not None:
-                    take(op, *form)
+        # Chains first (their ops would otherwise be taken one by one below), one at a
+        # time: outlining one erases ops later in the block.
+        for find in (attention_chain, convolution_with_epilogue):
+            while True:
+                found = next((f for f in map(find, main.regions[0].blocks[0].operations)
+                              if f is not None), None)
+                if found is None:
+                    break
+                take(*found)
         for op in list(main.regions[0].blocks[0].operations):
             if op.name == "stablehlo.dot_general":
                 form = _matmul_form(op)

@@ -2,6 +2,7 @@
 csrc/ral/fused_attention.cpp): eager's results, in every spelling and layout the matcher
 takes, and left op by op where fusing would change what the model computes."""
 import math
+from typing import Optional
 
 import pytest
 import torch
@@ -166,3 +167,37 @@ def test_encoder_layer_attention_is_fused():
     x = torch.randn(2, 16, 64)
     _, report = run_compiled(model, (x,), rtol=1e-4, atol=1e-5)
     assert fused(report) == 1, str(report)
+
+
+class Sdpa(torch.nn.Module):
+    """F.scaled_dot_product_attention, decomposed (decompositions.py) and fused again."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, q, k, v, mask: Optional[torch.Tensor] = None):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                **self.kwargs)
+
+
+@pytest.mark.parametrize("variant", ["float_mask", "bool_mask", "causal", "scale"])
+def test_scaled_dot_product_attention_compiles_to_the_fused_kernel(variant):
+    q, k, v = qkv(2, 3, 10, 8)
+    mask = None
+    kwargs = {}
+    if variant == "float_mask":
+        mask = torch.randn(2, 1, 10, 10)
+    elif variant == "bool_mask":
+        mask = torch.rand(2, 1, 1, 10) > 0.3    # True: attend
+        mask[..., 0] = True
+    elif variant == "causal":
+        kwargs = dict(is_causal=True)
+    else:
+        kwargs = dict(scale=0.2)
+    model = Sdpa(**kwargs)
+    inputs = (q, k, v) if mask is None else (q, k, v, mask)
+    _, report = run_compiled(model, inputs, TRACE, rtol=1e-4, atol=1e-5)
+    assert report.decomposed == {"aten::scaled_dot_product_attention": 1}, str(report)
+    assert report.coverage == 1.0 and fused(report) == 1, str(report)
+

@@ -101,7 +101,9 @@ def test_convolutions_run_channels_last_and_transposes_cancel(tmp_path):
     linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
     # Both convolutions take and give NHWC data; between them, bias, relu and the residual
     # run on NHWC too, so the only layout changes are the input's and the two outputs'.
-    assert linalg.count('blade.library_call = "conv2d_nhwc"') == 2, linalg
+    # Each convolution takes its bias and ReLU along as its own bias and post-op.
+    assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 2, linalg
+    assert linalg.count("blade.relu = 1") == 2, linalg
     stablehlo = next(tmp_path.glob("*/2_stablehlo.mlir")).read_text()
     assert "stablehlo.transpose" not in stablehlo   # the rewrite happens after this stage
     with torch.no_grad():  # weights prepared once (channels_last copies) serve every call
@@ -124,3 +126,36 @@ def test_convolutions_of_dynamic_size_stay_nchw(tmp_path):
             x = torch.randn(shape)
             for got, want in zip(optimized(x), model(x)):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+class Epilogues(torch.nn.Module):
+    """Convolutions whose bias and ReLU the kernel takes, or only the bias, or neither."""
+
+    def __init__(self):
+        super().__init__()
+        self.relu_only_user = torch.nn.Conv2d(4, 6, 3, padding=1)
+        self.biased_twice = torch.nn.Conv2d(6, 6, 1)
+        self.no_relu = torch.nn.Conv2d(6, 6, 3, padding=1)
+        self.unbiased = torch.nn.Conv2d(6, 6, 3, padding=1, bias=False)
+
+    def forward(self, x, other):
+        a = torch.relu(self.relu_only_user(x))
+        b = self.biased_twice(a)           # conv + bias read by the ReLU and by the sum
+        c = torch.relu(b) + b
+        d = torch.sigmoid(self.no_relu(c))
+        return torch.relu(self.unbiased(d) + other)    # `other` is no per-channel bias
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bias_and_relu_run_inside_the_convolution(dtype, tmp_path):
+    torch.manual_seed(0)
+    model = Epilogues().to(dtype).eval()
+    x, other = random_tensor((2, 4, 7, 9), dtype), random_tensor((2, 6, 7, 9), dtype)
+    rtol, atol = TOLERANCE[dtype]
+    _, report = run_compiled(model, (x, other), blade.Config(dump_dir=str(tmp_path)),
+                             rtol=rtol, atol=max(atol, 1e-4))
+    assert report.clusters[0].library_calls == 4, str(report)
+    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 3, linalg
+    assert linalg.count('blade.library_call = "conv2d_nhwc"') == 1, linalg
+    assert linalg.count("blade.relu = 1") == 1, linalg    # only the first one's ReLU

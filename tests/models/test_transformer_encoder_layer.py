@@ -21,7 +21,8 @@ def test_fast_path_compiles_into_one_engine(norm_first, activation):
     x = torch.randn(2, 16, 64)
     optimized = blade.optimize(model, (x,))
     report = blade.report(optimized)
-    assert report.decomposed == {"aten::_transformer_encoder_layer_fwd": 1}, str(report)
+    # (The slow path's F.scaled_dot_product_attention, not taken here, is decomposed too.)
+    assert report.decomposed["aten::_transformer_encoder_layer_fwd"] == 1, str(report)
     assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
     # qkv, the attention as one fused kernel, out, ffn x2
     assert report.clusters[0].library_calls == 5, str(report)

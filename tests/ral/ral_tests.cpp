@@ -347,6 +347,32 @@ void test_attention_library_call() {
   EXPECT(at::equal(out, at::full({2, 2, 37, 5}, 7.0)));
 }
 
+void test_conv2d_with_bias_and_relu_library_call() {
+  // NHWC data viewed as NCHW with channels_last strides, as the generated code passes it.
+  at::Tensor x = at::randn({2, 5, 9, 4}).permute({0, 3, 1, 2});  // N, C=4, H=5, W=9
+  at::Tensor w = at::randn({6, 4, 3, 3});
+  at::Tensor bias = at::randn({1, 1, 6});  // any shape with one value per channel
+  at::Tensor out_nhwc = at::full({2, 5, 9, 6}, 3.0);
+  auto dx = describe<4>(x.permute({0, 2, 3, 1}));
+  auto dw = describe<4>(w);
+  auto db = describe<3>(bias);
+  auto dout = describe<4>(out_nhwc);
+  for (int64_t relu : {0, 1}) {
+    blade_ral_conv2d_nhwc_bias_f32(4, &dx, 4, &dw, 3, &db, 4, &dout, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                   relu);
+    EXPECT(blade::ral::take_kernel_error().empty());
+    at::Tensor expected = at::conv2d(x, w, bias.reshape({-1}), 1, 1);
+    expected = relu != 0 ? at::relu(expected) : expected;
+    EXPECT(at::allclose(out_nhwc.permute({0, 3, 1, 2}), expected, 1e-4, 1e-4));
+  }
+  // A bias of the wrong length: an error naming both counts.
+  at::Tensor short_bias = at::randn({5});
+  auto dshort = describe<1>(short_bias);
+  blade_ral_conv2d_nhwc_bias_f32(4, &dx, 4, &dw, 1, &dshort, 4, &dout, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                 1);
+  EXPECT(contains(blade::ral::take_kernel_error(), "a bias of 5 values for 6 output channels"));
+}
+
 void mark_rows(int64_t begin, int64_t end, void** arguments) {
   auto* counts = static_cast<std::atomic<int>*>(arguments[0]);
   for (int64_t i = begin; i < end; ++i) {
@@ -515,6 +541,7 @@ int main(int argc, char** argv) {
       {"matmul_library_call", test_matmul_library_call},
       {"matmul_by_a_param_uses_its_packed_copy", test_matmul_by_a_param_uses_its_packed_copy},
       {"attention_library_call", test_attention_library_call},
+      {"conv2d_with_bias_and_relu_library_call", test_conv2d_with_bias_and_relu_library_call},
       {"parallel_for_covers_every_row_once", test_parallel_for_covers_every_row_once},
       {"saved_model_runs_compiled_code", test_saved_model_runs_compiled_code},
       {"wrong_inputs_fall_back_or_raise_per_mode", test_wrong_inputs_fall_back_or_raise_per_mode},
