@@ -138,7 +138,7 @@ def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
     form = matmul_form(dot)
     if form is None:
         return None
-    probabilities, v, v_peeled, v_attributes = form
+    probabilities, v, _, v_attributes = form
     rank = ir.ShapedType(dot.result.type).rank
     if rank not in (3, 4) or probabilities != dot.operands[0]:
         return None
@@ -175,7 +175,7 @@ def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
     first_form = matmul_form(first)
     if first_form is None:
         return None
-    q, k, k_peeled, k_attributes = first_form
+    q, k, _, k_attributes = first_form
     for operand in (q, k, v):
         if ir.ShapedType(operand.type).rank != rank:
             return None
