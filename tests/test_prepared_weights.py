@@ -132,3 +132,29 @@ def test_attributes_that_forward_writes_are_not_folded(module):
     with torch.no_grad():
         for _ in range(3):
             assert_same(optimized(x), reference(x))
+
+
+def test_outputs_come_from_the_cache_and_return_to_it():
+    """A static engine's outputs are blocks of the RAL's allocator: freed by the caller,
+    they serve the next call's outputs (no fresh pages per call); they are ordinary CPU
+    tensors otherwise (resizable, and live while the caller holds them)."""
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    optimized = blade.optimize(model, (torch.randn(256, 32),))
+    x = torch.randn(256, 32)
+    with torch.no_grad():
+        optimized(x)
+        live = _C.live_allocations()
+        held = optimized(x)
+        assert _C.live_allocations() == live + 1      # the output the caller holds
+        del held
+        cached = _C.cached_bytes()
+        for _ in range(3):
+            assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+        assert _C.cached_bytes() == cached and _C.live_allocations() == live
+        y = optimized(x)
+        before = y.clone()
+        y.resize_(y.shape[0] + 44, y.shape[1])      # grows into a new block, data kept
+        assert torch.equal(y[:before.shape[0]], before)
+    del y
+    assert _C.live_allocations() == live

@@ -3,6 +3,7 @@
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
 
+#include <ATen/EmptyTensor.h>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/irparser.h>
 
@@ -67,6 +68,34 @@ std::set<std::string> host_cpu_flags() {
     }
   }
   return flags;
+}
+
+// PyTorch's Allocator interface over the RAL's allocator, for the outputs of static size:
+// when the caller frees such a tensor its block goes back to the buffer cache, and the
+// engine's next call reuses it instead of paging in fresh memory (a 16 MB output from
+// PyTorch's own allocator was faulted in on every call, as long as the compiled code's
+// whole pass over it). The tensors are ordinary CPU tensors (resizable, and so on).
+class CachedBlockAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t bytes) override {
+    void* data = _mlir_memref_to_llvm_alloc(bytes);
+    TORCH_CHECK(data != nullptr, "blade: out of memory for ", bytes, " bytes");
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  static void release(void* data) { _mlir_memref_to_llvm_free(data); }
+};
+
+at::Tensor cached_output(const TensorSpec& spec) {
+  static CachedBlockAllocator allocator;
+  return at::detail::empty_generic(spec.sizes, &allocator,
+                                   c10::DispatchKeySet(c10::DispatchKey::CPU), spec.dtype,
+                                   std::nullopt);
 }
 
 }  // namespace
@@ -160,7 +189,7 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
   if (!returns_outputs_) {
     outputs.reserve(output_specs_.size());
     for (const auto& spec : output_specs_) {
-      outputs.push_back(at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype)));
+      outputs.push_back(cached_output(spec));
       args.push_back(outputs.back());
     }
   }
