@@ -60,13 +60,21 @@ def test_dynamic_batches_pack_a_few_row_counts_and_run_the_rest_unpacked():
     assert report.clusters[0].packed_weights == 2 * 4, str(report)  # 4 row counts each
 
 
-def test_intermediate_buffers_are_reused_across_calls():
+def warm_mlp():
+    """(model, optimized model, input) after one compiled call, so the cache holds what
+    a call frees."""
     torch.manual_seed(0)
     model = Mlp().eval()
     optimized = blade.optimize(model, (torch.randn(256, 32),))
     x = torch.randn(256, 32)
     with torch.no_grad():
         optimized(x)
+    return model, optimized, x
+
+
+def test_intermediate_buffers_are_reused_across_calls():
+    model, optimized, x = warm_mlp()
+    with torch.no_grad():
         cached = _C.cached_bytes()
         live = _C.live_allocations()
         for _ in range(5):
@@ -138,12 +146,8 @@ def test_outputs_come_from_the_cache_and_return_to_it():
     """A static engine's outputs are blocks of the RAL's allocator: freed by the caller,
     they serve the next call's outputs (no fresh pages per call); they are ordinary CPU
     tensors otherwise (resizable, and live while the caller holds them)."""
-    torch.manual_seed(0)
-    model = Mlp().eval()
-    optimized = blade.optimize(model, (torch.randn(256, 32),))
-    x = torch.randn(256, 32)
+    model, optimized, x = warm_mlp()
     with torch.no_grad():
-        optimized(x)
         live = _C.live_allocations()
         held = optimized(x)
         assert _C.live_allocations() == live + 1      # the output the caller holds
