@@ -20,21 +20,13 @@ from typing import List, Optional, Tuple
 
 from torch_mlir import ir
 
+from .ir_queries import as_operation, defining_op as _op
+
 
 # Ops between a reduction and the op that broadcasts its result back over the row.
 _RESHAPES = ("stablehlo.reshape", "stablehlo.dynamic_reshape", "stablehlo.broadcast_in_dim",
              "stablehlo.dynamic_broadcast_in_dim")
 _CONSTANTS = ("stablehlo.constant", "arith.constant")
-
-
-def _operation(op):
-    return op.operation if hasattr(op, "operation") else op
-
-
-def _op(value):
-    """The op that defines `value`, or None for a block argument."""
-    owner = value.owner
-    return None if isinstance(owner, ir.Block) else _operation(owner)
 
 
 def _splat(value) -> Optional[float]:
@@ -196,7 +188,7 @@ def _chain(main, dot, sources) -> Optional[List]:
     chain reads another value from outside or a value inside it is used elsewhere (then
     it must stay in main). Constants and shape computations may be shared: they are
     cloned, and erased from main only when nothing else uses them."""
-    block_ops = [_operation(o) for o in main.regions[0].blocks[0].operations]
+    block_ops = [as_operation(o) for o in main.regions[0].blocks[0].operations]
     members = []
 
     def member(op) -> bool:
@@ -232,6 +224,6 @@ def _chain(main, dot, sources) -> Optional[List]:
             continue
         for result in op.results:
             for use in result.uses:
-                if not member(_operation(use.owner)):
+                if not member(as_operation(use.owner)):
                     return None
     return [op for op in block_ops if member(op) and op != dot]

@@ -23,7 +23,7 @@ from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import arith, func, memref, tensor
 
 from . import attention
-from .ir_queries import producer
+from .ir_queries import as_operation, only_user, producer
 
 LIBRARY_CALL = "blade.library_call"
 # Element types the kernels take; the name is also the kernel symbol's suffix.
@@ -173,24 +173,21 @@ def _channel_bias(value, channels: int) -> Optional[Tuple[object, List]]:
         source = move.operands[0]
 
 
-def _only_use(value):
-    uses = list(value.uses)
-    if len(uses) != 1:
-        return None
-    owner = uses[0].owner
-    return owner.operation if hasattr(owner, "operation") else owner
-
-
-def _is_zero(value) -> bool:
+def _zero_splat(value) -> Optional[List]:
+    """The ops (a constant, then broadcasts of it) that make `value` a splat of 0.0, in
+    block order; None when it is anything else."""
+    ops = []
     while True:
         op = producer(value, "stablehlo.broadcast_in_dim") or \
             producer(value, "stablehlo.constant")
         if op is None:
-            return False
+            return None
+        ops.insert(0, op)
         if op.name == "stablehlo.constant":
             attr = op.attributes["value"]
-            return isinstance(attr, ir.DenseFPElementsAttr) and attr.is_splat and \
+            zero = isinstance(attr, ir.DenseFPElementsAttr) and attr.is_splat and \
                 float(ir.FloatAttr(attr.get_splat_value()).value) == 0.0
+            return ops if zero else None
         value = op.operands[0]
 
 
@@ -199,29 +196,21 @@ def _conv_epilogue(conv) -> Optional[Tuple[object, List, object, bool]]:
     else reads in between: (the bias source, the ops between, the last op, relu?), which
     the kernel runs as the convolution's own bias and post-op instead of a pass of loops
     over its result. None otherwise."""
-    add = _only_use(conv.result)
+    add = only_user(conv.result)
     if add is None or add.name != "stablehlo.add":
         return None
     other = add.operands[1] if add.operands[0] == conv.result else add.operands[0]
-    channels = ir.ShapedType(conv.result.type).shape[-1]
-    bias = _channel_bias(other, channels)
+    bias = _channel_bias(other, ir.ShapedType(conv.result.type).shape[-1])
     if bias is None:
         return None
     source, peeled = bias
-    chain = peeled + [add]
-    relu = _only_use(add.result)
-    if relu is not None and relu.name == "stablehlo.maximum" and \
-            _is_zero(relu.operands[1] if relu.operands[0] == add.result else relu.operands[0]):
-        zero = relu.operands[1] if relu.operands[0] == add.result else relu.operands[0]
-        zero_ops = []
-        while not isinstance(zero.owner, ir.Block):
-            owner = zero.owner.operation if hasattr(zero.owner, "operation") else zero.owner
-            zero_ops.insert(0, owner)
-            if not owner.operands:
-                break
-            zero = owner.operands[0]
-        return source, chain[:-1] + zero_ops + [add], relu, True
-    return source, chain[:-1], add, False
+    relu = only_user(add.result)
+    if relu is not None and relu.name == "stablehlo.maximum":
+        zero = _zero_splat(relu.operands[1] if relu.operands[0] == add.result else
+                           relu.operands[0])
+        if zero is not None:
+            return source, peeled + zero + [add], relu, True
+    return source, peeled, add, False
 
 
 # The integer arguments each kernel takes after its memrefs, in order.
@@ -332,9 +321,8 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> N
 
 
 def _in_block_order(main, ops) -> List:
-    listed = [o.operation if hasattr(o, "operation") else o for o in ops]
-    return [o for o in (b.operation if hasattr(b, "operation") else b
-                        for b in main.regions[0].blocks[0].operations)
+    listed = [as_operation(o) for o in ops]
+    return [o for o in map(as_operation, main.regions[0].blocks[0].operations)
             if any(o == m for m in listed)]
 
 
