@@ -4,6 +4,7 @@
 #include "ral/prepared_weights.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
@@ -261,37 +262,36 @@ void attention(c10::ScalarType dtype, BladeUnrankedMemRef* q, BladeUnrankedMemRe
     std::vector<int64_t> expected(query.sizes().begin(), query.sizes().end() - 1);
     expected.push_back(value.size(-1));
     check_result_shape("blade_ral_attention", result, expected);
-    at::Tensor target = as_rank4(result);
     std::optional<at::Tensor> bias;
     if (mask != nullptr) {
       at::Tensor m = view_of(mask, dtype);
       std::vector<int64_t> scores(expected.begin(), expected.end() - 1);
       scores.push_back(key.size(-2));
-      bool broadcasts = m.dim() <= rank;
-      for (int64_t i = 1; broadcasts && i <= m.dim(); ++i) {
-        broadcasts = m.size(-i) == 1 || m.size(-i) == scores[scores.size() - i];
-      }
-      TORCH_CHECK(broadcasts, "blade_ral_attention: the mask ", m.sizes(),
-                  " does not broadcast to the scores ", at::IntArrayRef(scores));
+      TORCH_CHECK(at::is_expandable_to(m.sizes(), scores), "blade_ral_attention: the mask ",
+                  m.sizes(), " does not broadcast to the scores ", at::IntArrayRef(scores));
       bias = as_rank4(unit_last_stride(m));
     }
+    // Every path below takes rank-4 operands.
+    query = as_rank4(query);
+    key = as_rank4(key);
+    value = as_rank4(value);
+    at::Tensor target = as_rank4(result);
     if (dtype == at::kFloat &&
-        blade::ral::fused_attention_f32(as_rank4(query), as_rank4(key), as_rank4(value), bias,
-                                        scale, target)) {
+        blade::ral::fused_attention_f32(query, key, value, bias, scale, target)) {
       return;
     }
     if (query.size(-1) != value.size(-1)) {
       // PyTorch's fused kernel wants v's head size to be q's: its kernels one by one.
-      at::Tensor logits = at::matmul(as_rank4(query), as_rank4(key).transpose(-1, -2)) * scale;
+      at::Tensor logits = at::matmul(query, key.transpose(-1, -2)) * scale;
       if (bias.has_value()) {
         logits = logits + *bias;
       }
-      target.copy_(at::matmul(at::softmax(logits, -1), as_rank4(value)));
+      target.copy_(at::matmul(at::softmax(logits, -1), value));
       return;
     }
     const at::Tensor attended = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
-        as_rank4(unit_last_stride(query)), as_rank4(unit_last_stride(key)),
-        as_rank4(unit_last_stride(value)), 0.0, false, bias, scale));
+        unit_last_stride(query), unit_last_stride(key), unit_last_stride(value), 0.0, false,
+        bias, scale));
     target.copy_(attended);
     if (bias.has_value()) {
       // softmax over a row the mask sets to -inf everywhere is 0/0, NaN, where PyTorch's
