@@ -128,12 +128,14 @@ inline Floats exp_nonpositive(Floats x) {
 
 // One row of scores: adds the mask row, then exp(score - max) in place; returns the
 // reciprocal of the row's sum, by which the caller scales the row's output (fewer
-// multiplies than scaling the row when the value dim is under the key count), or NaN when
-// every score is -inf (softmax's 0/0 unfused; the row is then NaN too). Compiled for
+// multiplies than scaling the row when the value dim is under the key count). When every
+// score is -inf the row and the result are `empty_row` (0, so the output row is 0, or NaN,
+// softmax's 0/0 unfused). Compiled for
 // AVX-512, AVX2 and the baseline, picked by the CPU at load time. Rows are padded to
 // whole vectors with -inf scores (exp 0) in the scratch block, so no loop has a tail.
 __attribute__((target_clones("avx512f", "avx2,fma", "default"))) float exp_row(
-    float* __restrict row, const float* __restrict mask, int64_t n, int64_t padded) {
+    float* __restrict row, const float* __restrict mask, int64_t n, int64_t padded,
+    float empty_row) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int64_t j = n; j < padded; ++j) {
     row[j] = kNegInf;
@@ -162,8 +164,8 @@ __attribute__((target_clones("avx512f", "avx2,fma", "default"))) float exp_row(
     largest = std::max(largest, top[l]);
   }
   if (largest == kNegInf) {
-    std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
-    return std::numeric_limits<float>::quiet_NaN();
+    std::fill(row, row + n, empty_row);
+    return empty_row;
   }
   const Floats shift = splat(largest);
   Floats sums{};
@@ -197,6 +199,7 @@ struct Problem {
   int64_t rows_per_block = 0;
   int64_t blocks_per_head = 0;
   float scale = 1.0f;
+  float empty_row = 0.0f;  // exp_row's value for a row of -inf scores
 };
 
 void run_blocks(int64_t begin, int64_t end, void** arguments) {
@@ -225,7 +228,7 @@ void run_blocks(int64_t begin, int64_t end, void** arguments) {
                               ? nullptr
                               : p.mask + b * p.mask_strides[0] + h * p.mask_strides[1] +
                                     (first + i) * p.mask_strides[2];
-      inverse_sums[i] = exp_row(scores.get() + i * padded, mask, p.keys, padded);
+      inverse_sums[i] = exp_row(scores.get() + i * padded, mask, p.keys, padded, p.empty_row);
     }
     gemm_row_major(false, p.v.transposed, count, p.value_dim, p.keys, 1.0f, scores.get(),
                    padded, v, p.v.ld, 0.0f, out, p.out_row_stride);
@@ -242,7 +245,8 @@ void run_blocks(int64_t begin, int64_t end, void** arguments) {
 }  // namespace
 
 bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::optional<at::Tensor>& mask, double scale, at::Tensor& out) {
+                         const std::optional<at::Tensor>& mask, double scale,
+                         bool zero_masked_rows, at::Tensor& out) {
   if (fortran_sgemm() == nullptr || q.dim() != 4 || q.scalar_type() != at::kFloat ||
       k.scalar_type() != at::kFloat || v.scalar_type() != at::kFloat ||
       out.scalar_type() != at::kFloat) {
@@ -277,6 +281,7 @@ bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Ten
     }
   }
   p.scale = static_cast<float>(scale);
+  p.empty_row = zero_masked_rows ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   p.rows_per_block =
       std::min(p.rows, std::max(kMinRowsPerBlock, kScoresPerBlock / p.keys));
   p.blocks_per_head = (p.rows + p.rows_per_block - 1) / p.rows_per_block;

@@ -18,9 +18,10 @@ namespace blade::ral {
 // dim); `mask` broadcasts to [B, H, L, S] with unit stride along S. Writes all of `out`
 // and returns true, or returns false having written nothing when MKL's cblas_sgemm is
 // not in the process or a layout or size is outside what it handles (the caller then
-// runs PyTorch's own fused attention). A row whose mask is -inf everywhere comes out NaN,
-// as softmax's 0/0 does unfused.
+// runs PyTorch's own fused attention). A row whose mask is -inf everywhere comes out 0 with
+// `zero_masked_rows` (PyTorch's scaled_dot_product_attention), else NaN (softmax's 0/0).
 bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::optional<at::Tensor>& mask, double scale, at::Tensor& out);
+                         const std::optional<at::Tensor>& mask, double scale,
+                         bool zero_masked_rows, at::Tensor& out);
 
 }  // namespace blade::ral

@@ -240,7 +240,8 @@ at::Tensor as_rank4(at::Tensor t) {
 
 void attention(c10::ScalarType dtype, BladeUnrankedMemRef* q, BladeUnrankedMemRef* k,
                BladeUnrankedMemRef* v, BladeUnrankedMemRef* mask, BladeUnrankedMemRef* out,
-               int64_t transpose_k, int64_t transpose_v, double scale) noexcept {
+               int64_t transpose_k, int64_t transpose_v, double scale,
+               bool zero_masked_rows) noexcept {
   guarded("blade_ral_attention", [&] {
     at::Tensor query = view_of(q, dtype);
     at::Tensor key = view_of(k, dtype);
@@ -277,7 +278,8 @@ void attention(c10::ScalarType dtype, BladeUnrankedMemRef* q, BladeUnrankedMemRe
     value = as_rank4(value);
     at::Tensor target = as_rank4(result);
     if (dtype == at::kFloat &&
-        blade::ral::fused_attention_f32(query, key, value, bias, scale, target)) {
+        blade::ral::fused_attention_f32(query, key, value, bias, scale, zero_masked_rows,
+                                        target)) {
       return;
     }
     if (query.size(-1) != value.size(-1)) {
@@ -286,14 +288,18 @@ void attention(c10::ScalarType dtype, BladeUnrankedMemRef* q, BladeUnrankedMemRe
       if (bias.has_value()) {
         logits = logits + *bias;
       }
-      target.copy_(at::matmul(at::softmax(logits, -1), value));
+      at::Tensor probabilities = at::softmax(logits, -1);
+      if (zero_masked_rows) {
+        probabilities.masked_fill_(logits.isneginf().all(-1, true), 0);
+      }
+      target.copy_(at::matmul(probabilities, value));
       return;
     }
     const at::Tensor attended = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
         unit_last_stride(query), unit_last_stride(key), unit_last_stride(value), 0.0, false,
         bias, scale));
     target.copy_(attended);
-    if (bias.has_value()) {
+    if (bias.has_value() && !zero_masked_rows) {
       // softmax over a row the mask sets to -inf everywhere is 0/0, NaN, where PyTorch's
       // fused kernel returns 0: those rows are set to NaN, as the unfused computation gives.
       const at::Tensor masked_rows = bias->isneginf().all(-1, true);
@@ -373,20 +379,22 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
   }                                                                                          \
   void blade_ral_attention_##suffix(BLADE_RAL_MEMREF(q), BLADE_RAL_MEMREF(k),                \
                                     BLADE_RAL_MEMREF(v), BLADE_RAL_MEMREF(out),              \
-                                    int64_t transpose_k, int64_t transpose_v, double scale) { \
+                                    int64_t transpose_k, int64_t transpose_v, double scale,  \
+                                    int64_t zero_masked_rows) {                              \
     BladeUnrankedMemRef query = BLADE_RAL_UNRANKED(q), key = BLADE_RAL_UNRANKED(k),          \
                         value = BLADE_RAL_UNRANKED(v), result = BLADE_RAL_UNRANKED(out);     \
     attention(scalar_type, &query, &key, &value, nullptr, &result, transpose_k, transpose_v, \
-              scale);                                                                        \
+              scale, zero_masked_rows != 0);                                                 \
   }                                                                                          \
   void blade_ral_attention_masked_##suffix(                                                  \
       BLADE_RAL_MEMREF(q), BLADE_RAL_MEMREF(k), BLADE_RAL_MEMREF(v), BLADE_RAL_MEMREF(mask), \
-      BLADE_RAL_MEMREF(out), int64_t transpose_k, int64_t transpose_v, double scale) {       \
+      BLADE_RAL_MEMREF(out), int64_t transpose_k, int64_t transpose_v, double scale,         \
+      int64_t zero_masked_rows) {                                                            \
     BladeUnrankedMemRef query = BLADE_RAL_UNRANKED(q), key = BLADE_RAL_UNRANKED(k),          \
                         value = BLADE_RAL_UNRANKED(v), bias = BLADE_RAL_UNRANKED(mask),      \
                         result = BLADE_RAL_UNRANKED(out);                                    \
     attention(scalar_type, &query, &key, &value, &bias, &result, transpose_k, transpose_v,   \
-              scale);                                                                        \
+              scale, zero_masked_rows != 0);                                                 \
   }
 
 BLADE_RAL_DEFINE_KERNELS(f32, c10::ScalarType::Float)

@@ -42,7 +42,9 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
 // attention: out = softmax(q @ k^T * scale + mask) @ v over the last dim, q/k/v of rank 3
 // or 4 ([batch..., length, head dim]; k and v stored transposed when `transpose_k` /
 // `transpose_v`), the mask broadcasting to the scores; PyTorch's fused CPU attention, which
-// never materializes the scores. attention_masked takes the mask, attention has none.
+// never materializes the scores. attention_masked takes the mask, attention has none. A
+// query row whose scores are all -inf comes out 0 when `zero_masked_rows` (PyTorch's
+// scaled_dot_product_attention), else NaN (softmax's 0/0, as the ops give one by one).
 #define BLADE_RAL_MEMREF(name) int64_t name##_rank, void* name##_descriptor
 #define BLADE_RAL_DECLARE_KERNELS(suffix)                                                    \
   void blade_ral_matmul_##suffix(BLADE_RAL_MEMREF(a), BLADE_RAL_MEMREF(b),                   \
@@ -64,10 +66,12 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
       int64_t dilation_w, int64_t groups, int64_t relu);                                     \
   void blade_ral_attention_##suffix(BLADE_RAL_MEMREF(q), BLADE_RAL_MEMREF(k),                \
                                     BLADE_RAL_MEMREF(v), BLADE_RAL_MEMREF(out),              \
-                                    int64_t transpose_k, int64_t transpose_v, double scale); \
+                                    int64_t transpose_k, int64_t transpose_v, double scale,  \
+                                    int64_t zero_masked_rows);                               \
   void blade_ral_attention_masked_##suffix(                                                  \
       BLADE_RAL_MEMREF(q), BLADE_RAL_MEMREF(k), BLADE_RAL_MEMREF(v), BLADE_RAL_MEMREF(mask), \
-      BLADE_RAL_MEMREF(out), int64_t transpose_k, int64_t transpose_v, double scale);
+      BLADE_RAL_MEMREF(out), int64_t transpose_k, int64_t transpose_v, double scale,         \
+      int64_t zero_masked_rows);
 
 BLADE_RAL_DECLARE_KERNELS(f32)
 BLADE_RAL_DECLARE_KERNELS(f64)

@@ -15,6 +15,11 @@ then moves it into one function marked `blade.library_call = "attention"` (or
 replaces it with a call to `blade_ral_attention[_masked]_<type>` (csrc/ral/ral_kernels.h).
 A chain whose intermediate values are used anywhere else (the scores or the probabilities
 returned, say) is left alone and compiled op by op.
+
+A query row whose scores are all -inf (its mask excludes every key) makes softmax 0/0 =
+NaN. `F.scaled_dot_product_attention` gives 0 there (PyTorch's safe softmax; its
+decomposition selects 0 for rows whose max is -inf): a chain with that select runs with
+the kernel's `zero_masked_rows`, one without it keeps NaN.
 """
 from typing import List, Optional, Tuple
 
@@ -81,6 +86,42 @@ def _row_reduction(value, combiner: str, initial: float, rank: int):
     return op, op.operands[0]
 
 
+def _through_identity_broadcast(value):
+    """The source of a broadcast_in_dim that changes nothing (same shape, dims in order)."""
+    op = _op(value)
+    if op is not None and op.name == "stablehlo.broadcast_in_dim" and \
+            op.operands[0].type == op.result.type and \
+            list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"])) == \
+            list(range(ir.ShapedType(op.result.type).rank)):
+        return op.operands[0]
+    return value
+
+
+def _zeroed_masked_rows(value, rank: int):
+    """For `select(rowmax(logits) == -inf, 0, probabilities)` (the safe softmax of
+    decompositions.py): (probabilities, logits); None for anything else."""
+    select = _op(value)
+    if select is None or select.name != "stablehlo.select":
+        return None
+    predicate, on_true, on_false = select.operands
+    if _splat(on_true) != 0.0:
+        return None
+    compare = _op(predicate)
+    while compare is not None and compare.name in _RESHAPES:
+        if not _keeps_rows(compare):
+            return None
+        compare = _op(compare.operands[0])
+    if compare is None or compare.name != "stablehlo.compare" or \
+            "EQ" not in str(compare.attributes["comparison_direction"]):
+        return None
+    for row_max, bound in ((compare.operands[0], compare.operands[1]),
+                           (compare.operands[1], compare.operands[0])):
+        reduction = _row_reduction(row_max, "stablehlo.maximum", float("-inf"), rank)
+        if reduction is not None and _splat(bound) == float("-inf"):
+            return _through_identity_broadcast(on_false), reduction[1]
+    return None
+
+
 def _binary(value, name: str):
     op = _op(value)
     return op if op is not None and op.name == name else None
@@ -134,6 +175,9 @@ def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
     rank = ir.ShapedType(dot.result.type).rank
     if rank not in (3, 4) or probabilities != dot.operands[0]:
         return None
+    zeroed = _zeroed_masked_rows(probabilities, rank)
+    if zeroed is not None:
+        probabilities, zeroed_logits = zeroed
     divide = _binary(probabilities, "stablehlo.divide")
     if divide is None:
         return None
@@ -147,7 +191,8 @@ def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
         return None
     logits = subtract.operands[0]
     maximum = _row_reduction(subtract.operands[1], "stablehlo.maximum", float("-inf"), rank)
-    if maximum is None or maximum[1] != logits:
+    if maximum is None or maximum[1] != logits or \
+            (zeroed is not None and zeroed_logits != logits):
         return None
     element_type = ir.ShapedType(logits.type).element_type
     mask = None
@@ -180,7 +225,8 @@ def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
         # The kernel takes k as [..., keys, head dim] and v as [..., keys, value dim].
         "transpose_k": 1 - k_attributes["transpose_b"],
         "transpose_v": v_attributes["transpose_b"],
-        "scale": scale}
+        "scale": scale,
+        "zero_masked_rows": int(zeroed is not None)}
 
 
 def _chain(main, dot, sources) -> Optional[List]:

@@ -222,8 +222,8 @@ def _scaled_dot_product_attention(
         attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
         is_causal: bool = False, scale: Optional[float] = None,
         enable_gqa: bool = False) -> torch.Tensor:
-    # PyTorch's reference math for F.scaled_dot_product_attention, with boolean and causal
-    # masks made additive (-inf where a key is not attended) as PyTorch's fused CPU kernel
+    # PyTorch's reference math for F.scaled_dot_product_attention (its safe softmax), with
+    # boolean and causal masks made additive (-inf where a key is not attended) as PyTorch's fused CPU kernel
     # does: softmax(q @ k^T * scale + mask) @ v, the chain attention.py runs as one kernel.
     factor = 1.0 / math.sqrt(float(query.size(-1))) if scale is None else scale
     if enable_gqa:
@@ -242,7 +242,11 @@ def _scaled_dot_product_attention(
                                               ~attn_mask, float("-inf"))
         else:
             scores = scores + attn_mask
-    probabilities = torch.softmax(scores, -1)
+    # PyTorch's own kernels give 0, not softmax's 0/0 = NaN, for a query row that attends
+    # no key (its scores all -inf): the row is set to 0 (attention.py folds it into the
+    # kernel's `zero_masked_rows`).
+    probabilities = torch.softmax(scores, -1).masked_fill(
+        torch.amax(scores, -1, True) == float("-inf"), 0.0)
     if dropout_p > 0.0:
         probabilities = torch.dropout(probabilities, dropout_p, True)
     return torch.matmul(probabilities, value)

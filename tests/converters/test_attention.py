@@ -201,3 +201,80 @@ def test_scaled_dot_product_attention_compiles_to_the_fused_kernel(variant):
     assert report.decomposed == {"aten::scaled_dot_product_attention": 1}, str(report)
     assert report.coverage == 1.0 and fused(report) == 1, str(report)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mask_kind", ["float", "bool"])
+def test_scaled_dot_product_attention_rows_that_see_no_key_are_zero(dtype, mask_kind):
+    """PyTorch's safe softmax gives 0 for a query row whose mask excludes every key (where
+    a hand-written softmax gives NaN, test_fully_masked_rows_are_nan_as_in_eager): the
+    fused kernel gives 0 too."""
+    q, k, v = qkv(2, 2, 6, 8, dtype=dtype)
+    if mask_kind == "float":
+        mask = torch.zeros(2, 2, 6, 6, dtype=dtype)
+        mask[1, 0, 3, :] = float("-inf")
+        mask[0, 1, :, :2] = float("-inf")
+    else:
+        mask = torch.ones(2, 2, 6, 6, dtype=torch.bool)      # True: attend
+        mask[1, 0, 3, :] = False
+        mask[0, 1, :, :2] = False
+    model = Sdpa()
+    optimized = blade.optimize(model, (q, k, v, mask), TRACE)
+    with torch.no_grad():
+        expected, actual = model(q, k, v, mask), optimized(q, k, v, mask)
+    assert torch.equal(expected[1, 0, 3], torch.zeros(8, dtype=dtype))
+    assert torch.equal(actual[1, 0, 3], torch.zeros(8, dtype=dtype))
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert fused(report) == 1 and report.clusters[0].calls == 1, str(report)
+
+
+def test_scaled_dot_product_attention_dynamic_lengths_zero_rows_that_see_no_key():
+    """A dynamic engine compiles the chain op by op (no fused kernel): the safe softmax's
+    select gives the same 0 rows."""
+    q, k, v = qkv(2, 2, 6, 8)
+    mask = torch.zeros(2, 1, 6, 6)
+    mask[0, 0, 2, :] = float("-inf")
+    model = Sdpa()
+    optimized = blade.optimize(model, (q, k, v, mask),
+                               blade.Config(allow_tracing=True, dynamic=True))
+    for n in (6, 9):
+        q, k, v = qkv(2, 2, n, 8)
+        mask = torch.zeros(2, 1, n, n)
+        mask[1, 0, n - 1, :] = float("-inf")
+        with torch.no_grad():
+            expected, actual = model(q, k, v, mask), optimized(q, k, v, mask)
+        assert torch.equal(actual[1, 0, n - 1], torch.zeros(8))
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == 2 and report.runtime_fallbacks == 0, str(report)
+
+
+class PaddedEncoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True,
+                                                      dropout=0.0)
+
+    def forward(self, x, padding):
+        return self.layer(x, src_key_padding_mask=padding)
+
+
+def test_encoder_layer_rows_that_see_no_key_are_those_of_its_reference_path():
+    """A sequence whose keys are all padding: nn.TransformerEncoderLayer's reference path
+    (F.scaled_dot_product_attention, what tracing records) gives finite values, its
+    inference fast path NaN. The compiled layer gives the reference path's values."""
+    torch.manual_seed(0)
+    model = PaddedEncoder().eval()
+    x = torch.randn(2, 5, 32)
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[0, :] = True
+    optimized = blade.optimize(model, (x, padding), TRACE)
+    reference = model(x, padding).detach()      # autograd on: the reference path
+    with torch.no_grad():
+        fast, actual = model(x, padding), optimized(x, padding)
+    assert torch.isnan(fast[0]).all() and torch.isfinite(reference).all()
+    torch.testing.assert_close(actual, reference, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(actual[1], fast[1], rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and fused(report) == 1, str(report)

@@ -296,7 +296,7 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const a
 void test_attention_library_call() {
   // float32 runs Blade's fused kernel; strided q (heads of a fused projection), a padding
   // mask broadcast over heads and queries, a ragged key count, and one query row whose
-  // mask excludes every key (NaN, as softmax gives unfused).
+  // mask excludes every key (NaN, as softmax gives unfused, or 0 with zero_masked_rows).
   at::Tensor projection = at::randn({2, 37, 3 * 16});
   at::Tensor q = projection.slice(2, 0, 16).view({2, 37, 2, 8}).transpose(1, 2);
   at::Tensor k = at::randn({2, 2, 37, 8});
@@ -310,11 +310,17 @@ void test_attention_library_call() {
   auto dv = describe<4>(v);
   auto dmask = describe<4>(mask);
   auto dout = describe<4>(out);
-  blade_ral_attention_masked_f32(4, &dq, 4, &dk, 4, &dv, 4, &dmask, 4, &dout, 0, 0, 0.3);
+  blade_ral_attention_masked_f32(4, &dq, 4, &dk, 4, &dv, 4, &dmask, 4, &dout, 0, 0, 0.3, 0);
   EXPECT(blade::ral::take_kernel_error().empty());
   at::Tensor expected = reference_attention(q, k, v, mask, 0.3);
   EXPECT(at::isnan(out.select(0, 1).select(1, 4)).all().item<bool>());
   EXPECT(at::allclose(out, expected, 1e-4, 1e-5, /*equal_nan=*/true));
+  // With zero_masked_rows (scaled_dot_product_attention's semantics) that row is 0.
+  at::Tensor expected_zeroed = expected.nan_to_num(0.0);
+  blade_ral_attention_masked_f32(4, &dq, 4, &dk, 4, &dv, 4, &dmask, 4, &dout, 0, 0, 0.3, 1);
+  EXPECT(blade::ral::take_kernel_error().empty());
+  EXPECT(at::equal(out.select(0, 1).select(1, 4), at::zeros({2, 5})));
+  EXPECT(at::allclose(out, expected_zeroed, 1e-4, 1e-5));
 
   // float64 takes PyTorch's own kernels (its fused one needs v's head size to be q's).
   at::Tensor out64 = at::empty({2, 2, 37, 5}, at::kDouble);
@@ -326,14 +332,36 @@ void test_attention_library_call() {
   auto dmask64 = describe<4>(mask64);
   auto dout64 = describe<4>(out64);
   blade_ral_attention_masked_f64(4, &dq64, 4, &dk64, 4, &dv64, 4, &dmask64, 4, &dout64, 0, 0,
-                                 0.3);
+                                 0.3, 0);
   EXPECT(blade::ral::take_kernel_error().empty());
   EXPECT(at::allclose(out64, expected.to(at::kDouble), 1e-4, 1e-5, /*equal_nan=*/true));
+  blade_ral_attention_masked_f64(4, &dq64, 4, &dk64, 4, &dv64, 4, &dmask64, 4, &dout64, 0, 0,
+                                 0.3, 1);
+  EXPECT(blade::ral::take_kernel_error().empty());
+  EXPECT(at::allclose(out64, expected_zeroed.to(at::kDouble), 1e-4, 1e-5));
+  // float64 with v's head size equal to q's: PyTorch's fused kernel, whose 0 rows stay 0
+  // with zero_masked_rows and become NaN without.
+  at::Tensor v64_square = at::randn({2, 2, 37, 8}, at::kDouble);
+  at::Tensor out64_square = at::empty({2, 2, 37, 8}, at::kDouble);
+  auto dv64_square = describe<4>(v64_square);
+  auto dout64_square = describe<4>(out64_square);
+  const at::Tensor expected_square =
+      reference_attention(q64, k64, v64_square, mask64, 0.3);
+  for (int64_t zero_rows : {0, 1}) {
+    blade_ral_attention_masked_f64(4, &dq64, 4, &dk64, 4, &dv64_square, 4, &dmask64, 4,
+                                   &dout64_square, 0, 0, 0.3, zero_rows);
+    EXPECT(blade::ral::take_kernel_error().empty());
+    EXPECT(at::allclose(out64_square,
+                        zero_rows != 0 ? expected_square.nan_to_num(0.0) : expected_square,
+                        1e-4, 1e-5, /*equal_nan=*/true));
+    EXPECT(at::isnan(out64_square.select(0, 1).select(1, 4)).all().item<bool>() ==
+           (zero_rows == 0));
+  }
 
   // k stored transposed ([..., head dim, keys]), no mask.
   at::Tensor k_t = k.transpose(-1, -2).contiguous();
   auto dkt = describe<4>(k_t);
-  blade_ral_attention_f32(4, &dq, 4, &dkt, 4, &dv, 4, &dout, /*transpose_k=*/1, 0, 0.3);
+  blade_ral_attention_f32(4, &dq, 4, &dkt, 4, &dv, 4, &dout, /*transpose_k=*/1, 0, 0.3, 0);
   EXPECT(blade::ral::take_kernel_error().empty());
   EXPECT(at::allclose(out, reference_attention(q, k, v, at::zeros({1}), 0.3), 1e-4, 1e-5));
 
@@ -341,7 +369,7 @@ void test_attention_library_call() {
   at::Tensor wrong_mask = at::zeros({3, 1, 1, 37});
   auto dwrong = describe<4>(wrong_mask);
   out.fill_(7.0);
-  blade_ral_attention_masked_f32(4, &dq, 4, &dk, 4, &dv, 4, &dwrong, 4, &dout, 0, 0, 0.3);
+  blade_ral_attention_masked_f32(4, &dq, 4, &dk, 4, &dv, 4, &dwrong, 4, &dout, 0, 0, 0.3, 0);
   EXPECT(contains(blade::ral::take_kernel_error(),
                   "the mask [3, 1, 1, 37] does not broadcast to the scores [2, 2, 37, 37]"));
   EXPECT(at::equal(out, at::full({2, 2, 37, 5}, 7.0)));
