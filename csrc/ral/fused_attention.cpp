@@ -1,8 +1,7 @@
 #include "ral/fused_attention.h"
 
+#include "ral/mkl_functions.h"
 #include "ral/ral_abi.h"
-
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,19 +12,8 @@
 namespace blade::ral {
 namespace {
 
-// The BLAS sgemm libtorch carries (MKL's, Fortran interface, column-major), found at run
-// time as in prepared_weights.cpp, so a libtorch without it still loads the runtime and
-// attention takes PyTorch's own kernel.
-using FortranSgemm = void (*)(const char* transa, const char* transb, const int* m,
-                              const int* n, const int* k, const float* alpha, const float* a,
-                              const int* lda, const float* b, const int* ldb,
-                              const float* beta, float* c, const int* ldc);
-
-FortranSgemm fortran_sgemm() {
-  static const FortranSgemm found =
-      reinterpret_cast<FortranSgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
-  return found;
-}
+// MKL's sgemm (mkl_functions.h; null without MKL: attention then takes PyTorch's kernel).
+MklFunctions::FortranSgemm fortran_sgemm() { return mkl_functions().sgemm; }
 
 // Row-major C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C: the column-major
 // product C^T = op(B)^T @ op(A)^T, the same call with the operands swapped.

@@ -1,47 +1,16 @@
 #include "ral/prepared_weights.h"
 
-#include <dlfcn.h>
+#include "ral/mkl_functions.h"
 
 #include <limits>
 
 namespace blade::ral {
 namespace {
 
-// MKL's CBLAS constants and the packed-GEMM entry points, found in libtorch at run time so
-// that a libtorch built without MKL still loads the runtime (and packs nothing).
-constexpr int kRowMajor = 101;
-constexpr int kNoTrans = 111;
-constexpr int kTrans = 112;
-constexpr int kPacked = 151;
-constexpr int kBMatrix = 162;
 // A weight keeps packs for at most this many row counts.
 constexpr size_t kRowCountsPerWeight = 4;
 
-using PackGetSize = size_t (*)(int identifier, int m, int n, int k);
-using Pack = void (*)(int layout, int identifier, int trans, int m, int n, int k, float alpha,
-                      const float* src, int ld, float* dest);
-using Compute = void (*)(int layout, int transa, int transb, int m, int n, int k,
-                         const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                         int ldc);
-
-struct Mkl {
-  PackGetSize pack_get_size = nullptr;
-  Pack pack = nullptr;
-  Compute compute = nullptr;
-  bool available() const { return pack_get_size && pack && compute; }
-};
-
-const Mkl& mkl() {
-  static const Mkl functions = [] {
-    Mkl found;
-    found.pack_get_size =
-        reinterpret_cast<PackGetSize>(dlsym(RTLD_DEFAULT, "cblas_sgemm_pack_get_size"));
-    found.pack = reinterpret_cast<Pack>(dlsym(RTLD_DEFAULT, "cblas_sgemm_pack"));
-    found.compute = reinterpret_cast<Compute>(dlsym(RTLD_DEFAULT, "cblas_sgemm_compute"));
-    return found;
-  }();
-  return functions;
-}
+const MklFunctions& mkl() { return mkl_functions(); }
 
 bool fits_int(int64_t value) { return value > 0 && value <= std::numeric_limits<int>::max(); }
 
@@ -93,11 +62,12 @@ const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int
   if (packs_of_weight >= kRowCountsPerWeight) {
     return nullptr;
   }
-  const size_t bytes = mkl().pack_get_size(kBMatrix, static_cast<int>(m), static_cast<int>(n),
-                                           static_cast<int>(k));
-  at::Tensor buffer = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
-  mkl().pack(kRowMajor, kBMatrix, transposed ? kTrans : kNoTrans, static_cast<int>(m),
-             static_cast<int>(n), static_cast<int>(k), 1.0F,
+  const size_t bytes = mkl().pack_get_size(kCblasBMatrix, static_cast<int>(m),
+                                           static_cast<int>(n), static_cast<int>(k));
+  at::Tensor buffer =
+      at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
+  mkl().pack(kCblasRowMajor, kCblasBMatrix, transposed ? kCblasTrans : kCblasNoTrans,
+             static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0F,
              static_cast<const float*>(rhs.data_ptr()), static_cast<int>(rhs.stride(0)),
              static_cast<float*>(buffer.data_ptr()));
   packs_.emplace(key, buffer);
@@ -106,7 +76,7 @@ const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int
 
 bool PreparedWeights::matmul_f32(const float* lhs, int64_t lda, const at::Tensor& rhs,
                                  bool transposed, float* out, int64_t ldc, int64_t m) {
-  if (!mkl().available() || rhs.scalar_type() != at::kFloat || rhs.dim() != 2 ||
+  if (!mkl().has_packed_gemm() || rhs.scalar_type() != at::kFloat || rhs.dim() != 2 ||
       rhs.stride(1) != 1 || !fits_int(m) || !fits_int(rhs.size(0)) || !fits_int(rhs.size(1)) ||
       !fits_int(lda) || !fits_int(ldc) || !fits_int(rhs.stride(0))) {
     return false;
@@ -117,8 +87,8 @@ bool PreparedWeights::matmul_f32(const float* lhs, int64_t lda, const at::Tensor
   if (packed_rhs == nullptr) {
     return false;
   }
-  mkl().compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), lhs, static_cast<int>(lda), packed_rhs,
+  mkl().compute(kCblasRowMajor, kCblasNoTrans, kCblasPacked, static_cast<int>(m),
+                static_cast<int>(n), static_cast<int>(k), lhs, static_cast<int>(lda), packed_rhs,
                 static_cast<int>(n), 0.0F, out, static_cast<int>(ldc));
   return true;
 }

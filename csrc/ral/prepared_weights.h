@@ -5,9 +5,10 @@
 // rows on every call. MKL reorders the weight into its own blocked layout inside every
 // sgemm call; `cblas_sgemm_pack` does it once, and `cblas_sgemm_compute` then multiplies
 // by the packed copy (as TorchScript's frozen `mkl_linear` does). The packed copy is made
-// by the engine's first call that multiplies by the weight and lives as long as the engine. MKL's packed layout depends on the number of rows, so each
-// weight keeps packs for a few row counts (a dynamic engine's other batches run unpacked).
-// Where libtorch has no MKL, nothing is packed and matmuls run as before.
+// by the engine's first call that multiplies by the weight and lives as long as the engine.
+// MKL's packed layout depends on the number of rows, so each weight keeps packs for a few
+// row counts (a dynamic engine's other batches run unpacked). Where libtorch has no MKL
+// (mkl_functions.h), nothing is packed and matmuls run as before.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -2,8 +2,9 @@
 // memref helpers MLIR's lowering expects from a runtime.
 //
 // Each memref argument arrives as an unranked memref: its rank and a pointer to its
-// descriptor {allocated, aligned, offset, sizes[rank], strides[rank]}. None of them throws; a failure is recorded for the calling thread and the engine that made the call
-// discards the results and runs its TorchScript fallback instead (see Engine::execute).
+// descriptor {allocated, aligned, offset, sizes[rank], strides[rank]}. None of them throws;
+// a failure is recorded for the calling thread and the engine that made the call discards
+// the results and runs its TorchScript fallback instead (see Engine::execute).
 #pragma once
 
 #include <cstdint>
