@@ -66,14 +66,22 @@ def _keeps_rows(op) -> bool:
         (source.shape[leading:] + target.shape[leading:]) == [1]
 
 
-def _row_reduction(value, combiner: str, initial: float, rank: int):
-    """The reduce over the last dim with `combiner` and init `initial` that `value`
-    broadcasts back over the row, and its input; None when it is not one."""
+def _below_row_reshapes(value):
+    """The op under the reshapes and broadcasts that keep each row's value with its row
+    (see _keeps_rows) through which `value` is made; None for another reshape or a block
+    argument."""
     op = _op(value)
     while op is not None and op.name in _RESHAPES:
         if not _keeps_rows(op):
             return None
         op = _op(op.operands[0])
+    return op
+
+
+def _row_reduction(value, combiner: str, initial: float, rank: int):
+    """The reduce over the last dim with `combiner` and init `initial` that `value`
+    broadcasts back over the row, and its input; None when it is not one."""
+    op = _below_row_reshapes(value)
     if op is None or op.name != "stablehlo.reduce" or len(op.operands) != 2:
         return None
     if list(ir.DenseI64ArrayAttr(op.attributes["dimensions"])) != [rank - 1]:
@@ -106,11 +114,7 @@ def _zeroed_masked_rows(value, rank: int):
     predicate, on_true, on_false = select.operands
     if _splat(on_true) != 0.0:
         return None
-    compare = _op(predicate)
-    while compare is not None and compare.name in _RESHAPES:
-        if not _keeps_rows(compare):
-            return None
-        compare = _op(compare.operands[0])
+    compare = _below_row_reshapes(predicate)
     if compare is None or compare.name != "stablehlo.compare" or \
             "EQ" not in str(compare.attributes["comparison_direction"]):
         return None

@@ -223,8 +223,9 @@ def _scaled_dot_product_attention(
         is_causal: bool = False, scale: Optional[float] = None,
         enable_gqa: bool = False) -> torch.Tensor:
     # PyTorch's reference math for F.scaled_dot_product_attention (its safe softmax), with
-    # boolean and causal masks made additive (-inf where a key is not attended) as PyTorch's fused CPU kernel
-    # does: softmax(q @ k^T * scale + mask) @ v, the chain attention.py runs as one kernel.
+    # boolean and causal masks made additive (-inf where a key is not attended) as PyTorch's
+    # fused CPU kernel does: softmax(q @ k^T * scale + mask) @ v, the chain attention.py
+    # runs as one kernel.
     factor = 1.0 / math.sqrt(float(query.size(-1))) if scale is None else scale
     if enable_gqa:
         key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
