@@ -1,7 +1,8 @@
 """From torch-dialect MLIR to a native shared library, held in memory as bytes.
 
 Stages (the pipelines are data files in the top-level mlir/ folder):
-  torch dialect --torch_to_stablehlo--> StableHLO --(library_calls.outline)-->
+  torch dialect --torch_to_stablehlo--> StableHLO --(assume_shapes, for dynamic engines;
+  layouts, library_calls.outline)-->
   --stablehlo_to_linalg--> linalg on tensors --bufferize--> linalg on memrefs
   --(library_calls.lower)--linalg_to_llvm--> LLVM dialect --ExecutionEngine--> object
   --cc -shared--> library
@@ -29,7 +30,8 @@ from . import layouts, library_calls, parallel
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
-from .shape_assumptions import annotate_broadcasts, lower_dynamic_reshapes
+from .shape_assumptions import (annotate_broadcasts, drop_identity_broadcasts,
+                                lower_dynamic_reshapes)
 
 STAGES = ("torch_to_stablehlo", "stablehlo_to_linalg", "bufferize", "linalg_to_llvm")
 
@@ -128,6 +130,9 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
             if stage == "stablehlo_to_linalg":
                 if user_calls:
                     _inline_user_converters(module, user_calls)
+                if _has_dynamic_shapes(_find_main(module)):
+                    _run_stage(module, "assume_shapes")
+                    drop_identity_broadcasts(module)
                 layouts.to_channels_last(module, _find_main(module))
                 calls = library_calls.outline(module, _find_main(module))
                 result.library_calls = sum(calls.values())
@@ -430,6 +435,12 @@ def _tune_for_host(module) -> None:
         for op in module.body.operations:
             if op.operation.name == "llvm.func" and len(op.regions[0].blocks) > 0:
                 op.attributes["passthrough"] = passthrough
+
+
+def _has_dynamic_shapes(main) -> bool:
+    function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+    return any(isinstance(t, ir.RankedTensorType) and not t.has_static_shape
+               for t in list(function_type.inputs) + list(function_type.results))
 
 
 def _find_main(module):

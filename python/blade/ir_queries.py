@@ -15,10 +15,16 @@ def defining_op(value):
     return None if isinstance(owner, ir.Block) else as_operation(owner)
 
 
-def only_user(value):
-    """The one op that uses `value`, or None when it has no use or several."""
-    uses = list(value.uses)
-    return as_operation(uses[0].owner) if len(uses) == 1 else None
+# Ops that read only the shape of their operand, not its data.
+SHAPE_QUERIES = ("shape.shape_of", "tensor.dim")
+
+
+def only_data_user(value):
+    """The one op that reads the data of `value` (shape queries aside), or None when no op
+    or several do."""
+    users = [as_operation(use.owner) for use in value.uses
+             if as_operation(use.owner).name not in SHAPE_QUERIES]
+    return users[0] if len(users) == 1 else None
 
 
 def producer(value, name: str):

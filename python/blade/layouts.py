@@ -3,7 +3,7 @@
 oneDNN convolves NHWC (PyTorch's channels_last) data directly; given NCHW it reorders the
 input into a blocked layout and the output back on every call (on this kind of host a
 3x3 64-channel convolution takes about 30% longer). `to_channels_last` rewrites each
-static 2-d NCHW convolution in StableHLO as
+2-d NCHW convolution in StableHLO as
 
     transpose(x, NHWC) -> convolution on NHWC -> transpose(y, NCHW)
 
@@ -13,10 +13,16 @@ layout, until they meet the next convolution's transpose to NHWC and cancel. Onl
 model's own NCHW inputs and outputs are transposed (once each, fused into the loops that
 read or write them). `library_calls` then runs the NHWC convolutions through PyTorch
 with channels_last tensors (`blade_ral_conv2d_nhwc_<type>`).
+
+Dynamic engines get the same rewrite once their StableHLO has no shape.assuming regions
+and no broadcasts that keep their operand's shape (codegen's assume_shapes step): a
+dynamic broadcast of a bias or a splat is rebuilt in NHWC with the run-time shape of the
+NHWC operand beside it.
 """
 from typing import List, Optional
 
 from torch_mlir import ir
+from torch_mlir.dialects import arith, tensor
 
 from .ir_queries import producer
 
@@ -57,12 +63,8 @@ def _attributes(op) -> dict:
 
 
 def _nchw_convolution(op) -> bool:
-    """A static 2-d convolution with NCHW data, OIHW weights and an NCHW result."""
-    text = str(op.attributes["dimension_numbers"])
-    if "[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]" not in text:
-        return False
-    return all(ir.RankedTensorType(v.type).has_static_shape
-               for v in list(op.operands) + list(op.results))
+    """A 2-d convolution with NCHW data, OIHW weights and an NCHW result."""
+    return "[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]" in str(op.attributes["dimension_numbers"])
 
 
 def _convolve_nhwc(op) -> None:
@@ -84,11 +86,19 @@ def _is_transpose(value, p: List[int]) -> bool:
     return source is not None and _permutation(source) == p
 
 
+def _permuted_shape(shape, p: List[int]):
+    """A run-time shape (a 1-d tensor of sizes) with its elements in the order of
+    `transpose(., p)`."""
+    index = ir.IndexType.get()
+    sizes = [tensor.ExtractOp(shape, [arith.ConstantOp(index, d).result]).result for d in p]
+    return tensor.FromElementsOp(shape.type, sizes).result
+
+
 def _operand_in_layout(value, p: List[int], before) -> Optional[object]:
     """`value` (of the elementwise op's NCHW-side shape) as it is before `transpose(., p)`:
-    the transpose's source, a splat or broadcast rebuilt in that layout, or an existing
-    `transpose(value, inverse(p))` defined before `before`. None if it would take a new
-    transpose of data."""
+    the transpose's source, a splat or broadcast rebuilt in that layout (a dynamic one with
+    its run-time shape permuted), or an existing `transpose(value, inverse(p))` defined
+    before `before`. None if it would take a new transpose of data."""
     source = producer(value, "stablehlo.transpose")
     if source is not None and _permutation(source) == p:
         return source.operands[0]
@@ -101,7 +111,8 @@ def _operand_in_layout(value, p: List[int], before) -> Optional[object]:
             return ir.Operation.create("stablehlo.constant", results=[target], attributes={
                 "value": ir.DenseElementsAttr.get_splat(target, dense.get_splat_value())
             }).result
-    broadcast = producer(value, "stablehlo.broadcast_in_dim")
+    broadcast = producer(value, "stablehlo.broadcast_in_dim") or \
+        producer(value, "stablehlo.dynamic_broadcast_in_dim")
     if broadcast is not None:
         small = broadcast.operands[0]
         # operand dim k lands on dim p[dims[k]] of the layout before the transpose
@@ -109,8 +120,10 @@ def _operand_in_layout(value, p: List[int], before) -> Optional[object]:
         order = sorted(range(len(dims)), key=lambda k: dims[k])
         if order != list(range(len(dims))):
             small = _transpose(small, order)
+        operands = [small] if broadcast.name == "stablehlo.broadcast_in_dim" else \
+            [small, _permuted_shape(broadcast.operands[1], inverse)]
         return ir.Operation.create(
-            "stablehlo.broadcast_in_dim", results=[target], operands=[small],
+            broadcast.name, results=[target], operands=operands,
             attributes={"broadcast_dimensions": ir.DenseI64ArrayAttr.get(sorted(dims))}).result
     for use in value.uses:
         user = use.owner
@@ -156,8 +169,42 @@ def _fold_transpose_pair(op) -> bool:
     return True
 
 
+def _hoist_shape_queries(block) -> None:
+    """Moves each `shape.shape_of` of a transpose or an elementwise op to the value that
+    op is computed from (permuted for a transpose): a dynamic engine's broadcasts ask for
+    shapes, and a transpose kept only to be asked its shape would keep the convolution
+    that feeds it from taking its epilogue (library_calls)."""
+    changed = True
+    while changed:
+        changed = False
+        for op in list(block.operations):
+            if op.name != "shape.shape_of" or not isinstance(op.results[0].type,
+                                                             ir.RankedTensorType):
+                continue
+            source = op.operands[0]
+            producer_op = producer(source, "stablehlo.transpose")
+            elementwise = source.owner if not isinstance(source.owner, ir.Block) and \
+                source.owner.name in ELEMENTWISE else None
+            if producer_op is None and elementwise is None:
+                continue
+            with ir.InsertionPoint(op), op.location:
+                if producer_op is not None:
+                    inner = ir.Operation.create(
+                        "shape.shape_of", results=[op.results[0].type],
+                        operands=[producer_op.operands[0]]).result
+                    shape = _permuted_shape(inner, _permutation(producer_op))
+                else:
+                    shape = ir.Operation.create(
+                        "shape.shape_of", results=[op.results[0].type],
+                        operands=[elementwise.operands[0]]).result
+            op.results[0].replace_all_uses_with(shape)
+            op.erase()
+            changed = True
+
+
 _PURE = ELEMENTWISE | {"stablehlo.transpose", "stablehlo.broadcast_in_dim",
-                       "stablehlo.constant", "stablehlo.reshape"}
+                       "stablehlo.dynamic_broadcast_in_dim", "stablehlo.constant",
+                       "stablehlo.reshape"}
 
 
 def _erase_dead(block) -> None:
@@ -190,5 +237,6 @@ def to_channels_last(module, main) -> int:
                     changed = _sink(op) or changed
             if not changed:
                 break
+        _hoist_shape_queries(block)
         _erase_dead(block)
     return len(convolutions)

@@ -23,7 +23,7 @@ from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import arith, func, memref, tensor
 
 from . import attention
-from .ir_queries import as_operation, only_user, producer
+from .ir_queries import SHAPE_QUERIES, as_operation, only_data_user, producer
 
 LIBRARY_CALL = "blade.library_call"
 # Element types the kernels take; the name is also the kernel symbol's suffix.
@@ -106,7 +106,7 @@ def _matmul_form(op) -> Optional[Tuple[object, object, List, dict]]:
 
 def _conv_form(op) -> Optional[dict]:
     """The attributes of a 2-d convolution the RAL runs, or None: OIHW weights, and NCHW
-    data and result (`conv2d`) or NHWC ones (`conv2d_nhwc`, see layouts.py; static)."""
+    data and result (`conv2d`) or NHWC ones (`conv2d_nhwc`, see layouts.py)."""
     dims = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     if _element_suffix(op.operands[0]) is None or _rank(op.operands[0]) != 4:
         return None
@@ -119,9 +119,6 @@ def _conv_form(op) -> Optional[dict]:
     if not oihw or data != result or data not in ((0, 1, [2, 3]), (0, 3, [1, 2])):
         return None
     kind = "conv2d" if data == (0, 1, [2, 3]) else "conv2d_nhwc"
-    if kind == "conv2d_nhwc" and not all(ir.RankedTensorType(v.type).has_static_shape
-                                         for v in list(op.operands) + list(op.results)):
-        return None
     attrs = op.attributes
 
     def ints(name, default):
@@ -153,7 +150,8 @@ def _channel_bias(value, channels: int) -> Optional[Tuple[object, List]]:
     """(the source, the ops peeled) of a per-channel vector that `value` broadcasts over an
     NHWC tensor's last dim: a broadcast_in_dim of a tensor whose one non-unit dim holds
     the `channels` values, through reshapes and transposes that only move unit dims."""
-    broadcast = producer(value, "stablehlo.broadcast_in_dim")
+    broadcast = producer(value, "stablehlo.broadcast_in_dim") or \
+        producer(value, "stablehlo.dynamic_broadcast_in_dim")
     if broadcast is None or channels < 2:
         return None
     source = broadcast.operands[0]
@@ -179,6 +177,7 @@ def _zero_splat(value) -> Optional[List]:
     ops = []
     while True:
         op = producer(value, "stablehlo.broadcast_in_dim") or \
+            producer(value, "stablehlo.dynamic_broadcast_in_dim") or \
             producer(value, "stablehlo.constant")
         if op is None:
             return None
@@ -196,7 +195,7 @@ def _conv_epilogue(conv) -> Optional[Tuple[object, List, object, bool]]:
     else reads in between: (the bias source, the ops between, the last op, relu?), which
     the kernel runs as the convolution's own bias and post-op instead of a pass of loops
     over its result. None otherwise."""
-    add = only_user(conv.result)
+    add = only_data_user(conv.result)
     if add is None or add.name != "stablehlo.add":
         return None
     other = add.operands[1] if add.operands[0] == conv.result else add.operands[0]
@@ -204,7 +203,7 @@ def _conv_epilogue(conv) -> Optional[Tuple[object, List, object, bool]]:
     if bias is None:
         return None
     source, peeled = bias
-    relu = only_user(add.result)
+    relu = only_data_user(add.result)
     if relu is not None and relu.name == "stablehlo.maximum":
         zero = _zero_splat(relu.operands[1] if relu.operands[0] == add.result else
                            relu.operands[0])
@@ -256,16 +255,18 @@ def _result_sizes(attributes, arguments, result_type) -> List:
             else:                       # v's last dim, or its rows if stored transposed
                 sizes.append(dim(arguments[2], rank - 2 if attributes["transpose_v"] else
                                  rank - 1))
-        elif d == 0:                    # conv2d, NCHW: the batch
+        elif d == 0:                    # conv2d: the batch
             sizes.append(dim(lhs, 0))
-        elif d == 1:
-            sizes.append(dim(rhs, 0))
+        elif d == (3 if attributes["kind"].startswith("conv2d_nhwc") else 1):
+            sizes.append(dim(rhs, 0))   # the channels (the weight is OIHW in both layouts)
         else:                           # (in + pads - dilation * (k - 1) - 1) / stride + 1
-            axis = "h" if d == 2 else "w"
+            first_spatial = 1 if attributes["kind"].startswith("conv2d_nhwc") else 2
+            axis = "h" if d == first_spatial else "w"
+            kernel_dim = 2 if axis == "h" else 3
             pads = attributes["pad_top"] + attributes["pad_bottom"] if axis == "h" else \
                 attributes["pad_left"] + attributes["pad_right"]
             span = arith.MulIOp(const(attributes[f"dilation_{axis}"]),
-                                arith.SubIOp(dim(rhs, d), const(1)).result).result
+                                arith.SubIOp(dim(rhs, kernel_dim), const(1)).result).result
             reach = arith.SubIOp(arith.AddIOp(dim(lhs, d), const(pads)).result,
                                  arith.AddIOp(span, const(1)).result).result
             sizes.append(arith.AddIOp(
@@ -274,7 +275,12 @@ def _result_sizes(attributes, arguments, result_type) -> List:
     return sizes
 
 
-def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> None:
+def _outline_one(module, main, op, sources, peeled, attributes, index: int,
+                 same_shape=()) -> None:
+    """Moves `op` and the `peeled` ops it is computed from into a function of its own
+    (see the module docstring). `same_shape` are peeled ops whose result has the shape of
+    `op`'s: what still asks for their shape (a dynamic engine's broadcasts) asks the
+    call's result instead, so they can go."""
     name = f"blade_library_call_{index}"
     result_type = op.result.type
     # A result of static size becomes an out-parameter its caller allocates (bufferize
@@ -316,6 +322,10 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int) -> N
         call = func.CallOp([result_type], ir.FlatSymbolRefAttr.get(name), list(sources))
     op.result.replace_all_uses_with(call.result)
     op.erase()
+    for original in same_shape:
+        for use in list(original.result.uses):
+            if as_operation(use.owner).name in SHAPE_QUERIES:
+                use.owner.operands[use.operand_number] = call.result
     for original in reversed(peeled):
         if not list(original.result.uses):
             original.erase()
@@ -331,8 +341,9 @@ def outline(module, main) -> Dict[str, int]:
     """Step 1 (see the module docstring); returns how many ops were outlined, by kind."""
     counts: Dict[str, int] = {}
 
-    def take(op, sources, peeled, attributes) -> None:
-        _outline_one(module, main, op, sources, peeled, attributes, sum(counts.values()))
+    def take(op, sources, peeled, attributes, same_shape=()) -> None:
+        _outline_one(module, main, op, sources, peeled, attributes, sum(counts.values()),
+                     same_shape)
         counts[attributes["kind"]] = counts.get(attributes["kind"], 0) + 1
 
     def attention_chain(op):
@@ -351,7 +362,7 @@ def outline(module, main) -> Dict[str, int]:
             return None
         bias, between, last, relu = epilogue
         return (last, list(op.operands) + [bias], _in_block_order(main, [op] + between),
-                {**attributes, "kind": "conv2d_nhwc_bias", "relu": int(relu)})
+                {**attributes, "kind": "conv2d_nhwc_bias", "relu": int(relu)}, [op])
 
     with module.context, ir.Location.unknown():
         # Chains first (their ops would otherwise be taken one by one below), one at a

@@ -40,6 +40,24 @@ def annotate_broadcasts(module) -> int:
     return len(targets)
 
 
+def drop_identity_broadcasts(module) -> int:
+    """Replaces each dynamic_broadcast_in_dim whose result has its operand's type, with the
+    dims in order, by the operand: no dim of it is stretched (a static 1 stays a static 1),
+    so under the assumptions above it copies nothing. Torch-MLIR wraps every operand of a
+    broadcasting op of dynamic shape in one, which hides the producer of each operand from
+    the rewrites that follow (layouts.py, attention.py). Returns how many were dropped."""
+    dropped = 0
+    with module.context:
+        for op in ops_named(module, "stablehlo.dynamic_broadcast_in_dim"):
+            operand, result = op.operands[0], op.results[0]
+            dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+            if operand.type == result.type and dims == list(range(len(dims))):
+                result.replace_all_uses_with(operand)
+                op.erase()
+                dropped += 1
+    return dropped
+
+
 def _constant_int(value):
     constant = producer(value, "arith.constant")
     return None if constant is None else ir.IntegerAttr(constant.attributes["value"]).value

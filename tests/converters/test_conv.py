@@ -114,18 +114,24 @@ def test_convolutions_run_channels_last_and_transposes_cancel(tmp_path):
     assert blade.report(optimized).runtime_fallbacks == 0
 
 
-def test_convolutions_of_dynamic_size_stay_nchw(tmp_path):
+def test_convolutions_of_dynamic_size_run_channels_last(tmp_path):
     torch.manual_seed(0)
     model = ResidualConvs().eval()
     optimized = blade.optimize(model, (torch.randn(2, 8, 10, 12),),
                                blade.Config(dynamic=True, dump_dir=str(tmp_path)))
     linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
-    assert "conv2d_nhwc" not in linalg  # dynamic sizes: NCHW through PyTorch as before
+    # As with static sizes: NHWC convolutions with their bias and ReLU as post-ops, the
+    # residual on NHWC data, and no shape.assuming region left to split the loops.
+    assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 2, linalg
+    assert linalg.count("blade.relu = 1") == 2, linalg
+    assert "shape.assuming" not in linalg
     with torch.no_grad():
-        for shape in ((1, 8, 5, 7), (3, 8, 10, 12)):
+        for shape in ((1, 8, 5, 7), (3, 8, 10, 12), (2, 8, 1, 9)):
             x = torch.randn(shape)
             for got, want in zip(optimized(x), model(x)):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
 
 
 class Epilogues(torch.nn.Module):
