@@ -47,7 +47,7 @@ def _splat(value) -> Optional[float]:
                 return None
             return float(ir.FloatAttr(attr.get_splat_value()).value)
         if op.name not in ("stablehlo.reshape", "stablehlo.convert",
-                           "stablehlo.broadcast_in_dim"):
+                           "stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
             return None
         value = op.operands[0]
 

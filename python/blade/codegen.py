@@ -131,8 +131,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 if user_calls:
                     _inline_user_converters(module, user_calls)
                 if _has_dynamic_shapes(_find_main(module)):
-                    _run_stage(module, "assume_shapes")
                     drop_identity_broadcasts(module)
+                    _run_stage(module, "assume_shapes")
                 layouts.to_channels_last(module, _find_main(module))
                 calls = library_calls.outline(module, _find_main(module))
                 result.library_calls = sum(calls.values())

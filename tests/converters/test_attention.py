@@ -147,15 +147,33 @@ def test_float64_uses_pytorchs_fused_kernel():
 
 
 def test_dynamic_lengths():
-    """A dynamic engine computes attention op by op (its broadcasts are shape.assuming
-    regions the matcher does not take), with eager's results."""
+    """A dynamic engine fuses the chain too (its shape.assuming regions and broadcasts that
+    keep their operand's shape are gone before matching), with eager's results."""
     q, k, v = qkv(2, 4, 16, 8)
     model = Unmasked()
     optimized = blade.optimize(model, (q, k, v), blade.Config(allow_tracing=True, dynamic=True))
+    assert fused(blade.report(optimized)) == 1, str(blade.report(optimized))
     with torch.no_grad():
         for batch, length in ((1, 1), (3, 40), (2, 7)):
             q, k, v = qkv(batch, 4, length, 8)
             assert_same(optimized(q, k, v), model(q, k, v), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
+
+
+def test_dynamic_lengths_with_a_mask():
+    """The masked kernel in a dynamic engine: batch and sequence length vary, the mask is
+    broadcast over heads and query rows."""
+    model = Attention(head_dim=8)
+    q, k, v = qkv(2, 4, 16, 8)
+    optimized = blade.optimize(model, (q, k, v, padding_mask(2, 16)),
+                               blade.Config(allow_tracing=True, dynamic=True))
+    assert fused(blade.report(optimized)) == 1, str(blade.report(optimized))
+    with torch.no_grad():
+        for batch, length in ((1, 3), (3, 33), (2, 16)):
+            q, k, v = qkv(batch, 4, length, 8)
+            mask = padding_mask(batch, length)
+            assert_same(optimized(q, k, v, mask), model(q, k, v, mask), rtol=1e-4, atol=1e-5)
     report = blade.report(optimized)
     assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
 
@@ -230,8 +248,9 @@ def test_scaled_dot_product_attention_rows_that_see_no_key_are_zero(dtype, mask_
 
 
 def test_scaled_dot_product_attention_dynamic_lengths_zero_rows_that_see_no_key():
-    """A dynamic engine compiles the chain op by op (no fused kernel): the safe softmax's
-    select gives the same 0 rows."""
+    """The head dim varies too, so the scale is computed at run time and stays in
+    TorchScript: the chain compiles op by op, and the safe softmax's select gives the same
+    0 rows."""
     q, k, v = qkv(2, 2, 6, 8)
     mask = torch.zeros(2, 1, 6, 6)
     mask[0, 0, 2, :] = float("-inf")

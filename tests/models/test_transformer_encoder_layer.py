@@ -36,6 +36,8 @@ def test_fast_path_compiles_into_one_engine(norm_first, activation):
 def test_dynamic_batch_and_length():
     model = layer(False, "relu")
     optimized = blade.optimize(model, (torch.randn(2, 16, 64),), blade.Config(dynamic=True))
+    # The attention is one fused kernel in the dynamic engine too.
+    assert blade.report(optimized).clusters[0].fused_attention == 1
     with torch.no_grad():
         for batch, length in ((1, 1), (3, 9), (5, 31)):
             x = torch.randn(batch, length, 64)
