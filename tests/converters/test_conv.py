@@ -78,6 +78,85 @@ def test_pooling(name, shape, dtype):
                  atol=atol)
 
 
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_pooling_of_a_dynamic_batch(name):
+    """StableHLO lowers window reductions of static size only; Blade's own loops
+    (python/blade/pooling.py) take a varying batch, with padding, strides and both the
+    max and the sum (average) combiners."""
+    torch.manual_seed(0)
+    model = Lambda(POOLS[name])
+    optimized = blade.optimize(model, (torch.randn(2, 3, 8, 8),),
+                               blade.Config(allow_tracing=True, dynamic_dims={0: [0]}))
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and not report.compile_errors, str(report)
+    with torch.no_grad():
+        for batch in (1, 5):
+            x = torch.randn(batch, 3, 8, 8)
+            torch.testing.assert_close(optimized(x), model(x), rtol=1e-5, atol=1e-6)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == 2 and report.runtime_fallbacks == 0, str(report)
+
+
+def test_pooling_of_a_dynamic_image_size():
+    """Height and width vary: max and average pooling compile; ceil_mode (Torch-MLIR would
+    give it the floor mode's output size) and adaptive pooling (a window that follows the
+    image size) stay in TorchScript, named in the report, and the rest still compiles."""
+    torch.manual_seed(0)
+    for pool, compiled in ((lambda x: F.max_pool2d(x, 3, stride=2, padding=1), True),
+                           (lambda x: F.avg_pool2d(x, 3, stride=2, padding=1,
+                                                   count_include_pad=False), True),
+                           (lambda x: F.max_pool2d(x, 3, stride=2, ceil_mode=True), False),
+                           (lambda x: F.adaptive_avg_pool2d(x, 1), False)):
+        model = Lambda(lambda x, pool=pool: pool(torch.relu(x) * 2.0))
+        optimized = blade.optimize(model, (torch.randn(2, 3, 8, 8),),
+                                   blade.Config(allow_tracing=True, dynamic=True))
+        report = blade.report(optimized)
+        assert len(report.clusters) == 1 and not report.compile_errors, str(report)
+        if not compiled:
+            reasons = [r for op in report.unsupported.values() for r in op.reasons]
+            assert any("dynamic image size is not compiled" in r for r in reasons), reasons
+        with torch.no_grad():
+            for shape in ((1, 3, 9, 9), (3, 3, 16, 16)):
+                x = torch.randn(shape)
+                torch.testing.assert_close(optimized(x), model(x), rtol=1e-5, atol=1e-6)
+        report = blade.report(optimized)
+        assert report.clusters[0].calls == 2 and report.runtime_fallbacks == 0, str(report)
+
+
+class Stem(torch.nn.Module):
+    """A ResNet stem: strided conv, BatchNorm, ReLU, padded max pool, a residual block and
+    global average pooling into a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 7, stride=2, padding=3)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.pool = torch.nn.MaxPool2d(3, 2, 1)
+        self.conv2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.bn(self.conv1(x))))
+        x = torch.relu(self.conv2(x)) + x
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def test_stem_with_a_dynamic_batch_compiles_whole():
+    torch.manual_seed(0)
+    model = Stem().eval()
+    optimized = blade.optimize(model, (torch.randn(2, 3, 32, 32),),
+                               blade.Config(dynamic_dims={0: [0]}))
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
+    assert report.clusters[0].library_calls == 3, str(report)   # two convolutions, the head
+    with torch.no_grad():
+        for batch in (1, 3, 8):
+            x = torch.randn(batch, 3, 32, 32)
+            torch.testing.assert_close(optimized(x), model(x), rtol=1e-4, atol=1e-4)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
+
+
 class ResidualConvs(torch.nn.Module):
     """Two conv+bias+relu blocks and a residual add: NCHW in, NCHW out."""
 

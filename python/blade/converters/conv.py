@@ -28,5 +28,27 @@ def _conv2d_4d(node):
 builtin(["aten::conv2d"], FLOAT, validator=_conv2d_4d)
 builtin(["aten::_convolution", "aten::_convolution.deprecated"], FLOAT,
         validator=_plain_2d_convolution)
-builtin(["aten::max_pool2d", "aten::avg_pool2d", "aten::adaptive_avg_pool2d"], FLOAT,
-        validator=_conv2d_4d)
+def _dynamic_image_size(node) -> bool:
+    """Whether a dynamic engine leaves the input's height or width to run time."""
+    sizes = node.inputsAt(0).type().varyingSizes()   # None for a dim that varies
+    return sizes is None or None in sizes[2:]
+
+
+def _window_pool(node):
+    why = _conv2d_4d(node)
+    if why is None and constant_arguments(node).get("ceil_mode") and _dynamic_image_size(node):
+        # Torch-MLIR would lower it with the floor mode's output size: a wrong shape.
+        return "ceil_mode=True with a dynamic image size is not compiled"
+    return why
+
+
+def _adaptive_pool(node):
+    why = _conv2d_4d(node)
+    if why is None and _dynamic_image_size(node):
+        # Its window follows the image size, and Torch-MLIR lowers a fixed window only.
+        return "adaptive pooling of a dynamic image size is not compiled"
+    return why
+
+
+builtin(["aten::max_pool2d", "aten::avg_pool2d"], FLOAT, validator=_window_pool)
+builtin(["aten::adaptive_avg_pool2d"], FLOAT, validator=_adaptive_pool)
