@@ -123,6 +123,30 @@ def test_pooling_of_a_dynamic_image_size():
         assert report.clusters[0].calls == 2 and report.runtime_fallbacks == 0, str(report)
 
 
+@pytest.mark.parametrize("pool, exact, partial", [
+    (lambda x: F.max_pool2d(x, 3, stride=2, ceil_mode=True), (1, 2, 9, 7), (2, 3, 8, 8)),
+    (lambda x: F.avg_pool2d(x, 3, stride=2, ceil_mode=True), (1, 2, 9, 7), (2, 3, 8, 8)),
+    (lambda x: F.max_pool2d(x, 2, padding=1, ceil_mode=True), (2, 3, 8, 8), (1, 2, 9, 7))],
+    ids=["max", "avg", "padded"])
+def test_ceil_mode_pooling(pool, exact, partial):
+    """A last window that ceil_mode adds over the input's end stays in TorchScript (Torch-
+    MLIR pads it on both sides, shifting every window); where ceil_mode adds no window
+    it compiles."""
+    model = Lambda(pool)
+    for shape in (exact, partial):
+        torch.manual_seed(0)
+        x = torch.randn(shape)
+        optimized = blade.optimize(model, (x,), TRACE)
+        report = blade.report(optimized)
+        if shape == exact:
+            assert report.coverage == 1.0, str(report)
+        else:
+            reasons = [r for op in report.unsupported.values() for r in op.reasons]
+            assert any("partial last window" in r for r in reasons), str(report)
+        with torch.no_grad():
+            torch.testing.assert_close(optimized(x), model(x), rtol=1e-5, atol=1e-6)
+
+
 class Stem(torch.nn.Module):
     """A ResNet stem: strided conv, BatchNorm, ReLU, padded max pool, a residual block and
     global average pooling into a linear head."""

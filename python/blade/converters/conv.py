@@ -34,12 +34,35 @@ def _dynamic_image_size(node) -> bool:
     return sizes is None or None in sizes[2:]
 
 
+def _pair(value, default):
+    values = list(value) if isinstance(value, (list, tuple)) and value else [default]
+    return values * 2 if len(values) == 1 else values
+
+
+def _partial_last_window(node) -> bool:
+    """Whether ceil_mode adds a window that hangs over the input's end in some dim."""
+    arguments = constant_arguments(node)
+    kernel = _pair(arguments["kernel_size"], 1)
+    stride = _pair(arguments.get("stride"), None)
+    stride = [k if s is None else s for s, k in zip(stride, kernel)]
+    padding = _pair(arguments.get("padding"), 0)
+    dilation = _pair(arguments.get("dilation"), 1)
+    sizes = node.inputsAt(0).type().varyingSizes()[2:]
+    return any((size + 2 * pad - d * (k - 1) - 1) % step != 0
+               for size, k, step, pad, d in zip(sizes, kernel, stride, padding, dilation))
+
+
 def _window_pool(node):
     why = _conv2d_4d(node)
-    if why is None and constant_arguments(node).get("ceil_mode") and _dynamic_image_size(node):
-        # Torch-MLIR would lower it with the floor mode's output size: a wrong shape.
+    if why is not None or not constant_arguments(node).get("ceil_mode"):
+        return why
+    # Torch-MLIR lowers ceil_mode with the floor mode's output size when the image size
+    # varies (a wrong shape), and pads a partial last window on both sides (wrong values).
+    if _dynamic_image_size(node):
         return "ceil_mode=True with a dynamic image size is not compiled"
-    return why
+    if _partial_last_window(node):
+        return "ceil_mode=True with a partial last window is not compiled"
+    return None
 
 
 def _adaptive_pool(node):
