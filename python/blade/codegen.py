@@ -27,7 +27,7 @@ from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
 from . import layouts, library_calls, parallel
-from .pooling import lower_dynamic_reduce_windows
+from .pooling import lower_reduce_windows
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
@@ -141,7 +141,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                                              if kind.startswith("attention"))
                 annotate_broadcasts(module)
                 lower_dynamic_reshapes(module)
-                lower_dynamic_reduce_windows(module)
+                lower_reduce_windows(module)
             if stage == "bufferize":
                 _distinct_results(_find_main(module))
                 _mark_arguments(_find_main(module))

@@ -8,8 +8,8 @@ input into a blocked layout and the output back on every call (on this kind of h
     transpose(x, NHWC) -> convolution on NHWC -> transpose(y, NCHW)
 
 and then sinks the transposes back to NCHW down through elementwise ops (the bias, the
-activation, a residual add), rebuilding their broadcast and splat operands in the NHWC
-layout, until they meet the next convolution's transpose to NHWC and cancel. Only the
+activation, a residual add) and window reductions (pooling, its window permuted),
+rebuilding their broadcast and splat operands in the NHWC layout, until they meet the next convolution's transpose to NHWC and cancel. Only the
 model's own NCHW inputs and outputs are transposed (once each, fused into the loops that
 read or write them). `library_calls` then runs the NHWC convolutions through PyTorch
 with channels_last tensors (`blade_ral_conv2d_nhwc_<type>`).
@@ -155,6 +155,51 @@ def _sink(op) -> bool:
     return True
 
 
+# The window attributes of a reduce_window, one value per dim.
+_WINDOW_ATTRIBUTES = ("window_dimensions", "window_strides", "base_dilations",
+                      "window_dilations")
+
+
+def _sink_window(op) -> bool:
+    """Rewrites a window reduction (pooling) of a value transposed back to NCHW as the same
+    reduction of the NHWC value, its window permuted, transposed to NCHW after; False when
+    `op` is not one."""
+    p = TO_NCHW
+    if op.name != "stablehlo.reduce_window" or len(op.operands) != 2 or \
+            len(op.results) != 1 or not _is_transpose(op.operands[0], p):
+        return False
+    source = producer(op.operands[0], "stablehlo.transpose").operands[0]
+    to_nhwc = _inverse(p)   # NHWC dim i is dim to_nhwc[i] of the op's NCHW operand
+    attributes = _attributes(op)
+    for name in _WINDOW_ATTRIBUTES:
+        if name in attributes:
+            values = list(ir.DenseI64ArrayAttr(attributes[name]))
+            attributes[name] = ir.DenseI64ArrayAttr.get([values[d] for d in to_nhwc])
+    if "padding" in attributes:
+        flat = ir.DenseIntElementsAttr(attributes["padding"])
+        rows = [f"[{flat[2 * d]}, {flat[2 * d + 1]}]" for d in to_nhwc]
+        attributes["padding"] = ir.Attribute.parse(
+            f"dense<[{', '.join(rows)}]> : tensor<{len(p)}x2xi64>")
+    body = op.regions[0].blocks[0]
+    with ir.InsertionPoint(op), op.location:
+        window = ir.Operation.create(
+            op.name, results=[_permuted_type(op.results[0].type, to_nhwc)],
+            operands=[source, op.operands[1]], attributes=attributes, regions=1)
+        block = window.regions[0].blocks.append(*[a.type for a in body.arguments])
+        mapping = dict(zip(body.arguments, block.arguments))
+        with ir.InsertionPoint(block):
+            for inner in body.operations:
+                copy = inner.operation.clone()
+                for i, operand in enumerate(copy.operands):
+                    if operand in mapping:
+                        copy.operands[i] = mapping[operand]
+                mapping.update(zip(inner.results, copy.results))
+        result = _transpose(window.results[0], p)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    return True
+
+
 def _fold_transpose_pair(op) -> bool:
     source = producer(op.operands[0], "stablehlo.transpose")
     if source is None:
@@ -235,6 +280,8 @@ def to_channels_last(module, main) -> int:
                     changed = _fold_transpose_pair(op) or changed
                 elif op.name in ELEMENTWISE:
                     changed = _sink(op) or changed
+                elif op.name == "stablehlo.reduce_window":
+                    changed = _sink_window(op) or changed
             if not changed:
                 break
         _hoist_shape_queries(block)

@@ -1,18 +1,21 @@
-"""Window reductions (max and sum pooling) of dynamic size as linalg loops.
+"""Window reductions (max and sum pooling) as linalg loops Blade writes itself.
 
-Torch-MLIR lowers max_pool2d and avg_pool2d to `stablehlo.reduce_window`, which StableHLO's
-linalg lowering converts only when every size is static: in a dynamic engine (a varying
-batch, say) the op would be left unconverted and the whole cluster would fail to compile.
-`lower_dynamic_reduce_windows` rewrites each such op, before that lowering, as
+Torch-MLIR lowers max_pool2d and avg_pool2d to `stablehlo.reduce_window`. StableHLO's
+linalg lowering converts it only when every size is static (in a dynamic engine the op
+was left unconverted and the whole cluster failed to compile), and a window over an NHWC
+tensor (what layouts.py makes of pooling between channels_last convolutions) becomes a
+named pooling op, which elementwise fusion does not merge with its producer and
+parallel.py does not run on threads. `lower_reduce_windows` rewrites each one, before that
+lowering, as
 
     padded = stablehlo.pad(x, init)                    (when the window has padding)
-    out    = linalg.fill(init) of the result's size, computed from the padded input's
+    out    = linalg.fill(init) of the result's size (computed from the padded input's
+             when it is dynamic)
     out    = linalg.generic over (result dims..., window dims...):
                  out[o] = combine(out[o], padded[o * stride + k * dilation])
 
 with a static-size `tensor.empty` standing for the window (its shape gives the window
-loops their bounds, as in linalg's pooling ops). Ops of static size keep StableHLO's own
-lowering.
+loops their bounds, as in linalg's pooling ops).
 """
 from typing import List, Optional
 
@@ -56,13 +59,11 @@ def _combiner(op) -> Optional[str]:
 
 def _replacement(op) -> Optional[str]:
     """The text of a function computing `op` with loops (see the module docstring), or None
-    when `op` is not a single float window reduction of dynamic size this rewrite takes."""
+    when `op` is not a single float window reduction this rewrite takes."""
     if len(op.operands) != 2 or len(op.results) != 1:
         return None
     source = ir.RankedTensorType(op.operands[0].type)
     result = ir.RankedTensorType(op.results[0].type)
-    if source.has_static_shape and result.has_static_shape:
-        return None
     element = source.element_type
     combiner = _combiner(op)
     if combiner is None or not isinstance(element, ir.FloatType):
@@ -136,9 +137,9 @@ def _replacement(op) -> Optional[str]:
     return "\n".join(lines)
 
 
-def lower_dynamic_reduce_windows(module) -> int:
-    """Rewrites each dynamic-size `stablehlo.reduce_window` this module takes (see its
-    docstring) in place; returns how many were rewritten."""
+def lower_reduce_windows(module) -> int:
+    """Rewrites each `stablehlo.reduce_window` this module takes (see its docstring) in
+    place; returns how many were rewritten."""
     rewritten = 0
     with module.context, ir.Location.unknown():
         for op in ops_named(module, "stablehlo.reduce_window"):

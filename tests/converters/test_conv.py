@@ -165,6 +165,19 @@ class Stem(torch.nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+def test_stem_pools_channels_last(tmp_path):
+    """The max pool between the convolutions runs on NHWC data (the transposes sink through
+    it), and the global average pool takes the residual add into its loops."""
+    torch.manual_seed(0)
+    model = Stem().eval()
+    config = blade.Config(dump_dir=str(tmp_path))
+    run_compiled(model, (torch.randn(2, 3, 32, 32),), config, rtol=1e-4, atol=1e-4)
+    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    assert "tensor<2x18x18x16xf32>" in linalg      # the pool's padded input, NHWC
+    assert "tensor<2x16x18x18xf32>" not in linalg
+    assert "linalg.pooling" not in linalg
+
+
 def test_stem_with_a_dynamic_batch_compiles_whole():
     torch.manual_seed(0)
     model = Stem().eval()
