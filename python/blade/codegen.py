@@ -27,10 +27,10 @@ from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
 from . import layouts, library_calls, parallel
-from .pooling import lower_reduce_windows
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
+from .pooling import lower_reduce_windows
 from .shape_assumptions import (annotate_broadcasts, drop_identity_broadcasts,
                                 lower_dynamic_reshapes)
 

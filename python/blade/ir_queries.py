@@ -1,6 +1,6 @@
 """Questions about MLIR values that several code generation steps ask (library calls,
-attention, layouts, shape assumptions): which op produced a value, which ops use it, and
-which ops have a name."""
+attention, layouts, shape assumptions, pooling): which op produced a value, which ops use
+it, and which ops have a name; and the cloning of ops those steps rebuild."""
 from torch_mlir import ir
 
 
@@ -52,3 +52,16 @@ def ops_named(module, name: str) -> list:
 
     module.operation.walk(visit)
     return found
+
+
+def clone_ops(operations, mapping: dict) -> dict:
+    """Clones `operations` in order at the current insertion point, each reading the clone
+    of a value `mapping` maps (block arguments of the source, say, or earlier clones);
+    returns `mapping` with the results of every clone added."""
+    for original in operations:
+        copy = as_operation(original).clone()
+        for i, operand in enumerate(copy.operands):
+            if operand in mapping:
+                copy.operands[i] = mapping[operand]
+        mapping.update(zip(original.results, copy.results))
+    return mapping

@@ -9,22 +9,23 @@ input into a blocked layout and the output back on every call (on this kind of h
 
 and then sinks the transposes back to NCHW down through elementwise ops (the bias, the
 activation, a residual add) and window reductions (pooling, its window permuted),
-rebuilding their broadcast and splat operands in the NHWC layout, until they meet the next convolution's transpose to NHWC and cancel. Only the
-model's own NCHW inputs and outputs are transposed (once each, fused into the loops that
-read or write them). `library_calls` then runs the NHWC convolutions through PyTorch
-with channels_last tensors (`blade_ral_conv2d_nhwc_<type>`).
+rebuilding their broadcast and splat operands in the NHWC layout, until they meet the
+next convolution's transpose to NHWC and cancel. Only the model's own NCHW inputs and
+outputs are transposed (once each, fused into the loops that read or write them).
+`library_calls` then runs the NHWC convolutions through PyTorch with channels_last
+tensors (`blade_ral_conv2d_nhwc_<type>`).
 
 Dynamic engines get the same rewrite once their StableHLO has no shape.assuming regions
 and no broadcasts that keep their operand's shape (codegen's assume_shapes step): a
-dynamic broadcast of a bias or a splat is rebuilt in NHWC with the run-time shape of the
-NHWC operand beside it.
+dynamic broadcast of a bias or a splat is rebuilt in NHWC with its run-time shape
+permuted, and shape queries of the transposes move to the NHWC values.
 """
 from typing import List, Optional
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, tensor
 
-from .ir_queries import producer
+from .ir_queries import clone_ops, defining_op, producer
 
 TO_NHWC = [0, 2, 3, 1]   # NHWC dim i is NCHW dim TO_NHWC[i]
 TO_NCHW = [0, 3, 1, 2]   # NCHW dim i is NHWC dim TO_NCHW[i]
@@ -188,12 +189,7 @@ def _sink_window(op) -> bool:
         block = window.regions[0].blocks.append(*[a.type for a in body.arguments])
         mapping = dict(zip(body.arguments, block.arguments))
         with ir.InsertionPoint(block):
-            for inner in body.operations:
-                copy = inner.operation.clone()
-                for i, operand in enumerate(copy.operands):
-                    if operand in mapping:
-                        copy.operands[i] = mapping[operand]
-                mapping.update(zip(inner.results, copy.results))
+            clone_ops(body.operations, mapping)
         result = _transpose(window.results[0], p)
     op.results[0].replace_all_uses_with(result)
     op.erase()
@@ -228,8 +224,9 @@ def _hoist_shape_queries(block) -> None:
                 continue
             source = op.operands[0]
             producer_op = producer(source, "stablehlo.transpose")
-            elementwise = source.owner if not isinstance(source.owner, ir.Block) and \
-                source.owner.name in ELEMENTWISE else None
+            elementwise = defining_op(source)
+            if elementwise is not None and elementwise.name not in ELEMENTWISE:
+                elementwise = None
             if producer_op is None and elementwise is None:
                 continue
             with ir.InsertionPoint(op), op.location:

@@ -21,7 +21,7 @@ from typing import List, Optional
 
 from torch_mlir import ir
 
-from .ir_queries import as_operation, ops_named
+from .ir_queries import clone_ops, ops_named
 
 # The combiners a window body may apply, as the arith op that applies them to floats.
 _COMBINERS = {"stablehlo.maximum": "arith.maximumf", "stablehlo.minimum": "arith.minimumf",
@@ -150,18 +150,10 @@ def lower_reduce_windows(module) -> int:
             function = parsed.body.operations[0]
             body = function.regions[0].blocks[0]
             mapping = {body.arguments[0]: op.operands[0], body.arguments[1]: op.operands[1]}
-            returned = None
+            operations = list(body.operations)
+            returned = operations.pop().operands[0]      # the body ends in func.return
             with ir.InsertionPoint(op):
-                for original in body.operations:
-                    if original.operation.name == "func.return":
-                        returned = original.operands[0]
-                        break
-                    copy = as_operation(original).clone()
-                    for i, operand in enumerate(copy.operands):
-                        if operand in mapping:
-                            copy.operands[i] = mapping[operand]
-                    for old, new in zip(original.results, copy.results):
-                        mapping[old] = new
+                clone_ops(operations, mapping)
             op.results[0].replace_all_uses_with(mapping[returned])
             op.erase()
             rewritten += 1
