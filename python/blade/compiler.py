@@ -374,11 +374,12 @@ def _none_inputs(graph, inputs: Tuple) -> List[int]:
 
 
 def _dynamic_groups(module, inputs: Tuple, config: Config):
-    """The groups of input dims that vary (see blade.dynamic_shapes) and the example inputs
-    resized along all of them, for materialize_types; nothing without Config.dynamic."""
+    """The groups of input dims that vary (see blade.dynamic_shapes) and copies of the
+    example inputs resized along all of them (`resized_variants`), for materialize_types;
+    nothing without Config.dynamic."""
     if not config.dynamic:
         return [], []
-    from .dynamic_shapes import find_dynamic_groups, with_groups_resized
+    from .dynamic_shapes import find_dynamic_groups, resized_variants
 
     # A function of its own over a copy of the graph: running `module` itself would make
     # TorchScript cache an execution plan of the graph that simplify is about to rewrite.
@@ -389,7 +390,7 @@ def _dynamic_groups(module, inputs: Tuple, config: Config):
             probe(module._c, *xs)
 
     groups = find_dynamic_groups(run, inputs, config.dynamic_dims)
-    return groups, ([with_groups_resized(inputs, groups)] if groups else [])
+    return groups, (resized_variants(run, inputs, groups) if groups else [])
 
 
 def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptModule:

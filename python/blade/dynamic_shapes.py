@@ -10,11 +10,11 @@ makes the run fail and stays static. Size-1 dims are never probed (they broadcas
 
 Resized copies repeat the original's slices cyclically (`index_select` with `i % n`), so
 token ids stay valid ids and masks stay masks. `materialize_types` then runs the graph on
-the example inputs and on one copy with every dynamic group resized (to distinct sizes),
-and the dims whose sizes differed become shape symbols.
+the example inputs and on copies with every dynamic group resized (to distinct sizes,
+see `resized_variants`), and the dims whose sizes differed become shape symbols.
 """
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -32,13 +32,43 @@ def resized(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return t.index_select(dim, index)
 
 
-def with_groups_resized(inputs: Tuple, groups: List[DynamicGroup]) -> Tuple:
-    """A copy of `inputs` where group k's dims have size `size + k + 1`."""
+def with_groups_resized(inputs: Tuple, groups: List[DynamicGroup],
+                        sizes: Optional[List[int]] = None) -> Tuple:
+    """A copy of `inputs` where group k's dims have size `sizes[k]` (`size + k + 1` by
+    default)."""
     result = list(inputs)
     for k, group in enumerate(groups):
+        size = group.size + k + 1 if sizes is None else sizes[k]
         for position, dim in group.dims:
-            result[position] = resized(result[position], dim, group.size + k + 1)
+            result[position] = resized(result[position], dim, size)
     return tuple(result)
+
+
+def resized_variants(run: Callable[[Tuple], object], inputs: Tuple,
+                     groups: List[DynamicGroup]) -> List[Tuple]:
+    """Copies of `inputs` with every dynamic group resized, for materialize_types: a dim of
+    an intermediate or output whose size is the example's in all of them stays static.
+    One variant grows each group a little (`size + k + 1`, as find_dynamic_groups ran it),
+    but sizes computed through strides and pooling can round back to the example's (12 and
+    14 both give 3 after a stride-2 convolution and a 2x2 pool, and a static 3 would be a
+    wrong shape for other sizes). So a second variant about doubles each group
+    (`2 * size + k + 3`), which changes such a size for any stride up to the example's
+    size; if the model refuses that, about halves it (`size // 2 + k + 1`) if that is
+    another size."""
+    variants = [with_groups_resized(inputs, groups)]
+    for sizes in ([2 * g.size + k + 3 for k, g in enumerate(groups)],
+                  [g.size // 2 + k + 1 for k, g in enumerate(groups)]):
+        if any(size in (g.size, g.size + k + 1)
+               for k, (g, size) in enumerate(zip(groups, sizes))):
+            continue
+        candidate = with_groups_resized(inputs, groups, sizes)
+        try:
+            run(candidate)
+        except Exception:  # the model does not take these sizes: try the next variant
+            continue
+        variants.append(candidate)
+        break
+    return variants
 
 
 def _groups_by_size(dims: List[Dim], inputs: Tuple) -> List[DynamicGroup]:

@@ -147,6 +147,30 @@ def test_ceil_mode_pooling(pool, exact, partial):
             torch.testing.assert_close(optimized(x), model(x), rtol=1e-5, atol=1e-6)
 
 
+class StridedPool(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return F.max_pool2d(torch.relu(self.conv(x)), 2)
+
+
+def test_sizes_that_round_alike_stay_dynamic():
+    """From 12x12 and from 14x14 (the first resized copy) a stride-2 convolution and a 2x2
+    pool both give 3x3: the output size must still follow the input's (the second, about
+    doubled copy tells them apart), or other sizes would get a 3x3 result."""
+    torch.manual_seed(0)
+    model = StridedPool().eval()
+    optimized = blade.optimize(model, (torch.randn(2, 8, 12, 12),), blade.Config(dynamic=True))
+    with torch.no_grad():
+        for shape in ((1, 8, 17, 17), (2, 8, 9, 9), (2, 8, 16, 16), (2, 8, 12, 12)):
+            x = torch.randn(shape)
+            torch.testing.assert_close(optimized(x), model(x), rtol=1e-5, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == 4 and report.runtime_fallbacks == 0, str(report)
+
+
 class Stem(torch.nn.Module):
     """A ResNet stem: strided conv, BatchNorm, ReLU, padded max pool, a residual block and
     global average pooling into a linear head."""
