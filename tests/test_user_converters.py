@@ -84,10 +84,13 @@ def test_broken_user_converter_falls_back_with_its_name_in_the_report():
         model = Lambda(lambda x: torch.relu(x) * 2.0)
         optimized = blade.optimize(model, (x,), TRACE)
         report = blade.report(optimized)
-        assert not report.clusters and report.compile_errors
-        assert "wrong_type" in report.compile_errors[0]
+        assert report.compile_errors and "wrong_type" in report.compile_errors[0]
         assert "expected ['tensor<4x8xf32>']" in report.compile_errors[0]
+        # The failure names the relu: it stays TorchScript, the mul is compiled without it.
+        assert "wrong_type" in report.unsupported["aten::relu"].reasons[0]
+        assert [c.ops for c in report.clusters] == [{"aten::mul.Tensor": 1}]
         assert_same(optimized(x), model(x))
+        assert blade.report(optimized).clusters[0].calls == 1
     finally:
         blade.unregister_converter(converter)
 

@@ -237,8 +237,16 @@ c10::Symbol cluster_kind() {
   return c10::prim::FunctionalGraph;
 }
 
-void dissolve_cluster(Node* cluster) {
+std::vector<Node*> dissolve_cluster(Node* cluster) {
+  // The subgraph is inlined right before the cluster node, one clone per node in order.
+  Node* before = cluster->prev();
+  Node* after = cluster->next();
   SubgraphUtils::unmergeSubgraph(cluster);
+  std::vector<Node*> moved;
+  for (Node* n = before->next(); n != after; n = n->next()) {
+    moved.push_back(n);
+  }
+  return moved;
 }
 
 ClusterResult cluster_supported_nodes(const std::shared_ptr<torch::jit::Graph>& graph,

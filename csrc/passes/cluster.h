@@ -43,7 +43,9 @@ ClusterResult cluster_supported_nodes(const std::shared_ptr<torch::jit::Graph>& 
 // The kind of the nodes cluster_supported_nodes creates.
 c10::Symbol cluster_kind();
 
-// Moves a cluster's nodes back into the graph and removes the cluster node.
-void dissolve_cluster(torch::jit::Node* cluster);
+// Moves a cluster's nodes back into the graph and removes the cluster node. Returns the
+// moved nodes in the order of the cluster's subgraph (constants included), so the k-th
+// node of the subgraph is the k-th one returned.
+std::vector<torch::jit::Node*> dissolve_cluster(torch::jit::Node* cluster);
 
 }  // namespace blade::passes

@@ -76,7 +76,9 @@ PYBIND11_MODULE(_C, m) {
       py::arg("graph"), py::arg("supported"), py::arg("compute"), py::arg("min_compute_ops"),
       py::return_value_policy::reference);
 
-  m.def("dissolve_cluster", &passes::dissolve_cluster, py::arg("cluster"));
+  m.def("dissolve_cluster", &passes::dissolve_cluster, py::arg("cluster"),
+        py::return_value_policy::reference,
+        "Inlines a cluster back into its graph; returns its nodes in subgraph order.");
   m.def("split_to_slices", &passes::split_to_slices, py::arg("graph"),
         "Splits unpacked right away become slices; returns how many were rewritten.");
   m.def("decompose", &passes::decompose, py::arg("graph"), py::arg("overload"), py::arg("body"),

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
@@ -30,6 +30,7 @@ from . import layouts, library_calls, parallel
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
+from .importer import failing_node
 from .pooling import lower_reduce_windows
 from .shape_assumptions import (annotate_broadcasts, drop_identity_broadcasts,
                                 lower_dynamic_reshapes)
@@ -38,7 +39,32 @@ STAGES = ("torch_to_stablehlo", "stablehlo_to_linalg", "bufferize", "linalg_to_l
 
 
 class CodegenError(Exception):
-    """A compilation stage failed; the message names the stage and MLIR's diagnostics."""
+    """A compilation stage failed; the message names the stage and MLIR's diagnostics.
+    `node_index` is the index in the cluster of the node whose ops failed, when MLIR's
+    diagnostics locate the failure (see importer.node_location), else None; `summary` is
+    one line saying what failed."""
+
+    def __init__(self, message: str, node_index: Optional[int] = None,
+                 summary: Optional[str] = None):
+        super().__init__(message)
+        self.node_index = node_index
+        self.summary = summary or message.splitlines()[0]
+
+    @classmethod
+    def from_mlir(cls, what: str, error: Exception) -> "CodegenError":
+        """`what` failed with `error`, an MLIRError whose diagnostics (with their locations)
+        say why and where."""
+        diagnostics = list(getattr(error, "error_diagnostics", None) or ())
+        locations = []
+        for diagnostic in diagnostics:
+            locations.append(str(diagnostic.location))
+            locations.extend(str(note.location) for note in diagnostic.notes)
+        summary = None
+        if diagnostics:
+            # The first line, without the op that some messages print after ": %".
+            first = str(diagnostics[0].message).splitlines()[0].split(": %")[0]
+            summary = f"{what}: {first[:200]}"
+        return cls(f"{what}: {error}", failing_node(locations), summary)
 
 
 @dataclass
@@ -63,7 +89,7 @@ def _run_stage(module, stage: str) -> None:
         with module.context:
             passmanager.PassManager.parse(pipeline).run(module.operation)
     except Exception as e:  # MLIR raises MLIRError with the diagnostics attached
-        raise CodegenError(f"stage {stage} failed: {e}") from None
+        raise CodegenError.from_mlir(f"stage {stage} failed", e) from None
 
 
 def _entry_wrapper(num_args: int, returns_outputs: bool = False) -> str:
@@ -124,7 +150,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
         try:
             module = ir.Module.parse(text)
         except Exception as e:
-            raise CodegenError(f"the imported torch-dialect IR does not parse: {e}") from None
+            raise CodegenError.from_mlir("the imported torch-dialect IR does not parse",
+                                         e) from None
         record("torch", lambda: str(module))
         for stage in STAGES:
             start = time.perf_counter()
@@ -283,14 +310,17 @@ def _emit_object(module, path: Path, opt_level: int = LLVM_OPT_LEVEL) -> None:
 
 
 def _inline_user_converters(module, user_calls) -> None:
-    from .user_converters import fill_bodies
+    from .user_converters import ConverterError, fill_bodies
 
-    fill_bodies(module, user_calls)
+    try:
+        fill_bodies(module, user_calls)
+    except ConverterError as e:
+        raise CodegenError(str(e), e.node_index) from e
     try:
         passmanager.PassManager.parse("builtin.module(inline, symbol-dce)").run(
             module.operation)
     except Exception as e:
-        raise CodegenError(f"inlining user converters failed: {e}") from None
+        raise CodegenError.from_mlir("inlining user converters failed", e) from None
 
 
 def _mark_arguments(main) -> None:

@@ -13,7 +13,7 @@ import torch
 from . import _C, converters  # noqa: F401  (importing converters registers the built-ins)
 from .config import Config
 from .dump import Dumper, Progress
-from .registry import REGISTRY, SCALAR_TYPE_NAMES, Verdict, schema_name
+from .registry import REGISTRY, SCALAR_TYPE_NAMES, Verdict, describe, schema_name
 from .report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 
 ENGINE_PREFIX = "blade_engine_"
@@ -249,11 +249,17 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     return decomposed, unspecialized
 
 
-def _verdicts(graph, config: Config) -> Dict[torch._C.Node, Verdict]:
+def _verdicts(nodes: Sequence[torch._C.Node], config: Config,
+              failed: Dict[torch._C.Node, str] = None) -> Dict[torch._C.Node, Verdict]:
+    """The registry's verdict on each node (constants left out); the `failed` ones, nodes
+    whose code failed to compile, are refused with the given reason."""
     verdicts = {}
-    nodes = _all_nodes(graph)
+    failed = failed or {}
     for node in nodes:
         if node.kind() == "prim::Constant":
+            continue
+        if node in failed:
+            verdicts[node] = Verdict(None, "conversion_failed", failed[node])
             continue
         verdicts[node] = REGISTRY.check(node, config.excluded_ops,
                                         static_shapes=not config.dynamic)
@@ -280,6 +286,125 @@ def _specs(*groups) -> List[List[str]]:
         return f"{SCALAR_TYPE_NAMES[t.scalarType()]}[{','.join(dims)}]"
 
     return [[spec(v) for v in group] for group in groups]
+
+
+# How many times the nodes of one cluster are clustered again after a failure named a node.
+MAX_RECLUSTER_ROUNDS = 4
+
+
+def _input_signature(node: torch._C.Node) -> Tuple:
+    return tuple((str(v.type()), repr(v.toIValue()) if v.node().kind() == "prim::Constant"
+                  else None) for v in node.inputs())
+
+
+def _failed_nodes(moved: Sequence[torch._C.Node], size: int,
+                  node_index: Optional[int]) -> List[torch._C.Node]:
+    """The dissolved cluster's node that a compile error named, followed by the nodes of the
+    same op on inputs of the same types and constants (which would fail alike); empty when
+    the error names no compute node."""
+    if node_index is None or len(moved) != size or not 0 <= node_index < size:
+        return []
+    node = moved[node_index]
+    if not is_tensor_op(node) or node.kind() == "prim::ListConstruct":
+        return []
+    twins = [n for n in moved if n is not node and n.kind() == node.kind() and
+             schema_name(n) == schema_name(node) and
+             _input_signature(n) == _input_signature(node)]
+    return [node] + twins
+
+
+def _cluster(graph, verdicts: Dict[torch._C.Node, Verdict], config: Config,
+             report: Report) -> List:
+    """Clusters the supported nodes of `verdicts`; the ops of clusters dissolved again (too
+    small, non-tensor boundary) are reported. The caller's node handles are invalid after
+    this: clustering moves nodes into subgraphs."""
+    supported = [n for n, v in verdicts.items() if v.supported]
+    compute = [n for n in supported if verdicts[n].converter.compute]
+    clusters, dissolved = _C.cluster_supported_nodes(graph, supported, compute,
+                                                     config.min_cluster_size)
+    for d in dissolved:
+        for kind in d.node_kinds:
+            if not kind.startswith("prim::"):
+                report.add_unsupported(kind, f"supported, but not clustered: {d.reason}")
+    return clusters
+
+
+def _dissolve_failed(cluster, error: Exception, message: str, ops: Dict[str, int],
+                     config: Config, report: Report,
+                     may_retry: bool) -> Dict[torch._C.Node, Verdict]:
+    """Puts a cluster that failed to compile back into TorchScript and reports why. When
+    `may_retry` and the error names its node, returns the verdicts to cluster the other
+    nodes again with (that node and its twins refused); else only reports the ops."""
+    size = len(list(cluster.g("Subgraph").nodes()))
+    moved = _C.dissolve_cluster(cluster)
+    summary = getattr(error, "summary", None) or (str(error).splitlines() or [""])[0]
+    reason = f"conversion failed: {summary}"
+    failed = _failed_nodes(moved, size, getattr(error, "node_index", None)) if may_retry \
+        else []
+    if not failed:
+        report.compile_errors.append(message)
+        for kind, count in ops.items():
+            for _ in range(count):
+                report.add_unsupported(kind, reason)
+        return {}
+    twins = f" and {len(failed) - 1} like it" if len(failed) > 1 else ""
+    report.compile_errors.append(f"{message}\n(left in TorchScript: {describe(failed[0])}"
+                                 f"{twins}; the rest of the cluster is compiled again)")
+    for node in failed:
+        report.add_unsupported(schema_name(node), reason)
+    return _verdicts(moved, config, {n: reason for n in failed})
+
+
+def _compile_clusters(module, graph, clusters: List, config: Config, report: Report,
+                      dump: Dumper) -> None:
+    """Swaps each cluster for an engine, or dissolves it back into TorchScript when it
+    fails to compile. In rounds: when a failure names its node, the nodes of the clusters
+    that failed so are clustered again without those nodes once the round is over (when
+    no cluster node is left in the graph to merge with), and the new clusters compiled."""
+    cpu_features = ""
+    if clusters and not config.dry_run:
+        from .codegen import host_cpu_features
+        cpu_features = host_cpu_features()
+    progress = Progress(len(clusters), "compiling clusters",
+                        config.progress and not config.dry_run)
+    index = 0
+    for rounds in range(MAX_RECLUSTER_ROUNDS + 1):
+        retry: Dict[torch._C.Node, Verdict] = {}
+        for cluster in clusters:
+            ops = _op_counts(cluster.g("Subgraph"))
+            entry = ClusterReport(f"{ENGINE_PREFIX}{index}", ops,
+                                  *_signatures(cluster.inputs(), cluster.outputs()))
+            index += 1
+            if config.dry_run:
+                entry.compiled = False
+                entry.status = "dry run: not compiled"
+                report.clusters.append(entry)
+                _C.dissolve_cluster(cluster)
+                continue
+            cluster_dump = dump.cluster(entry.name)
+            start = time.perf_counter()
+            try:
+                compiled = _compile_cluster(module, cluster, index - 1, config, cpu_features,
+                                            cluster_dump)
+                entry.library_calls = compiled.library_calls
+                entry.fused_attention = compiled.fused_attention
+                entry.parallel_loops = compiled.parallel_loops
+                report.compiled_ops += sum(ops.values())
+                report.clusters.append(entry)
+                cluster_dump.finish({**cluster_dump.seconds,
+                                     "total": time.perf_counter() - start})
+            except Exception as e:  # any failure of one cluster: it stays TorchScript
+                message = f"{entry.name} ({', '.join(sorted(ops))}): {type(e).__name__}: {e}"
+                cluster_dump.finish({**cluster_dump.seconds,
+                                     "total": time.perf_counter() - start}, error=message)
+                retry.update(_dissolve_failed(cluster, e, message, ops, config, report,
+                                              may_retry=rounds < MAX_RECLUSTER_ROUNDS))
+            progress.step(entry.name)
+        if not retry:
+            return
+        clusters = _cluster(graph, retry, config, report)
+        del retry
+        progress.total += len(clusters)
 
 
 def _signatures(inputs, outputs) -> Tuple[str, str]:
@@ -310,6 +435,9 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     subgraph = cluster.g("Subgraph").copy()
     dump.write("0_torchscript.txt", str(subgraph))
     start = time.perf_counter()
+    # Positions in the cluster, taken before constants are lifted out: the ops of node k
+    # are located at importer.node_location(k), which a CodegenError reports back.
+    node_indices = {node: k for k, node in enumerate(subgraph.nodes())}
     params = _C.lift_tensor_constants(subgraph)
     fallback_ir = _C.fallback_ir(subgraph)
 
@@ -321,7 +449,8 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
         return REGISTRY.check(node, config.excluded_ops,
                               static_shapes=not config.dynamic).converter
 
-    imported = import_subgraph(subgraph, converter_for=converter_for, params=params)
+    imported = import_subgraph(subgraph, converter_for=converter_for, params=params,
+                               node_indices=node_indices)
     dump.seconds["import"] = time.perf_counter() - start
     input_specs, output_specs = _signatures(cluster.inputs(), cluster.outputs())
     # Outputs of dynamic size are allocated and returned by the code, not passed to it.
@@ -420,7 +549,7 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
 
     report = Report(dry_run=config.dry_run, decomposed=decomposed,
                     dynamic_dims=[[f"input {p} dim {d}" for p, d in g.dims] for g in groups])
-    verdicts = _verdicts(graph, config)
+    verdicts = _verdicts(_all_nodes(graph), config)
     for node, verdict in verdicts.items():
         if not is_tensor_op(node):
             continue
@@ -432,57 +561,11 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
         report.total_ops += 1
         if not verdict.supported:
             report.add_unsupported(schema_name(node), verdict.reason)
-    supported = [n for n, v in verdicts.items() if v.supported]
-    compute = [n for n in supported if verdicts[n].converter.compute]
-    # Clustering moves nodes into subgraphs: the Python handles above are invalid after it.
+    clusters = _cluster(graph, verdicts, config, report)
     del verdicts
-    clusters, dissolved = _C.cluster_supported_nodes(graph, supported, compute,
-                                                     config.min_cluster_size)
-    del supported, compute
     dump.graph("clustered", graph, always=True)
-    for d in dissolved:
-        for kind in d.node_kinds:
-            if not kind.startswith("prim::"):
-                report.add_unsupported(kind, f"supported, but not clustered: {d.reason}")
 
-    cpu_features = ""
-    if clusters and not config.dry_run:
-        from .codegen import host_cpu_features
-        cpu_features = host_cpu_features()
-    progress = Progress(len(clusters), "compiling clusters",
-                        config.progress and not config.dry_run)
-    for index, cluster in enumerate(clusters):
-        ops = _op_counts(cluster.g("Subgraph"))
-        entry = ClusterReport(f"{ENGINE_PREFIX}{index}", ops,
-                              *_signatures(cluster.inputs(), cluster.outputs()))
-        if config.dry_run:
-            entry.compiled = False
-            entry.status = "dry run: not compiled"
-            report.clusters.append(entry)
-            _C.dissolve_cluster(cluster)
-            continue
-        cluster_dump = dump.cluster(entry.name)
-        start = time.perf_counter()
-        try:
-            compiled = _compile_cluster(module, cluster, index, config, cpu_features,
-                                        cluster_dump)
-            entry.library_calls = compiled.library_calls
-            entry.fused_attention = compiled.fused_attention
-            entry.parallel_loops = compiled.parallel_loops
-            report.compiled_ops += sum(ops.values())
-            report.clusters.append(entry)
-            cluster_dump.finish({**cluster_dump.seconds,
-                                 "total": time.perf_counter() - start})
-        except Exception as e:  # any failure of one cluster: it stays TorchScript
-            message = f"{entry.name} ({', '.join(sorted(ops))}): {type(e).__name__}: {e}"
-            cluster_dump.finish({**cluster_dump.seconds, "total": time.perf_counter() - start},
-                                error=message)
-            report.compile_errors.append(message)
-            for kind, count in ops.items():
-                for _ in range(count):
-                    report.add_unsupported(kind, f"conversion failed: {str(e).splitlines()[0]}")
-            _C.dissolve_cluster(cluster)
-        progress.step(entry.name)
+    _compile_clusters(module, graph, clusters, config, report, dump)
     torch._C._jit_pass_dce(graph)
     _guard(module, graph, unspecialized, none_inputs, config)
     dump.graph("final", graph, always=True)

@@ -8,6 +8,7 @@ node's operands in schema order and the materialized types as `!torch.vtensor<[4
 accepts, so no per-op printing code is needed. The text is parsed and verified by MLIR.
 """
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -90,6 +91,8 @@ class _Emitter:
         self.names: Dict[torch._C.Value, str] = {}
         self.counter = 0
         self.converter_for = converter_for
+        self.location = ""  # ` loc("blade_node_K")` of the node being emitted
+        self.node_index: Optional[int] = None  # its K
 
     def fresh(self) -> str:
         self.counter += 1
@@ -100,7 +103,7 @@ class _Emitter:
         lhs = (", ".join(results) + " = ") if results else ""
         self.lines.append(
             f"    {lhs}\"{op}\"({', '.join(operands)}){attrs} : "
-            f"({', '.join(operand_types)}) -> ({', '.join(result_types)})")
+            f"({', '.join(operand_types)}) -> ({', '.join(result_types)}){self.location}")
 
     def scalar(self, name: str, t, ivalue) -> bool:
         """Emits a constant of a scalar type; False when `t` is not one."""
@@ -160,7 +163,8 @@ class _Emitter:
         self.declarations.append(
             f"  func.func private @{function}({', '.join(operand_types)}) -> "
             f"({', '.join(result_types)})")
-        self.user_calls.append(UserCall(function, converter, node, constant_arguments(node)))
+        self.user_calls.append(UserCall(function, converter, node, constant_arguments(node),
+                                        self.node_index))
         for value, name in zip(node.outputs(), results):
             self.names[value] = name
 
@@ -266,13 +270,34 @@ def _computed_size(node: torch._C.Node) -> bool:
         any(v.node().kind() != "prim::Constant" for v in producer.inputs())
 
 
+def node_location(index: int) -> str:
+    """The MLIR location name of the cluster's node `index`: every op written for the node
+    carries it, and MLIR's diagnostics name it, so a failure deep in the pipeline points
+    back at the node (see `failing_node`)."""
+    return f"blade_node_{index}"
+
+
+_NODE_LOCATION = re.compile(r'"blade_node_(\d+)"')
+
+
+def failing_node(locations: Sequence[str]) -> Optional[int]:
+    """The node index in the first of `locations` (MLIR location texts) that names one."""
+    for location in locations:
+        match = _NODE_LOCATION.search(location)
+        if match:
+            return int(match.group(1))
+    return None
+
+
 def import_subgraph(subgraph: torch._C.Graph, func_name: str = "main",
                     converter_for: Optional[Callable] = None,
-                    params: Sequence[torch.Tensor] = ()) -> ImportedModule:
+                    params: Sequence[torch.Tensor] = (),
+                    node_indices: Optional[Dict[torch._C.Node, int]] = None) -> ImportedModule:
     """The subgraph as torch-dialect MLIR text, one function `func_name` (plus a private
     declaration per node that `converter_for(node)` gives a user converter for).
     `params` are the values of the subgraph's trailing inputs (lifted constants): finite
-    0-d float ones are read as literals.
+    0-d float ones are read as literals. Each op is located at `node_location(k)`, with k
+    the node's `node_indices` entry (by default its position in the subgraph).
 
     Example:
         >>> imported = import_subgraph(cluster_node.g("Subgraph"))
@@ -297,11 +322,14 @@ def import_subgraph(subgraph: torch._C.Graph, func_name: str = "main",
                          f" {{value = dense<{_float_literal(known.item())}> : "
                          f"tensor<{element}>}}")
             emitter.names[value] = literal
-    for node in subgraph.nodes():
+    for position, node in enumerate(subgraph.nodes()):
+        emitter.node_index = position if node_indices is None else node_indices[node]
+        emitter.location = f' loc("{node_location(emitter.node_index)}")'
         try:
             emitter.node(node)
         except ImportError_ as e:
             raise ImportError_(f"{describe(node)}: {e}") from None
+    emitter.location, emitter.node_index = "", None
     outputs = list(subgraph.outputs())
     result_types = [value_type(v.type()) for v in outputs]
     body = "\n".join(emitter.lines)

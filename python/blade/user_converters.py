@@ -24,12 +24,18 @@ from torch_mlir import ir
 from torch_mlir.dialects import func
 
 from . import dtypes
+from .importer import node_location
 from .registry import (REGISTRY, USER_PRIORITY, Converter, constant_arguments,  # noqa: F401
                        schema_name)
 
 
 class ConverterError(Exception):
-    """A user converter failed or built invalid IR; the message names it and the node."""
+    """A user converter failed or built invalid IR; the message names it and the node, and
+    `node_index` is the node's index in its cluster (see importer.node_location)."""
+
+    def __init__(self, message: str, node_index: Optional[int] = None):
+        super().__init__(message)
+        self.node_index = node_index
 
 
 @dataclass
@@ -39,6 +45,7 @@ class UserCall:
     converter: Converter
     node: torch._C.Node
     arguments: Dict[str, Any]  # non-tensor arguments by schema name, as Python values
+    node_index: Optional[int] = None  # the node's index in its cluster
 
 
 class ConversionContext:
@@ -141,7 +148,7 @@ def _origin(fn) -> str:
 def fill_bodies(module, calls: Sequence[UserCall]) -> None:
     """Builds the body of each `@blade_user_N` declaration by running its converter."""
     by_name = {c.function: c for c in calls}
-    with module.context, ir.Location.unknown():
+    with module.context:
         for op in list(module.body.operations):
             if op.operation.name != "func.func":
                 continue
@@ -149,24 +156,34 @@ def fill_bodies(module, calls: Sequence[UserCall]) -> None:
             call = by_name.get(name)
             if call is None:
                 continue
-            function_type = ir.FunctionType(op.type)
-            block = op.add_entry_block()
-            what = f"converter {call.converter.origin} for {schema_name(call.node)}"
-            ctx = ConversionContext(call.node, block.arguments, call.arguments,
-                                    function_type.results, block)
-            try:
-                results = call.converter.lower(ctx)
-            except Exception as e:
-                raise ConverterError(f"{what} raised {type(e).__name__}: {e}") from e
-            results = [results] if isinstance(results, ir.Value) else list(results)
-            expected = [str(t) for t in function_type.results]
-            got = [str(r.type) for r in results]
-            if got != expected:
-                raise ConverterError(f"{what} returned values of types {got}, expected "
-                                     f"{expected}")
-            with ir.InsertionPoint(block):
-                func.ReturnOp(results)
-            try:
-                op.operation.verify()
-            except Exception as e:
-                raise ConverterError(f"{what} built IR that does not verify: {e}") from None
+            # The converter's ops carry the node's location, so a later stage that fails
+            # on one of them names the node.
+            location = ir.Location.unknown() if call.node_index is None else \
+                ir.Location.name(node_location(call.node_index))
+            with location:
+                _fill_body(op, call)
+
+
+def _fill_body(op, call: UserCall) -> None:
+    function_type = ir.FunctionType(op.type)
+    block = op.add_entry_block()
+    what = f"converter {call.converter.origin} for {schema_name(call.node)}"
+    ctx = ConversionContext(call.node, block.arguments, call.arguments, function_type.results,
+                            block)
+    try:
+        results = call.converter.lower(ctx)
+    except Exception as e:
+        raise ConverterError(f"{what} raised {type(e).__name__}: {e}", call.node_index) from e
+    results = [results] if isinstance(results, ir.Value) else list(results)
+    expected = [str(t) for t in function_type.results]
+    got = [str(r.type) for r in results]
+    if got != expected:
+        raise ConverterError(f"{what} returned values of types {got}, expected {expected}",
+                             call.node_index)
+    with ir.InsertionPoint(block):
+        func.ReturnOp(results)
+    try:
+        op.operation.verify()
+    except Exception as e:
+        raise ConverterError(f"{what} built IR that does not verify: {e}",
+                             call.node_index) from None

@@ -1,9 +1,11 @@
 """Clustering: no cycles, nested blocks, min size, excluded ops, compile-time fallback."""
+import re
+
 import torch
 from torch.testing import FileCheck
 
 import blade
-from helpers import assert_same, run_compiled
+from helpers import Lambda, assert_same, run_compiled
 
 
 class CycleProne(torch.nn.Module):
@@ -75,6 +77,8 @@ def test_failing_cluster_falls_back_and_model_runs(monkeypatch):
     assert not report.clusters and report.compiled_ops == 0
     assert len(report.compile_errors) == 2
     assert "injected by the test" in report.compile_errors[0]
+    # An error that names no node leaves its whole cluster in TorchScript.
+    assert "left in TorchScript" not in report.compile_errors[0]
     assert "blade::execute" not in str(optimized.graph)
     assert_same(optimized(x), CycleProne()(x))
 
@@ -157,3 +161,83 @@ def test_outputs_that_compile_to_one_value_get_their_own_buffers():
     assert a.data_ptr() != b.data_ptr()
     a.add_(1.0)
     assert_same(b, x * 2.0)
+
+
+class WithDeterminant(torch.nn.Module):
+    """Elementwise ops around linalg_det, which no pipeline stage lowers (the test accepts
+    it in the registry to stand for an op whose conversion fails)."""
+
+    def forward(self, x):
+        a = torch.sigmoid(x) * 2.0
+        d = torch.linalg.det(a)
+        e = torch.linalg.det(a * 0.5)  # the same op on the same types: a twin
+        return a.sum(dim=(1, 2)) * 0.5 + torch.tanh(d) + e
+
+
+def _accept_in_registry(schema):
+    from blade.dtypes import DtypeRule
+    from blade.registry import REGISTRY, Converter
+
+    return REGISTRY.register(Converter(schema, dtype_rule=DtypeRule(
+        args={"*": ("float32",)}, result="same"), priority=100, origin="test"))
+
+
+def test_a_failing_node_stays_torchscript_and_the_rest_compiles():
+    converter = _accept_in_registry("aten::linalg_det")
+    try:
+        x = torch.randn(3, 4, 4)
+        optimized, report = run_compiled(WithDeterminant(), (x,), min_compiled_ops=6)
+        # Both determinants (the failing node and its twin) run as TorchScript, every other
+        # op compiled after one failed attempt.
+        reasons = report.unsupported["aten::linalg_det"].reasons
+        assert report.unsupported["aten::linalg_det"].count == 2, str(report)
+        assert "failed to legalize operation 'torch.aten.linalg_det'" in reasons[0], reasons
+        assert len(report.compile_errors) == 1, str(report)
+        assert "left in TorchScript: aten::linalg_det" in report.compile_errors[0]
+        assert "and 1 like it" in report.compile_errors[0]
+        assert report.compiled_ops == report.total_ops - 2, str(report)
+        assert "%" not in reasons[0], reasons  # the reason is one line, not the op's IR
+    finally:
+        blade.unregister_converter(converter)
+
+
+def test_recompiling_after_failures_is_bounded(monkeypatch):
+    from blade import codegen
+
+    attempts = []
+
+    def always_blames_the_first_op(text, *args, **kwargs):
+        attempts.append(1)
+        first = re.search(r'"torch\.aten\..*loc\("blade_node_(\d+)"\)', text)
+        raise codegen.CodegenError("stage bufferize failed: injected",
+                                   node_index=int(first.group(1)))
+
+    monkeypatch.setattr(codegen, "compile_torch_mlir", always_blames_the_first_op)
+    x = torch.randn(4, 8)
+    model = Lambda(lambda x: ((((x.exp() * 2.0).tanh() + 1.0).sin() - 3.0).cos() / 4.0).abs())
+    optimized = blade.optimize(model, (x,), blade.Config(allow_tracing=True))
+    report = blade.report(optimized)
+    assert len(attempts) == 1 + blade.compiler.MAX_RECLUSTER_ROUNDS
+    assert not report.clusters and report.compiled_ops == 0
+    assert_same(optimized(x), model(x))
+
+
+class DeterminantBeforeTopk(torch.nn.Module):
+    """Two clusters cut apart by topk (no converter); the first holds linalg_det."""
+
+    def forward(self, x):
+        a = torch.sigmoid(x) * 2.0
+        b = torch.tanh(torch.linalg.det(a)) + a.sum(dim=(1, 2))
+        return torch.exp(torch.topk(b, 2).values) * 3.0
+
+
+def test_a_failure_in_one_cluster_leaves_the_others_alone():
+    converter = _accept_in_registry("aten::linalg_det")
+    try:
+        x = torch.randn(3, 4, 4)
+        optimized, report = run_compiled(DeterminantBeforeTopk(), (x,))
+        # The exp cluster compiled first time; the failed one came back as two clusters.
+        assert len(report.clusters) == 3 and len(report.compile_errors) == 1, str(report)
+        assert report.compiled_ops == report.total_ops - 2, str(report)  # det, topk
+    finally:
+        blade.unregister_converter(converter)
