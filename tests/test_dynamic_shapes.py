@@ -160,6 +160,57 @@ def test_convolutions_of_dynamic_image_size():
     assert report.runtime_fallbacks == 0 and report.clusters[0].library_calls == 2, str(report)
 
 
+def test_group_norm_of_dynamic_size():
+    # GroupNorm's element count per group is a product over a dynamic shape
+    # (shape.num_elements), which the shape lowering has to take.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.GroupNorm(4, 16),
+                                torch.nn.SiLU()).eval()
+    optimized = blade.optimize(model, (torch.randn(2, 8, 12, 12),), DYNAMIC)
+    with torch.no_grad():
+        for shape in ((1, 8, 5, 5), (3, 8, 12, 12), (2, 8, 17, 17)):
+            x = torch.randn(*shape)
+            assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and not report.compile_errors, str(report)
+    assert report.clusters[0].inputs == "float32[s0,8,s1,s1]", str(report)
+    assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
+
+
+class Lookups(torch.nn.Module):
+    """Gathers whose sizes vary: an embedding of a dynamic token batch (a table that is a
+    param, read inside the loop) and index_select along a middle dim and along the first
+    dim of an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(50, 16)
+
+    def forward(self, tokens, rows, x):
+        e = self.table(tokens)                                   # [b, s, 16]
+        picked = torch.index_select(e, 1, rows)                  # [b, k, 16]
+        return picked.mean(1) * 2.0 + e.sum(1) + x.index_select(0, rows).sum(0)
+
+
+def test_gathers_of_dynamic_size():
+    torch.manual_seed(0)
+    model = Lookups().eval()
+
+    def inputs(b, s, k, n):
+        return (torch.randint(0, 50, (b, s)), torch.randint(0, min(s, n), (k,)),
+                torch.randn(n, 16))
+
+    optimized = blade.optimize(model, inputs(2, 7, 3, 9), DYNAMIC)
+    with torch.no_grad():
+        for sizes in ((1, 5, 1, 5), (4, 12, 6, 20), (3, 2, 9, 2)):
+            args = inputs(*sizes)
+            assert_same(optimized(*args), model(*args), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and not report.compile_errors, str(report)
+    assert len(report.clusters) == 1 and report.clusters[0].calls == 3, str(report)
+    assert report.runtime_fallbacks == 0, str(report)
+
+
 class HeadSplit(torch.nn.Module):
     """The attention idiom: a slice of a fused projection viewed as heads."""
 

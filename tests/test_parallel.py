@@ -42,6 +42,34 @@ def test_reductions_split_by_rows_and_a_reduction_over_rows_stays_serial():
     assert report.clusters[0].parallel_loops >= 2, str(report.clusters[0])
 
 
+def lower_triangle(x, b):
+    return torch.tril(x) * 2.0 + b
+
+
+def masked_rows_softmax(x, b):
+    return torch.softmax(torch.tril(x + b), dim=-1)
+
+
+def test_loops_reading_their_row_position_see_the_whole_buffers_rows():
+    # tril compares each element's row with its column: a task on rows [begin, end) must
+    # compare the row of the whole tensor, not of its block (it was wrong by up to 9.7).
+    for fn in (lower_triangle, masked_rows_softmax):    # one split loop; a group of rows
+        for threads in (2, 3):
+            report = check(fn, threads)
+            assert report.clusters[0].parallel_loops >= 1, str(report.clusters[0])
+
+
+def test_a_gather_reading_its_table_inside_the_loop_runs_in_parallel():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 64)).eval()
+    tokens = torch.randint(0, 1000, (32, 128))
+    optimized, report = run_compiled(model, (tokens,), blade.Config(dynamic=True))
+    assert report.clusters[0].parallel_loops == 1, str(report.clusters[0])
+    with torch.no_grad():
+        other = torch.randint(0, 1000, (8, 300))
+        assert_same(optimized(other), model(other))
+
+
 def test_small_loops_stay_serial():
     optimized, report = run_compiled(Lambda(chain), (torch.randn(8, 64), torch.randn(64)),
                                      TRACE)

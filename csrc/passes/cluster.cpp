@@ -63,6 +63,14 @@ class Clusterer {
       return {++consumer->reverseIterator(), false};
     }
     if (consumer->kind() != cluster_kind()) {
+      // Only a tensor op starts a cluster. Size arithmetic joins the one that uses it;
+      // a chain of it used only outside (a check that a size is not 1, say) would start a
+      // cluster that pulls in the ops producing the tensor it measures, and then have to
+      // pass an int out, dissolving them all.
+      const auto outputs = consumer->outputs();
+      if (std::none_of(outputs.begin(), outputs.end(), is_tensor)) {
+        return {++consumer->reverseIterator(), false};
+      }
       int64_t count = compute_count_[consumer];
       consumer = SubgraphUtils::createSingletonSubgraphAndUpdateAliasing(consumer, cluster_kind(),
                                                                          *alias_db_);

@@ -1,6 +1,9 @@
 """Questions about MLIR values that several code generation steps ask (library calls,
-attention, layouts, shape assumptions, pooling): which op produced a value, which ops use
-it, and which ops have a name; and the cloning of ops those steps rebuild."""
+attention, layouts, shape assumptions, pooling, gathers): which op produced a value, which
+ops use it, and which ops have a name; the cloning of ops those steps rebuild; and the
+replacement of an op by the body of a function written as text."""
+from typing import List
+
 from torch_mlir import ir
 
 
@@ -56,12 +59,77 @@ def ops_named(module, name: str) -> list:
 
 def clone_ops(operations, mapping: dict) -> dict:
     """Clones `operations` in order at the current insertion point, each reading the clone
-    of a value `mapping` maps (block arguments of the source, say, or earlier clones);
+    of a value `mapping` maps (block arguments of the source, say, or earlier clones), in
+    the ops of its regions too (a loop body reading a value defined before the loop);
     returns `mapping` with the results of every clone added."""
+    def remap(op):
+        for i, operand in enumerate(op.operands):
+            if operand in mapping:
+                op.operands[i] = mapping[operand]
+        return ir.WalkResult.ADVANCE
+
     for original in operations:
         copy = as_operation(original).clone()
-        for i, operand in enumerate(copy.operands):
-            if operand in mapping:
-                copy.operands[i] = mapping[operand]
+        copy.walk(remap)
         mapping.update(zip(original.results, copy.results))
     return mapping
+
+
+def replace_with_function_body(op, text: str, arguments) -> None:
+    """Replaces `op` (one result) by the body of the function `text` defines, its arguments
+    bound to `arguments` and its returned value taking the place of `op`'s result.
+
+    Example:
+        >>> replace_with_function_body(op, "func.func private @f(...) {...}", op.operands)
+    """
+    parsed = ir.Module.parse(text)  # owns the function while its ops are cloned
+    body = parsed.body.operations[0].regions[0].blocks[0]
+    mapping = dict(zip(body.arguments, arguments))
+    operations = list(body.operations)
+    returned = operations.pop().operands[0]      # the body ends in func.return
+    with ir.InsertionPoint(op):
+        clone_ops(operations, mapping)
+    op.results[0].replace_all_uses_with(mapping[returned])
+    op.erase()
+
+
+def generic_text(result: str, maps, iterators, ins, outs, block_arguments, body,
+                 yielded: str, element: str) -> List[str]:
+    """The lines of `%{result} = linalg.generic` in MLIR's text form, for the functions
+    Blade writes as text (pooling, gathers). `ins` and `outs` are (value, type) pairs,
+    `block_arguments` (name, type) pairs, `body` the lines before the yield of `yielded`.
+
+    Example:
+        >>> generic_text("out", maps, ['"parallel"'], [("%x", t)], [("%e", t)],
+        ...              [("%in", "f32"), ("%unused", "f32")], [], "%in", "f32")
+    """
+    def operands(pairs):
+        return f"{', '.join(v for v, _ in pairs)} : {', '.join(t for _, t in pairs)}"
+
+    out_type = outs[0][1]
+    arguments = ", ".join(f"{name}: {t}" for name, t in block_arguments)
+    return [f"  %{result} = linalg.generic {{indexing_maps = [{', '.join(maps)}], "
+            f"iterator_types = [{', '.join(iterators)}]}} ins({operands(ins)}) "
+            f"outs({operands(outs)}) {{",
+            f"  ^bb0({arguments}):",
+            *body,
+            f"    linalg.yield {yielded} : {element}",
+            f"  }} -> {out_type}"]
+
+
+def rewrite_each(module, name: str, replacement) -> int:
+    """Replaces each op named `name` for which `replacement(op)` gives the text of a
+    function of its first two operands (see `replace_with_function_body`); returns how
+    many were replaced.
+
+    Example:
+        >>> rewrite_each(module, "stablehlo.reduce_window", window_function_text)
+    """
+    rewritten = 0
+    with module.context, ir.Location.unknown():
+        for op in ops_named(module, name):
+            text = replacement(op)
+            if text is not None:
+                replace_with_function_body(op, text, list(op.operands)[:2])
+                rewritten += 1
+    return rewritten

@@ -97,9 +97,11 @@ def _plan(op):
     return bounds, split
 
 
-def _captured(op):
-    """Values the generic's body uses from outside it: (value, defining op) pairs, or None
-    if one is not a constant (then the op is not split)."""
+def _captured(op, buffers=None):
+    """Values the generic's body uses from outside it: (value, defining op) pairs of
+    constants, or None if one is neither a constant nor, when `buffers` (a list) is given,
+    a buffer the body only loads from (a gather's table); those are appended to `buffers`.
+    """
     inside = []
 
     def visit(inner):
@@ -110,18 +112,49 @@ def _captured(op):
     op.walk(visit)
     found = []
     for inner in inside:
-        for operand in inner.operands:
+        for position, operand in enumerate(inner.operands):
             owner = operand.owner
             if isinstance(owner, ir.Block):
-                continue          # the body's own arguments
-            owner_op = owner.operation if hasattr(owner, "operation") else owner
-            if any(owner_op == o for o in inside):
+                parent = owner.owner
+                parent = parent.operation if hasattr(parent, "operation") else parent
+                if parent == op or any(parent == o for o in inside):
+                    continue      # the body's own arguments
+                owner_op = None   # an argument of an enclosing block (main's, say)
+            else:
+                owner_op = owner.operation if hasattr(owner, "operation") else owner
+                if any(owner_op == o for o in inside):
+                    continue
+            if owner_op is not None and owner_op.name == "arith.constant":
+                if not any(operand == v for v, _ in found):
+                    found.append((operand, owner_op))
                 continue
-            if owner_op.name != "arith.constant":
+            loaded = inner.name == "memref.load" and position == 0
+            if buffers is None or not loaded:
                 return None
-            if not any(operand == v for v, _ in found):
-                found.append((operand, owner_op))
+            if not any(operand == b for b in buffers):
+                buffers.append(operand)
     return found
+
+
+def _shift_split_index(op, offset) -> None:
+    """In a loop nest cloned onto a view of rows that starts at row `offset`, the position
+    of the split (outermost) loop, `linalg.index 0`, counts from the view's start: it
+    becomes offset + that, the row of the whole buffer (tril compares it with the column,
+    a gather's body reads its indices at it)."""
+    found = []
+
+    def visit(inner):
+        if inner.name == "linalg.index" and ir.IntegerAttr(inner.attributes["dim"]).value == 0:
+            found.append(inner)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    for index in found:
+        with ir.InsertionPoint(index):
+            local = index.clone()
+            shifted = arith.AddIOp(local.results[0], offset).result
+        index.results[0].replace_all_uses_with(shifted)
+        index.erase()
 
 
 _VIEW_OPS = ("memref.expand_shape", "memref.collapse_shape", "memref.subview", "memref.cast",
@@ -318,6 +351,7 @@ def _outline_row_groups(main, tasks) -> None:
                     clone.operands[i] = value
                 for value, copy in constants:
                     _replace_inside(clone, value, copy.results[0])
+                _shift_split_index(clone, row)
             scf.YieldOp([])
         with ir.InsertionPoint(body):
             func.ReturnOp([])
@@ -378,7 +412,8 @@ def outline(module, main) -> List[dict]:
             if plan is None:
                 continue
             bounds, split = plan
-            captured = _captured(op)
+            read_whole = []       # buffers the body loads from at computed positions
+            captured = _captured(op, read_whole)
             # A loop that updates a buffer in place names it twice (input and output, with
             # one indexing map); the task takes it once. Beyond that, each argument must be
             # its own buffer, as the task marks its arguments noalias: a loop reading and
@@ -393,9 +428,14 @@ def outline(module, main) -> List[dict]:
             if any(split[i] != split[position.index(position[i])]
                    for i in range(len(split))):
                 continue  # one buffer split by rows in one use and not in another
-            if captured is None or not _distinct_buffers(operands):
+            if captured is None or any(any(b == v for v in operands) for b in read_whole):
                 continue
-            first_of = [split[position.index(k)] for k in range(len(operands))]
+            own = len(operands)
+            operands += read_whole  # passed whole, after the generic's own operands
+            if not _distinct_buffers(operands):
+                continue
+            first_of = [split[position.index(k)] for k in range(own)] + \
+                [False] * len(read_whole)
             bounds = [(position[operand], at, size) for operand, at, size in bounds]
             n = len(tasks)
             types = [v.type for v in operands]
@@ -411,6 +451,9 @@ def outline(module, main) -> List[dict]:
                     clone.operands[i] = views[k]
                 for value, copy in constants:
                     _replace_inside(clone, value, copy.results[0])
+                for j, buffer in enumerate(read_whole):
+                    _replace_inside(clone, buffer, views[own + j])
+                _shift_split_index(clone, begin)
                 func.ReturnOp([])
             _launch(main, n, op, operands)
             op.erase()

@@ -21,7 +21,7 @@ from typing import List, Optional
 
 from torch_mlir import ir
 
-from .ir_queries import clone_ops, ops_named
+from .ir_queries import generic_text, rewrite_each
 
 # The combiners a window body may apply, as the arith op that applies them to floats.
 _COMBINERS = {"stablehlo.maximum": "arith.maximumf", "stablehlo.minimum": "arith.minimumf",
@@ -119,42 +119,22 @@ def _replacement(op) -> Optional[str]:
     maps = [f"affine_map<{domain} -> ({', '.join(reads)})>",
             f"affine_map<{domain} -> ({', '.join(loops[rank:])})>",
             f"affine_map<{domain} -> ({', '.join(loops[:rank])})>"]
-    iterators = ", ".join(['"parallel"'] * rank + ['"reduction"'] * len(windowed))
+    iterators = ['"parallel"'] * rank + ['"reduction"'] * len(windowed)
     lines += [f"  %empty = tensor.empty({', '.join(dynamic_sizes)}) : {result_text}",
               f"  %start = tensor.extract %init[] : tensor<{element}>",
               f"  %filled = linalg.fill ins(%start : {element}) outs(%empty : {result_text}) "
               f"-> {result_text}",
-              f"  %window = tensor.empty() : {window_text}",
-              f"  %reduced = linalg.generic {{indexing_maps = [{', '.join(maps)}], "
-              f"iterator_types = [{iterators}]}} ins({padded}, %window : {padded_text}, "
-              f"{window_text}) outs(%filled : {result_text}) {{",
-              f"  ^bb0(%in: {element}, %unused: {element}, %acc: {element}):",
-              f"    %next = {combiner} %acc, %in : {element}",
-              f"    linalg.yield %next : {element}",
-              f"  }} -> {result_text}",
-              f"  return %reduced : {result_text}",
-              "}"]
+              f"  %window = tensor.empty() : {window_text}"]
+    lines += generic_text("reduced", maps, iterators,
+                          [(padded, padded_text), ("%window", window_text)],
+                          [("%filled", result_text)],
+                          [("%in", element), ("%unused", element), ("%acc", element)],
+                          [f"    %next = {combiner} %acc, %in : {element}"], "%next", element)
+    lines += [f"  return %reduced : {result_text}", "}"]
     return "\n".join(lines)
 
 
 def lower_reduce_windows(module) -> int:
     """Rewrites each `stablehlo.reduce_window` this module takes (see its docstring) in
     place; returns how many were rewritten."""
-    rewritten = 0
-    with module.context, ir.Location.unknown():
-        for op in ops_named(module, "stablehlo.reduce_window"):
-            text = _replacement(op)
-            if text is None:
-                continue
-            parsed = ir.Module.parse(text)
-            function = parsed.body.operations[0]
-            body = function.regions[0].blocks[0]
-            mapping = {body.arguments[0]: op.operands[0], body.arguments[1]: op.operands[1]}
-            operations = list(body.operations)
-            returned = operations.pop().operands[0]      # the body ends in func.return
-            with ir.InsertionPoint(op):
-                clone_ops(operations, mapping)
-            op.results[0].replace_all_uses_with(mapping[returned])
-            op.erase()
-            rewritten += 1
-    return rewritten
+    return rewrite_each(module, "stablehlo.reduce_window", _replacement)
