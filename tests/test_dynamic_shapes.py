@@ -49,6 +49,27 @@ def test_gpt_block_with_a_causal_mask_of_dynamic_length():
     assert report.decomposed == {"aten::tril": 1}
 
 
+class FutureMask(torch.nn.Module):
+    """The other spelling of a causal mask: triu of ones over the future positions."""
+
+    def forward(self, scores):
+        t = scores.size(-1)
+        future = torch.ones(t, t, dtype=torch.bool).triu(1)
+        return scores.masked_fill(future, float("-inf")).softmax(-1) + torch.triu(scores, 2)
+
+
+def test_triu_of_a_dynamic_length():
+    model = FutureMask().eval()
+    optimized = blade.optimize(model, (torch.randn(2, 16, 16),), DYNAMIC)
+    with torch.no_grad():
+        for b, t in ((1, 5), (3, 33), (2, 1)):
+            scores = torch.randn(b, t, t)
+            assert_same(optimized(scores), model(scores), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and report.decomposed == {"aten::triu": 2}, str(report)
+    assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
+
+
 class Hidden(torch.nn.Module):
     def __init__(self):
         super().__init__()

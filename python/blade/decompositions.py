@@ -159,6 +159,14 @@ def _tril(x: torch.Tensor, diagonal: int) -> torch.Tensor:
     return x.masked_fill(cols > rows + diagonal, 0)
 
 
+@_builtin("aten::triu", dynamic_only=True)
+def _triu(x: torch.Tensor, diagonal: int) -> torch.Tensor:
+    # As tril: the mask of future positions, triu(ones(L, L), 1), has a dynamic L.
+    rows = torch.arange(x.size(-2), device=x.device).unsqueeze(-1)
+    cols = torch.arange(x.size(-1), device=x.device)
+    return x.masked_fill(cols < rows + diagonal, 0)
+
+
 @_builtin("aten::_transformer_encoder_layer_fwd")
 def _transformer_encoder_layer(
         src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor,
