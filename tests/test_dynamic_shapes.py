@@ -232,6 +232,24 @@ def test_gathers_of_dynamic_size():
     assert report.runtime_fallbacks == 0, str(report)
 
 
+class Flips(torch.nn.Module):
+    def forward(self, x):
+        return x.flip(0) * 2.0 + x.flip(1, 2) - torch.roll(x, 3, 1)
+
+
+def test_flips_of_dynamic_size():
+    torch.manual_seed(0)
+    model = Flips().eval()
+    optimized = blade.optimize(model, (torch.randn(64, 40, 30),), DYNAMIC)
+    with torch.no_grad():
+        for shape in ((1, 3, 2), (65, 41, 31), (200, 17, 40)):
+            x = torch.randn(*shape)
+            assert_same(optimized(x), model(x))
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and not report.compile_errors, str(report)
+    assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
+
+
 class HeadSplit(torch.nn.Module):
     """The attention idiom: a slice of a fused projection viewed as heads."""
 

@@ -14,6 +14,10 @@ the operand's own size elsewhere, which is how Torch-MLIR writes all three ops) 
 
 The clamp is StableHLO's gather semantics (a start index is clamped so the slice fits);
 it also keeps a read from ever leaving the operand.
+
+`stablehlo.reverse` (flip) of a dynamic size is left unconverted too;
+`lower_dynamic_reverses` writes it as out[r] = operand[r with size(d) - 1 - r_d at each
+reversed dim d].
 """
 from typing import List, Optional
 
@@ -149,3 +153,42 @@ def lower_dynamic_gathers(module) -> int:
     """Rewrites each `stablehlo.dynamic_gather` this module takes (see its docstring) in
     place; returns how many were rewritten."""
     return rewrite_each(module, "stablehlo.dynamic_gather", _replacement)
+
+
+def _reverse_replacement(op) -> Optional[str]:
+    """The text of a function computing a reverse of dynamic size with one loop nest."""
+    t = ir.RankedTensorType(op.results[0].type)
+    if t.has_static_shape:
+        return None               # StableHLO's lowering takes it
+    dims = list(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
+    x, element = str(t), str(t.element_type)
+    lines = [f"func.func private @reverse(%x: {x}) -> {x} {{",
+             "  %one = arith.constant 1 : index"]
+    sizes = []
+    for d in range(t.rank):
+        if t.is_dynamic_dim(d) or d in dims:
+            lines += [f"  %c{d} = arith.constant {d} : index",
+                      f"  %size{d} = tensor.dim %x, %c{d} : {x}",
+                      f"  %last{d} = arith.subi %size{d}, %one : index"]
+        if t.is_dynamic_dim(d):
+            sizes.append(f"%size{d}")
+    body, reads = [], []
+    for d in range(t.rank):
+        body.append(f"    %i{d} = linalg.index {d} : index")
+        if d in dims:
+            body.append(f"    %r{d} = arith.subi %last{d}, %i{d} : index")
+        reads.append(f"%r{d}" if d in dims else f"%i{d}")
+    body.append(f"    %v = tensor.extract %x[{', '.join(reads)}] : {x}")
+    loops = ", ".join(f"d{d}" for d in range(t.rank))
+    lines.append(f"  %empty = tensor.empty({', '.join(sizes)}) : {x}")
+    lines += generic_text("out", [f"affine_map<({loops}) -> ({loops})>"],
+                          ['"parallel"'] * t.rank, [], [("%empty", x)],
+                          [("%unused", element)], body, "%v", element)
+    lines += [f"  return %out : {x}", "}"]
+    return "\n".join(lines)
+
+
+def lower_dynamic_reverses(module) -> int:
+    """Rewrites each `stablehlo.reverse` of dynamic size in place (see the module
+    docstring); returns how many were rewritten."""
+    return rewrite_each(module, "stablehlo.reverse", _reverse_replacement)

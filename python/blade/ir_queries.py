@@ -103,14 +103,16 @@ def generic_text(result: str, maps, iterators, ins, outs, block_arguments, body,
         >>> generic_text("out", maps, ['"parallel"'], [("%x", t)], [("%e", t)],
         ...              [("%in", "f32"), ("%unused", "f32")], [], "%in", "f32")
     """
-    def operands(pairs):
-        return f"{', '.join(v for v, _ in pairs)} : {', '.join(t for _, t in pairs)}"
+    def operands(keyword, pairs):
+        if not pairs:
+            return ""
+        return f" {keyword}({', '.join(v for v, _ in pairs)} : {', '.join(t for _, t in pairs)})"
 
     out_type = outs[0][1]
     arguments = ", ".join(f"{name}: {t}" for name, t in block_arguments)
     return [f"  %{result} = linalg.generic {{indexing_maps = [{', '.join(maps)}], "
-            f"iterator_types = [{', '.join(iterators)}]}} ins({operands(ins)}) "
-            f"outs({operands(outs)}) {{",
+            f"iterator_types = [{', '.join(iterators)}]}}{operands('ins', ins)}"
+            f"{operands('outs', outs)} {{",
             f"  ^bb0({arguments}):",
             *body,
             f"    linalg.yield {yielded} : {element}",
