@@ -250,6 +250,26 @@ def test_flips_of_dynamic_size():
     assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
 
 
+class Spread(torch.nn.Module):
+    def forward(self, x):
+        normalized = (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True)
+        return normalized + torch.var(x, [0, 2], unbiased=False).view(1, -1, 1)
+
+
+def test_std_and_var_of_dynamic_size():
+    torch.manual_seed(0)
+    model = Spread().eval()
+    optimized = blade.optimize(model, (torch.randn(4, 6, 32),), DYNAMIC)
+    with torch.no_grad():
+        for shape in ((1, 2, 2), (5, 9, 70), (3, 1, 33)):
+            x = torch.randn(*shape)
+            assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and not report.compile_errors, str(report)
+    assert report.decomposed == {"aten::std.dim": 1, "aten::var.dim": 1}, str(report)
+    assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
+
+
 class HeadSplit(torch.nn.Module):
     """The attention idiom: a slice of a fused projection viewed as heads."""
 

@@ -167,6 +167,30 @@ def _triu(x: torch.Tensor, diagonal: int) -> torch.Tensor:
     return x.masked_fill(cols < rows + diagonal, 0)
 
 
+def _variance(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
+              keepdim: bool) -> torch.Tensor:
+    # Torch-MLIR's var of a dynamic size asserts at run time that the correction fits the
+    # count (torch.runtime.assert, which its StableHLO lowering does not take). Here the
+    # count is a sum of ones, a tensor, so the whole computation compiles and fuses.
+    centered = x - torch.mean(x, dim, True)
+    count = torch.sum(torch.ones_like(x), dim, keepdim)
+    if unbiased:
+        count = count - 1
+    return torch.sum(centered * centered, dim, keepdim) / count
+
+
+@_builtin("aten::var.dim", dynamic_only=True)
+def _var_dim(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
+             keepdim: bool) -> torch.Tensor:
+    return _variance(x, dim, unbiased, keepdim)
+
+
+@_builtin("aten::std.dim", dynamic_only=True)
+def _std_dim(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
+             keepdim: bool) -> torch.Tensor:
+    return torch.sqrt(_variance(x, dim, unbiased, keepdim))
+
+
 @_builtin("aten::_transformer_encoder_layer_fwd")
 def _transformer_encoder_layer(
         src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor,
