@@ -18,6 +18,7 @@
 namespace {
 
 thread_local std::string kernel_error;
+thread_local blade::ral::ErrorSink* error_sink = nullptr;
 
 // A tensor viewing the memory a descriptor describes (no copy, not owned).
 at::Tensor view_of(const BladeUnrankedMemRef* memref, c10::ScalarType scalar_type) {
@@ -36,9 +37,9 @@ void guarded(const char* what, Fn&& fn) noexcept {
   try {
     fn();
   } catch (const std::exception& e) {
-    kernel_error = std::string(what) + ": " + e.what();
+    blade::ral::record_kernel_error(std::string(what) + ": " + e.what());
   } catch (...) {
-    kernel_error = std::string(what) + ": unknown error";
+    blade::ral::record_kernel_error(std::string(what) + ": unknown error");
   }
 }
 
@@ -320,9 +321,32 @@ std::string take_kernel_error() {
   return error;
 }
 
+ErrorSink* set_error_sink(ErrorSink* sink) {
+  ErrorSink* previous = error_sink;
+  error_sink = sink;
+  return previous;
+}
+
+void record_kernel_error(const std::string& message) {
+  if (error_sink != nullptr) {
+    std::lock_guard<std::mutex> lock(error_sink->mutex);
+    if (error_sink->message.empty()) {
+      error_sink->message = message;
+    }
+  } else if (kernel_error.empty()) {
+    kernel_error = message;
+  }
+}
+
 }  // namespace blade::ral
 
 extern "C" {
+
+void blade_ral_index_out_of_range(int64_t index, int64_t size) {
+  blade::ral::record_kernel_error("index " + std::to_string(index) +
+                                  " is out of bounds for a dimension of size " +
+                                  std::to_string(size));
+}
 
 void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
                 BladeUnrankedMemRef* target) {

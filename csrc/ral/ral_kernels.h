@@ -8,12 +8,28 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace blade::ral {
 
 // The error a library call recorded on this thread since the last call, and clears it.
 std::string take_kernel_error();
+
+// Where errors recorded on a thread go while it runs a task of a parallel loop: the thread
+// that launched the loop takes the first one after it (blade_ral_parallel_for), so an error
+// in a task reaches the engine call that made it, whichever thread ran the task.
+struct ErrorSink {
+  std::mutex mutex;
+  std::string message;
+};
+
+// Sends this thread's errors to `sink` (nullptr: to the thread itself); returns the
+// previous sink.
+ErrorSink* set_error_sink(ErrorSink* sink);
+
+// Records `message` for the engine call in progress, unless an error is recorded already.
+void record_kernel_error(const std::string& message);
 
 }  // namespace blade::ral
 
@@ -23,6 +39,10 @@ struct BladeUnrankedMemRef {
   int64_t rank;
   void* descriptor;
 };
+
+// Generated code calls this when an index read from a tensor (a gather's) is outside
+// [0, size): the engine then runs its TorchScript fallback, whose op raises PyTorch's error.
+void blade_ral_index_out_of_range(int64_t index, int64_t size);
 
 // MLIR's `memref.copy` between non-contiguous memrefs lowers to this call.
 void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,

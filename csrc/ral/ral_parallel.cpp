@@ -1,5 +1,6 @@
 // Parallel loops of generated code, run on PyTorch's intra-op thread pool.
 #include "ral/ral_abi.h"
+#include "ral/ral_kernels.h"
 
 #include <ATen/Parallel.h>
 
@@ -7,7 +8,15 @@ extern "C" void blade_ral_parallel_for(int64_t extent, int64_t grain,
                                        void (*task)(int64_t, int64_t, void**),
                                        void** arguments) {
   // Tasks are plain loops over disjoint rows: nothing to catch, nothing to join but the
-  // pool's own barrier.
-  at::parallel_for(0, extent, grain,
-                   [&](int64_t begin, int64_t end) { task(begin, end, arguments); });
+  // pool's own barrier. An error a task records (an index out of range) goes to `errors`,
+  // whichever thread runs it, and from there to this thread's engine call.
+  blade::ral::ErrorSink errors;
+  at::parallel_for(0, extent, grain, [&](int64_t begin, int64_t end) {
+    blade::ral::ErrorSink* previous = blade::ral::set_error_sink(&errors);
+    task(begin, end, arguments);
+    blade::ral::set_error_sink(previous);
+  });
+  if (!errors.message.empty()) {
+    blade::ral::record_kernel_error(errors.message);
+  }
 }

@@ -30,7 +30,7 @@ from . import layouts, library_calls, parallel
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
-from .gathers import lower_dynamic_gathers, lower_dynamic_reverses
+from .gathers import lower_dynamic_reverses, lower_gathers
 from .importer import failing_node
 from .pooling import lower_reduce_windows
 from .shape_assumptions import (annotate_broadcasts, drop_identity_broadcasts,
@@ -170,7 +170,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 annotate_broadcasts(module)
                 lower_dynamic_reshapes(module)
                 lower_reduce_windows(module)
-                lower_dynamic_gathers(module)
+                lower_gathers(module)
                 lower_dynamic_reverses(module)
             if stage == "bufferize":
                 _distinct_results(_find_main(module))

@@ -1,19 +1,21 @@
-"""Row gathers of dynamic size (index_select, embedding, indexing by a tensor) as linalg
-loops Blade writes itself.
+"""Row gathers (index_select, embedding, indexing by a tensor) as linalg loops Blade
+writes itself.
 
 Torch-MLIR lowers these ops to `stablehlo.gather` when every size is static, and to
 `stablehlo.dynamic_gather` otherwise, with the slice sizes as an operand computed at run
-time. StableHLO's linalg lowering takes only the first, so in a dynamic engine the op was
-left unconverted and its node stayed in TorchScript. `lower_dynamic_gathers` rewrites each
-dynamic gather that takes whole slices along one indexed dim d (slice sizes 1 at d and
-the operand's own size elsewhere, which is how Torch-MLIR writes all three ops) as
+time. StableHLO's linalg lowering takes only the first (so in a dynamic engine the op was
+left unconverted and its node stayed in TorchScript), and clamps an index outside the
+table into it, where PyTorch raises an error: a wrong answer instead of an error.
+`lower_gathers` rewrites each gather of either kind that takes whole slices along one
+indexed dim d (slice sizes 1 at d and the operand's own size elsewhere, which is how
+Torch-MLIR writes all three ops) as
 
     out = linalg.generic over the result's dims, reading indices[batch dims]:
-              i = clamp(indices[b], 0, size(operand, d) - 1)
-              out[r] = operand[offset dims of r, with i at d]
+              i = indices[b]; if i is outside [0, size(operand, d)): report it to the RAL
+              out[r] = operand[offset dims of r, with clamp(i) at d]
 
-The clamp is StableHLO's gather semantics (a start index is clamped so the slice fits);
-it also keeps a read from ever leaving the operand.
+A reported index makes the engine call run its TorchScript fallback, whose op raises
+PyTorch's own error; the clamp keeps the read inside the table meanwhile.
 
 `stablehlo.reverse` (flip) of a dynamic size is left unconverted too;
 `lower_dynamic_reverses` writes it as out[r] = operand[r with size(d) - 1 - r_d at each
@@ -23,7 +25,14 @@ from typing import List, Optional
 
 from torch_mlir import ir
 
+from torch_mlir.dialects import func
+
 from .ir_queries import defining_op, generic_text, rewrite_each
+
+
+# The RAL function a gather calls with an index outside its table (csrc/ral/ral_kernels.h):
+# the engine call then falls back to TorchScript, whose op raises PyTorch's error.
+OUT_OF_RANGE = "blade_ral_index_out_of_range"
 
 
 def _i64s(attr_text: str, name: str) -> List[int]:
@@ -69,9 +78,15 @@ def _is_size_of(value, operand, dim: int, static_size: Optional[int]) -> bool:
 
 def _whole_slices(op, dim: int) -> bool:
     """Whether the gather's slice sizes are 1 at `dim` and whole elsewhere."""
-    sizes = defining_op(op.operands[2])
     operand = op.operands[0]
     operand_type = ir.RankedTensorType(operand.type)
+    if op.name == "stablehlo.gather":            # static sizes, as an attribute
+        sizes = list(ir.DenseI64ArrayAttr(op.attributes["slice_sizes"]))
+        return len(sizes) == operand_type.rank and all(
+            size == 1 if d == dim else
+            not operand_type.is_dynamic_dim(d) and size == operand_type.shape[d]
+            for d, size in enumerate(sizes))
+    sizes = defining_op(op.operands[2])
     if sizes is None or sizes.name != "tensor.from_elements" or \
             len(sizes.operands) != operand_type.rank:
         return False
@@ -136,6 +151,14 @@ def _replacement(op) -> Optional[str]:
     for d in range(operand_type.rank):
         reads.append("%row" if d == dim else f"%o{d}")
     body = [f"    %i = arith.index_cast %in : {index_element} to index",
+            "    %below = arith.cmpi slt, %i, %zero : index",
+            "    %above = arith.cmpi sgt, %i, %last : index",
+            "    %outside = arith.ori %below, %above : i1",
+            "    scf.if %outside {",
+            "      %bad = arith.index_cast %i : index to i64",
+            "      %size = arith.index_cast %rows : index to i64",
+            f"      func.call @{OUT_OF_RANGE}(%bad, %size) : (i64, i64) -> ()",
+            "    }",
             "    %low = arith.maxsi %i, %zero : index",
             "    %row = arith.minsi %low, %last : index"]
     for d in kept:
@@ -145,14 +168,21 @@ def _replacement(op) -> Optional[str]:
     lines += generic_text("out", maps, ['"parallel"'] * result_type.rank, [("%idx", idx)],
                           [("%empty", result)], [("%in", index_element), ("%unused", element)],
                           body, "%v", element)
-    lines += [f"  return %out : {result}", "}"]
+    lines += [f"  return %out : {result}", "}",
+              f"func.func private @{OUT_OF_RANGE}(i64, i64)"]   # for the text to verify
     return "\n".join(lines)
 
 
-def lower_dynamic_gathers(module) -> int:
-    """Rewrites each `stablehlo.dynamic_gather` this module takes (see its docstring) in
-    place; returns how many were rewritten."""
-    return rewrite_each(module, "stablehlo.dynamic_gather", _replacement)
+def lower_gathers(module) -> int:
+    """Rewrites each `stablehlo.gather` and `stablehlo.dynamic_gather` this module takes
+    (see its docstring) in place; returns how many were rewritten."""
+    rewritten = rewrite_each(module, "stablehlo.gather", _replacement) + \
+        rewrite_each(module, "stablehlo.dynamic_gather", _replacement)
+    if rewritten:
+        with module.context, ir.Location.unknown(), ir.InsertionPoint(module.body):
+            i64 = ir.IntegerType.get_signless(64)
+            func.FuncOp(OUT_OF_RANGE, ([i64, i64], []), visibility="private")
+    return rewritten
 
 
 def _reverse_replacement(op) -> Optional[str]:

@@ -73,3 +73,38 @@ def test_factory(name, shape, dtype):
     torch.manual_seed(0)
     run_compiled(Lambda(FACTORIES[name]), (random_tensor(shape, dtype),), TRACE, rtol=0,
                  atol=0)
+
+
+class Lookups(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(1000, 64)
+
+    def forward(self, tokens, x, rows):
+        return self.table(tokens).sum(1) + x.index_select(0, rows).sum(0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_an_index_out_of_range_raises_as_in_eager(dynamic):
+    # Gathers clamp an index into the table; one outside it must not give a clamped row
+    # but PyTorch's error: the compiled code reports it (from a parallel task too: the
+    # embedding runs on threads) and the call runs the TorchScript fallback.
+    torch.manual_seed(0)
+    model = Lookups().eval()
+    tokens, x, rows = torch.randint(0, 1000, (32, 128)), torch.randn(10, 64), torch.tensor([1, 9])
+    optimized, report = run_compiled(model, (tokens, x, rows), blade.Config(dynamic=dynamic))
+    assert report.clusters[0].parallel_loops >= 1, str(report)
+    bad_token = tokens.clone()
+    bad_token[7, 77] = 1000
+    for bad in ((bad_token, x, rows), (tokens, x, torch.tensor([1, 10])),
+                (tokens, x, torch.tensor([-1, 2]))):
+        with pytest.raises((IndexError, RuntimeError), match="out of range"):
+            with torch.no_grad():
+                model(*bad)
+        with pytest.raises((IndexError, RuntimeError), match="out of range"):
+            with torch.no_grad():
+                optimized(*bad)
+    report = blade.report(optimized)
+    assert report.runtime_fallbacks == 3, str(report)
+    assert "index -1 is out of bounds for a dimension of size 10" in \
+        report.clusters[0].status, str(report)
