@@ -307,8 +307,7 @@ def _failed_nodes(moved: Sequence[torch._C.Node], size: int,
     node = moved[node_index]
     if not is_tensor_op(node) or node.kind() == "prim::ListConstruct":
         return []
-    twins = [n for n in moved if n is not node and n.kind() == node.kind() and
-             schema_name(n) == schema_name(node) and
+    twins = [n for n in moved if n is not node and schema_name(n) == schema_name(node) and
              _input_signature(n) == _input_signature(node)]
     return [node] + twins
 

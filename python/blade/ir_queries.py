@@ -62,17 +62,23 @@ def clone_ops(operations, mapping: dict) -> dict:
     of a value `mapping` maps (block arguments of the source, say, or earlier clones), in
     the ops of its regions too (a loop body reading a value defined before the loop);
     returns `mapping` with the results of every clone added."""
-    def remap(op):
-        for i, operand in enumerate(op.operands):
-            if operand in mapping:
-                op.operands[i] = mapping[operand]
-        return ir.WalkResult.ADVANCE
-
     for original in operations:
         copy = as_operation(original).clone()
-        copy.walk(remap)
+        remap_operands(copy, mapping)
         mapping.update(zip(original.results, copy.results))
     return mapping
+
+
+def remap_operands(op, mapping: dict) -> None:
+    """Makes `op` and every op in its regions read `mapping[v]` wherever they read a
+    value `v` that `mapping` has, in one walk."""
+    def remap(inner):
+        for i, operand in enumerate(inner.operands):
+            if operand in mapping:
+                inner.operands[i] = mapping[operand]
+        return ir.WalkResult.ADVANCE
+
+    as_operation(op).walk(remap)
 
 
 def replace_with_function_body(op, text: str, arguments) -> None:

@@ -24,6 +24,8 @@ from typing import List
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func, memref, scf
 
+from .ir_queries import remap_operands
+
 PARALLEL_TASK = "blade.parallel_task"
 MIN_ITERATIONS = 32768   # smaller loops are not worth waking threads for
 MIN_TASK_ITERATIONS = 16384
@@ -215,16 +217,6 @@ def _row_view(value, begin, size):
                             [dynamic] + shape[1:], [1] * len(shape)).result
 
 
-def _replace_inside(op, old, new) -> None:
-    def visit(inner):
-        for i, operand in enumerate(inner.operands):
-            if operand == old:
-                inner.operands[i] = new
-        return ir.WalkResult.ADVANCE
-
-    op.walk(visit)
-
-
 _NEUTRAL = ("memref.alloc", "memref.expand_shape", "memref.collapse_shape", "arith.constant")
 ROW_BLOCK_BYTES = 512 * 1024   # the rows a group works on at a time stay in L2
 
@@ -349,8 +341,7 @@ def _outline_row_groups(main, tasks) -> None:
                 clone = op.clone()
                 for i, value in new_operands:
                     clone.operands[i] = value
-                for value, copy in constants:
-                    _replace_inside(clone, value, copy.results[0])
+                remap_operands(clone, {value: copy.results[0] for value, copy in constants})
                 _shift_split_index(clone, row)
             scf.YieldOp([])
         with ir.InsertionPoint(body):
@@ -449,10 +440,9 @@ def outline(module, main) -> List[dict]:
                 clone = op.clone()
                 for i, k in enumerate(position):
                     clone.operands[i] = views[k]
-                for value, copy in constants:
-                    _replace_inside(clone, value, copy.results[0])
-                for j, buffer in enumerate(read_whole):
-                    _replace_inside(clone, buffer, views[own + j])
+                inside = {value: copy.results[0] for value, copy in constants}
+                inside.update(zip(read_whole, views[own:]))
+                remap_operands(clone, inside)
                 _shift_split_index(clone, begin)
                 func.ReturnOp([])
             _launch(main, n, op, operands)
