@@ -122,3 +122,16 @@ def test_task_and_main_data_pointers_reach_llvm_as_noalias(tmp_path):
         header = re.search(rf"define void @{name}\((.*)\)", llvm).group(1)
         # every memref descriptor starts with its allocated and aligned pointers
         assert header.count("ptr noalias") == header.count("ptr") > 0, header
+
+
+def heads_of_a_column_slice(x, b):
+    # The transpose into heads reads a column slice of x: a strided view, not a buffer of
+    # its own. It used to stay serial (views of identity layout only).
+    s = x.reshape(8, 64, 1024)[:, :, 256:512] + b[256:512]
+    return s.reshape(8, 64, 4, 64).transpose(1, 2) * 2.0
+
+
+def test_a_loop_reading_a_strided_view_runs_in_parallel():
+    for threads in (2, 3):
+        report = check(heads_of_a_column_slice, threads)
+        assert report.clusters[0].parallel_loops >= 1, str(report.clusters[0])

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Tuple
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
-from . import layouts, library_calls, parallel
+from . import layouts, library_calls, parallel, slices
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
@@ -163,6 +163,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                     drop_identity_broadcasts(module)
                     _run_stage(module, "assume_shapes")
                 layouts.to_channels_last(module, _find_main(module))
+                slices.sink_slices(module, _find_main(module))
                 calls = library_calls.outline(module, _find_main(module))
                 result.library_calls = sum(calls.values())
                 result.fused_attention = sum(count for kind, count in calls.items()
@@ -174,6 +175,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 lower_dynamic_reverses(module)
             if stage == "bufferize":
                 _distinct_results(_find_main(module))
+                _reuse_dead_inputs(_find_main(module))
                 _mark_arguments(_find_main(module))
             if stage == "linalg_to_llvm":
                 _mark_out_params(_find_main(module))
@@ -453,6 +455,54 @@ def _distinct_results(main) -> None:
                 continue
             copy = bufferization.AllocTensorOp(value.type, [], copy=value)
             terminator.operands[i] = copy.result
+
+
+_REUSABLE_PRODUCERS = ("linalg.generic", "func.call")
+
+
+def _reuse_dead_inputs(main) -> int:
+    """An elementwise loop nest whose input dies there writes its result over that input
+    (the bias and activation after a matmul overwrite the matmul's output) instead of into
+    a fresh tensor: one buffer less, and the stores go to cache lines the loop has just
+    read rather than to new ones the CPU must first fetch. Taken when the input is an
+    intermediate (a loop's or a library call's result: never an argument or a constant,
+    whose buffers must not be written) of the output's type and indexing, read by nothing
+    else, and the body never reads the output's old value. One-shot bufferization then
+    writes in place (an elementwise op may overwrite the operand it reads at the same
+    index). Returns how many loops were rewritten.
+
+    Example:
+        >>> _reuse_dead_inputs(main)   # generic ins(%mm, %bias) outs(tensor.empty) -> outs(%mm)
+        1
+    """
+    rewritten = 0
+    for op in main.regions[0].blocks[0].operations:
+        if op.name != "linalg.generic":
+            continue
+        segments = [int(s) for s in str(op.attributes["operandSegmentSizes"])
+                    .split(":", 1)[1].strip(" >").split(",")]
+        inputs, outputs = segments
+        iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+        if outputs != 1 or any("parallel" not in it for it in iterators):
+            continue
+        init = op.operands[inputs]
+        empty = init.owner
+        if isinstance(empty, ir.Block) or empty.name != "tensor.empty":
+            continue
+        if list(op.regions[0].blocks[0].arguments[inputs].uses):
+            continue
+        maps = [str(m) for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        for i in range(inputs):
+            value = op.operands[i]
+            owner = value.owner
+            if isinstance(owner, ir.Block) or owner.name not in _REUSABLE_PRODUCERS or \
+                    value.type != init.type or maps[i] != maps[inputs] or \
+                    len(list(value.uses)) != 1:
+                continue
+            op.operands[inputs] = value
+            rewritten += 1
+            break
+    return rewritten
 
 
 def _tune_for_host(module) -> None:

@@ -19,7 +19,7 @@ which runs `at::parallel_for` (torch.get_num_threads() threads, PyTorch's own po
 trampoline unpacks the array and calls the task's C interface. Tasks never allocate and
 write disjoint rows, so they need no synchronization.
 """
-from typing import List
+from typing import List, Optional
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func, memref, scf
@@ -66,12 +66,8 @@ def _plan(op):
     if len(maps) != len(op.operands):
         return None
     for operand in op.operands:
-        if not isinstance(operand.type, ir.MemRefType):
-            return None
-        t = ir.MemRefType(operand.type)
-        dims = ", ".join(f"d{i}" for i in range(t.rank))
-        if str(t.layout) != f"affine_map<({dims}) -> ({dims})>":
-            return None  # identity layouts only (strides follow from the sizes)
+        if not isinstance(operand.type, ir.MemRefType) or _strides(operand.type) is None:
+            return None  # a layout other than strided: no row view of it can be written
     split = []
     outputs = int(str(op.attributes["operandSegmentSizes"]).split(",")[-1].strip(" >]"))
     for index, map_attr in enumerate(maps):
@@ -203,12 +199,22 @@ def _rows_type(t, strides):
                              t.element_type, layout)
 
 
+def _strides(t) -> Optional[List[int]]:
+    """The strides of a memref type of identity or strided layout (a column slice of a
+    buffer, a reshape of one), some possibly dynamic; None for any other layout."""
+    try:
+        return list(ir.MemRefType(t).get_strides_and_offset()[0])
+    except (ValueError, RuntimeError):
+        return None
+
+
 def _row_view(value, begin, size):
-    """Rows [begin, begin + size) of an identity-layout memref, as a strided subview."""
+    """Rows [begin, begin + size) of a memref (identity or strided layout), as a strided
+    subview with the memref's own strides."""
     t = ir.MemRefType(value.type)
     shape = list(t.shape)
     dynamic = ir.ShapedType.get_dynamic_size()
-    result = _rows_type(t, _identity_strides(shape))
+    result = _rows_type(t, _strides(t))
     index = ir.IndexType.get()
     sizes = [size] + [memref.DimOp(value, arith.ConstantOp(index, d).result).result
                       for d in range(1, len(shape)) if shape[d] == dynamic]
