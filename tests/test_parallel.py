@@ -135,3 +135,16 @@ def test_a_loop_reading_a_strided_view_runs_in_parallel():
     for threads in (2, 3):
         report = check(heads_of_a_column_slice, threads)
         assert report.clusters[0].parallel_loops >= 1, str(report.clusters[0])
+
+
+def test_a_layer_norm_after_a_linear_is_one_task_and_copies_nothing(tmp_path):
+    """The bias add and all of LayerNorm's passes run as one group of rows: the constants
+    of the mean and the epsilon fold (folding.fold_splat_constants) and each reduction has
+    its own zero fill (folding.fill_per_use) instead of a copy of a shared one."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.LayerNorm(256))
+    config = blade.Config(dump_dir=str(tmp_path))
+    _, report = run_compiled(model, (torch.randn(4, 128, 256),), config)
+    assert report.clusters[0].parallel_loops == 1, str(report.clusters[0])
+    bufferized = next(tmp_path.glob("*/4_bufferized.mlir")).read_text()
+    assert "memref.copy" not in bufferized

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Tuple
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
-from . import layouts, library_calls, parallel, slices
+from . import folding, layouts, library_calls, parallel, slices
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
@@ -164,6 +164,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                     _run_stage(module, "assume_shapes")
                 layouts.to_channels_last(module, _find_main(module))
                 slices.sink_slices(module, _find_main(module))
+                folding.fold_splat_constants(module)
                 calls = library_calls.outline(module, _find_main(module))
                 result.library_calls = sum(calls.values())
                 result.fused_attention = sum(count for kind, count in calls.items()
@@ -176,6 +177,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
             if stage == "bufferize":
                 _distinct_results(_find_main(module))
                 _reuse_dead_inputs(_find_main(module))
+                folding.fill_per_use(_find_main(module))
                 _mark_arguments(_find_main(module))
             if stage == "linalg_to_llvm":
                 _mark_out_params(_find_main(module))
