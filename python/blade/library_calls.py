@@ -223,6 +223,11 @@ KERNEL_ARGUMENTS["conv2d_nhwc_bias"] = KERNEL_ARGUMENTS["conv2d"] + ["relu"]
 KERNEL_ARGUMENTS["attention"] = ["transpose_k", "transpose_v", "scale",  # scale: f64
                                   "zero_masked_rows"]
 KERNEL_ARGUMENTS["attention_masked"] = KERNEL_ARGUMENTS["attention"]
+# A kernel that writes its result through strides (attention) may take the transpose that
+# follows it into its function: the function returns the transposed tensor, and `lower`
+# hands the kernel a view of that buffer in the kernel's own dim order (see
+# `_output_permutation`).
+OUT_PERMUTATION = "blade.out_permutation"
 
 
 def _result_sizes(attributes, arguments, result_type) -> List:
@@ -318,6 +323,9 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int,
         function.attributes[f"blade.{key}"] = \
             ir.FloatAttr.get(ir.F64Type.get(), value) if isinstance(value, float) else \
             ir.IntegerAttr.get(i64, value)
+    if "out_permutation" in attributes:
+        function.attributes[OUT_PERMUTATION] = \
+            ir.DenseI64ArrayAttr.get(attributes["out_permutation"])
     with ir.InsertionPoint(op):
         call = func.CallOp([result_type], ir.FlatSymbolRefAttr.get(name), list(sources))
     op.result.replace_all_uses_with(call.result)
@@ -329,6 +337,34 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int,
     for original in reversed(peeled):
         if not list(original.result.uses):
             original.erase()
+
+
+def _output_permutation(op) -> Optional[Tuple[object, List[int]]]:
+    """The transpose that is the only user of `op`'s static result, and its permutation
+    (the heads of an attention's output moved back next to the tokens, before the output
+    projection), or None."""
+    uses = list(op.result.uses)
+    if len(uses) != 1 or not ir.ShapedType(op.result.type).has_static_shape:
+        return None
+    user = as_operation(uses[0].owner)
+    if user.name != "stablehlo.transpose":
+        return None
+    return user, _i64s(user.attributes["permutation"])
+
+
+def _transposed_view(value, permutation: List[int]):
+    """`value` (a memref of identity layout) seen with its dims in the order that
+    `transpose(., permutation)` undoes: dim k of the view is dim inverse[k] of `value`."""
+    inverse = [0] * len(permutation)
+    for i, d in enumerate(permutation):
+        inverse[d] = i
+    t = ir.MemRefType(value.type)
+    strides = list(t.get_strides_and_offset()[0])
+    view = ir.MemRefType.get([t.shape[d] for d in inverse], t.element_type,
+                             ir.StridedLayoutAttr.get(0, [strides[d] for d in inverse]))
+    return memref.TransposeOp(view, value,
+                              ir.AffineMapAttr.get(ir.AffineMap.get_permutation(inverse))
+                              ).result
 
 
 def _in_block_order(main, ops) -> List:
@@ -350,7 +386,16 @@ def outline(module, main) -> Dict[str, int]:
         if op.name != "stablehlo.dot_general":
             return None
         form = attention.attention_form(main, op, _matmul_form)
-        return None if form is None else (op, *form)
+        if form is None:
+            return None
+        sources, chain, attributes = form
+        after = _output_permutation(op)
+        if after is None:
+            return (op, sources, chain, attributes)
+        # The kernel writes the heads straight into the transposed layout.
+        transpose, permutation = after
+        return (transpose, sources, chain + [op],
+                {**attributes, "out_permutation": permutation})
 
     def convolution_with_epilogue(op):
         if op.name != "stablehlo.convolution":
@@ -412,6 +457,9 @@ def lower(module) -> None:
             callee = f"blade_ral_{kind}_{element}"
             unranked = ir.UnrankedMemRefType.get(element, None)
             with ir.InsertionPoint(block):
+                if OUT_PERMUTATION in function.attributes:
+                    arguments[-1] = _transposed_view(
+                        arguments[-1], _i64s(function.attributes[OUT_PERMUTATION]))
                 operands = [memref.CastOp(unranked, a).result for a in arguments]
                 for key in KERNEL_ARGUMENTS[kind]:
                     attr = function.attributes[f"blade.{key}"]

@@ -118,6 +118,41 @@ def test_strided_heads_of_a_projection():
     assert fused(report) == 1, str(report)
 
 
+class ProjectedTwice(Projected):
+    """The heads are an output too, besides their transpose back next to the tokens."""
+
+    def forward(self, x, mask):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 4, 16).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        out = torch.softmax(q @ k.transpose(-2, -1) * 0.25 + mask, dim=-1) @ v
+        return out.transpose(1, 2).reshape(b, n, 64), out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_heads_are_written_straight_into_the_tokens_layout(tmp_path, dtype):
+    """The transpose after the attention moves into its call: the kernel (MKL's for
+    float32, PyTorch's for float64) writes each head through a strided view of the
+    [batch, tokens, heads, head dim] buffer, and no loop transposes it back."""
+    torch.manual_seed(0)
+    model = Projected().to(dtype)
+    inputs = (torch.randn(2, 10, 64, dtype=dtype), padding_mask(2, 10, dtype))
+    config = blade.Config(allow_tracing=True, dump_dir=str(tmp_path))
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-7
+    _, report = run_compiled(model, inputs, config, rtol=tolerance, atol=tolerance)
+    assert fused(report) == 1, str(report)
+    bufferized = next(tmp_path.glob("*/4_bufferized.mlir")).read_text()
+    assert "blade.out_permutation = array<i64: 0, 2, 1, 3>" in bufferized
+
+
+def test_heads_read_twice_keep_their_own_layout(tmp_path):
+    torch.manual_seed(0)
+    inputs = (torch.randn(2, 10, 64), padding_mask(2, 10))
+    config = blade.Config(allow_tracing=True, dump_dir=str(tmp_path))
+    _, report = run_compiled(ProjectedTwice(), inputs, config, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+    assert "out_permutation" not in next(tmp_path.glob("*/4_bufferized.mlir")).read_text()
+
+
 def test_probabilities_used_elsewhere_are_not_fused():
     q, k, v = qkv(2, 2, 12, 8)
     _, report = run_compiled(ScoresReturned(), (q, k, v), TRACE, rtol=1e-4, atol=1e-5)
