@@ -6,7 +6,8 @@ from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from blade.folding import fold_splat_constants
 
 MODULE = """
-func.func @main() -> (tensor<4x1xf32>, tensor<2xi32>, tensor<2xi1>, tensor<3xf32>) {
+func.func @main() -> (tensor<4x1xf32>, tensor<2xi32>, tensor<2xi1>, tensor<3xf32>,
+                      tensor<2xi32>, tensor<2xi8>) {
   %count = arith.constant dense<768> : tensor<1xi64>
   %as_float = stablehlo.convert %count : (tensor<1xi64>) -> tensor<1xf32>
   %scalar = stablehlo.reshape %as_float : (tensor<1xf32>) -> tensor<f32>
@@ -14,9 +15,14 @@ func.func @main() -> (tensor<4x1xf32>, tensor<2xi32>, tensor<2xi1>, tensor<3xf32
   %negative = stablehlo.constant dense<-2.7> : tensor<2xf32>
   %truncated = stablehlo.convert %negative : (tensor<2xf32>) -> tensor<2xi32>
   %flag = stablehlo.convert %negative : (tensor<2xf32>) -> tensor<2xi1>
+  %nan = stablehlo.constant dense<0x7FC00000> : tensor<2xf32>
+  %nan_int = stablehlo.convert %nan : (tensor<2xf32>) -> tensor<2xi32>
+  %big = arith.constant dense<300> : tensor<2xi64>
+  %wrapped = stablehlo.convert %big : (tensor<2xi64>) -> tensor<2xi8>
   %mixed = stablehlo.constant dense<[1.0, 2.0, 3.0]> : tensor<3xf32>
   %kept = stablehlo.convert %mixed : (tensor<3xf32>) -> tensor<3xf32>
-  return %rows, %truncated, %flag, %kept : tensor<4x1xf32>, tensor<2xi32>, tensor<2xi1>, tensor<3xf32>
+  return %rows, %truncated, %flag, %kept, %nan_int, %wrapped
+      : tensor<4x1xf32>, tensor<2xi32>, tensor<2xi1>, tensor<3xf32>, tensor<2xi32>, tensor<2xi8>
 }
 """
 
@@ -30,4 +36,5 @@ def test_splat_chains_fold_and_other_constants_stay():
     assert "dense<7.680000e+02> : tensor<4x1xf32>" in text
     assert "dense<-2> : tensor<2xi32>" in text         # toward zero, as convert rounds
     assert "dense<true> : tensor<2xi1>" in text
-    assert text.count("stablehlo.convert") == 1          # a non-splat constant is left
+    # left to run: a non-splat constant, NaN to an integer, a value out of i8's range
+    assert text.count("stablehlo.convert") == 3

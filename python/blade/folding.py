@@ -14,6 +14,8 @@ in L2, but only when nothing else sits between them. Two things did:
   its own buffer by copying the filled one (`memref.copy`). `fill_per_use` gives each
   reduction a fill of its own, which bufferizes in place.
 """
+import math
+
 from torch_mlir import ir
 
 from .ir_queries import as_operation
@@ -22,14 +24,23 @@ _CONSTANTS = ("arith.constant", "stablehlo.constant")
 
 
 def _converted(value, element):
-    """A Python scalar cast the way `stablehlo.convert` casts it to `element`."""
+    """A Python scalar cast the way `stablehlo.convert` casts it to `element`, or None
+    where the cast is not a plain value (NaN, infinity or a number out of the integer
+    type's range, which the convert is left to handle at run time)."""
     if isinstance(element, ir.FloatType):
         return float(value)
-    if isinstance(element, ir.IntegerType) and element.width == 1:
+    if not isinstance(element, ir.IntegerType):
+        return None
+    if element.width == 1:
         return bool(value)
-    if isinstance(element, ir.IntegerType):
-        return int(value)          # float -> integer rounds toward zero
-    return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    converted = int(value)          # float -> integer rounds toward zero
+    if element.is_unsigned:
+        low, high = 0, 2 ** element.width - 1
+    else:
+        low, high = -2 ** (element.width - 1), 2 ** (element.width - 1) - 1
+    return converted if low <= converted <= high else None
 
 
 def _splat_value(attr):
