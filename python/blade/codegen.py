@@ -32,6 +32,7 @@ from .approximations import (allow_contraction, allow_reciprocal,
 from ._runtime import RUNTIME_LIBRARY
 from .gathers import lower_dynamic_reverses, lower_gathers
 from .importer import failing_node
+from .ir_queries import all_parallel, output_count
 from .pooling import lower_reduce_windows
 from .shape_assumptions import (annotate_broadcasts, drop_identity_broadcasts,
                                 lower_dynamic_reshapes)
@@ -482,12 +483,9 @@ def _reuse_dead_inputs(main) -> int:
     for op in main.regions[0].blocks[0].operations:
         if op.name != "linalg.generic":
             continue
-        segments = [int(s) for s in str(op.attributes["operandSegmentSizes"])
-                    .split(":", 1)[1].strip(" >").split(",")]
-        inputs, outputs = segments
-        iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
-        if outputs != 1 or any("parallel" not in it for it in iterators):
+        if output_count(op) != 1 or not all_parallel(op):
             continue
+        inputs = len(op.operands) - 1
         init = op.operands[inputs]
         empty = init.owner
         if isinstance(empty, ir.Block) or empty.name != "tensor.empty":

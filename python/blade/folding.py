@@ -75,17 +75,17 @@ def fold_splat_constants(module) -> int:
         >>> fold_splat_constants(module)   # broadcast(reshape(convert(dense<768> : i64)))
         3
     """
-    converts = []
+    candidates = []
 
     def visit(op):
         if op.name in _SPLAT_PRESERVING:
-            converts.append(op)
+            candidates.append(op)
         return ir.WalkResult.ADVANCE
 
     folded = 0
     with module.context:
         module.operation.walk(visit)
-        for op in converts:
+        for op in candidates:
             owner = op.operands[0].owner
             if isinstance(owner, ir.Block):
                 continue

@@ -1,8 +1,9 @@
 """Questions about MLIR values that several code generation steps ask (library calls,
 attention, layouts, shape assumptions, pooling, gathers): which op produced a value, which
-ops use it, and which ops have a name; the cloning of ops those steps rebuild; and the
+ops use it, and which ops have a name; the shape of a linalg loop nest (its outputs, its
+iterators) and the strides of a memref type; the cloning of ops those steps rebuild; and the
 replacement of an op by the body of a function written as text."""
-from typing import List
+from typing import List, Optional
 
 from torch_mlir import ir
 
@@ -40,8 +41,33 @@ def producer(value, name: str):
     return op if op is not None and op.name == name else None
 
 
+def output_count(op) -> int:
+    """How many of a linalg structured op's operands are outputs (`outs`), the last ones."""
+    return int(str(op.attributes["operandSegmentSizes"]).split(",")[-1].strip(" >]"))
+
+
+def all_parallel(op) -> bool:
+    """Whether every loop of a linalg structured op is parallel (none reduces)."""
+    return all("parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"]))
+
+
+def strides_of(memref_type) -> Optional[List[int]]:
+    """The strides of a memref type of identity or strided layout, some possibly dynamic;
+    None for any other layout.
+
+    Example:
+        >>> strides_of(ir.MemRefType.parse("memref<4x8xf32>"))
+        [8, 1]
+    """
+    try:
+        return list(ir.MemRefType(memref_type).get_strides_and_offset()[0])
+    except (ValueError, RuntimeError):
+        return None
+
+
 def ops_named(module, name: str) -> list:
-    """Every op named `name` in `module`, in walk order.
+    """Every op named `name` in `module` (a module or an op, itself included), in walk
+    order.
 
     Example:
         >>> reshapes = ops_named(module, "stablehlo.dynamic_reshape")

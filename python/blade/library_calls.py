@@ -23,7 +23,7 @@ from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import arith, func, memref, tensor
 
 from . import attention
-from .ir_queries import SHAPE_QUERIES, as_operation, only_data_user, producer
+from .ir_queries import SHAPE_QUERIES, as_operation, only_data_user, producer, strides_of
 
 LIBRARY_CALL = "blade.library_call"
 # Element types the kernels take; the name is also the kernel symbol's suffix.
@@ -359,7 +359,7 @@ def _transposed_view(value, permutation: List[int]):
     for i, d in enumerate(permutation):
         inverse[d] = i
     t = ir.MemRefType(value.type)
-    strides = list(t.get_strides_and_offset()[0])
+    strides = strides_of(t)
     view = ir.MemRefType.get([t.shape[d] for d in inverse], t.element_type,
                              ir.StridedLayoutAttr.get(0, [strides[d] for d in inverse]))
     return memref.TransposeOp(view, value,

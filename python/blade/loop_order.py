@@ -18,6 +18,8 @@ from typing import List, Optional
 
 from torch_mlir import ir
 
+from .ir_queries import all_parallel, ops_named, output_count, strides_of
+
 
 def _map_results(map_attr) -> Optional[List[Optional[int]]]:
     """Per result of an indexing map: its loop dim, or None for a constant; None when a
@@ -33,25 +35,12 @@ def _map_results(map_attr) -> Optional[List[Optional[int]]]:
     return results
 
 
-def _reads_position(op) -> bool:
-    found = []
-
-    def visit(inner):
-        if inner.name == "linalg.index":
-            found.append(inner)
-        return ir.WalkResult.ADVANCE
-
-    op.walk(visit)
-    return bool(found)
-
-
 def _contiguous_loop(value, results) -> Optional[int]:
     """The loop along which `value` (a memref indexed by `results`) is contiguous: the one
     indexing its last dim of size > 1, when that dim has unit stride."""
     t = ir.MemRefType(value.type)
-    try:
-        strides = t.get_strides_and_offset()[0]
-    except (ValueError, RuntimeError):
+    strides = strides_of(t)
+    if strides is None:
         return None
     for dim in range(t.rank - 1, -1, -1):
         if t.shape[dim] == 1:
@@ -61,16 +50,14 @@ def _contiguous_loop(value, results) -> Optional[int]:
 
 
 def _new_order(op) -> Optional[List[int]]:
-    iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
-    loops = len(iterators)
-    if loops < 3 or any("parallel" not in it for it in iterators) or _reads_position(op):
+    loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
+    if loops < 3 or not all_parallel(op) or ops_named(op, "linalg.index"):
         return None
     maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
     if len(maps) != len(op.operands):
         return None
-    outputs = int(str(op.attributes["operandSegmentSizes"]).split(",")[-1].strip(" >]"))
-    inner = []   # loops inputs are contiguous along, most inputs first
-    votes = {}
+    outputs = output_count(op)
+    votes = {}   # loop -> how many inputs are contiguous along it
     for index, (value, map_attr) in enumerate(zip(op.operands, maps)):
         if not isinstance(value.type, ir.MemRefType):
             return None

@@ -19,12 +19,12 @@ which runs `at::parallel_for` (torch.get_num_threads() threads, PyTorch's own po
 trampoline unpacks the array and calls the task's C interface. Tasks never allocate and
 write disjoint rows, so they need no synchronization.
 """
-from typing import List, Optional
+from typing import List
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func, memref, scf
 
-from .ir_queries import remap_operands
+from .ir_queries import ops_named, output_count, remap_operands, strides_of
 
 PARALLEL_TASK = "blade.parallel_task"
 MIN_ITERATIONS = 32768   # smaller loops are not worth waking threads for
@@ -66,10 +66,10 @@ def _plan(op):
     if len(maps) != len(op.operands):
         return None
     for operand in op.operands:
-        if not isinstance(operand.type, ir.MemRefType) or _strides(operand.type) is None:
+        if not isinstance(operand.type, ir.MemRefType) or strides_of(operand.type) is None:
             return None  # a layout other than strided: no row view of it can be written
     split = []
-    outputs = int(str(op.attributes["operandSegmentSizes"]).split(",")[-1].strip(" >]"))
+    outputs = output_count(op)
     for index, map_attr in enumerate(maps):
         results = _affine_results(map_attr)
         uses_d0 = any("d0" == r or r.startswith("d0 ") or " d0" in r for r in results)
@@ -139,14 +139,8 @@ def _shift_split_index(op, offset) -> None:
     of the split (outermost) loop, `linalg.index 0`, counts from the view's start: it
     becomes offset + that, the row of the whole buffer (tril compares it with the column,
     a gather's body reads its indices at it)."""
-    found = []
-
-    def visit(inner):
-        if inner.name == "linalg.index" and ir.IntegerAttr(inner.attributes["dim"]).value == 0:
-            found.append(inner)
-        return ir.WalkResult.ADVANCE
-
-    op.walk(visit)
+    found = [index for index in ops_named(op, "linalg.index")
+             if ir.IntegerAttr(index.attributes["dim"]).value == 0]
     for index in found:
         with ir.InsertionPoint(index):
             local = index.clone()
@@ -199,22 +193,13 @@ def _rows_type(t, strides):
                              t.element_type, layout)
 
 
-def _strides(t) -> Optional[List[int]]:
-    """The strides of a memref type of identity or strided layout (a column slice of a
-    buffer, a reshape of one), some possibly dynamic; None for any other layout."""
-    try:
-        return list(ir.MemRefType(t).get_strides_and_offset()[0])
-    except (ValueError, RuntimeError):
-        return None
-
-
 def _row_view(value, begin, size):
     """Rows [begin, begin + size) of a memref (identity or strided layout), as a strided
     subview with the memref's own strides."""
     t = ir.MemRefType(value.type)
     shape = list(t.shape)
     dynamic = ir.ShapedType.get_dynamic_size()
-    result = _rows_type(t, _strides(t))
+    result = _rows_type(t, strides_of(t))
     index = ir.IndexType.get()
     sizes = [size] + [memref.DimOp(value, arith.ConstantOp(index, d).result).result
                       for d in range(1, len(shape)) if shape[d] == dynamic]

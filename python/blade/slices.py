@@ -28,12 +28,22 @@ def _i64s(op, name: str) -> List[int]:
     return list(ir.DenseI64ArrayAttr(op.attributes[name]))
 
 
+def _ranges(op) -> List[tuple]:
+    """(start, limit, stride) per dim of the static slice `op`."""
+    return list(zip(_i64s(op, "start_indices"), _i64s(op, "limit_indices"),
+                    _i64s(op, "strides")))
+
+
+def _extents(ranges) -> List[int]:
+    """The sizes a slice of these (start, limit, stride) ranges has."""
+    return [max(0, (limit - start + stride - 1) // stride) for start, limit, stride in ranges]
+
+
 def _slice_count(op) -> int:
     """How many elements the static slice `op` takes."""
     count = 1
-    for start, limit, stride in zip(_i64s(op, "start_indices"), _i64s(op, "limit_indices"),
-                                    _i64s(op, "strides")):
-        count *= max(0, (limit - start + stride - 1) // stride)
+    for extent in _extents(_ranges(op)):
+        count *= extent
     return count
 
 
@@ -58,9 +68,7 @@ def _sliced(value, like, result_type):
     """`value` (of the sliced op's shape) sliced as the slice `like`: a broadcast becomes a
     broadcast of a slice of its source (the bias row is sliced, not the broadcast tensor),
     anything else a slice of it."""
-    starts = _i64s(like, "start_indices")
-    limits = _i64s(like, "limit_indices")
-    strides = _i64s(like, "strides")
+    ranges = _ranges(like)
     element = ir.RankedTensorType(value.type).element_type
     shape = list(ir.RankedTensorType(result_type).shape)
     broadcast = producer(value, "stablehlo.broadcast_in_dim")
@@ -68,24 +76,22 @@ def _sliced(value, like, result_type):
         source = broadcast.operands[0]
         source_shape = list(ir.RankedTensorType(source.type).shape)
         dims = list(ir.DenseI64ArrayAttr(broadcast.attributes["broadcast_dimensions"]))
-        kept = [(0, 1, 1) if source_shape[k] == 1 else (starts[d], limits[d], strides[d])
-                for k, d in enumerate(dims)]
+        kept = [(0, 1, 1) if source_shape[k] == 1 else ranges[d] for k, d in enumerate(dims)]
         small = _slice(source, kept, element)
         return ir.Operation.create(
             "stablehlo.broadcast_in_dim",
             results=[ir.RankedTensorType.get(shape, element)], operands=[small],
             attributes={"broadcast_dimensions": broadcast.attributes["broadcast_dimensions"]}
         ).result
-    return _slice(value, list(zip(starts, limits, strides)), element)
+    return _slice(value, ranges, element)
 
 
 def _slice(value, ranges, element):
     if all(start == 0 and limit == size and stride == 1 for (start, limit, stride), size
            in zip(ranges, ir.RankedTensorType(value.type).shape)):
         return value
-    shape = [max(0, (limit - start + stride - 1) // stride) for start, limit, stride in ranges]
     return ir.Operation.create(
-        _SLICE, results=[ir.RankedTensorType.get(shape, element)], operands=[value],
+        _SLICE, results=[ir.RankedTensorType.get(_extents(ranges), element)], operands=[value],
         attributes={"start_indices": ir.DenseI64ArrayAttr.get([r[0] for r in ranges]),
                     "limit_indices": ir.DenseI64ArrayAttr.get([r[1] for r in ranges]),
                     "strides": ir.DenseI64ArrayAttr.get([r[2] for r in ranges])}).result
@@ -95,11 +101,11 @@ def _sink(op) -> bool:
     slices = _slices_only(op)
     if slices is None:
         return False
+    element = ir.RankedTensorType(op.results[0].type).element_type
     for user in slices:
         with ir.InsertionPoint(user), user.location:
             result_type = user.results[0].type
             operands = [_sliced(operand, user, result_type) for operand in op.operands]
-            element = ir.RankedTensorType(op.results[0].type).element_type
             copy = ir.Operation.create(
                 op.name, results=[ir.RankedTensorType.get(
                     ir.RankedTensorType(result_type).shape, element)],
