@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Tuple
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
-from . import folding, layouts, library_calls, loop_order, parallel, slices
+from . import folding, layouts, library_calls, loop_order, parallel, slices, tiled_transpose
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
@@ -77,6 +77,7 @@ class CompiledCluster:
     library_calls: int = 0  # ops outlined as RAL kernel calls
     fused_attention: int = 0  # of those, attention chains run as one kernel (attention.py)
     parallel_loops: int = 0  # loop nests run on PyTorch's intra-op threads
+    tiled_transposes: int = 0  # transposing loop nests rewritten as vector tiles
 
 
 def load_pipeline(stage: str) -> str:
@@ -191,6 +192,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 tasks = parallel.outline(module, _find_main(module)) if parallel_loops else []
                 result.parallel_loops = len(tasks)
                 library_calls.lower(module)
+                result.tiled_transposes = tiled_transpose.tile_transposes(module)
                 main = _find_main(module)
                 main.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
                 noalias = _noalias_buffers(module)

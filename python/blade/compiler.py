@@ -388,6 +388,7 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
                 entry.library_calls = compiled.library_calls
                 entry.fused_attention = compiled.fused_attention
                 entry.parallel_loops = compiled.parallel_loops
+                entry.tiled_transposes = compiled.tiled_transposes
                 report.compiled_ops += sum(ops.values())
                 report.clusters.append(entry)
                 cluster_dump.finish({**cluster_dump.seconds,

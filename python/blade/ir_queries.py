@@ -65,6 +65,65 @@ def strides_of(memref_type) -> Optional[List[int]]:
         return None
 
 
+def map_dims(map_attr) -> Optional[List[Optional[int]]]:
+    """Per result of an indexing map: its loop dim, or None for a constant; None when a
+    result is anything else.
+
+    Example:
+        >>> map_dims(ir.AffineMapAttr.get(ir.AffineMap.get_permutation([2, 0, 1])))
+        [2, 0, 1]
+    """
+    results = []
+    for expr in ir.AffineMapAttr(map_attr).value.results:
+        if isinstance(expr, ir.AffineDimExpr):
+            results.append(expr.position)
+        elif isinstance(expr, ir.AffineConstantExpr):
+            results.append(None)
+        else:
+            return None
+    return results
+
+
+def contiguous_loop(value, results) -> Optional[int]:
+    """The loop along which `value` (a memref indexed by `results`, as map_dims gives them)
+    is contiguous: the one indexing its last dim of size > 1, when that dim has unit stride.
+
+    Example:
+        >>> contiguous_loop(x, [0, 3, 1, 2])   # x: memref<4x64x56x56xf32>, read as NHWC
+        2
+    """
+    t = ir.MemRefType(value.type)
+    strides = strides_of(t)
+    if strides is None:
+        return None
+    for dim in range(t.rank - 1, -1, -1):
+        if t.shape[dim] == 1:
+            continue
+        return results[dim] if strides[dim] == 1 else None
+    return None
+
+
+_VIEW_OPS = ("memref.expand_shape", "memref.collapse_shape", "memref.subview", "memref.cast",
+             "memref.reinterpret_cast")
+
+
+def root_buffer(value):
+    """The buffer a memref value views (through reshapes, subviews and casts).
+
+    Example:
+        >>> root_buffer(subview_of_alloc) == alloc
+        True
+    """
+    while True:
+        owner = value.owner
+        if isinstance(owner, ir.Block):
+            return value
+        op = owner.operation if hasattr(owner, "operation") else owner
+        if op.name not in _VIEW_OPS:
+            return value
+        value = op.operands[0]
+
+
 def ops_named(module, name: str) -> list:
     """Every op named `name` in `module` (a module or an op, itself included), in walk
     order.

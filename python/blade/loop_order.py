@@ -18,35 +18,7 @@ from typing import List, Optional
 
 from torch_mlir import ir
 
-from .ir_queries import all_parallel, ops_named, output_count, strides_of
-
-
-def _map_results(map_attr) -> Optional[List[Optional[int]]]:
-    """Per result of an indexing map: its loop dim, or None for a constant; None when a
-    result is anything else."""
-    results = []
-    for expr in ir.AffineMapAttr(map_attr).value.results:
-        if isinstance(expr, ir.AffineDimExpr):
-            results.append(expr.position)
-        elif isinstance(expr, ir.AffineConstantExpr):
-            results.append(None)
-        else:
-            return None
-    return results
-
-
-def _contiguous_loop(value, results) -> Optional[int]:
-    """The loop along which `value` (a memref indexed by `results`) is contiguous: the one
-    indexing its last dim of size > 1, when that dim has unit stride."""
-    t = ir.MemRefType(value.type)
-    strides = strides_of(t)
-    if strides is None:
-        return None
-    for dim in range(t.rank - 1, -1, -1):
-        if t.shape[dim] == 1:
-            continue
-        return results[dim] if strides[dim] == 1 else None
-    return None
+from .ir_queries import all_parallel, contiguous_loop, map_dims, ops_named, output_count
 
 
 def _new_order(op) -> Optional[List[int]]:
@@ -61,10 +33,10 @@ def _new_order(op) -> Optional[List[int]]:
     for index, (value, map_attr) in enumerate(zip(op.operands, maps)):
         if not isinstance(value.type, ir.MemRefType):
             return None
-        results = _map_results(map_attr)
+        results = map_dims(map_attr)
         if results is None:
             return None
-        loop = _contiguous_loop(value, results)
+        loop = contiguous_loop(value, results)
         if index < len(maps) - outputs and loop is not None:
             votes[loop] = votes.get(loop, 0) + 1
     candidates = [d for d in votes if 0 < d < loops - 1]
@@ -97,7 +69,7 @@ def order_loops(main) -> int:
         for map_attr in ir.ArrayAttr(op.attributes["indexing_maps"]):
             # a constant result (0, a size-1 dim of a broadcast) stays as it is
             exprs = [expr if d is None else ir.AffineDimExpr.get(position[d])
-                     for d, expr in zip(_map_results(map_attr),
+                     for d, expr in zip(map_dims(map_attr),
                                         ir.AffineMapAttr(map_attr).value.results)]
             new_maps.append(ir.AffineMapAttr.get(ir.AffineMap.get(loops, 0, exprs)))
         op.attributes["indexing_maps"] = ir.ArrayAttr.get(new_maps)

@@ -24,7 +24,7 @@ from typing import List
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func, memref, scf
 
-from .ir_queries import ops_named, output_count, remap_operands, strides_of
+from .ir_queries import ops_named, output_count, remap_operands, root_buffer, strides_of
 
 PARALLEL_TASK = "blade.parallel_task"
 MIN_ITERATIONS = 32768   # smaller loops are not worth waking threads for
@@ -149,26 +149,10 @@ def _shift_split_index(op, offset) -> None:
         index.erase()
 
 
-_VIEW_OPS = ("memref.expand_shape", "memref.collapse_shape", "memref.subview", "memref.cast",
-             "memref.reinterpret_cast")
-
-
-def _root(value):
-    """The buffer a memref value views (through reshapes, subviews and casts)."""
-    while True:
-        owner = value.owner
-        if isinstance(owner, ir.Block):
-            return value
-        op = owner.operation if hasattr(owner, "operation") else owner
-        if op.name not in _VIEW_OPS:
-            return value
-        value = op.operands[0]
-
-
 def _distinct_buffers(operands) -> bool:
     roots = []
     for value in operands:
-        root = _root(value)
+        root = root_buffer(value)
         if any(root == r for r in roots):
             return False
         roots.append(root)
@@ -253,7 +237,7 @@ def _row_op(op):
         return None
     found = []
     for position, value, split in uses:
-        root = _root(value)
+        root = root_buffer(value)
         owner = root.owner
         if not isinstance(owner, ir.Block):
             owner = owner.operation if hasattr(owner, "operation") else owner

@@ -26,6 +26,7 @@ class ClusterReport:
     library_calls: int = 0  # matmuls/convolutions run by PyTorch's kernels through the RAL
     fused_attention: int = 0  # of those, softmax(q @ k^T * s + mask) @ v chains as one kernel
     parallel_loops: int = 0  # loop nests split across PyTorch's intra-op threads
+    tiled_transposes: int = 0  # transposing loop nests run as 8 x 8 vector tiles
     packed_weights: int = 0  # weights multiplied through MKL's packed copy (read live)
 
 
