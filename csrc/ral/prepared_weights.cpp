@@ -2,12 +2,19 @@
 
 #include "ral/mkl_functions.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <exception>
 #include <limits>
+#include <optional>
 
 namespace blade::ral {
 namespace {
 
-// A weight keeps packs for at most this many row counts.
+// A weight keeps prepared copies (oneDNN's and MKL's together) for at most this many input
+// sizes: oneDNN's layout depends on the size (a copy made for 512 rows multiplied 1 row
+// 600x slower than one made for it), so other sizes run with the weight as it is.
 constexpr size_t kRowCountsPerWeight = 4;
 
 const MklFunctions& mkl() { return mkl_functions(); }
@@ -43,6 +50,62 @@ at::Tensor PreparedWeights::channels_last(const at::Tensor& weight) {
   return it->second;
 }
 
+size_t PreparedWeights::copies_of(const void* data) const {
+  size_t copies = 0;
+  for (const auto& entry : packs_) {
+    copies += std::get<0>(entry.first) == data ? 1 : 0;
+  }
+  for (const auto& entry : onednn_) {
+    copies += std::get<0>(entry.first) == data ? 1 : 0;
+  }
+  return copies;
+}
+
+at::Tensor PreparedWeights::onednn_weight(const at::Tensor& weight, bool transposed,
+                                          const std::vector<int64_t>& input_size,
+                                          const std::vector<int64_t>& padding,
+                                          const std::vector<int64_t>& stride,
+                                          const std::vector<int64_t>& dilation,
+                                          int64_t groups) {
+  if ((weight.dim() != 2 && weight.dim() != 4) || weight.scalar_type() != at::kFloat ||
+      !is_param(weight)) {
+    return at::Tensor();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto key = std::make_tuple(weight.data_ptr(), transposed, input_size);
+  auto it = onednn_.find(key);
+  if (it != onednn_.end()) {
+    return it->second;
+  }
+  if (copies_of(weight.data_ptr()) >= kRowCountsPerWeight) {
+    return at::Tensor();
+  }
+  at::Tensor plain = weight;
+  if (weight.dim() == 2) {
+    const at::Tensor rows = transposed ? weight : weight.t();  // [N, K]
+    plain = rows.contiguous().view({rows.size(0), rows.size(1), 1, 1});
+  }
+  // mkldnn::_reorder_convolution_weight (what Inductor's freezing calls) takes a dense
+  // weight; aten's mkldnn_reorder_conv2d_weight only an mkldnn one. Where it fails, an
+  // undefined copy is kept so that later calls do not try again.
+  static const std::optional<c10::OperatorHandle> reorder =
+      c10::Dispatcher::singleton().findOp(
+          c10::OperatorName("mkldnn::_reorder_convolution_weight", ""));
+  if (!reorder.has_value()) {
+    return at::Tensor();
+  }
+  at::Tensor reordered;
+  try {
+    torch::jit::Stack stack{plain, padding, stride, dilation, groups, input_size};
+    reorder->callBoxed(&stack);
+    reordered = stack.at(0).toTensor();
+  } catch (const std::exception&) {
+    reordered = at::Tensor();
+  }
+  onednn_.emplace(key, reordered);
+  return reordered;
+}
+
 const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int64_t m,
                                      int64_t n, int64_t k) {
   const void* data = rhs.data_ptr();
@@ -55,11 +118,7 @@ const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int
   if (it != packs_.end()) {
     return static_cast<const float*>(it->second.data_ptr());
   }
-  size_t packs_of_weight = 0;
-  for (const auto& entry : packs_) {
-    packs_of_weight += std::get<0>(entry.first) == data ? 1 : 0;
-  }
-  if (packs_of_weight >= kRowCountsPerWeight) {
+  if (copies_of(data) >= kRowCountsPerWeight) {
     return nullptr;
   }
   const size_t bytes = mkl().pack_get_size(kCblasBMatrix, static_cast<int>(m),
@@ -95,7 +154,11 @@ bool PreparedWeights::matmul_f32(const float* lhs, int64_t lda, const at::Tensor
 
 int64_t PreparedWeights::packed_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int64_t>(packs_.size());
+  int64_t count = static_cast<int64_t>(packs_.size());
+  for (const auto& entry : onednn_) {
+    count += entry.second.defined() ? 1 : 0;
+  }
+  return count;
 }
 
 PreparedWeights* active_prepared_weights() { return active; }

@@ -1,5 +1,13 @@
-// Weights prepared once per engine for PyTorch's kernels: MKL's packed B operand for GEMMs,
-// channels_last copies for NHWC convolutions.
+// Weights prepared once per engine for PyTorch's kernels: oneDNN's reordered weights for
+// GEMMs and NHWC convolutions, MKL's packed B operand for GEMMs oneDNN does not take,
+// channels_last copies for NHWC convolutions oneDNN's in-place form does not run.
+//
+// oneDNN (PyTorch's mkldnn convolution) reorders a plain weight into its blocked layout on
+// every call; `onednn_weight` makes that reordered copy once per input size (what
+// Inductor's frozen convolutions do). A GEMM by a weight runs as oneDNN's 1x1 convolution
+// over the rows (ral_kernels.cpp): measured on an AVX-512 AMD host at 2 threads, oneDNN's
+// kernels took 0.55-0.85 of MKL's packed sgemm for the bert and mlp shapes, MKL taking its
+// AVX2 code there.
 //
 // A linear layer's weight is a constant of the engine (a param), multiplied by a batch of
 // rows on every call. MKL reorders the weight into its own blocked layout inside every
@@ -30,15 +38,28 @@ class PreparedWeights {
   bool matmul_f32(const float* lhs, int64_t lda, const at::Tensor& rhs, bool transposed,
                   float* out, int64_t ldc, int64_t m);
 
+  // A param reordered into oneDNN's layout for convolving an input of `input_size`
+  // ([N, C, H, W]): a convolution weight [O, I/groups, kh, kw], or a GEMM's 2-d rhs as the
+  // 1x1 convolution weight [N, K, 1, 1] (rhs is [N, K] when `transposed`, else [K, N]).
+  // Made once per input size, for at most a few; an undefined tensor when `weight` is not
+  // a param or has all its copies (the caller then uses the weight as it is).
+  at::Tensor onednn_weight(const at::Tensor& weight, bool transposed,
+                           const std::vector<int64_t>& input_size,
+                           const std::vector<int64_t>& padding,
+                           const std::vector<int64_t>& stride,
+                           const std::vector<int64_t>& dilation, int64_t groups);
+
   // A convolution weight in channels_last layout (what oneDNN reads for NHWC data), made
   // once if `weight` is a param; otherwise `weight` itself.
   at::Tensor channels_last(const at::Tensor& weight);
 
-  // How many packed weights exist (tests and the report read it).
+  // How many prepared copies exist, oneDNN's and MKL's (tests and the report read it).
   int64_t packed_count() const;
 
  private:
   bool is_param(const at::Tensor& t) const;
+  // How many prepared copies of the weight at `data` exist (mutex_ held).
+  size_t copies_of(const void* data) const;
   // rhs packed for m rows of op(rhs) [k, n]; null when rhs is not a param or has its packs.
   const float* packed(const at::Tensor& rhs, bool transposed, int64_t m, int64_t n, int64_t k);
 
@@ -47,6 +68,8 @@ class PreparedWeights {
   // (weight data, transposed, rows) -> packed bytes
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
+  // (weight data, transposed, input size) -> oneDNN's copy
+  std::map<std::tuple<const void*, bool, std::vector<int64_t>>, at::Tensor> onednn_;
 };
 
 // The prepared weights of the engine whose code runs on this thread (null outside a call);

@@ -95,6 +95,69 @@ bool as_rows(const at::Tensor& t, int64_t* rows, int64_t* row_stride) {
   return true;
 }
 
+// oneDNN's convolution that adds its result into an existing channels_last tensor (what
+// Inductor uses for conv + add): with `target` (already of the result's shape) zeroed it
+// convolves straight into the engine's buffer, where at::conv2d would allocate a fresh
+// output (page faults on every call) that then had to be copied. False when it does not
+// apply or is unavailable, and the caller convolves as usual.
+bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
+                   const std::optional<at::Tensor>& bias, bool relu,
+                   const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                   const std::vector<int64_t>& dilation, int64_t groups) {
+  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(
+      c10::OperatorName("mkldnn::_convolution_pointwise_", "binary"));
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  // A oneDNN weight (PreparedWeights::onednn_weight) has no strides to check.
+  if (!op.has_value() || target.scalar_type() != at::kFloat || !x.is_contiguous(cl) ||
+      (!w.is_mkldnn() && !w.is_contiguous(cl)) || !target.is_contiguous(cl)) {
+    return false;
+  }
+  // An error here (none is expected for these operands) propagates: the engine falls back
+  // for the call and reports it.
+  target.zero_();
+  // out = relu?(conv(x, w) + bias + out): the bias and the ReLU as the convolution's own
+  // bias and post-op, not a pass over its result.
+  torch::jit::Stack stack{target,
+                          x,
+                          w,
+                          bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
+                          padding,
+                          stride,
+                          dilation,
+                          groups,
+                          std::string("add"),
+                          at::Scalar(1.0),
+                          relu ? c10::IValue(std::string("relu")) : c10::IValue(),
+                          c10::List<std::optional<at::Scalar>>(),
+                          c10::IValue()};
+  op->callBoxed(&stack);
+  return true;
+}
+
+// lhs[M, K] @ op(weight) as oneDNN's 1x1 convolution of [1, K, 1, M] channels_last data
+// (the rows as they lie) by the weight's oneDNN copy, written straight into the rows of
+// `result`. False when the rows are not densely packed or the weight has no copy.
+bool onednn_matmul(blade::ral::PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
+                   int64_t lda, const at::Tensor& weight, bool transposed,
+                   const at::Tensor& result, int64_t ldc) {
+  const int64_t k = lhs.size(-1);
+  const int64_t n = result.size(-1);
+  if (lda != k || ldc != n || rows <= 0 || k <= 0 || n <= 0) {
+    return false;
+  }
+  const std::vector<int64_t> input_size{1, k, 1, rows};
+  at::Tensor w = prepared->onednn_weight(weight, transposed, input_size, {0, 0}, {1, 1},
+                                         {1, 1}, 1);
+  if (!w.defined()) {
+    return false;
+  }
+  const at::Tensor x = at::from_blob(lhs.data_ptr(), input_size, {rows * k, 1, rows * k, k},
+                                     lhs.options());
+  at::Tensor target = at::from_blob(result.data_ptr(), {1, n, 1, rows},
+                                    {rows * n, 1, rows * n, n}, result.options());
+  return convolve_into(target, x, w, std::nullopt, false, {0, 0}, {1, 1}, {1, 1}, 1);
+}
+
 // lhs @ weight through the engine's packed copy of the weight, when `weight` is a param of
 // the running engine and both row operands fold to 2-d (see prepared_weights.h).
 bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transposed,
@@ -108,7 +171,8 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
       !as_rows(lhs, &rows, &lda) || !as_rows(result, &out_rows, &ldc) || rows != out_rows) {
     return false;
   }
-  return prepared->matmul_f32(lhs.data_ptr<float>(), lda, weight, transposed,
+  return onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc) ||
+         prepared->matmul_f32(lhs.data_ptr<float>(), lda, weight, transposed,
                               result.data_ptr<float>(), ldc, rows);
 }
 
@@ -147,44 +211,6 @@ std::vector<int64_t> conv_output_sizes(const at::Tensor& x, const at::Tensor& w,
   return sizes;
 }
 
-// oneDNN's convolution that adds its result into an existing channels_last tensor (what
-// Inductor uses for conv + add): with `target` (already of the result's shape) zeroed it
-// convolves straight into the engine's buffer, where at::conv2d would allocate a fresh
-// output (page faults on every call) that then had to be copied. False when it does not
-// apply or is unavailable, and the caller convolves as usual.
-bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
-                   const std::optional<at::Tensor>& bias, bool relu,
-                   const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
-                   const std::vector<int64_t>& dilation, int64_t groups) {
-  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(
-      c10::OperatorName("mkldnn::_convolution_pointwise_", "binary"));
-  const auto cl = at::MemoryFormat::ChannelsLast;
-  if (!op.has_value() || target.scalar_type() != at::kFloat || !x.is_contiguous(cl) ||
-      !w.is_contiguous(cl) || !target.is_contiguous(cl)) {
-    return false;
-  }
-  // An error here (none is expected for these operands) propagates: the engine falls back
-  // for the call and reports it.
-  target.zero_();
-  // out = relu?(conv(x, w) + bias + out): the bias and the ReLU as the convolution's own
-  // bias and post-op, not a pass over its result.
-  torch::jit::Stack stack{target,
-                          x,
-                          w,
-                          bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
-                          padding,
-                          stride,
-                          dilation,
-                          groups,
-                          std::string("add"),
-                          at::Scalar(1.0),
-                          relu ? c10::IValue(std::string("relu")) : c10::IValue(),
-                          c10::List<std::optional<at::Scalar>>(),
-                          c10::IValue()};
-  op->callBoxed(&stack);
-  return true;
-}
-
 void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* weight,
             BladeUnrankedMemRef* out, int64_t stride_h, int64_t stride_w, int64_t pad_top,
             int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
@@ -204,7 +230,10 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     const std::vector<int64_t> dilation{dilation_h, dilation_w};
     at::Tensor w = view_of(weight, dtype);
     blade::ral::PreparedWeights* prepared = blade::ral::active_prepared_weights();
+    at::Tensor reordered;  // oneDNN's copy, for convolve_into only
     if (channels_last && prepared != nullptr) {
+      reordered = prepared->onednn_weight(w, false, x.sizes().vec(), padding, stride, dilation,
+                                          groups);
       w = prepared->channels_last(w);
     }
     at::Tensor target = as_nchw(view_of(out, dtype));
@@ -216,8 +245,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       TORCH_CHECK(bias->numel() == w.size(0), "blade_ral_conv2d: a bias of ", bias->numel(),
                   " values for ", w.size(0), " output channels");
     }
-    if (channels_last && convolve_into(target, x, w, bias, relu, padding, stride, dilation,
-                                       groups)) {
+    if (channels_last && convolve_into(target, x, reordered.defined() ? reordered : w, bias,
+                                       relu, padding, stride, dilation, groups)) {
       return;
     }
     at::Tensor result = at::conv2d(x, w, bias, stride, padding, dilation, groups);

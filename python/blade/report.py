@@ -27,7 +27,7 @@ class ClusterReport:
     fused_attention: int = 0  # of those, softmax(q @ k^T * s + mask) @ v chains as one kernel
     parallel_loops: int = 0  # loop nests split across PyTorch's intra-op threads
     tiled_transposes: int = 0  # transposing loop nests run as 8 x 8 vector tiles
-    packed_weights: int = 0  # weights multiplied through MKL's packed copy (read live)
+    packed_weights: int = 0  # prepared weight copies, oneDNN's or MKL's packed (read live)
 
 
 @dataclass

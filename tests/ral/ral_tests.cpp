@@ -262,12 +262,26 @@ void test_matmul_by_a_param_uses_its_packed_copy() {
   {
     blade::ral::ActivePreparedWeights active(&prepared);
     for (int call = 0; call < 3; ++call) {
-      out.fill_(0);
+      // oneDNN adds its product into the buffer it writes: whatever the buffer held before
+      // (NaN here) must not show through.
+      out.fill_(std::numeric_limits<float>::quiet_NaN());
       blade_ral_matmul_f32(3, &dx, 2, &dw, 3, &dout, /*transpose_b=*/1);
       EXPECT(blade::ral::take_kernel_error().empty());
       EXPECT(at::allclose(out, at::matmul(x, weight.t()), 1e-4, 1e-4));
     }
-    EXPECT(prepared.packed_count() == 1);  // packed once, for 20 rows
+    EXPECT(prepared.packed_count() == 1);  // prepared once, for 20 rows
+
+    // Rows further apart than they are long (a column slice): MKL's packed GEMM, which
+    // takes a row stride, instead of oneDNN's dense rows; a second copy.
+    at::Tensor padded = at::randn({20, 40});
+    at::Tensor rows = padded.slice(1, 0, 32);
+    at::Tensor out3 = at::full({20, 48}, std::numeric_limits<float>::quiet_NaN());
+    auto drows = describe<2>(rows);
+    auto dout3 = describe<2>(out3);
+    blade_ral_matmul_f32(2, &drows, 2, &dw, 2, &dout3, 1);
+    EXPECT(blade::ral::take_kernel_error().empty());
+    EXPECT(at::allclose(out3, at::matmul(rows, weight.t()), 1e-4, 1e-4));
+    EXPECT(prepared.packed_count() == 2);
 
     // Rows that do not fold to one matrix (a strided slice) multiply unpacked, correctly.
     at::Tensor wide = at::randn({2, 10, 64});
@@ -277,7 +291,7 @@ void test_matmul_by_a_param_uses_its_packed_copy() {
     auto dout2 = describe<3>(out2);
     blade_ral_matmul_f32(3, &ds, 2, &dw, 3, &dout2, 1);
     EXPECT(at::allclose(out2, at::matmul(slice, weight.t()), 1e-4, 1e-4));
-    EXPECT(prepared.packed_count() == 1);
+    EXPECT(prepared.packed_count() == 2);
   }
   // Not a param (another tensor with the same shape), or no engine running: not packed.
   at::Tensor other = at::randn({48, 32});
@@ -285,6 +299,23 @@ void test_matmul_by_a_param_uses_its_packed_copy() {
   blade::ral::ActivePreparedWeights active(&prepared);
   blade_ral_matmul_f32(3, &dx, 2, &dother, 3, &dout, 1);
   EXPECT(at::allclose(out, at::matmul(x, other.t()), 1e-4, 1e-4));
+  EXPECT(prepared.packed_count() == 2);
+}
+
+void test_matmul_by_an_untransposed_param_prepares_its_transpose() {
+  at::Tensor weight = at::randn({32, 24});  // x @ w: [in, out]
+  blade::ral::PreparedWeights prepared({weight});
+  at::Tensor x = at::randn({16, 32});
+  at::Tensor out = at::full({16, 24}, std::numeric_limits<float>::quiet_NaN());
+  auto dx = describe<2>(x);
+  auto dw = describe<2>(weight);
+  auto dout = describe<2>(out);
+  blade::ral::ActivePreparedWeights active(&prepared);
+  for (int call = 0; call < 2; ++call) {
+    blade_ral_matmul_f32(2, &dx, 2, &dw, 2, &dout, /*transpose_b=*/0);
+    EXPECT(blade::ral::take_kernel_error().empty());
+    EXPECT(at::allclose(out, at::matmul(x, weight), 1e-4, 1e-4));
+  }
   EXPECT(prepared.packed_count() == 1);
 }
 
@@ -568,6 +599,8 @@ int main(int argc, char** argv) {
       {"freed_buffers_are_reused_and_released", test_freed_buffers_are_reused_and_released},
       {"matmul_library_call", test_matmul_library_call},
       {"matmul_by_a_param_uses_its_packed_copy", test_matmul_by_a_param_uses_its_packed_copy},
+      {"matmul_by_an_untransposed_param_prepares_its_transpose",
+       test_matmul_by_an_untransposed_param_prepares_its_transpose},
       {"attention_library_call", test_attention_library_call},
       {"conv2d_with_bias_and_relu_library_call", test_conv2d_with_bias_and_relu_library_call},
       {"parallel_for_covers_every_row_once", test_parallel_for_covers_every_row_once},
