@@ -3,7 +3,10 @@
 #include "ral/mkl_functions.h"
 #include "ral/ral_abi.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -179,6 +182,7 @@ struct Problem {
   int64_t out_row_stride = 0;
   const float* mask = nullptr;
   int64_t mask_strides[3] = {0, 0, 0};  // batch, head, row; unit along keys
+  int64_t batches = 0;
   int64_t heads = 0;
   int64_t rows = 0;  // query length
   int64_t keys = 0;
@@ -190,13 +194,19 @@ struct Problem {
   float empty_row = 0.0f;  // exp_row's value for a row of -inf scores
 };
 
-void run_blocks(int64_t begin, int64_t end, void** arguments) {
+// One worker of the pool: claims blocks one at a time from the shared counter until none
+// is left, so a thread that starts late or is preempted (a busy or virtualized host) does
+// not leave the others waiting at the barrier on a fixed share of the blocks.
+void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** arguments) {
   const Problem& p = *static_cast<const Problem*>(arguments[0]);
+  auto& next_block = *static_cast<std::atomic<int64_t>*>(arguments[1]);
+  const int64_t blocks = p.batches * p.heads * p.blocks_per_head;
   // Rows of scores padded to whole vectors (exp_row).
   const int64_t padded = (p.keys + kLanes - 1) / kLanes * kLanes;
   std::unique_ptr<float[]> scores(new float[p.rows_per_block * padded]);
   std::unique_ptr<float[]> inverse_sums(new float[p.rows_per_block]);
-  for (int64_t task = begin; task < end; ++task) {
+  for (int64_t task = next_block.fetch_add(1, std::memory_order_relaxed); task < blocks;
+       task = next_block.fetch_add(1, std::memory_order_relaxed)) {
     const int64_t head_index = task / p.blocks_per_head;
     const int64_t b = head_index / p.heads;
     const int64_t h = head_index % p.heads;
@@ -273,8 +283,14 @@ bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Ten
   p.rows_per_block =
       std::min(p.rows, std::max(kMinRowsPerBlock, kScoresPerBlock / p.keys));
   p.blocks_per_head = (p.rows + p.rows_per_block - 1) / p.rows_per_block;
-  void* arguments[] = {&p};
-  blade_ral_parallel_for(q.size(0) * p.heads * p.blocks_per_head, 1, &run_blocks, arguments);
+  p.batches = q.size(0);
+  std::atomic<int64_t> next_block{0};
+  void* arguments[] = {&p, &next_block};
+  // One range element per worker (each runs run_blocks over its range, claiming blocks),
+  // at most one per block.
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(),
+                                            p.batches * p.heads * p.blocks_per_head);
+  blade_ral_parallel_for(workers, 1, &run_blocks, arguments);
   return true;
 }
 
