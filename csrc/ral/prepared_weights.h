@@ -1,6 +1,6 @@
 // Weights prepared once per engine for PyTorch's kernels: oneDNN's reordered weights for
 // GEMMs and NHWC convolutions, MKL's packed B operand for GEMMs oneDNN does not take,
-// channels_last copies for NHWC convolutions oneDNN's in-place form does not run.
+// channels_last copies for NHWC convolutions whose weight gets no oneDNN copy.
 //
 // oneDNN (PyTorch's mkldnn convolution) reorders a plain weight into its blocked layout on
 // every call; `onednn_weight` makes that reordered copy once per input size (what

@@ -234,7 +234,11 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     if (channels_last && prepared != nullptr) {
       reordered = prepared->onednn_weight(w, false, x.sizes().vec(), padding, stride, dilation,
                                           groups);
-      w = prepared->channels_last(w);
+      // Without oneDNN's copy, a channels_last one (with it, no second copy is kept; the
+      // plain weight serves the rare call convolve_into declines).
+      if (!reordered.defined()) {
+        w = prepared->channels_last(w);
+      }
     }
     at::Tensor target = as_nchw(view_of(out, dtype));
     check_result_shape("blade_ral_conv2d", target,

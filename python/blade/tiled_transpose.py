@@ -29,6 +29,7 @@ from torch_mlir.dialects import arith, memref, scf, vector
 
 from .ir_queries import (all_parallel, contiguous_loop, map_dims, ops_named, output_count,
                          root_buffer, strides_of)
+from .parallel import PARALLEL_TASK
 
 # 8 x 8 tiles of float32 (8 ymm rows): measured on [4,64,56,56] NCHW <-> NHWC, 16 x 16
 # tiles (shuffle16x16 lowering) ran 2x slower, spilling with two tiles live, and 16 x 8
@@ -73,7 +74,7 @@ def _vectorizable_body(op) -> bool:
 
 
 def _plan(op):
-    """(a, b, per operand its kind) when `op` is a transposing nest this module
+    """(a, b, per operand its kind, per operand its map_dims) when `op` is a transposing nest this module
     rewrites; kinds: "transposed" (contiguous along b), "aligned" (contiguous along a),
     "scalar" (indexes neither)."""
     if op.name != "linalg.generic" or not all_parallel(op) or ops_named(op, "linalg.index"):
@@ -121,7 +122,7 @@ def _plan(op):
     if any(kind == "transposed" and any(root_buffer(value) == root for root in roots)
            for kind, value in zip(kinds, op.operands)):
         return None   # a transpose in place: tiles would overwrite what others read
-    return a, b, kinds
+    return a, b, kinds, results
 
 
 def _index(value: int):
@@ -129,46 +130,34 @@ def _index(value: int):
 
 
 def _rewrite(op, plan) -> None:
-    a, b, kinds = plan
-    maps = [map_dims(m) for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-    outputs = output_count(op)
-    operands = list(op.operands)
-    out = operands[-1]
-    out_results = maps[-1]
-    block = op.regions[0].blocks[0]
-    with ir.InsertionPoint(op), op.location:
-        zero = _index(0)
-        ivs: Dict[int, ir.Value] = {}
-
-        def open_loop(extent, step):
-            loop = scf.ForOp(zero, extent, _index(step))
-            return loop
-
-        nests = []
-        # the other loops in the output's dim order (outer to inner), then a, then b
-        order = [d for d in out_results if d not in (a, b)] + [a, b]
-        for d in order:
-            position = out_results.index(d)
-            shape = ir.MemRefType(out.type).shape
-            extent = _index(shape[position]) \
-                if shape[position] != ir.ShapedType.get_dynamic_size() \
-                else memref.DimOp(out, _index(position)).result
-            step = TILE if d in (a, b) else 1
-            loop = open_loop(extent, step)
-            nests.append(loop)
+    a, b, kinds, maps = plan
+    out = op.operands[-1]
+    out_dims = maps[-1]
+    shape = ir.MemRefType(out.type).shape
+    ivs: Dict[int, ir.Value] = {}
+    with op.location:
+        ip = ir.InsertionPoint(op)
+        # the other loops in the output's dim order (outer to inner), then a, then b; each
+        # loop's body ends in its yield, and the next goes before it
+        for d in [d for d in out_dims if d not in (a, b)] + [a, b]:
+            position = out_dims.index(d)
+            with ip:
+                extent = _index(shape[position]) \
+                    if shape[position] != ir.ShapedType.get_dynamic_size() \
+                    else memref.DimOp(out, _index(position)).result
+                loop = scf.ForOp(_index(0), extent, _index(TILE if d in (a, b) else 1))
+            with ir.InsertionPoint(loop.body):
+                ip = ir.InsertionPoint(scf.YieldOp([]))
             ivs[d] = loop.induction_variable
-            ip = ir.InsertionPoint(loop.body)
-            ip.__enter__()
-        try:
-            _tile_body(op, block, maps, kinds, operands, outputs, ivs, a, b, TILE)
-        finally:
-            for loop in reversed(nests):
-                scf.YieldOp([])
-                ir.InsertionPoint.current.__exit__(None, None, None)
+        with ip:
+            _tile_body(op, maps, kinds, ivs, a, b)
     op.operation.erase()
 
 
-def _tile_body(op, block, maps, kinds, operands, outputs, ivs, a, b, tile) -> None:
+def _tile_body(op, maps, kinds, ivs, a, b) -> None:
+    block = op.regions[0].blocks[0]
+    operands = list(op.operands)
+    outputs = output_count(op)
     constants = [[expr.value if isinstance(expr, ir.AffineConstantExpr) else 0
                   for expr in ir.AffineMapAttr(m).value.results]
                  for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
@@ -190,9 +179,9 @@ def _tile_body(op, block, maps, kinds, operands, outputs, ivs, a, b, tile) -> No
     element = [arg.type for arg in arguments]
     inputs = len(operands) - outputs
     # Vectors run along `along` (a: the outputs' contiguous loop, or b), one per position
-    # `step` of the other loop in the tile. An operand contiguous along `step` is read as
-    # a tile of rows along `step` and transposed; outputs are contiguous along a, so with
-    # vectors along b each output tile is transposed before it is stored. Whichever
+    # `step` of the other loop in the TILE. An operand contiguous along `step` is read as
+    # a TILE of rows along `step` and transposed; outputs are contiguous along a, so with
+    # vectors along b each output TILE is transposed before it is stored. Whichever
     # orientation transposes fewer tiles is taken (x.permute(...) + y.permute(...) into
     # one output: one transpose, of the result).
     across_a = sum(1 for k in range(inputs) if used[k] and kinds[k] == "transposed")
@@ -201,14 +190,8 @@ def _tile_body(op, block, maps, kinds, operands, outputs, ivs, a, b, tile) -> No
     along, step = (a, b) if across_a <= across_b or reads_outputs else (b, a)
 
     def read_tile(k):
-        vector_type = ir.VectorType.get([tile, tile], element[k])
-        rows = arith.ConstantOp(vector_type, ir.DenseElementsAttr.get_splat(
-            vector_type, _zero_attr(element[k]))).result
-        for i in range(tile):
-            row = vector.load(ir.VectorType.get([tile], element[k]), operands[k],
-                              indices(k, {along: i}))
-            rows = vector.insert(row, rows, [], [i])
-        return vector.transpose(vector_type, rows, [1, 0])
+        return _transposed([vector.load(ir.VectorType.get([TILE], element[k]), operands[k],
+                                        indices(k, {along: i})) for i in range(TILE)])
 
     contiguous_along = {"aligned": a, "transposed": b}
     tiles, scalars = {}, {}
@@ -217,11 +200,11 @@ def _tile_body(op, block, maps, kinds, operands, outputs, ivs, a, b, tile) -> No
             continue
         if kinds[k] == "scalar":
             scalar = memref.LoadOp(operands[k], indices(k, {})).result
-            scalars[k] = vector.broadcast(ir.VectorType.get([tile], element[k]), scalar)
+            scalars[k] = vector.broadcast(ir.VectorType.get([TILE], element[k]), scalar)
         elif contiguous_along[kinds[k]] == step:
             tiles[k] = read_tile(k)
     results = [[] for _ in range(outputs)]
-    for j in range(tile):
+    for j in range(TILE):
         values: Dict[ir.Value, ir.Value] = {}
         for k in range(len(operands)):
             if not used[k]:
@@ -231,14 +214,14 @@ def _tile_body(op, block, maps, kinds, operands, outputs, ivs, a, b, tile) -> No
             elif k in tiles:
                 values[arguments[k]] = vector.extract(tiles[k], [], [j])
             else:   # contiguous along `along`, an input or an output the body reads
-                values[arguments[k]] = vector.load(ir.VectorType.get([tile], element[k]),
+                values[arguments[k]] = vector.load(ir.VectorType.get([TILE], element[k]),
                                                    operands[k], indices(k, {step: j}))
         for inner in block.operations:
             if inner.operation.name != "linalg.yield":
-                _clone_on_vectors(inner.operation, values, tile)
+                _clone_on_vectors(inner.operation, values, TILE)
                 continue
             for k, result in enumerate(inner.operation.operands):
-                value = _vector_of(result, values, tile)
+                value = _vector_of(result, values, TILE)
                 if along == a:
                     vector.store(value, operands[inputs + k], indices(inputs + k, {b: j}))
                 else:
@@ -246,15 +229,21 @@ def _tile_body(op, block, maps, kinds, operands, outputs, ivs, a, b, tile) -> No
     if along == a:
         return
     for k, rows in enumerate(results):
-        vector_type = ir.VectorType.get([tile, tile], rows[0].type.element_type)
-        packed = arith.ConstantOp(vector_type, ir.DenseElementsAttr.get_splat(
-            vector_type, _zero_attr(rows[0].type.element_type))).result
-        for j, row in enumerate(rows):
-            packed = vector.insert(row, packed, [], [j])
-        packed = vector.transpose(vector_type, packed, [1, 0])
-        for i in range(tile):
+        packed = _transposed(rows)
+        for i in range(TILE):
             vector.store(vector.extract(packed, [], [i]), operands[inputs + k],
                          indices(inputs + k, {b: i}))
+
+
+def _transposed(rows):
+    """The square tile whose columns are `rows` (1-d vectors as many as their lanes)."""
+    element = rows[0].type.element_type
+    vector_type = ir.VectorType.get([len(rows), len(rows)], element)
+    tile = arith.ConstantOp(vector_type, ir.DenseElementsAttr.get_splat(
+        vector_type, _zero_attr(element))).result
+    for i, row in enumerate(rows):
+        tile = vector.insert(row, tile, [], [i])
+    return vector.transpose(vector_type, tile, [1, 0])
 
 
 def _zero_attr(t):
@@ -292,7 +281,7 @@ def tile_transposes(module) -> int:
     (module docstring); returns how many.
 
     Example:
-        >>> tile_transposes(module)  # out[n,c,h,w] = x[n,h,w,c]: 16 x 8 tiles over (c, w)
+        >>> tile_transposes(module)  # out[n,c,h,w] = x[n,h,w,c]: 8 x 8 tiles over (w, c)
         1
     """
     count = 0
@@ -300,7 +289,7 @@ def tile_transposes(module) -> int:
         if function.operation.name != "func.func" or not function.regions[0].blocks:
             continue
         name = ir.StringAttr(function.attributes["sym_name"]).value
-        if name != "main" and "blade.parallel_task" not in function.attributes:
+        if name != "main" and PARALLEL_TASK not in function.attributes:
             continue
         for op in list(function.regions[0].blocks[0].operations):
             plan = _plan(op)
