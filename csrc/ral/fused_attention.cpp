@@ -4,6 +4,7 @@
 #include "ral/ral_abi.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -29,6 +30,17 @@ void gemm_row_major(bool transpose_a, bool transpose_b, int64_t m, int64_t n, in
   const int lda_i = static_cast<int>(lda), ldb_i = static_cast<int>(ldb),
             ldc_i = static_cast<int>(ldc);
   fortran_sgemm()(&tb, &ta, &ni, &mi, &ki, &alpha, b, &ldb_i, a, &lda_i, &beta, c, &ldc_i);
+}
+
+// Row-major C[m, n] = A[m, k] @ B[k, n], every operand unit-stride along its rows:
+// oneDNN's batch-reduce GEMM microkernel (PyTorch's cpublas::brgemm, the one its own CPU
+// flash attention runs; MKL's sgemm where oneDNN has no kernel for the CPU). Unlike MKL's
+// sgemm it neither packs A nor zero-fills C first: on one 128 x 128 x 64 head those two
+// steps were a quarter of sgemm's time in the attention workload.
+void brgemm_row_major(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                      const float* b, int64_t ldb, float* c, int64_t ldc) {
+  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, /*add_C=*/false, a, b, c,
+                              /*is_vnni=*/false);
 }
 
 // Scores per task block: query rows are taken so that a block of scores (rows x keys
@@ -117,38 +129,100 @@ inline Floats exp_nonpositive(Floats x) {
   return x < below ? Floats{} : y * scale;
 }
 
-// One row of scores: adds the mask row, then exp(score - max) in place; returns the
-// reciprocal of the row's sum, by which the caller scales the row's output (fewer
-// multiplies than scaling the row when the value dim is under the key count). When every
-// score is -inf the row and the result are `empty_row` (0, so the output row is 0, or NaN,
-// softmax's 0/0 unfused). Compiled for
-// AVX-512, AVX2 and the baseline, picked by the CPU at load time. Rows are padded to
-// whole vectors with -inf scores (exp 0) in the scratch block, so no loop has a tail.
+// 8 floats: one AVX2 register (half an AVX-512 one), the width of transpose's tiles.
+typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
+
+// The 8 x 8 tile at `src` (rows `ld_src` apart) transposed into `dst` (rows `ld_dst`
+// apart): three rounds of pairwise shuffles in registers, 8 row loads, 8 row stores.
+inline void transpose_tile(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+  Floats8 r[8];
+  for (int i = 0; i < 8; ++i) {
+    std::memcpy(&r[i], src + i * ld_src, sizeof(Floats8));
+  }
+  Floats8 t[8];  // pairs of rows interleaved
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  Floats8 u[8];  // quads of rows interleaved
+  for (int i = 0; i < 8; i += 4) {
+    for (int h = 0; h < 2; ++h) {
+      u[i + 2 * h] = __builtin_shufflevector(t[i + h], t[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[i + 2 * h + 1] =
+          __builtin_shufflevector(t[i + h], t[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  }
+  for (int c = 0; c < 4; ++c) {
+    const Floats8 low = __builtin_shufflevector(u[c], u[c + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    const Floats8 high = __builtin_shufflevector(u[c], u[c + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    std::memcpy(dst + c * ld_dst, &low, sizeof(Floats8));
+    std::memcpy(dst + (c + 4) * ld_dst, &high, sizeof(Floats8));
+  }
+}
+
+// dst[c, r] = src[r, c] for a [rows, cols] matrix: k^T for the microkernel, which reads
+// both operands untransposed. 8 x 8 tiles in registers (an element-wise copy was 8% of
+// the attention workload, its stores each a row apart), element-wise at the edges.
+__attribute__((target_clones("avx512f", "avx2,fma", "default"))) void transpose(
+    const float* __restrict src, int64_t ld_src, int64_t rows, int64_t cols,
+    float* __restrict dst, int64_t ld_dst) {
+  const int64_t whole_rows = rows - rows % 8;
+  const int64_t whole_cols = cols - cols % 8;
+  for (int64_t r = 0; r < whole_rows; r += 8) {
+    for (int64_t c = 0; c < whole_cols; c += 8) {
+      transpose_tile(src + r * ld_src + c, ld_src, dst + c * ld_dst + r, ld_dst);
+    }
+    for (int64_t c = whole_cols; c < cols; ++c) {
+      for (int64_t i = r; i < r + 8; ++i) {
+        dst[c * ld_dst + i] = src[i * ld_src + c];
+      }
+    }
+  }
+  for (int64_t r = whole_rows; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      dst[c * ld_dst + r] = src[r * ld_src + c];
+    }
+  }
+}
+
+// One row of scores: scales it and adds the mask row, then exp(score - max) in place;
+// returns the reciprocal of the row's sum, by which the caller scales the row's output
+// (fewer multiplies than scaling the row when the value dim is under the key count). When
+// every score is -inf the row and the result are `empty_row` (0, so the output row is 0,
+// or NaN, softmax's 0/0 unfused). Compiled for AVX-512, AVX2 and the baseline, picked by
+// the CPU at load time. Rows are padded to whole vectors with -inf scores (exp 0) in the
+// scratch block, so the exp loop has no tail.
 __attribute__((target_clones("avx512f", "avx2,fma", "default"))) float exp_row(
-    float* __restrict row, const float* __restrict mask, int64_t n, int64_t padded,
-    float empty_row) {
+    float* __restrict row, const float* __restrict mask, float scale, int64_t n,
+    int64_t padded, float empty_row) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const Floats factor = splat(scale);
+  Floats top = splat(kNegInf);
   for (int64_t j = n; j < padded; ++j) {
     row[j] = kNegInf;
   }
-  Floats top = splat(kNegInf);
   const int64_t whole = n - n % kLanes;
   if (mask != nullptr) {
     for (int64_t j = 0; j < whole; j += kLanes) {
-      const Floats x = load(row + j) + load(mask + j);
+      const Floats x = load(row + j) * factor + load(mask + j);
       store(row + j, x);
       top = max(top, x);
     }
     for (int64_t j = whole; j < n; ++j) {
-      row[j] += mask[j];
-    }
-    if (whole < n) {
-      top = max(top, load(row + whole));
+      row[j] = row[j] * scale + mask[j];
     }
   } else {
-    for (int64_t j = 0; j < padded; j += kLanes) {
-      top = max(top, load(row + j));
+    for (int64_t j = 0; j < whole; j += kLanes) {
+      const Floats x = load(row + j) * factor;
+      store(row + j, x);
+      top = max(top, x);
     }
+    for (int64_t j = whole; j < n; ++j) {
+      row[j] *= scale;
+    }
+  }
+  if (whole < n) {
+    top = max(top, load(row + whole));
   }
   float largest = kNegInf;
   for (int64_t l = 0; l < kLanes; ++l) {
@@ -192,6 +266,10 @@ struct Problem {
   int64_t blocks_per_head = 0;
   float scale = 1.0f;
   float empty_row = 0.0f;  // exp_row's value for a row of -inf scores
+  // q and v stored as is (unit stride along their rows): both products run on
+  // brgemm_row_major, k^T copied per block unless k is stored transposed. Otherwise MKL's
+  // sgemm, which reads either operand transposed.
+  bool microkernel = false;
 };
 
 // One worker of the pool: claims blocks one at a time from the shared counter until none
@@ -205,6 +283,8 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
   const int64_t padded = (p.keys + kLanes - 1) / kLanes * kLanes;
   std::unique_ptr<float[]> scores(new float[p.rows_per_block * padded]);
   std::unique_ptr<float[]> inverse_sums(new float[p.rows_per_block]);
+  std::unique_ptr<float[]> k_transposed(
+      p.microkernel && !p.k.transposed ? new float[p.head_dim * padded] : nullptr);
   for (int64_t task = next_block.fetch_add(1, std::memory_order_relaxed); task < blocks;
        task = next_block.fetch_add(1, std::memory_order_relaxed)) {
     const int64_t head_index = task / p.blocks_per_head;
@@ -218,18 +298,36 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
     const float* v = p.v.data + b * p.v.batch_stride + h * p.v.head_stride;
     float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride +
                  first * p.out_row_stride;
-    // scores = scale * q @ k^T: k^T is k read transposed, or as stored when k is.
-    gemm_row_major(p.q.transposed, !p.k.transposed, count, p.keys, p.head_dim, p.scale, q,
-                   p.q.ld, k, p.k.ld, 0.0f, scores.get(), padded);
+    // scores = q @ k^T (exp_row scales them).
+    if (p.microkernel) {
+      const float* k_t = k;
+      int64_t ld_k_t = p.k.ld;
+      if (!p.k.transposed) {
+        transpose(k, p.k.ld, p.keys, p.head_dim, k_transposed.get(), padded);
+        k_t = k_transposed.get();
+        ld_k_t = padded;
+      }
+      brgemm_row_major(count, p.keys, p.head_dim, q, p.q.ld, k_t, ld_k_t, scores.get(),
+                       padded);
+    } else {
+      gemm_row_major(p.q.transposed, !p.k.transposed, count, p.keys, p.head_dim, 1.0f, q,
+                     p.q.ld, k, p.k.ld, 0.0f, scores.get(), padded);
+    }
     for (int64_t i = 0; i < count; ++i) {
       const float* mask = p.mask == nullptr
                               ? nullptr
                               : p.mask + b * p.mask_strides[0] + h * p.mask_strides[1] +
                                     (first + i) * p.mask_strides[2];
-      inverse_sums[i] = exp_row(scores.get() + i * padded, mask, p.keys, padded, p.empty_row);
+      inverse_sums[i] =
+          exp_row(scores.get() + i * padded, mask, p.scale, p.keys, padded, p.empty_row);
     }
-    gemm_row_major(false, p.v.transposed, count, p.value_dim, p.keys, 1.0f, scores.get(),
-                   padded, v, p.v.ld, 0.0f, out, p.out_row_stride);
+    if (p.microkernel) {
+      brgemm_row_major(count, p.value_dim, p.keys, scores.get(), padded, v, p.v.ld, out,
+                       p.out_row_stride);
+    } else {
+      gemm_row_major(false, p.v.transposed, count, p.value_dim, p.keys, 1.0f, scores.get(),
+                     padded, v, p.v.ld, 0.0f, out, p.out_row_stride);
+    }
     for (int64_t i = 0; i < count; ++i) {
       float* row = out + i * p.out_row_stride;
       const float inverse = inverse_sums[i];
@@ -245,7 +343,7 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
 bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double scale,
                          bool zero_masked_rows, at::Tensor& out) {
-  if (fortran_sgemm() == nullptr || q.dim() != 4 || q.scalar_type() != at::kFloat ||
+  if (q.dim() != 4 || q.scalar_type() != at::kFloat ||
       k.scalar_type() != at::kFloat || v.scalar_type() != at::kFloat ||
       out.scalar_type() != at::kFloat) {
     return false;
@@ -261,6 +359,10 @@ bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Ten
       !as_matrix(q, &p.q) || !as_matrix(k, &p.k) || !as_matrix(v, &p.v) ||
       (out.stride(3) != 1 && p.value_dim != 1) || out.stride(2) < p.value_dim ||
       !fits_int(out.stride(2))) {
+    return false;
+  }
+  p.microkernel = !p.q.transposed && !p.v.transposed;
+  if (!p.microkernel && fortran_sgemm() == nullptr) {
     return false;
   }
   p.out = out.data_ptr<float>();

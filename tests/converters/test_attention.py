@@ -95,6 +95,17 @@ def test_unmasked_rank_3():
     assert fused(report) == 1, str(report)
 
 
+@pytest.mark.parametrize("keys,head_dim", [(21, 12), (64, 20), (7, 3)])
+def test_head_dims_and_key_counts_off_the_tile_size(keys, head_dim):
+    """k^T is copied in 8 x 8 tiles (csrc transpose); the edges element by element."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 19, head_dim)
+    k, v = torch.randn(2, 3, keys, head_dim), torch.randn(2, 3, keys, 5)
+    _, report = run_compiled(Attention(head_dim=head_dim), (q, k, v, padding_mask(2, keys)),
+                             TRACE, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+
+
 def test_keys_stored_transposed():
     q, k, v = qkv(2, 2, 20, 8)
     _, report = run_compiled(KeysStoredTransposed(), (q, k.transpose(-2, -1).contiguous(), v),

@@ -396,6 +396,22 @@ void test_attention_library_call() {
   EXPECT(blade::ral::take_kernel_error().empty());
   EXPECT(at::allclose(out, reference_attention(q, k, v, at::zeros({1}), 0.3), 1e-4, 1e-5));
 
+  // A negative scale, on the ragged key count (exp_row applies it, not the GEMM).
+  blade_ral_attention_masked_f32(4, &dq, 4, &dk, 4, &dv, 4, &dmask, 4, &dout, 0, 0, -0.3, 0);
+  EXPECT(blade::ral::take_kernel_error().empty());
+  EXPECT(at::allclose(out, reference_attention(q, k, v, mask, -0.3), 1e-4, 1e-5,
+                      /*equal_nan=*/true));
+  // q and v with unit stride along their columns: MKL's sgemm reads them as they are.
+  at::Tensor q_columns = at::randn({2, 2, 8, 37}).transpose(-1, -2);
+  at::Tensor v_columns = at::randn({2, 2, 5, 37}).transpose(-1, -2);
+  auto dq_columns = describe<4>(q_columns);
+  auto dv_columns = describe<4>(v_columns);
+  blade_ral_attention_masked_f32(4, &dq_columns, 4, &dk, 4, &dv_columns, 4, &dmask, 4, &dout,
+                                 0, 0, 0.3, 0);
+  EXPECT(blade::ral::take_kernel_error().empty());
+  EXPECT(at::allclose(out, reference_attention(q_columns, k, v_columns, mask, 0.3), 1e-4,
+                      1e-5, /*equal_nan=*/true));
+
   // A mask that does not broadcast to the scores: an error, and nothing written.
   at::Tensor wrong_mask = at::zeros({3, 1, 1, 37});
   auto dwrong = describe<4>(wrong_mask);
