@@ -1,5 +1,6 @@
 """Dynamic shapes: one engine, compiled once, serves every batch size and sequence length
 with eager's results and no fallback; the guard keeps what the code assumes."""
+import math
 import sys
 from pathlib import Path
 
@@ -257,6 +258,40 @@ def test_std_and_var_of_dynamic_size():
     report = serves_whole(optimized, model,
                           [(torch.randn(*shape),) for shape in ((1, 2, 2), (5, 9, 70), (3, 1, 33))])
     assert report.decomposed == {"aten::std.dim": 1, "aten::var.dim": 1}, str(report)
+
+
+class ScalarsOfSizes(torch.nn.Module):
+    """Floats computed from a dynamic size and used as elementwise scalars: the engine
+    computes them itself (duplicate_shape_arithmetic lists the schemas)."""
+
+    def forward(self, x):
+        n = x.size(-1)
+        a = (float(n) + 0.5) * 2.0 - 1.0
+        b = n * 0.5 / math.sqrt(n)
+        return x * a + x / b - 2 / n
+
+
+class PowerOfASize(torch.nn.Module):
+    def forward(self, x):
+        return x * x.size(-1) ** -0.5
+
+
+def test_floats_computed_from_sizes_are_compiled():
+    model = ScalarsOfSizes()
+    optimized = blade.optimize(model, (torch.randn(3, 5),), DYNAMIC)
+    serves_whole(optimized, model, [(torch.randn(*shape),) for shape in ((3, 5), (2, 9), (1, 1))])
+
+
+def test_a_power_of_a_size_stays_in_torchscript_with_the_reason():
+    """Torch-MLIR lowers no pow of scalars: the multiply stays out, named, and runs."""
+    model = PowerOfASize()
+    optimized = blade.optimize(model, (torch.randn(3, 5),), DYNAMIC)
+    report = blade.report(optimized)
+    assert report.coverage == 0.0, str(report)
+    assert "argument 'other' (%" in str(report) and "made by aten::pow" in str(report), \
+        str(report)
+    x = torch.randn(2, 9)
+    assert_same(optimized(x), model(x), rtol=1e-6, atol=1e-6)
 
 
 class HeadSplit(torch.nn.Module):

@@ -14,9 +14,20 @@ constexpr const char* kShapeSchemas[] = {
     "aten::sub.int(int a, int b) -> int",
     "aten::floordiv.int(int a, int b) -> int",
     "aten::neg.int(int a) -> int",
+    // Floats computed from sizes: a scale such as 1 / sqrt(q.size(-1)) in a dynamic engine.
+    "aten::Float.int(int a) -> float",
+    "aten::Float.Scalar(Scalar a) -> float",
+    "aten::sqrt.int(int a) -> float",
+    "aten::div.int(int a, int b) -> float",
+    "aten::div.float(float a, float b) -> float",
+    "aten::mul.float(float a, float b) -> float",
+    "aten::mul.int_float(int a, float b) -> float",
+    "aten::mul.float_int(float a, int b) -> float",
+    "aten::add.float(float a, float b) -> float",
+    "aten::sub.float(float a, float b) -> float",
 };
 
-bool is_int_operand(const Value* v) {
+bool is_scalar_operand(const Value* v) {
   if (v->node()->kind() == c10::prim::Constant) {
     return true;
   }
@@ -48,7 +59,7 @@ bool is_shape_arithmetic(const Node* node) {
     return false;
   }
   for (const Value* v : node->inputs()) {
-    if (v->type()->kind() != c10::TypeKind::TensorType && !is_int_operand(v)) {
+    if (v->type()->kind() != c10::TypeKind::TensorType && !is_scalar_operand(v)) {
       return false;
     }
   }

@@ -10,7 +10,9 @@
 // tensors may cross a cluster's boundary, so a cluster can use such a size only if it
 // computes it itself; one shared computation would tie every user to one cluster (or
 // dissolve it). Sizes are cheap integer arithmetic on the tensors' metadata, so each use
-// gets a private chain that its cluster absorbs. Run just before clustering (CSE would
+// gets a private chain that its cluster absorbs. The same holds for floats computed from
+// sizes (the scale 1 / sqrt(q.size(-1)) of attention with a dynamic head dim), which an
+// elementwise op takes as its scalar. Run just before clustering (CSE would
 // merge the copies back).
 #pragma once
 
@@ -18,8 +20,10 @@
 
 namespace blade::passes {
 
-// Whether `node` computes an int from tensor sizes and constants only:
-// aten::size(Tensor, int) and int add/sub/mul/floordiv/neg of such ints.
+// Whether `node` computes a number from tensor sizes and constants only:
+// aten::size(Tensor, int), int add/sub/mul/floordiv/neg of such ints, and the float
+// arithmetic on them that Torch-MLIR lowers (conversion to float, sqrt of an int, true
+// division, float add/sub/mul).
 bool is_shape_arithmetic(const torch::jit::Node* node);
 
 // Returns how many nodes were copied.

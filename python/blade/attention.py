@@ -131,23 +131,58 @@ def _binary(value, name: str):
     return op if op is not None and op.name == name else None
 
 
+def _run_time_scalar(value):
+    """The one-element float tensor whose value `value` broadcasts (looking through
+    reshapes, converts and broadcasts of one element), when it is not a constant: a scale
+    computed at run time, such as 1 / sqrt(q.size(-1)) in a dynamic engine. None
+    otherwise."""
+    found = None
+    while True:
+        shaped = ir.ShapedType(value.type)
+        if _one_element(shaped) and isinstance(shaped.element_type, ir.FloatType):
+            found = value
+        op = _op(value)
+        if op is not None and op.name in _CONSTANTS:
+            return None
+        if op is None or op.name not in _SCALAR_PASSING or \
+                not _one_element(ir.ShapedType(op.operands[0].type)):
+            return found
+        value = op.operands[0]
+
+
+# Ops that pass one element on unchanged in value (up to a float conversion).
+_SCALAR_PASSING = ("stablehlo.reshape", "stablehlo.convert", "stablehlo.broadcast_in_dim",
+                   "stablehlo.dynamic_broadcast_in_dim")
+
+
+def _one_element(shaped) -> bool:
+    return shaped.has_static_shape and all(d == 1 for d in shaped.shape)
+
+
 def _scores(value):
     """(the dot_general, the scale) of `q @ k^T`, `q @ k^T * c`, `c * q @ k^T` or
-    `q @ k^T / c`; None otherwise."""
+    `q @ k^T / c`; None otherwise. The scale is a float, or for a `c` computed at run time
+    (`_run_time_scalar`), (the one-element tensor holding it, whether it divides)."""
     op = _op(value)
     if op is not None and op.name == "stablehlo.dot_general":
         return op, 1.0
     if op is not None and op.name in ("stablehlo.multiply", "stablehlo.divide"):
-        for product, constant in ((op.operands[0], op.operands[1]),
-                                  (op.operands[1], op.operands[0])):
+        divides = op.name == "stablehlo.divide"
+        for product, factor in ((op.operands[0], op.operands[1]),
+                                (op.operands[1], op.operands[0])):
             dot = _op(product)
-            if dot is None or dot.name != "stablehlo.dot_general":
+            if dot is None or dot.name != "stablehlo.dot_general" or \
+                    (divides and product != op.operands[0]):
                 continue
-            c = _splat(constant)
-            if c is None or (op.name == "stablehlo.divide" and
-                             (product != op.operands[0] or c == 0.0)):
+            c = _splat(factor)
+            if c is None:
+                scalar = _run_time_scalar(factor)
+                if scalar is not None:
+                    return dot, (scalar, divides)
                 continue
-            return dot, (c if op.name == "stablehlo.multiply" else 1.0 / c)
+            if divides and c == 0.0:
+                continue
+            return dot, (1.0 / c if divides else c)
     return None
 
 
@@ -221,6 +256,14 @@ def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
         if ir.ShapedType(operand.type).rank != rank:
             return None
     sources = [q, k, v] + ([mask] if mask is not None else [])
+    run_time_scale = {}
+    if not isinstance(scale, float):
+        # The scalar's tensor is the function's last operand; `library_calls.lower` reads
+        # it and passes its value (or its reciprocal) as the kernel's scale.
+        scalar, divides = scale
+        run_time_scale = {"scale_operand": len(sources), "scale_divides": int(divides)}
+        sources.append(scalar)
+        scale = 1.0
     chain = _chain(main, _op(dot.result), sources)
     if chain is None:
         return None
@@ -230,7 +273,8 @@ def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
         "transpose_k": 1 - k_attributes["transpose_b"],
         "transpose_v": v_attributes["transpose_b"],
         "scale": scale,
-        "zero_masked_rows": int(zeroed is not None)}
+        "zero_masked_rows": int(zeroed is not None),
+        **run_time_scale}
 
 
 def _chain(main, dot, sources) -> Optional[List]:

@@ -220,7 +220,7 @@ def _transformer_encoder_layer(
             q = q.view(batch, length, num_heads, head).transpose(1, 2)
             k = k.view(batch, length, num_heads, head).transpose(1, 2)
             v = v.view(batch, length, num_heads, head).transpose(1, 2)
-            scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(float(head)))
+            scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(head))
             if mask is not None:
                 m = mask
                 if mask_type is not None and mask_type == 1:   # key padding, [batch, length]
@@ -258,7 +258,9 @@ def _scaled_dot_product_attention(
     # boolean and causal masks made additive (-inf where a key is not attended) as PyTorch's
     # fused CPU kernel does: softmax(q @ k^T * scale + mask) @ v, the chain attention.py
     # runs as one kernel.
-    factor = 1.0 / math.sqrt(float(query.size(-1))) if scale is None else scale
+    # sqrt of the int itself: Torch-MLIR lowers aten::sqrt.int but not sqrt.float, and
+    # with a dynamic head dim the engine computes the scale at run time.
+    factor = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
     if enable_gqa:
         key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
         value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)

@@ -228,6 +228,11 @@ KERNEL_ARGUMENTS["attention_masked"] = KERNEL_ARGUMENTS["attention"]
 # hands the kernel a view of that buffer in the kernel's own dim order (see
 # `_output_permutation`).
 OUT_PERMUTATION = "blade.out_permutation"
+# An attention scale computed at run time (attention._run_time_scalar): the function's
+# operand at this index is a one-element tensor holding it, which `lower` reads and passes
+# as the kernel's scale (its reciprocal when SCALE_DIVIDES is 1) instead of a memref.
+SCALE_OPERAND = "blade.scale_operand"
+SCALE_DIVIDES = "blade.scale_divides"
 
 
 def _result_sizes(attributes, arguments, result_type) -> List:
@@ -326,6 +331,9 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int,
     if "out_permutation" in attributes:
         function.attributes[OUT_PERMUTATION] = \
             ir.DenseI64ArrayAttr.get(attributes["out_permutation"])
+    if "scale_operand" in attributes:
+        function.attributes[SCALE_OPERAND] = ir.IntegerAttr.get(i64, attributes["scale_operand"])
+        function.attributes[SCALE_DIVIDES] = ir.IntegerAttr.get(i64, attributes["scale_divides"])
     with ir.InsertionPoint(op):
         call = func.CallOp([result_type], ir.FlatSymbolRefAttr.get(name), list(sources))
     op.result.replace_all_uses_with(call.result)
@@ -432,6 +440,20 @@ def outline(module, main) -> Dict[str, int]:
     return counts
 
 
+def _run_time_scale(buffer, divides: bool):
+    """The f64 scale read from a one-element float memref (SCALE_OPERAND), inverted when
+    the chain divides by it; built at the current insertion point."""
+    index = ir.IndexType.get()
+    f64 = ir.F64Type.get()
+    zero = arith.ConstantOp(index, 0).result
+    value = memref.LoadOp(buffer, [zero] * ir.ShapedType(buffer.type).rank).result
+    if value.type != f64:
+        value = arith.ExtFOp(f64, value).result
+    if divides:
+        value = arith.DivFOp(arith.ConstantOp(f64, 1.0).result, value).result
+    return value
+
+
 def lower(module) -> None:
     """Step 2 (see the module docstring): bodies of outlined functions become RAL calls.
     A function of static size has become `(inputs..., out)`; one of dynamic size only
@@ -460,10 +482,16 @@ def lower(module) -> None:
                 if OUT_PERMUTATION in function.attributes:
                     arguments[-1] = _transposed_view(
                         arguments[-1], _i64s(function.attributes[OUT_PERMUTATION]))
+                scale = None
+                if SCALE_OPERAND in function.attributes:
+                    scale = _run_time_scale(
+                        arguments.pop(ir.IntegerAttr(function.attributes[SCALE_OPERAND]).value),
+                        ir.IntegerAttr(function.attributes[SCALE_DIVIDES]).value == 1)
                 operands = [memref.CastOp(unranked, a).result for a in arguments]
                 for key in KERNEL_ARGUMENTS[kind]:
                     attr = function.attributes[f"blade.{key}"]
-                    operands.append(arith.ConstantOp(attr.type, attr).result)
+                    operands.append(scale if key == "scale" and scale is not None else
+                                    arith.ConstantOp(attr.type, attr).result)
                 func.CallOp([], ir.FlatSymbolRefAttr.get(callee), operands)
                 func.ReturnOp(returned)
             if callee not in declared:

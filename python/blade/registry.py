@@ -184,7 +184,8 @@ def _is_computed(value: torch._C.Value) -> bool:
 
 
 def _is_shape_int(value: torch._C.Value) -> bool:
-    return isinstance(value.type(), torch._C.IntType) and _C.is_shape_arithmetic(value.node())
+    return isinstance(value.type(), (torch._C.IntType, torch._C.FloatType)) and \
+        _C.is_shape_arithmetic(value.node())
 
 
 def constant_arguments(node: torch._C.Node) -> Dict[str, Any]:

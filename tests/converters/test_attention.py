@@ -224,6 +224,57 @@ def test_dynamic_lengths_with_a_mask():
     assert report.clusters[0].calls == 3 and report.runtime_fallbacks == 0, str(report)
 
 
+class ScaledBySize(torch.nn.Module):
+    """The scale computed from q's head dim: a run-time value in a dynamic engine."""
+
+    def __init__(self, divide: bool):
+        super().__init__()
+        self.divide = divide
+
+    def forward(self, q, k, v, mask):
+        if self.divide:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        else:
+            scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.size(-1)))
+        return torch.softmax(scores + mask, dim=-1) @ v
+
+
+@pytest.mark.parametrize("divide", [False, True])
+def test_scale_computed_from_a_dynamic_head_dim(divide):
+    """The kernel reads the scale the engine computed (library_calls.SCALE_OPERAND)."""
+    model = ScaledBySize(divide)
+    q, k, v = qkv(2, 3, 10, 8)
+    optimized = blade.optimize(model, (q, k, v, padding_mask(2, 10)),
+                               blade.Config(dynamic=True))
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and fused(report) == 1, str(report)
+    shapes = ((1, 2, 5, 16), (3, 1, 33, 4), (2, 3, 10, 8))
+    with torch.no_grad():
+        for batch, heads, length, head_dim in shapes:
+            q, k, v = qkv(batch, heads, length, head_dim)
+            mask = padding_mask(batch, length)
+            assert_same(optimized(q, k, v, mask), model(q, k, v, mask), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == len(shapes) and report.runtime_fallbacks == 0, \
+        str(report)
+
+
+class ScaledByAnInput(torch.nn.Module):
+    def forward(self, q, k, v, temperature):
+        return torch.softmax(q @ k.transpose(-2, -1) * temperature, dim=-1) @ v
+
+
+def test_scale_passed_in_as_a_tensor():
+    model = ScaledByAnInput()
+    q, k, v = qkv(2, 2, 9, 8)
+    temperature = torch.tensor(0.7)
+    optimized, report = run_compiled(model, (q, k, v, temperature), rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+    with torch.no_grad():
+        other = torch.tensor(-1.5)
+        assert_same(optimized(q, k, v, other), model(q, k, v, other), rtol=1e-4, atol=1e-5)
+
+
 def test_encoder_layer_attention_is_fused():
     torch.manual_seed(0)
     model = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True,
@@ -294,9 +345,8 @@ def test_scaled_dot_product_attention_rows_that_see_no_key_are_zero(dtype, mask_
 
 
 def test_scaled_dot_product_attention_dynamic_lengths_zero_rows_that_see_no_key():
-    """The head dim varies too, so the scale is computed at run time and stays in
-    TorchScript: the chain compiles op by op, and the safe softmax's select gives the same
-    0 rows."""
+    """The head dim varies too, so the engine computes the scale at run time and the
+    fused kernel reads it; the safe softmax's select still gives 0 rows."""
     q, k, v = qkv(2, 2, 6, 8)
     mask = torch.zeros(2, 1, 6, 6)
     mask[0, 0, 2, :] = float("-inf")
@@ -312,6 +362,7 @@ def test_scaled_dot_product_attention_dynamic_lengths_zero_rows_that_see_no_key(
         assert torch.equal(actual[1, 0, n - 1], torch.zeros(8))
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
     report = blade.report(optimized)
+    assert report.coverage == 1.0 and fused(report) == 1, str(report)
     assert report.clusters[0].calls == 2 and report.runtime_fallbacks == 0, str(report)
 
 

@@ -53,3 +53,24 @@ graph(%x : Tensor, %k : int):
     assert not _C.is_shape_arithmetic(nodes["aten::mul"])     # %k is an input, not a size
     assert not _C.is_shape_arithmetic(nodes["aten::add"])
     assert _C.duplicate_shape_arithmetic(graph) == 0
+
+
+def test_floats_of_sizes_count_when_torch_mlir_lowers_them():
+    graph = torch._C.parse_ir("""
+graph(%x : Tensor):
+  %c1 : int = prim::Constant[value=-1]()
+  %one : float = prim::Constant[value=1.]()
+  %half : float = prim::Constant[value=-0.5]()
+  %d : int = aten::size(%x, %c1)
+  %r : float = aten::sqrt(%d)
+  %s : float = aten::div(%one, %r)
+  %p : float = aten::pow(%d, %half)
+  %t : (float, float) = prim::TupleConstruct(%s, %p)
+  return (%t)
+""")
+    nodes = {n.kind(): n for n in graph.nodes()}
+    assert _C.is_shape_arithmetic(nodes["aten::sqrt"])
+    assert _C.is_shape_arithmetic(nodes["aten::div"])
+    assert not _C.is_shape_arithmetic(nodes["aten::pow"])   # no Torch-MLIR lowering
+    # %d has two users, sqrt and pow: the second gets a size of its own.
+    assert _C.duplicate_shape_arithmetic(graph) == 1
