@@ -1,9 +1,10 @@
 // Attention in one parallel loop: softmax(q @ k^T * scale + mask) @ v for float32.
 //
-// Each task takes a block of query rows of one (batch, head): MKL multiplies the block by
-// k^T into a scratch block of scores that stays in cache, the softmax runs over those
-// rows in place (vectorized exp), and MKL multiplies the probabilities by v straight into
-// the output. The scores never reach memory, there is one parallel region instead of one
+// Each task takes a block of query rows of one (batch, head): a GEMM (oneDNN's brgemm
+// microkernel, or MKL's sgemm for column-major q or v) multiplies the block by k^T into a
+// scratch block of scores that stays in cache, the softmax runs over those rows in place
+// (vectorized exp), and a second GEMM multiplies the probabilities by v straight into the
+// output. The scores never reach memory, there is one parallel region instead of one
 // per step, and nothing is allocated or copied for the result.
 #pragma once
 
@@ -16,9 +17,9 @@ namespace blade::ral {
 // q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev] and out [B, H, L, Ev], float32, any
 // strides that leave each [rows, cols] matrix with one unit stride (out: along its last
 // dim); `mask` broadcasts to [B, H, L, S] with unit stride along S. Writes all of `out`
-// and returns true, or returns false having written nothing when MKL's cblas_sgemm is
-// not in the process or a layout or size is outside what it handles (the caller then
-// runs PyTorch's own fused attention). A row whose mask is -inf everywhere comes out 0 with
+// and returns true, or returns false having written nothing when q or v is column-major
+// and MKL's sgemm is not in the process, or a layout or size is outside what the GEMMs
+// take (the caller then runs PyTorch's own fused attention). A row whose mask is -inf everywhere comes out 0 with
 // `zero_masked_rows` (PyTorch's scaled_dot_product_attention), else NaN (softmax's 0/0).
 bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double scale,

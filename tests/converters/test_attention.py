@@ -141,7 +141,7 @@ class ProjectedTwice(Projected):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_heads_are_written_straight_into_the_tokens_layout(tmp_path, dtype):
-    """The transpose after the attention moves into its call: the kernel (MKL's for
+    """The transpose after the attention moves into its call: the kernel (Blade's for
     float32, PyTorch's for float64) writes each head through a strided view of the
     [batch, tokens, heads, head dim] buffer, and no loop transposes it back."""
     torch.manual_seed(0)
