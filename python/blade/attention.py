@@ -32,6 +32,9 @@ from .ir_queries import as_operation, defining_op as _op
 _RESHAPES = ("stablehlo.reshape", "stablehlo.dynamic_reshape", "stablehlo.broadcast_in_dim",
              "stablehlo.dynamic_broadcast_in_dim")
 _CONSTANTS = ("stablehlo.constant", "arith.constant")
+# Ops that pass a splat or one element on unchanged in value (up to a float conversion).
+_SCALAR_PASSING = ("stablehlo.reshape", "stablehlo.convert", "stablehlo.broadcast_in_dim",
+                   "stablehlo.dynamic_broadcast_in_dim")
 
 
 def _splat(value) -> Optional[float]:
@@ -46,8 +49,7 @@ def _splat(value) -> Optional[float]:
             if not isinstance(attr, ir.DenseFPElementsAttr) or not attr.is_splat:
                 return None
             return float(ir.FloatAttr(attr.get_splat_value()).value)
-        if op.name not in ("stablehlo.reshape", "stablehlo.convert",
-                           "stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
+        if op.name not in _SCALAR_PASSING:
             return None
         value = op.operands[0]
 
@@ -148,11 +150,6 @@ def _run_time_scalar(value):
                 not _one_element(ir.ShapedType(op.operands[0].type)):
             return found
         value = op.operands[0]
-
-
-# Ops that pass one element on unchanged in value (up to a float conversion).
-_SCALAR_PASSING = ("stablehlo.reshape", "stablehlo.convert", "stablehlo.broadcast_in_dim",
-                   "stablehlo.dynamic_broadcast_in_dim")
 
 
 def _one_element(shaped) -> bool:
