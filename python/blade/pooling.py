@@ -13,6 +13,8 @@ lowering, as
              when it is dynamic)
     out    = linalg.generic over (result dims..., window dims...):
                  out[o] = combine(out[o], padded[o * stride + k * dilation])
+             (the window dims before the innermost result dim when that one is not
+             windowed: C of NHWC data, contiguous, so the innermost loop vectorizes)
 
 with a static-size `tensor.empty` standing for the window (its shape gives the window
 loops their bounds, as in linalg's pooling ops).
@@ -108,18 +110,28 @@ def _replacement(op) -> Optional[str]:
         dynamic_sizes.append(f"%out{d}")
     windowed = [d for d in range(rank) if window[d] > 1]
     window_text = _tensor_type([window[d] for d in windowed], element)
+    # Loop positions: the window loops go innermost, except when the innermost dim is not
+    # windowed (C of an NHWC window): it stays the innermost loop, so the nest reads and
+    # writes contiguous channels (vectorized) instead of striding through the window for
+    # each channel. Each output still combines its window in the same order.
+    inner = [] if not windowed or windowed[-1] == rank - 1 else [rank - 1]
+    outer = [d for d in range(rank) if d not in inner]
+    output_loop = {d: f"d{i}" for i, d in enumerate(outer)}
+    window_loops = [f"d{len(outer) + i}" for i in range(len(windowed))]
+    output_loop.update({d: f"d{len(outer) + len(windowed) + i}" for i, d in enumerate(inner)})
     loops = [f"d{i}" for i in range(rank + len(windowed))]
     reads = []
     for d in range(rank):
-        index = f"d{d} * {strides[d]}"
+        index = f"{output_loop[d]} * {strides[d]}"
         if d in windowed:
-            index += f" + d{rank + windowed.index(d)} * {dilations[d]}"
+            index += f" + {window_loops[windowed.index(d)]} * {dilations[d]}"
         reads.append(index)
     domain = "(" + ", ".join(loops) + ")"
     maps = [f"affine_map<{domain} -> ({', '.join(reads)})>",
-            f"affine_map<{domain} -> ({', '.join(loops[rank:])})>",
-            f"affine_map<{domain} -> ({', '.join(loops[:rank])})>"]
-    iterators = ['"parallel"'] * rank + ['"reduction"'] * len(windowed)
+            f"affine_map<{domain} -> ({', '.join(window_loops)})>",
+            f"affine_map<{domain} -> ({', '.join(output_loop[d] for d in range(rank))})>"]
+    iterators = (['"parallel"'] * len(outer) + ['"reduction"'] * len(windowed) +
+                 ['"parallel"'] * len(inner))
     lines += [f"  %empty = tensor.empty({', '.join(dynamic_sizes)}) : {result_text}",
               f"  %start = tensor.extract %init[] : tensor<{element}>",
               f"  %filled = linalg.fill ins(%start : {element}) outs(%empty : {result_text}) "

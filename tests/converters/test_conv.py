@@ -200,6 +200,10 @@ def test_stem_pools_channels_last(tmp_path):
     assert "tensor<2x18x18x16xf32>" in linalg      # the pool's padded input, NHWC
     assert "tensor<2x16x18x18xf32>" not in linalg
     assert "linalg.pooling" not in linalg
+    # Both pools' window loops run outside the channel loop (contiguous in NHWC, so the
+    # innermost loop vectorizes) rather than inside it.
+    assert linalg.count('"reduction", "reduction", "parallel"]') == 2, linalg
+    assert '"parallel", "reduction", "reduction"]' not in linalg, linalg
 
 
 def test_stem_with_a_dynamic_batch_compiles_whole():

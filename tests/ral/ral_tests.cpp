@@ -229,6 +229,55 @@ Descriptor<Rank> describe(const at::Tensor& t) {
   return d;
 }
 
+// memref.copy as the generated code calls it, into `view(base)`: afterwards `base` must
+// equal a copy made by ATen (the view holds `src`, nothing outside it changed).
+void expect_memref_copy(const at::Tensor& src, at::Tensor base,
+                        const std::function<at::Tensor(const at::Tensor&)>& view) {
+  at::Tensor expected = base.clone();
+  view(expected).copy_(src);
+  at::Tensor dst = view(base);
+  const int64_t rank = src.dim();
+  auto descriptor = [rank](const at::Tensor& t) {
+    std::vector<int64_t> d(3 + 2 * rank);
+    d[0] = d[1] = reinterpret_cast<int64_t>(t.data_ptr());
+    for (int64_t k = 0; k < rank; ++k) {
+      d[3 + k] = t.size(k);
+      d[3 + rank + k] = t.stride(k);
+    }
+    return d;
+  };
+  std::vector<int64_t> s_desc = descriptor(src), t_desc = descriptor(dst);
+  BladeUnrankedMemRef source{rank, s_desc.data()};
+  BladeUnrankedMemRef target{rank, t_desc.data()};
+  memrefCopy(static_cast<int64_t>(src.element_size()), &source, &target);
+  EXPECT(at::equal(base, expected));
+}
+
+void test_memref_copy_of_every_layout() {
+  using at::indexing::Slice;
+  auto interior = [](const at::Tensor& t) {  // a padded NHWC buffer's inside
+    return t.index({Slice(), Slice(1, -1), Slice(1, -1), Slice()});
+  };
+  auto whole = [](const at::Tensor& t) { return t; };
+  // Large (split over the threads): a pooling pad copy, with a batch of two and of one.
+  expect_memref_copy(at::randn({2, 112, 112, 64}), at::full({2, 114, 114, 64}, -7.0), interior);
+  expect_memref_copy(at::randn({1, 60, 60, 8}), at::full({1, 62, 62, 8}, -7.0), interior);
+  // One contiguous run, in chunks with a partial last one.
+  expect_memref_copy(at::randn({1000, 333}), at::full({1000, 333}, -7.0), whole);
+  // A transpose (runs of one element), large and small.
+  expect_memref_copy(at::randn({300, 500}).t(), at::full({500, 300}, -7.0), whole);
+  expect_memref_copy(at::randn({5, 3}).t(), at::full({3, 5}, -7.0), whole);
+  // Small and strided on both sides; other element sizes; nothing to copy.
+  expect_memref_copy(at::randn({4, 9}).index({Slice(), Slice(at::indexing::None, at::indexing::None, 2)}),
+                     at::full({6, 7}, -7.0),
+                     [](const at::Tensor& t) { return t.index({Slice(1, 5), Slice(1, 6)}); });
+  expect_memref_copy(at::arange(200000, at::kLong).reshape({400, 500}),
+                     at::full({402, 500}, -7, at::kLong),
+                     [](const at::Tensor& t) { return t.index({Slice(1, -1)}); });
+  expect_memref_copy(at::ones({3, 5, 7}, at::kByte), at::zeros({3, 5, 7}, at::kByte), whole);
+  expect_memref_copy(at::randn({0, 4}), at::full({0, 4}, -7.0), whole);
+}
+
 void test_matmul_library_call() {
   at::Tensor a = at::randn({5, 7});
   at::Tensor b = at::randn({3, 7});  // used transposed
@@ -613,6 +662,7 @@ int main(int argc, char** argv) {
        test_garbage_code_is_refused_without_leaking_descriptors},
       {"allocator_balances", test_allocator_balances},
       {"freed_buffers_are_reused_and_released", test_freed_buffers_are_reused_and_released},
+      {"memref_copy_of_every_layout", test_memref_copy_of_every_layout},
       {"matmul_library_call", test_matmul_library_call},
       {"matmul_by_a_param_uses_its_packed_copy", test_matmul_by_a_param_uses_its_packed_copy},
       {"matmul_by_an_untransposed_param_prepares_its_transpose",
