@@ -56,6 +56,48 @@ class ConvNet(torch.nn.Module):
         return x
 
 
+class BasicBlock(torch.nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with BatchNorm, a projection shortcut
+    (strided 1x1 convolution) where the shape changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class ResNet18(torch.nn.Module):
+    """torchvision's resnet18 architecture (written out: torchvision is not installed)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        widths = [(64, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2)]
+        self.layers = nn.Sequential(*[block for cin, cout, stride in widths
+                                      for block in (BasicBlock(cin, cout, stride),
+                                                    BasicBlock(cout, cout, 1))])
+        self.fc = nn.Linear(512, 1000)
+        for module in self.modules():   # statistics of a trained network, not 0 and 1
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.1, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
 def build(name):
     """(model, example inputs) for a workload name."""
     torch.manual_seed(0)
@@ -74,7 +116,11 @@ def build(name):
         return layer.eval(), (torch.randn(4, 128, 768),)
     if name == "convnet":
         return ConvNet().eval(), (torch.randn(4, 64, 56, 56),)
+    if name == "resnet18":
+        return ResNet18().eval(), (torch.randn(2, 3, 224, 224),)
     raise KeyError(name)
 
 
+# What `make bench` runs (issue 6's workloads); EXTRA_WORKLOADS only when named.
 WORKLOADS = ("ew_chain", "ln_gelu", "softmax_attn", "mlp", "bert_layer", "convnet")
+EXTRA_WORKLOADS = ("resnet18",)
