@@ -191,6 +191,16 @@ def _std_dim(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
     return torch.sqrt(_variance(x, dim, unbiased, keepdim))
 
 
+@_builtin("aten::adaptive_avg_pool2d", dynamic_only=True)
+def _adaptive_avg_pool2d(x: torch.Tensor, output_size: List[int]) -> torch.Tensor:
+    # Global average pooling (an output of 1 x 1: a CNN classifier's head) is a mean over H
+    # and W, which compiles at any image size; Torch-MLIR lowers adaptive pooling of a fixed
+    # window only. With a constant output size, constant propagation keeps one branch.
+    if output_size == [1, 1]:
+        return torch.mean(x, [-2, -1], True)
+    return torch._C._nn.adaptive_avg_pool2d(x, output_size)
+
+
 @_builtin("aten::_transformer_encoder_layer_fwd")
 def _transformer_encoder_layer(
         src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor,

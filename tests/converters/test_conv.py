@@ -98,21 +98,25 @@ def test_pooling_of_a_dynamic_batch(name):
 
 
 def test_pooling_of_a_dynamic_image_size():
-    """Height and width vary: max and average pooling compile; ceil_mode (Torch-MLIR would
-    give it the floor mode's output size) and adaptive pooling (a window that follows the
+    """Height and width vary: max and average pooling compile, and so does global average
+    pooling (adaptive to 1 x 1, decomposed into a mean); ceil_mode (Torch-MLIR would give
+    it the floor mode's output size) and other adaptive pooling (a window that follows the
     image size) stay in TorchScript, named in the report, and the rest still compiles."""
     torch.manual_seed(0)
     for pool, compiled in ((lambda x: F.max_pool2d(x, 3, stride=2, padding=1), True),
                            (lambda x: F.avg_pool2d(x, 3, stride=2, padding=1,
                                                    count_include_pad=False), True),
                            (lambda x: F.max_pool2d(x, 3, stride=2, ceil_mode=True), False),
-                           (lambda x: F.adaptive_avg_pool2d(x, 1), False)):
+                           (lambda x: F.adaptive_avg_pool2d(x, 1), True),
+                           (lambda x: F.adaptive_avg_pool2d(x, (2, 3)), False)):
         model = Lambda(lambda x, pool=pool: pool(torch.relu(x) * 2.0))
         optimized = blade.optimize(model, (torch.randn(2, 3, 8, 8),),
                                    blade.Config(allow_tracing=True, dynamic=True))
         report = blade.report(optimized)
         assert len(report.clusters) == 1 and not report.compile_errors, str(report)
-        if not compiled:
+        if compiled:
+            assert report.coverage == 1.0, str(report)
+        else:
             reasons = [r for op in report.unsupported.values() for r in op.reasons]
             assert any("dynamic image size is not compiled" in r for r in reasons), reasons
         with torch.no_grad():
