@@ -68,3 +68,39 @@ def test_reciprocal_estimates_only_where_the_division_is_provably_finite():
         assert allow_reciprocal(module) == 1
         lines = [line for line in str(module).splitlines() if "arith.divf" in line]
     assert "ninf" in lines[0] and "ninf" not in lines[1] and "ninf" not in lines[2], lines
+
+
+@pytest.mark.parametrize("exponent", [-2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 3.0, 4.0, 2.5])
+def test_power_by_a_constant_matches_eager_without_powf(exponent, tmp_path):
+    """x ** c for the small constant exponents ATen special-cases is products, sqrt and a
+    division in the compiled loop, not libm's powf per element (which no loop around it
+    vectorizes); equal to eager's values within an ulp or two, specials included. Other
+    exponents (2.5) keep powf."""
+    x = torch.cat([torch.linspace(-50, 50, 100_001),
+                   torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"),
+                                 1e-20, -1e-20, 3e12])]).float()
+    model = Lambda(lambda t: torch.pow(t * 1.0, exponent))
+    optimized = blade.optimize(model, (x,), blade.Config(allow_tracing=True,
+                                                          dump_dir=str(tmp_path)))
+    got, want = optimized(x), model(x)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == 1 and report.runtime_fallbacks == 0, str(report)
+    llvm = next(tmp_path.glob("*/6_llvm.ll")).read_text()
+    assert ("@llvm.pow.f32" in llvm) == (exponent == 2.5), exponent   # powf in the code
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    torch.testing.assert_close(got, want, rtol=3e-7, atol=0.0, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["reciprocal", "quotient"])
+def test_division_by_a_square_root_keeps_its_infinities_and_zeros(name):
+    """y / sqrt(x) at x = 0 is +-inf and at x = inf is 0 (or NaN for inf / inf), as in
+    eager: with `arcp` LLVM would multiply by the reciprocal square root estimate, NaN at
+    both (allow_reciprocal leaves such divisions exact)."""
+    fn = {"reciprocal": lambda t: 1.0 / torch.sqrt(t * 1.0),
+          "quotient": lambda t: (t + 1.0) / torch.sqrt(t * 1.0)}[name]
+    x = torch.tensor([0.0, -0.0, float("inf"), 4.0, 1e-30, 3.0, float("nan"), -1.0] * 16)
+    optimized = blade.optimize(Lambda(fn), (x,), TRACE)
+    got = optimized(x)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == 1 and report.runtime_fallbacks == 0, str(report)
+    torch.testing.assert_close(got, fn(x), rtol=3e-7, atol=0.0, equal_nan=True)

@@ -1,10 +1,12 @@
-"""Vectorizable float32 approximations of exp, tanh and erf.
+"""Vectorizable float32 approximations of exp, tanh and erf, and powers by constants.
 
 MLIR lowers `math.exp/tanh/erf` on f32 to calls of libm's expf/tanhf/erff, one element at a
 time; LLVM cannot vectorize a loop around such a call, so every activation and softmax
 ran scalar. These rewrites replace each op by plain arithmetic (polynomials, a floor, a
 bit-cast) that LLVM's loop vectorizer turns into AVX code. The MLIR pass that does this
 (math-polynomial-approximation) is not registered in the torch-mlir wheel, hence our own.
+`math.powf` by a constant small integer or half (GELU's tanh form cubes its input) became
+libm's powf per element too; it becomes products, sqrt and a division.
 
 Accuracy, measured over [-110, 100] against float64 (tests/test_approximations.py):
 exp < 1 ulp relative in the normal range (and exact at 0, +-inf, NaN; 0 below -87.3,
@@ -14,7 +16,7 @@ ones: Cody-Waite range reduction with a degree-5 polynomial for exp, and odd/eve
 minimax approximations on a clamped range for tanh and erf (coefficients as in Eigen's
 float kernels).
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, llvm, math
@@ -135,15 +137,51 @@ def _erf(b: _Builder, x):
 
 _REWRITES = {"math.exp": _exp, "math.tanh": _tanh, "math.erf": _erf}
 
+# Constant exponents whose power is computed without libm's powf (what ATen's pow by a
+# scalar special-cases, so eager gives the same values): products for small integers,
+# sqrt for halves, a division for negative ones.
+_POWER_EXPONENTS = (-2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 3.0, 4.0)
+
+
+def _constant_exponent(op) -> Optional[float]:
+    """The exponent of a math.powf whose exponent is a float constant from _POWER_EXPONENTS
+    (GELU's tanh form cubes its input: x ** 3.0), else None."""
+    owner = op.operands[1].owner
+    if not isinstance(owner, ir.OpView) or owner.operation.name != "arith.constant":
+        return None
+    value = ir.FloatAttr(owner.attributes["value"]).value
+    return value if value in _POWER_EXPONENTS else None
+
+
+def _power(b: _Builder, x, exponent: float):
+    magnitude = abs(exponent)
+    if magnitude == 0.5:
+        result = math.SqrtOp(x).result
+    else:   # x * x * ..., by squaring: x**3 is x * (x * x), as ATen's (x * x) * x
+        result, square, n = None, x, int(magnitude)
+        while n:
+            if n & 1:
+                result = square if result is None else b.mul(result, square)
+            n >>= 1
+            if n:
+                square = b.mul(square, square)
+    if exponent < 0:   # a plain division: x may be 0 (inf) or anything else
+        result = arith.DivFOp(b.const(1.0), result).result
+    return result
+
 
 def approximate_math(module, scalef: bool = False) -> int:
-    """Replaces every f32 math.exp/tanh/erf in `module`; returns how many. `scalef`: the
-    host scales by powers of two in one vector instruction (AVX-512's vscalefps), so
-    exp uses LLVM's ldexp, which elsewhere would become a libm call per element."""
+    """Replaces every f32 math.exp/tanh/erf, and each math.powf by a constant exponent of
+    _POWER_EXPONENTS, in `module`; returns how many. `scalef`: the host scales by powers
+    of two in one vector instruction (AVX-512's vscalefps), so exp uses LLVM's ldexp,
+    which elsewhere would become a libm call per element."""
     targets = []
 
     def visit(op):
-        if op.name in _REWRITES and isinstance(op.results[0].type, ir.F32Type):
+        if not isinstance(op.results[0].type if op.results else None, ir.F32Type):
+            return ir.WalkResult.ADVANCE
+        if op.name in _REWRITES or (op.name == "math.powf" and
+                                    _constant_exponent(op) is not None):
             targets.append(op)
         return ir.WalkResult.ADVANCE
 
@@ -152,7 +190,10 @@ def approximate_math(module, scalef: bool = False) -> int:
         builder = _Builder(scalef)
         for op in targets:
             with ir.InsertionPoint(op), op.location:
-                value = _REWRITES[op.name](builder, op.operands[0])
+                if op.name == "math.powf":
+                    value = _power(builder, op.operands[0], _constant_exponent(op))
+                else:
+                    value = _REWRITES[op.name](builder, op.operands[0])
             op.results[0].replace_all_uses_with(value)
             op.erase()
     return len(targets)
@@ -211,22 +252,32 @@ def allow_reciprocal(module) -> int:
     clamped input, as StableHLO's erf in GELU) also get `ninf`, which lets LLVM use the
     host's reciprocal estimate refined by one Newton step (codegen._tune_for_host) instead
     of a full-latency vector division; other divisions do not, as a model's own division
-    may mean to produce an infinity. Returns how many divisions got `ninf`."""
+    may mean to produce an infinity. A division by a square root gets neither unless its
+    operands are provably finite: `arcp` alone lets LLVM turn y / sqrt(x) into y times the
+    reciprocal square root estimate, which is NaN where x is 0 or inf (1 / sqrt(0) must be
+    inf). Returns how many divisions got `ninf`."""
     divisions, finite, memo = [], [], {}
 
     def visit(op):
         if op.name == "arith.divf" and isinstance(op.results[0].type, ir.F32Type):
-            divisions.append(op)
             lo, hi = _interval(op.operands[1], memo)
             if _finite(*_interval(op.operands[0], memo)) and _finite(lo, hi) and \
                     (lo > 1e-30 or hi < -1e-30):
                 finite.append(op)
+                divisions.append(op)
+            elif not _is_square_root(op.operands[1]):
+                divisions.append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
     _add_fastmath(module, divisions, "arcp")
     _add_fastmath(module, finite, "ninf")
     return len(finite)
+
+
+def _is_square_root(value) -> bool:
+    owner = value.owner
+    return isinstance(owner, ir.OpView) and owner.operation.name == "math.sqrt"
 
 
 _UNBOUNDED = (-float("inf"), float("inf"))
