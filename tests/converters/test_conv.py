@@ -313,3 +313,49 @@ def test_bias_and_relu_run_inside_the_convolution(dtype, tmp_path):
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 3, linalg
     assert linalg.count('blade.library_call = "conv2d_nhwc"') == 1, linalg
     assert linalg.count("blade.relu = 1") == 1, linalg    # only the first one's ReLU
+
+
+class UpsampleAndConcatenate(torch.nn.Module):
+    """A U-Net decoder step: nearest upsampling of the coarse features, concatenated with
+    the skip connection, into a convolution."""
+
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+        self.down = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.up = torch.nn.Conv2d(16, 4, 3, padding=1)
+
+    def forward(self, x):
+        coarse = torch.relu(self.down(x))
+        up = F.interpolate(coarse, scale_factor=self.factor, mode="nearest")
+        up = up[:, :, :x.size(2), :x.size(3)]
+        return self.up(torch.cat([x, up], 1))
+
+
+@pytest.mark.parametrize("factor, compiled", [(2.0, True), ((2.0, 3.0), True), (2.5, False)])
+def test_nearest_upsampling_by_whole_factors_compiles(factor, compiled):
+    """Upsampling by whole factors is a broadcast and a reshape (decompositions.py), so the
+    decoder step is one cluster; other factors keep the op in TorchScript, named."""
+    torch.manual_seed(0)
+    model = UpsampleAndConcatenate(factor).eval()
+    x = torch.randn(2, 8, 12, 12)
+    optimized, report = run_compiled(model, (x,), rtol=1e-4, atol=1e-5)
+    if compiled:
+        assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
+        assert report.decomposed == {"aten::upsample_nearest2d.vec": 1}, str(report)
+    else:
+        assert "aten::upsample_nearest2d.vec" in report.unsupported, str(report)
+
+
+def test_nearest_upsampling_with_a_dynamic_batch():
+    torch.manual_seed(0)
+    model = UpsampleAndConcatenate(2.0).eval()
+    optimized = blade.optimize(model, (torch.randn(2, 8, 12, 12),),
+                               blade.Config(dynamic_dims={0: [0]}))
+    assert blade.report(optimized).coverage == 1.0, str(blade.report(optimized))
+    with torch.no_grad():
+        for batch in (1, 3):
+            x = torch.randn(batch, 8, 12, 12)
+            torch.testing.assert_close(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+    report = blade.report(optimized)
+    assert report.clusters[0].calls == 2 and report.runtime_fallbacks == 0, str(report)
