@@ -8,9 +8,11 @@ input into a blocked layout and the output back on every call (on this kind of h
     transpose(x, NHWC) -> convolution on NHWC -> transpose(y, NCHW)
 
 and then sinks the transposes back to NCHW down through elementwise ops (the bias, the
-activation, a residual add) and window reductions (pooling, its window permuted),
-rebuilding their broadcast and splat operands in the NHWC layout, until they meet the
-next convolution's transpose to NHWC and cancel. Only the model's own NCHW inputs and
+activation, a residual add), window reductions (pooling, its window permuted),
+concatenations (a U-Net's skip connection), broadcasts that widen size-1 dims and
+reshapes that split or merge dims lying in order in the NHWC value (a nearest
+upsampling's), rebuilding broadcast and splat operands in the NHWC layout, until they
+meet the next convolution's transpose to NHWC and cancel. Only the model's own NCHW inputs and
 outputs are transposed (once each, fused into the loops that read or write them).
 `library_calls` then runs the NHWC convolutions through PyTorch with channels_last
 tensors (`blade_ral_conv2d_nhwc_<type>`).
@@ -196,6 +198,138 @@ def _sink_window(op) -> bool:
     return True
 
 
+def _sink_concatenate(op) -> bool:
+    """Rewrites a concatenation of values transposed back to NCHW (a U-Net's skip connection
+    and upsampled features) as one transpose of the NHWC concatenation along the permuted
+    dim; False when an operand would take a new transpose of data."""
+    p = TO_NCHW
+    if len(op.results) != 1 or ir.RankedTensorType(op.results[0].type).rank != len(p) or \
+            not any(_is_transpose(v, p) for v in op.operands):
+        return False
+    with ir.InsertionPoint(op), op.location:
+        operands = [_operand_in_layout(v, p, op) for v in op.operands]
+        if any(v is None for v in operands):
+            return False
+        attributes = _attributes(op)
+        dimension = ir.IntegerAttr(attributes["dimension"]).value
+        attributes["dimension"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                     p[dimension])
+        inner = ir.Operation.create(
+            op.name, results=[_permuted_type(op.results[0].type, _inverse(p))],
+            operands=operands, attributes=attributes).result
+        result = _transpose(inner, p)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    return True
+
+
+def _static_shape(value) -> Optional[List[int]]:
+    t = ir.RankedTensorType(value.type)
+    return list(t.shape) if t.has_static_shape else None
+
+
+def _reshape_groups(before: List[int], after: List[int]):
+    """The dims of a reshape in groups [(dims before, dims after)] whose sizes multiply
+    alike (splits and merges), size-1 dims left out; None if the sizes do not group."""
+    left = [d for d, n in enumerate(before) if n != 1]
+    right = [d for d, n in enumerate(after) if n != 1]
+    groups, i, j = [], 0, 0
+    while i < len(left) or j < len(right):
+        if i == len(left) or j == len(right):
+            return None
+        group_left, group_right = [left[i]], [right[j]]
+        size_left, size_right = before[left[i]], after[right[j]]
+        i, j = i + 1, j + 1
+        while size_left != size_right:
+            if size_left < size_right and i < len(left):
+                size_left *= before[left[i]]
+                group_left.append(left[i])
+                i += 1
+            elif size_right < size_left and j < len(right):
+                size_right *= after[right[j]]
+                group_right.append(right[j])
+                j += 1
+            else:
+                return None
+        groups.append((group_left, group_right))
+    return groups
+
+
+def _sink_reshape(op) -> bool:
+    """Rewrites `reshape(transpose(x, p))` as `transpose(reshape(x), p')` when each group of
+    dims the reshape splits or merges lies in order, side by side, in x as well (the
+    reshapes around a nearest upsampling's broadcast, a flatten of 1 x 1 pooled features);
+    False otherwise. Only static shapes."""
+    source = producer(op.operands[0], "stablehlo.transpose")
+    if source is None:
+        return False
+    p = _permutation(source)
+    x = source.operands[0]
+    x_shape, before, after = _static_shape(x), _static_shape(op.operands[0]), \
+        _static_shape(op.results[0])
+    if x_shape is None or before is None or after is None:
+        return False
+    groups = _reshape_groups(before, after)
+    if groups is None:
+        return False
+    # Where each group starts in x; its dims of x must be consecutive (size-1 dims aside).
+    real = [d for d, n in enumerate(x_shape) if n != 1]
+    starts = {}
+    for index, (group_before, _) in enumerate(groups):
+        dims = [p[d] for d in group_before]
+        at = real.index(dims[0])
+        if dims != real[at:at + len(dims)]:
+            return False
+        starts[dims[0]] = index
+    # The reshaped x: the groups' result sizes in x's order, each size-1 result dim right
+    # after the group of the result dim before it (first when none is).
+    follows = {}    # group index (-1: none) -> size-1 result dims after it
+    group_of = {d: k for k, (_, group_after) in enumerate(groups) for d in group_after}
+    previous = -1
+    for d, n in enumerate(after):
+        if n == 1:
+            follows.setdefault(previous, []).append(d)
+        else:
+            previous = group_of[d]
+    order = list(follows.get(-1, []))    # result dim held by each dim of the reshaped x
+    for d in real:
+        if d in starts:
+            order += groups[starts[d]][1] + follows.get(starts[d], [])
+    new_shape = [after[d] for d in order]
+    permutation = [order.index(d) for d in range(len(after))]
+    with ir.InsertionPoint(op), op.location:
+        element = ir.RankedTensorType(op.results[0].type).element_type
+        reshaped = ir.Operation.create(
+            "stablehlo.reshape", results=[ir.RankedTensorType.get(new_shape, element)],
+            operands=[x]).result
+        result = reshaped if permutation == list(range(len(permutation))) else \
+            _transpose(reshaped, permutation)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    return True
+
+
+def _sink_broadcast(op) -> bool:
+    """Rewrites a broadcast that only widens size-1 dims (rank and dim order kept) of
+    `transpose(x, p)` as `transpose(broadcast of x, p)`; False otherwise."""
+    source = producer(op.operands[0], "stablehlo.transpose")
+    if source is None or op.name != "stablehlo.broadcast_in_dim":
+        return False
+    dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+    after = _static_shape(op.results[0])
+    if after is None or dims != list(range(len(after))):
+        return False
+    p = _permutation(source)
+    with ir.InsertionPoint(op), op.location:
+        inner = ir.Operation.create(
+            op.name, results=[_permuted_type(op.results[0].type, _inverse(p))],
+            operands=[source.operands[0]], attributes=_attributes(op)).result
+        result = _transpose(inner, p)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    return True
+
+
 def _fold_transpose_pair(op) -> bool:
     source = producer(op.operands[0], "stablehlo.transpose")
     if source is None:
@@ -279,6 +413,12 @@ def to_channels_last(module, main) -> int:
                     changed = _sink(op) or changed
                 elif op.name == "stablehlo.reduce_window":
                     changed = _sink_window(op) or changed
+                elif op.name == "stablehlo.concatenate":
+                    changed = _sink_concatenate(op) or changed
+                elif op.name == "stablehlo.reshape":
+                    changed = _sink_reshape(op) or changed
+                elif op.name == "stablehlo.broadcast_in_dim":
+                    changed = _sink_broadcast(op) or changed
             if not changed:
                 break
         _hoist_shape_queries(block)

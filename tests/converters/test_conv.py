@@ -361,3 +361,45 @@ def test_nearest_upsampling_with_a_dynamic_batch():
                                blade.Config(dynamic_dims={0: [0]}))
     assert blade.report(optimized).coverage == 1.0, str(blade.report(optimized))
     _matches_eager_at_each_batch(optimized, model, (8, 12, 12), (1, 3), rtol=1e-4, atol=1e-5)
+
+
+def test_upsampling_and_concatenation_stay_channels_last(tmp_path):
+    """The transposes back to NCHW sink through the upsampling's reshapes and broadcast and
+    through the concatenation (along C, the last NHWC dim), so the decoder step runs on
+    NHWC data between its convolutions: no NCHW copy of the skip connection, no loop that
+    reads one layout and writes the other."""
+    torch.manual_seed(0)
+    model = UpsampleAndConcatenate(2.0).eval()
+    run_compiled(model, (torch.randn(2, 8, 12, 12),), blade.Config(dump_dir=str(tmp_path)),
+                 rtol=1e-4, atol=1e-5)
+    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    assert "tensor<2x12x12x16xf32>" in linalg          # the concatenation, NHWC
+    assert "tensor<2x6x2x6x2x8xf32>" in linalg         # the upsampling's broadcast, NHWC
+    for nchw in ("tensor<2x16x12x12xf32>", "tensor<2x8x6x2x6x2xf32>", "tensor<2x8x6x6xf32>"):
+        assert nchw not in linalg, nchw
+
+
+class ReshapesAfterConvolutions(torch.nn.Module):
+    """Reshapes of channels_last convolution results that a transpose can sink through
+    (a channel split into groups, a size-1 dim inserted, a flatten of 1 x 1 features) and
+    one it cannot (a flatten of C, H and W, which NHWC stores in another order)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.pool = torch.nn.Conv2d(8, 8, 5)
+        self.fc = torch.nn.Linear(8 * 5 * 5, 3)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        groups = y.reshape(y.size(0), 2, 4, 5, 5).sum(1) * 2.0
+        unit = y.unsqueeze(2) + 1.0
+        head = self.pool(y).flatten(1)
+        return groups, unit, head, self.fc(y.flatten(1))
+
+
+def test_reshapes_of_channels_last_values_keep_their_values():
+    torch.manual_seed(0)
+    optimized, report = run_compiled(ReshapesAfterConvolutions().eval(),
+                                     (torch.randn(2, 4, 5, 5),), rtol=1e-4, atol=1e-5)
+    assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
