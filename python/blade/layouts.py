@@ -136,11 +136,12 @@ def _operand_in_layout(value, p: List[int], before) -> Optional[object]:
     return None
 
 
-def _sink(op) -> bool:
+def _sink(op, attributes: Optional[dict] = None) -> bool:
     """Rewrites elementwise `op` with an operand transposed back to NCHW as a transpose to
-    NCHW of the same op on NHWC operands; False when it cannot without a new transpose of
-    data. Only this direction moves: transposes to NHWC stay where the convolutions need
-    them (moving both ways would undo each other)."""
+    NCHW of the same op on NHWC operands (with `attributes`, when given, for the NHWC op);
+    False when it cannot without a new transpose of data. Only this direction moves:
+    transposes to NHWC stay where the convolutions need them (moving both ways would undo
+    each other)."""
     p = TO_NCHW
     if len(op.results) != 1 or ir.RankedTensorType(op.results[0].type).rank != len(p) or \
             not any(_is_transpose(v, p) for v in op.operands):
@@ -151,7 +152,8 @@ def _sink(op) -> bool:
             return False
         inner = ir.Operation.create(
             op.name, results=[_permuted_type(op.results[0].type, _inverse(p))],
-            operands=operands, attributes=_attributes(op)).result
+            operands=operands,
+            attributes=_attributes(op) if attributes is None else attributes).result
         result = _transpose(inner, p)
     op.results[0].replace_all_uses_with(result)
     op.erase()
@@ -202,25 +204,11 @@ def _sink_concatenate(op) -> bool:
     """Rewrites a concatenation of values transposed back to NCHW (a U-Net's skip connection
     and upsampled features) as one transpose of the NHWC concatenation along the permuted
     dim; False when an operand would take a new transpose of data."""
-    p = TO_NCHW
-    if len(op.results) != 1 or ir.RankedTensorType(op.results[0].type).rank != len(p) or \
-            not any(_is_transpose(v, p) for v in op.operands):
-        return False
-    with ir.InsertionPoint(op), op.location:
-        operands = [_operand_in_layout(v, p, op) for v in op.operands]
-        if any(v is None for v in operands):
-            return False
-        attributes = _attributes(op)
-        dimension = ir.IntegerAttr(attributes["dimension"]).value
-        attributes["dimension"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
-                                                     p[dimension])
-        inner = ir.Operation.create(
-            op.name, results=[_permuted_type(op.results[0].type, _inverse(p))],
-            operands=operands, attributes=attributes).result
-        result = _transpose(inner, p)
-    op.results[0].replace_all_uses_with(result)
-    op.erase()
-    return True
+    attributes = _attributes(op)
+    dimension = ir.IntegerAttr(attributes["dimension"]).value
+    attributes["dimension"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                 TO_NCHW[dimension])
+    return _sink(op, attributes)
 
 
 def _static_shape(value) -> Optional[List[int]]:
