@@ -3,8 +3,9 @@ round-robin so that machine drift cancels, 2 threads, medians and p10/p90.
 
     python benchmarks/run.py [--workloads ew_chain,mlp] [--runs 30] [--json out.json]
 
-The default workloads are the six of `workloads.WORKLOADS`; `--workloads resnet18` adds a
-whole ResNet-18 (batch 2, 224 x 224).
+The default workloads are the six of `workloads.WORKLOADS`; `workloads.EXTRA_WORKLOADS`
+run when named: `--workloads resnet18,unet_decoder,gpt_block` (a whole ResNet-18 at batch
+2, 224 x 224; one U-Net level with upsampling and a skip concatenation; a GPT-2 block).
 
 Quote ratios from one run (backend / eager, lower is faster), never absolute times from
 different runs: these machines are noisy.

@@ -98,6 +98,46 @@ class ResNet18(torch.nn.Module):
         return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+class UNetDecoder(torch.nn.Module):
+    """One U-Net level: a strided convolution down, x2 nearest upsampling back, the skip
+    connection concatenated, a convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.down = torch.nn.Conv2d(32, 64, 3, stride=2, padding=1)
+        self.out = torch.nn.Conv2d(96, 32, 3, padding=1)
+
+    def forward(self, x):
+        skip = torch.relu(self.inner(x))
+        coarse = torch.relu(self.down(skip))
+        up = torch.nn.functional.interpolate(coarse, scale_factor=2.0, mode="nearest")
+        return torch.relu(self.out(torch.cat([skip, up], 1)))
+
+
+class GptBlock(torch.nn.Module):
+    """A GPT-2 decoder block: pre-LayerNorm causal self-attention and a tanh-GELU MLP."""
+
+    def __init__(self, width=512, heads=8):
+        super().__init__()
+        nn = torch.nn
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc1, self.fc2 = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        batch, length, width = x.size(0), x.size(1), x.size(2)
+        heads = [batch, length, self.heads, width // self.heads]
+        q, k, v = self.qkv(self.ln1(x)).split(width, 2)
+        q, k, v = (q.view(heads).transpose(1, 2), k.view(heads).transpose(1, 2),
+                   v.view(heads).transpose(1, 2))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(batch, length, width))
+        hidden = torch.nn.functional.gelu(self.fc1(self.ln2(x)), approximate="tanh")
+        return x + self.fc2(hidden)
+
+
 def build(name):
     """(model, example inputs) for a workload name."""
     torch.manual_seed(0)
@@ -118,9 +158,13 @@ def build(name):
         return ConvNet().eval(), (torch.randn(4, 64, 56, 56),)
     if name == "resnet18":
         return ResNet18().eval(), (torch.randn(2, 3, 224, 224),)
+    if name == "unet_decoder":
+        return UNetDecoder().eval(), (torch.randn(2, 16, 96, 96),)
+    if name == "gpt_block":
+        return GptBlock().eval(), (torch.randn(4, 128, 512),)
     raise KeyError(name)
 
 
 # What `make bench` runs (issue 6's workloads); EXTRA_WORKLOADS only when named.
 WORKLOADS = ("ew_chain", "ln_gelu", "softmax_attn", "mlp", "bert_layer", "convnet")
-EXTRA_WORKLOADS = ("resnet18",)
+EXTRA_WORKLOADS = ("resnet18", "unet_decoder", "gpt_block")

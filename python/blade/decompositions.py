@@ -293,10 +293,13 @@ def _scaled_dot_product_attention(
         value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)
     scores = torch.matmul(query, key.transpose(-2, -1)) * factor
     if is_causal:
-        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool,
-                          device=query.device).tril()
-        scores = scores + torch.zeros(keep.shape, dtype=scores.dtype,
-                                      device=query.device).masked_fill(~keep, float("-inf"))
+        # tril(ones(L, S)) as index arithmetic, which also compiles when L or S varies (a
+        # tril this inserts is not decomposed again: the decompositions run once each).
+        rows = torch.arange(query.size(-2), device=query.device).unsqueeze(-1)
+        cols = torch.arange(key.size(-2), device=query.device)
+        scores = scores + torch.zeros([query.size(-2), key.size(-2)], dtype=scores.dtype,
+                                      device=query.device).masked_fill(cols > rows,
+                                                                       float("-inf"))
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             scores = scores + torch.zeros(attn_mask.shape, dtype=scores.dtype,

@@ -366,6 +366,23 @@ def test_scaled_dot_product_attention_dynamic_lengths_zero_rows_that_see_no_key(
     assert report.clusters[0].calls == 2 and report.runtime_fallbacks == 0, str(report)
 
 
+def test_causal_scaled_dot_product_attention_with_dynamic_lengths():
+    """is_causal with a varying sequence length (a decoder served at any length): the
+    causal mask is index arithmetic, so the whole attention compiles into the fused kernel
+    and matches eager at lengths other than the example's."""
+    model = Sdpa(is_causal=True)
+    optimized = blade.optimize(model, qkv(2, 2, 6, 8),
+                               blade.Config(allow_tracing=True, dynamic=True))
+    for n in (5, 11):
+        inputs = qkv(2, 2, n, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(optimized(*inputs), model(*inputs), rtol=1e-4,
+                                       atol=1e-5)
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and fused(report) == 1, str(report)
+    assert report.clusters[0].calls == 2 and report.runtime_fallbacks == 0, str(report)
+
+
 class PaddedEncoder(torch.nn.Module):
     def __init__(self):
         super().__init__()
