@@ -21,6 +21,8 @@ from typing import Optional, Tuple
 from torch_mlir import ir
 from torch_mlir.dialects import arith, llvm, math
 
+from .ir_queries import producer
+
 # exp: x = n*ln2 + r, |r| <= ln2/2; exp(r) = 1 + r + r^2 * P(r)
 _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
           1.6666665459e-1, 5.0000001201e-1)
@@ -146,10 +148,10 @@ _POWER_EXPONENTS = (-2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 3.0, 4.0)
 def _constant_exponent(op) -> Optional[float]:
     """The exponent of a math.powf whose exponent is a float constant from _POWER_EXPONENTS
     (GELU's tanh form cubes its input: x ** 3.0), else None."""
-    owner = op.operands[1].owner
-    if not isinstance(owner, ir.OpView) or owner.operation.name != "arith.constant":
+    constant = producer(op.operands[1], "arith.constant")
+    if constant is None:
         return None
-    value = ir.FloatAttr(owner.attributes["value"]).value
+    value = ir.FloatAttr(constant.attributes["value"]).value
     return value if value in _POWER_EXPONENTS else None
 
 
@@ -265,7 +267,7 @@ def allow_reciprocal(module) -> int:
                     (lo > 1e-30 or hi < -1e-30):
                 finite.append(op)
                 divisions.append(op)
-            elif not _is_square_root(op.operands[1]):
+            elif producer(op.operands[1], "math.sqrt") is None:
                 divisions.append(op)
         return ir.WalkResult.ADVANCE
 
@@ -273,11 +275,6 @@ def allow_reciprocal(module) -> int:
     _add_fastmath(module, divisions, "arcp")
     _add_fastmath(module, finite, "ninf")
     return len(finite)
-
-
-def _is_square_root(value) -> bool:
-    owner = value.owner
-    return isinstance(owner, ir.OpView) and owner.operation.name == "math.sqrt"
 
 
 _UNBOUNDED = (-float("inf"), float("inf"))
