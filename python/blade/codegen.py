@@ -30,6 +30,7 @@ from . import folding, layouts, library_calls, loop_order, parallel, slices, til
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
+from .concatenations import lower_concatenations, write_slices_in_place
 from .gathers import lower_dynamic_reverses, lower_gathers
 from .importer import failing_node
 from .ir_queries import all_parallel, output_count
@@ -176,7 +177,9 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 lower_reduce_windows(module)
                 lower_gathers(module)
                 lower_dynamic_reverses(module)
+                lower_concatenations(module)
             if stage == "bufferize":
+                write_slices_in_place(module)
                 _distinct_results(_find_main(module))
                 _reuse_dead_inputs(_find_main(module))
                 folding.fill_per_use(_find_main(module))

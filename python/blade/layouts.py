@@ -20,7 +20,9 @@ tensors (`blade_ral_conv2d_nhwc_<type>`).
 Dynamic engines get the same rewrite once their StableHLO has no shape.assuming regions
 and no broadcasts that keep their operand's shape (codegen's assume_shapes step): a
 dynamic broadcast of a bias or a splat is rebuilt in NHWC with its run-time shape
-permuted, and shape queries of the transposes move to the NHWC values.
+permuted, reshapes and broadcasts static but for the batch dim sink as static ones do
+(their run-time shapes permuted), and shape queries of the transposes move to the NHWC
+values.
 """
 from typing import List, Optional
 
@@ -211,9 +213,23 @@ def _sink_concatenate(op) -> bool:
     return _sink(op, attributes)
 
 
-def _static_shape(value) -> Optional[List[int]]:
+def _shape(value) -> List[Optional[int]]:
+    """The sizes of a ranked tensor, None where dynamic."""
     t = ir.RankedTensorType(value.type)
-    return list(t.shape) if t.has_static_shape else None
+    return [None if t.is_dynamic_dim(d) else t.shape[d] for d in range(t.rank)]
+
+
+def _leading_dynamic_groups(before, after):
+    """`_reshape_groups` for shapes static but for a leading dim (a dynamic engine's batch)
+    that the reshape keeps: that dim is a group of its own. None otherwise."""
+    if None not in before and None not in after:
+        return _reshape_groups(before, after)
+    if before[0] is not None or after[0] is not None or None in before[1:] + after[1:]:
+        return None
+    groups = _reshape_groups(before[1:], after[1:])
+    if groups is None:
+        return None
+    return [([0], [0])] + [([d + 1 for d in b], [d + 1 for d in a]) for b, a in groups]
 
 
 def _reshape_groups(before: List[int], after: List[int]):
@@ -247,19 +263,22 @@ def _sink_reshape(op) -> bool:
     """Rewrites `reshape(transpose(x, p))` as `transpose(reshape(x), p')` when each group of
     dims the reshape splits or merges lies in order, side by side, in x as well (the
     reshapes around a nearest upsampling's broadcast, a flatten of 1 x 1 pooled features);
-    False otherwise. Only static shapes."""
+    False otherwise. Shapes are static, or static but for a leading dim that both the
+    transpose and the reshape keep in place (a `stablehlo.dynamic_reshape`, whose run-time
+    shape is then permuted alike)."""
     source = producer(op.operands[0], "stablehlo.transpose")
     if source is None:
         return False
     p = _permutation(source)
     x = source.operands[0]
-    x_shape, before, after = _static_shape(x), _static_shape(op.operands[0]), \
-        _static_shape(op.results[0])
-    if x_shape is None or before is None or after is None:
+    before, after = _shape(op.operands[0]), _shape(op.results[0])
+    dynamic = op.name == "stablehlo.dynamic_reshape"
+    if (None in before or None in after) and (not dynamic or p[0] != 0):
         return False
-    groups = _reshape_groups(before, after)
+    groups = _leading_dynamic_groups(before, after)
     if groups is None:
         return False
+    x_shape = [-1 if n is None else n for n in _shape(x)]
     # Where each group starts in x; its dims of x must be consecutive (size-1 dims aside).
     real = [d for d, n in enumerate(x_shape) if n != 1]
     starts = {}
@@ -283,13 +302,13 @@ def _sink_reshape(op) -> bool:
     for d in real:
         if d in starts:
             order += groups[starts[d]][1] + follows.get(starts[d], [])
-    new_shape = [after[d] for d in order]
+    result_type = ir.RankedTensorType(op.results[0].type)
+    new_shape = [result_type.shape[d] for d in order]
     permutation = [order.index(d) for d in range(len(after))]
     with ir.InsertionPoint(op), op.location:
-        element = ir.RankedTensorType(op.results[0].type).element_type
-        reshaped = ir.Operation.create(
-            "stablehlo.reshape", results=[ir.RankedTensorType.get(new_shape, element)],
-            operands=[x]).result
+        new_type = ir.RankedTensorType.get(new_shape, result_type.element_type)
+        operands = [x, _permuted_shape(op.operands[1], order)] if dynamic else [x]
+        reshaped = ir.Operation.create(op.name, results=[new_type], operands=operands).result
         result = reshaped if permutation == list(range(len(permutation))) else \
             _transpose(reshaped, permutation)
     op.results[0].replace_all_uses_with(result)
@@ -297,21 +316,34 @@ def _sink_reshape(op) -> bool:
     return True
 
 
+# Attributes of stablehlo.dynamic_broadcast_in_dim that list operand dims.
+_KNOWN_DIMS = ("known_expanding_dimensions", "known_nonexpanding_dimensions")
+
+
 def _sink_broadcast(op) -> bool:
-    """Rewrites a broadcast that only widens size-1 dims (rank and dim order kept) of
-    `transpose(x, p)` as `transpose(broadcast of x, p)`; False otherwise."""
+    """Rewrites a broadcast that keeps rank and dim order (it only widens size-1 dims) of
+    `transpose(x, p)` as `transpose(broadcast of x, p)`, a dynamic broadcast's run-time
+    shape permuted; False otherwise."""
     source = producer(op.operands[0], "stablehlo.transpose")
-    if source is None or op.name != "stablehlo.broadcast_in_dim":
+    if source is None:
         return False
     dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
-    after = _static_shape(op.results[0])
-    if after is None or dims != list(range(len(after))):
+    if dims != list(range(ir.RankedTensorType(op.results[0].type).rank)):
         return False
     p = _permutation(source)
+    to_x = _inverse(p)     # dim i of the broadcast of x is dim to_x[i] of op's result
+    attributes = _attributes(op)
+    for name in _KNOWN_DIMS:
+        if name in attributes:
+            attributes[name] = ir.DenseI64ArrayAttr.get(
+                sorted(p[d] for d in ir.DenseI64ArrayAttr(attributes[name])))
     with ir.InsertionPoint(op), op.location:
+        operands = [source.operands[0]]
+        if op.name == "stablehlo.dynamic_broadcast_in_dim":
+            operands.append(_permuted_shape(op.operands[1], to_x))
         inner = ir.Operation.create(
-            op.name, results=[_permuted_type(op.results[0].type, _inverse(p))],
-            operands=[source.operands[0]], attributes=_attributes(op)).result
+            op.name, results=[_permuted_type(op.results[0].type, to_x)],
+            operands=operands, attributes=attributes).result
         result = _transpose(inner, p)
     op.results[0].replace_all_uses_with(result)
     op.erase()
@@ -403,9 +435,10 @@ def to_channels_last(module, main) -> int:
                     changed = _sink_window(op) or changed
                 elif op.name == "stablehlo.concatenate":
                     changed = _sink_concatenate(op) or changed
-                elif op.name == "stablehlo.reshape":
+                elif op.name in ("stablehlo.reshape", "stablehlo.dynamic_reshape"):
                     changed = _sink_reshape(op) or changed
-                elif op.name == "stablehlo.broadcast_in_dim":
+                elif op.name in ("stablehlo.broadcast_in_dim",
+                                 "stablehlo.dynamic_broadcast_in_dim"):
                     changed = _sink_broadcast(op) or changed
             if not changed:
                 break
