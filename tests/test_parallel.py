@@ -148,3 +148,49 @@ def test_a_layer_norm_after_a_linear_is_one_task_and_copies_nothing(tmp_path):
     assert report.clusters[0].parallel_loops == 1, str(report.clusters[0])
     bufferized = next(tmp_path.glob("*/4_bufferized.mlir")).read_text()
     assert "memref.copy" not in bufferized
+
+
+def test_a_batch_of_one_runs_on_every_thread():
+    """A model served one input at a time: the batch dim of 1 is dropped from the loop nests
+    (unit_loops.py), so they split along the rows after it: the LayerNorm's passes as one
+    group of rows, tril (which reads its row position) on whole-buffer rows."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.LayerNorm(256))
+    tril = Lambda(lambda x: torch.tril(x) * 2.0 + x.sum(-1, keepdim=True))
+    previous = torch.get_num_threads()
+    try:
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            _, report = run_compiled(model, (torch.randn(1, 128, 256),))
+            assert report.clusters[0].parallel_loops == 1, str(report.clusters[0])
+            _, report = run_compiled(tril, (torch.randn(1, 256, 300),), TRACE)
+            assert report.clusters[0].parallel_loops >= 1, str(report.clusters[0])
+    finally:
+        torch.set_num_threads(previous)
+
+
+class ResidualConvolutions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(32, 32, 3, padding=1)
+        self.b = torch.nn.Conv2d(32, 32, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+
+def test_a_batch_of_one_transposes_on_every_thread():
+    """Channels-last convolutions of one image: the NCHW -> NHWC transpose of the input
+    splits along H, which it reads as the second dim of each C plane, and the residual add
+    written back as NCHW splits along H of its output."""
+    torch.manual_seed(0)
+    model = ResidualConvolutions().eval()
+    previous = torch.get_num_threads()
+    try:
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            _, report = run_compiled(model, (torch.randn(1, 32, 40, 40),), rtol=1e-4,
+                                     atol=1e-5)
+            assert report.clusters[0].parallel_loops == 2, str(report.clusters[0])
+    finally:
+        torch.set_num_threads(previous)

@@ -56,7 +56,8 @@ def _loop_bounds(op, maps) -> List:
 
 
 def _plan(op):
-    """(where each loop's extent is read, operand uses d0 first) if `op` can be split."""
+    """(where each loop's extent is read, per operand the position of its dim that d0
+    indexes or None) if `op` can be split along d0."""
     if op.name != "linalg.generic":
         return None
     iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
@@ -72,13 +73,15 @@ def _plan(op):
     outputs = output_count(op)
     for index, map_attr in enumerate(maps):
         results = _affine_results(map_attr)
-        uses_d0 = any("d0" == r or r.startswith("d0 ") or " d0" in r for r in results)
-        first = bool(results) and results[0] == "d0"
-        if uses_d0 and not first:
-            return None
-        if index >= len(maps) - outputs and not first:
+        uses_d0 = [j for j, r in enumerate(results)
+                   if "d0" == r or r.startswith("d0 ") or " d0" in r]
+        if len(uses_d0) > 1 or (uses_d0 and results[uses_d0[0]] != "d0"):
+            return None   # d0 in an expression, or twice: no one dim to take rows of
+        if index >= len(maps) - outputs and not uses_d0:
             return None  # an output not split by the loop would be written by every task
-        split.append(first)
+        # Usually the first dim; a batch-1 transpose's (unit_loops.py dropped N) reads
+        # its input with d0 (H) second: a C x [rows of H] x W view of NCHW data.
+        split.append(uses_d0[0] if uses_d0 else None)
     bounds = _loop_bounds(op, maps)
     if any(b is None for b in bounds):
         return None
@@ -170,26 +173,28 @@ def _identity_strides(shape) -> List[int]:
     return strides
 
 
-def _rows_type(t, strides):
-    """`t` with a dynamic number of rows and the given strides, at a dynamic offset."""
+def _rows_type(t, strides, dim: int = 0):
+    """`t` with a dynamic extent along `dim` and the given strides, at a dynamic offset."""
     layout = ir.StridedLayoutAttr.get(ir.ShapedType.get_dynamic_stride_or_offset(), strides)
-    return ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] + list(t.shape)[1:],
-                             t.element_type, layout)
+    shape = list(t.shape)
+    shape[dim] = ir.ShapedType.get_dynamic_size()
+    return ir.MemRefType.get(shape, t.element_type, layout)
 
 
-def _row_view(value, begin, size):
-    """Rows [begin, begin + size) of a memref (identity or strided layout), as a strided
-    subview with the memref's own strides."""
+def _row_view(value, begin, size, dim: int = 0):
+    """Rows [begin, begin + size) along `dim` of a memref (identity or strided layout), as
+    a strided subview with the memref's own strides."""
     t = ir.MemRefType(value.type)
     shape = list(t.shape)
     dynamic = ir.ShapedType.get_dynamic_size()
-    result = _rows_type(t, strides_of(t))
+    result = _rows_type(t, strides_of(t), dim)
     index = ir.IndexType.get()
-    sizes = [size] + [memref.DimOp(value, arith.ConstantOp(index, d).result).result
-                      for d in range(1, len(shape)) if shape[d] == dynamic]
-    return memref.SubViewOp(result, value, [begin], sizes, [],
-                            [dynamic] + [0] * (len(shape) - 1),
-                            [dynamic] + shape[1:], [1] * len(shape)).result
+    sizes = [size if d == dim else memref.DimOp(value, arith.ConstantOp(index, d).result).result
+             for d in range(len(shape)) if d == dim or shape[d] == dynamic]
+    static_sizes = [dynamic if d == dim else shape[d] for d in range(len(shape))]
+    static_offsets = [dynamic if d == dim else 0 for d in range(len(shape))]
+    return memref.SubViewOp(result, value, [begin], sizes, [], static_offsets,
+                            static_sizes, [1] * len(shape)).result
 
 
 _NEUTRAL = ("memref.alloc", "memref.expand_shape", "memref.collapse_shape", "arith.constant")
@@ -208,6 +213,15 @@ def _numel(t) -> int:
     for size in ir.MemRefType(t).shape:
         count *= size
     return count
+
+
+def _leading_rows(t) -> int:
+    """The first dim of static memref type `t` other than leading size-1 dims (which
+    unit_loops.py collapses away), 1 if all are."""
+    shape = list(ir.MemRefType(t).shape)
+    while len(shape) > 1 and shape[0] == 1:
+        shape.pop(0)
+    return shape[0] if shape else 1
 
 
 def _row_op(op):
@@ -231,8 +245,10 @@ def _row_op(op):
         if plan is None or captured is None:
             return None
         bounds, split = plan
+        if any(at not in (None, 0) for at in split):
+            return None   # row groups take rows of the first dim only
         rows = bounds[0][2]
-        uses = [(i, value, first) for i, (value, first) in enumerate(zip(op.operands, split))]
+        uses = [(i, value, at == 0) for i, (value, at) in enumerate(zip(op.operands, split))]
     if rows is None or rows < 2:
         return None
     found = []
@@ -247,7 +263,7 @@ def _row_op(op):
             return None
         if split:
             if ir.MemRefType(value.type).shape[0] != rows or \
-                    ir.MemRefType(root.type).shape[0] != rows or \
+                    _leading_rows(root.type) != rows or \
                     _numel(value.type) != _numel(root.type):
                 return None  # not the same rows as its buffer's
         elif not value == root:
@@ -401,7 +417,7 @@ def outline(module, main) -> List[dict]:
             if not _distinct_buffers(operands):
                 continue
             first_of = [split[position.index(k)] for k in range(own)] + \
-                [False] * len(read_whole)
+                [None] * len(read_whole)
             bounds = [(position[operand], at, size) for operand, at, size in bounds]
             n = len(tasks)
             types = [v.type for v in operands]
@@ -409,8 +425,8 @@ def outline(module, main) -> List[dict]:
             with ir.InsertionPoint(body):
                 begin, end = body.arguments[0], body.arguments[1]
                 size = arith.SubIOp(end, begin).result
-                views = [_row_view(arg, begin, size) if first else arg
-                         for arg, first in zip(list(body.arguments)[2:], first_of)]
+                views = [_row_view(arg, begin, size, at) if at is not None else arg
+                         for arg, at in zip(list(body.arguments)[2:], first_of)]
                 constants = [(value, c.clone()) for value, c in captured]
                 clone = op.clone()
                 for i, k in enumerate(position):
