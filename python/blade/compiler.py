@@ -246,7 +246,21 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
         ("fold_numel", lambda: _C.fold_numel(graph)),
         ("fold_sizes", lambda: _C.fold_sizes(graph)),
     ] + structure)
-    return decomposed, unspecialized
+    return _still_decomposed(decomposed, graph), unspecialized
+
+
+def _still_decomposed(decomposed: Dict[str, int], graph) -> Dict[str, int]:
+    """`decomposed` less the nodes of each op that the simplified graph still calls: a
+    decomposition that applies to some arguments only (upsampling by whole factors) keeps
+    the op in its other branch, and the report must not count an op as decomposed that
+    runs as it was (it is listed as not compiled instead)."""
+    remaining: Dict[str, int] = {}
+    for node in _all_nodes(graph):
+        name = schema_name(node)
+        if name in decomposed:
+            remaining[name] = remaining.get(name, 0) + 1
+    counts = {op: n - remaining.get(op, 0) for op, n in decomposed.items()}
+    return {op: n for op, n in counts.items() if n > 0}
 
 
 def _verdicts(nodes: Sequence[torch._C.Node], config: Config,

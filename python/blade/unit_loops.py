@@ -102,6 +102,8 @@ def _rewrite(op) -> bool:
         dropped, kept_exprs = [], []
         for position, expr in enumerate(results):
             if isinstance(expr, ir.AffineDimExpr):
+                if expr.position < k and shape[position] != 1:
+                    return False   # a dynamic dim that only a unit loop indexes: 1 at run time
                 if expr.position < k:
                     dropped.append(position)      # a unit loop indexes a size-1 dim
                 else:
@@ -118,10 +120,16 @@ def _rewrite(op) -> bool:
         made = []   # (value, dropped, view): an operand named twice (updated in place)
         for value, dropped, kept_exprs in plans:   # keeps one view, as parallel.py expects
             same = [v for u, d, v in made if u == value and d == dropped]
-            view = same[0] if same else _collapsed(value, dropped) if dropped else value
+            if not dropped:
+                view = value
+            else:
+                view = same[0] if same else _collapsed(value, dropped)
             if view is None:
+                for _, _, new_view in made:          # the views made so far go
+                    new_view.owner.erase()
                 return False
-            made.append((value, dropped, view))
+            if dropped and not same:
+                made.append((value, dropped, view))
             views.append(view)
             new_maps.append(ir.AffineMapAttr.get(ir.AffineMap.get(loops - k, 0, kept_exprs)))
         outputs = output_count(op)
