@@ -272,8 +272,12 @@ class ScalarsOfSizes(torch.nn.Module):
 
 
 class PowerOfASize(torch.nn.Module):
+    def __init__(self, exponent):
+        super().__init__()
+        self.exponent = exponent
+
     def forward(self, x):
-        return x * x.size(-1) ** -0.5
+        return x * x.size(-1) ** self.exponent
 
 
 def test_floats_computed_from_sizes_are_compiled():
@@ -282,12 +286,24 @@ def test_floats_computed_from_sizes_are_compiled():
     serves_whole(optimized, model, [(torch.randn(*shape),) for shape in ((3, 5), (2, 9), (1, 1))])
 
 
-def test_a_power_of_a_size_stays_in_torchscript_with_the_reason():
-    """Torch-MLIR lowers no pow of scalars: the multiply stays out, named, and runs."""
-    model = PowerOfASize()
+@pytest.mark.parametrize("exponent", [-0.5, 0.5, -1.0])
+def test_an_attention_scale_power_of_a_size_is_compiled(exponent):
+    """`d ** -0.5` of a dynamic size: decomposed into sqrt and a division of the int,
+    which the engine computes itself."""
+    model = PowerOfASize(exponent)
+    optimized = blade.optimize(model, (torch.randn(3, 5),), DYNAMIC)
+    report = serves_whole(optimized, model,
+                          [(torch.randn(*shape),) for shape in ((3, 5), (2, 9), (1, 1))])
+    assert report.decomposed == {"aten::pow.int_float": 1}, str(report)
+
+
+def test_another_power_of_a_size_stays_in_torchscript_with_the_reason():
+    """Torch-MLIR lowers no pow of scalars: the multiply stays out, named, and runs; the
+    pow is not counted as decomposed."""
+    model = PowerOfASize(1.5)
     optimized = blade.optimize(model, (torch.randn(3, 5),), DYNAMIC)
     report = blade.report(optimized)
-    assert report.coverage == 0.0, str(report)
+    assert report.coverage == 0.0 and not report.decomposed, str(report)
     assert "argument 'other' (%" in str(report) and "made by aten::pow" in str(report), \
         str(report)
     x = torch.randn(2, 9)

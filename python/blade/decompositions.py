@@ -275,6 +275,22 @@ def _transformer_encoder_layer(
     return x.squeeze(0) if unbatched else x
 
 
+@_builtin("aten::pow.int_float", dynamic_only=True)
+def _int_to_float_power(a: int, b: float) -> float:
+    # An attention scale written `q.size(-1) ** -0.5`: with a dynamic head dim the engine
+    # computes it at run time, and Torch-MLIR lowers sqrt of an int (aten::sqrt.int) but
+    # not pow. Other exponents keep the op, which then stays in TorchScript.
+    if b == -0.5:
+        return 1.0 / math.sqrt(a)
+    if b == 0.5:
+        return math.sqrt(a)
+    if b == -1.0:
+        return 1.0 / float(a)
+    if b == 1.0:
+        return float(a)
+    return a ** b
+
+
 @_builtin("aten::scaled_dot_product_attention")
 def _scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -27,7 +27,8 @@ builtin(["aten::size.int", "aten::mul.int", "aten::add.int", "aten::sub.int",
 # Floats computed from such sizes, e.g. an attention scale 1 / sqrt(q.size(-1)) with a
 # dynamic head dim: the compiled code computes them too, and an elementwise op takes one
 # as its scalar (csrc/passes/duplicate_shape_arithmetic.cpp lists the same schemas).
-# (Torch-MLIR has no lowering of pow or of sqrt of a float, so `d ** -0.5` stays out.)
+# (Torch-MLIR has no lowering of pow or of sqrt of a float: `d ** -0.5`, `d ** 0.5` and
+# `d ** -1.0` of an int are decomposed into these, other powers stay out.)
 builtin(["aten::Float.int", "aten::Float.Scalar", "aten::sqrt.int", "aten::div.int",
          "aten::div.float", "aten::mul.float", "aten::mul.int_float", "aten::mul.float_int",
          "aten::add.float", "aten::sub.float"], ANY_DTYPE, compute=False)
