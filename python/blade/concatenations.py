@@ -134,6 +134,9 @@ def _collapse_into_generic(collapse) -> bool:
         return False
     if ops_named(generic, "linalg.index"):
         return False   # the body reads the uncollapsed loop indices
+    if any(not isinstance(r, (ir.AffineDimExpr, ir.AffineConstantExpr))
+           for m in maps[:-1] for r in m.results):
+        return False   # an input indexed by an expression of several loops (a window)
     groups = [[ir.IntegerAttr(d).value for d in ir.ArrayAttr(group)]
               for group in ir.ArrayAttr(collapse.attributes["reassociation"])]
     source_type = ir.RankedTensorType(collapse.operands[0].type)

@@ -107,7 +107,8 @@ def test_user_decomposition_replaces_blades_own_and_may_call_the_op_itself():
         model = Lambda(lambda x: torch.logsumexp(x, dim=[0]) * 3)
         optimized = blade.optimize(model, (torch.randn(3, 4),), TRACE)
         FileCheck().check("aten::logsumexp").run(str(optimized.graph))
-        assert blade.report(optimized).decomposed == {"aten::logsumexp": 1}
+        # The op still runs (inside the wrapper): the report does not count it decomposed.
+        assert blade.report(optimized).decomposed == {}
     finally:
         blade.unregister_decomposition("aten::logsumexp")
     assert active()["aten::logsumexp"].builtin
