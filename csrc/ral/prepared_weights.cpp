@@ -1,6 +1,7 @@
 #include "ral/prepared_weights.h"
 
 #include "ral/mkl_functions.h"
+#include "ral/winograd.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -46,6 +47,18 @@ at::Tensor PreparedWeights::channels_last(const at::Tensor& weight) {
     it = channels_last_
              .emplace(weight.data_ptr(), weight.clone(at::MemoryFormat::ChannelsLast))
              .first;
+  }
+  return it->second;
+}
+
+at::Tensor PreparedWeights::winograd(const at::Tensor& weight) {
+  if (weight.dim() != 4 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
+    return at::Tensor();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = winograd_.find(weight.data_ptr());
+  if (it == winograd_.end()) {
+    it = winograd_.emplace(weight.data_ptr(), winograd_weight(weight)).first;
   }
   return it->second;
 }
@@ -154,7 +167,7 @@ bool PreparedWeights::matmul_f32(const float* lhs, int64_t lda, const at::Tensor
 
 int64_t PreparedWeights::packed_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  int64_t count = static_cast<int64_t>(packs_.size());
+  int64_t count = static_cast<int64_t>(packs_.size() + winograd_.size());
   for (const auto& entry : onednn_) {
     count += entry.second.defined() ? 1 : 0;
   }

@@ -1,6 +1,7 @@
 // Weights prepared once per engine for PyTorch's kernels: oneDNN's reordered weights for
 // GEMMs and NHWC convolutions, MKL's packed B operand for GEMMs oneDNN does not take,
-// channels_last copies for NHWC convolutions whose weight gets no oneDNN copy.
+// channels_last copies for NHWC convolutions whose weight gets no oneDNN copy, Winograd's
+// form of 3x3 convolution weights.
 //
 // oneDNN (PyTorch's mkldnn convolution) reorders a plain weight into its blocked layout on
 // every call; `onednn_weight` makes that reordered copy once per input size (what
@@ -53,7 +54,11 @@ class PreparedWeights {
   // once if `weight` is a param; otherwise `weight` itself.
   at::Tensor channels_last(const at::Tensor& weight);
 
-  // How many prepared copies exist, oneDNN's and MKL's (tests and the report read it).
+  // A float32 3x3 convolution weight in Winograd's form (winograd.h), made once if
+  // `weight` is a param; otherwise an undefined tensor (the caller convolves directly).
+  at::Tensor winograd(const at::Tensor& weight);
+  // How many prepared copies exist, oneDNN's, MKL's and Winograd's (tests and the report
+  // read it).
   int64_t packed_count() const;
 
  private:
@@ -68,6 +73,7 @@ class PreparedWeights {
   // (weight data, transposed, rows) -> packed bytes
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
+  std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
   // (weight data, transposed, input size) -> oneDNN's copy
   std::map<std::tuple<const void*, bool, std::vector<int64_t>>, at::Tensor> onednn_;
 };

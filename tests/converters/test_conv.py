@@ -404,3 +404,36 @@ def test_reshapes_of_channels_last_values_keep_their_values():
     optimized, report = run_compiled(ReshapesAfterConvolutions().eval(),
                                      (torch.randn(2, 4, 5, 5),), rtol=1e-4, atol=1e-5)
     assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
+
+
+class WinogradAndDirect(torch.nn.Module):
+    """A 3x3 stride-1 convolution (Winograd's) with ReLU, then a strided one (oneDNN's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.same = torch.nn.Conv2d(16, 24, 3, padding=1)
+        self.down = torch.nn.Conv2d(24, 24, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.same(x)))
+
+
+def test_3x3_convolutions_run_by_winograd_and_match_eager(capfd):
+    """The stride-1 3x3 convolution never reaches oneDNN (its verbose log shows only the
+    strided one), and the results still match eager's direct convolution, at odd sizes
+    (edge tiles) and under a dynamic batch."""
+    torch.manual_seed(0)
+    model = WinogradAndDirect().eval()
+    for config in (None, blade.Config(dynamic_dims={0: [0]})):
+        x = torch.randn(2, 16, 9, 7)
+        optimized, _ = run_compiled(model, (x,), config, rtol=1e-4, atol=1e-5)
+        capfd.readouterr()
+        with torch.no_grad(), torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+            optimized(x)
+        log = capfd.readouterr().out
+        executed = [line for line in log.splitlines() if ",exec," in line and "convolution" in line]
+        assert len(executed) == 1 and "sh2" in executed[0], log
+    with torch.no_grad():
+        for batch in (1, 3):
+            y = torch.randn(batch, 16, 9, 7)
+            torch.testing.assert_close(optimized(y), model(y), rtol=1e-4, atol=1e-5)

@@ -11,6 +11,7 @@
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
 #include "ral/tensor_spec.h"
+#include "ral/winograd.h"
 
 #include <torch/script.h>
 #include <torch/serialize.h>
@@ -19,6 +20,7 @@
 #include <dirent.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -251,6 +253,41 @@ void expect_memref_copy(const at::Tensor& src, at::Tensor base,
   BladeUnrankedMemRef target{rank, t_desc.data()};
   memrefCopy(static_cast<int64_t>(src.element_size()), &source, &target);
   EXPECT(at::equal(base, expected));
+}
+
+// Winograd's F(2x2, 3x3) against PyTorch's direct convolution: odd and even sizes (tiles
+// that hang over the bottom and right edges), a batch, bias and ReLU or neither, channel
+// counts that are not multiples of a vector, on one thread and on several.
+void test_winograd_convolution_matches_direct() {
+  struct Case {
+    int64_t n, c, h, w, k;
+    bool bias, relu;
+  };
+  const Case cases[] = {{2, 16, 9, 7, 24, true, true}, {1, 33, 6, 11, 17, false, false},
+                        {3, 64, 28, 28, 64, true, false}, {1, 20, 1, 1, 16, true, true}};
+  for (int threads : {1, 3}) {
+    at::set_num_threads(threads);
+    for (const Case& t : cases) {
+      at::manual_seed(t.n * 1000 + t.c);
+      const at::Tensor x =
+          at::randn({t.n, t.c, t.h, t.w}).contiguous(at::MemoryFormat::ChannelsLast);
+      const at::Tensor w = at::randn({t.k, t.c, 3, 3}) * 0.2;
+      const at::Tensor b = at::randn({t.k});
+      at::Tensor expected = at::conv2d(x, w, t.bias ? b : at::Tensor(), 1, 1);
+      if (t.relu) {
+        expected = at::relu(expected);
+      }
+      const at::Tensor transformed = blade::ral::winograd_weight(w);
+      at::Tensor out = at::full({t.n, t.h, t.w, t.k}, std::nan(""));   // NHWC
+      const bool ran = blade::ral::winograd_conv3x3(
+          x.data_ptr<float>(), t.n, t.h, t.w, t.c, transformed.data_ptr<float>(), t.k,
+          t.bias ? b.data_ptr<float>() : nullptr, t.relu, out.data_ptr<float>());
+      EXPECT(ran);
+      const at::Tensor got = out.permute({0, 3, 1, 2});
+      EXPECT(at::allclose(got, expected, 1e-4, 1e-4));
+    }
+  }
+  at::set_num_threads(2);
 }
 
 void test_memref_copy_of_every_layout() {
@@ -663,6 +700,7 @@ int main(int argc, char** argv) {
       {"allocator_balances", test_allocator_balances},
       {"freed_buffers_are_reused_and_released", test_freed_buffers_are_reused_and_released},
       {"memref_copy_of_every_layout", test_memref_copy_of_every_layout},
+      {"winograd_convolution_matches_direct", test_winograd_convolution_matches_direct},
       {"matmul_library_call", test_matmul_library_call},
       {"matmul_by_a_param_uses_its_packed_copy", test_matmul_by_a_param_uses_its_packed_copy},
       {"matmul_by_an_untransposed_param_prepares_its_transpose",

@@ -1,0 +1,222 @@
+// Winograd F(2x2, 3x3) convolutions (see winograd.h).
+//
+// With d a 4x4 input patch, g a 3x3 filter and
+//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],  G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
+//   A^T = [1 1 1 0; 0 1 -1 -1],
+// the 2x2 outputs are A^T [(G g G^T) . (B^T d B)] A, summed over input channels before
+// the last transform (it is linear), which is where the GEMMs come in.
+#include "ral/winograd.h"
+
+#include "ral/mkl_functions.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
+
+#include <algorithm>
+#include <memory>
+
+namespace blade::ral {
+namespace {
+
+constexpr int64_t kTiles = 16;  // entries of a transformed 4x4 tile
+// Floats between the 16 matrices of a block: without it they lie a power of two apart and
+// a tile's 16 entries, written and read together, contend for the same L1 sets.
+constexpr int64_t kSkew = 16;
+
+// B^T d B of one patch, channel by channel: v[xi * stride + ch] for the 16 entries xi. The
+// rows of d are read and v written through restrict pointers, which lets the compiler
+// vectorize along the channels (the host's widest vectors, see target_clones).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void transform_patch(
+    const float* const (&d)[4][4], float* __restrict v, int64_t stride, int64_t c) {
+  const float* __restrict d00 = d[0][0]; const float* __restrict d01 = d[0][1];
+  const float* __restrict d02 = d[0][2]; const float* __restrict d03 = d[0][3];
+  const float* __restrict d10 = d[1][0]; const float* __restrict d11 = d[1][1];
+  const float* __restrict d12 = d[1][2]; const float* __restrict d13 = d[1][3];
+  const float* __restrict d20 = d[2][0]; const float* __restrict d21 = d[2][1];
+  const float* __restrict d22 = d[2][2]; const float* __restrict d23 = d[2][3];
+  const float* __restrict d30 = d[3][0]; const float* __restrict d31 = d[3][1];
+  const float* __restrict d32 = d[3][2]; const float* __restrict d33 = d[3][3];
+  for (int64_t ch = 0; ch < c; ++ch) {
+    // B^T d: rows
+    const float s00 = d00[ch] - d20[ch], s01 = d01[ch] - d21[ch];
+    const float s02 = d02[ch] - d22[ch], s03 = d03[ch] - d23[ch];
+    const float s10 = d10[ch] + d20[ch], s11 = d11[ch] + d21[ch];
+    const float s12 = d12[ch] + d22[ch], s13 = d13[ch] + d23[ch];
+    const float s20 = d20[ch] - d10[ch], s21 = d21[ch] - d11[ch];
+    const float s22 = d22[ch] - d12[ch], s23 = d23[ch] - d13[ch];
+    const float s30 = d10[ch] - d30[ch], s31 = d11[ch] - d31[ch];
+    const float s32 = d12[ch] - d32[ch], s33 = d13[ch] - d33[ch];
+    // (B^T d) B: columns
+    v[0 * stride + ch] = s00 - s02;
+    v[1 * stride + ch] = s01 + s02;
+    v[2 * stride + ch] = s02 - s01;
+    v[3 * stride + ch] = s01 - s03;
+    v[4 * stride + ch] = s10 - s12;
+    v[5 * stride + ch] = s11 + s12;
+    v[6 * stride + ch] = s12 - s11;
+    v[7 * stride + ch] = s11 - s13;
+    v[8 * stride + ch] = s20 - s22;
+    v[9 * stride + ch] = s21 + s22;
+    v[10 * stride + ch] = s22 - s21;
+    v[11 * stride + ch] = s21 - s23;
+    v[12 * stride + ch] = s30 - s32;
+    v[13 * stride + ch] = s31 + s32;
+    v[14 * stride + ch] = s32 - s31;
+    v[15 * stride + ch] = s31 - s33;
+  }
+}
+
+// A^T m A of one tile's products m[xi * stride + ch], plus the bias and the ReLU, into
+// the output rows y[i][j] (null outside the image).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void untransform_tile(
+    const float* __restrict m, int64_t stride, int64_t k, const float* __restrict bias,
+    bool relu, float* __restrict y00, float* __restrict y01, float* __restrict y10,
+    float* __restrict y11) {
+  for (int64_t ch = 0; ch < k; ++ch) {
+    float in[16];
+    for (int64_t xi = 0; xi < 16; ++xi) {
+      in[xi] = m[xi * stride + ch];
+    }
+    const float b = bias != nullptr ? bias[ch] : 0.0f;
+    float s0[4];
+    float s1[4];
+    for (int64_t j = 0; j < 4; ++j) {
+      s0[j] = in[j] + in[4 + j] + in[8 + j];
+      s1[j] = in[4 + j] - in[8 + j] - in[12 + j];
+    }
+    float r00 = s0[0] + s0[1] + s0[2] + b;
+    float r01 = s0[1] - s0[2] - s0[3] + b;
+    float r10 = s1[0] + s1[1] + s1[2] + b;
+    float r11 = s1[1] - s1[2] - s1[3] + b;
+    if (relu) {
+      r00 = std::max(r00, 0.0f);
+      r01 = std::max(r01, 0.0f);
+      r10 = std::max(r10, 0.0f);
+      r11 = std::max(r11, 0.0f);
+    }
+    y00[ch] = r00;
+    if (y01 != nullptr) y01[ch] = r01;
+    if (y10 != nullptr) y10[ch] = r10;
+    if (y11 != nullptr) y11[ch] = r11;
+  }
+}
+
+// Transforms the 4x4 patches of the tiles [first, first + count) of the NHWC input into
+// v[16][count][c]. Tile t is (image, row block, column block) in row-major order; patch
+// rows and columns outside the image read `zeros` (the padding).
+void transform_input(const float* x, int64_t h, int64_t w, int64_t c, int64_t tiles_h,
+                     int64_t tiles_w, int64_t first, int64_t count, const float* zeros,
+                     float* v, int64_t v_stride) {
+  for (int64_t t = 0; t < count; ++t) {
+    const int64_t tile = first + t;
+    const int64_t image = tile / (tiles_h * tiles_w);
+    const int64_t row = 2 * ((tile / tiles_w) % tiles_h) - 1;
+    const int64_t col = 2 * (tile % tiles_w) - 1;
+    const float* d[4][4];
+    for (int64_t i = 0; i < 4; ++i) {
+      for (int64_t j = 0; j < 4; ++j) {
+        const int64_t y = row + i;
+        const int64_t z = col + j;
+        d[i][j] = (y < 0 || y >= h || z < 0 || z >= w) ? zeros
+                                                        : x + ((image * h + y) * w + z) * c;
+      }
+    }
+    transform_patch(d, v + t * c, v_stride, c);
+  }
+}
+
+// The inverse transform of the products m[16][count][k] of those tiles, plus the bias and
+// the ReLU, written to the 2x2 output blocks that lie inside the image.
+void transform_output(const float* m, int64_t m_stride, int64_t h, int64_t w, int64_t k,
+                      int64_t tiles_h, int64_t tiles_w, int64_t first, int64_t count,
+                      const float* bias, bool relu, float* out) {
+  for (int64_t t = 0; t < count; ++t) {
+    const int64_t tile = first + t;
+    const int64_t image = tile / (tiles_h * tiles_w);
+    const int64_t row = 2 * ((tile / tiles_w) % tiles_h);
+    const int64_t col = 2 * (tile % tiles_w);
+    float* y[2][2];
+    for (int64_t i = 0; i < 2; ++i) {
+      for (int64_t j = 0; j < 2; ++j) {
+        const bool inside = row + i < h && col + j < w;
+        y[i][j] = inside ? out + ((image * h + row + i) * w + col + j) * k : nullptr;
+      }
+    }
+    untransform_tile(m + t * k, m_stride, k, bias, relu, y[0][0], y[0][1], y[1][0], y[1][1]);
+  }
+}
+
+}  // namespace
+
+at::Tensor winograd_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 4 && weight.size(2) == 3 && weight.size(3) == 3,
+              "winograd_weight: expected a [K, C, 3, 3] weight, got ", weight.sizes());
+  const at::Tensor g = weight.to(at::kDouble).contiguous();
+  const int64_t k = g.size(0);
+  const int64_t c = g.size(1);
+  at::Tensor u = at::empty({kTiles, c, k}, weight.options().dtype(at::kFloat));
+  const double* gp = g.data_ptr<double>();
+  float* up = u.data_ptr<float>();
+  for (int64_t o = 0; o < k; ++o) {
+    for (int64_t i = 0; i < c; ++i) {
+      const double* f = gp + (o * c + i) * 9;
+      double a[4][3];  // G g
+      for (int64_t j = 0; j < 3; ++j) {
+        a[0][j] = f[j];
+        a[1][j] = 0.5 * (f[j] + f[3 + j] + f[6 + j]);
+        a[2][j] = 0.5 * (f[j] - f[3 + j] + f[6 + j]);
+        a[3][j] = f[6 + j];
+      }
+      for (int64_t r = 0; r < 4; ++r) {  // (G g) G^T
+        const double row[4] = {a[r][0], 0.5 * (a[r][0] + a[r][1] + a[r][2]),
+                               0.5 * (a[r][0] - a[r][1] + a[r][2]), a[r][2]};
+        for (int64_t s = 0; s < 4; ++s) {
+          up[((4 * r + s) * c + i) * k + o] = static_cast<float>(row[s]);
+        }
+      }
+    }
+  }
+  return u;
+}
+
+bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c,
+                      const float* transformed, int64_t k, const float* bias, bool relu,
+                      float* out) {
+  const MklFunctions::FortranSgemm sgemm = mkl_functions().sgemm;
+  if (sgemm == nullptr || n <= 0 || h <= 0 || w <= 0 || c <= 0 || k <= 0) {
+    return false;
+  }
+  const int64_t tiles_h = (h + 1) / 2;
+  const int64_t tiles_w = (w + 1) / 2;
+  const int64_t tiles = n * tiles_h * tiles_w;
+  // A block's transformed input and products, 16 x block x (C + K) floats, within about
+  // half of a 1 MB L2.
+  const int64_t block = std::clamp<int64_t>(512 * 1024 / (4 * kTiles * (c + k)), 8, 256);
+  const int64_t blocks = (tiles + block - 1) / block;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    // Per task, not per call of the kernel: the blocks' buffers are overwritten whole.
+    const int64_t v_stride = block * c + kSkew;
+    const int64_t m_stride = block * k + kSkew;
+    std::unique_ptr<float[]> scratch(new float[kTiles * (v_stride + m_stride) + c]);
+    float* v = scratch.get();
+    float* m = v + kTiles * v_stride;
+    float* zeros = m + kTiles * m_stride;
+    std::fill(zeros, zeros + c, 0.0f);
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t first = b * block;
+      const int64_t count = std::min(block, tiles - first);
+      transform_input(x, h, w, c, tiles_h, tiles_w, first, count, zeros, v, v_stride);
+      // m[xi] = v[xi] [count, C] @ u[xi] [C, K], row-major: oneDNN's GEMM microkernel
+      // (as fused_attention.cpp; MKL's sgemm took 1.6 times as long on these small GEMMs).
+      for (int64_t xi = 0; xi < kTiles; ++xi) {
+        at::native::cpublas::brgemm(count, k, c, c, k, k, /*add_C=*/false,
+                                    v + xi * v_stride, transformed + xi * c * k,
+                                    m + xi * m_stride, /*is_vnni=*/false);
+      }
+      transform_output(m, m_stride, h, w, k, tiles_h, tiles_w, first, count, bias, relu, out);
+    }
+  });
+  return true;
+}
+
+}  // namespace blade::ral
