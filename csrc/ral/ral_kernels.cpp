@@ -286,7 +286,7 @@ bool winograd_applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 }
 
 // The convolution by Winograd's algorithm into `target` (NCHW view of the NHWC buffer);
-// false when the weight has no Winograd form (not a param) or MKL/oneDNN is missing.
+// false when the weight has no Winograd form (not a param) or a size is empty.
 bool convolve_winograd(blade::ral::PreparedWeights* prepared, const at::Tensor& x,
                        const at::Tensor& w, const at::Tensor& target,
                        BladeUnrankedMemRef* bias_memref, c10::ScalarType dtype, bool relu) {

@@ -7,8 +7,6 @@
 // the last transform (it is linear), which is where the GEMMs come in.
 #include "ral/winograd.h"
 
-#include "ral/mkl_functions.h"
-
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
 
@@ -182,8 +180,7 @@ at::Tensor winograd_weight(const at::Tensor& weight) {
 bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c,
                       const float* transformed, int64_t k, const float* bias, bool relu,
                       float* out) {
-  const MklFunctions::FortranSgemm sgemm = mkl_functions().sgemm;
-  if (sgemm == nullptr || n <= 0 || h <= 0 || w <= 0 || c <= 0 || k <= 0) {
+  if (n <= 0 || h <= 0 || w <= 0 || c <= 0 || k <= 0) {
     return false;
   }
   const int64_t tiles_h = (h + 1) / 2;

@@ -5,8 +5,8 @@
 // output channel) pair instead of 36: the patch and the filter are transformed into a
 // 4x4 "frequency" form (a few additions), multiplied element by element, and transformed
 // back. Over all tiles and channels the 16 element-wise products are 16 GEMMs,
-// [tiles, C] x [C, K], which MKL runs near the machine's peak: 2.25 times fewer
-// multiply-adds than the direct convolution oneDNN computes.
+// [tiles, C] x [C, K], which oneDNN's GEMM microkernel runs near the machine's peak: 2.25
+// times fewer multiply-adds than the direct convolution oneDNN computes.
 //
 // The weights' transform [16][C][K] is made once per engine (PreparedWeights). The input
 // is taken in blocks of tiles small enough that a block's transformed input and products
@@ -27,7 +27,7 @@ at::Tensor winograd_weight(const at::Tensor& weight);
 
 // out[N, H, W, K] = relu?(conv3x3(x, weight, padding 1) + bias) for NHWC x [N, H, W, C],
 // both contiguous, `transformed` from winograd_weight, `bias` [K] or null. False (nothing
-// written) when MKL's sgemm is not available; the caller then convolves another way.
+// written) for empty sizes; the caller then convolves another way.
 bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c,
                       const float* transformed, int64_t k, const float* bias, bool relu,
                       float* out);
