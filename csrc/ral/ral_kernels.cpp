@@ -276,40 +276,35 @@ std::vector<int64_t> conv_output_sizes(const at::Tensor& x, const at::Tensor& w,
 constexpr int64_t kWinogradMinChannels = 32;        // C and K each
 constexpr int64_t kWinogradMinChannelPairs = 3072;  // C * K
 
-bool winograd_applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor& out_nhwc,
+bool winograd_applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                       const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                       const std::vector<int64_t>& dilation, int64_t groups) {
   const auto cl = at::MemoryFormat::ChannelsLast;
   return x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && groups == 1 &&
-         w.dim() == 4 && w.size(2) == 3 && w.size(3) == 3 && x.dim() == 4 &&
-         w.size(1) == x.size(1) && padding == std::vector<int64_t>{1, 1} &&
+         w.size(1) == x.size(1) && w.size(2) == 3 && w.size(3) == 3 &&
+         padding == std::vector<int64_t>{1, 1} &&
          stride == std::vector<int64_t>{1, 1} && dilation == std::vector<int64_t>{1, 1} &&
          x.size(1) >= kWinogradMinChannels && w.size(0) >= kWinogradMinChannels &&
-         x.size(1) * w.size(0) >= kWinogradMinChannelPairs &&
-         x.is_contiguous(cl) && out_nhwc.is_contiguous();
+         x.size(1) * w.size(0) >= kWinogradMinChannelPairs && x.is_contiguous(cl) &&
+         target.is_contiguous(cl);
 }
 
-// The convolution by Winograd's algorithm into `target` (NCHW view of the NHWC buffer);
-// false when the weight has no Winograd form (not a param) or a size is empty.
+// The convolution by Winograd's algorithm into `target` (an NCHW view of the NHWC buffer,
+// its shape checked); false when the weight has no Winograd form (not a param) or a size
+// is empty.
 bool convolve_winograd(blade::ral::PreparedWeights* prepared, const at::Tensor& x,
                        const at::Tensor& w, const at::Tensor& target,
-                       BladeUnrankedMemRef* bias_memref, c10::ScalarType dtype, bool relu) {
+                       const std::optional<at::Tensor>& bias, bool relu) {
   const at::Tensor transformed = prepared->winograd(w);
   if (!transformed.defined()) {
     return false;
   }
-  check_result_shape("blade_ral_conv2d", target,
-                     conv_output_sizes(x, w, {1, 1}, {1, 1}, {1, 1}));
-  at::Tensor bias;
-  if (bias_memref != nullptr) {
-    bias = view_of(bias_memref, dtype).reshape({-1}).contiguous();
-    TORCH_CHECK(bias.numel() == w.size(0), "blade_ral_conv2d: a bias of ", bias.numel(),
-                " values for ", w.size(0), " output channels");
-  }
+  const at::Tensor dense_bias = bias.has_value() ? bias->contiguous() : at::Tensor();
   return blade::ral::winograd_conv3x3(
       x.data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1),
-      transformed.data_ptr<float>(), w.size(0), bias.defined() ? bias.data_ptr<float>() : nullptr,
-      relu, target.data_ptr<float>());
+      transformed.data_ptr<float>(), w.size(0),
+      dense_bias.defined() ? dense_bias.data_ptr<float>() : nullptr, relu,
+      target.data_ptr<float>());
 }
 
 void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* weight,
@@ -330,11 +325,19 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     const std::vector<int64_t> stride{stride_h, stride_w};
     const std::vector<int64_t> dilation{dilation_h, dilation_w};
     at::Tensor w = view_of(weight, dtype);
+    at::Tensor target = as_nchw(view_of(out, dtype));
+    check_result_shape("blade_ral_conv2d", target,
+                       conv_output_sizes(x, w, padding, stride, dilation));
+    std::optional<at::Tensor> bias;
+    if (bias_memref != nullptr) {
+      bias = view_of(bias_memref, dtype).reshape({-1});
+      TORCH_CHECK(bias->numel() == w.size(0), "blade_ral_conv2d: a bias of ", bias->numel(),
+                  " values for ", w.size(0), " output channels");
+    }
     blade::ral::PreparedWeights* prepared = blade::ral::active_prepared_weights();
     if (channels_last && prepared != nullptr &&
-        winograd_applies(x, w, view_of(out, dtype), padding, stride, dilation, groups) &&
-        convolve_winograd(prepared, x, w, as_nchw(view_of(out, dtype)), bias_memref, dtype,
-                          relu)) {
+        winograd_applies(x, w, target, padding, stride, dilation, groups) &&
+        convolve_winograd(prepared, x, w, target, bias, relu)) {
       return;
     }
     at::Tensor reordered;  // oneDNN's copy, for convolve_into only
@@ -346,15 +349,6 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       if (!reordered.defined()) {
         w = prepared->channels_last(w);
       }
-    }
-    at::Tensor target = as_nchw(view_of(out, dtype));
-    check_result_shape("blade_ral_conv2d", target,
-                       conv_output_sizes(x, w, padding, stride, dilation));
-    std::optional<at::Tensor> bias;
-    if (bias_memref != nullptr) {
-      bias = view_of(bias_memref, dtype).reshape({-1});
-      TORCH_CHECK(bias->numel() == w.size(0), "blade_ral_conv2d: a bias of ", bias->numel(),
-                  " values for ", w.size(0), " output channels");
     }
     if (channels_last && convolve_into(target, x, reordered.defined() ? reordered : w, bias,
                                        relu, padding, stride, dilation, groups)) {

@@ -99,24 +99,30 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void untransform_ti
   }
 }
 
+// Where tile `tile` lies: its image and the row and column of its 2x2 output block. Tiles
+// are numbered (image, row block, column block) in row-major order.
+struct TileOrigin {
+  int64_t image, row, col;
+};
+
+TileOrigin tile_origin(int64_t tile, int64_t tiles_h, int64_t tiles_w) {
+  return {tile / (tiles_h * tiles_w), 2 * ((tile / tiles_w) % tiles_h), 2 * (tile % tiles_w)};
+}
+
 // Transforms the 4x4 patches of the tiles [first, first + count) of the NHWC input into
-// v[16][count][c]. Tile t is (image, row block, column block) in row-major order; patch
-// rows and columns outside the image read `zeros` (the padding).
+// v[16][count][c]; patch rows and columns outside the image read `zeros` (the padding).
 void transform_input(const float* x, int64_t h, int64_t w, int64_t c, int64_t tiles_h,
                      int64_t tiles_w, int64_t first, int64_t count, const float* zeros,
                      float* v, int64_t v_stride) {
   for (int64_t t = 0; t < count; ++t) {
-    const int64_t tile = first + t;
-    const int64_t image = tile / (tiles_h * tiles_w);
-    const int64_t row = 2 * ((tile / tiles_w) % tiles_h) - 1;
-    const int64_t col = 2 * (tile % tiles_w) - 1;
-    const float* d[4][4];
+    const TileOrigin o = tile_origin(first + t, tiles_h, tiles_w);
+    const float* d[4][4];   // the patch starts one row and column before the block (padding)
     for (int64_t i = 0; i < 4; ++i) {
       for (int64_t j = 0; j < 4; ++j) {
-        const int64_t y = row + i;
-        const int64_t z = col + j;
+        const int64_t y = o.row - 1 + i;
+        const int64_t z = o.col - 1 + j;
         d[i][j] = (y < 0 || y >= h || z < 0 || z >= w) ? zeros
-                                                        : x + ((image * h + y) * w + z) * c;
+                                                        : x + ((o.image * h + y) * w + z) * c;
       }
     }
     transform_patch(d, v + t * c, v_stride, c);
@@ -129,15 +135,12 @@ void transform_output(const float* m, int64_t m_stride, int64_t h, int64_t w, in
                       int64_t tiles_h, int64_t tiles_w, int64_t first, int64_t count,
                       const float* bias, bool relu, float* out) {
   for (int64_t t = 0; t < count; ++t) {
-    const int64_t tile = first + t;
-    const int64_t image = tile / (tiles_h * tiles_w);
-    const int64_t row = 2 * ((tile / tiles_w) % tiles_h);
-    const int64_t col = 2 * (tile % tiles_w);
+    const TileOrigin o = tile_origin(first + t, tiles_h, tiles_w);
     float* y[2][2];
     for (int64_t i = 0; i < 2; ++i) {
       for (int64_t j = 0; j < 2; ++j) {
-        const bool inside = row + i < h && col + j < w;
-        y[i][j] = inside ? out + ((image * h + row + i) * w + col + j) * k : nullptr;
+        const bool inside = o.row + i < h && o.col + j < w;
+        y[i][j] = inside ? out + ((o.image * h + o.row + i) * w + o.col + j) * k : nullptr;
       }
     }
     untransform_tile(m + t * k, m_stride, k, bias, relu, y[0][0], y[0][1], y[1][0], y[1][1]);
