@@ -26,8 +26,7 @@ from typing import Dict, List, Optional, Tuple
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
-from . import (folding, layouts, library_calls, loop_order, parallel, slices, tiled_transpose,
-               unit_loops)
+from . import folding, layouts, library_calls, loop_order, parallel, slices, tiled_transpose
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
@@ -193,8 +192,6 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 allow_contraction(module)
                 allow_reciprocal(module)
                 loop_order.order_loops(_find_main(module))
-                if parallel_loops:
-                    unit_loops.drop_unit_loops(_find_main(module))
                 tasks = parallel.outline(module, _find_main(module)) if parallel_loops else []
                 result.parallel_loops = len(tasks)
                 library_calls.lower(module)

@@ -84,6 +84,36 @@ def map_dims(map_attr) -> Optional[List[Optional[int]]]:
     return results
 
 
+def identity_layout(memref_type) -> bool:
+    """Whether a memref type has the identity (row-major, unstrided) layout."""
+    dims = ", ".join(f"d{i}" for i in range(memref_type.rank))
+    return str(memref_type.layout) == f"affine_map<({dims}) -> ({dims})>"
+
+
+def loop_bounds(op, maps) -> List:
+    """Per loop of linalg op `op` on memrefs (`maps` its indexing maps), where its extent
+    is read: (operand index, position, size), the size static or
+    ir.ShapedType.get_dynamic_size(); a static source is preferred. None for a loop no
+    operand indexes by itself.
+
+    Example:
+        >>> loop_bounds(add, maps)   # ins(%a : memref<?x64xf32>, %b : memref<8x64xf32>)
+        [(1, 0, 8), (0, 1, 64)]
+    """
+    loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
+    bounds = [None] * loops
+    dynamic = ir.ShapedType.get_dynamic_size()
+    for index, (operand, map_attr) in enumerate(zip(op.operands, maps)):
+        shape = ir.MemRefType(operand.type).shape
+        for position, expr in enumerate(ir.AffineMapAttr(map_attr).value.results):
+            if isinstance(expr, ir.AffineDimExpr):
+                loop = expr.position
+                if bounds[loop] is None or (bounds[loop][2] == dynamic and
+                                            shape[position] != dynamic):
+                    bounds[loop] = (index, position, shape[position])
+    return bounds
+
+
 def contiguous_loop(value, results) -> Optional[int]:
     """The loop along which `value` (a memref indexed by `results`, as map_dims gives them)
     is contiguous: the one indexing its last dim of size > 1, when that dim has unit stride.

@@ -24,7 +24,9 @@ from typing import List
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func, memref, scf
 
-from .ir_queries import ops_named, output_count, remap_operands, root_buffer, strides_of
+from . import unit_loops
+from .ir_queries import (identity_layout, loop_bounds, ops_named, output_count, remap_operands,
+                         root_buffer, strides_of)
 
 PARALLEL_TASK = "blade.parallel_task"
 MIN_ITERATIONS = 32768   # smaller loops are not worth waking threads for
@@ -35,24 +37,6 @@ def _affine_results(map_attr) -> List[str]:
     text = str(map_attr)                       # affine_map<(d0, d1) -> (d0, 0, d1)>
     results = text.split("->", 1)[1].strip().rstrip(">").strip()
     return [r.strip() for r in results.strip("()").split(",")] if results != "()" else []
-
-
-def _loop_bounds(op, maps) -> List:
-    """Per loop, where its extent is read: (operand, position, size), the size static or
-    ir.ShapedType.get_dynamic_size() (read from the operand's descriptor at run time); a
-    static source is preferred. None for a loop no operand indexes by itself."""
-    loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
-    bounds = [None] * loops
-    dynamic = ir.ShapedType.get_dynamic_size()
-    for index, (operand, map_attr) in enumerate(zip(op.operands, maps)):
-        shape = ir.MemRefType(operand.type).shape
-        for position, expr in enumerate(_affine_results(map_attr)):
-            if expr.startswith("d") and expr[1:].isdigit():
-                loop = int(expr[1:])
-                if bounds[loop] is None or (bounds[loop][2] == dynamic and
-                                            shape[position] != dynamic):
-                    bounds[loop] = (index, position, shape[position])
-    return bounds
 
 
 def _plan(op):
@@ -82,7 +66,7 @@ def _plan(op):
         # Usually the first dim; a batch-1 transpose's (unit_loops.py dropped N) reads
         # its input with d0 (H) second: a C x [rows of H] x W view of NCHW data.
         split.append(uses_d0[0] if uses_d0 else None)
-    bounds = _loop_bounds(op, maps)
+    bounds = loop_bounds(op, maps)
     if any(b is None for b in bounds):
         return None
     sizes = [b[2] for b in bounds]
@@ -203,9 +187,7 @@ ROW_BLOCK_BYTES = 512 * 1024   # the rows a group works on at a time stay in L2
 
 def _static_identity(t) -> bool:
     t = ir.MemRefType(t)
-    dims = ", ".join(f"d{i}" for i in range(t.rank))
-    return t.has_static_shape and t.rank > 0 and \
-        str(t.layout) == f"affine_map<({dims}) -> ({dims})>"
+    return t.has_static_shape and t.rank > 0 and identity_layout(t)
 
 
 def _numel(t) -> int:
@@ -384,10 +366,12 @@ def _rows_of(buffer, view_type, row, count):
 
 def outline(module, main) -> List[dict]:
     """Moves loop nests of `main` into tasks (groups over the same rows first, then each
-    splittable generic left); returns what `llvm_glue` needs."""
+    splittable generic left), after dropping their leading unit loops (unit_loops.py);
+    returns what `llvm_glue` needs."""
     tasks = []
     block = main.regions[0].blocks[0]
     with module.context, ir.Location.unknown():
+        unit_loops.drop_unit_loops(main)
         _outline_row_groups(main, tasks)
         for op in list(block.operations):
             plan = _plan(op)

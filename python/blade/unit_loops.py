@@ -16,33 +16,21 @@ that merge those size-1 dims into the next dim:
 so that its outermost loop is the 56 rows parallel.py can share out. A size-1 dim is
 collapsible whatever its stride, and a view costs nothing: the loops run exactly as before.
 """
-from typing import List, Optional
+from typing import List
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, memref
 
-from .ir_queries import clone_ops, ops_named, output_count, strides_of
-
-
-def _sizes(op, maps) -> List[Optional[int]]:
-    """Per loop of generic `op`, its static extent where an operand indexes it by itself
-    at a static dim, else None."""
-    loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
-    sizes = [None] * loops
-    for value, map_attr in zip(op.operands, maps):
-        shape = ir.MemRefType(value.type).shape
-        for position, expr in enumerate(ir.AffineMapAttr(map_attr).value.results):
-            if isinstance(expr, ir.AffineDimExpr) and \
-                    shape[position] != ir.ShapedType.get_dynamic_size():
-                sizes[expr.position] = shape[position]
-    return sizes
+from .ir_queries import (clone_ops, identity_layout, loop_bounds, ops_named, output_count,
+                         strides_of)
 
 
 def _unit_prefix(op, maps) -> int:
     """How many leading loops of `op` are parallel with extent 1, when the loop after them
     is parallel and longer (worth splitting), else 0."""
     iterators = [str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])]
-    sizes = _sizes(op, maps)
+    dynamic = ir.ShapedType.get_dynamic_size()
+    sizes = [None if b is None or b[2] == dynamic else b[2] for b in loop_bounds(op, maps)]
     k = 0
     while k < len(sizes) - 1 and sizes[k] == 1 and "parallel" in iterators[k]:
         k += 1
@@ -51,16 +39,11 @@ def _unit_prefix(op, maps) -> int:
     return k
 
 
-def _identity_layout(t) -> bool:
-    dims = ", ".join(f"d{i}" for i in range(t.rank))
-    return str(t.layout) == f"affine_map<({dims}) -> ({dims})>"
-
-
-def _collapsed(value, dropped: List[int]):
-    """`value` (a memref) with its size-1 dims at positions `dropped` merged into the next
-    kept dim (trailing ones into the last kept dim); None when that view of a strided
-    memref would take its stride from a trailing size-1 dim."""
-    t = ir.MemRefType(value.type)
+def _collapse_plan(t, dropped: List[int]):
+    """(reassociation groups, result type) of the view of memref type `t` with its size-1
+    dims at positions `dropped` merged into the next kept dim (trailing ones into the last
+    kept dim); None when that view of a strided memref would take its stride from a
+    trailing size-1 dim."""
     kept = [d for d in range(t.rank) if d not in dropped]
     groups, pending = [], []
     for d in range(t.rank):
@@ -69,7 +52,7 @@ def _collapsed(value, dropped: List[int]):
             groups.append(pending)
             pending = []
     shape = [t.shape[d] for d in kept]
-    if _identity_layout(t):
+    if identity_layout(t):
         result = ir.MemRefType.get(shape, t.element_type)
     else:
         strides = strides_of(t)
@@ -80,6 +63,12 @@ def _collapsed(value, dropped: List[int]):
         result = ir.MemRefType.get(shape, t.element_type, layout)
     if pending and groups:
         groups[-1] += pending     # trailing size-1 dims (none left when all are dropped)
+    return groups, result
+
+
+def _collapse(value, plan):
+    """The memref.collapse_shape of `value` that `plan` (from _collapse_plan) describes."""
+    groups, result = plan
     i64 = ir.IntegerType.get_signless(64)
     reassociation = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d)
                                                         for d in group]) for group in groups])
@@ -115,23 +104,22 @@ def _rewrite(op) -> bool:
             else:
                 return False   # an expression over several loops: left as it is
         plans.append((value, dropped, kept_exprs))
+    collapse_plans = [_collapse_plan(ir.MemRefType(value.type), dropped) if dropped else None
+                      for value, dropped, _ in plans]
+    if any(plan is None for plan, (_, dropped, _) in zip(collapse_plans, plans) if dropped):
+        return False
     with ir.InsertionPoint(op), op.location:
-        views, new_maps = [], []
-        made = []   # (value, dropped, view): an operand named twice (updated in place)
-        for value, dropped, kept_exprs in plans:   # keeps one view, as parallel.py expects
+        views, made = [], []   # made: (value, dropped, view) for the views created
+        for (value, dropped, _), plan in zip(plans, collapse_plans):
+            # An operand named twice (updated in place) keeps one view, as parallel.py
+            # expects of a buffer its task takes once.
             same = [v for u, d, v in made if u == value and d == dropped]
-            if not dropped:
-                view = value
-            else:
-                view = same[0] if same else _collapsed(value, dropped)
-            if view is None:
-                for _, _, new_view in made:          # the views made so far go
-                    new_view.owner.erase()
-                return False
+            view = value if not dropped else same[0] if same else _collapse(value, plan)
             if dropped and not same:
                 made.append((value, dropped, view))
             views.append(view)
-            new_maps.append(ir.AffineMapAttr.get(ir.AffineMap.get(loops - k, 0, kept_exprs)))
+        new_maps = [ir.AffineMapAttr.get(ir.AffineMap.get(loops - k, 0, kept_exprs))
+                    for _, _, kept_exprs in plans]
         outputs = output_count(op)
         iterators = list(ir.ArrayAttr(op.attributes["iterator_types"]))[k:]
         replacement = linalg.GenericOp([], views[:len(views) - outputs],
@@ -184,9 +172,9 @@ def _refill(op) -> bool:
         k += 1
     if k == 0 or shape[k] == 1:
         return False
-    with ir.InsertionPoint(op), op.location:
-        view = _collapsed(op.operands[1], list(range(k)))
-    if view is None:
+    plan = _collapse_plan(ir.MemRefType(op.operands[1].type), list(range(k)))
+    if plan is None:
         return False
-    op.operands[1] = view
+    with ir.InsertionPoint(op), op.location:
+        op.operands[1] = _collapse(op.operands[1], plan)
     return True
