@@ -13,6 +13,9 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(DEPS_STAMP): requirements.txt | $(PY)
+	# OpenSSL 3's headers: the runtime signs and verifies engine code with libcrypto.
+	@test -f /usr/include/openssl/evp.h || ! command -v apt-get >/dev/null || \
+	  [ "$$(id -u)" != 0 ] || { apt-get update -qq && apt-get install -y -qq libssl-dev; }
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and alone: any other request would pull a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0

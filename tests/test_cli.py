@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import blade
+from blade.cli import main
 from helpers import TwoClusters, assert_same
 
 
@@ -109,3 +110,22 @@ def test_bisect_names_the_cluster_that_miscomputes(saved_model, tmp_path):
            f"atol=0.0001: {name}" in run.stdout
     assert any(line.endswith("[aten::linear, aten::mul.Scalar x2, aten::tanh]")
                and ": ok (" in line for line in lines), run.stdout
+
+
+def test_key_prints_the_public_key_engines_are_signed_with(capsys, tmp_path):
+    assert main(["key"]) == 0
+    key = capsys.readouterr().out.strip()
+    assert key == blade.signing_public_key() and len(key) == 64
+    # Another key file: its own public key, and `optimize` signs with it.
+    other = tmp_path / "team.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(other)],
+                   check=True)
+    assert main(["key", "--signing-key", str(other)]) == 0
+    team_key = capsys.readouterr().out.strip()
+    assert team_key != key and len(team_key) == 64
+    model = tmp_path / "model.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Tanh()), str(model))
+    out = tmp_path / "out.pt"
+    assert main(["optimize", str(model), "-o", str(out), "--input", "float32[4,8]",
+                 "--quiet", "--signing-key", str(other)]) == 0
+    assert torch.jit.load(str(out)).blade_engine_0.signature().startswith(f"ed25519:{team_key}:")

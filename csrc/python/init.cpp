@@ -13,6 +13,7 @@
 #include "passes/split_to_slices.h"
 #include "ral/engine.h"
 #include "ral/ral_abi.h"
+#include "ral/signing.h"
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
@@ -113,4 +114,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_cached_memory_limit", &blade_ral_set_cached_memory_limit, py::arg("bytes"),
         "The most bytes of freed buffers the runtime keeps for reuse (0: none).");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;
+
+  // Signing and trust (ral/signing.h): here and in C++ only, never reachable from TorchScript.
+  m.def("sign_engine", &ral::sign_engine, py::arg("name"), py::arg("code"),
+        py::arg("input_specs"), py::arg("output_specs"), py::arg("fallback_ir"),
+        py::arg("params"), py::arg("fallback_mode"), py::arg("cpu_features"),
+        py::arg("key_path"), py::call_guard<py::gil_scoped_release>(),
+        "The signature an Engine with these fields verifies, made with the key at "
+        "`key_path` (this machine's key when empty).");
+  m.def("signing_public_key", &ral::signing_public_key, py::arg("key_path"),
+        "The public key (hex) of the signing key at `key_path` (this machine's key, created "
+        "on first use, when empty).");
+  m.def("default_signing_key_path", &ral::default_signing_key_path);
+  m.def("trust_public_key", &ral::trust_public_key, py::arg("public_key"),
+        "Engines signed by this Ed25519 public key (64 hex digits) run their code here.");
+  m.def("trusted_public_keys", &ral::trusted_public_keys);
 }

@@ -66,13 +66,4 @@ CompiledCode::~CompiledCode() {
   }
 }
 
-uint64_t checksum_bytes(const uint8_t* data, size_t size) {
-  uint64_t hash = 1469598103934665603ULL;
-  for (size_t i = 0; i < size; ++i) {
-    hash ^= data[i];
-    hash *= 1099511628211ULL;
-  }
-  return hash;
-}
-
 }  // namespace blade::ral

@@ -32,7 +32,4 @@ class CompiledCode {
   EntryFn entry_ = nullptr;
 };
 
-// FNV-1a, 64 bits: detects corrupted code bytes in a saved engine.
-uint64_t checksum_bytes(const uint8_t* data, size_t size);
-
 }  // namespace blade::ral

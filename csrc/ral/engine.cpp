@@ -4,10 +4,12 @@
 #include "ral/ral_kernels.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/irparser.h>
 
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -27,15 +29,28 @@ FallbackMode parse_fallback_mode(const std::string& mode) {
   return FallbackMode::kError;
 }
 
-std::string meta_value(const std::string& meta, const std::string& key) {
-  std::istringstream in(meta);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key + "=", 0) == 0) {
-      return line.substr(key.size() + 1);
+bool is_identifier(const std::string& name) {
+  return !name.empty() && name.size() <= 128 && !(name[0] >= '0' && name[0] <= '9') &&
+         name.find_first_not_of(
+             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") ==
+             std::string::npos;
+}
+
+// One warning per untrusted key and process: a model of 40 engines says it once.
+void warn_untrusted_once(const std::string& key, const std::string& engine) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(key).second) {
+      return;
     }
   }
-  return "";
+  TORCH_WARN("blade: engine '", engine, "' (and any other signed by the same key) is signed "
+             "by key ", key, ", which this process does not trust: its compiled code is not "
+             "loaded and its TorchScript subgraph runs instead (slower). If you trust who "
+             "compiled this model, call blade.trust_key(\"", key, "\") before loading it, or "
+             "set ", kTrustedKeysVariable, "=", key, " (C++: blade::ral::trust_public_key).");
 }
 
 // The subgraph, typed only as far as any input would be, returning its outputs as one list
@@ -115,47 +130,163 @@ std::string missing_cpu_features(const std::string& required) {
 
 Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
                std::string output_specs, std::string fallback_ir, std::vector<at::Tensor> params,
-               std::string fallback_mode, std::string cpu_features)
+               std::string fallback_mode, std::string cpu_features, std::string signature)
     : name_(std::move(name)),
       code_bytes_(code.defined() ? code.contiguous() : at::empty({0}, at::kByte)),
-      input_specs_(parse_specs(input_specs)),
-      output_specs_(parse_specs(output_specs)),
       fallback_ir_(std::move(fallback_ir)),
       fallback_mode_(parse_fallback_mode(fallback_mode)),
-      cpu_features_(std::move(cpu_features)) {
-  TORCH_CHECK(code_bytes_.scalar_type() == at::kByte, "blade: engine '", name_,
-              "': code must be a uint8 tensor");
+      cpu_features_(std::move(cpu_features)),
+      signature_(std::move(signature)) {
+  // Malformed specs make the code unusable, not the engine: its subgraph still runs.
+  try {
+    input_specs_ = parse_specs(input_specs);
+    output_specs_ = parse_specs(output_specs);
+  } catch (const c10::Error& e) {
+    input_specs_.clear();
+    output_specs_.clear();
+    load_error_ = e.what_without_backtrace();
+  }
   for (const auto& spec : output_specs_) {
     returns_outputs_ = returns_outputs_ || !spec.is_static();
   }
   params_.reserve(params.size());
-  for (auto& p : params) {
-    params_.push_back(p.contiguous());
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].defined() && params[i].device().is_cpu() &&
+                    params[i].layout() == at::kStrided,
+                "blade: engine '", name_, "': param ", i, " is ",
+                params[i].defined() ? params[i].toString() : std::string("undefined"),
+                ", expected a dense CPU tensor (the saved file is corrupted)");
+    params_.push_back(params[i].contiguous());
   }
   prepared_weights_ = std::make_unique<PreparedWeights>(params_);
-  expected_checksum_ = static_cast<int64_t>(
-      checksum_bytes(code_bytes_.data_ptr<uint8_t>(), static_cast<size_t>(code_bytes_.numel())));
-  fallback_fn_ = make_fallback_function(name_, fallback_ir_);
+  try {
+    // A name that is no identifier is refused by validation_error; the subgraph still runs.
+    fallback_fn_ = make_fallback_function(is_identifier(name_) ? name_ : "blade_engine",
+                                          fallback_ir_);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "blade: engine '", name_.substr(0, 128), "': its TorchScript subgraph "
+                "does not parse, so neither it nor the compiled code can run (the saved file "
+                "is corrupted): ", e.what());
+  }
   load_code();
 }
 
 Engine::~Engine() = default;
 
+std::string Engine::validation_error() const {
+  if (!is_identifier(name_)) {
+    return "the engine's name is not an identifier of at most 128 characters";
+  }
+  if (code_bytes_.scalar_type() != at::kByte || code_bytes_.dim() != 1 ||
+      !code_bytes_.device().is_cpu()) {
+    return "the engine's code is " + code_bytes_.toString() + ", expected a 1-D uint8 tensor";
+  }
+  if (code_bytes_.numel() == 0) {
+    return "the engine has no compiled code";
+  }
+  if (cpu_features_.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_,") !=
+      std::string::npos) {
+    return "the engine's CPU features are not a list of feature names";
+  }
+  if (input_specs_.empty() || output_specs_.empty()) {
+    return "the engine's signature has no inputs or no outputs";
+  }
+  if (input_specs_.size() + params_.size() != fallback_fn_->num_inputs()) {
+    return "the engine's signature has " + std::to_string(input_specs_.size()) +
+           " inputs and " + std::to_string(params_.size()) + " params, but its subgraph takes " +
+           std::to_string(fallback_fn_->num_inputs()) + " values";
+  }
+  for (const auto* specs : {&input_specs_, &output_specs_}) {
+    for (const auto& spec : *specs) {
+      if (spec.any || spec.none) {
+        return "the engine's signature holds '" + spec.str() +
+               "', which compiled code cannot take";
+      }
+    }
+  }
+  return "";
+}
+
+namespace {
+
+Digest engine_digest(const std::string& name, FallbackMode mode, const std::string& fallback_ir,
+                     const std::vector<TensorSpec>& input_specs,
+                     const std::vector<TensorSpec>& output_specs,
+                     const std::string& cpu_features, const std::vector<at::Tensor>& params,
+                     const at::Tensor& code) {
+  FieldHasher hasher;
+  hasher.add(std::string("blade engine"));
+  hasher.add(kEngineFormatVersion);
+  hasher.add(name);
+  hasher.add(std::string(mode == FallbackMode::kError ? "error" : "fallback"));
+  hasher.add(fallback_ir);
+  hasher.add(format_specs(input_specs));
+  hasher.add(format_specs(output_specs));
+  hasher.add(cpu_features);
+  hasher.add(static_cast<int64_t>(params.size()));
+  for (const auto& param : params) {
+    at::Tensor p = param.contiguous();
+    hasher.add(std::string(dtype_name(p.scalar_type())));
+    hasher.add(p.dim());
+    for (int64_t size : p.sizes()) {
+      hasher.add(size);
+    }
+    Digest bytes = chunked_sha256(static_cast<const uint8_t*>(p.data_ptr()), p.nbytes());
+    hasher.add(bytes.data(), bytes.size());
+  }
+  at::Tensor bytes = code.contiguous();
+  Digest digest = chunked_sha256(bytes.data_ptr<uint8_t>(), static_cast<size_t>(bytes.numel()));
+  hasher.add(digest.data(), digest.size());
+  return hasher.finish();
+}
+
+}  // namespace
+
+Digest Engine::signed_digest() const {
+  return engine_digest(name_, fallback_mode_, fallback_ir_, input_specs_, output_specs_,
+                       cpu_features_, params_, code_bytes_);
+}
+
+std::string sign_engine(const std::string& name, const at::Tensor& code,
+                        const std::string& input_specs, const std::string& output_specs,
+                        const std::string& fallback_ir, const std::vector<at::Tensor>& params,
+                        const std::string& fallback_mode, const std::string& cpu_features,
+                        const std::string& key_path) {
+  TORCH_CHECK(code.scalar_type() == at::kByte && code.dim() == 1,
+              "blade: engine code to sign must be a 1-D uint8 tensor");
+  return sign_digest(engine_digest(name, parse_fallback_mode(fallback_mode), fallback_ir,
+                                   parse_specs(input_specs), parse_specs(output_specs),
+                                   cpu_features, params, code),
+                     key_path);
+}
+
 void Engine::load_code() {
-  auto size = static_cast<size_t>(code_bytes_.numel());
-  const auto* data = code_bytes_.data_ptr<uint8_t>();
-  if (size == 0) {
-    load_error_ = "the engine has no compiled code";
-  } else if (static_cast<int64_t>(checksum_bytes(data, size)) != expected_checksum_) {
-    load_error_ = "the compiled code fails its checksum (the saved file is corrupted)";
-  } else if (auto missing = missing_cpu_features(cpu_features_); !missing.empty()) {
-    load_error_ = "the compiled code needs CPU features this machine lacks: " + missing;
-  } else {
+  if (load_error_.empty()) {
+    load_error_ = validation_error();
+  }
+  std::string untrusted_key;
+  if (load_error_.empty()) {
+    load_error_ = verify_digest(signed_digest(), signature_, &untrusted_key);
+  }
+  if (load_error_.empty()) {
+    if (auto missing = missing_cpu_features(cpu_features_); !missing.empty()) {
+      load_error_ = "the compiled code needs CPU features this machine lacks: " + missing;
+    }
+  }
+  if (load_error_.empty()) {
     try {
-      code_ = std::make_unique<CompiledCode>(data, size, name_);
+      code_ = std::make_unique<CompiledCode>(code_bytes_.data_ptr<uint8_t>(),
+                                             static_cast<size_t>(code_bytes_.numel()), name_);
     } catch (const c10::Error& e) {
       load_error_ = e.what_without_backtrace();
     }
+  }
+  if (!load_error_.empty() && !untrusted_key.empty()) {
+    load_error_ += "; trust it with blade.trust_key(\"" + untrusted_key + "\"), " +
+                   kTrustedKeysVariable + "=" + untrusted_key +
+                   " or blade::ral::trust_public_key before loading, if you trust who compiled "
+                   "this model";
+    warn_untrusted_once(untrusted_key, name_);
   }
   TORCH_CHECK(load_error_.empty() || fallback_mode_ != FallbackMode::kError, "blade: engine '",
               name_, "' cannot run its compiled code: ", load_error_,
@@ -172,6 +303,18 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) {
   auto why = signature_mismatch(input_specs_, inputs);
   if (!why.empty()) {
     return run_fallback(inputs, why);
+  }
+  // The compiled code records nothing for autograd: its outputs would come back silently
+  // detached. The subgraph's ops, run through the dispatcher, are what autograd follows.
+  if (at::GradMode::is_enabled()) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].defined() && inputs[i].requires_grad()) {
+        return run_fallback(inputs, "input " + std::to_string(i) +
+                                        " requires grad under grad mode, and the compiled "
+                                        "code computes no gradients (run inference under "
+                                        "torch.no_grad() or torch.inference_mode())");
+      }
+    }
   }
   return run_compiled(inputs);
 }
@@ -291,6 +434,12 @@ std::vector<at::Tensor> Engine::run_fallback(const std::vector<at::Tensor>& inpu
 }
 
 std::vector<at::Tensor> Engine::run_subgraph(const std::vector<at::Tensor>& inputs) {
+  // The interpreter would take the last values of a longer stack as the inputs.
+  TORCH_CHECK(inputs.size() + params_.size() == fallback_fn_->num_inputs(), "blade: engine '",
+              name_, "': its TorchScript subgraph takes ", fallback_fn_->num_inputs(),
+              " values, but it was given ", inputs.size(), " inputs and ", params_.size(),
+              " params (the saved file is corrupted, or the engine was called with the wrong "
+              "number of inputs)");
   torch::jit::Stack stack(inputs.begin(), inputs.end());
   stack.insert(stack.end(), params_.begin(), params_.end());
   fallback_fn_->run(stack);
@@ -321,7 +470,7 @@ Engine::State Engine::serialize() const {
   std::ostringstream meta;
   meta << "blade_version=" << BLADE_VERSION << "\n"
        << "cpu_features=" << cpu_features_ << "\n"
-       << "checksum=" << expected_checksum_ << "\n";
+       << "signature=" << signature_ << "\n";
   return State(kEngineFormatVersion, name_,
                fallback_mode_ == FallbackMode::kError ? "error" : "fallback", fallback_ir_, params_,
                format_specs(input_specs_), format_specs(output_specs_), meta.str(), code_bytes_);
@@ -329,29 +478,46 @@ Engine::State Engine::serialize() const {
 
 c10::intrusive_ptr<Engine> Engine::deserialize(State state) {
   auto& [version, name, mode, fallback_ir, params, input_specs, output_specs, meta, code] = state;
+  // Everything below comes from a file: a field this runtime cannot use makes the engine
+  // refuse its code (and run its subgraph), never the process fail.
+  std::string problem;
   if (version != kEngineFormatVersion) {
-    // The code and its ABI are unknown to this runtime: keep only what every format has.
-    auto engine = c10::make_intrusive<Engine>(name, at::Tensor(), input_specs, output_specs,
-                                              fallback_ir, params, "fallback", "");
-    engine->load_error_ = "the engine's format version " + std::to_string(version) +
-                          " is not the one this Blade runtime reads (" +
-                          std::to_string(kEngineFormatVersion) + ")";
-    engine->fallback_mode_ = parse_fallback_mode(mode);
+    problem = "the engine's format version " + std::to_string(version) +
+              " is not the one this Blade runtime reads (" +
+              std::to_string(kEngineFormatVersion) + ")";
+  }
+  std::map<std::string, std::string> fields;
+  std::istringstream lines(meta);
+  std::string line;
+  while (problem.empty() && std::getline(lines, line)) {
+    auto equals = line.find('=');
+    if (equals == std::string::npos || equals == 0 ||
+        !fields.emplace(line.substr(0, equals), line.substr(equals + 1)).second) {
+      problem = "the engine's metadata line '" + line.substr(0, 80) +
+                "' is not a new key=value pair";
+    }
+  }
+  std::string effective_mode = mode;
+  if (mode != "fallback" && mode != "error") {
+    problem = problem.empty() ? "the engine's fallback mode '" + mode.substr(0, 40) +
+                                    "' is neither 'fallback' nor 'error'"
+                              : problem;
+    effective_mode = "fallback";
+  }
+  if (!problem.empty()) {
+    // The code and its ABI are unknown: keep only what every format has.
+    auto engine = c10::make_intrusive<Engine>(name, at::Tensor(), "", "", fallback_ir, params,
+                                              "fallback", "", "");
+    engine->load_error_ = problem;
+    engine->fallback_mode_ = parse_fallback_mode(effective_mode);
+    engine->input_specs_.clear();
     TORCH_CHECK(engine->fallback_mode_ != FallbackMode::kError, "blade: engine '", name,
-                "' cannot be loaded: ", engine->load_error_,
+                "' cannot be loaded: ", problem,
                 ". Rebuild the model with this version of Blade.");
     return engine;
   }
-  auto engine = c10::make_intrusive<Engine>(name, at::Tensor(), input_specs, output_specs,
-                                            fallback_ir, params, "fallback",
-                                            meta_value(meta, "cpu_features"));
-  engine->code_bytes_ = code.contiguous();
-  auto checksum = meta_value(meta, "checksum");
-  engine->expected_checksum_ = checksum.empty() ? 0 : std::stoll(checksum);
-  engine->load_error_.clear();
-  engine->fallback_mode_ = parse_fallback_mode(mode);
-  engine->load_code();
-  return engine;
+  return c10::make_intrusive<Engine>(name, code, input_specs, output_specs, fallback_ir,
+                                     params, mode, fields["cpu_features"], fields["signature"]);
 }
 
 }  // namespace blade::ral

@@ -1,15 +1,19 @@
 // Engine: one compiled cluster, as a TorchScript custom class (torch.classes.blade.Engine).
 //
-// An engine holds the cluster's native code, its signature, the constant tensors the code
-// reads (params), and the cluster's original TorchScript subgraph. `execute` runs the code
-// when the inputs match the signature and the code is loadable; otherwise it runs the
-// subgraph (or raises, when the engine was built with fallback mode "error"). The engine
+// An engine holds the cluster's native code, its input and output specs, the constant
+// tensors the code reads (params), and the cluster's original TorchScript subgraph. The code
+// is mapped only after every field was validated and the engine's Ed25519 signature, over
+// the code and everything the runtime trusts about it (see signed_digest), verified against
+// a key this process trusts (ral/signing.h). `execute` runs the code when the inputs match
+// the specs and autograd need not follow them; otherwise it runs the subgraph (or raises,
+// when the engine was built with fallback mode "error"). The engine
 // keeps no per-call state in shared fields except atomic counters and a mutex-guarded
 // reason, so one engine can serve many threads at once.
 #pragma once
 
 #include "ral/compiled_code.h"
 #include "ral/prepared_weights.h"
+#include "ral/signing.h"
 #include "ral/tensor_spec.h"
 
 #include <ATen/ATen.h>
@@ -27,9 +31,10 @@ struct GraphFunction;
 
 namespace blade::ral {
 
-// Bumped whenever the pickled layout or the generated code's ABI changes. Version 2: engines
-// with dynamic output sizes get their outputs from the code (see run_compiled).
-constexpr int64_t kEngineFormatVersion = 2;
+// Bumped whenever the pickled layout, what is signed or the generated code's ABI changes.
+// Version 2: engines with dynamic output sizes get their outputs from the code (see
+// run_compiled). Version 3: engines are signed (the FNV checksum is gone).
+constexpr int64_t kEngineFormatVersion = 3;
 
 enum class FallbackMode { kFallback, kError };
 
@@ -42,7 +47,7 @@ class Engine : public torch::CustomClassHolder {
  public:
   Engine(std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
          std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
-         std::string cpu_features);
+         std::string cpu_features, std::string signature);
   ~Engine() override;
 
   std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs);
@@ -55,6 +60,8 @@ class Engine : public torch::CustomClassHolder {
   std::string output_specs() const { return format_specs(output_specs_); }
   const std::string& fallback_ir() const { return fallback_ir_; }
   const std::string& cpu_features() const { return cpu_features_; }
+  // "ed25519:<public key>:<signature>", as saved (empty when unsigned).
+  const std::string& signature() const { return signature_; }
   bool is_compiled() const { return code_ != nullptr; }
   // Why the compiled code is not in use (empty when it is).
   const std::string& load_error() const { return load_error_; }
@@ -66,14 +73,22 @@ class Engine : public torch::CustomClassHolder {
   // The pickled form. Its shape never changes between format versions, so that a model saved
   // by a newer Blade still loads here and can fall back to its subgraph: (format version,
   // name, fallback mode, fallback IR, params, input specs, output specs, meta, code), where
-  // meta is "key=value" lines (blade_version, cpu_features, checksum) that versions may extend.
+  // meta is "key=value" lines (blade_version, cpu_features, signature) that versions may
+  // extend.
   using State = std::tuple<int64_t, std::string, std::string, std::string, std::vector<at::Tensor>,
                            std::string, std::string, std::string, at::Tensor>;
   State serialize() const;
   static c10::intrusive_ptr<Engine> deserialize(State state);
 
  private:
+  // What the signature covers: a SHA-256 over the format version, name, fallback mode,
+  // fallback IR, specs (as formatted), CPU features, each param's dtype, sizes and bytes,
+  // and the code (see sign_engine).
+  Digest signed_digest() const;
+  // Validates everything the code will rely on, verifies the signature, checks the CPU,
+  // and only then maps the code; records why not in load_error_.
   void load_code();
+  std::string validation_error() const;
   std::vector<at::Tensor> run_compiled(const std::vector<at::Tensor>& inputs);
   // The outputs the code returned (dynamic engines), as tensors that own their memory.
   std::vector<at::Tensor> adopt_results(const std::vector<int64_t>& results) const;
@@ -93,7 +108,7 @@ class Engine : public torch::CustomClassHolder {
   std::unique_ptr<PreparedWeights> prepared_weights_;
   FallbackMode fallback_mode_;
   std::string cpu_features_;
-  int64_t expected_checksum_ = 0;
+  std::string signature_;
 
   std::unique_ptr<CompiledCode> code_;
   std::string load_error_;
@@ -104,6 +119,15 @@ class Engine : public torch::CustomClassHolder {
   mutable std::mutex reason_mutex_;
   std::string last_fallback_reason_;
 };
+
+// The signature Engine's constructor verifies for these fields, made with the private key at
+// `key_path` (this machine's key, created on first use, when empty; see ral/signing.h).
+// Only the compiler calls this (blade._C); TorchScript cannot.
+std::string sign_engine(const std::string& name, const at::Tensor& code,
+                        const std::string& input_specs, const std::string& output_specs,
+                        const std::string& fallback_ir, const std::vector<at::Tensor>& params,
+                        const std::string& fallback_mode, const std::string& cpu_features,
+                        const std::string& key_path);
 
 // CPU features (as /proc/cpuinfo names them) that `required` lists and this host lacks.
 std::string missing_cpu_features(const std::string& required);

@@ -195,19 +195,23 @@ std::vector<TensorSpec> parse_specs(const std::string& text) {
         spec.symbols.push_back(TensorSpec::kNoSymbol);
         continue;
       }
-      if (dim.size() > 1 && dim.size() <= 10 && dim[0] == 's' &&
+      // Symbols are numbered from s0 in order of appearance, so none exceeds the number of
+      // dims; sizes are bounded so that no product of them overflows.
+      if (dim.size() > 1 && dim.size() <= 6 && dim[0] == 's' &&
           dim.find_first_not_of("0123456789", 1) == std::string::npos) {
         spec.sizes.push_back(kDynamicDim);
         spec.symbols.push_back(std::stoll(dim.substr(1)));
         continue;
       }
-      const bool digits = !dim.empty() && dim.size() <= 18 &&
+      const bool digits = !dim.empty() && dim.size() <= 12 &&
                           dim.find_first_not_of("0123456789") == std::string::npos;
       TORCH_CHECK(digits, "blade: malformed tensor spec '", item, "': dimension '", dim,
-                  "' is neither a size, '?' nor a symbol s<N>");
+                  "' is neither a size, '?' nor a symbol s<N> (sizes are below 10^12)");
       spec.sizes.push_back(std::stoll(dim));
       spec.symbols.push_back(TensorSpec::kNoSymbol);
     }
+    TORCH_CHECK(spec.sizes.size() <= kMaxRank, "blade: malformed tensor spec '",
+                item.substr(0, 200), "': more than ", kMaxRank, " dimensions");
     specs.push_back(std::move(spec));
   }
   return specs;

@@ -15,6 +15,7 @@
 namespace blade::ral {
 
 constexpr int64_t kDynamicDim = -1;
+constexpr size_t kMaxRank = 16;
 
 struct TensorSpec {
   at::ScalarType dtype = at::kFloat;

@@ -53,6 +53,47 @@ def set_cached_memory_limit(num_bytes: int):
     _C.set_cached_memory_limit(int(num_bytes))
 
 
+def trust_key(public_key: str):
+    """Lets engines signed by `public_key` (an Ed25519 public key, 64 hex digits, as
+    `python -m blade key` prints it on the compiling machine) run their compiled code in
+    this process. Call it before `torch.jit.load`; engines loaded earlier stay on their
+    TorchScript fallback. The environment variable BLADE_TRUSTED_KEYS does the same for
+    a whole process (docs/security.md).
+
+    Example:
+        >>> blade.trust_key("3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29")
+    """
+    from . import _C
+
+    _C.trust_public_key(str(public_key).strip())
+
+
+def signing_public_key(signing_key=None) -> str:
+    """The public key (hex) that engines compiled here are signed with: this machine's key
+    (created on first use) or that of the private key file `signing_key`. Give it to the
+    machines that load the models (`blade.trust_key` or BLADE_TRUSTED_KEYS there).
+
+    Example:
+        >>> blade.signing_public_key()
+        '3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29'
+    """
+    from . import _C
+
+    return _C.signing_public_key("" if signing_key is None else str(signing_key))
+
+
+def trusted_keys():
+    """The public keys whose engines run their code in this process, sorted.
+
+    Example:
+        >>> blade.signing_public_key() in blade.trusted_keys()
+        True
+    """
+    from . import _C
+
+    return list(_C.trusted_public_keys())
+
+
 def register_converter(schema, capability_validator=None, priority=None, dtypes=None,
                        result_dtype="same", compute=True):
     """Decorator registering a user converter to StableHLO; see
@@ -102,4 +143,5 @@ def unregister_decomposition(overload):
 
 
 __all__ = ["Config", "Report", "optimize", "register_converter", "register_decomposition",
-           "report", "unregister_converter", "unregister_decomposition", "__version__"]
+           "report", "signing_public_key", "trust_key", "trusted_keys", "unregister_converter",
+           "unregister_decomposition", "__version__"]

@@ -1,8 +1,9 @@
-"""`blade optimize | report | bisect`: Blade on saved TorchScript models, from a shell.
+"""`blade optimize | report | bisect | key`: Blade on saved TorchScript models, from a shell.
 
     blade optimize model.pt -o model.blade.pt --input 'float32[1,128,768]'
     blade report model.blade.pt
     blade bisect model.pt --input 'float32[1,128,768]' --atol 1e-4
+    blade key     # the public key this machine signs engines with (docs/security.md)
 
 Inputs are specs, `dtype[d0,d1,...]`, filled with random values (floats from N(0, 1),
 integers from [0, HIGH) with `int64[1,128]:30522`, bools at random), or tensors saved
@@ -103,6 +104,7 @@ def config_from(args, **extra):
 
     return Config(excluded_ops=list(args.exclude), min_cluster_size=args.min_cluster_size,
                   fallback=getattr(args, "fallback", "fallback"),
+                  signing_key=getattr(args, "signing_key", None),
                   dump_dir=args.dump_dir, progress=not args.quiet, **extra)
 
 
@@ -162,6 +164,13 @@ def cmd_bisect(args) -> int:
     return 1 if bad else 0
 
 
+def cmd_key(args) -> int:
+    from . import signing_public_key
+
+    print(signing_public_key(args.signing_key))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="blade", description=__doc__.split("\n\n")[0])
     commands = top.add_subparsers(dest="command", required=True)
@@ -185,6 +194,9 @@ def parser() -> argparse.ArgumentParser:
         if with_fallback:
             p.add_argument("--fallback", choices=["fallback", "error"], default="fallback",
                            help="what engines do with inputs they were not compiled for")
+            p.add_argument("--signing-key", metavar="PEM",
+                           help="the Ed25519 private key that signs the engines (default: "
+                                "this machine's key)")
 
     p = commands.add_parser("optimize", help="optimize a saved TorchScript model")
     model_options(p, True)
@@ -202,6 +214,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-4)
     p.set_defaults(run=cmd_bisect)
+
+    p = commands.add_parser("key", help="print the public key engines compiled here are signed "
+                                        "with; machines that load them trust it")
+    p.add_argument("--signing-key", metavar="PEM", help="an Ed25519 private key file instead "
+                                                        "of this machine's key")
+    p.set_defaults(run=cmd_key)
     return top
 
 

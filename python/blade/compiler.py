@@ -378,6 +378,9 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
     if clusters and not config.dry_run:
         from .codegen import host_cpu_features
         cpu_features = host_cpu_features()
+        # Every engine is signed (docs/security.md): a key that cannot sign fails here,
+        # once, rather than every cluster alike.
+        _C.signing_public_key(config.signing_key or "")
     progress = Progress(len(clusters), "compiling clusters",
                         config.progress and not config.dry_run)
     index = 0
@@ -477,9 +480,11 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
                                           parallel_loops=config.parallel)
     name = f"{ENGINE_PREFIX}{index}"
     code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
+    signature = _C.sign_engine(name, code, input_specs, output_specs, fallback_ir, params,
+                               config.fallback, cpu_features, config.signing_key or "")
     engine = torch.classes.blade.Engine(
         name, code, input_specs, output_specs, fallback_ir, params, config.fallback,
-        cpu_features)
+        cpu_features, signature)
     if not engine.is_compiled():
         raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
     module._c._register_attribute(name, engine._type(), engine)

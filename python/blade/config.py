@@ -1,4 +1,5 @@
 """The one object that controls how Blade compiles a model."""
+import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -37,6 +38,10 @@ class Config:
             ``{0: [0, 1]}`` means dims 0 and 1 of input 0 vary. Implies ``dynamic``.
         parallel: run large loop nests of generated code on PyTorch's intra-op threads
             (``torch.set_num_threads`` applies); ``False`` keeps every loop serial.
+        signing_key: path of the Ed25519 private key (PEM) that signs the engines' code;
+            by default this machine's key, ``~/.config/blade/engine_signing_key.pem``
+            (under ``$XDG_CONFIG_HOME`` when set), created on first use. Machines that load
+            the model run its code only if they trust the key (docs/security.md).
     """
 
     allow_tracing: bool = False
@@ -51,6 +56,7 @@ class Config:
     dynamic: bool = False
     dynamic_dims: Optional[Dict[int, List[int]]] = None
     parallel: bool = True
+    signing_key: Optional[str] = None
 
     def __post_init__(self):
         if self.fallback not in FALLBACK_MODES:
@@ -64,5 +70,10 @@ class Config:
                 raise ValueError("Config.dynamic_dims must map input positions to lists of "
                                  f"dims, like {{0: [0, 1]}}; got {self.dynamic_dims!r}")
             self.dynamic = True
+        if isinstance(self.signing_key, os.PathLike):
+            self.signing_key = os.fspath(self.signing_key)
+        if self.signing_key is not None and not isinstance(self.signing_key, str):
+            raise ValueError("Config.signing_key must be the path of an Ed25519 private key "
+                             f"(PEM), got {self.signing_key!r}")
         if self.min_cluster_size < 1:
             raise ValueError(f"Config.min_cluster_size must be >= 1, got {self.min_cluster_size}")

@@ -8,7 +8,14 @@ model with Config(fallback="error"); flipped.pt: an engine whose code fails its 
 future.pt: an engine from a format version this runtime does not know; dynamic.pt: the
 model with Config(dynamic=True), and dynamic_inputs.pt / dynamic_expected.pt: inputs of
 three batch sizes (x, y of each, in turn) and eager's outputs for each.
+hostile/*.pt: TanhChain with its engine edited as an attacker would (a foreign library in
+place of the code, with the original signature or re-signed by a key the tests do not
+trust; specs, params, metadata edited), and hostile_marker the file the foreign library's
+constructor would create; foreign.pt: a model signed by another machine's key, whose public
+key is in foreign_key.txt.
 """
+import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -16,9 +23,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The fixtures are signed with the key of whoever runs this (docs/security.md): the C++ tests
+# trust it as their own when they run with the same XDG_CONFIG_HOME.
 import blade  # noqa: E402
 from helpers import (bump_format_version, flip_code_bytes, save_tampered,  # noqa: E402
                      TanhChain)
+from saved_state import (INPUT_SPECS, META, OUTPUT_SPECS,  # noqa: E402
+                         byte_tensor, evil_library, rewrite_engines)
 
 
 class Model(torch.nn.Module):
@@ -63,7 +75,67 @@ def main(out: Path) -> None:
                        str(out / "dynamic_expected.pt"))
         torch.save([tanh_input], str(out / "tanh_input.pt"))
         torch.save([TanhChain()(tanh_input)], str(out / "tanh_expected.pt"))
+        write_hostile_fixtures(out, out / "tanh.pt", tanh_input)
     print(f"fixtures written to {out}")
+
+
+def another_machines_key(out: Path) -> Path:
+    """The signing key of a machine these tests do not trust (created in a process whose
+    config directory is its own)."""
+    config = out / "foreign-config"
+    env = dict(os.environ, XDG_CONFIG_HOME=str(config))
+    subprocess.run([sys.executable, "-c", "import blade; blade.signing_public_key()"],
+                   env=env, check=True)
+    return config / "blade" / "engine_signing_key.pem"
+
+
+def write_hostile_fixtures(out: Path, tanh_model: Path, tanh_input) -> None:
+    from blade import _C
+
+    torch.jit.save(blade.optimize(TanhChain(), (tanh_input,)), str(tanh_model))
+    hostile = out / "hostile"
+    hostile.mkdir(exist_ok=True)
+    foreign_key = another_machines_key(out)
+    evil = evil_library(out, out / "hostile_marker")
+    features = torch.jit.load(str(tanh_model)).blade_engine_0.cpu_features()
+
+    def with_meta(state, key, value):
+        lines = [line for line in state[META].splitlines() if not line.startswith(key + "=")]
+        state[META] = "\n".join(lines + [f"{key}={value}"]) + "\n"
+        return state
+
+    def evil_code(state, members, key_path=None):
+        members["9001"] = evil
+        state[-1] = byte_tensor("9001", len(evil))
+        if key_path is not None:
+            code = torch.frombuffer(bytearray(evil), dtype=torch.uint8)
+            params = torch.jit.load(str(tanh_model)).blade_engine_0.__getstate__()[0][4]
+            with_meta(state, "signature", _C.sign_engine(
+                state[1], code, state[INPUT_SPECS], state[OUTPUT_SPECS], state[3], params,
+                state[2], features, str(key_path)))
+        return state
+
+    edits = {
+        "evil_code": evil_code,
+        "evil_code_resigned": lambda s, m: evil_code(s, m, foreign_key),
+        "dynamic_input": lambda s, m: s.__setitem__(INPUT_SPECS, "float32[?,8]") or s,
+        "huge_symbol": lambda s, m: s.__setitem__(INPUT_SPECS, "float32[s999999999,8]") or s,
+        "any_input": lambda s, m: s.__setitem__(INPUT_SPECS, "*") or s,
+        "shrunk_output": lambda s, m: s.__setitem__(OUTPUT_SPECS, "float32[1,1]") or s,
+        "checksum_garbage": lambda s, m: with_meta(s, "signature", "abc"),
+    }
+    for name, edit in edits.items():
+        assert rewrite_engines(tanh_model, hostile / f"{name}.pt", edit) == 1, name
+    # A model another machine compiled, and the key that machine signs with.
+    script = ("import torch, blade; torch.manual_seed(0); "
+              "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval(); "
+              f"torch.jit.save(blade.optimize(m, (torch.randn(4, 8),)), {str(out / 'foreign.pt')!r}); "
+              f"torch.save([m(torch.load({str(out / 'tanh_input.pt')!r})[0]).detach()], "
+              f"{str(out / 'foreign_expected.pt')!r}); print(blade.signing_public_key())")
+    env = dict(os.environ, XDG_CONFIG_HOME=str(foreign_key.parent.parent))
+    key = subprocess.run([sys.executable, "-c", script], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()[-1]
+    (out / "foreign_key.txt").write_text(key + "\n")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-// C++ tests of the runtime (libblade_ral), without Python: specs, checksums, code loading,
+// C++ tests of the runtime (libblade_ral), without Python: specs, signatures, code loading,
 // the allocator and library-call ABI, and saved engines run from libtorch (correct results,
 // fallbacks, tampered files, many threads, load/unload cycles). `make test-asan` runs them
 // under AddressSanitizer + LeakSanitizer; tests/ral/test_ral_cpp.py runs them in `make test`.
@@ -10,6 +10,7 @@
 #include "ral/prepared_weights.h"
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
+#include "ral/signing.h"
 #include "ral/tensor_spec.h"
 #include "ral/winograd.h"
 
@@ -119,7 +120,7 @@ bool same_outputs(const c10::IValue& actual, const std::vector<c10::IValue>& exp
   return true;
 }
 
-// --- specs and checksums -----------------------------------------------------------------
+// --- specs and signatures -----------------------------------------------------------------
 
 void test_specs_round_trip_and_explain_mismatches() {
   using namespace blade::ral;
@@ -149,13 +150,41 @@ void test_symbols_tie_dynamic_dims_together() {
                   "of input 0 (7; both are s1)"));
 }
 
-void test_checksum_sees_every_byte() {
-  std::vector<uint8_t> bytes(4096, 7);
-  uint64_t original = blade::ral::checksum_bytes(bytes.data(), bytes.size());
-  EXPECT(original == blade::ral::checksum_bytes(bytes.data(), bytes.size()));
-  for (size_t at : {size_t{0}, size_t{2048}, size_t{4095}}) {
+void test_signatures_cover_every_field_and_need_a_trusted_key() {
+  using namespace blade::ral;
+  auto digest_of = [](std::initializer_list<std::string> fields) {
+    FieldHasher hasher;
+    for (const auto& field : fields) {
+      hasher.add(field);
+    }
+    return hasher.finish();
+  };
+  // Fields are framed: moving a byte from one field to the next changes the digest.
+  EXPECT(digest_of({"ab", "c"}) != digest_of({"a", "bc"}));
+  Digest digest = digest_of({"code", "specs"});
+  // The fixtures' key (this machine's, under the same XDG_CONFIG_HOME) signs and is trusted.
+  std::string signature = sign_digest(digest, "");
+  EXPECT(verify_digest(digest, signature, nullptr).empty());
+  Digest other = digest;
+  other[5] ^= 1;
+  EXPECT(contains(verify_digest(other, signature, nullptr), "does not match its contents"));
+  std::string flipped = signature;
+  flipped.back() = flipped.back() == '0' ? '1' : '0';
+  EXPECT(contains(verify_digest(digest, flipped, nullptr), "does not match its contents"));
+  std::string untrusted;
+  std::string stranger = std::string("ed25519:") + std::string(64, '7') + ":" +
+                         std::string(128, '0');
+  EXPECT(contains(verify_digest(digest, stranger, &untrusted), "does not trust"));
+  EXPECT(untrusted == std::string(64, '7'));
+  EXPECT(contains(verify_digest(digest, "", nullptr), "not signed"));
+  EXPECT(contains(verify_digest(digest, "ed25519:xyz", nullptr), "malformed"));
+  EXPECT_THROWS_WITH(trust_public_key("xyz"), "64 hex digits");
+  // Chunked hashing sees every byte, across chunk boundaries too.
+  std::vector<uint8_t> bytes((size_t{4} << 20) + 3, 7);
+  Digest whole = chunked_sha256(bytes.data(), bytes.size());
+  for (size_t at : {size_t{0}, size_t{4} << 20, bytes.size() - 1}) {
     bytes[at] ^= 1;
-    EXPECT(original != blade::ral::checksum_bytes(bytes.data(), bytes.size()));
+    EXPECT(whole != chunked_sha256(bytes.data(), bytes.size()));
     bytes[at] ^= 1;
   }
 }
@@ -627,7 +656,8 @@ void test_tampered_engines_fall_back_with_the_reason() {
     const char* file;
     const char* reason;
   };
-  for (const Case& c : {Case{"flipped.pt", "checksum"}, Case{"future.pt", "format"}}) {
+  for (const Case& c :
+       {Case{"flipped.pt", "does not match its contents"}, Case{"future.pt", "format"}}) {
     auto module = load_model(c.file);
     auto engine = engine_of(module);
     EXPECT(!engine->is_compiled());
@@ -635,6 +665,55 @@ void test_tampered_engines_fall_back_with_the_reason() {
     EXPECT(same_outputs(module.forward(inputs), expected));
     EXPECT(engine->stats().fallbacks == 1);
   }
+}
+
+// Every file of hostile/ (make_fixtures.py): the engine refuses its code, the foreign
+// library's constructor never runs, and the model gives eager's results through its subgraph.
+void test_hostile_files_never_run_their_code() {
+  auto inputs = load_list("tanh_input.pt");
+  auto expected = load_list("tanh_expected.pt");
+  int seen = 0;
+  if (DIR* dir = ::opendir((g_fixtures + "/hostile").c_str())) {
+    while (dirent* entry = ::readdir(dir)) {
+      std::string file = entry->d_name;
+      if (file.size() < 4 || file.substr(file.size() - 3) != ".pt") {
+        continue;
+      }
+      ++seen;
+      auto module = load_model("hostile/" + file);
+      auto engine = engine_of(module);
+      if (engine->is_compiled() || engine->load_error().empty()) {
+        std::cerr << "  hostile/" << file << " was not refused\n";
+      }
+      EXPECT(!engine->is_compiled());
+      EXPECT(!engine->load_error().empty());
+      EXPECT(same_outputs(module.forward(inputs), expected));
+      EXPECT(engine->stats().fallbacks == 1);
+    }
+    ::closedir(dir);
+  }
+  EXPECT(seen >= 7);
+  std::ifstream marker(g_fixtures + "/hostile_marker");
+  EXPECT(!marker.good());
+}
+
+void test_foreign_model_runs_once_its_key_is_trusted() {
+  std::ifstream in(g_fixtures + "/foreign_key.txt");
+  std::string key;
+  in >> key;
+  auto inputs = load_list("tanh_input.pt");
+  auto expected = load_list("foreign_expected.pt");
+  {
+    auto module = load_model("foreign.pt");
+    EXPECT(!engine_of(module)->is_compiled());
+    EXPECT(contains(engine_of(module)->load_error(), "signed by key " + key));
+    EXPECT(same_outputs(module.forward(inputs), expected));
+  }
+  blade::ral::trust_public_key(key);
+  auto module = load_model("foreign.pt");
+  EXPECT(engine_of(module)->is_compiled());
+  EXPECT(same_outputs(module.forward(inputs), expected));
+  EXPECT(engine_of(module)->stats().fallbacks == 0);
 }
 
 void test_four_threads_share_one_module() {
@@ -694,7 +773,11 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<const char*, std::function<void()>>> tests = {
       {"specs_round_trip_and_explain_mismatches", test_specs_round_trip_and_explain_mismatches},
       {"symbols_tie_dynamic_dims_together", test_symbols_tie_dynamic_dims_together},
-      {"checksum_sees_every_byte", test_checksum_sees_every_byte},
+      {"signatures_cover_every_field_and_need_a_trusted_key",
+       test_signatures_cover_every_field_and_need_a_trusted_key},
+      {"hostile_files_never_run_their_code", test_hostile_files_never_run_their_code},
+      {"foreign_model_runs_once_its_key_is_trusted",
+       test_foreign_model_runs_once_its_key_is_trusted},
       {"garbage_code_is_refused_without_leaking_descriptors",
        test_garbage_code_is_refused_without_leaking_descriptors},
       {"allocator_balances", test_allocator_balances},

@@ -128,14 +128,42 @@ def test_engine_refuses_unloadable_code_and_falls_back():
     optimized, x, y = optimize_chain()
     engine = engine_of(optimized)
     expected = engine.execute([x, y])
-    broken = torch.classes.blade.Engine(
-        "broken", torch.zeros(64, dtype=torch.uint8), engine.input_specs(),
-        engine.output_specs(), engine.fallback_ir(), [], "fallback", "")
+    garbage = torch.zeros(64, dtype=torch.uint8)
+
+    def signed(mode):  # signed, so that the loader itself gets to refuse the bytes
+        fields = ("broken", garbage, engine.input_specs(), engine.output_specs(),
+                  engine.fallback_ir(), [], mode, "")
+        return fields + (_C.sign_engine(*fields, ""),)
+
+    broken = torch.classes.blade.Engine(*signed("fallback"))
     assert not broken.is_compiled()
     assert "could not be loaded" in broken.load_error()
     assert_same(broken.execute([x, y]), expected)
     assert broken.fallbacks() == 1
     with pytest.raises(RuntimeError, match="cannot run its compiled code"):
-        torch.classes.blade.Engine(
-            "broken", torch.zeros(64, dtype=torch.uint8), engine.input_specs(),
-            engine.output_specs(), engine.fallback_ir(), [], "error", "")
+        torch.classes.blade.Engine(*signed("error"))
+
+
+def test_inputs_that_require_grad_run_the_subgraph_autograd_follows():
+    """The compiled code records nothing for autograd: under grad mode an input that
+    requires grad runs the subgraph, so outputs carry grad_fn and gradients equal eager's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh()).eval()
+    x = torch.randn(4, 16)
+    optimized = blade.optimize(model, (x,))
+    compiled_input = x.clone().requires_grad_()
+    out = optimized(compiled_input)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    eager_input = x.clone().requires_grad_()
+    model(eager_input).sum().backward()
+    torch.testing.assert_close(compiled_input.grad, eager_input.grad)
+    report = blade.report(optimized)
+    assert report.runtime_fallbacks == 1 and "requires grad" in report.clusters[0].status
+    # Without grad mode the compiled code runs, whatever requires_grad says.
+    with torch.no_grad():
+        assert_same(optimized(compiled_input), model(x))
+    assert blade.report(optimized).runtime_fallbacks == 1
+    strict = blade.optimize(model, (x,), blade.Config(fallback="error"))
+    with pytest.raises(RuntimeError, match="requires grad under grad mode"):
+        strict(x.clone().requires_grad_())

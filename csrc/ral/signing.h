@@ -1,0 +1,77 @@
+// Engine signing: who compiled an engine's native code, and whether this process trusts them.
+//
+// A saved model carries native code that the runtime maps into the process. Before any byte
+// of it is mapped, the runtime checks an Ed25519 signature (OpenSSL's libcrypto) over the
+// code and everything the runtime believes about it (see Engine's signed digest), made with
+// a key this process trusts. The threat model and the key handling are in docs/security.md.
+//
+// Keys:
+//  - Signing: a compiling machine signs with its local key, an Ed25519 private key in PEM
+//    at `<config dir>/blade/engine_signing_key.pem` (<config dir> is $XDG_CONFIG_HOME, else
+//    ~/.config), created on first use with mode 0600; or with a key file the caller names.
+//  - Trust: a process trusts the public key of the local key when that file exists, every
+//    key listed in the environment variable BLADE_TRUSTED_KEYS (read once, at first use:
+//    comma-separated, each a 64-digit hex public key or the path of a file holding one),
+//    every key given to `trust_public_key`, and every key it signed with itself.
+// Nothing here is reachable from TorchScript: a model file cannot sign or trust anything.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace blade::ral {
+
+constexpr const char* kTrustedKeysVariable = "BLADE_TRUSTED_KEYS";
+// How a signature is written: "ed25519:<public key, 64 hex digits>:<signature, 128 hex>".
+constexpr const char* kSignatureScheme = "ed25519";
+
+using Digest = std::array<uint8_t, 32>;  // SHA-256
+
+// SHA-256 over a sequence of length-prefixed fields, so that no two different sequences of
+// fields hash alike ("ab","c" and "a","bc" differ).
+class FieldHasher {
+ public:
+  FieldHasher();
+  ~FieldHasher();
+  FieldHasher(const FieldHasher&) = delete;
+  FieldHasher& operator=(const FieldHasher&) = delete;
+
+  void add(const void* data, size_t size);
+  void add(const std::string& text) { add(text.data(), text.size()); }
+  void add(int64_t value);
+  Digest finish();
+
+ private:
+  void* ctx_;  // EVP_MD_CTX
+};
+
+// SHA-256 of `size` bytes, hashed in 4 MiB chunks on the intra-op threads: the digest of the
+// chunks' digests (so a large weight costs its size over the threads, once).
+Digest chunked_sha256(const uint8_t* data, size_t size);
+
+std::string to_hex(const uint8_t* data, size_t size);
+
+// The default location of this machine's signing key (see above).
+std::string default_signing_key_path();
+// The public key (hex) of the private key at `path` (the default key when empty), creating
+// that key first if the file does not exist. Throws c10::Error naming the file on failure.
+std::string signing_public_key(const std::string& path);
+// "ed25519:<public key>:<signature>" of `digest` by the key at `path` (default when empty,
+// created on first use). The key becomes trusted by this process.
+std::string sign_digest(const Digest& digest, const std::string& path);
+
+// Adds a public key (64 hex digits) to this process's trusted keys. Throws c10::Error on a
+// malformed key. What a C++ service calls before torch::jit::load, as Python's
+// blade.trust_key does.
+void trust_public_key(const std::string& hex);
+std::vector<std::string> trusted_public_keys();
+
+// Empty when `signature` is a well-formed signature of `digest` by a trusted key; otherwise
+// why not, in a sentence (unsigned, malformed, untrusted key, or wrong signature).
+// `untrusted_key` receives the key when the only problem is that it is not trusted.
+std::string verify_digest(const Digest& digest, const std::string& signature,
+                          std::string* untrusted_key);
+
+}  // namespace blade::ral
