@@ -34,6 +34,7 @@ test: build
 
 bench: build
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/load_time.py
 
 # The runtime's C++ tests (tests/ral/ral_tests.cpp) with the runtime and the tests built
 # under AddressSanitizer + LeakSanitizer, against models saved by the regular build.
