@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 ENGINE_CLASS = ("__torch__.torch.classes.blade", "Engine")
+GUARD_CLASS = ("__torch__.torch.classes.blade", "Guard")
 # Positions in Engine::State (csrc/ral/engine.h).
 VERSION, NAME, MODE, FALLBACK_IR, PARAMS, INPUT_SPECS, OUTPUT_SPECS, META, CODE = range(9)
 
@@ -151,20 +152,21 @@ def _write(out, value) -> None:
         raise TypeError(f"cannot write {type(value).__name__} into a TorchScript pickle")
 
 
-def engines(value) -> List[Call]:
-    """The Engine objects inside a loaded data.pkl, in order."""
+def engines(value, cls=ENGINE_CLASS) -> List[Call]:
+    """The objects of class `cls` (Blade's Engine by default) inside a loaded data.pkl, in
+    order."""
     found = []
     if isinstance(value, Call):
-        if (value.module, value.name) == ENGINE_CLASS:
+        if (value.module, value.name) == cls:
             found.append(value)
         for part in (value.args, value.state):
-            found += engines(part)
+            found += engines(part, cls)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            found += engines(item)
+            found += engines(item, cls)
     elif isinstance(value, dict):
         for item in value.values():
-            found += engines(item)
+            found += engines(item, cls)
     return found
 
 
@@ -177,19 +179,20 @@ def byte_tensor(storage_key: str, size: int) -> Call:
 
 
 def rewrite_engines(source: Path, target: Path,
-                    edit: Callable[[List, Dict[str, bytes]], Optional[List]]) -> int:
+                    edit: Callable[[List, Dict[str, bytes]], Optional[List]],
+                    cls=ENGINE_CLASS) -> int:
     """Writes `source` to `target` with each engine's state passed through
     `edit(state, new_members)`: `state` is the list of Engine::State's fields (see the
     positions above), and `new_members` maps storage keys to bytes for new archive members
     (data/<key>); `edit` returns the new state, or None to leave the engine alone. Returns
-    how many engines were edited."""
+    how many engines were edited. `cls` names another class to edit instead (the Guard)."""
     with zipfile.ZipFile(source) as src:
         pickle_name = next(n for n in src.namelist() if n.endswith("/data.pkl"))
         prefix = pickle_name[:-len("data.pkl")]
         root = load_pickle(src.read(pickle_name))
         new_members: Dict[str, bytes] = {}
         edited = 0
-        for engine in engines(root):
+        for engine in engines(root, cls):
             new = edit(list(engine.state), new_members)
             if new is not None:
                 engine.state = tuple(new)

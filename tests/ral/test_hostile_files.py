@@ -14,7 +14,7 @@ import torch
 import blade
 from blade import _C
 from helpers import assert_same
-from saved_state import (CODE, FALLBACK_IR, INPUT_SPECS, META, MODE, NAME, OUTPUT_SPECS,
+from saved_state import (CODE, GUARD_CLASS, FALLBACK_IR, INPUT_SPECS, META, MODE, NAME, OUTPUT_SPECS,
                          PARAMS, VERSION, PersistentId, byte_tensor, evil_library,
                          member_bytes, rewrite_engines)
 
@@ -397,3 +397,21 @@ def test_constructor_reachable_from_torchscript_refuses_unsigned_code(tmp_path):
     assert not hasattr(torch.ops.blade, "trust_public_key")
     assert not hasattr(torch.ops.blade, "sign_engine")
     assert _C.ENGINE_FORMAT_VERSION == 3
+
+
+def test_edited_input_guard_is_a_load_error_or_harmless(saved, tmp_path):
+    """The guard only chooses between the specialized and the unspecialized graph, like the
+    graph itself it is not signed (docs/security.md): an edit may change which graph runs,
+    never which native code runs, since each engine checks its own inputs."""
+    path, x, expected = saved
+    target = tmp_path / "edited.pt"
+    assert rewrite_engines(path, target, lambda s, m: s.__setitem__(1, "float32[s999999999,16]")
+                           or s, GUARD_CLASS) == 1
+    with pytest.raises(RuntimeError, match="malformed tensor spec"):
+        torch.jit.load(str(target))
+    rewrite_engines(path, target, lambda s, m: s.__setitem__(1, "*") or s, GUARD_CLASS)
+    loaded = torch.jit.load(str(target))
+    with torch.no_grad():
+        assert_same(loaded(x), expected)
+        other = torch.randn(3, 16)
+        assert_same(loaded(other), torch.jit.load(str(path))(other))
