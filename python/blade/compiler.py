@@ -4,6 +4,8 @@
     -> acyclic clustering (C++) -> per cluster: import -> StableHLO -> native -> Engine
 """
 import contextlib
+import random
+import sys
 import time
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -37,6 +39,47 @@ def _as_tuple(example_inputs) -> Tuple[Any, ...]:
         return example_inputs
     raise TypeError("blade.optimize: example_inputs must be a tensor or a tuple of the "
                     f"model's inputs, got {type(example_inputs).__name__}")
+
+
+def private_copy(value):
+    """`value` with every tensor in it, inside tuples, lists and dicts too, replaced by a
+    copy of its own (same values and requires_grad; a dense tensor keeps its strides):
+    what `optimize` runs the model on, so that a model writing into its inputs
+    (`x.add_(1)`) leaves the caller's example inputs as they were.
+
+    Example:
+        >>> xs = private_copy((x, {"mask": mask}))
+    """
+    if isinstance(value, torch.Tensor):
+        copy = value.detach().clone()
+        return copy.requires_grad_() if value.requires_grad else copy
+    if isinstance(value, tuple):
+        items = [private_copy(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        return [private_copy(item) for item in value]
+    if isinstance(value, dict):
+        return {key: private_copy(item) for key, item in value.items()}
+    return value
+
+
+@contextlib.contextmanager
+def preserved_random_state():
+    """Running the model draws from the global random generators (`torch.rand_like` in
+    forward, Python's `random` in a traced forward); `optimize` gives them back as it found
+    them on every exit, so `torch.manual_seed(0); blade.optimize(...); torch.rand(3)` draws
+    what it draws without `optimize`. numpy's generator is kept when numpy is loaded."""
+    torch_state = torch.random.get_rng_state()
+    python_state = random.getstate()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(torch_state)
+        random.setstate(python_state)
+        if numpy_state is not None:
+            numpy.random.set_state(numpy_state)
 
 
 def _with_defaults(scripted: torch.jit.ScriptModule, inputs: Tuple) -> Tuple:
@@ -74,7 +117,7 @@ def _to_torchscript(model, inputs, config: Config) -> torch.jit.ScriptModule:
                         f"torch.jit.ScriptModule, got {type(model).__name__}")
     with _eval_mode(model):
         if config.allow_tracing:
-            return torch.jit.trace(model, inputs, check_trace=False)
+            return torch.jit.trace(model, private_copy(inputs), check_trace=False)
         try:
             return torch.jit.script(model)
         except Exception as e:
@@ -236,8 +279,9 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     # not the ones compiled.
     with torch.no_grad():
         run("materialize_types",
-            lambda: _C.materialize_types(graph, (module._c,) + inputs, True,
-                                         [(module._c,) + more for more in resized_inputs]))
+            lambda: _C.materialize_types(
+                graph, (module._c,) + private_copy(inputs), True,
+                [(module._c,) + private_copy(more) for more in resized_inputs]))
     # With shapes known: size()/dim() fold, splits of known sizes become slices, which
     # opens more of the above.
     to_fixed_point([
@@ -530,7 +574,7 @@ def _dynamic_groups(module, inputs: Tuple, config: Config):
 
     def run(xs):
         with torch.no_grad(), quiet_torchscript():
-            probe(module._c, *xs)
+            probe(module._c, *private_copy(xs))
 
     groups = find_dynamic_groups(run, inputs, config.dynamic_dims)
     return groups, (resized_variants(run, inputs, groups) if groups else [])
@@ -543,14 +587,20 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
         >>> optimized = blade.optimize(model.eval(), (torch.randn(8, 64),))
         >>> torch.jit.save(optimized, "model.pt")
     """
-    config = config or Config()
+    # No side effects: the model runs on private copies of the example inputs, the random
+    # generators are restored on every exit, and a ScriptModule keeps its training flags.
+    with preserved_random_state():
+        return _optimize(model, example_inputs, config or Config())
+
+
+def _optimize(model, example_inputs, config: Config) -> torch.jit.ScriptModule:
     inputs = _as_tuple(example_inputs)
     with quiet_torchscript():
         scripted = _to_torchscript(model, inputs, config)
-        if scripted.training:
-            scripted = scripted.eval()
-        inputs = _with_defaults(scripted, inputs)
-        module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
+        with _eval_mode(scripted):
+            inputs = _with_defaults(scripted, inputs)
+            module = torch.jit.freeze(scripted,
+                                      preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
     dump = Dumper.for_config(config.dump_dir)
     groups, resized_inputs = _dynamic_groups(module, inputs, config)
