@@ -1,7 +1,8 @@
 """blade.optimize end to end: mixed models, no supported op, scripting and tracing, no side
-effects."""
+effects, inputs of any dtype."""
 import copy
 import random
+import warnings
 from typing import Dict, List, Tuple
 
 import pytest
@@ -211,3 +212,56 @@ def test_optimize_keeps_a_script_modules_training_flags():
     assert scripted.training and all(m.training for m in scripted.modules())
     with torch.no_grad():
         assert_same(optimized(x), scripted.eval()(x))
+
+
+# Input dtypes Blade does not compile: what uses them stays TorchScript, with the reason.
+
+class ComplexInput(torch.nn.Module):
+    def forward(self, z, y):
+        return torch.view_as_real(z * 2).sin() + torch.tanh(y).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_inputs_stay_torchscript_and_the_rest_compiles(dtype):
+    torch.manual_seed(0)
+    z, y = torch.randn(4, 3, dtype=dtype), torch.randn(4, 3, dtype=dtype.to_real())
+    optimized, report = run_compiled(ComplexInput(), (z, y), min_compiled_ops=3)
+    name = str(dtype).replace("torch.", "")
+    assert f"has dtype {name}" in report.unsupported["aten::mul.Scalar"].reasons[0], \
+        str(report)
+    assert sum(e.count for e in report.unsupported.values()) == \
+        report.total_ops - report.compiled_ops, str(report)
+    # The guard checks the complex input's shape and its dtype: other inputs run the
+    # unspecialized model, with the model's results.
+    other = torch.complex64 if dtype == torch.complex128 else torch.complex128
+    for z2, y2 in [(torch.randn(4, 3, dtype=other), y), (torch.randn(5, 3, dtype=dtype), y[:1]),
+                   (torch.randn(4, 3, 2).to(dtype.to_real()), y)]:
+        with torch.no_grad():
+            expected = ComplexInput()(z2, y2) if z2.is_complex() else None
+            if expected is not None:
+                assert_same(optimized(z2, y2), expected)
+            else:
+                with pytest.raises(RuntimeError, match="view_as_real"):
+                    optimized(z2, y2)
+    report = blade.report(optimized)
+    assert report.guard_fallbacks == 3 and report.clusters[0].calls == 1, str(report)
+    assert f"input 0 ({name})" in report.guard_notes[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.bool,
+                                   torch.float16, torch.bfloat16, torch.uint16,
+                                   torch.float8_e4m3fn, torch.complex32])
+def test_inputs_of_any_dtype_compile_or_stay_torchscript_with_a_reason(dtype):
+    class CastsItsInput(torch.nn.Module):
+        def forward(self, a, y):
+            return a.to(torch.float32) * y + 1, y.exp()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # complex32 is experimental
+        a, y = torch.ones(4, 3, dtype=dtype), torch.randn(4, 3)
+        optimized, report = run_compiled(CastsItsInput(), (a, y), min_compiled_ops=2)
+    outside = report.total_ops - report.compiled_ops
+    assert sum(e.count for e in report.unsupported.values()) == outside, str(report)
+    if outside:
+        reason = report.unsupported["aten::to.dtype"].reasons[0]
+        assert f"has dtype {str(dtype).replace('torch.', '')}" in reason, str(report)

@@ -14,6 +14,7 @@ import torch
 
 from . import _C, converters  # noqa: F401  (importing converters registers the built-ins)
 from .config import Config
+from .dtypes import dtype_name
 from .dump import Dumper, Progress
 from .registry import REGISTRY, SCALAR_TYPE_NAMES, Verdict, describe, schema_name
 from .report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
@@ -331,17 +332,23 @@ def _verdicts(nodes: Sequence[torch._C.Node], config: Config,
     return verdicts
 
 
-def _specs(*groups) -> List[List[str]]:
+def _specs(*groups, unnamed_dtype: Optional[str] = None) -> List[List[str]]:
     """Per group of values, their specs, `float32[s0,128,768]`: a dynamic dim is named by
     its shape symbol (`s0`, `s1`, ... in order of appearance across all groups), so dims
-    that must be equal share a name; see csrc/ral/tensor_spec.h."""
+    that must be equal share a name; see csrc/ral/tensor_spec.h. A dtype the runtime cannot
+    name (complex64, ...) is written `unnamed_dtype` (the guard's stand-in, see `_guard`);
+    without one it is an error."""
     names: Dict[int, str] = {}
 
     def spec(v) -> str:
         t = v.type()
         dims = [str(s) if s >= 0 else names.setdefault(s, f"s{len(names)}")
                 for s in t.symbolic_sizes()]
-        return f"{SCALAR_TYPE_NAMES[t.scalarType()]}[{','.join(dims)}]"
+        name = SCALAR_TYPE_NAMES.get(t.scalarType(), unnamed_dtype)
+        if name is None:
+            raise ValueError(f"blade: %{v.debugName()} has dtype {dtype_name(t.dtype())}, "
+                             "which the runtime's tensor specs cannot name")
+        return f"{name}[{','.join(dims)}]"
 
     return [[spec(v) for v in group] for group in groups]
 
@@ -531,22 +538,58 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     return compiled
 
 
-def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config) -> None:
+def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config,
+           report: Report) -> None:
     """The optimized graph runs under a guard of its inputs (csrc/ral/guard.h): tensor
     inputs as typed, optional ones specialized to None (`none_inputs`, graph positions)
     must be None; other inputs run `unspecialized`, the graph from before the example
-    inputs were used."""
+    inputs were used. An input of a dtype the guard cannot name (complex64, uint16,
+    float8_e4m3fn, ...) is checked through a stand-in (see `_dtype_stand_in`)."""
     inputs = list(graph.inputs())
     tensors = [i for i, v in enumerate(inputs)
                if i > 0 and isinstance(v.type(), torch._C.TensorType)]
     complete = [i for i in tensors if inputs[i].type().scalarType() is not None and
                 inputs[i].type().symbolic_sizes() is not None]
-    specs = dict(zip(complete, _specs([inputs[i] for i in complete])[0]))
+    unnamed = {i: inputs[i].type().dtype() for i in complete
+               if inputs[i].type().scalarType() not in SCALAR_TYPE_NAMES}
+    specs = dict(zip(complete, _specs([inputs[i] for i in complete],
+                                      unnamed_dtype="bool")[0]))
     guarded = sorted(tensors + list(none_inputs))
     text = ";".join("None" if i in none_inputs else specs.get(i, "*") for i in guarded)
     guard = torch.classes.blade.Guard(text, config.fallback)
     module._c._register_attribute(GUARD_ATTRIBUTE, guard._type(), guard)
     _C.guard_specialization(graph, unspecialized, GUARD_ATTRIBUTE, guarded)
+    if unnamed:
+        _check_dtypes_through_stand_ins(
+            graph, {guarded.index(i): dtype for i, dtype in unnamed.items()})
+        for i, dtype in unnamed.items():
+            report.guard_notes.append(
+                f"input {i - 1} ({dtype_name(dtype)}): the guard checks its shape "
+                f"as {specs[i]}, and TorchScript its dtype; another dtype there shows as "
+                "'the tensor is undefined'")
+
+
+@torch.jit.script
+def _dtype_stand_in(x: torch.Tensor, dtype: int) -> Optional[torch.Tensor]:
+    """What the guard checks for an input of a dtype it cannot name: None when `x` has
+    another dtype than `dtype` (the guard refuses it), else a bool tensor of x's shape
+    and device (one element, expanded), which the guard checks against `bool[...]`."""
+    if x.dtype != dtype:
+        return None
+    return torch.empty([1] * x.dim(), dtype=torch.bool, device=x.device).expand(x.shape)
+
+
+def _check_dtypes_through_stand_ins(graph, dtypes: Dict[int, torch.dtype]) -> None:
+    """Replaces the guard's inputs at the positions (in the guard's list) of `dtypes` by
+    their `_dtype_stand_in` for that dtype, inlined just before the list."""
+    admits = next(n for n in graph.nodes() if n.kind() == "blade::guard_admits")
+    listed = admits.inputsAt(1).node()
+    for position, dtype in dtypes.items():
+        value = listed.inputsAt(position)
+        with graph.insert_point_guard(listed):
+            stand_in, = graph.insertGraph(_dtype_stand_in.graph,
+                                          [value, graph.insertConstant(dtype)])
+        listed.replaceInput(position, stand_in)
 
 
 def _none_inputs(graph, inputs: Tuple) -> List[int]:
@@ -631,7 +674,7 @@ def _optimize(model, example_inputs, config: Config) -> torch.jit.ScriptModule:
 
     _compile_clusters(module, graph, clusters, config, report, dump)
     torch._C._jit_pass_dce(graph)
-    _guard(module, graph, unspecialized, none_inputs, config)
+    _guard(module, graph, unspecialized, none_inputs, config, report)
     dump.graph("final", graph, always=True)
     module._c._register_attribute(REPORT_ATTRIBUTE, torch._C.StringType.get(), report.to_json())
     if config.verbose or dump.enabled:

@@ -60,7 +60,7 @@ def _tensor_dtype(value: torch._C.Value) -> Optional[str]:
     t = value.type()
     if not isinstance(t, torch._C.TensorType) or t.scalarType() is None:
         return None
-    return SCALAR_TYPE_NAMES.get(t.scalarType())
+    return dtypes.dtype_name(t.dtype())
 
 
 SCALAR_TYPE_NAMES = {
