@@ -387,9 +387,8 @@ def _cluster(graph, verdicts: Dict[torch._C.Node, Verdict], config: Config,
     clusters, dissolved = _C.cluster_supported_nodes(graph, supported, compute,
                                                      config.min_cluster_size)
     for d in dissolved:
-        for kind in d.node_kinds:
-            if not kind.startswith("prim::"):
-                report.add_unsupported(kind, f"supported, but not clustered: {d.reason}")
+        for op in d.node_kinds:  # overloads, like the registry's verdicts
+            report.add_unsupported(op, f"supported, but not compiled: {d.reason}")
     return clusters
 
 
