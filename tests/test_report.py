@@ -3,7 +3,7 @@ not; only ops the example inputs never ran are "not reached"."""
 import torch
 
 import blade
-from helpers import run_compiled
+from helpers import assert_every_op_accounted_for, run_compiled
 
 
 class AttentionBlock(torch.nn.Module):
@@ -24,11 +24,6 @@ class AttentionBlock(torch.nn.Module):
         return self.fc_out(h) + x
 
 
-def _assert_every_op_outside_has_a_reason(report):
-    assert sum(e.count for e in report.unsupported.values()) == \
-        report.total_ops - report.compiled_ops, str(report)
-
-
 def test_an_op_that_runs_with_an_untyped_result_is_counted_as_not_compiled():
     torch.manual_seed(0)
     x = torch.randn(2, 5, 16)
@@ -39,7 +34,7 @@ def test_an_op_that_runs_with_an_untyped_result_is_counted_as_not_compiled():
     assert report.unsupported[op].count == 1, str(report)
     assert "no converter" in report.unsupported[op].reasons[0]
     assert report.coverage < 1.0
-    _assert_every_op_outside_has_a_reason(report)
+    assert_every_op_accounted_for(report)
     # Its slow path, in the branch the example inputs did not take, is what is unreached.
     assert report.unreached_ops > 0 and "aten::linear" in report.unreached
 
@@ -59,4 +54,20 @@ def test_an_op_whose_sizes_vary_between_runs_is_counted_as_not_compiled():
     # The ops in the loop ran (twice, at two sizes): counted, and not compiled.
     for op in ("aten::slice.Tensor", "aten::cat", "aten::mul.Scalar"):
         assert "differ between the runs" in report.unsupported[op].reasons[0], str(report)
-    _assert_every_op_outside_has_a_reason(report)
+    assert_every_op_accounted_for(report)
+
+
+def test_an_op_outside_every_engine_without_a_recorded_reason_is_still_listed():
+    from blade.compiler import _account_for_ops_outside_engines
+    from blade.report import Report
+
+    class TopkThenTanh(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(torch.topk(x, 2).values)
+
+    optimized = blade.optimize(TopkThenTanh(), (torch.randn(4, 5),))
+    # As if no stage had recorded why topk stays TorchScript:
+    report = Report()
+    _account_for_ops_outside_engines(optimized.graph, report)
+    assert list(report.unsupported) == ["aten::topk"], str(report)
+    assert "recorded no reason" in report.unsupported["aten::topk"].reasons[0]

@@ -5,7 +5,7 @@ import torch
 from torch.testing import FileCheck
 
 import blade
-from helpers import Lambda, assert_same, run_compiled
+from helpers import Lambda, assert_every_op_accounted_for, assert_same, run_compiled
 
 
 class CycleProne(torch.nn.Module):
@@ -266,16 +266,10 @@ class ViewsOfInputsAndOutputs(torch.nn.Module):
         return x.transpose(0, 1), y, y[:, :2], x.reshape(-1), x.to(torch.float32)
 
 
-def _assert_every_op_outside_has_a_reason(report):
-    assert all(sum(c.ops.values()) > 0 for c in report.clusters), str(report)
-    assert sum(e.count for e in report.unsupported.values()) == \
-        report.total_ops - report.compiled_ops, str(report)
-
-
 def test_no_engine_is_made_without_a_compute_op():
     x, mask = torch.randn(4, 5), torch.rand(4, 5) > 0.3
     optimized, report = run_compiled(MaxOverMaskedRows(), (x, mask))
-    _assert_every_op_outside_has_a_reason(report)
+    assert_every_op_accounted_for(report)
     assert "may be a view of its input" in report.unsupported["aten::to.dtype"].reasons[0]
     assert "no converter" in report.unsupported["aten::max.dim"].reasons[0]
     for dtype in (torch.int64, torch.int32):
@@ -291,12 +285,12 @@ def test_every_op_left_outside_an_engine_has_a_reason():
     x = torch.randn(4, 6)
     for config in (None, blade.Config(dynamic=True)):
         optimized, report = run_compiled(ViewsOfInputsAndOutputs(), (x,), config)
-        _assert_every_op_outside_has_a_reason(report)
+        assert_every_op_accounted_for(report)
         for op in ("aten::transpose.int", "aten::slice.Tensor", "aten::reshape",
                    "aten::to.dtype"):
             assert "may be a view" in report.unsupported[op].reasons[0], str(report)
     optimized = blade.optimize(ViewsOfInputsAndOutputs(), (x,),
                                blade.Config(min_cluster_size=2))
     report = blade.report(optimized)
-    _assert_every_op_outside_has_a_reason(report)
+    assert_every_op_accounted_for(report)
     assert "fewer than min_cluster_size=2" in report.unsupported["aten::tanh"].reasons[0]
