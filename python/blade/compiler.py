@@ -578,7 +578,7 @@ def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Con
             graph, {guarded.index(i): dtype for i, dtype in unnamed.items()})
         for i, dtype in unnamed.items():
             report.guard_notes.append(
-                f"input {i - 1} ({dtype_name(dtype)}): the guard checks its shape "
+                f"input {guarded.index(i)} ({dtype_name(dtype)}): the guard checks its shape "
                 f"as {specs[i]}, and TorchScript its dtype; another dtype there shows as "
                 "'the tensor is undefined'")
 
