@@ -19,7 +19,19 @@ def run_compiled(model, inputs, config=None, rtol=1e-5, atol=1e-5, min_compiled_
     assert report.compiled_ops >= min_compiled_ops, str(report)
     assert report.clusters and all(c.calls > 0 for c in report.clusters), str(report)
     assert report.runtime_fallbacks == 0, str(report)
+    assert_every_op_accounted_for(report)
     return optimized, report
+
+
+def assert_every_op_accounted_for(report):
+    """No engine without a compute op, and every op that ran outside an engine is listed as
+    not compiled with a reason of its own (not the report's catch-all for a reason that no
+    stage recorded)."""
+    assert all(sum(c.ops.values()) > 0 for c in report.clusters), str(report)
+    assert sum(e.count for e in report.unsupported.values()) == \
+        report.total_ops - report.compiled_ops, str(report)
+    assert not any("recorded no reason" in reason for entry in report.unsupported.values()
+                   for reason in entry.reasons), str(report)
 
 
 def assert_same(actual, expected, rtol=1e-5, atol=1e-5):

@@ -1,8 +1,15 @@
-"""blade.optimize end to end: mixed models, no supported op, scripting and tracing."""
+"""blade.optimize end to end: mixed models, no supported op, scripting and tracing, no side
+effects, inputs of any dtype."""
+import copy
+import random
+import warnings
+from typing import Dict, List, Tuple
+
+import pytest
 import torch
 
 import blade
-from helpers import assert_same, run_compiled
+from helpers import Lambda, assert_same, run_compiled
 
 
 class MixedModel(torch.nn.Module):
@@ -108,3 +115,149 @@ def test_preserved_attributes_and_methods_survive_freezing():
     plain = blade.optimize(model, (x,))
     assert not hasattr(plain, "scale")
     assert blade.report(plain).coverage == 1.0
+
+
+# optimize has no side effects: the model runs on private copies of the example inputs,
+# the random generators come back as they were, a ScriptModule keeps its training flags.
+
+class WritesIntoInputs(torch.nn.Module):
+    """Writes into a plain input, into one inside a tuple, one inside a list and one inside
+    a dict; the arithmetic after the writes compiles."""
+
+    def forward(self, x, pair: Tuple[torch.Tensor, torch.Tensor], items: List[torch.Tensor],
+                named: Dict[str, torch.Tensor], index):
+        x.add_(1)
+        torch.ops.aten._index_put_impl_(pair[0], (index,), pair[1], True, False)
+        items[0].mul_(3)
+        named["y"].sub_(2)
+        return torch.tanh(x) * 2 + pair[0].sum() + items[0] * named["y"]
+
+
+def _example_for_writes():
+    return (torch.randn(4, 3), (torch.zeros(4, 3), torch.ones(2, 3)), [torch.randn(4, 3)],
+            {"y": torch.randn(4, 3)}, torch.tensor([0, 2]))
+
+
+def test_optimize_leaves_the_example_inputs_unchanged():
+    torch.manual_seed(0)
+    inputs = _example_for_writes()
+    before = copy.deepcopy(inputs)
+    optimized = blade.optimize(torch.jit.script(WritesIntoInputs()), inputs)
+    assert_same(inputs[0], before[0])
+    assert_same(list(inputs[1]), list(before[1]))
+    assert_same(inputs[2], before[2])
+    assert_same(inputs[3]["y"], before[3]["y"])
+    # The optimized model still computes (and writes) what the model does.
+    eager_inputs, blade_inputs = copy.deepcopy(inputs), copy.deepcopy(inputs)
+    with torch.no_grad():
+        expected = WritesIntoInputs()(*eager_inputs)
+        actual = optimized(*blade_inputs)
+    assert_same(actual, expected)
+    assert_same(blade_inputs[0], eager_inputs[0])
+    report = blade.report(optimized)
+    assert report.clusters and all(c.calls > 0 for c in report.clusters), str(report)
+    assert report.runtime_fallbacks == 0 and not report.compile_errors, str(report)
+
+
+def test_tracing_leaves_the_example_inputs_unchanged():
+    x = torch.randn(4, 3)
+    before = x.clone()
+    model = Lambda(lambda x: torch.tanh(x.add_(1)) * 2)
+    optimized = blade.optimize(model, (x,), blade.Config(allow_tracing=True))
+    assert_same(x, before)
+    assert blade.report(optimized).clusters[0].compiled
+
+
+class DrawsRandomNumbers(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(x + torch.rand_like(x)).view(4, 3)
+
+
+def _draw_after(action) -> torch.Tensor:
+    torch.manual_seed(0)
+    random.seed(0)
+    action()
+    return torch.cat([torch.rand(3), torch.tensor([random.random()])])
+
+
+def test_optimize_restores_the_random_generators():
+    x = torch.randn(4, 3)
+    untouched = _draw_after(lambda: None)
+    assert_same(_draw_after(lambda: blade.optimize(DrawsRandomNumbers(), (x,))), untouched)
+    # Tracing runs the Python forward, which may draw from Python's generator too.
+    traced = Lambda(lambda x: x * random.random() + torch.rand(1))
+    assert_same(_draw_after(lambda: blade.optimize(traced, (x,),
+                                                   blade.Config(allow_tracing=True))),
+                untouched)
+    assert_same(_draw_after(lambda: blade.optimize(DrawsRandomNumbers(), (x,),
+                                                   blade.Config(dynamic=True))), untouched)
+
+
+def test_optimize_restores_the_random_generators_when_it_fails():
+    x = torch.randn(4, 3)
+
+    def fail():
+        # The model runs (and draws) on inputs resized along dim 0, then refuses them.
+        with pytest.raises(ValueError, match="dynamic_dims"):
+            blade.optimize(DrawsRandomNumbers(), (x,), blade.Config(dynamic_dims={0: [0]}))
+
+    assert_same(_draw_after(fail), _draw_after(lambda: None))
+
+
+def test_optimize_keeps_a_script_modules_training_flags():
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    scripted.train()
+    x = torch.randn(2, 4)
+    optimized = blade.optimize(scripted, (x,))
+    assert scripted.training and all(m.training for m in scripted.modules())
+    with torch.no_grad():
+        assert_same(optimized(x), scripted.eval()(x))
+
+
+# Input dtypes Blade does not compile: what uses them stays TorchScript, with the reason.
+
+class ComplexInput(torch.nn.Module):
+    def forward(self, z, y):
+        return torch.view_as_real(z * 2).sin() + torch.tanh(y).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_inputs_stay_torchscript_and_the_rest_compiles(dtype):
+    torch.manual_seed(0)
+    z, y = torch.randn(4, 3, dtype=dtype), torch.randn(4, 3, dtype=dtype.to_real())
+    optimized, report = run_compiled(ComplexInput(), (z, y), min_compiled_ops=3)
+    name = str(dtype).replace("torch.", "")
+    assert f"has dtype {name}" in report.unsupported["aten::mul.Scalar"].reasons[0], \
+        str(report)
+    # The guard checks the complex input's shape and its dtype: other inputs run the
+    # unspecialized model, with the model's results.
+    other = torch.complex64 if dtype == torch.complex128 else torch.complex128
+    for z2, y2 in [(torch.randn(4, 3, dtype=other), y), (torch.randn(5, 3, dtype=dtype), y[:1]),
+                   (torch.randn(4, 3, 2).to(dtype.to_real()), y)]:
+        with torch.no_grad():
+            expected = ComplexInput()(z2, y2) if z2.is_complex() else None
+            if expected is not None:
+                assert_same(optimized(z2, y2), expected)
+            else:
+                with pytest.raises(RuntimeError, match="view_as_real"):
+                    optimized(z2, y2)
+    report = blade.report(optimized)
+    assert report.guard_fallbacks == 3 and report.clusters[0].calls == 1, str(report)
+    assert f"input 0 ({name})" in report.guard_notes[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.bool,
+                                   torch.float16, torch.bfloat16, torch.uint16,
+                                   torch.float8_e4m3fn, torch.complex32])
+def test_inputs_of_any_dtype_compile_or_stay_torchscript_with_a_reason(dtype):
+    class CastsItsInput(torch.nn.Module):
+        def forward(self, a, y):
+            return a.to(torch.float32) * y + 1, y.exp()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # complex32 is experimental
+        a, y = torch.ones(4, 3, dtype=dtype), torch.randn(4, 3)
+        optimized, report = run_compiled(CastsItsInput(), (a, y), min_compiled_ops=2)
+    if report.total_ops > report.compiled_ops:
+        reason = report.unsupported["aten::to.dtype"].reasons[0]
+        assert f"has dtype {str(dtype).replace('torch.', '')}" in reason, str(report)

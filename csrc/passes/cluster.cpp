@@ -4,7 +4,7 @@
 #include <torch/csrc/jit/passes/utils/subgraph_utils.h>
 
 #include <algorithm>
-#include <unordered_map>
+#include <iterator>
 
 namespace blade::passes {
 namespace {
@@ -19,12 +19,55 @@ bool is_tensor(const Value* v) {
   return v->type()->kind() == c10::TypeKind::TensorType;
 }
 
+// Compute nodes carry this attribute while clustering: merging clones nodes into the
+// cluster's subgraph, and unmerging clones them back out, and attributes go with the
+// clones, so a cluster's compute ops can be counted after outputs were moved out of it.
+c10::Symbol compute_marker() {
+  static const c10::Symbol marker = c10::Symbol::attr("blade_compute");
+  return marker;
+}
+
+bool is_compute(const Node* n) {
+  return n->hasAttribute(compute_marker());
+}
+
+// What the report counts as an op: a non-prim node with a tensor output, by its overload.
+bool is_reported_op(const Node* n) {
+  if (n->kind().is_prim()) {
+    return false;
+  }
+  const auto outputs = n->outputs();
+  return std::any_of(outputs.begin(), outputs.end(), is_tensor);
+}
+
+std::string op_name(const Node* n) {
+  if (const auto* schema = n->maybeSchema()) {
+    const auto& op = schema->operator_name();
+    return op.overload_name.empty() ? op.name : op.name + "." + op.overload_name;
+  }
+  return n->kind().toQualString();
+}
+
+void clear_compute_markers(Block* block) {
+  for (Node* n : block->nodes()) {
+    if (is_compute(n)) {
+      n->removeAttribute(compute_marker());
+    }
+    for (Block* sub : n->blocks()) {
+      clear_compute_markers(sub);
+    }
+    if (n->hasAttribute(c10::attr::Subgraph)) {
+      clear_compute_markers(n->g(c10::attr::Subgraph)->block());
+    }
+  }
+}
+
 class Clusterer {
  public:
   Clusterer(const std::shared_ptr<torch::jit::Graph>& graph, const ClusterOptions& options)
       : graph_(graph), options_(options), alias_db_(std::make_unique<AliasDb>(graph)) {
     for (Node* n : options_.compute) {
-      compute_count_[n] = 1;
+      n->i_(compute_marker(), 1);
     }
   }
 
@@ -32,6 +75,7 @@ class Clusterer {
     cluster_block(graph_->block());
     ClusterResult result;
     finalize_block(graph_->block(), result);
+    clear_compute_markers(graph_->block());
     return result;
   }
 
@@ -71,10 +115,8 @@ class Clusterer {
       if (std::none_of(outputs.begin(), outputs.end(), is_tensor)) {
         return {++consumer->reverseIterator(), false};
       }
-      int64_t count = compute_count_[consumer];
       consumer = SubgraphUtils::createSingletonSubgraphAndUpdateAliasing(consumer, cluster_kind(),
                                                                          *alias_db_);
-      compute_count_[consumer] = count;
     }
     // Try producers from the latest to the earliest, as they are the cheapest to move.
     std::vector<Node*> producers;
@@ -94,9 +136,7 @@ class Clusterer {
       if (!alias_db_->moveBeforeTopologicallyValid(producer, consumer)) {
         continue;
       }
-      int64_t count = compute_count_[producer] + compute_count_[consumer];
       SubgraphUtils::mergeNodeIntoSubgraphAndUpdateAliasing(producer, consumer, *alias_db_);
-      compute_count_[consumer] = count;
       return {consumer->reverseIterator(), true};
     }
     return {++consumer->reverseIterator(), false};
@@ -131,35 +171,58 @@ class Clusterer {
     for (Node* cluster : clusters) {
       // An engine returns fresh tensors: outputs that are views of the cluster's inputs, or
       // of each other, run outside it so that TorchScript keeps their aliasing.
+      std::vector<std::string> before = reported_ops(cluster);
       SubgraphUtils::unmergeOutputsAlisingInputs(cluster);
       SubgraphUtils::unmergeAliasedOutputs(cluster);
       unmerge_view_outputs(cluster);
-      if (cluster->g(c10::attr::Subgraph)->nodes().begin() ==
-          cluster->g(c10::attr::Subgraph)->nodes().end()) {
-        dissolve_cluster(cluster);
-        continue;
+      std::vector<std::string> after = reported_ops(cluster);
+      DissolvedCluster moved_out;
+      std::set_difference(before.begin(), before.end(), after.begin(), after.end(),
+                          std::back_inserter(moved_out.node_kinds));
+      if (!moved_out.node_kinds.empty()) {
+        moved_out.reason =
+            "its result may be a view of its input or of another result (AliasDb), and an "
+            "engine returns fresh tensors, so it stays outside the engine";
+        result.dissolved.push_back(std::move(moved_out));
+      }
+      // Counted after the outputs moved out: an engine without a compute op would only
+      // copy its inputs (a cast to the dtype its input has, say), so none is made.
+      int64_t compute_ops = 0;
+      for (Node* inner : cluster->g(c10::attr::Subgraph)->nodes()) {
+        compute_ops += is_compute(inner) ? 1 : 0;
       }
       absorb_constant_inputs(cluster);
       std::string reason = check_boundary(cluster);
-      if (reason.empty() && compute_count_[cluster] < options_.min_compute_ops) {
-        reason = "cluster has " + std::to_string(compute_count_[cluster]) +
-                 " compute ops, fewer than min_cluster_size=" +
-                 std::to_string(options_.min_compute_ops);
+      if (reason.empty() && compute_ops < options_.min_compute_ops) {
+        reason = compute_ops == 0
+                     ? "its cluster has no compute op (only views, constants or size "
+                       "arithmetic); an engine would only copy its inputs"
+                     : "its cluster has " + std::to_string(compute_ops) +
+                           " compute ops, fewer than min_cluster_size=" +
+                           std::to_string(options_.min_compute_ops);
       }
       if (reason.empty()) {
         result.clusters.push_back(cluster);
         continue;
       }
       DissolvedCluster dissolved;
-      for (Node* inner : cluster->g(c10::attr::Subgraph)->nodes()) {
-        if (inner->kind() != c10::prim::Constant) {
-          dissolved.node_kinds.push_back(inner->kind().toQualString());
-        }
-      }
+      dissolved.node_kinds = std::move(after);
       dissolved.reason = reason;
       result.dissolved.push_back(std::move(dissolved));
       dissolve_cluster(cluster);
     }
+  }
+
+  // The ops the report counts in a cluster, by overload, sorted.
+  static std::vector<std::string> reported_ops(Node* cluster) {
+    std::vector<std::string> names;
+    for (Node* inner : cluster->g(c10::attr::Subgraph)->nodes()) {
+      if (is_reported_op(inner)) {
+        names.push_back(op_name(inner));
+      }
+    }
+    std::sort(names.begin(), names.end());
+    return names;
   }
 
   // Two outputs that alias (`y = x * 2` and the view `y[:, :2]` both leaving the cluster)
@@ -236,7 +299,6 @@ class Clusterer {
   std::shared_ptr<torch::jit::Graph> graph_;
   const ClusterOptions& options_;
   std::unique_ptr<AliasDb> alias_db_;
-  std::unordered_map<Node*, int64_t> compute_count_;
 };
 
 }  // namespace

@@ -8,7 +8,11 @@
 //    never spans blocks;
 //  - only tensors cross a cluster's boundary: non-tensor constants used inside are cloned
 //    into it, and a cluster that would still take or give a non-tensor is dissolved;
-//  - clusters with fewer than `min_compute_ops` compute nodes are dissolved.
+//  - clusters with fewer than `min_compute_ops` compute nodes, counted after the outputs
+//    that alias an input or each other moved out, are dissolved; one with none never
+//    stays (it would only copy its inputs);
+//  - every op (a non-prim node with a tensor output) left outside a cluster after being
+//    put in one is named in `dissolved`, with the reason.
 // Each cluster is a node of kind prim::FunctionalGraph whose `Subgraph` attribute holds
 // the nodes (the kind AliasDb already analyses as a pure subgraph).
 #pragma once
@@ -28,7 +32,7 @@ struct ClusterOptions {
 };
 
 struct DissolvedCluster {
-  std::vector<std::string> node_kinds;
+  std::vector<std::string> node_kinds;  // the ops (by overload, `aten::add.Tensor`) left out
   std::string reason;
 };
 

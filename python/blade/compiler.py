@@ -4,6 +4,8 @@
     -> acyclic clustering (C++) -> per cluster: import -> StableHLO -> native -> Engine
 """
 import contextlib
+import random
+import sys
 import time
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -12,8 +14,9 @@ import torch
 
 from . import _C, converters  # noqa: F401  (importing converters registers the built-ins)
 from .config import Config
+from .dtypes import dtype_name
 from .dump import Dumper, Progress
-from .registry import REGISTRY, SCALAR_TYPE_NAMES, Verdict, describe, schema_name
+from .registry import REGISTRY, SCALAR_TYPE_NAMES, Verdict, describe, ran, schema_name
 from .report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 
 ENGINE_PREFIX = "blade_engine_"
@@ -37,6 +40,47 @@ def _as_tuple(example_inputs) -> Tuple[Any, ...]:
         return example_inputs
     raise TypeError("blade.optimize: example_inputs must be a tensor or a tuple of the "
                     f"model's inputs, got {type(example_inputs).__name__}")
+
+
+def private_copy(value):
+    """`value` with every tensor in it, inside tuples, lists and dicts too, replaced by a
+    copy of its own (same values and requires_grad; a dense tensor keeps its strides):
+    what `optimize` runs the model on, so that a model writing into its inputs
+    (`x.add_(1)`) leaves the caller's example inputs as they were.
+
+    Example:
+        >>> xs = private_copy((x, {"mask": mask}))
+    """
+    if isinstance(value, torch.Tensor):
+        copy = value.detach().clone()
+        return copy.requires_grad_() if value.requires_grad else copy
+    if isinstance(value, tuple):
+        items = [private_copy(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        return [private_copy(item) for item in value]
+    if isinstance(value, dict):
+        return {key: private_copy(item) for key, item in value.items()}
+    return value
+
+
+@contextlib.contextmanager
+def preserved_random_state():
+    """Running the model draws from the global random generators (`torch.rand_like` in
+    forward, Python's `random` in a traced forward); `optimize` gives them back as it found
+    them on every exit, so `torch.manual_seed(0); blade.optimize(...); torch.rand(3)` draws
+    what it draws without `optimize`. numpy's generator is kept when numpy is loaded."""
+    torch_state = torch.random.get_rng_state()
+    python_state = random.getstate()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(torch_state)
+        random.setstate(python_state)
+        if numpy_state is not None:
+            numpy.random.set_state(numpy_state)
 
 
 def _with_defaults(scripted: torch.jit.ScriptModule, inputs: Tuple) -> Tuple:
@@ -74,7 +118,7 @@ def _to_torchscript(model, inputs, config: Config) -> torch.jit.ScriptModule:
                         f"torch.jit.ScriptModule, got {type(model).__name__}")
     with _eval_mode(model):
         if config.allow_tracing:
-            return torch.jit.trace(model, inputs, check_trace=False)
+            return torch.jit.trace(model, private_copy(inputs), check_trace=False)
         try:
             return torch.jit.script(model)
         except Exception as e:
@@ -236,8 +280,9 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     # not the ones compiled.
     with torch.no_grad():
         run("materialize_types",
-            lambda: _C.materialize_types(graph, (module._c,) + inputs, True,
-                                         [(module._c,) + more for more in resized_inputs]))
+            lambda: _C.materialize_types(
+                graph, (module._c,) + private_copy(inputs), True,
+                [(module._c,) + private_copy(more) for more in resized_inputs]))
     # With shapes known: size()/dim() fold, splits of known sizes become slices, which
     # opens more of the above.
     to_fixed_point([
@@ -287,17 +332,23 @@ def _verdicts(nodes: Sequence[torch._C.Node], config: Config,
     return verdicts
 
 
-def _specs(*groups) -> List[List[str]]:
+def _specs(*groups, unnamed_dtype: Optional[str] = None) -> List[List[str]]:
     """Per group of values, their specs, `float32[s0,128,768]`: a dynamic dim is named by
     its shape symbol (`s0`, `s1`, ... in order of appearance across all groups), so dims
-    that must be equal share a name; see csrc/ral/tensor_spec.h."""
+    that must be equal share a name; see csrc/ral/tensor_spec.h. A dtype the runtime cannot
+    name (complex64, ...) is written `unnamed_dtype` (the guard's stand-in, see `_guard`);
+    without one it is an error."""
     names: Dict[int, str] = {}
 
     def spec(v) -> str:
         t = v.type()
         dims = [str(s) if s >= 0 else names.setdefault(s, f"s{len(names)}")
                 for s in t.symbolic_sizes()]
-        return f"{SCALAR_TYPE_NAMES[t.scalarType()]}[{','.join(dims)}]"
+        name = SCALAR_TYPE_NAMES.get(t.scalarType(), unnamed_dtype)
+        if name is None:
+            raise ValueError(f"blade: %{v.debugName()} has dtype {dtype_name(t.dtype())}, "
+                             "which the runtime's tensor specs cannot name")
+        return f"{name}[{','.join(dims)}]"
 
     return [[spec(v) for v in group] for group in groups]
 
@@ -336,9 +387,8 @@ def _cluster(graph, verdicts: Dict[torch._C.Node, Verdict], config: Config,
     clusters, dissolved = _C.cluster_supported_nodes(graph, supported, compute,
                                                      config.min_cluster_size)
     for d in dissolved:
-        for kind in d.node_kinds:
-            if not kind.startswith("prim::"):
-                report.add_unsupported(kind, f"supported, but not clustered: {d.reason}")
+        for op in d.node_kinds:  # overloads, like the registry's verdicts
+            report.add_unsupported(op, f"supported, but not compiled: {d.reason}")
     return clusters
 
 
@@ -424,6 +474,21 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
         progress.total += len(clusters)
 
 
+def _account_for_ops_outside_engines(graph, report: Report) -> None:
+    """Every op that ran outside an engine must have a reason in the report. The stages
+    above record one wherever they leave an op out; an op they missed (a bug) is listed
+    here rather than silently lowering the coverage."""
+    outside: Dict[str, int] = {}
+    for node in _all_nodes(graph):
+        if is_tensor_op(node) and ran(node):
+            outside[schema_name(node)] = outside.get(schema_name(node), 0) + 1
+    for op, count in outside.items():
+        entry = report.unsupported.get(op)
+        for _ in range(count - (entry.count if entry else 0)):
+            report.add_unsupported(op, "left outside every engine, and Blade recorded no "
+                                   "reason (please report this)")
+
+
 def _signatures(inputs, outputs) -> Tuple[str, str]:
     """The engine's input and output specs, one symbol naming across both."""
     specs_in, specs_out = _specs(list(inputs), list(outputs))
@@ -492,22 +557,58 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     return compiled
 
 
-def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config) -> None:
+def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config,
+           report: Report) -> None:
     """The optimized graph runs under a guard of its inputs (csrc/ral/guard.h): tensor
     inputs as typed, optional ones specialized to None (`none_inputs`, graph positions)
     must be None; other inputs run `unspecialized`, the graph from before the example
-    inputs were used."""
+    inputs were used. An input of a dtype the guard cannot name (complex64, uint16,
+    float8_e4m3fn, ...) is checked through a stand-in (see `_dtype_stand_in`)."""
     inputs = list(graph.inputs())
     tensors = [i for i, v in enumerate(inputs)
                if i > 0 and isinstance(v.type(), torch._C.TensorType)]
     complete = [i for i in tensors if inputs[i].type().scalarType() is not None and
                 inputs[i].type().symbolic_sizes() is not None]
-    specs = dict(zip(complete, _specs([inputs[i] for i in complete])[0]))
+    unnamed = {i: inputs[i].type().dtype() for i in complete
+               if inputs[i].type().scalarType() not in SCALAR_TYPE_NAMES}
+    specs = dict(zip(complete, _specs([inputs[i] for i in complete],
+                                      unnamed_dtype="bool")[0]))
     guarded = sorted(tensors + list(none_inputs))
     text = ";".join("None" if i in none_inputs else specs.get(i, "*") for i in guarded)
     guard = torch.classes.blade.Guard(text, config.fallback)
     module._c._register_attribute(GUARD_ATTRIBUTE, guard._type(), guard)
     _C.guard_specialization(graph, unspecialized, GUARD_ATTRIBUTE, guarded)
+    if unnamed:
+        _check_dtypes_through_stand_ins(
+            graph, {guarded.index(i): dtype for i, dtype in unnamed.items()})
+        for i, dtype in unnamed.items():
+            report.guard_notes.append(
+                f"input {guarded.index(i)} ({dtype_name(dtype)}): the guard checks its shape "
+                f"as {specs[i]}, and TorchScript its dtype; another dtype there shows as "
+                "'the tensor is undefined'")
+
+
+@torch.jit.script
+def _dtype_stand_in(x: torch.Tensor, dtype: int) -> Optional[torch.Tensor]:
+    """What the guard checks for an input of a dtype it cannot name: None when `x` has
+    another dtype than `dtype` (the guard refuses it), else a bool tensor of x's shape
+    and device (one element, expanded), which the guard checks against `bool[...]`."""
+    if x.dtype != dtype:
+        return None
+    return torch.empty([1] * x.dim(), dtype=torch.bool, device=x.device).expand(x.shape)
+
+
+def _check_dtypes_through_stand_ins(graph, dtypes: Dict[int, torch.dtype]) -> None:
+    """Replaces the guard's inputs at the positions (in the guard's list) of `dtypes` by
+    their `_dtype_stand_in` for that dtype, inlined just before the list."""
+    admits = next(n for n in graph.nodes() if n.kind() == "blade::guard_admits")
+    listed = admits.inputsAt(1).node()
+    for position, dtype in dtypes.items():
+        value = listed.inputsAt(position)
+        with graph.insert_point_guard(listed):
+            stand_in, = graph.insertGraph(_dtype_stand_in.graph,
+                                          [value, graph.insertConstant(dtype)])
+        listed.replaceInput(position, stand_in)
 
 
 def _none_inputs(graph, inputs: Tuple) -> List[int]:
@@ -535,7 +636,7 @@ def _dynamic_groups(module, inputs: Tuple, config: Config):
 
     def run(xs):
         with torch.no_grad(), quiet_torchscript():
-            probe(module._c, *xs)
+            probe(module._c, *private_copy(xs))
 
     groups = find_dynamic_groups(run, inputs, config.dynamic_dims)
     return groups, (resized_variants(run, inputs, groups) if groups else [])
@@ -548,14 +649,20 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
         >>> optimized = blade.optimize(model.eval(), (torch.randn(8, 64),))
         >>> torch.jit.save(optimized, "model.pt")
     """
-    config = config or Config()
+    # No side effects: the model runs on private copies of the example inputs, the random
+    # generators are restored on every exit, and a ScriptModule keeps its training flags.
+    with preserved_random_state():
+        return _optimize(model, example_inputs, config or Config())
+
+
+def _optimize(model, example_inputs, config: Config) -> torch.jit.ScriptModule:
     inputs = _as_tuple(example_inputs)
     with quiet_torchscript():
         scripted = _to_torchscript(model, inputs, config)
-        if scripted.training:
-            scripted = scripted.eval()
-        inputs = _with_defaults(scripted, inputs)
-        module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
+        with _eval_mode(scripted):
+            inputs = _with_defaults(scripted, inputs)
+            module = torch.jit.freeze(scripted,
+                                      preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
     dump = Dumper.for_config(config.dump_dir)
     groups, resized_inputs = _dynamic_groups(module, inputs, config)
@@ -586,7 +693,9 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
 
     _compile_clusters(module, graph, clusters, config, report, dump)
     torch._C._jit_pass_dce(graph)
-    _guard(module, graph, unspecialized, none_inputs, config)
+    if not config.dry_run:
+        _account_for_ops_outside_engines(graph, report)
+    _guard(module, graph, unspecialized, none_inputs, config, report)
     dump.graph("final", graph, always=True)
     module._c._register_attribute(REPORT_ATTRIBUTE, torch._C.StringType.get(), report.to_json())
     if config.verbose or dump.enabled:

@@ -49,7 +49,9 @@ def define(schemas: Sequence[str], rule: DtypeRule) -> None:
 
 
 def dtype_name(dtype: Optional[torch.dtype]) -> str:
-    return DTYPE_NAMES.get(dtype, str(dtype))
+    """`float32` for torch.float32; dtypes Blade does not compile by torch's name too
+    (`complex64`)."""
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def check_dtypes(schema_name: str, arg_dtypes: Dict[str, str], result_dtypes: Sequence[str],

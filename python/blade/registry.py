@@ -60,7 +60,7 @@ def _tensor_dtype(value: torch._C.Value) -> Optional[str]:
     t = value.type()
     if not isinstance(t, torch._C.TensorType) or t.scalarType() is None:
         return None
-    return SCALAR_TYPE_NAMES.get(t.scalarType())
+    return dtypes.dtype_name(t.dtype())
 
 
 SCALAR_TYPE_NAMES = {
@@ -76,7 +76,26 @@ def is_materialized(value: torch._C.Value, static_shapes: bool = True) -> bool:
         return True
     if t.scalarType() is None or t.dim() is None or t.device() is None:
         return False
-    return not static_shapes or all(s is not None for s in t.sizes())
+    # A dim whose size differed between runs (in a loop) has a shape symbol, negative here.
+    return not static_shapes or all(s >= 0 for s in t.symbolic_sizes())
+
+
+def ran(node: torch._C.Node) -> bool:
+    """Whether the example run executed `node`: some tensor it returned was recorded (an
+    op that ran may still leave a result without a type: an unused optional result that
+    it returns undefined, like the attention weights of
+    `aten::_native_multi_head_attention` with need_weights=False)."""
+    return any(isinstance(v.type(), torch._C.TensorType) and v.type().scalarType() is not None
+               for v in node.outputs())
+
+
+def _unknown_type_reason(name: str, value: torch._C.Value) -> str:
+    t = value.type()
+    if t.scalarType() is not None and t.dim() is not None:
+        return (f"{name}: the sizes of %{value.debugName()} differ between the runs of this "
+                "node (a loop, say), and static engines need fixed sizes")
+    return (f"{name}: the example run gave %{value.debugName()} no tensor (an optional result "
+            "left undefined, say), so its type is not known")
 
 
 class ConverterRegistry:
@@ -110,15 +129,18 @@ class ConverterRegistry:
         name = schema_name(node)
         if name in excluded_ops or node.kind() in excluded_ops:
             return Verdict(None, "excluded", f"{name} is in Config.excluded_ops")
-        # Unreached code first: whatever its ops, the example inputs never ran them.
-        for value in list(node.inputs()) + list(node.outputs()):
-            if not is_materialized(value, static_shapes):
-                return Verdict(None, "not_materialized",
-                               f"{name}: the type of %{value.debugName()} is not known (the "
-                               "example inputs never reached this node)")
         candidates = self._entries.get(name, [])
+        unknown = next((v for v in list(node.inputs()) + list(node.outputs())
+                        if not is_materialized(v, static_shapes)), None)
+        if unknown is not None and not ran(node):
+            # Unreached code first: whatever its ops, the example inputs never ran them.
+            return Verdict(None, "not_materialized",
+                           f"{name}: the type of %{unknown.debugName()} is not known (the "
+                           "example inputs never reached this node)")
         if not candidates:
             return Verdict(None, "no_converter", f"no converter is registered for {name}")
+        if unknown is not None:
+            return Verdict(None, "unknown_type", _unknown_type_reason(name, unknown))
         arg_names = _argument_names(node)
         for arg, value in zip(arg_names, node.inputs()):
             if not _is_static_argument(value):

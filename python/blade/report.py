@@ -54,6 +54,9 @@ class Report:
     # The input guard of the optimized graph (read live): calls, and calls whose inputs
     # were not like the example inputs and ran the unspecialized model instead.
     guard_specs: str = ""
+    # Inputs whose dtype the guard's specs cannot name (complex64, uint16, ...): how the
+    # guard checks them instead (stored with the report).
+    guard_notes: List[str] = field(default_factory=list)
     guard_calls: int = 0
     guard_fallbacks: int = 0
     guard_status: str = ""
@@ -86,7 +89,8 @@ class Report:
         report = Report(total_ops=data["total_ops"], compiled_ops=data["compiled_ops"],
                         compile_errors=data["compile_errors"], dry_run=data["dry_run"],
                         decomposed=data.get("decomposed", {}),
-                        dynamic_dims=data.get("dynamic_dims", []))
+                        dynamic_dims=data.get("dynamic_dims", []),
+                        guard_notes=data.get("guard_notes", []))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
         report.unreached = {k: UnsupportedOp(**v) for k, v in data.get("unreached", {}).items()}
@@ -108,6 +112,7 @@ class Report:
             lines.append(f"  input guard ({self.guard_specs}): {self.guard_calls} calls, "
                          f"{self.guard_fallbacks} ran the unspecialized model"
                          + (f"; last: {self.guard_status}" if self.guard_status else ""))
+            lines.extend(f"    {note}" for note in self.guard_notes)
         if self.dynamic_dims:
             lines.append("  dynamic dims (each group varies together): " + "; ".join(
                 ", ".join(group) for group in self.dynamic_dims))

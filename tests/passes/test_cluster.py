@@ -5,7 +5,7 @@ import torch
 from torch.testing import FileCheck
 
 import blade
-from helpers import Lambda, assert_same, run_compiled
+from helpers import Lambda, assert_every_op_accounted_for, assert_same, run_compiled
 
 
 class CycleProne(torch.nn.Module):
@@ -241,3 +241,56 @@ def test_a_failure_in_one_cluster_leaves_the_others_alone():
         assert report.compiled_ops == report.total_ops - 2, str(report)  # det, topk
     finally:
         blade.unregister_converter(converter)
+
+
+# No engine without a compute op, and every op left outside an engine has a reason.
+
+class MaxOverMaskedRows(torch.nn.Module):
+    """aten::max.dim has no converter and splits the model; `i.to(torch.int64)` of an
+    int64 index is a no-op that returns its input."""
+
+    def forward(self, x, mask):
+        m = x.masked_fill(~mask, -1e4)
+        v, i = m.max(dim=1)
+        return v * 2, i.to(torch.int64)
+
+
+class CastOnly(torch.nn.Module):
+    def forward(self, x):
+        return x.to(torch.int64)
+
+
+class ViewsOfInputsAndOutputs(torch.nn.Module):
+    def forward(self, x):
+        y = torch.tanh(x)
+        return x.transpose(0, 1), y, y[:, :2], x.reshape(-1), x.to(torch.float32)
+
+
+def test_no_engine_is_made_without_a_compute_op():
+    x, mask = torch.randn(4, 5), torch.rand(4, 5) > 0.3
+    optimized, report = run_compiled(MaxOverMaskedRows(), (x, mask))
+    assert_every_op_accounted_for(report)
+    assert "may be a view of its input" in report.unsupported["aten::to.dtype"].reasons[0]
+    assert "no converter" in report.unsupported["aten::max.dim"].reasons[0]
+    for dtype in (torch.int64, torch.int32):
+        x = torch.arange(6, dtype=dtype)
+        optimized = blade.optimize(CastOnly(), (x,))
+        report = blade.report(optimized)
+        assert not report.clusters and report.compiled_ops == 0, str(report)
+        assert report.unsupported["aten::to.dtype"].count == 1, str(report)
+        assert_same(optimized(x), CastOnly()(x))
+
+
+def test_every_op_left_outside_an_engine_has_a_reason():
+    x = torch.randn(4, 6)
+    for config in (None, blade.Config(dynamic=True)):
+        optimized, report = run_compiled(ViewsOfInputsAndOutputs(), (x,), config)
+        assert_every_op_accounted_for(report)
+        for op in ("aten::transpose.int", "aten::slice.Tensor", "aten::reshape",
+                   "aten::to.dtype"):
+            assert "may be a view" in report.unsupported[op].reasons[0], str(report)
+    optimized = blade.optimize(ViewsOfInputsAndOutputs(), (x,),
+                               blade.Config(min_cluster_size=2))
+    report = blade.report(optimized)
+    assert_every_op_accounted_for(report)
+    assert "fewer than min_cluster_size=2" in report.unsupported["aten::tanh"].reasons[0]
