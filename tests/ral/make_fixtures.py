@@ -44,6 +44,7 @@ class Model(torch.nn.Module):
 
 
 def main(out: Path) -> None:
+    out = out.resolve()  # the foreign machine's XDG_CONFIG_HOME must be absolute
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = Model().eval()
