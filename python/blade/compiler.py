@@ -4,6 +4,7 @@
     -> acyclic clustering (C++) -> per cluster: import -> StableHLO -> native -> Engine
 """
 import contextlib
+import functools
 import random
 import sys
 import time
@@ -588,7 +589,6 @@ def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Con
                 "'the tensor is undefined'")
 
 
-@torch.jit.script
 def _dtype_stand_in(x: torch.Tensor, dtype: int) -> Optional[torch.Tensor]:
     """What the guard checks for an input of a dtype it cannot name: None when `x` has
     another dtype than `dtype` (the guard refuses it), else a bool tensor of x's shape
@@ -596,6 +596,14 @@ def _dtype_stand_in(x: torch.Tensor, dtype: int) -> Optional[torch.Tensor]:
     if x.dtype != dtype:
         return None
     return torch.empty([1] * x.dim(), dtype=torch.bool, device=x.device).expand(x.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _scripted_dtype_stand_in():
+    # Scripted on first use, not at import: under -W error::DeprecationWarning, scripting
+    # outside quiet_torchscript would make `import blade.compiler` fail.
+    with quiet_torchscript():
+        return torch.jit.script(_dtype_stand_in)
 
 
 def _check_dtypes_through_stand_ins(graph, dtypes: Dict[int, torch.dtype]) -> None:
@@ -606,7 +614,7 @@ def _check_dtypes_through_stand_ins(graph, dtypes: Dict[int, torch.dtype]) -> No
     for position, dtype in dtypes.items():
         value = listed.inputsAt(position)
         with graph.insert_point_guard(listed):
-            stand_in, = graph.insertGraph(_dtype_stand_in.graph,
+            stand_in, = graph.insertGraph(_scripted_dtype_stand_in().graph,
                                           [value, graph.insertConstant(dtype)])
         listed.replaceInput(position, stand_in)
 
