@@ -35,6 +35,15 @@ std::vector<c10::IValue> to_ivalues(const std::shared_ptr<torch::jit::Graph>& gr
   return values;
 }
 
+ral::Digest to_digest(const py::bytes& bytes) {
+  std::string text = bytes;
+  ral::Digest digest{};
+  TORCH_CHECK(text.size() == digest.size(), "blade: a digest is ", digest.size(),
+              " bytes, got ", text.size());
+  std::copy(text.begin(), text.end(), digest.begin());
+  return digest;
+}
+
 }  // namespace
 }  // namespace blade
 
@@ -126,6 +135,22 @@ PYBIND11_MODULE(_C, m) {
         "The public key (hex) of the signing key at `key_path` (this machine's key, created "
         "on first use, when empty).");
   m.def("default_signing_key_path", &ral::default_signing_key_path);
+  // The compile cache (blade.compile_cache) signs and verifies its entries' digests.
+  m.def(
+      "sign_digest",
+      [](const py::bytes& digest, const std::string& key_path) {
+        return ral::sign_digest(to_digest(digest), key_path);
+      },
+      py::arg("digest"), py::arg("key_path"),
+      "The signature of a SHA-256 digest by the key at `key_path` (this machine's when "
+      "empty).");
+  m.def(
+      "verify_digest",
+      [](const py::bytes& digest, const std::string& signature) {
+        return ral::verify_digest(to_digest(digest), signature, nullptr);
+      },
+      py::arg("digest"), py::arg("signature"),
+      "Empty when `signature` signs the SHA-256 `digest` with a trusted key, else why not.");
   m.def("trust_public_key", &ral::trust_public_key, py::arg("public_key"),
         "Engines signed by this Ed25519 public key (64 hex digits) run their code here.");
   m.def("trusted_public_keys", &ral::trusted_public_keys);

@@ -1,5 +1,7 @@
 #include "ral/compiled_code.h"
 
+#include "ral/signing.h"
+
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
@@ -8,6 +10,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
 
 namespace blade::ral {
 namespace {
@@ -55,6 +60,25 @@ CompiledCode::CompiledCode(const uint8_t* data, size_t size, const std::string& 
                 "' symbol");
   }
   closer.fd = -1;  // loaded: the descriptor now lives as long as this object
+}
+
+std::shared_ptr<CompiledCode> CompiledCode::load_shared(const uint8_t* data, size_t size,
+                                                       const std::string& name) {
+  static std::mutex mutex;
+  static auto* loaded = new std::map<std::string, std::weak_ptr<CompiledCode>>();
+  Digest digest = chunked_sha256(data, size);
+  std::string key(digest.begin(), digest.end());
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto existing = (*loaded)[key].lock()) {
+    return existing;
+  }
+  // Entries of unloaded code are dropped as new code loads, so the map stays small.
+  for (auto it = loaded->begin(); it != loaded->end();) {
+    it = it->second.expired() ? loaded->erase(it) : std::next(it);
+  }
+  auto code = std::make_shared<CompiledCode>(data, size, name);
+  (*loaded)[key] = code;
+  return code;
 }
 
 CompiledCode::~CompiledCode() {

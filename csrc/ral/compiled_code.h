@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace blade::ral {
@@ -25,6 +26,12 @@ class CompiledCode {
   CompiledCode& operator=(const CompiledCode&) = delete;
 
   EntryFn entry() const { return entry_; }
+
+  // The loaded code of these bytes, shared with every other engine of this process that
+  // loaded the same bytes and still holds them: identical clusters (a model's repeated
+  // layers) map their library once. Throws as the constructor does.
+  static std::shared_ptr<CompiledCode> load_shared(const uint8_t* data, size_t size,
+                                                   const std::string& name);
 
  private:
   int fd_ = -1;

@@ -275,8 +275,8 @@ void Engine::load_code() {
   }
   if (load_error_.empty()) {
     try {
-      code_ = std::make_unique<CompiledCode>(code_bytes_.data_ptr<uint8_t>(),
-                                             static_cast<size_t>(code_bytes_.numel()), name_);
+      code_ = CompiledCode::load_shared(code_bytes_.data_ptr<uint8_t>(),
+                                        static_cast<size_t>(code_bytes_.numel()), name_);
     } catch (const c10::Error& e) {
       load_error_ = e.what_without_backtrace();
     }

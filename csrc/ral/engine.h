@@ -110,7 +110,8 @@ class Engine : public torch::CustomClassHolder {
   std::string cpu_features_;
   std::string signature_;
 
-  std::unique_ptr<CompiledCode> code_;
+  // Shared by the engines whose code is byte-identical (see CompiledCode::load_shared).
+  std::shared_ptr<CompiledCode> code_;
   std::string load_error_;
   std::shared_ptr<torch::jit::GraphFunction> fallback_fn_;
 

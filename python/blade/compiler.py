@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import _C, converters  # noqa: F401  (importing converters registers the built-ins)
+from .compile_cache import CodeCache
 from .config import Config
 from .dtypes import dtype_name
 from .dump import Dumper, Progress
@@ -432,6 +433,7 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
         # Every engine is signed (docs/security.md): a key that cannot sign fails here,
         # once, rather than every cluster alike.
         _C.signing_public_key(config.signing_key or "")
+    code_cache = CodeCache.for_config(config)
     progress = Progress(len(clusters), "compiling clusters",
                         config.progress and not config.dry_run)
     index = 0
@@ -451,8 +453,8 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
             cluster_dump = dump.cluster(entry.name)
             start = time.perf_counter()
             try:
-                compiled = _compile_cluster(module, cluster, index - 1, config, cpu_features,
-                                            cluster_dump)
+                compiled, entry.code = _compile_cluster(module, cluster, index - 1, config,
+                                                        cpu_features, cluster_dump, code_cache)
                 entry.library_calls = compiled.library_calls
                 entry.fused_attention = compiled.fused_attention
                 entry.parallel_loops = compiled.parallel_loops
@@ -509,9 +511,11 @@ def _op_counts(subgraph) -> Dict[str, int]:
 
 
 def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: str,
-                     dump):
-    """Compiles one cluster and swaps it for an engine call. Raises on any failure, leaving
-    the graph untouched. `dump` (a ClusterDump) receives the IR of every stage."""
+                     dump, code_cache: CodeCache):
+    """Compiles one cluster and swaps it for an engine call; returns the CompiledCluster
+    and where its code came from (compiled, the compile cache, or another engine of this
+    model with the same code). Raises on any failure, leaving the graph untouched. `dump`
+    (a ClusterDump) receives the IR of every stage."""
     from . import codegen
     from .importer import import_subgraph
 
@@ -540,12 +544,28 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     returns_outputs = _has_dynamic_dims(cluster.outputs())
     num_buffers = len(list(subgraph.inputs())) + \
         (0 if returns_outputs else len(list(subgraph.outputs())))
-    compiled = codegen.compile_torch_mlir(imported.text, num_buffers,
+
+    def build():
+        return codegen.compile_torch_mlir(imported.text, num_buffers,
                                           returns_outputs=returns_outputs,
                                           user_calls=imported.user_calls, dump=dump,
                                           parallel_loops=config.parallel)
+
+    # A user converter's StableHLO comes from Python the key cannot see, and a dump wants
+    # every stage's IR: those clusters are always compiled.
     name = f"{ENGINE_PREFIX}{index}"
-    code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
+    if imported.user_calls or dump.enabled:
+        compiled = build()
+        code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
+        origin = "compiled"
+    else:
+        key = code_cache.key(torch_ir=imported.text, num_buffers=num_buffers,
+                             returns_outputs=returns_outputs, parallel=config.parallel,
+                             cpu_features=cpu_features)
+        sharing = code_cache.first_user.setdefault(key, name)
+        compiled = code_cache.compile(key, build)
+        code = code_cache.code_tensor(key)
+        origin = code_cache.origin[key] if sharing == name else f"same code as {sharing}"
     signature = _C.sign_engine(name, code, input_specs, output_specs, fallback_ir, params,
                                config.fallback, cpu_features, config.signing_key or "")
     engine = torch.classes.blade.Engine(
@@ -555,7 +575,7 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
         raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
     module._c._register_attribute(name, engine._type(), engine)
     _C.replace_cluster_with_engine(cluster, name)
-    return compiled
+    return compiled, origin
 
 
 def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config,

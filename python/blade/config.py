@@ -42,6 +42,13 @@ class Config:
             by default this machine's key, ``~/.config/blade/engine_signing_key.pem``
             (under ``$XDG_CONFIG_HOME`` when set), created on first use. Machines that load
             the model run its code only if they trust the key (docs/security.md).
+        cache_dir: where compiled code is kept for later `optimize` calls, in any process
+            (see `blade.compile_cache`): ``None`` is the environment variable
+            BLADE_CACHE_DIR, else ``~/.cache/blade/code`` (under ``$XDG_CACHE_HOME`` when
+            set); ``"off"`` keeps nothing. Identical clusters of one model are compiled
+            once either way.
+        cache_max_bytes: the most bytes the cache directory holds; the least recently used
+            entries go first.
     """
 
     allow_tracing: bool = False
@@ -57,6 +64,8 @@ class Config:
     dynamic_dims: Optional[Dict[int, List[int]]] = None
     parallel: bool = True
     signing_key: Optional[str] = None
+    cache_dir: Optional[str] = None
+    cache_max_bytes: int = 1 << 30
 
     def __post_init__(self):
         if self.fallback not in FALLBACK_MODES:
@@ -72,6 +81,14 @@ class Config:
             self.dynamic = True
         if isinstance(self.signing_key, os.PathLike):
             self.signing_key = os.fspath(self.signing_key)
+        if isinstance(self.cache_dir, os.PathLike):
+            self.cache_dir = os.fspath(self.cache_dir)
+        if self.cache_dir is not None and not isinstance(self.cache_dir, str):
+            raise ValueError("Config.cache_dir must be a directory, \"off\" or None, got "
+                             f"{self.cache_dir!r}")
+        if not isinstance(self.cache_max_bytes, int) or self.cache_max_bytes < 0:
+            raise ValueError("Config.cache_max_bytes must be a number of bytes >= 0, got "
+                             f"{self.cache_max_bytes!r}")
         if self.signing_key is not None and not isinstance(self.signing_key, str):
             raise ValueError("Config.signing_key must be the path of an Ed25519 private key "
                              f"(PEM), got {self.signing_key!r}")

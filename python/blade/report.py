@@ -28,6 +28,8 @@ class ClusterReport:
     parallel_loops: int = 0  # loop nests split across PyTorch's intra-op threads
     tiled_transposes: int = 0  # transposing loop nests run as 8 x 8 vector tiles
     packed_weights: int = 0  # prepared weight copies, oneDNN's or MKL's packed (read live)
+    # Where the code came from: "compiled", "compile cache", or "same code as <engine>".
+    code: str = ""
 
 
 @dataclass
@@ -119,6 +121,12 @@ class Report:
         if self.decomposed:
             lines.append("  decomposed: " + ", ".join(
                 f"{op} x{n}" for op, n in sorted(self.decomposed.items())))
+        origins = [c.code for c in self.clusters if c.compiled and c.code]
+        if origins:
+            shared = sum(o.startswith("same code as") for o in origins)
+            lines.append(f"  code: {origins.count('compiled')} compiled, "
+                         f"{origins.count('compile cache')} from the compile cache, "
+                         f"{shared} engines sharing another's")
         if self.clusters:
             lines.append(f"  {'cluster':<28} {'ops':>4} {'calls':>7} {'fallbk':>7}  inputs -> outputs")
             for c in self.clusters:

@@ -1,0 +1,193 @@
+"""Compiled code is reused: identical clusters share one compilation and one library in the
+saved file, and a cache directory serves later optimize calls, in any process, only with
+entries that verify (python/blade/compile_cache.py)."""
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import blade
+from blade import codegen
+from helpers import assert_same
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+        self.norm = torch.nn.LayerNorm(32)
+
+    def forward(self, x):
+        return torch.erfinv(torch.tanh(self.norm(self.fc(x))) * 0.5)  # erfinv: no converter
+
+
+def layers(count=3, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(*[Layer() for _ in range(count)]).eval()
+
+
+@pytest.fixture
+def compilations(monkeypatch):
+    """Counts the clusters code generation really compiles."""
+    count = {"n": 0}
+    real = codegen.compile_torch_mlir
+
+    def counting(*args, **kwargs):
+        count["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(codegen, "compile_torch_mlir", counting)
+    return count
+
+
+def optimize_checked(model, x, config):
+    optimized = blade.optimize(model, (x,), config)
+    with torch.no_grad():
+        assert_same(optimized(x), model(x))
+    report = blade.report(optimized)
+    assert len(report.clusters) == 3 and all(c.calls == 1 for c in report.clusters), str(report)
+    assert report.runtime_fallbacks == 0 and not report.compile_errors, str(report)
+    return optimized, report
+
+
+def libraries_in(path: Path) -> int:
+    with zipfile.ZipFile(path) as archive:
+        return sum(archive.read(n).startswith(b"\x7fELF") for n in archive.namelist())
+
+
+def test_identical_clusters_share_one_compilation_and_one_saved_library(tmp_path, compilations):
+    model, x = layers(), torch.randn(4, 32)
+    optimized, report = optimize_checked(model, x, blade.Config(cache_dir="off"))
+    assert compilations["n"] == 1
+    assert [c.code for c in report.clusters] == [
+        "compiled", "same code as blade_engine_0", "same code as blade_engine_0"]
+    assert "code: 1 compiled, 0 from the compile cache, 2 engines sharing" in str(report)
+    path = tmp_path / "model.pt"
+    torch.jit.save(optimized, str(path))
+    assert libraries_in(path) == 1
+    loaded = torch.jit.load(str(path))
+    with torch.no_grad():
+        assert_same(loaded(x), model(x))  # distinct weights: params stay per engine
+    assert blade.report(loaded).runtime_fallbacks == 0
+
+
+def test_cache_hit_skips_codegen_and_gives_the_same_results(tmp_path, compilations):
+    config = blade.Config(cache_dir=str(tmp_path / "cache"))
+    x = torch.randn(4, 32)
+    optimize_checked(layers(seed=0), x, config)
+    assert compilations["n"] == 1
+    # Other weights, same shapes: the same code, from the cache.
+    _, report = optimize_checked(layers(seed=1), x, config)
+    assert compilations["n"] == 1
+    assert report.clusters[0].code == "compile cache"
+
+
+def cache_entries(directory: Path):
+    return sorted(directory.glob("*/*.code"))
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "garbage", "empty"])
+def test_damaged_entry_is_rebuilt_never_loaded(tmp_path, compilations, damage):
+    config = blade.Config(cache_dir=str(tmp_path / "cache"))
+    x = torch.randn(4, 32)
+    optimize_checked(layers(), x, config)
+    (entry,) = cache_entries(tmp_path / "cache")
+    data = entry.read_bytes()
+    entry.write_bytes({"flipped": data[:200] + bytes([data[200] ^ 1]) + data[201:],
+                       "truncated": data[:len(data) // 2],
+                       "garbage": os.urandom(len(data)),
+                       "empty": b""}[damage])
+    _, report = optimize_checked(layers(), x, config)
+    assert compilations["n"] == 2 and report.clusters[0].code == "compiled"
+    # Rebuilt in its place, whole again.
+    (entry,) = cache_entries(tmp_path / "cache")
+    assert entry.read_bytes() != b"" and len(entry.read_bytes()) == len(data)
+    optimize_checked(layers(), x, config)
+    assert compilations["n"] == 2
+
+
+def run_python(script: str, **env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)],
+                            env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+OPTIMIZE_LAYERS = f"""
+    import sys, torch, blade
+    sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+    from test_compile_cache import layers
+    x = torch.randn(4, 32)
+    model = layers()
+    optimized = blade.optimize(model, (x,), blade.Config(cache_dir=sys.argv[1]))
+    with torch.no_grad():
+        torch.testing.assert_close(optimized(x), model(x))
+    report = blade.report(optimized)
+    assert report.runtime_fallbacks == 0 and len(report.clusters) == 3, str(report)
+    print(report.clusters[0].code)
+"""
+
+
+def test_entry_signed_by_a_foreign_key_is_rebuilt(tmp_path, compilations):
+    cache = tmp_path / "cache"
+    foreign = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(OPTIMIZE_LAYERS), str(cache)],
+        env=dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "elsewhere")),
+        capture_output=True, text=True)
+    assert foreign.returncode == 0, foreign.stderr
+    assert foreign.stdout.split()[-1] == "compiled"
+    _, report = optimize_checked(layers(), torch.randn(4, 32), blade.Config(cache_dir=str(cache)))
+    assert compilations["n"] == 1 and report.clusters[0].code == "compiled"
+
+
+def test_two_processes_optimizing_at_once_both_succeed(tmp_path):
+    cache = tmp_path / "cache"
+    script = textwrap.dedent(OPTIMIZE_LAYERS)
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(cache)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    for run in runs:
+        out, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err
+        assert out.split()[-1] in ("compiled", "compile cache")
+    assert len(cache_entries(cache)) == 1
+    assert not list(cache.glob("*/.tmp-*"))
+
+
+def test_cache_directory_stays_under_its_bound(tmp_path):
+    cache = tmp_path / "cache"
+    x = torch.randn(4, 32)
+    optimize_checked(layers(), x, blade.Config(cache_dir=str(cache)))
+    (entry,) = cache_entries(cache)
+    bound = entry.stat().st_size * 3 // 2  # room for one entry, not two
+    config = blade.Config(cache_dir=str(cache), cache_max_bytes=bound)
+
+    class Wider(Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(32, 32, bias=False)
+
+    torch.manual_seed(0)
+    wider = torch.nn.Sequential(*[Wider() for _ in range(3)]).eval()
+    optimize_checked(wider, x, config)
+    entries = cache_entries(cache)
+    assert sum(e.stat().st_size for e in entries) <= bound
+    assert len(entries) == 1 and entries[0] != entry  # the least recently used went
+
+
+def test_cache_off_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("BLADE_CACHE_DIR", raising=False)
+    optimize_checked(layers(), torch.randn(4, 32), blade.Config(cache_dir="off"))
+    assert not (tmp_path / "xdg").exists()
+    # By default the cache lives under XDG_CACHE_HOME.
+    optimize_checked(layers(), torch.randn(4, 32), blade.Config())
+    assert cache_entries(tmp_path / "xdg" / "blade" / "code")
+    # The environment variable moves it (or turns it off).
+    monkeypatch.setenv("BLADE_CACHE_DIR", str(tmp_path / "moved"))
+    optimize_checked(layers(), torch.randn(4, 32), blade.Config())
+    assert cache_entries(tmp_path / "moved")
