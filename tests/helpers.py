@@ -22,6 +22,29 @@ def run_compiled(model, inputs, config=None, rtol=1e-5, atol=1e-5, min_compiled_
     return optimized, report
 
 
+def assert_ran_compiled(optimized):
+    """Every engine compiled, ran its code on every call (a silent fallback fails this),
+    and the input guard let every call in. Returns the report."""
+    report = blade.report(optimized)
+    assert not report.compile_errors, str(report)
+    assert report.clusters and all(c.compiled and c.calls > 0 for c in report.clusters), \
+        str(report)
+    assert report.runtime_fallbacks == 0, str(report)
+    return report
+
+
+def assert_same_values(actual, expected, rtol=1e-5, atol=1e-5):
+    """Same shape and dtype, NaN and +-inf at the same positions, the finite values close."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, \
+        (actual.shape, expected.shape)
+    assert torch.equal(torch.isnan(actual), torch.isnan(expected)), \
+        (torch.isnan(actual).sum(), torch.isnan(expected).sum())
+    assert torch.equal(torch.isposinf(actual), torch.isposinf(expected))
+    assert torch.equal(torch.isneginf(actual), torch.isneginf(expected))
+    finite = torch.isfinite(expected)
+    torch.testing.assert_close(actual[finite], expected[finite], rtol=rtol, atol=atol)
+
+
 def assert_same(actual, expected, rtol=1e-5, atol=1e-5):
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor)

@@ -407,6 +407,15 @@ void attention(c10::ScalarType dtype, BladeUnrankedMemRef* q, BladeUnrankedMemRe
                   m.sizes(), " does not broadcast to the scores ", at::IntArrayRef(scores));
       bias = as_rank4(unit_last_stride(m));
     }
+    if (result.numel() == 0) {
+      return;  // no query rows (or no batch, heads or value dims): nothing to write
+    }
+    if (key.size(-2) == 0) {
+      // softmax over no keys is an empty row, and its product with v's zero rows is 0, as
+      // eager gives; PyTorch's fused kernel divides by the key count.
+      result.zero_();
+      return;
+    }
     // Every path below takes rank-4 operands.
     query = as_rank4(query);
     key = as_rank4(key);
