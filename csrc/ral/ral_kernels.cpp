@@ -290,8 +290,8 @@ bool winograd_applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 }
 
 // The convolution by Winograd's algorithm into `target` (an NCHW view of the NHWC buffer,
-// its shape checked); false when the weight has no Winograd form (not a param) or a size
-// is empty.
+// its shape checked); false when the weight has no Winograd form (not a param), a size
+// is empty, or too much of the input is inf or NaN (winograd.h).
 bool convolve_winograd(blade::ral::PreparedWeights* prepared, const at::Tensor& x,
                        const at::Tensor& w, const at::Tensor& target,
                        const std::optional<at::Tensor>& bias, bool relu) {
@@ -300,9 +300,10 @@ bool convolve_winograd(blade::ral::PreparedWeights* prepared, const at::Tensor& 
     return false;
   }
   const at::Tensor dense_bias = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const at::Tensor dense_weight = w.contiguous();  // a param: already contiguous
   return blade::ral::winograd_conv3x3(
       x.data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1),
-      transformed.data_ptr<float>(), w.size(0),
+      transformed.data_ptr<float>(), dense_weight.data_ptr<float>(), w.size(0),
       dense_bias.defined() ? dense_bias.data_ptr<float>() : nullptr, relu,
       target.data_ptr<float>());
 }
