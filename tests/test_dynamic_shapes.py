@@ -1,6 +1,7 @@
 """Dynamic shapes: one engine, compiled once, serves every batch size and sequence length
 with eager's results and no fallback; the guard keeps what the code assumes."""
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -354,3 +355,32 @@ def test_views_of_dynamic_size_keep_the_dims_they_pass_through(tmp_path):
 def test_reassociation_groups_only_what_it_can_prove(source, result, passed, groups):
     from blade.shape_assumptions import reassociation
     assert reassociation(source, result, passed) == groups
+
+
+class FlattenAndPool(torch.nn.Module):
+    """Torch-MLIR sizes a flatten of dynamic dims as numel / the batch size."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2)
+        return y.flatten(1).sum(-1)
+
+
+def test_flatten_of_an_empty_batch_divides_nothing_by_zero(tmp_path):
+    """An empty batch: eager gives an empty result, where numel / (batch * ...) divided by
+    zero (SIGFPE). shape_assumptions.divide_out_sizes multiplies the merged dims instead."""
+    torch.manual_seed(0)
+    model = FlattenAndPool().eval()
+    optimized = blade.optimize(model, (torch.randn(2, 8, 10, 10),),
+                               blade.Config(dynamic=True, dump_dir=str(tmp_path)))
+    report = serves_whole(optimized, model, [(torch.randn(0, 8, 10, 10),),
+                                             (torch.randn(3, 8, 6, 6),),
+                                             (torch.randn(0, 8, 4, 4),)])
+    assert len(report.dynamic_dims) == 2, str(report)   # the batch; height and width
+    # Sizes are never divided by a size (a division by a constant would be safe).
+    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    divisions = re.findall(r"arith\.div[su]i %\w+, (%\w+)", linalg)
+    assert all(d.startswith("%c") for d in divisions), divisions
