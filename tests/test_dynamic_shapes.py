@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import blade
-from helpers import assert_same
+from helpers import assert_ran_compiled, assert_same, assert_same_values
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
 from zoo import BertLayer, GptBlock, bert_inputs  # noqa: E402
@@ -258,6 +258,26 @@ def test_std_and_var_of_dynamic_size():
     optimized = blade.optimize(model, (torch.randn(4, 6, 32),), DYNAMIC)
     report = serves_whole(optimized, model,
                           [(torch.randn(*shape),) for shape in ((1, 2, 2), (5, 9, 70), (3, 1, 33))])
+    assert report.decomposed == {"aten::std.dim": 1, "aten::var.dim": 1}, str(report)
+
+
+class RowSpread(torch.nn.Module):
+    def forward(self, x):
+        return x.var(-1) * 2, x.std(-1, keepdim=True) + 1
+
+
+def test_std_and_var_of_one_element_or_none_are_nan_as_in_eager():
+    """PyTorch divides by max(count - 1, 0): NaN over one element or none (the decomposition
+    divided by count - 1, -0 over none)."""
+    torch.manual_seed(0)
+    model = RowSpread().eval()
+    optimized = blade.optimize(model, (torch.randn(4, 6, 32),), DYNAMIC)
+    with torch.no_grad():
+        for shape in ((2, 3, 0), (2, 3, 1), (0, 3, 5)):
+            x = torch.randn(*shape)
+            for actual, expected in zip(optimized(x), model(x)):
+                assert_same_values(actual, expected)
+    report = assert_ran_compiled(optimized)
     assert report.decomposed == {"aten::std.dim": 1, "aten::var.dim": 1}, str(report)
 
 
