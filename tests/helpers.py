@@ -34,6 +34,30 @@ def assert_every_op_accounted_for(report):
                    for reason in entry.reasons), str(report)
 
 
+def assert_ran_compiled(optimized):
+    """Every engine compiled, ran its code on every call (a silent fallback fails this),
+    and the input guard let every call in. Returns the report."""
+    report = blade.report(optimized)
+    assert not report.compile_errors, str(report)
+    assert report.clusters and all(c.compiled and c.calls > 0 for c in report.clusters), \
+        str(report)
+    assert report.runtime_fallbacks == 0, str(report)
+    assert_every_op_accounted_for(report)
+    return report
+
+
+def assert_same_values(actual, expected, rtol=1e-5, atol=1e-5):
+    """Same shape and dtype, NaN and +-inf at the same positions, the finite values close."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, \
+        (actual.shape, expected.shape)
+    assert torch.equal(torch.isnan(actual), torch.isnan(expected)), \
+        (torch.isnan(actual).sum(), torch.isnan(expected).sum())
+    assert torch.equal(torch.isposinf(actual), torch.isposinf(expected))
+    assert torch.equal(torch.isneginf(actual), torch.isneginf(expected))
+    finite = torch.isfinite(expected)
+    torch.testing.assert_close(actual[finite], expected[finite], rtol=rtol, atol=atol)
+
+
 def assert_same(actual, expected, rtol=1e-5, atol=1e-5):
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor)

@@ -1,6 +1,7 @@
 """Dynamic shapes: one engine, compiled once, serves every batch size and sequence length
 with eager's results and no fallback; the guard keeps what the code assumes."""
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 import blade
-from helpers import assert_same
+from helpers import assert_ran_compiled, assert_same, assert_same_values
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
 from zoo import BertLayer, GptBlock, bert_inputs  # noqa: E402
@@ -260,6 +261,26 @@ def test_std_and_var_of_dynamic_size():
     assert report.decomposed == {"aten::std.dim": 1, "aten::var.dim": 1}, str(report)
 
 
+class RowSpread(torch.nn.Module):
+    def forward(self, x):
+        return x.var(-1) * 2, x.std(-1, keepdim=True) + 1
+
+
+def test_std_and_var_of_one_element_or_none_are_nan_as_in_eager():
+    """PyTorch divides by max(count - 1, 0): NaN over one element or none (the decomposition
+    divided by count - 1, -0 over none)."""
+    torch.manual_seed(0)
+    model = RowSpread().eval()
+    optimized = blade.optimize(model, (torch.randn(4, 6, 32),), DYNAMIC)
+    with torch.no_grad():
+        for shape in ((2, 3, 0), (2, 3, 1), (0, 3, 5)):
+            x = torch.randn(*shape)
+            for actual, expected in zip(optimized(x), model(x)):
+                assert_same_values(actual, expected)
+    report = assert_ran_compiled(optimized)
+    assert report.decomposed == {"aten::std.dim": 1, "aten::var.dim": 1}, str(report)
+
+
 class ScalarsOfSizes(torch.nn.Module):
     """Floats computed from a dynamic size and used as elementwise scalars: the engine
     computes them itself (duplicate_shape_arithmetic lists the schemas)."""
@@ -354,3 +375,32 @@ def test_views_of_dynamic_size_keep_the_dims_they_pass_through(tmp_path):
 def test_reassociation_groups_only_what_it_can_prove(source, result, passed, groups):
     from blade.shape_assumptions import reassociation
     assert reassociation(source, result, passed) == groups
+
+
+class FlattenAndPool(torch.nn.Module):
+    """Torch-MLIR sizes a flatten of dynamic dims as numel / the batch size."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2)
+        return y.flatten(1).sum(-1)
+
+
+def test_flatten_of_an_empty_batch_divides_nothing_by_zero(tmp_path):
+    """An empty batch: eager gives an empty result, where numel / (batch * ...) divided by
+    zero (SIGFPE). shape_assumptions.divide_out_sizes multiplies the merged dims instead."""
+    torch.manual_seed(0)
+    model = FlattenAndPool().eval()
+    optimized = blade.optimize(model, (torch.randn(2, 8, 10, 10),),
+                               blade.Config(dynamic=True, dump_dir=str(tmp_path)))
+    report = serves_whole(optimized, model, [(torch.randn(0, 8, 10, 10),),
+                                             (torch.randn(3, 8, 6, 6),),
+                                             (torch.randn(0, 8, 4, 4),)])
+    assert len(report.dynamic_dims) == 2, str(report)   # the batch; height and width
+    # Sizes are never divided by a size (a division by a constant would be safe).
+    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    divisions = re.findall(r"arith\.div[su]i %\w+, (%\w+)", linalg)
+    assert all(d.startswith("%c") for d in divisions), divisions

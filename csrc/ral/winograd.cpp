@@ -11,6 +11,8 @@
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <memory>
 
 namespace blade::ral {
@@ -64,12 +66,24 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void transform_patc
   }
 }
 
+// 1 when `x` is +-inf or NaN (all exponent bits set): an integer test, so that the loops
+// that take it vectorize.
+inline uint32_t non_finite(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+}
+
 // A^T m A of one tile's products m[xi * stride + ch], plus the bias and the ReLU, into
-// the output rows y[i][j] (null outside the image).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void untransform_tile(
+// the output rows y[i][j] (null outside the image). Returns whether every sum before the
+// bias is finite: an inf or NaN in the patch (or a product overflowing) comes out of the
+// transforms' differences as inf - inf where the direct convolution has +-inf, so such a
+// tile is computed again directly (direct_tile).
+__attribute__((target_clones("avx512f", "avx2", "default"))) bool untransform_tile(
     const float* __restrict m, int64_t stride, int64_t k, const float* __restrict bias,
     bool relu, float* __restrict y00, float* __restrict y01, float* __restrict y10,
     float* __restrict y11) {
+  uint32_t any_non_finite = 0;
   for (int64_t ch = 0; ch < k; ++ch) {
     float in[16];
     for (int64_t xi = 0; xi < 16; ++xi) {
@@ -82,11 +96,16 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void untransform_ti
       s0[j] = in[j] + in[4 + j] + in[8 + j];
       s1[j] = in[4 + j] - in[8 + j] - in[12 + j];
     }
-    float r00 = s0[0] + s0[1] + s0[2] + b;
-    float r01 = s0[1] - s0[2] - s0[3] + b;
-    float r10 = s1[0] + s1[1] + s1[2] + b;
-    float r11 = s1[1] - s1[2] - s1[3] + b;
-    if (relu) {
+    float r00 = s0[0] + s0[1] + s0[2];
+    float r01 = s0[1] - s0[2] - s0[3];
+    float r10 = s1[0] + s1[1] + s1[2];
+    float r11 = s1[1] - s1[2] - s1[3];
+    any_non_finite |= non_finite(r00) | non_finite(r01) | non_finite(r10) | non_finite(r11);
+    r00 += b;
+    r01 += b;
+    r10 += b;
+    r11 += b;
+    if (relu) {  // max(NaN, 0) stays NaN, as torch.relu: (NaN < 0) is false
       r00 = std::max(r00, 0.0f);
       r01 = std::max(r01, 0.0f);
       r10 = std::max(r10, 0.0f);
@@ -97,6 +116,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void untransform_ti
     if (y10 != nullptr) y10[ch] = r10;
     if (y11 != nullptr) y11[ch] = r11;
   }
+  return any_non_finite == 0;
 }
 
 // Where tile `tile` lies: its image and the row and column of its 2x2 output block. Tiles
@@ -129,22 +149,70 @@ void transform_input(const float* x, int64_t h, int64_t w, int64_t c, int64_t ti
   }
 }
 
+// The operands of one convolution, for the tiles that are computed directly.
+struct Convolution {
+  const float* x;       // NHWC [n, h, w, c]
+  const float* weight;  // OIHW [k, c, 3, 3]
+  int64_t h, w, c, k;
+  const float* bias;    // [k] or null
+  bool relu;
+  float* out;           // NHWC [n, h, w, k]
+};
+
+// The 2x2 outputs of one tile as the direct convolution computes them (sums in double):
+// +-inf and NaN come out where they do in oneDNN's convolution. Only for the few tiles
+// whose Winograd sums are not finite.
+void direct_tile(const Convolution& conv, const TileOrigin& o) {
+  for (int64_t i = 0; i < 2 && o.row + i < conv.h; ++i) {
+    for (int64_t j = 0; j < 2 && o.col + j < conv.w; ++j) {
+      float* y = conv.out + ((o.image * conv.h + o.row + i) * conv.w + o.col + j) * conv.k;
+      for (int64_t ko = 0; ko < conv.k; ++ko) {
+        double sum = 0.0;
+        for (int64_t di = 0; di < 3; ++di) {
+          const int64_t row = o.row + i + di - 1;
+          for (int64_t dj = 0; dj < 3; ++dj) {
+            const int64_t col = o.col + j + dj - 1;
+            if (row < 0 || row >= conv.h || col < 0 || col >= conv.w) {
+              continue;  // padding
+            }
+            const float* patch = conv.x + ((o.image * conv.h + row) * conv.w + col) * conv.c;
+            const float* filter = conv.weight + ko * conv.c * 9 + di * 3 + dj;
+            for (int64_t ch = 0; ch < conv.c; ++ch) {
+              sum += static_cast<double>(patch[ch]) * filter[ch * 9];
+            }
+          }
+        }
+        float r = static_cast<float>(sum) + (conv.bias != nullptr ? conv.bias[ko] : 0.0f);
+        y[ko] = conv.relu ? std::max(r, 0.0f) : r;
+      }
+    }
+  }
+}
+
 // The inverse transform of the products m[16][count][k] of those tiles, plus the bias and
-// the ReLU, written to the 2x2 output blocks that lie inside the image.
-void transform_output(const float* m, int64_t m_stride, int64_t h, int64_t w, int64_t k,
-                      int64_t tiles_h, int64_t tiles_w, int64_t first, int64_t count,
-                      const float* bias, bool relu, float* out) {
+// the ReLU, written to the 2x2 output blocks that lie inside the image; tiles whose sums
+// are not finite are computed directly. Returns how many were.
+int64_t transform_output(const float* m, int64_t m_stride, const Convolution& conv,
+                         int64_t tiles_h, int64_t tiles_w, int64_t first, int64_t count) {
+  int64_t direct = 0;
   for (int64_t t = 0; t < count; ++t) {
     const TileOrigin o = tile_origin(first + t, tiles_h, tiles_w);
     float* y[2][2];
     for (int64_t i = 0; i < 2; ++i) {
       for (int64_t j = 0; j < 2; ++j) {
-        const bool inside = o.row + i < h && o.col + j < w;
-        y[i][j] = inside ? out + ((o.image * h + o.row + i) * w + o.col + j) * k : nullptr;
+        const bool inside = o.row + i < conv.h && o.col + j < conv.w;
+        y[i][j] = inside ? conv.out + ((o.image * conv.h + o.row + i) * conv.w + o.col + j) *
+                               conv.k
+                         : nullptr;
       }
     }
-    untransform_tile(m + t * k, m_stride, k, bias, relu, y[0][0], y[0][1], y[1][0], y[1][1]);
+    if (!untransform_tile(m + t * conv.k, m_stride, conv.k, conv.bias, conv.relu, y[0][0],
+                          y[0][1], y[1][0], y[1][1])) {
+      direct_tile(conv, o);
+      ++direct;
+    }
   }
+  return direct;
 }
 
 }  // namespace
@@ -181,8 +249,8 @@ at::Tensor winograd_weight(const at::Tensor& weight) {
 }
 
 bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c,
-                      const float* transformed, int64_t k, const float* bias, bool relu,
-                      float* out) {
+                      const float* transformed, const float* weight, int64_t k,
+                      const float* bias, bool relu, float* out) {
   if (n <= 0 || h <= 0 || w <= 0 || c <= 0 || k <= 0) {
     return false;
   }
@@ -193,6 +261,11 @@ bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
   // half of a 1 MB L2.
   const int64_t block = std::clamp<int64_t>(512 * 1024 / (4 * kTiles * (c + k)), 8, 256);
   const int64_t blocks = (tiles + block - 1) / block;
+  const Convolution conv{x, weight, h, w, c, k, bias, relu, out};
+  // Tiles computed directly (non-finite inputs) so far. Each costs tens of Winograd tiles,
+  // so past a sixteenth of them the call gives up and the caller convolves another way.
+  const int64_t max_direct = std::max<int64_t>(tiles / 16, 16);
+  std::atomic<int64_t> direct{0};
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     // Per task, not per call of the kernel: the blocks' buffers are overwritten whole.
     const int64_t v_stride = block * c + kSkew;
@@ -202,7 +275,8 @@ bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
     float* m = v + kTiles * v_stride;
     float* zeros = m + kTiles * m_stride;
     std::fill(zeros, zeros + c, 0.0f);
-    for (int64_t b = begin; b < end; ++b) {
+    for (int64_t b = begin; b < end && direct.load(std::memory_order_relaxed) <= max_direct;
+         ++b) {
       const int64_t first = b * block;
       const int64_t count = std::min(block, tiles - first);
       transform_input(x, h, w, c, tiles_h, tiles_w, first, count, zeros, v, v_stride);
@@ -213,10 +287,14 @@ bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
                                     v + xi * v_stride, transformed + xi * c * k,
                                     m + xi * m_stride, /*is_vnni=*/false);
       }
-      transform_output(m, m_stride, h, w, k, tiles_h, tiles_w, first, count, bias, relu, out);
+      const int64_t direct_tiles =
+          transform_output(m, m_stride, conv, tiles_h, tiles_w, first, count);
+      if (direct_tiles > 0) {
+        direct.fetch_add(direct_tiles, std::memory_order_relaxed);
+      }
     }
   });
-  return true;
+  return direct.load() <= max_direct;
 }
 
 }  // namespace blade::ral

@@ -26,10 +26,14 @@ namespace blade::ral {
 at::Tensor winograd_weight(const at::Tensor& weight);
 
 // out[N, H, W, K] = relu?(conv3x3(x, weight, padding 1) + bias) for NHWC x [N, H, W, C],
-// both contiguous, `transformed` from winograd_weight, `bias` [K] or null. False (nothing
-// written) for empty sizes; the caller then convolves another way.
+// both contiguous, `transformed` from winograd_weight of the contiguous OIHW `weight`,
+// `bias` [K] or null. Tiles whose sums are not finite (an inf or NaN in their patch: the
+// transforms would subtract inf from inf) are computed directly from `weight`, so +-inf
+// and NaN land where the direct convolution puts them. False for empty sizes (nothing
+// written), and when more than a sixteenth of the tiles needed the direct computation
+// (part of `out` written); the caller then convolves another way, overwriting `out`.
 bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c,
-                      const float* transformed, int64_t k, const float* bias, bool relu,
-                      float* out);
+                      const float* transformed, const float* weight, int64_t k,
+                      const float* bias, bool relu, float* out);
 
 }  // namespace blade::ral

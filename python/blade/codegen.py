@@ -35,7 +35,7 @@ from .gathers import lower_dynamic_reverses, lower_gathers
 from .importer import failing_node
 from .ir_queries import all_parallel, output_count
 from .pooling import lower_reduce_windows
-from .shape_assumptions import (annotate_broadcasts, drop_identity_broadcasts,
+from .shape_assumptions import (annotate_broadcasts, divide_out_sizes, drop_identity_broadcasts,
                                 lower_dynamic_reshapes)
 
 STAGES = ("torch_to_stablehlo", "stablehlo_to_linalg", "bufferize", "linalg_to_llvm")
@@ -163,6 +163,7 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                 if user_calls:
                     _inline_user_converters(module, user_calls)
                 if _has_dynamic_shapes(_find_main(module)):
+                    divide_out_sizes(module)
                     drop_identity_broadcasts(module)
                     _run_stage(module, "assume_shapes")
                 layouts.to_channels_last(module, _find_main(module))

@@ -175,7 +175,9 @@ def _variance(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
     centered = x - torch.mean(x, dim, True)
     count = torch.sum(torch.ones_like(x), dim, keepdim)
     if unbiased:
-        count = count - 1
+        # PyTorch divides by max(count - 1, 0): NaN (0 / 0) over one element or none,
+        # where count - 1 gave -0 over none.
+        count = torch.clamp_min(count - 1, 0.0)
     return torch.sum(centered * centered, dim, keepdim) / count
 
 

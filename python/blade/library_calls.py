@@ -193,8 +193,8 @@ def _zero_splat(value) -> Optional[List]:
 def _conv_epilogue(conv) -> Optional[Tuple[object, List, object, bool]]:
     """For an NHWC convolution followed by a per-channel bias add (and a ReLU) that nothing
     else reads in between: (the bias source, the ops between, the last op, relu?), which
-    the kernel runs as the convolution's own bias and post-op instead of a pass of loops
-    over its result. None otherwise."""
+    the kernel runs as the convolution's own bias and an in-place ReLU (NaN-preserving)
+    instead of a pass of loops over its result. None otherwise."""
     add = only_data_user(conv.result)
     if add is None or add.name != "stablehlo.add":
         return None

@@ -217,3 +217,76 @@ def lower_dynamic_reshapes(module) -> int:
             op.erase()
             rewritten += 1
     return rewritten
+
+
+def _factors(value, op_name: str):
+    """The operands of a tree of `op_name` ops (arith.muli) that computes `value`."""
+    multiply = producer(value, op_name)
+    if multiply is None:
+        return [value]
+    return _factors(multiply.operands[0], op_name) + _factors(multiply.operands[1], op_name)
+
+
+def _size_of(value):
+    """(tensor, dim) when `value` is `tensor.dim(tensor, dim)`, maybe index_cast; else None."""
+    cast = producer(value, "arith.index_cast")
+    size = producer(cast.operands[0] if cast is not None else value, "tensor.dim")
+    if size is None:
+        return None
+    dim = _constant_int(size.operands[1])
+    return None if dim is None else (size.operands[0], dim)
+
+
+def _element_count_of(value):
+    """The tensor whose element count `value` is (`num_elements(shape_of(t))`), else None."""
+    cast = producer(value, "arith.index_cast")
+    count = producer(cast.operands[0] if cast is not None else value, "shape.num_elements")
+    shape = None if count is None else producer(count.operands[0], "shape.shape_of")
+    return None if shape is None else shape.operands[0]
+
+
+def divide_out_sizes(module) -> int:
+    """Rewrites `numel(t) / (product of some of t's sizes)` as the product of t's other
+    sizes. Torch-MLIR computes the size a flatten or a view by -1 infers that way, which
+    divides by zero (SIGFPE) when another dim of t is 0 (an empty batch), where PyTorch
+    gives the product of the dims merged. Returns how many divisions were rewritten."""
+    from torch_mlir.dialects import arith, tensor
+
+    rewritten = 0
+    with module.context:
+        index = ir.IndexType.get()
+        for name in ("arith.divui", "arith.divsi"):
+            for op in ops_named(module, name):
+                source = _element_count_of(op.operands[0])
+                if source is None:
+                    continue
+                source_type = ir.RankedTensorType(source.type)
+                remaining = list(range(source_type.rank))
+                for factor in _factors(op.operands[1], "arith.muli"):
+                    size = _size_of(factor)
+                    constant = _constant_int(factor)
+                    if size is not None and size[0] == source and size[1] in remaining:
+                        remaining.remove(size[1])
+                        continue
+                    static = [d for d in remaining if not source_type.is_dynamic_dim(d) and
+                              source_type.shape[d] == constant]
+                    if constant is None or not static:
+                        remaining = None
+                        break
+                    remaining.remove(static[0])
+                if remaining is None:
+                    continue
+                result_type = op.results[0].type
+                with ir.InsertionPoint(op), op.location:
+                    product = arith.ConstantOp(result_type,
+                                               ir.IntegerAttr.get(result_type, 1)).result
+                    for d in remaining:
+                        position = arith.ConstantOp(index, ir.IntegerAttr.get(index, d)).result
+                        size = tensor.DimOp(source, position).result
+                        if size.type != result_type:
+                            size = arith.IndexCastOp(result_type, size).result
+                        product = arith.MulIOp(product, size).result
+                op.results[0].replace_all_uses_with(product)
+                op.erase()
+                rewritten += 1
+    return rewritten

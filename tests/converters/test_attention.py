@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import blade
-from helpers import assert_same, run_compiled
+from helpers import assert_ran_compiled, assert_same, run_compiled
 
 
 class Attention(torch.nn.Module):
@@ -411,3 +411,43 @@ def test_encoder_layer_rows_that_see_no_key_are_those_of_its_reference_path():
     torch.testing.assert_close(actual[1], fast[1], rtol=1e-4, atol=1e-5)
     report = blade.report(optimized)
     assert report.coverage == 1.0 and fused(report) == 1, str(report)
+
+
+class CrossAttention(torch.nn.Module):
+    """nn.MultiheadAttention of queries over keys of another length (a decoder's memory)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x, memory):
+        return self.attention(x, memory, memory, need_weights=False)[0]
+
+
+def zero_length_cases():
+    """(name, model, example inputs, calls with a zero-size dim)."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 6, 16), torch.randn(2, 4, 6, 16)
+    sdpa_calls = [(q[:, :, :0], k, v), (q, k[:, :, :0], v[:, :, :0]), (q[:0], k[:0], v[:0])]
+    x, memory = torch.randn(2, 8, 32), torch.randn(2, 6, 32)
+    cross_calls = [(x[:, :0], memory), (x, memory[:, :0]), (x[:0], memory[:0])]
+    encoder = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+    return [("sdpa", Sdpa(), (q, k, v), sdpa_calls),
+            ("cross", CrossAttention(), (x, memory), cross_calls),
+            ("encoder", encoder, (x,), [(x[:, :0],), (x[:0],)])]
+
+
+@pytest.mark.parametrize("case", zero_length_cases(), ids=lambda case: case[0])
+def test_dynamic_attention_of_zero_length_sequences(case):
+    """No queries, no keys (eager: 0 for every query row, the product of an empty softmax
+    by v's zero rows) or an empty batch: eager's result, where the fused kernel and
+    PyTorch's divided by the key and row counts (SIGFPE)."""
+    _, model, example, calls = case
+    model = model.eval()
+    optimized = blade.optimize(model, example, blade.Config(allow_tracing=True, dynamic=True))
+    assert fused(blade.report(optimized)) == 1, str(blade.report(optimized))
+    with torch.no_grad():
+        for inputs in calls:
+            assert_same(optimized(*inputs), model(*inputs))
+    report = assert_ran_compiled(optimized)
+    assert sum(c.calls for c in report.clusters) >= len(calls), str(report)

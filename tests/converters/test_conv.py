@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import blade
-from helpers import TOLERANCE, Lambda, random_tensor, run_compiled
+from helpers import (TOLERANCE, Lambda, assert_ran_compiled, assert_same_values, random_tensor,
+                     run_compiled)
 
 TRACE = blade.Config(allow_tracing=True)
 DTYPES = [torch.float32, torch.float64]
@@ -440,3 +441,31 @@ def test_3x3_convolutions_run_by_winograd_and_match_eager(capfd):
         for batch in (1, 3):
             y = torch.randn(batch, 48, 9, 7)
             torch.testing.assert_close(optimized(y), model(y), rtol=1e-4, atol=1e-5)
+
+
+class ConvBiasRelu(torch.nn.Module):
+    def __init__(self, channels, outputs):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(channels, outputs, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+@pytest.mark.parametrize("channels", [8, 64], ids=["onednn", "winograd"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=str)
+def test_inf_and_nan_inputs_give_eagers_inf_and_nan(channels, value):
+    """One non-finite input value: eager's direct convolution gives +-inf (or NaN where
+    infinities of both signs meet) in the outputs whose window holds it, and the ReLU keeps
+    NaN. Winograd's transforms subtracted inf from inf (NaN in every output of the tiles
+    around it), and oneDNN's ReLU post-op turned NaN into 0."""
+    torch.manual_seed(0)
+    model = ConvBiasRelu(channels, channels).eval()
+    x = torch.randn(2, channels, 12, 10)
+    optimized = blade.optimize(model, (x,))
+    with torch.no_grad():
+        for position in ((0, 1, 5, 5), (1, channels - 1, 11, 9), (0, 0, 0, 0)):
+            y = x.clone()
+            y[position] = value
+            assert_same_values(optimized(y), model(y), rtol=1e-4, atol=1e-4)
+    assert_ran_compiled(optimized)

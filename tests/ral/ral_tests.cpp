@@ -309,14 +309,52 @@ void test_winograd_convolution_matches_direct() {
       const at::Tensor transformed = blade::ral::winograd_weight(w);
       at::Tensor out = at::full({t.n, t.h, t.w, t.k}, std::nan(""));   // NHWC
       const bool ran = blade::ral::winograd_conv3x3(
-          x.data_ptr<float>(), t.n, t.h, t.w, t.c, transformed.data_ptr<float>(), t.k,
-          t.bias ? b.data_ptr<float>() : nullptr, t.relu, out.data_ptr<float>());
+          x.data_ptr<float>(), t.n, t.h, t.w, t.c, transformed.data_ptr<float>(),
+          w.data_ptr<float>(), t.k, t.bias ? b.data_ptr<float>() : nullptr, t.relu,
+          out.data_ptr<float>());
       EXPECT(ran);
       const at::Tensor got = out.permute({0, 3, 1, 2});
       EXPECT(at::allclose(got, expected, 1e-4, 1e-4));
     }
   }
   at::set_num_threads(2);
+}
+
+// An inf or a NaN in the input lands where the direct convolution puts +-inf and NaN (the
+// transforms alone would subtract inf from inf in every output of its tiles), on tiles at
+// the edges too; an input mostly inf is declined.
+void test_winograd_convolution_keeps_inf_and_nan_where_direct_does() {
+  const int64_t n = 2, c = 32, h = 17, w = 15, k = 40;  // 144 tiles
+  at::manual_seed(5);
+  const at::Tensor weight = at::randn({k, c, 3, 3}) * 0.2;
+  const at::Tensor bias = at::randn({k});
+  const at::Tensor transformed = blade::ral::winograd_weight(weight);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (bool relu : {false, true}) {
+    at::Tensor x = at::randn({n, c, h, w}).contiguous(at::MemoryFormat::ChannelsLast);
+    x.index_put_({0, 3, 4, 2}, inf);
+    x.index_put_({1, 0, 16, 14}, -inf);   // the last row and column: a partial tile
+    x.index_put_({1, 7, 0, 0}, std::nan(""));
+    at::Tensor expected = at::conv2d(x, weight, bias, 1, 1);
+    if (relu) {
+      expected = at::relu(expected);
+    }
+    at::Tensor out = at::zeros({n, h, w, k});
+    EXPECT(blade::ral::winograd_conv3x3(x.data_ptr<float>(), n, h, w, c,
+                                        transformed.data_ptr<float>(), weight.data_ptr<float>(),
+                                        k, bias.data_ptr<float>(), relu, out.data_ptr<float>()));
+    const at::Tensor got = out.permute({0, 3, 1, 2});
+    EXPECT(at::equal(got.isnan(), expected.isnan()));
+    EXPECT(at::equal(got.isposinf(), expected.isposinf()));
+    EXPECT(at::equal(got.isneginf(), expected.isneginf()));
+    const at::Tensor finite = expected.isfinite();
+    EXPECT(at::allclose(got.masked_select(finite), expected.masked_select(finite), 1e-4, 1e-4));
+  }
+  const at::Tensor all_inf = at::full({n, h, w, c}, inf);
+  at::Tensor out = at::zeros({n, h, w, k});
+  EXPECT(!blade::ral::winograd_conv3x3(all_inf.data_ptr<float>(), n, h, w, c,
+                                       transformed.data_ptr<float>(), weight.data_ptr<float>(),
+                                       k, bias.data_ptr<float>(), false, out.data_ptr<float>()));
 }
 
 void test_memref_copy_of_every_layout() {
@@ -784,6 +822,8 @@ int main(int argc, char** argv) {
       {"freed_buffers_are_reused_and_released", test_freed_buffers_are_reused_and_released},
       {"memref_copy_of_every_layout", test_memref_copy_of_every_layout},
       {"winograd_convolution_matches_direct", test_winograd_convolution_matches_direct},
+      {"winograd_convolution_keeps_inf_and_nan_where_direct_does",
+       test_winograd_convolution_keeps_inf_and_nan_where_direct_does},
       {"matmul_library_call", test_matmul_library_call},
       {"matmul_by_a_param_uses_its_packed_copy", test_matmul_by_a_param_uses_its_packed_copy},
       {"matmul_by_an_untransposed_param_prepares_its_transpose",
