@@ -5,7 +5,9 @@ round-robin so that machine drift cancels, 2 threads, medians and p10/p90.
 
 The default workloads are the six of `workloads.WORKLOADS`; `workloads.EXTRA_WORKLOADS`
 run when named: `--workloads resnet18,unet_decoder,gpt_block` (a whole ResNet-18 at batch
-2, 224 x 224; one U-Net level with upsampling and a skip concatenation; a GPT-2 block).
+2, 224 x 224; one U-Net level with upsampling and a skip concatenation; a GPT-2 block), and
+the real-model sizes `resnet50` ([1,3,224,224]), `bert_base` (12 encoder layers with
+distinct weights, [1,128,768]) and `gpt2` (12 GPT-2-sized decoder blocks).
 
 Quote ratios from one run (backend / eager, lower is faster), never absolute times from
 different runs: these machines are noisy.

@@ -98,6 +98,52 @@ class ResNet18(torch.nn.Module):
         return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+class Bottleneck(torch.nn.Module):
+    """ResNet-50's bottleneck: 1x1 down, 3x3 (strided where the stage starts), 1x1 up, each
+    with BatchNorm, and a projection shortcut where the shape changes."""
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        nn = torch.nn
+        cout = 4 * width
+        self.conv1, self.bn1 = nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout)
+        self.shortcut = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.bn2(self.conv2(y)))
+        return torch.relu(self.bn3(self.conv3(y)) + self.shortcut(x))
+
+
+class ResNet50(torch.nn.Module):
+    """torchvision's resnet50 architecture (written out: torchvision is not installed)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        blocks, cin = [], 64
+        for width, count, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for i in range(count):
+                blocks.append(Bottleneck(cin, width, stride if i == 0 else 1))
+                cin = 4 * width
+        self.layers = nn.Sequential(*blocks)
+        self.fc = nn.Linear(2048, 1000)
+        for module in self.modules():   # statistics of a trained network, not 0 and 1
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.1, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
 class UNetDecoder(torch.nn.Module):
     """One U-Net level: a strided convolution down, x2 nearest upsampling back, the skip
     connection concatenated, a convolution."""
@@ -162,9 +208,18 @@ def build(name):
         return UNetDecoder().eval(), (torch.randn(2, 16, 96, 96),)
     if name == "gpt_block":
         return GptBlock().eval(), (torch.randn(4, 128, 512),)
+    if name == "resnet50":
+        return ResNet50().eval(), (torch.randn(1, 3, 224, 224),)
+    if name == "bert_base":  # 12 encoder layers with distinct weights
+        layers = [torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True, dropout=0.0)
+                  for _ in range(12)]
+        return torch.nn.Sequential(*layers).eval(), (torch.randn(1, 128, 768),)
+    if name == "gpt2":  # 12 GPT-2-sized decoder blocks
+        blocks = [GptBlock(768, 12) for _ in range(12)]
+        return torch.nn.Sequential(*blocks).eval(), (torch.randn(1, 128, 768),)
     raise KeyError(name)
 
 
 # What `make bench` runs (issue 6's workloads); EXTRA_WORKLOADS only when named.
 WORKLOADS = ("ew_chain", "ln_gelu", "softmax_attn", "mlp", "bert_layer", "convnet")
-EXTRA_WORKLOADS = ("resnet18", "unet_decoder", "gpt_block")
+EXTRA_WORKLOADS = ("resnet18", "unet_decoder", "gpt_block", "resnet50", "bert_base", "gpt2")
