@@ -229,8 +229,8 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     """Cleans the frozen graph, applies the decompositions and materializes its types from
     the example inputs (and `resized_inputs`: dims that differ there become dynamic).
     Optional tensor inputs at `none_inputs` (graph positions) are taken to be None.
-    Returns how many nodes of each op were decomposed, and a copy of the graph from just
-    before the example inputs were used (the model for any input). `dump` gets the graph
+    Returns how many nodes of each op were decomposed, and a copy of the graph from before
+    the decompositions and the example inputs were used (the model for any input). `dump` gets the graph
     after every pass that changed it."""
     from .decompositions import decompose
 
@@ -254,6 +254,9 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     run("remove_dropout", lambda: torch._C._jit_pass_remove_dropout(module._c))
     run("fold_tensor_attributes", lambda: fold_tensor_attributes(graph, module))
     run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
+    # The model for any input is taken before Blade's decompositions, which are written for
+    # the compiler, not for every input eager takes (SDPA's amax over zero keys raises).
+    unspecialized = graph.copy()
     decomposed = run("decompose", lambda: decompose(graph, excluded_ops, dynamic))
     # Python structure that needs no shapes: in-place ops on fresh values, writes through
     # views, dicts and appended lists, list idioms, loops with constant trip counts.
@@ -268,7 +271,6 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
         ("dce", lambda: torch._C._jit_pass_dce(graph)),
     ]
     to_fixed_point(structure)
-    unspecialized = graph.copy()
     if none_inputs:
         # Optional inputs that are None in the example: `if mask is not None` folds.
         none = graph.insertConstant(None)

@@ -451,3 +451,20 @@ def test_dynamic_attention_of_zero_length_sequences(case):
             assert_same(optimized(*inputs), model(*inputs))
     report = assert_ran_compiled(optimized)
     assert sum(c.calls for c in report.clusters) >= len(calls), str(report)
+
+
+def test_static_attention_called_with_no_keys_runs_the_model_as_eager_does():
+    """Inputs the engine was not compiled for run the model's own graph, taken before
+    Blade's decompositions: SDPA over zero keys gives eager's zeros (the decomposition's
+    amax over an empty dim would raise)."""
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    optimized, _ = run_compiled(Attend(), (q, k, v))
+    empty_k, empty_v = torch.randn(2, 4, 0, 16), torch.randn(2, 4, 0, 16)
+    expected = Attend()(q, empty_k, empty_v)
+    assert_same(optimized(q, empty_k, empty_v), expected)
+    assert blade.report(optimized).runtime_fallbacks == 1
