@@ -457,6 +457,13 @@ std::vector<at::Tensor> Engine::run_subgraph(const std::vector<at::Tensor>& inpu
   return outputs;
 }
 
+at::Tensor Engine::param(int64_t index) const {
+  TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(params_.size()), "blade: engine '",
+              name_, "' has ", params_.size(), " params, none at index ", index,
+              " (the saved file is corrupted)");
+  return params_[static_cast<size_t>(index)];
+}
+
 EngineStats Engine::stats() const {
   return EngineStats{calls_.load(), fallbacks_.load()};
 }

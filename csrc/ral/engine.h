@@ -66,6 +66,10 @@ class Engine : public torch::CustomClassHolder {
   // Why the compiled code is not in use (empty when it is).
   const std::string& load_error() const { return load_error_; }
   EngineStats stats() const;
+  // The constant tensors the code reads; the graph around the engine reads its weights
+  // from here too, so that a saved model holds each weight once.
+  const std::vector<at::Tensor>& params() const { return params_; }
+  at::Tensor param(int64_t index) const;
   // Weights the code multiplies by through a packed copy (one per weight and row count).
   int64_t packed_weights() const { return prepared_weights_->packed_count(); }
   std::string last_fallback_reason() const;

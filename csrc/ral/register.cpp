@@ -46,6 +46,8 @@ TORCH_LIBRARY(blade, m) {
       .def("fallbacks", [](const c10::intrusive_ptr<Engine>& e) { return e->stats().fallbacks; })
       .def("last_fallback_reason", &Engine::last_fallback_reason)
       .def("packed_weights", &Engine::packed_weights)
+      .def("param", &Engine::param)
+      .def("params", [](const c10::intrusive_ptr<Engine>& e) { return e->params(); })
       .def_pickle(
           [](const c10::intrusive_ptr<Engine>& e) { return e->serialize(); },
           [](Engine::State state) { return Engine::deserialize(std::move(state)); });

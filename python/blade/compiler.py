@@ -641,6 +641,66 @@ def _check_dtypes_through_stand_ins(graph, dtypes: Dict[int, torch.dtype]) -> No
         listed.replaceInput(position, stand_in)
 
 
+def _read_weights_from_engines(module, graph, report: Report) -> None:
+    """A weight the graph holds as a constant (the unspecialized model's, above all) that is
+    an engine's param, or a view of one (freezing folds MultiheadAttention's q/k/v chunks of
+    its packed weight into views), is read from the engine instead: `self.<engine>.param(i)`,
+    or a view of it. `torch.jit.save` writes graph constants and engine state to separate
+    tables, so each such weight was stored, and loaded, twice."""
+    owners: Dict[int, Tuple[str, int, torch.Tensor]] = {}  # storage address -> param
+    engines = {}
+    for cluster in report.clusters:
+        if cluster.compiled:
+            engine = getattr(module, cluster.name)
+            engines[cluster.name] = engine
+            for index, param in enumerate(engine.params()):
+                # (a 0-dim param comes back to Python as a number: nothing to share there)
+                if isinstance(param, torch.Tensor) and param.storage_offset() == 0 and \
+                        param.numel() > 0:
+                    owners.setdefault(param.untyped_storage().data_ptr(),
+                                      (cluster.name, index, param))
+    self_value = next(iter(graph.inputs()))
+
+    def insert(kind, inputs, value_type, before, **attributes):
+        node = graph.create(kind, inputs, 1)
+        for name, value in attributes.items():
+            if isinstance(value, str):
+                node.s_(name, value)
+            else:
+                node.i_(name, value)
+        node.output().setType(value_type)
+        node.insertBefore(before)
+        return node.output()
+
+    for node in _all_nodes(graph) if owners else []:
+        if node.kind() != "prim::Constant" or \
+                not isinstance(node.output().type(), torch._C.TensorType):
+            continue
+        weight = node.t("value")
+        if weight.numel() == 0 or weight.untyped_storage().data_ptr() not in owners:
+            continue
+        name, index, param = owners[weight.untyped_storage().data_ptr()]
+        if weight.dtype != param.dtype:
+            continue
+        engine = insert("prim::GetAttr", [self_value], engines[name]._type(), node, name=name)
+        position = insert("prim::Constant", [], torch._C.IntType.get(), node, value=index)
+        read = insert("prim::CallMethod", [engine, position], node.output().type(), node,
+                      name="param")
+        same = weight.shape == param.shape and weight.stride() == param.stride() and \
+            weight.storage_offset() == 0
+        if not same:
+            view = graph.create("aten::as_strided", [read] + [
+                graph.insertConstant(v) for v in (list(weight.shape), list(weight.stride()),
+                                                  weight.storage_offset())], 1)
+            for constant in list(view.inputs())[1:]:
+                constant.node().moveBefore(node)
+            view.output().setType(node.output().type())
+            view.insertBefore(node)
+            read = view.output()
+        node.output().replaceAllUsesWith(read)
+        node.destroy()
+
+
 def _none_inputs(graph, inputs: Tuple) -> List[int]:
     """Graph positions of the optional tensor inputs that are None in the example."""
     found = []
@@ -726,6 +786,8 @@ def _optimize(model, example_inputs, config: Config) -> torch.jit.ScriptModule:
     if not config.dry_run:
         _account_for_ops_outside_engines(graph, report)
     _guard(module, graph, unspecialized, none_inputs, config, report)
+    if not config.dry_run:
+        _read_weights_from_engines(module, graph, report)
     dump.graph("final", graph, always=True)
     module._c._register_attribute(REPORT_ATTRIBUTE, torch._C.StringType.get(), report.to_json())
     if config.verbose or dump.enabled:
