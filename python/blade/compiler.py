@@ -423,7 +423,7 @@ def _dissolve_failed(cluster, error: Exception, message: str, ops: Dict[str, int
 
 
 def _compile_clusters(module, graph, clusters: List, config: Config, report: Report,
-                      dump: Dumper) -> None:
+                      dump: Dumper, progress: Progress) -> None:
     """Swaps each cluster for an engine, or dissolves it back into TorchScript when it
     fails to compile. In rounds: when a failure names its node, the nodes of the clusters
     that failed so are clustered again without those nodes once the round is over (when
@@ -436,8 +436,7 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
         # once, rather than every cluster alike.
         _C.signing_public_key(config.signing_key or "")
     code_cache = CodeCache.for_config(config)
-    progress = Progress(len(clusters), "compiling clusters",
-                        config.progress and not config.dry_run)
+    progress.begin(0 if config.dry_run else len(clusters), "compiling clusters")
     index = 0
     for rounds in range(MAX_RECLUSTER_ROUNDS + 1):
         retry: Dict[torch._C.Node, Verdict] = {}
@@ -747,16 +746,30 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
 
 def _optimize(model, example_inputs, config: Config) -> torch.jit.ScriptModule:
     inputs = _as_tuple(example_inputs)
+    progress = Progress(Progress.wanted(config.progress))
+    try:
+        return _optimize_with_progress(model, inputs, config, progress)
+    finally:
+        progress.finish()
+
+
+def _optimize_with_progress(model, inputs: Tuple, config: Config,
+                            progress: Progress) -> torch.jit.ScriptModule:
     with quiet_torchscript():
+        progress.stage("tracing" if config.allow_tracing else "scripting")
         scripted = _to_torchscript(model, inputs, config)
+        progress.stage("freezing")
         with _eval_mode(scripted):
             inputs = _with_defaults(scripted, inputs)
             module = torch.jit.freeze(scripted,
                                       preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
     dump = Dumper.for_config(config.dump_dir)
+    if config.dynamic:
+        progress.stage("finding dynamic dims")
     groups, resized_inputs = _dynamic_groups(module, inputs, config)
     none_inputs = _none_inputs(graph, inputs)
+    progress.stage("simplifying, recording types")
     decomposed, unspecialized = simplify(graph, module, inputs, config.excluded_ops, dump,
                                          resized_inputs, config.dynamic, none_inputs)
     if config.dynamic:
@@ -777,11 +790,12 @@ def _optimize(model, example_inputs, config: Config) -> torch.jit.ScriptModule:
         report.total_ops += 1
         if not verdict.supported:
             report.add_unsupported(schema_name(node), verdict.reason)
+    progress.stage("clustering")
     clusters = _cluster(graph, verdicts, config, report)
     del verdicts
     dump.graph("clustered", graph, always=True)
 
-    _compile_clusters(module, graph, clusters, config, report, dump)
+    _compile_clusters(module, graph, clusters, config, report, dump, progress)
     torch._C._jit_pass_dce(graph)
     if not config.dry_run:
         _account_for_ops_outside_engines(graph, report)

@@ -29,7 +29,9 @@ class Config:
         dump_dir: write the graph after each simplification pass and, per cluster, its
             IR at every stage with timings (layout in `blade.dump`). The environment
             variable BLADE_DUMP_DIR does the same when this is not set.
-        progress: show a progress bar on stderr while clusters compile.
+        progress: show what optimize is doing on stderr, from the first second: the
+            front-end stages, then each cluster as it compiles, with the time elapsed.
+            ``None`` (the default) shows it when stderr is a terminal, and not under pytest.
         dynamic: compile engines that serve inputs of other sizes too. The dimensions
             that may vary are found by running the model on copies of the example inputs
             resized along each group of equally sized dimensions (size 1 excluded): those
@@ -59,7 +61,7 @@ class Config:
     verbose: bool = False
     dry_run: bool = False
     dump_dir: Optional[str] = None
-    progress: bool = False
+    progress: Optional[bool] = None
     dynamic: bool = False
     dynamic_dims: Optional[Dict[int, List[int]]] = None
     parallel: bool = True

@@ -19,6 +19,7 @@ Layout of a dump directory:
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -103,23 +104,57 @@ class ClusterDump:
 
 
 class Progress:
-    """A one-line progress bar on stderr (a line per step when stderr is not a terminal)."""
+    """What `optimize` is doing, on stderr, from its first second: the front-end stages
+    (script or trace, freeze, simplify, types, cluster), then a bar of the clusters as they
+    finish, each line with the seconds since optimize began. One line rewritten in place on
+    a terminal; a line per step otherwise.
 
-    def __init__(self, total: int, label: str, enabled: bool, width: int = 24):
-        self.total, self.label, self.enabled, self.width = total, label, enabled, width
-        self.done = 0
+    Example:
+        >>> progress = Progress(enabled=True)
+        >>> progress.stage("freeze")
+        >>> progress.begin(12, "compiling clusters"); progress.step("blade_engine_0")
+    """
+
+    def __init__(self, enabled: bool, width: int = 24):
+        self.enabled, self.width = enabled, width
+        self.total, self.done, self.label = 0, 0, ""
+        self.start = time.perf_counter()
         self.tty = sys.stderr.isatty()
 
+    @staticmethod
+    def wanted(setting: Optional[bool]) -> bool:
+        """Config.progress: None shows progress when stderr is a terminal, not under pytest."""
+        if setting is not None:
+            return setting
+        return sys.stderr.isatty() and "PYTEST_CURRENT_TEST" not in os.environ
+
+    def stage(self, name: str) -> None:
+        self._show(f"{name}...", last=False)
+
+    def begin(self, total: int, label: str) -> None:
+        self.total, self.done, self.label = total, 0, label
+
     def step(self, what: str) -> None:
-        if not self.enabled or self.total == 0:
+        if self.total == 0:
             return
         self.done += 1
         filled = self.width * self.done // self.total
         bar = "#" * filled + "-" * (self.width - filled)
-        line = f"[blade] {self.label} [{bar}] {self.done}/{self.total} {what}"
+        self._show(f"{self.label} [{bar}] {self.done}/{self.total} {what}",
+                   last=self.done == self.total)
+
+    def finish(self) -> None:
+        """Ends a line left open on a terminal."""
+        if self.enabled and self.tty and (self.total == 0 or self.done < self.total):
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+
+    def _show(self, text: str, last: bool) -> None:
+        if not self.enabled:
+            return
+        line = f"[blade {time.perf_counter() - self.start:5.1f}s] {text}"
         if self.tty:
-            end = "\n" if self.done == self.total else ""
-            sys.stderr.write("\r\x1b[2K" + line + end)
+            sys.stderr.write("\r\x1b[2K" + line + ("\n" if last else ""))
         else:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
