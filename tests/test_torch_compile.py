@@ -82,6 +82,22 @@ def test_transformer_encoder_layer():
     compile_and_check(layer, (torch.randn(2, 8, 32),), rtol=1e-4, atol=1e-4)
 
 
+def test_other_sizes_give_a_dynamic_graph_blade_compiles_dynamic():
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval()
+    compiled = torch.compile(layer, backend="blade")
+    before = graph_indices()
+    with torch.no_grad():
+        for tokens in (8, 12, 5, 12):
+            x = torch.randn(2, tokens, 32)
+            torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-4)
+    static, dynamic = new_graphs(before)    # Dynamo recompiled once, with symbolic sizes
+    report = assert_ran_compiled(dynamic.modules[0])
+    # Blade finds the dims that may vary itself: the batch too, which Dynamo left static.
+    assert report.clusters[0].inputs == "float32[s0,s1,32]", str(report)
+    assert report.clusters[0].calls == 3, str(report)
+    assert static.report().clusters[0].calls == 1
+
+
 class Printing(torch.nn.Module):
     def __init__(self):
         super().__init__()

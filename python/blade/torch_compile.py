@@ -17,6 +17,11 @@ tensors, unmodified, are passed again, and otherwise runs the FX graph eagerly (
 instance of the same module class sharing Dynamo's compiled code, or weights written in
 place), counted in the graph's `eager_calls`.
 
+When a call comes with other sizes, Dynamo compiles the graph again with symbolic sizes
+(unless `torch.compile(..., dynamic=False)`): that graph is compiled with
+`Config(dynamic=True)`, and the sizes Dynamo passes as inputs of their own are read from
+the tensors they measure, so one dynamic engine serves the sizes that follow.
+
 This module imports neither the compiler nor torch-mlir nor torch._dynamo at import time:
 `import blade` stays cheap (see `register`).
 """
@@ -27,7 +32,7 @@ import sys
 import threading
 import warnings
 import weakref
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -82,15 +87,19 @@ class DynamoGraph:
         >>> print(graph.report() if graph.modules else graph.eager_reason)
     """
 
-    def __init__(self, index: int, graph_module: torch.fx.GraphModule,
+    def __init__(self, index: int, graph_module: torch.fx.GraphModule, num_inputs: int = 0,
                  eager_reason: Optional[str] = None, config: Optional[Config] = None,
-                 state_positions: Sequence[int] = ()):
+                 state_positions: Sequence[int] = (),
+                 sizes: Optional[Dict[int, Tuple[int, int]]] = None):
         self.index = index
         self.graph_module = graph_module
         self.eager_reason = eager_reason
         self.eager_calls = 0
         self._config = config
         self._state_positions = list(state_positions)
+        self._sizes = dict(sizes or {})
+        self._runtime_positions = [i for i in range(num_inputs)
+                                   if i not in self._state_positions and i not in self._sizes]
         self._variants: List[_Variant] = []
         self._lock = threading.Lock()
 
@@ -118,7 +127,7 @@ class DynamoGraph:
             if not stale and len(self._variants) >= MAX_STATE_VARIANTS:
                 return None
             variant = _Variant(state, _optimize_graph(self.graph_module, args, state,
-                                                      self._config))
+                                                      self._sizes, self._config))
             # Weights written in place: the old variant serves nothing any more.
             self._variants = [v for v in self._variants if v not in stale] + [variant]
             return variant
@@ -132,7 +141,7 @@ class DynamoGraph:
         if variant is None:
             self.eager_calls += 1
             return self.graph_module(*args)
-        return variant.module(*[x for i, x in enumerate(args) if i not in variant.state])
+        return variant.module(*[args[i] for i in self._runtime_positions])
 
     def __repr__(self):
         what = (f"eager: {self.eager_reason}" if self.eager_reason is not None else
@@ -227,22 +236,28 @@ def _real(node: Optional[torch.fx.Node], value):
 
 class _StateFrozen(torch.nn.Module):
     """The FX graph with its parameter and buffer inputs held as attributes, so that
-    tracing and freezing make them constants; forward takes the other inputs."""
+    tracing and freezing make them constants, and its size inputs (Dynamo's SymInts)
+    read from the tensors they measure; forward takes the other inputs."""
 
     def __init__(self, gm: torch.fx.GraphModule, num_inputs: int,
-                 state: Dict[int, torch.Tensor]):
+                 state: Dict[int, torch.Tensor], sizes: Dict[int, Tuple[int, int]]):
         super().__init__()
         self.gm = gm
         self.num_inputs = num_inputs
         self.state_positions = sorted(state)
+        self.sizes = dict(sizes)
+        self.runtime_positions = [i for i in range(num_inputs)
+                                  if i not in state and i not in sizes]
         for i in self.state_positions:
             self.register_buffer(f"input_{i}", state[i].detach())
 
     def forward(self, *inputs):
-        given = iter(inputs)
-        args = [getattr(self, f"input_{i}") if i in self.state_positions else next(given)
-                for i in range(self.num_inputs)]
-        return self.gm(*args)
+        args = dict(zip(self.runtime_positions, inputs))
+        for i in self.state_positions:
+            args[i] = getattr(self, f"input_{i}")
+        for i, (position, dim) in self.sizes.items():
+            args[i] = args[position].size(dim)
+        return self.gm(*[args[i] for i in range(self.num_inputs)])
 
 
 def _record(gm, **kwargs) -> DynamoGraph:
@@ -259,10 +274,42 @@ def _eager(gm, reason: str) -> DynamoGraph:
     return _record(gm, eager_reason=reason)
 
 
-def _optimize_graph(gm, inputs: Sequence[torch.Tensor], state: Dict[int, torch.Tensor],
-                    config: Config) -> torch.jit.ScriptModule:
-    runtime_inputs = tuple(x for i, x in enumerate(inputs) if i not in state)
-    wrapper = _StateFrozen(gm, len(inputs), state).eval()
+def _symbolic_dims(node: Optional[torch.fx.Node]) -> List[int]:
+    """The dims Dynamo made dynamic in a tensor input (its fake value's symbolic sizes)."""
+    value = node.meta.get("example_value") if node is not None else None
+    if not isinstance(value, torch.Tensor):
+        return []
+    return [d for d, size in enumerate(value.shape) if isinstance(size, torch.SymInt)]
+
+
+def _size_sources(nodes: Sequence[Optional[torch.fx.Node]], example_inputs: Sequence[Any]):
+    """For each SymInt input, the (tensor input, dim) whose size it is; and the SymInt
+    inputs that measure no tensor input (an int argument Dynamo made dynamic)."""
+    from torch._dynamo.source import TensorProperty, TensorPropertySource
+
+    tensors = {}
+    for i, node in enumerate(nodes):
+        grapharg = node.meta.get("grapharg") if node is not None else None
+        if grapharg is not None and isinstance(example_inputs[i], torch.Tensor):
+            tensors[grapharg.source.name] = i
+    sizes, unmatched = {}, []
+    for i, (node, value) in enumerate(zip(nodes, example_inputs)):
+        if not isinstance(value, torch.SymInt):
+            continue
+        grapharg = node.meta.get("grapharg") if node is not None else None
+        source = grapharg.source if grapharg is not None else None
+        if (isinstance(source, TensorPropertySource) and source.prop is TensorProperty.SIZE
+                and source.base.name in tensors):
+            sizes[i] = (tensors[source.base.name], source.idx)
+        else:
+            unmatched.append(i)
+    return sizes, unmatched
+
+
+def _optimize_graph(gm, inputs: Sequence[Any], state: Dict[int, torch.Tensor],
+                    sizes: Dict[int, Tuple[int, int]], config: Config) -> torch.jit.ScriptModule:
+    wrapper = _StateFrozen(gm, len(inputs), state, sizes).eval()
+    runtime_inputs = tuple(inputs[i] for i in wrapper.runtime_positions)
     try:
         with torch.no_grad():
             traced = torch.jit.trace(wrapper, runtime_inputs, check_trace=False)
@@ -289,26 +336,33 @@ def blade_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     nodes = _placeholders(gm)
     if len(nodes) != len(example_inputs):
         nodes = [None] * len(example_inputs)
-    symbolic = [i for i, x in enumerate(example_inputs)
-                if isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
-                    isinstance(d, torch.SymInt) for d in x.shape))]
-    if symbolic:
-        return _eager(gm, "Dynamo passed symbolic sizes (inputs "
-                      f"{', '.join(map(str, symbolic))}); call torch.compile(..., "
-                      "dynamic=False) so that each shape gets its own graph, or compile the "
-                      "model with blade.optimize(..., Config(dynamic=True))")
-    not_tensors = [i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)]
+    sizes, unmatched = _size_sources(nodes, example_inputs)
+    if unmatched:
+        return _eager(gm, f"inputs {unmatched} are sizes Dynamo made dynamic that measure no "
+                      "tensor input; call torch.compile(..., dynamic=False)")
+    not_tensors = [i for i, x in enumerate(example_inputs)
+                   if not isinstance(x, torch.Tensor) and i not in sizes]
     if not_tensors:
         return _eager(gm, f"inputs {not_tensors} are not tensors")
-    inputs = [_real(node, x) for node, x in zip(nodes, example_inputs)]
-    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+    inputs = [x if i in sizes else _real(node, x)
+              for i, (node, x) in enumerate(zip(nodes, example_inputs))]
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                       for x in inputs):
         # Dynamo guards grad mode, so this graph only serves calls with grad enabled.
         return _eager(gm, "an input requires grad under grad mode (Blade compiles for "
                       "inference: call the model under torch.no_grad() or "
                       "torch.inference_mode())")
     state_positions = [i for i, (node, x) in enumerate(zip(nodes, inputs))
-                       if _is_module_state(node, x)]
-    graph = _record(gm, config=config, state_positions=state_positions)
+                       if i not in sizes and _is_module_state(node, x)]
+    runtime_positions = [i for i in range(len(inputs))
+                         if i not in state_positions and i not in sizes]
+    # After a call with other sizes Dynamo makes dims dynamic, all of an input's when its
+    # rank changed too (a weight's size among them: Dynamo has not specialized it when it
+    # hands the graph over), so Blade finds which of the graph's dims may vary itself.
+    if any(_symbolic_dims(nodes[i]) for i in runtime_positions) and not config.dynamic:
+        config = dataclasses.replace(config, dynamic=True)
+    graph = _record(gm, num_inputs=len(inputs), config=config,
+                    state_positions=state_positions, sizes=sizes)
     try:
         graph.compile(inputs)
     except TraceError as e:
