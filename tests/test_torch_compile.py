@@ -192,3 +192,19 @@ def test_import_blade_stays_cheap_and_the_entry_point_finds_blade(tmp_path):
         "'torch_mlir') if m in sys.modules]; assert not loaded, loaded")],
         env=env, capture_output=True, text=True)
     assert cheap.returncode == 0, cheap.stderr
+
+
+def test_an_int_dynamo_made_dynamic_runs_eagerly_with_the_reason():
+    def scale(x, n):
+        return torch.relu(x) * n
+
+    compiled = torch.compile(scale, backend="blade")
+    x = torch.randn(4, 8)
+    before = graph_indices()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, 2), scale(x, 2))
+        with pytest.warns(UserWarning, match="sizes Dynamo made dynamic that measure no tensor"):
+            torch.testing.assert_close(compiled(x, 3), scale(x, 3))
+    first, second = new_graphs(before)
+    assert first.modules and first.eager_reason is None
+    assert not second.modules and "dynamic=False" in second.eager_reason

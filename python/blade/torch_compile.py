@@ -12,10 +12,11 @@ recompilation and graph breaks stay Dynamo's.
 
 Dynamo passes a module's parameters and buffers as graph inputs (it inlines nn.Modules).
 They are frozen into the traced graph, so that engines hold them as params (packed
-weights, constant folding) as `blade.optimize` would; each call checks that the same
-tensors, unmodified, are passed again, and otherwise runs the FX graph eagerly (another
-instance of the same module class sharing Dynamo's compiled code, or weights written in
-place), counted in the graph's `eager_calls`.
+weights, constant folding) as `blade.optimize` would. Each call checks (by identity and
+version counter) that the same tensors, unmodified, are passed again; another set (another
+instance of the same module class, which shares Dynamo's graph, or weights written in
+place) gets the graph compiled again for it, up to MAX_STATE_VARIANTS sets, past which
+calls run the FX graph eagerly, counted in the graph's `eager_calls`.
 
 When a call comes with other sizes, Dynamo compiles the graph again with symbolic sizes
 (unless `torch.compile(..., dynamic=False)`): that graph is compiled with
@@ -187,8 +188,6 @@ def config_from_options(options: Optional[Dict[str, Any]]) -> Config:
     """
     if options is None:
         return Config()
-    if isinstance(options, Config):
-        return options
     if not isinstance(options, dict):
         raise TypeError("torch.compile(backend=\"blade\", options=...): options must be a dict "
                         f"of blade.Config fields, got {type(options).__name__}")
