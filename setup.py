@@ -64,5 +64,9 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch==2.13.0"],
     extras_require={"compiler": ["torch-mlir==20261001"]},
-    entry_points={"console_scripts": ["blade=blade.__main__:main"]},
+    entry_points={
+        "console_scripts": ["blade=blade.__main__:main"],
+        # torch.compile(model, backend="blade") finds Blade without `import blade`.
+        "torch_dynamo_backends": ["blade=blade.torch_compile:blade_backend"],
+    },
 )

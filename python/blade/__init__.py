@@ -5,6 +5,9 @@ to native code, run by a C++ runtime; everything else keeps running as TorchScri
     torch.jit.save(optimized, "model.pt")       # later: import blade; torch.jit.load(...)
     print(blade.report(optimized))
 
+    compiled = torch.compile(model, backend="blade")   # the same, through Dynamo
+    print(blade.dynamo_reports())                      # see blade.torch_compile
+
 Importing blade loads only the runtime; the compiler (and torch-mlir) load on first use.
 """
 from ._runtime import load_runtime
@@ -13,6 +16,11 @@ load_runtime()
 
 from .config import Config  # noqa: E402
 from .report import Report, report  # noqa: E402
+from . import torch_compile  # noqa: E402
+from .torch_compile import dynamo_graphs, dynamo_reports  # noqa: E402
+
+# torch.compile(model, backend="blade"), registered once torch loads its backend registry.
+torch_compile.register()
 
 __version__ = "0.1.0"
 
@@ -142,6 +150,6 @@ def unregister_decomposition(overload):
     _unregister(overload)
 
 
-__all__ = ["Config", "Report", "optimize", "register_converter", "register_decomposition",
+__all__ = ["Config", "Report", "dynamo_graphs", "dynamo_reports", "optimize", "register_converter", "register_decomposition",
            "report", "signing_public_key", "trust_key", "trusted_keys", "unregister_converter",
            "unregister_decomposition", "__version__"]

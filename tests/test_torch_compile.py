@@ -1,0 +1,210 @@
+"""torch.compile(model, backend="blade"): each graph Dynamo hands over is compiled by Blade
+(python/blade/torch_compile.py), gives eager's results and runs its engines."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import blade
+from helpers import assert_ran_compiled
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def graph_indices():
+    return {g.index for g in blade.dynamo_graphs()}
+
+
+def new_graphs(before):
+    """The graphs compiled since `before` (earlier tests' may still be alive)."""
+    return [g for g in blade.dynamo_graphs() if g.index not in before]
+
+
+def compile_and_check(model, inputs, options=None, rtol=1e-5, atol=1e-5, graphs=1):
+    """Compiles `model` with the "blade" backend, calls it twice under no_grad, compares
+    with eager and checks that each of Dynamo's graphs ran Blade's engines. Returns them."""
+    model = model.eval()
+    compiled = torch.compile(model, backend="blade", options=options)
+    before = graph_indices()
+    with torch.no_grad():
+        expected = model(*inputs)
+        for _ in range(2):
+            torch.testing.assert_close(compiled(*inputs), expected, rtol=rtol, atol=atol)
+    new = new_graphs(before)
+    assert len(new) == graphs, new
+    for graph in new:
+        assert graph.eager_reason is None and graph.eager_calls == 0, graph
+        assert len(graph.modules) == 1, graph
+        report = assert_ran_compiled(graph.modules[0])
+        assert report.clusters[0].calls == 2, str(report)
+    return new
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 64)
+        self.fc2 = torch.nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def test_mlp():
+    (graph,) = compile_and_check(MLP(), (torch.randn(8, 32),), rtol=1e-4, atol=1e-4)
+    report = graph.report()
+    # Dynamo passes the weights as inputs; they are frozen in, so engines take x alone.
+    assert report.clusters[0].inputs == "float32[8,32]", str(report)
+    assert report.clusters[0].library_calls == 2, str(report)
+
+
+def test_conv_net():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    compile_and_check(model, (torch.randn(2, 3, 16, 16),), rtol=1e-4, atol=1e-4)
+
+
+def test_transformer_encoder_layer():
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+    compile_and_check(layer, (torch.randn(2, 8, 32),), rtol=1e-4, atol=1e-4)
+
+
+def test_other_sizes_give_a_dynamic_graph_blade_compiles_dynamic():
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval()
+    compiled = torch.compile(layer, backend="blade")
+    before = graph_indices()
+    with torch.no_grad():
+        for tokens in (8, 12, 5, 12):
+            x = torch.randn(2, tokens, 32)
+            torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-4)
+    static, dynamic = new_graphs(before)    # Dynamo recompiled once, with symbolic sizes
+    report = assert_ran_compiled(dynamic.modules[0])
+    # Blade finds the dims that may vary itself: the batch too, which Dynamo left static.
+    assert report.clusters[0].inputs == "float32[s0,s1,32]", str(report)
+    assert report.clusters[0].calls == 3, str(report)
+    assert static.report().clusters[0].calls == 1
+
+
+class Printing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 16)
+        self.fc2 = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        print("between the layers")   # a graph break: Dynamo makes two graphs
+        return torch.tanh(self.fc2(h))
+
+
+def test_graph_break_gives_two_graphs_both_compiled(capsys):
+    compile_and_check(Printing(), (torch.randn(4, 16),), rtol=1e-4, atol=1e-4, graphs=2)
+    assert "between the layers" in capsys.readouterr().out
+
+
+def test_options_are_config_fields():
+    model = MLP()
+    (graph,) = compile_and_check(model, (torch.randn(8, 32),), rtol=1e-4, atol=1e-4,
+                                 options={"excluded_ops": ["aten::gelu"]})
+    report = graph.report()
+    assert "aten::gelu" in report.unsupported, str(report)
+    assert "aten::gelu" not in report.clusters[0].ops, str(report)
+
+
+def test_a_wrong_option_name_is_a_clear_error():
+    compiled = torch.compile(MLP().eval(), backend="blade", options={"min_cluster_sise": 2})
+    with pytest.raises(Exception, match="'min_cluster_sise' is not a blade.Config field; "
+                                        "the fields are .*min_cluster_size"):
+        with torch.no_grad():
+            compiled(torch.randn(8, 32))
+
+
+def test_grad_mode_with_parameters_runs_eagerly():
+    model = MLP().eval()
+    x = torch.randn(8, 32)
+    compiled = torch.compile(model, backend="blade")
+    before = graph_indices()
+    with pytest.warns(UserWarning, match="requires grad under grad mode"):
+        y = compiled(x)
+    torch.testing.assert_close(y, model(x))
+    y.sum().backward()                      # eager's autograd, as without torch.compile
+    assert model.fc1.weight.grad is not None
+    (graph,) = new_graphs(before)
+    assert not graph.modules and "requires grad" in graph.eager_reason
+
+
+def test_other_instance_and_weights_written_in_place():
+    first, second = MLP().eval(), MLP().eval()
+    x = torch.randn(8, 32)
+    compiled_first = torch.compile(first, backend="blade")
+    compiled_second = torch.compile(second, backend="blade")
+    before = graph_indices()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled_first(x), first(x), rtol=1e-4, atol=1e-4)
+        # Dynamo shares its graph between instances: Blade compiles it for their weights.
+        torch.testing.assert_close(compiled_second(x), second(x), rtol=1e-4, atol=1e-4)
+        first.fc1.weight.add_(1.0)
+        torch.testing.assert_close(compiled_first(x), first(x), rtol=1e-4, atol=1e-4)
+    (graph,) = new_graphs(before)
+    assert len(graph.modules) == 2 and graph.eager_calls == 0, graph
+
+
+def test_import_blade_stays_cheap_and_the_entry_point_finds_blade(tmp_path):
+    # An installed Blade declares the backend in the torch_dynamo_backends entry-point
+    # group (setup.py); a dist-info of its own on the path stands in for the installation.
+    assert '"torch_dynamo_backends": ["blade=blade.torch_compile:blade_backend"]' in \
+        (ROOT / "setup.py").read_text()
+    dist = tmp_path / "blade_backend_probe-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: blade-backend-probe\n"
+                                   "Version: 0.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[torch_dynamo_backends]\nblade = blade.torch_compile:blade_backend\n")
+    script = textwrap.dedent("""
+        import sys, torch
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+        x = torch.randn(2, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(model, backend="blade")(x), model(x))
+        import blade
+        assert [len(g.modules) for g in blade.dynamo_graphs()] == [1]
+        assert blade.dynamo_reports()[0].clusters[0].calls == 1
+    """)
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'python'}{os.pathsep}{tmp_path}")
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    cheap = subprocess.run([sys.executable, "-c", (
+        "import sys, blade; loaded = [m for m in ('torch._dynamo', 'blade.compiler', "
+        "'torch_mlir') if m in sys.modules]; assert not loaded, loaded")],
+        env=env, capture_output=True, text=True)
+    assert cheap.returncode == 0, cheap.stderr
+
+
+def test_an_int_dynamo_made_dynamic_runs_eagerly_with_the_reason():
+    def scale(x, n):
+        return torch.relu(x) * n
+
+    compiled = torch.compile(scale, backend="blade")
+    x = torch.randn(4, 8)
+    before = graph_indices()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, 2), scale(x, 2))
+        with pytest.warns(UserWarning, match="sizes Dynamo made dynamic that measure no tensor"):
+            torch.testing.assert_close(compiled(x, 3), scale(x, 3))
+    first, second = new_graphs(before)
+    assert first.modules and first.eager_reason is None
+    assert not second.modules and "dynamic=False" in second.eager_reason
