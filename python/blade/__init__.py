@@ -150,6 +150,7 @@ def unregister_decomposition(overload):
     _unregister(overload)
 
 
-__all__ = ["Config", "Report", "dynamo_graphs", "dynamo_reports", "optimize", "register_converter", "register_decomposition",
-           "report", "signing_public_key", "trust_key", "trusted_keys", "unregister_converter",
-           "unregister_decomposition", "__version__"]
+__all__ = ["Config", "Report", "dynamo_graphs", "dynamo_reports", "optimize",
+           "register_converter", "register_decomposition", "report", "signing_public_key",
+           "trust_key", "trusted_keys", "unregister_converter", "unregister_decomposition",
+           "__version__"]
