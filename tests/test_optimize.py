@@ -2,6 +2,9 @@
 effects, inputs of any dtype."""
 import copy
 import random
+import subprocess
+import sys
+import textwrap
 import warnings
 from typing import Dict, List, Tuple
 
@@ -261,3 +264,24 @@ def test_inputs_of_any_dtype_compile_or_stay_torchscript_with_a_reason(dtype):
     if report.total_ops > report.compiled_ops:
         reason = report.unsupported["aten::to.dtype"].reasons[0]
         assert f"has dtype {str(dtype).replace('torch.', '')}" in reason, str(report)
+
+
+def test_optimize_works_under_warnings_as_errors():
+    """TorchScript's deprecation notices are Blade's business, not the caller's: optimize
+    (decompositions scripted on first use included) raises none under
+    -W error::DeprecationWarning, in a fresh process."""
+    script = textwrap.dedent("""
+        import warnings
+        import torch, blade
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh()).eval()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            optimized = blade.optimize(model, (torch.randn(4, 16),),
+                                       blade.Config(cache_dir="off"))
+        assert blade.report(optimized).coverage == 1.0
+        assert not caught, [str(w.message) for w in caught]
+        print("ok")
+    """)
+    run = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", script],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

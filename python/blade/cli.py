@@ -224,7 +224,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from .compiler import quiet_torchscript
+    from .quiet import quiet_torchscript
 
     args = parser().parse_args(argv)
     with quiet_torchscript():

@@ -8,7 +8,6 @@ import functools
 import random
 import sys
 import time
-import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -18,19 +17,11 @@ from .compile_cache import CodeCache
 from .config import Config
 from .dtypes import dtype_name
 from .dump import Dumper, Progress
+from .quiet import quiet_torchscript
 from .registry import REGISTRY, SCALAR_TYPE_NAMES, Verdict, describe, ran, schema_name
 from .report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 
 ENGINE_PREFIX = "blade_engine_"
-
-
-@contextlib.contextmanager
-def quiet_torchscript():
-    """TorchScript's own deprecation notices, and nothing else, are silenced."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated",
-                                category=DeprecationWarning)
-        yield
 
 
 def _as_tuple(example_inputs) -> Tuple[Any, ...]:
@@ -740,7 +731,7 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
     """
     # No side effects: the model runs on private copies of the example inputs, the random
     # generators are restored on every exit, and a ScriptModule keeps its training flags.
-    with preserved_random_state():
+    with preserved_random_state(), quiet_torchscript():
         return _optimize(model, example_inputs, config or Config())
 
 

@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from . import _C
+from .quiet import quiet_torchscript
 
 
 class DecompositionError(ValueError):
@@ -84,7 +85,8 @@ def _make(overload: str, fn: Callable, builtin: bool,
           dynamic_only: bool = False) -> Decomposition:
     schema = _op_schema(overload)
     try:
-        scripted = torch.jit.script(fn)
+        with quiet_torchscript():
+            scripted = torch.jit.script(fn)
     except Exception as e:
         raise DecompositionError(f"register_decomposition({overload}): TorchScript cannot "
                                  f"script {getattr(fn, '__name__', fn)}: {e}") from e
