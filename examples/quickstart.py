@@ -17,7 +17,8 @@ import blade
 
 
 class GatedMLP(torch.nn.Module):
-    """Linear layers (TorchScript for now) around fused elementwise/activation chains."""
+    """Linear layers (library calls into oneDNN from the compiled code) around elementwise
+    and activation chains the compiled code fuses."""
 
     def __init__(self, dim=256, hidden=1024):
         super().__init__()

@@ -1,4 +1,4 @@
-"""The docs' code blocks run as written. Per document: its python blocks, in order, as one
+"""The code blocks of docs/ and README.md run as written. Per document: its python blocks, in order, as one
 script (a real file, because TorchScript reads the source of the classes it scripts), then
 its bash blocks, in order, in the same working directory (so they see the files the python
 blocks saved), with this environment's `python`, `blade` and `cmake` first on PATH. Blocks
@@ -21,9 +21,12 @@ def blocks(path: Path):
     return FENCE.findall(path.read_text())
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in DOCS.glob("*.md")))
+DOCUMENTS = {p.name: p for p in [*DOCS.glob("*.md"), ROOT / "README.md"]}
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTS))
 def test_code_blocks_run(name, tmp_path, monkeypatch):
-    found = blocks(DOCS / name)
+    found = blocks(DOCUMENTS[name])
     languages = {language for language, _ in found}
     assert languages <= {"python", "bash", "text"}, f"{name}: fences {languages}"
     python = [code for language, code in found if language == "python"]

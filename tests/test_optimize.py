@@ -285,3 +285,14 @@ def test_optimize_works_under_warnings_as_errors():
     run = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", script],
                          capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_config_checks_excluded_op_names():
+    with pytest.raises(ValueError, match="did you mean 'aten::linear'"):
+        blade.Config(excluded_ops=["aten::Linear"])
+    with pytest.raises(ValueError, match="must be a list of op names"):
+        blade.Config(excluded_ops="aten::linear")
+    with pytest.raises(ValueError, match="not a registered op name"):
+        blade.Config(excluded_ops=["mylib::nothing_by_that_name"])
+    assert blade.Config(excluded_ops=("aten::add.Tensor", "aten::gelu")).excluded_ops == [
+        "aten::add.Tensor", "aten::gelu"]

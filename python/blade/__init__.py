@@ -26,7 +26,17 @@ __version__ = "0.1.0"
 
 
 def optimize(model, example_inputs, config=None):
-    """Compiles what it can of `model`; see `blade.compiler.optimize`.
+    """Compiles what it can of `model` for CPU and returns a `torch.jit.ScriptModule` that
+    computes what `model` computes.
+
+    `model` is an `nn.Module` (scripted, or traced with `Config(allow_tracing=True)`) or a
+    `ScriptModule`; `example_inputs` a tensor or a tuple of forward's arguments, run on
+    private copies. The result is specialized to their dtypes and (unless
+    `Config(dynamic=True)`) sizes; other inputs run the model unchanged. `config` is a
+    `blade.Config`. The result saves with `torch.jit.save` and loads, after `import blade`,
+    with `torch.jit.load` (its native code runs where its signing key is trusted:
+    docs/security.md); `blade.report(result)` says what was compiled and why not.
+    docs/user_guide.md has the whole story.
 
     Example:
         >>> optimized = blade.optimize(model.eval(), (torch.randn(8, 64),))

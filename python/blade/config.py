@@ -1,7 +1,11 @@
 """The one object that controls how Blade compiles a model."""
+import difflib
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
+
+import torch
 
 FALLBACK_MODES = ("fallback", "error")
 
@@ -94,5 +98,39 @@ class Config:
         if self.signing_key is not None and not isinstance(self.signing_key, str):
             raise ValueError("Config.signing_key must be the path of an Ed25519 private key "
                              f"(PEM), got {self.signing_key!r}")
+        if isinstance(self.excluded_ops, str) or not isinstance(self.excluded_ops,
+                                                                 (list, tuple)) or \
+                not all(isinstance(op, str) for op in self.excluded_ops):
+            raise ValueError("Config.excluded_ops must be a list of op names, like "
+                             f"[\"aten::gelu\"], got {self.excluded_ops!r}")
+        self.excluded_ops = list(self.excluded_ops)
+        for op in self.excluded_ops:
+            _check_op_name(op)
         if self.min_cluster_size < 1:
             raise ValueError(f"Config.min_cluster_size must be >= 1, got {self.min_cluster_size}")
+
+
+@functools.lru_cache(maxsize=1)
+def _known_op_names() -> frozenset:
+    """Every registered op, as an overload (`aten::add.Tensor`) and as a name (`aten::add`)."""
+    names = set()
+    for schema in torch._C._jit_get_all_schemas():
+        names.add(schema.name)
+        if schema.overload_name:
+            names.add(f"{schema.name}.{schema.overload_name}")
+    return frozenset(names)
+
+
+def _check_op_name(op: str) -> None:
+    # prim:: nodes (lists, tuples, constants) mostly have no schema to check against.
+    if op in _known_op_names() or op.startswith("prim::"):
+        return
+    _known_op_names.cache_clear()  # an op registered since the names were read
+    if op in _known_op_names():
+        return
+    close = difflib.get_close_matches(op, _known_op_names(), n=3, cutoff=0.6)
+    close += [name for name in _known_op_names() if name.lower() == op.lower()]
+    hint = f"; did you mean {' or '.join(repr(c) for c in dict.fromkeys(close))}?" if close \
+        else " (register custom ops before creating the Config)"
+    raise ValueError(f"Config.excluded_ops: {op!r} is not a registered op name or "
+                     f"overload{hint}")
