@@ -65,6 +65,21 @@ def test_gpt_block_with_a_causal_mask_of_dynamic_length():
     assert report.decomposed == {"aten::tril": 1}
 
 
+def test_gpt_blocks_of_one_sequence_of_dynamic_length_compile_whole():
+    """A batch of one and a dynamic length: the head transposes drop their batch loop
+    (unit_loops.py) and read q, k and v, strided slices of the fused projection, through
+    views whose outer stride is dynamic; once a wrong static stride there failed the
+    whole engine."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(GptBlock(64, 4), GptBlock(64, 4)).eval()
+    optimized = blade.optimize(model, (torch.randn(1, 16, 64),),
+                               blade.Config(dynamic_dims={0: [1]}))
+    report = serves_whole(optimized, model,
+                          [(torch.randn(1, length, 64),) for length in (1, 7, 16, 33)])
+    assert report.clusters[0].inputs == "float32[1,s0,64]", str(report)
+    assert_ran_compiled(optimized)
+
+
 class FutureMask(torch.nn.Module):
     """The other spelling of a causal mask: triu of ones over the future positions."""
 

@@ -15,6 +15,10 @@ that merge those size-1 dims into the next dim:
 
 so that its outermost loop is the 56 rows parallel.py can share out. A size-1 dim is
 collapsible whatever its stride, and a view costs nothing: the loops run exactly as before.
+A view's type is the one memref.collapse_shape's verifier infers: size-1 dims merged into
+a dim of dynamic size leave the merged dim's stride dynamic (q of a fused QKV product of
+one sequence of dynamic length, [1, ?, 12, 64] with strides [?, 2304, 64, 1], is read
+through a [?, 12, 64] view with strides [?, 64, 1]).
 """
 from typing import List
 
@@ -59,11 +63,28 @@ def _collapse_plan(t, dropped: List[int]):
         if strides is None or (pending and groups):
             return None
         offset = t.get_strides_and_offset()[1]
-        layout = ir.StridedLayoutAttr.get(offset, [strides[d] for d in kept])
+        layout = ir.StridedLayoutAttr.get(offset, [_collapsed_stride(t, strides, group)
+                                                   for group in groups])
         result = ir.MemRefType.get(shape, t.element_type, layout)
     if pending and groups:
         groups[-1] += pending     # trailing size-1 dims (none left when all are dropped)
     return groups, result
+
+
+def _collapsed_stride(t, strides, group: List[int]) -> int:
+    """The stride of the dim that `group` of memref type `t` collapses into, as
+    memref.collapse_shape's verifier infers it (MLIR's computeCollapsedLayoutMap): the
+    stride of the group's last dim not of static size 1, but dynamic when that dim's size
+    is dynamic and dims before it are merged into it, since a dynamic size may be 1 at run
+    time, and MLIR skips the strides of size-1 dims. (At run time the view still gets the
+    kept dim's stride.) A [1, ?, 12, 64] head view of a fused QKV product, strides
+    [?, 2304, 64, 1], collapses to a [?, 12, 64] view of strides [?, 64, 1]."""
+    ref = list(group)
+    while len(ref) > 1 and t.shape[ref[-1]] == 1:
+        ref.pop()
+    if len(ref) > 1 and t.shape[ref[-1]] == ir.ShapedType.get_dynamic_size():
+        return ir.ShapedType.get_dynamic_stride_or_offset()
+    return strides[ref[-1]]
 
 
 def _collapse(value, plan):
