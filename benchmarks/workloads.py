@@ -75,23 +75,34 @@ class BasicBlock(torch.nn.Module):
         return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
 
 
+def resnet_stem() -> torch.nn.Module:
+    """ResNet's stem: a 7x7 stride-2 convolution, BatchNorm, ReLU, 3x3 stride-2 max pooling."""
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                         nn.MaxPool2d(3, 2, 1))
+
+
+def trained_statistics(model: torch.nn.Module) -> None:
+    """BatchNorm statistics like a trained network's, not 0 and 1."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.1, 0.1)
+            module.running_var.uniform_(0.5, 1.5)
+
+
 class ResNet18(torch.nn.Module):
     """torchvision's resnet18 architecture (written out: torchvision is not installed)."""
 
     def __init__(self):
         super().__init__()
         nn = torch.nn
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
-                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.stem = resnet_stem()
         widths = [(64, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2)]
         self.layers = nn.Sequential(*[block for cin, cout, stride in widths
                                       for block in (BasicBlock(cin, cout, stride),
                                                     BasicBlock(cout, cout, 1))])
         self.fc = nn.Linear(512, 1000)
-        for module in self.modules():   # statistics of a trained network, not 0 and 1
-            if isinstance(module, nn.BatchNorm2d):
-                module.running_mean.uniform_(-0.1, 0.1)
-                module.running_var.uniform_(0.5, 1.5)
+        trained_statistics(self)
 
     def forward(self, x):
         x = self.layers(self.stem(x))
@@ -125,8 +136,7 @@ class ResNet50(torch.nn.Module):
     def __init__(self):
         super().__init__()
         nn = torch.nn
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
-                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.stem = resnet_stem()
         blocks, cin = [], 64
         for width, count, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
             for i in range(count):
@@ -134,10 +144,7 @@ class ResNet50(torch.nn.Module):
                 cin = 4 * width
         self.layers = nn.Sequential(*blocks)
         self.fc = nn.Linear(2048, 1000)
-        for module in self.modules():   # statistics of a trained network, not 0 and 1
-            if isinstance(module, nn.BatchNorm2d):
-                module.running_mean.uniform_(-0.1, 0.1)
-                module.running_var.uniform_(0.5, 1.5)
+        trained_statistics(self)
 
     def forward(self, x):
         x = self.layers(self.stem(x))
