@@ -48,7 +48,18 @@ def test_blade_run_matches_eager(tmp_path):
                           str(tmp_path / "inputs.pt"), str(tmp_path / "outputs.pt")],
                          capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
-    # The engine ran its compiled code in the C++ process, no fallback.
+    # The guard let the call in and the engine ran its compiled code in the C++ process.
+    assert "blade_guard: calls=1 fallbacks=0\n" in run.stderr, run.stderr
     assert "blade_engine_0: calls=1 fallbacks=0" in run.stderr, run.stderr
     with torch.no_grad():
         torch.testing.assert_close(torch.load(str(tmp_path / "outputs.pt")), model(x, y))
+    # Inputs unlike the example's: the guard says it sent the call to the unspecialized
+    # model, and why.
+    torch.save([torch.randn(3, 8), torch.randn(3, 16)], str(tmp_path / "other.pt"))
+    run = subprocess.run([str(build / "blade_run"), str(tmp_path / "model.pt"),
+                          str(tmp_path / "other.pt"), str(tmp_path / "outputs.pt")],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "blade_guard: calls=1 fallbacks=1 (last: input 0: size of dim 0 is 3, expected 4)" \
+        in run.stderr, run.stderr
+    assert "blade_engine_0: calls=0 fallbacks=0" in run.stderr, run.stderr

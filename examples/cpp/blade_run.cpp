@@ -2,14 +2,15 @@
 //
 // Loads a model saved by blade.optimize (torch.jit.save), reads its inputs saved from
 // Python with torch.save([t1, t2, ...], INPUTS.pt), runs forward, and writes the result
-// with torch::pickle_save, which torch.load reads; each engine's call and fallback counts go
-// to stderr. Needs libtorch and Blade's runtime
-// library only: no Python, MLIR or torch-mlir.
+// with torch::pickle_save, which torch.load reads; the input guard's and each engine's call
+// and fallback counts, with the last fallback's reason, go to stderr. Needs libtorch and
+// Blade's runtime library only: no Python, MLIR or torch-mlir.
 #include <torch/script.h>
 #include <torch/serialize.h>
 
 #include <fstream>
 #include <iostream>
+#include <string>
 #include <iterator>
 #include <vector>
 
@@ -45,12 +46,21 @@ int main(int argc, char** argv) {
     }
     torch::NoGradGuard no_grad;
     c10::IValue output = model.forward(inputs);
-    // What each Blade engine did: compiled calls, and calls that fell back to TorchScript.
+    // What Blade did: the input guard's calls and the calls it sent to the unspecialized
+    // model (inputs unlike the example inputs), then each engine's compiled calls and calls
+    // that fell back to TorchScript, each with the reason of the last fallback.
     for (const auto& attr : model.named_attributes(/*recurse=*/false)) {
-      if (attr.name.rfind("blade_engine_", 0) == 0 && attr.value.isObject()) {
-        torch::jit::Object engine(attr.value.toObject());
-        std::cerr << attr.name << ": calls=" << engine.run_method("calls").toInt()
-                  << " fallbacks=" << engine.run_method("fallbacks").toInt() << "\n";
+      const bool guard = attr.name == "blade_guard";
+      if ((guard || attr.name.rfind("blade_engine_", 0) == 0) && attr.value.isObject()) {
+        torch::jit::Object object(attr.value.toObject());
+        const int64_t fallbacks = object.run_method("fallbacks").toInt();
+        std::cerr << attr.name << ": calls=" << object.run_method("calls").toInt()
+                  << " fallbacks=" << fallbacks;
+        if (fallbacks > 0) {
+          std::string reason = object.run_method("last_fallback_reason").toStringRef();
+          std::cerr << " (last: " << reason << ")";
+        }
+        std::cerr << "\n";
       }
     }
     std::vector<char> bytes = torch::pickle_save(output);
