@@ -130,3 +130,21 @@ def test_key_prints_the_public_key_engines_are_signed_with(capsys, tmp_path):
     assert main(["optimize", str(model), "-o", str(out), "--input", "float32[4,8]",
                  "--quiet", "--signing-key", str(other)]) == 0
     assert torch.jit.load(str(out)).blade_engine_0.signature().startswith(f"ed25519:{team_key}:")
+
+
+def test_inputs_the_model_does_not_take_are_one_line_errors(saved_model, capsys):
+    path, _ = saved_model
+    for inputs in (["float32[4,8]", "float32[4,8]"], ["float32[4,9]"]):
+        argv = ["optimize", str(path), "-o", "unused.pt", "--quiet"]
+        for spec in inputs:
+            argv += ["--input", spec]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith(f"blade optimize: error: {path} does not run on the inputs given")
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"blade {blade.__version__}"

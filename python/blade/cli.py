@@ -117,7 +117,26 @@ def optimize_saved(args):
     if hasattr(model, REPORT_ATTRIBUTE):
         raise CliError(f"{args.model} was already optimized by Blade; give the original model")
     inputs = load_inputs(args)
+    check_model_runs(args.model, model, inputs)
     return optimize(model, inputs, config_from(args)), inputs
+
+
+def check_model_runs(path: str, model, inputs: tuple) -> None:
+    """A model that does not take the inputs given is the user's mistake: one line, not the
+    interpreter's traceback from inside optimize."""
+    from .compiler import private_copy
+
+    try:
+        with torch.no_grad():
+            model(*private_copy(inputs))
+    except (RuntimeError, TypeError, ValueError) as e:
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        # TorchScript's own errors end with the message; Python's start with it.
+        message = lines[-1] if "Traceback of TorchScript" in str(e) else lines[0]
+        given = "; ".join(f"{str(t.dtype).replace('torch.', '')}"
+                          f"[{','.join(str(d) for d in t.shape)}]" for t in inputs)
+        raise CliError(f"{path} does not run on the inputs given ({given}): {message}") \
+            from None
 
 
 def cmd_optimize(args) -> int:
@@ -172,7 +191,10 @@ def cmd_key(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     top = argparse.ArgumentParser(prog="blade", description=__doc__.split("\n\n")[0])
+    top.add_argument("--version", action="version", version=f"blade {__version__}")
     commands = top.add_subparsers(dest="command", required=True)
 
     def model_options(p, with_fallback):
