@@ -1,7 +1,5 @@
 #include "ral/compiled_code.h"
 
-#include "ral/signing.h"
-
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
@@ -63,13 +61,12 @@ CompiledCode::CompiledCode(const uint8_t* data, size_t size, const std::string& 
 }
 
 std::shared_ptr<CompiledCode> CompiledCode::load_shared(const uint8_t* data, size_t size,
+                                                       const Digest& digest,
                                                        const std::string& name) {
   static std::mutex mutex;
-  static auto* loaded = new std::map<std::string, std::weak_ptr<CompiledCode>>();
-  Digest digest = chunked_sha256(data, size);
-  std::string key(digest.begin(), digest.end());
+  static auto* loaded = new std::map<Digest, std::weak_ptr<CompiledCode>>();
   std::lock_guard<std::mutex> lock(mutex);
-  if (auto existing = (*loaded)[key].lock()) {
+  if (auto existing = (*loaded)[digest].lock()) {
     return existing;
   }
   // Entries of unloaded code are dropped as new code loads, so the map stays small.
@@ -77,7 +74,7 @@ std::shared_ptr<CompiledCode> CompiledCode::load_shared(const uint8_t* data, siz
     it = it->second.expired() ? loaded->erase(it) : std::next(it);
   }
   auto code = std::make_shared<CompiledCode>(data, size, name);
-  (*loaded)[key] = code;
+  (*loaded)[digest] = code;
   return code;
 }
 

@@ -6,6 +6,8 @@
 // The library stays loaded as long as this object lives; the destructor unloads it.
 #pragma once
 
+#include "ral/signing.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,10 +29,12 @@ class CompiledCode {
 
   EntryFn entry() const { return entry_; }
 
-  // The loaded code of these bytes, shared with every other engine of this process that
-  // loaded the same bytes and still holds them: identical clusters (a model's repeated
-  // layers) map their library once. Throws as the constructor does.
+  // The loaded code of these bytes (whose SHA-256 is `digest`), shared with every other
+  // engine of this process that loaded the same bytes and still holds them: identical
+  // clusters (a model's repeated layers) map their library once. Throws as the constructor
+  // does.
   static std::shared_ptr<CompiledCode> load_shared(const uint8_t* data, size_t size,
+                                                   const Digest& digest,
                                                    const std::string& name);
 
  private:

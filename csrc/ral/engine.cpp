@@ -213,7 +213,7 @@ Digest engine_digest(const std::string& name, FallbackMode mode, const std::stri
                      const std::vector<TensorSpec>& input_specs,
                      const std::vector<TensorSpec>& output_specs,
                      const std::string& cpu_features, const std::vector<at::Tensor>& params,
-                     const at::Tensor& code) {
+                     const Digest& code) {
   FieldHasher hasher;
   hasher.add(std::string("blade engine"));
   hasher.add(kEngineFormatVersion);
@@ -234,17 +234,20 @@ Digest engine_digest(const std::string& name, FallbackMode mode, const std::stri
     Digest bytes = chunked_sha256(static_cast<const uint8_t*>(p.data_ptr()), p.nbytes());
     hasher.add(bytes.data(), bytes.size());
   }
-  at::Tensor bytes = code.contiguous();
-  Digest digest = chunked_sha256(bytes.data_ptr<uint8_t>(), static_cast<size_t>(bytes.numel()));
-  hasher.add(digest.data(), digest.size());
+  hasher.add(code.data(), code.size());
   return hasher.finish();
+}
+
+Digest code_digest(const at::Tensor& code) {
+  at::Tensor bytes = code.contiguous();
+  return chunked_sha256(bytes.data_ptr<uint8_t>(), static_cast<size_t>(bytes.numel()));
 }
 
 }  // namespace
 
-Digest Engine::signed_digest() const {
+Digest Engine::signed_digest(const Digest& code) const {
   return engine_digest(name_, fallback_mode_, fallback_ir_, input_specs_, output_specs_,
-                       cpu_features_, params_, code_bytes_);
+                       cpu_features_, params_, code);
 }
 
 std::string sign_engine(const std::string& name, const at::Tensor& code,
@@ -256,7 +259,7 @@ std::string sign_engine(const std::string& name, const at::Tensor& code,
               "blade: engine code to sign must be a 1-D uint8 tensor");
   return sign_digest(engine_digest(name, parse_fallback_mode(fallback_mode), fallback_ir,
                                    parse_specs(input_specs), parse_specs(output_specs),
-                                   cpu_features, params, code),
+                                   cpu_features, params, code_digest(code)),
                      key_path);
 }
 
@@ -265,8 +268,10 @@ void Engine::load_code() {
     load_error_ = validation_error();
   }
   std::string untrusted_key;
+  Digest code{};
   if (load_error_.empty()) {
-    load_error_ = verify_digest(signed_digest(), signature_, &untrusted_key);
+    code = code_digest(code_bytes_);
+    load_error_ = verify_digest(signed_digest(code), signature_, &untrusted_key);
   }
   if (load_error_.empty()) {
     if (auto missing = missing_cpu_features(cpu_features_); !missing.empty()) {
@@ -276,7 +281,7 @@ void Engine::load_code() {
   if (load_error_.empty()) {
     try {
       code_ = CompiledCode::load_shared(code_bytes_.data_ptr<uint8_t>(),
-                                        static_cast<size_t>(code_bytes_.numel()), name_);
+                                        static_cast<size_t>(code_bytes_.numel()), code, name_);
     } catch (const c10::Error& e) {
       load_error_ = e.what_without_backtrace();
     }
@@ -504,20 +509,18 @@ c10::intrusive_ptr<Engine> Engine::deserialize(State state) {
                 "' is not a new key=value pair";
     }
   }
-  std::string effective_mode = mode;
-  if (mode != "fallback" && mode != "error") {
-    problem = problem.empty() ? "the engine's fallback mode '" + mode.substr(0, 40) +
-                                    "' is neither 'fallback' nor 'error'"
-                              : problem;
-    effective_mode = "fallback";
+  const bool known_mode = mode == "fallback" || mode == "error";
+  if (problem.empty() && !known_mode) {
+    problem = "the engine's fallback mode '" + mode.substr(0, 40) +
+              "' is neither 'fallback' nor 'error'";
   }
   if (!problem.empty()) {
-    // The code and its ABI are unknown: keep only what every format has.
+    // The code and its ABI are unknown: keep only what every format has. Built in fallback
+    // mode, which does not raise on the missing code; the saved mode applies from here.
     auto engine = c10::make_intrusive<Engine>(name, at::Tensor(), "", "", fallback_ir, params,
                                               "fallback", "", "");
     engine->load_error_ = problem;
-    engine->fallback_mode_ = parse_fallback_mode(effective_mode);
-    engine->input_specs_.clear();
+    engine->fallback_mode_ = known_mode ? parse_fallback_mode(mode) : FallbackMode::kFallback;
     TORCH_CHECK(engine->fallback_mode_ != FallbackMode::kError, "blade: engine '", name,
                 "' cannot be loaded: ", problem,
                 ". Rebuild the model with this version of Blade.");

@@ -87,8 +87,8 @@ class Engine : public torch::CustomClassHolder {
  private:
   // What the signature covers: a SHA-256 over the format version, name, fallback mode,
   // fallback IR, specs (as formatted), CPU features, each param's dtype, sizes and bytes,
-  // and the code (see sign_engine).
-  Digest signed_digest() const;
+  // and `code`, the code's own digest (see sign_engine).
+  Digest signed_digest(const Digest& code) const;
   // Validates everything the code will rely on, verifies the signature, checks the CPU,
   // and only then maps the code; records why not in load_error_.
   void load_code();

@@ -153,6 +153,18 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &info) == 0;
 }
 
+// The key at `path`, or this machine's key (created on first use) when `path` is empty.
+Pkey signing_key(const std::string& path) {
+  if (!path.empty()) {
+    return read_private_key(path);
+  }
+  const std::string local = default_signing_key_path();
+  if (!file_exists(local)) {
+    create_private_key(local);
+  }
+  return read_private_key(local);
+}
+
 class TrustStore {
  public:
   void add(const std::string& hex) {
@@ -306,19 +318,12 @@ std::string default_signing_key_path() {
 }
 
 std::string signing_public_key(const std::string& path) {
-  std::string where = path.empty() ? default_signing_key_path() : path;
-  if (path.empty() && !file_exists(where)) {
-    create_private_key(where);
-  }
-  return public_key_hex(read_private_key(where).get());
+  return public_key_hex(signing_key(path).get());
 }
 
 std::string sign_digest(const Digest& digest, const std::string& path) {
-  std::string where = path.empty() ? default_signing_key_path() : path;
-  if (path.empty() && !file_exists(where)) {
-    create_private_key(where);
-  }
-  Pkey key = read_private_key(where);
+  const std::string where = path.empty() ? default_signing_key_path() : path;
+  Pkey key = signing_key(path);
   MdCtx ctx(EVP_MD_CTX_new());
   uint8_t signature[kSignatureBytes];
   size_t size = sizeof(signature);

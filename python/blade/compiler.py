@@ -612,10 +612,10 @@ def _dtype_stand_in(x: torch.Tensor, dtype: int) -> Optional[torch.Tensor]:
 
 @functools.lru_cache(maxsize=None)
 def _scripted_dtype_stand_in():
-    # Scripted on first use, not at import: under -W error::DeprecationWarning, scripting
-    # outside quiet_torchscript would make `import blade.compiler` fail.
-    with quiet_torchscript():
-        return torch.jit.script(_dtype_stand_in)
+    # Scripted on first use inside optimize (under quiet_torchscript), not at import: under
+    # -W error::DeprecationWarning, scripting at import would make `import blade.compiler`
+    # fail.
+    return torch.jit.script(_dtype_stand_in)
 
 
 def _check_dtypes_through_stand_ins(graph, dtypes: Dict[int, torch.dtype]) -> None:
@@ -650,18 +650,6 @@ def _read_weights_from_engines(module, graph, report: Report) -> None:
                     owners.setdefault(param.untyped_storage().data_ptr(),
                                       (cluster.name, index, param))
     self_value = next(iter(graph.inputs()))
-
-    def insert(kind, inputs, value_type, before, **attributes):
-        node = graph.create(kind, inputs, 1)
-        for name, value in attributes.items():
-            if isinstance(value, str):
-                node.s_(name, value)
-            else:
-                node.i_(name, value)
-        node.output().setType(value_type)
-        node.insertBefore(before)
-        return node.output()
-
     for node in _all_nodes(graph) if owners else []:
         if node.kind() != "prim::Constant" or \
                 not isinstance(node.output().type(), torch._C.TensorType):
@@ -672,21 +660,20 @@ def _read_weights_from_engines(module, graph, report: Report) -> None:
         name, index, param = owners[weight.untyped_storage().data_ptr()]
         if weight.dtype != param.dtype:
             continue
-        engine = insert("prim::GetAttr", [self_value], engines[name]._type(), node, name=name)
-        position = insert("prim::Constant", [], torch._C.IntType.get(), node, value=index)
-        read = insert("prim::CallMethod", [engine, position], node.output().type(), node,
-                      name="param")
-        same = weight.shape == param.shape and weight.stride() == param.stride() and \
-            weight.storage_offset() == 0
-        if not same:
-            view = graph.create("aten::as_strided", [read] + [
-                graph.insertConstant(v) for v in (list(weight.shape), list(weight.stride()),
-                                                  weight.storage_offset())], 1)
-            for constant in list(view.inputs())[1:]:
-                constant.node().moveBefore(node)
-            view.output().setType(node.output().type())
-            view.insertBefore(node)
-            read = view.output()
+        with graph.insert_point_guard(node):
+            engine = graph.insertNode(graph.create("prim::GetAttr", [self_value], 1))
+            engine.s_("name", name)
+            engine.output().setType(engines[name]._type())
+            call = graph.insertNode(graph.create(
+                "prim::CallMethod", [engine.output(), graph.insertConstant(index)], 1))
+            call.s_("name", "param")
+            read = call.output().setType(node.output().type())
+            if (weight.shape, weight.stride(), weight.storage_offset()) != \
+                    (param.shape, param.stride(), 0):
+                view = [list(weight.shape), list(weight.stride()), weight.storage_offset()]
+                read = graph.insert("aten::as_strided",
+                                    [read] + [graph.insertConstant(v) for v in view])
+                read.setType(node.output().type())
         node.output().replaceAllUsesWith(read)
         node.destroy()
 
@@ -715,7 +702,7 @@ def _dynamic_groups(module, inputs: Tuple, config: Config):
     probe = torch._C._create_function_from_graph("blade_probe_shapes", module.graph.copy())
 
     def run(xs):
-        with torch.no_grad(), quiet_torchscript():
+        with torch.no_grad():
             probe(module._c, *private_copy(xs))
 
     groups = find_dynamic_groups(run, inputs, config.dynamic_dims)
@@ -731,6 +718,7 @@ def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptMo
     """
     # No side effects: the model runs on private copies of the example inputs, the random
     # generators are restored on every exit, and a ScriptModule keeps its training flags.
+    # TorchScript's deprecation notices are silenced for the whole of it (blade/quiet.py).
     with preserved_random_state(), quiet_torchscript():
         return _optimize(model, example_inputs, config or Config())
 
@@ -746,14 +734,12 @@ def _optimize(model, example_inputs, config: Config) -> torch.jit.ScriptModule:
 
 def _optimize_with_progress(model, inputs: Tuple, config: Config,
                             progress: Progress) -> torch.jit.ScriptModule:
-    with quiet_torchscript():
-        progress.stage("tracing" if config.allow_tracing else "scripting")
-        scripted = _to_torchscript(model, inputs, config)
-        progress.stage("freezing")
-        with _eval_mode(scripted):
-            inputs = _with_defaults(scripted, inputs)
-            module = torch.jit.freeze(scripted,
-                                      preserved_attrs=list(config.preserved_attributes))
+    progress.stage("tracing" if config.allow_tracing else "scripting")
+    scripted = _to_torchscript(model, inputs, config)
+    progress.stage("freezing")
+    with _eval_mode(scripted):
+        inputs = _with_defaults(scripted, inputs)
+        module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
     dump = Dumper.for_config(config.dump_dir)
     if config.dynamic:

@@ -136,9 +136,9 @@ class DynamoGraph:
     def __call__(self, *args):
         if self.eager_reason is not None:
             return self.graph_module(*args)
-        variants = self._variants
-        variant = variants[-1] if variants and variants[-1].serves(args) else next(
-            (v for v in variants if v.serves(args)), None) or self.compile(args)
+        # The newest variant first: it is the one serving in the common case.
+        variant = next((v for v in reversed(self._variants) if v.serves(args)), None) or \
+            self.compile(args)
         if variant is None:
             self.eager_calls += 1
             return self.graph_module(*args)
