@@ -52,8 +52,8 @@ def test_bert_layer_serves_every_batch_and_length():
     report = check_every_shape(optimized, model, bert_inputs)
     # The mask's batch and length are tied to the input's: the signature says so.
     assert report.clusters[0].inputs == "float32[s0,s1,64];float32[s0,1,1,s1]", str(report)
-    assert report.dynamic_dims == [["input 0 dim 0", "input 1 dim 0"],
-                                   ["input 0 dim 1", "input 1 dim 3"]]
+    assert report.dynamic_dims == [["input 0 ('x') dim 0", "input 1 ('mask') dim 0"],
+                                   ["input 0 ('x') dim 1", "input 1 ('mask') dim 3"]]
 
 
 def test_gpt_block_with_a_causal_mask_of_dynamic_length():
@@ -149,7 +149,8 @@ def test_dims_the_model_needs_stay_static():
     model = Hidden().eval()
     optimized = blade.optimize(model, (torch.randn(4, 5, 32),), DYNAMIC)
     report = blade.report(optimized)
-    assert report.dynamic_dims == [["input 0 dim 0"], ["input 0 dim 1"]], str(report)
+    assert report.dynamic_dims == [["input 0 ('x') dim 0"], ["input 0 ('x') dim 1"]], \
+        str(report)
     assert report.clusters[0].inputs == "float32[s0,s1,32]"
     assert report.clusters[0].outputs == "float32[s0,s1]"
     with torch.no_grad():

@@ -25,13 +25,16 @@ torch_compile.register()
 __version__ = "0.1.0"
 
 
-def optimize(model, example_inputs, config=None):
+def optimize(model, example_inputs=None, config=None, *, example_kwarg_inputs=None):
     """Compiles what it can of `model` for CPU and returns a `torch.jit.ScriptModule` that
     computes what `model` computes.
 
-    `model` is an `nn.Module` (scripted, or traced with `Config(allow_tracing=True)`) or a
-    `ScriptModule`; `example_inputs` a tensor or a tuple of forward's arguments, run on
-    private copies. The result is specialized to their dtypes and (unless
+    `model` is an `nn.Module` (scripted, or traced with `Config(allow_tracing=True)`), a
+    `ScriptModule` or a `torch.export.ExportedProgram` (its own example inputs serve when
+    none are given). `example_inputs` is a tensor, a tuple of forward's arguments or a dict
+    of them by name; `example_kwarg_inputs` a dict of arguments by name next to positional
+    ones. They run on private copies. The result takes its inputs as forward did, by
+    position or name, and is specialized to their dtypes and (unless
     `Config(dynamic=True)`) sizes; other inputs run the model unchanged. `config` is a
     `blade.Config`. The result saves with `torch.jit.save` and loads, after `import blade`,
     with `torch.jit.load` (its native code runs where its signing key is trusted:
@@ -40,10 +43,11 @@ def optimize(model, example_inputs, config=None):
 
     Example:
         >>> optimized = blade.optimize(model.eval(), (torch.randn(8, 64),))
+        >>> optimized = blade.optimize(bert, {"input_ids": ids, "attention_mask": mask})
     """
     from .compiler import optimize as _optimize
 
-    return _optimize(model, example_inputs, config)
+    return _optimize(model, example_inputs, config, example_kwarg_inputs=example_kwarg_inputs)
 
 
 def release_cached_memory():

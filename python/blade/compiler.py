@@ -4,7 +4,10 @@
     -> acyclic clustering (C++) -> per cluster: import -> StableHLO -> native -> Engine
 """
 import contextlib
+import dataclasses
+import difflib
 import functools
+import inspect
 import random
 import sys
 import time
@@ -13,26 +16,41 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import _C, converters  # noqa: F401  (importing converters registers the built-ins)
+from . import exported_program
 from .compile_cache import CodeCache
 from .config import Config
 from .dtypes import dtype_name
 from .dump import Dumper, Progress
+from .exported_program import is_exported_program
 from .quiet import quiet_torchscript
-from .registry import REGISTRY, SCALAR_TYPE_NAMES, Verdict, describe, ran, schema_name
+from .registry import (REGISTRY, SCALAR_TYPE_NAMES, Verdict, argument_name, describe, ran,
+                       schema_name)
 from .report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 
 ENGINE_PREFIX = "blade_engine_"
 
 
-def _as_tuple(example_inputs) -> Tuple[Any, ...]:
+def _split_example_inputs(example_inputs, example_kwarg_inputs) -> Tuple[Tuple, Dict]:
+    """The example inputs as (positional, keyword): a tensor, a tuple or list of inputs, or
+    a dict of forward's arguments by name, plus `example_kwarg_inputs`."""
+    kwargs = dict(example_kwarg_inputs or {})
+    if example_kwarg_inputs is not None and not isinstance(example_kwarg_inputs, dict):
+        raise TypeError("blade.optimize: example_kwarg_inputs must be a dict of forward's "
+                        f"arguments by name, got {type(example_kwarg_inputs).__name__}")
+    if isinstance(example_inputs, dict):
+        if kwargs:
+            raise TypeError("blade.optimize: give the keyword inputs either as a dict of "
+                            "example_inputs or as example_kwarg_inputs, not both")
+        return (), dict(example_inputs)
+    if example_inputs is None:
+        return (), kwargs
     if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,)
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    if isinstance(example_inputs, tuple):
-        return example_inputs
-    raise TypeError("blade.optimize: example_inputs must be a tensor or a tuple of the "
-                    f"model's inputs, got {type(example_inputs).__name__}")
+        return (example_inputs,), kwargs
+    if isinstance(example_inputs, (list, tuple)):
+        return tuple(example_inputs), kwargs
+    raise TypeError("blade.optimize: example_inputs must be a tensor, a tuple of the "
+                    "model's inputs or a dict of them by argument name, got "
+                    f"{type(example_inputs).__name__}")
 
 
 def private_copy(value):
@@ -76,20 +94,75 @@ def preserved_random_state():
             numpy.random.set_state(numpy_state)
 
 
-def _with_defaults(scripted: torch.jit.ScriptModule, inputs: Tuple) -> Tuple:
-    """The example inputs, completed with forward's default values for arguments not given
-    (the types of the graph are materialized from a run with exactly these)."""
+def _signature_text(arguments) -> str:
+    return ", ".join(a.name + (f"={a.default_value!r}" if a.has_default_value() else "")
+                     for a in arguments)
+
+
+def _bind_inputs(scripted: torch.jit.ScriptModule, args: Tuple, kwargs: Dict) -> Tuple:
+    """The example inputs in the order of forward's arguments, keyword inputs placed by
+    name and arguments not given completed with their default values (the types of the
+    graph are materialized from a run with exactly these)."""
     arguments = scripted.forward.schema.arguments[1:]  # the module itself first
-    if len(inputs) > len(arguments):
-        raise TypeError(f"blade.optimize: forward takes {len(arguments)} inputs, "
-                        f"{len(inputs)} example inputs were given")
-    completed = list(inputs)
-    for arg in arguments[len(inputs):]:
-        if not arg.has_default_value():
+    names = [a.name for a in arguments]
+    signature = f"forward({_signature_text(arguments)})"
+    if len(args) > len(arguments):
+        raise TypeError(f"blade.optimize: {signature} takes {len(arguments)} inputs, "
+                        f"{len(args)} example inputs were given")
+    for name in kwargs:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise TypeError(f"blade.optimize: {signature} has no argument '{name}'{hint}")
+        if names.index(name) < len(args):
+            raise TypeError(f"blade.optimize: forward's argument '{name}' was given twice, "
+                            "as a positional and as a keyword example input")
+    completed = list(args)
+    for arg in arguments[len(args):]:
+        if arg.name in kwargs:
+            completed.append(kwargs[arg.name])
+        elif arg.has_default_value():
+            completed.append(arg.default_value)
+        else:
             raise TypeError(f"blade.optimize: no example input for forward's argument "
-                            f"'{arg.name}', which has no default value")
-        completed.append(arg.default_value)
+                            f"'{arg.name}' of {signature}, which has no default value")
     return tuple(completed)
+
+
+def _dynamic_dims_by_position(scripted: torch.jit.ScriptModule, config: Config) -> Config:
+    """Config.dynamic_dims with the inputs it names by forward's argument names replaced by
+    their positions."""
+    if not config.dynamic_dims or all(isinstance(k, int) for k in config.dynamic_dims):
+        return config
+    arguments = scripted.forward.schema.arguments[1:]
+    names = [a.name for a in arguments]
+    by_position = {}
+    for key, dims in config.dynamic_dims.items():
+        if isinstance(key, str) and key not in names:
+            raise ValueError(f"Config.dynamic_dims names '{key}', which is not an argument of "
+                             f"forward({_signature_text(arguments)})")
+        by_position[names.index(key) if isinstance(key, str) else key] = list(dims)
+    return dataclasses.replace(config, dynamic_dims=by_position)
+
+
+def _keyword_trace_inputs(model: torch.nn.Module, args: Tuple, kwargs: Dict) -> Dict:
+    """Positional and keyword example inputs as one dict by forward's parameter names, in
+    forward's order, for `torch.jit.trace(example_kwarg_inputs=...)`; arguments left at
+    None are left out (tracing takes tensors only), so forward's default applies."""
+    try:
+        bound = inspect.signature(model.forward).bind_partial(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"blade.optimize: the example inputs do not fit "
+                        f"{type(model).__name__}.forward: {e}") from None
+    parameters = inspect.signature(model.forward).parameters
+    variadic = [name for name in bound.arguments
+                if parameters[name].kind in (inspect.Parameter.VAR_POSITIONAL,
+                                             inspect.Parameter.VAR_KEYWORD)]
+    if variadic:
+        raise TypeError(f"blade.optimize: tracing with keyword example inputs needs named "
+                        f"parameters; {type(model).__name__}.forward takes "
+                        f"'{variadic[0]}' as *args/**kwargs")
+    return {name: value for name, value in bound.arguments.items() if value is not None}
 
 
 @contextlib.contextmanager
@@ -103,15 +176,21 @@ def _eval_mode(model: torch.nn.Module):
             m.training = training
 
 
-def _to_torchscript(model, inputs, config: Config) -> torch.jit.ScriptModule:
+def _to_torchscript(model, args: Tuple, kwargs: Dict,
+                    config: Config) -> torch.jit.ScriptModule:
     if isinstance(model, torch.jit.ScriptModule):
         return model
     if not isinstance(model, torch.nn.Module):
         raise TypeError("blade.optimize: model must be a torch.nn.Module or a "
                         f"torch.jit.ScriptModule, got {type(model).__name__}")
     with _eval_mode(model):
+        if config.allow_tracing and kwargs:
+            return torch.jit.trace(
+                model, example_kwarg_inputs=private_copy(_keyword_trace_inputs(model, args,
+                                                                                kwargs)),
+                check_trace=False)
         if config.allow_tracing:
-            return torch.jit.trace(model, private_copy(inputs), check_trace=False)
+            return torch.jit.trace(model, private_copy(args), check_trace=False)
         try:
             return torch.jit.script(model)
         except Exception as e:
@@ -587,6 +666,7 @@ def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Con
     specs = dict(zip(complete, _specs([inputs[i] for i in complete],
                                       unnamed_dtype="bool")[0]))
     guarded = sorted(tensors + list(none_inputs))
+    report.guard_inputs = [argument_name(inputs[i]) for i in guarded]
     text = ";".join("None" if i in none_inputs else specs.get(i, "*") for i in guarded)
     guard = torch.classes.blade.Guard(text, config.fallback)
     module._c._register_attribute(GUARD_ATTRIBUTE, guard._type(), guard)
@@ -709,36 +789,54 @@ def _dynamic_groups(module, inputs: Tuple, config: Config):
     return groups, (resized_variants(run, inputs, groups) if groups else [])
 
 
-def optimize(model, example_inputs, config: Config = None) -> torch.jit.ScriptModule:
+def optimize(model, example_inputs=None, config: Config = None, *,
+             example_kwarg_inputs: Optional[Dict[str, Any]] = None) -> torch.jit.ScriptModule:
     """Compiles what it can of `model` and returns a ScriptModule computing the same results.
+
+    `model` is an nn.Module (scripted, or traced with `Config(allow_tracing=True)`), a
+    ScriptModule, or a `torch.export.ExportedProgram` (whose own example inputs serve when
+    none are given; see `blade.exported_program`). `example_inputs` is a tensor, a tuple
+    of forward's inputs, or a dict of them by argument name; `example_kwarg_inputs` adds
+    inputs by name to positional ones. The optimized model takes its inputs as forward did,
+    by position or by name.
 
     Example:
         >>> optimized = blade.optimize(model.eval(), (torch.randn(8, 64),))
+        >>> optimized = blade.optimize(model, (ids,), example_kwarg_inputs={"mask": mask})
         >>> torch.jit.save(optimized, "model.pt")
     """
     # No side effects: the model runs on private copies of the example inputs, the random
     # generators are restored on every exit, and a ScriptModule keeps its training flags.
     # TorchScript's deprecation notices are silenced for the whole of it (blade/quiet.py).
     with preserved_random_state(), quiet_torchscript():
-        return _optimize(model, example_inputs, config or Config())
+        return _optimize(model, example_inputs, example_kwarg_inputs, config or Config())
 
 
-def _optimize(model, example_inputs, config: Config) -> torch.jit.ScriptModule:
-    inputs = _as_tuple(example_inputs)
+def _optimize(model, example_inputs, example_kwarg_inputs, config: Config):
+    args, kwargs = _split_example_inputs(example_inputs, example_kwarg_inputs)
     progress = Progress(Progress.wanted(config.progress))
     try:
-        return _optimize_with_progress(model, inputs, config, progress)
+        return _optimize_with_progress(model, args, kwargs, config, progress)
     finally:
         progress.finish()
 
 
-def _optimize_with_progress(model, inputs: Tuple, config: Config,
+def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
                             progress: Progress) -> torch.jit.ScriptModule:
-    progress.stage("tracing" if config.allow_tracing else "scripting")
-    scripted = _to_torchscript(model, inputs, config)
+    if is_exported_program(model):
+        progress.stage("tracing the exported program")
+        scripted, args, config = exported_program.to_torchscript(model, args, kwargs, config)
+        kwargs = {}
+    else:
+        if not args and not kwargs:
+            raise TypeError("blade.optimize: example inputs are needed: a tensor, a tuple of "
+                            "forward's inputs or a dict of them by argument name")
+        progress.stage("tracing" if config.allow_tracing else "scripting")
+        scripted = _to_torchscript(model, args, kwargs, config)
     progress.stage("freezing")
     with _eval_mode(scripted):
-        inputs = _with_defaults(scripted, inputs)
+        inputs = _bind_inputs(scripted, args, kwargs)
+        config = _dynamic_dims_by_position(scripted, config)
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
     dump = Dumper.for_config(config.dump_dir)
@@ -753,8 +851,10 @@ def _optimize_with_progress(model, inputs: Tuple, config: Config,
         _C.duplicate_shape_arithmetic(graph)
         dump.graph("duplicate_shape_arithmetic", graph)
 
+    graph_inputs = list(graph.inputs())
     report = Report(dry_run=config.dry_run, decomposed=decomposed,
-                    dynamic_dims=[[f"input {p} dim {d}" for p, d in g.dims] for g in groups])
+                    dynamic_dims=[[f"input {p} ('{argument_name(graph_inputs[p + 1])}') dim {d}"
+                                   for p, d in g.dims] for g in groups])
     verdicts = _verdicts(_all_nodes(graph), config)
     for node, verdict in verdicts.items():
         if not is_tensor_op(node):

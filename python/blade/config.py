@@ -3,7 +3,7 @@ import difflib
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import torch
 
@@ -40,8 +40,9 @@ class Config:
             that may vary are found by running the model on copies of the example inputs
             resized along each group of equally sized dimensions (size 1 excluded): those
             the model accepts become dynamic, the rest stay static.
-        dynamic_dims: the dynamic dimensions named explicitly, per input position:
-            ``{0: [0, 1]}`` means dims 0 and 1 of input 0 vary. Implies ``dynamic``.
+        dynamic_dims: the dynamic dimensions named explicitly, per input position or
+            forward's argument name: ``{0: [0, 1]}`` means dims 0 and 1 of input 0 vary,
+            ``{"mask": [1]}`` dim 1 of the argument ``mask``. Implies ``dynamic``.
         parallel: run large loop nests of generated code on PyTorch's intra-op threads
             (``torch.set_num_threads`` applies); ``False`` keeps every loop serial.
         signing_key: path of the Ed25519 private key (PEM) that signs the engines' code;
@@ -67,7 +68,7 @@ class Config:
     dump_dir: Optional[str] = None
     progress: Optional[bool] = None
     dynamic: bool = False
-    dynamic_dims: Optional[Dict[int, List[int]]] = None
+    dynamic_dims: Optional[Dict[Union[int, str], List[int]]] = None
     parallel: bool = True
     signing_key: Optional[str] = None
     cache_dir: Optional[str] = None
@@ -80,10 +81,11 @@ class Config:
             )
         if self.dynamic_dims is not None:
             if not isinstance(self.dynamic_dims, dict) or not all(
-                    isinstance(k, int) and isinstance(v, (list, tuple)) and
+                    isinstance(k, (int, str)) and isinstance(v, (list, tuple)) and
                     all(isinstance(d, int) for d in v) for k, v in self.dynamic_dims.items()):
-                raise ValueError("Config.dynamic_dims must map input positions to lists of "
-                                 f"dims, like {{0: [0, 1]}}; got {self.dynamic_dims!r}")
+                raise ValueError("Config.dynamic_dims must map input positions or argument "
+                                 "names to lists of dims, like {0: [0, 1]} or {\"mask\": [1]}; "
+                                 f"got {self.dynamic_dims!r}")
             self.dynamic = True
         if isinstance(self.signing_key, os.PathLike):
             self.signing_key = os.fspath(self.signing_key)

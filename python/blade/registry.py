@@ -6,6 +6,7 @@ entry that accepts a node wins, so a user's converter can override a built-in on
 the dtype rule from `blade.dtypes`. Built-in entries have no `lower` function: their op is
 imported into Torch-MLIR's torch dialect as it is and lowered by Torch-MLIR.
 """
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -54,6 +55,20 @@ def describe(node: torch._C.Node) -> str:
     """The node's kind and, when known, where it comes from in the user's source."""
     location = node.sourceRange().strip().splitlines()[0] if node.sourceRange() else ""
     return f"{node.kind()}" + (f" ({location})" if location else "")
+
+
+def argument_name(value: torch._C.Value) -> str:
+    """forward's name of a graph input (TorchScript numbers its values: `mask.1`)."""
+    return re.sub(r"\.\d+$", "", value.debugName())
+
+
+def _origin(value: torch._C.Value) -> str:
+    """Where a value comes from, for the user: forward's argument by name, or the op."""
+    if value.node().kind() == "prim::Param":
+        argument = argument_name(value)
+        return (f"(forward's argument '{argument}', a {value.type()} given at each call: "
+                "pass it as a tensor, or make it an attribute of the module)")
+    return f"(%{value.debugName()}, made by {value.node().kind()})"
 
 
 def _tensor_dtype(value: torch._C.Value) -> Optional[str]:
@@ -145,8 +160,8 @@ class ConverterRegistry:
         for arg, value in zip(arg_names, node.inputs()):
             if not _is_static_argument(value):
                 return Verdict(None, "non_constant_argument",
-                               f"{name}: argument '{arg}' (%{value.debugName()}, made by "
-                               f"{value.node().kind()}) is not a compile-time constant")
+                               f"{name}: argument '{arg}' {_origin(value)} is not a "
+                               "compile-time constant")
         refusals = []
         for converter in candidates:
             computed = [arg for arg, value in zip(arg_names, node.inputs())

@@ -4,6 +4,7 @@ The analysis done by `blade.optimize` is stored on the optimized module as JSON 
 saved and loaded with it); run-time counters are read live from the module's engines.
 """
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List
 
@@ -59,6 +60,9 @@ class Report:
     # Inputs whose dtype the guard's specs cannot name (complex64, uint16, ...): how the
     # guard checks them instead (stored with the report).
     guard_notes: List[str] = field(default_factory=list)
+    # forward's argument names of the guarded inputs, in the guard's order (its messages
+    # say "input 0": the report adds the name).
+    guard_inputs: List[str] = field(default_factory=list)
     guard_calls: int = 0
     guard_fallbacks: int = 0
     guard_status: str = ""
@@ -82,6 +86,15 @@ class Report:
     def add_unsupported(self, kind: str, reason: str) -> None:
         _tally(self.unsupported, kind, reason)
 
+    def with_input_names(self, message: str) -> str:
+        """The guard's `message` with each "input N" followed by forward's argument name."""
+        def named(match):
+            position = int(match.group(1))
+            if position >= len(self.guard_inputs):
+                return match.group(0)
+            return f"{match.group(0)} ('{self.guard_inputs[position]}')"
+        return re.sub(r"\binput (\d+)\b", named, message)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
@@ -92,7 +105,8 @@ class Report:
                         compile_errors=data["compile_errors"], dry_run=data["dry_run"],
                         decomposed=data.get("decomposed", {}),
                         dynamic_dims=data.get("dynamic_dims", []),
-                        guard_notes=data.get("guard_notes", []))
+                        guard_notes=data.get("guard_notes", []),
+                        guard_inputs=data.get("guard_inputs", []))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
         report.unreached = {k: UnsupportedOp(**v) for k, v in data.get("unreached", {}).items()}
@@ -111,9 +125,13 @@ class Report:
                              f"{k} x{v.count}" for k, v in sorted(
                                  self.unreached.items(), key=lambda kv: -kv[1].count)[:4]))
         if self.guard_specs or self.guard_calls:
-            lines.append(f"  input guard ({self.guard_specs}): {self.guard_calls} calls, "
+            specs = self.guard_specs.split(";")
+            if len(specs) == len(self.guard_inputs):
+                specs = [f"{name}: {spec}" for name, spec in zip(self.guard_inputs, specs)]
+            status = self.with_input_names(self.guard_status)
+            lines.append(f"  input guard ({'; '.join(specs)}): {self.guard_calls} calls, "
                          f"{self.guard_fallbacks} ran the unspecialized model"
-                         + (f"; last: {self.guard_status}" if self.guard_status else ""))
+                         + (f"; last: {status}" if status else ""))
             lines.extend(f"    {note}" for note in self.guard_notes)
         if self.dynamic_dims:
             lines.append("  dynamic dims (each group varies together): " + "; ".join(
