@@ -1,4 +1,6 @@
 """The command line: `blade optimize | report | bisect` on small saved models."""
+import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -148,3 +150,87 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"blade {blade.__version__}"
+
+
+def _subcommand(name):
+    from blade.cli import parser
+
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices[name]
+
+
+@pytest.mark.parametrize("command", ["optimize", "bisect"])
+def test_every_config_field_is_a_flag_with_its_docstring_as_help(command):
+    from blade.cli import NOT_FLAGS, config_help
+
+    actions = {a.dest: a for a in _subcommand(command)._actions}
+    helps = config_help()
+    for field in dataclasses.fields(blade.Config):
+        if field.name in NOT_FLAGS:
+            continue
+        action = actions[field.name]
+        assert f"--{field.name.replace('_', '-')}" in action.option_strings
+        assert action.help.startswith(helps[field.name].replace("%", "%%")[:40]), field.name
+        assert action.default == field.default or action.default == [], field.name
+    assert set(NOT_FLAGS) < {f.name for f in dataclasses.fields(blade.Config)}
+    for action in _subcommand(command)._actions:
+        assert action.help, action.option_strings
+
+
+def test_flags_set_their_config_fields():
+    from blade.cli import config_from
+
+    args = _subcommand("optimize").parse_args([
+        "m.pt", "-o", "o.pt", "--no-parallel", "--dynamic-dims", "0:0,1",
+        "--dynamic-dims", "mask:1", "--exclude", "aten::gelu", "--excluded-ops", "aten::tanh",
+        "--min-cluster-size", "3", "--fallback", "error", "--cache-dir", "off",
+        "--cache-max-bytes", "1000", "--dry-run", "--preserved-attributes", "helper"])
+    config = config_from(args)
+    assert config == blade.Config(
+        parallel=False, dynamic_dims={0: [0, 1], "mask": [1]},
+        excluded_ops=["aten::gelu", "aten::tanh"], min_cluster_size=3, fallback="error",
+        cache_dir="off", cache_max_bytes=1000, dry_run=True, preserved_attributes=["helper"],
+        progress=True)
+    assert config_from(_subcommand("optimize").parse_args(["m.pt", "-o", "o.pt", "--quiet"])) == \
+        blade.Config(progress=False)
+
+
+def test_dynamic_dims_on_the_command_line(saved_model, tmp_path):
+    path, model = saved_model
+    out = tmp_path / "dynamic.pt"
+    assert main(["optimize", str(path), "-o", str(out), "--input", "float32[4,8]", "--quiet",
+                 "--dynamic-dims", "0:0"]) == 0
+    loaded = torch.jit.load(str(out))
+    for batch in (1, 9):
+        x = torch.randn(batch, 8)
+        with torch.no_grad():
+            assert_same(loaded(x), model(x), rtol=1e-4, atol=1e-5)
+    report = blade.report(loaded)
+    assert report.guard_fallbacks == 0 and report.runtime_fallbacks == 0, str(report)
+    assert all(c.compiled and c.calls == 2 for c in report.clusters), str(report)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--input", "int64[2,8]"], "integer inputs need a bound, int64[2,8]:HIGH"),
+    (["--input", "float32[4,8]", "--exclude", "aten::Linear"],
+     "'aten::Linear' is not a registered op name or overload; did you mean"),
+    (["--input", "float32[4,8]", "--dynamic-dims", "0-1"], "expected INPUT:DIM[,DIM...]"),
+    (["--input", "float32[4,8]", "--fallback", "maybe"], "invalid choice: 'maybe'"),
+    (["--input", "float32[4,8]", "--min-cluster-size", "0"], "min_cluster_size must be >= 1"),
+    (["--inputs", "no-such-inputs.pt"], "--inputs no-such-inputs.pt: no such file"),
+    (["--input", "float32[4,8]", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_more_user_errors_are_one_line_with_status_2(saved_model, tmp_path, argv, message):
+    path, _ = saved_model
+    run = blade_cli("optimize", path, "-o", tmp_path / "o.pt", "--quiet", *argv)
+    assert run.returncode == 2, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and message in run.stderr, run.stderr
+
+
+def test_an_unwritable_output_is_one_line(saved_model, tmp_path, capsys):
+    path, _ = saved_model
+    out = tmp_path / "no-such-dir" / "o.pt"
+    assert main(["optimize", str(path), "-o", str(out), "--input", "float32[4,8]",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"cannot write {out}" in err, err

@@ -7,15 +7,19 @@
 
 Inputs are specs, `dtype[d0,d1,...]`, filled with random values (floats from N(0, 1),
 integers from [0, HIGH) with `int64[1,128]:30522`, bools at random), or tensors saved
-with `torch.save([t1, t2, ...], path)` given with `--inputs path`.
+with `torch.save([t1, t2, ...], path)` given with `--inputs path`. Every `blade.Config`
+field but those in NOT_FLAGS is a flag of `optimize` and `bisect`, generated from the
+dataclass and its docstring (`config_flags`).
 """
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import re
 import sys
+import typing
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -30,6 +34,13 @@ DTYPES = {
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (no usage block), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def random_input(spec: str, generator: torch.Generator) -> torch.Tensor:
@@ -48,7 +59,11 @@ def random_input(spec: str, generator: torch.Generator) -> torch.Tensor:
     if dtype == torch.bool:
         return torch.rand(sizes, generator=generator) > 0.5
     if not dtype.is_floating_point:
-        return torch.randint(0, int(high or 10), sizes, generator=generator, dtype=dtype)
+        if high is None:
+            raise CliError(f"--input '{spec}': integer inputs need a bound, "
+                           f"{name}[{dims}]:HIGH for values in [0, HIGH) (token ids: the "
+                           "vocabulary size)")
+        return torch.randint(0, int(high), sizes, generator=generator, dtype=dtype)
     return torch.randn(sizes, generator=generator).to(dtype)
 
 
@@ -56,7 +71,13 @@ def load_inputs(args) -> tuple:
     if args.inputs and args.input:
         raise CliError("give either --input specs or --inputs FILE, not both")
     if args.inputs:
-        loaded = torch.load(args.inputs)
+        if not Path(args.inputs).exists():
+            raise CliError(f"--inputs {args.inputs}: no such file")
+        try:
+            loaded = torch.load(args.inputs)
+        except Exception as e:
+            raise CliError(f"--inputs {args.inputs} is not a file written by torch.save: "
+                           f"{str(e).strip().splitlines()[0]}") from None
         items = loaded if isinstance(loaded, (list, tuple)) else [loaded]
         if not all(isinstance(t, torch.Tensor) for t in items):
             raise CliError(f"--inputs {args.inputs}: expected a tensor or a list of tensors "
@@ -99,13 +120,100 @@ def load_model(path: str) -> torch.jit.ScriptModule:
                        f"{str(e).splitlines()[0]}") from e
 
 
-def config_from(args, **extra):
+# Config fields that are not flags, and why; every other field is one (see config_flags).
+NOT_FLAGS = {
+    "allow_tracing": "the command line optimizes saved TorchScript models, which are "
+                     "scripted already",
+    "verbose": "the command prints the report itself, unless --quiet",
+}
+DYNAMIC_DIMS = re.compile(r"^\s*(\w+)\s*:\s*(\d+(?:\s*,\s*\d+)*)\s*$")
+
+
+def config_help() -> Dict[str, str]:
+    """Each Config field's entry in the `Attributes:` section of Config's docstring, on
+    one line."""
     from .config import Config
 
-    return Config(excluded_ops=list(args.exclude), min_cluster_size=args.min_cluster_size,
-                  fallback=getattr(args, "fallback", "fallback"),
-                  signing_key=getattr(args, "signing_key", None),
-                  dump_dir=args.dump_dir, progress=not args.quiet, **extra)
+    entries, name = {}, None
+    attributes = Config.__doc__.split("Attributes:", 1)[1]
+    for line in attributes.splitlines():
+        entry = re.match(r"^ {8}(\w+): (.*)$", line)
+        if entry:
+            name, text = entry.groups()
+            entries[name] = text
+        elif name and line.startswith(" " * 12):
+            entries[name] += " " + line.strip()
+    return {name: text.replace("``", "") for name, text in entries.items()}
+
+
+def _dynamic_dims(text: str):
+    """`--dynamic-dims 0:0,1` or `--dynamic-dims mask:1`: an input (position or forward's
+    argument name) and the dims of it that vary."""
+    match = DYNAMIC_DIMS.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"'{text}': expected INPUT:DIM[,DIM...], the input by position or forward's "
+            "argument name, like 0:0,1 or mask:1")
+    key, dims = match.groups()
+    return int(key) if key.isdigit() else key, [int(d) for d in dims.split(",")]
+
+
+def config_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per Config field (but NOT_FLAGS), named after it, typed after it, with
+    its docstring entry as help: the command line cannot drift from Config."""
+    from .config import FALLBACK_MODES, Config
+
+    helps = config_help()
+    hints = typing.get_type_hints(Config)
+    for field in dataclasses.fields(Config):
+        if field.name in NOT_FLAGS:
+            continue
+        if field.name not in helps:
+            raise TypeError(f"Config.{field.name} has no entry in Config's docstring")
+        flag = "--" + field.name.replace("_", "-")
+        hint, default = hints[field.name], field.default
+        help_text = helps[field.name].replace("%", "%%")
+        if hint in (bool, Optional[bool]):
+            if default is None:
+                help_text += " On the command line: shown unless --quiet."
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                           help=help_text)
+        elif hint is int:
+            p.add_argument(flag, type=int, default=default, metavar="N",
+                           help=f"{help_text} (default: {default})")
+        elif hint in (str, Optional[str]):
+            choices = FALLBACK_MODES if field.name == "fallback" else None
+            p.add_argument(flag, default=default, choices=choices,
+                           metavar=None if choices else field.name.split("_")[-1].upper(),
+                           help=help_text + (f" (default: {default})" if default else ""))
+        elif hint == List[str]:
+            aliases = ["--exclude"] if field.name == "excluded_ops" else []
+            p.add_argument(flag, *aliases, action="append", default=[], dest=field.name,
+                           metavar=field.name.split("_")[-1].upper().rstrip("S"),
+                           help=f"{help_text} (repeatable)")
+        elif field.name == "dynamic_dims":
+            p.add_argument(flag, action="append", type=_dynamic_dims, default=None,
+                           metavar="INPUT:DIMS",
+                           help=f"{help_text} On the command line: INPUT:DIM[,DIM...], "
+                                "repeatable, like 0:0,1 or mask:1.")
+        else:
+            raise TypeError(f"Config.{field.name} ({hint}) has no command-line form; add "
+                            "one to blade.cli.config_flags or a reason to NOT_FLAGS")
+
+
+def config_from(args):
+    from .config import Config
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
+              if f.name not in NOT_FLAGS}
+    if values["dynamic_dims"] is not None:
+        values["dynamic_dims"] = dict(values["dynamic_dims"])
+    if values["progress"] is None:
+        values["progress"] = not args.quiet
+    try:
+        return Config(**values)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def optimize_saved(args):
@@ -145,7 +253,11 @@ def cmd_optimize(args) -> int:
     optimized, inputs = optimize_saved(args)
     with torch.no_grad():
         optimized(*inputs)  # one call: the report shows that the engines run
-    torch.jit.save(optimized, args.output)
+    try:
+        torch.jit.save(optimized, args.output)
+    except (OSError, RuntimeError) as e:
+        raise CliError(f"cannot write {args.output}: {str(e).strip().splitlines()[0]}") \
+            from None
     if not args.quiet:
         print(report(optimized))
     print(f"saved {args.output}")
@@ -193,35 +305,28 @@ def cmd_key(args) -> int:
 def parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    top = argparse.ArgumentParser(prog="blade", description=__doc__.split("\n\n")[0])
+    top = _Parser(prog="blade", description=__doc__.split("\n\n")[0])
     top.add_argument("--version", action="version", version=f"blade {__version__}")
     commands = top.add_subparsers(dest="command", required=True)
 
-    def model_options(p, with_fallback):
+    def model_options(p):
         p.add_argument("model", help="a model saved with torch.jit.save")
         p.add_argument("--input", action="append", default=[], metavar="SPEC",
                        help="one per model input: dtype[d0,d1,...] (random values); "
-                            "int64[...]:HIGH for integers in [0, HIGH)")
+                            "integers need a bound, int64[...]:HIGH for [0, HIGH)")
         p.add_argument("--inputs", metavar="FILE",
                        help="the inputs, saved with torch.save([t1, t2, ...], FILE)")
         p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-        p.add_argument("--exclude", action="append", default=[], metavar="OP",
-                       help="an op overload or name to keep in TorchScript (repeatable)")
-        p.add_argument("--min-cluster-size", type=int, default=1)
-        p.add_argument("--dump-dir", help="write the IR of every stage here")
         p.add_argument("--plugin", action="append", default=[], metavar="PY",
                        help="a .py file or module to import first (custom ops, converters, "
                             "decompositions); repeatable")
         p.add_argument("--quiet", action="store_true", help="no progress bar or report")
-        if with_fallback:
-            p.add_argument("--fallback", choices=["fallback", "error"], default="fallback",
-                           help="what engines do with inputs they were not compiled for")
-            p.add_argument("--signing-key", metavar="PEM",
-                           help="the Ed25519 private key that signs the engines (default: "
-                                "this machine's key)")
+        config = p.add_argument_group("blade.Config", "each flag sets the Config field of "
+                                                      "its name")
+        config_flags(config)
 
     p = commands.add_parser("optimize", help="optimize a saved TorchScript model")
-    model_options(p, True)
+    model_options(p)
     p.add_argument("-o", "--output", required=True, help="where to save the optimized model")
     p.set_defaults(run=cmd_optimize)
 
@@ -232,9 +337,11 @@ def parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("bisect", help="find the clusters whose compiled results differ "
                                            "from their TorchScript subgraph")
-    model_options(p, False)
-    p.add_argument("--rtol", type=float, default=1e-4)
-    p.add_argument("--atol", type=float, default=1e-4)
+    model_options(p)
+    p.add_argument("--rtol", type=float, default=1e-4,
+                   help="relative tolerance of the comparison (default: 1e-4)")
+    p.add_argument("--atol", type=float, default=1e-4,
+                   help="absolute tolerance of the comparison (default: 1e-4)")
     p.set_defaults(run=cmd_bisect)
 
     p = commands.add_parser("key", help="print the public key engines compiled here are signed "
