@@ -82,6 +82,35 @@ def test_transformer_encoder_layer():
     compile_and_check(layer, (torch.randn(2, 8, 32),), rtol=1e-4, atol=1e-4)
 
 
+def _benchmark_workload(name):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from workloads import build
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return build(name)
+
+
+@pytest.mark.parametrize("name", ["ew_chain", "ln_gelu", "softmax_attn", "mlp", "bert_layer",
+                                  "convnet"])
+def test_benchmark_workloads(name):
+    """`make bench`'s workloads through torch.compile: eager's results, engines ran."""
+    model, inputs = _benchmark_workload(name)
+    compile_and_check(model, inputs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["bert_layer", "gpt_block", "resnet_block", "mlp"])
+def test_model_zoo(name):
+    """tests/models' models through torch.compile, as test_models runs them through
+    blade.optimize."""
+    from models.test_models import cases
+
+    model, inputs = cases()[name]
+    (graph,) = compile_and_check(model, inputs, rtol=1e-4, atol=1e-4)
+    report = graph.report()
+    assert report.coverage == 1.0 and not report.unsupported, str(report)
+
+
 def test_other_sizes_give_a_dynamic_graph_blade_compiles_dynamic():
     layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval()
     compiled = torch.compile(layer, backend="blade")
