@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: setup build demo test bench test-asan clean
+.PHONY: setup build demo test bench test-asan serve-example clean
 
 setup: build
 
@@ -29,8 +29,17 @@ build: $(DEPS_STAMP)
 demo: build
 	$(PY) examples/quickstart.py
 
-test: build
+# Ray Serve, for examples/serve and its test (tests/test_serve_example.py).
+SERVE_STAMP := $(VENV)/.serve-deps-installed
+$(SERVE_STAMP): examples/serve/requirements.txt $(DEPS_STAMP)
+	$(PY) -m pip install --quiet -r examples/serve/requirements.txt
+	touch $@
+
+test: build $(SERVE_STAMP)
 	$(PY) -m pytest -q tests
+
+serve-example: build $(SERVE_STAMP)
+	$(PY) examples/serve/ray_serve.py
 
 bench: build
 	$(PY) benchmarks/run.py

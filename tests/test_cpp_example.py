@@ -23,10 +23,25 @@ class Model(torch.nn.Module):
         return torch.relu(self.fc(x)) * torch.sigmoid(y)
 
 
-@pytest.mark.skipif(shutil.which("cmake") is None and
-                    not (Path(sys.executable).parent / "cmake").exists(),
-                    reason="cmake is installed by the project's set-up")
-def test_blade_run_matches_eager(tmp_path):
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """examples/cpp configured and built once: (build directory, environment)."""
+    if shutil.which("cmake") is None and not (Path(sys.executable).parent / "cmake").exists():
+        pytest.fail("cmake is installed by the project's set-up (requirements.txt)")
+    cmake = shutil.which("cmake") or str(Path(sys.executable).parent / "cmake")
+    build = tmp_path_factory.mktemp("cpp") / "build"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    subprocess.run([cmake, "-S", str(EXAMPLE), "-B", str(build),
+                    f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+                    f"-DPython3_EXECUTABLE={sys.executable}"],
+                   check=True, capture_output=True, env=env)
+    subprocess.run([cmake, "--build", str(build), "-j2"], check=True, capture_output=True,
+                   env=env)
+    return build, env
+
+
+def test_blade_run_matches_eager(tmp_path, built):
+    build, env = built
     torch.manual_seed(0)
     model = Model().eval()
     x, y = torch.randn(4, 8), torch.randn(4, 16)
@@ -35,15 +50,6 @@ def test_blade_run_matches_eager(tmp_path):
     torch.jit.save(optimized, str(tmp_path / "model.pt"))
     torch.save([x, y], str(tmp_path / "inputs.pt"))
 
-    cmake = shutil.which("cmake") or str(Path(sys.executable).parent / "cmake")
-    build = tmp_path / "build"
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    subprocess.run([cmake, "-S", str(EXAMPLE), "-B", str(build),
-                    f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
-                    f"-DPython3_EXECUTABLE={sys.executable}"],
-                   check=True, capture_output=True, env=env)
-    subprocess.run([cmake, "--build", str(build), "-j2"], check=True, capture_output=True,
-                   env=env)
     run = subprocess.run([str(build / "blade_run"), str(tmp_path / "model.pt"),
                           str(tmp_path / "inputs.pt"), str(tmp_path / "outputs.pt")],
                          capture_output=True, text=True, env=env)
@@ -63,3 +69,48 @@ def test_blade_run_matches_eager(tmp_path):
     assert "blade_guard: calls=1 fallbacks=1 (last: input 0: size of dim 0 is 3, expected 4)" \
         in run.stderr, run.stderr
     assert "blade_engine_0: calls=0 fallbacks=0" in run.stderr, run.stderr
+
+
+def _serve(build, env, tmp_path, model_path, requests, threads=4):
+    torch.save(requests, str(tmp_path / "requests.pt"))
+    run = subprocess.run([str(build / "blade_serve"), str(model_path),
+                          str(tmp_path / "requests.pt"), str(threads),
+                          str(tmp_path / "outputs.pt")], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return run.stderr, torch.load(str(tmp_path / "outputs.pt"))
+
+
+def test_blade_serve_shares_one_model_between_threads(tmp_path, built):
+    """A libtorch process serving requests of several lengths from 4 threads at once,
+    with one dynamic engine: every answer equals eager's, every call ran compiled code;
+    and in a process that does not trust the signing key, the engine refuses its code,
+    says why, and the answers come from its TorchScript fallback."""
+    build, env = built
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval()
+    optimized = blade.optimize(layer, (torch.randn(2, 12, 32),),
+                               blade.Config(dynamic_dims={"src": [1]}))
+    report = blade.report(optimized)
+    assert len(report.clusters) == 1 and report.coverage == 1.0, str(report)
+    model_path = tmp_path / "layer.pt"
+    torch.jit.save(optimized, str(model_path))
+    requests = [torch.randn(2, 5 + i % 7, 32) for i in range(24)]
+
+    stderr, outputs = _serve(build, env, tmp_path, model_path, requests)
+    assert "requests=24 threads=4" in stderr, stderr
+    assert "blade_guard: calls=24 fallbacks=0" in stderr, stderr
+    assert "blade_engine_0: calls=24 fallbacks=0" in stderr, stderr
+    with torch.no_grad():
+        for request, output in zip(requests, outputs):
+            torch.testing.assert_close(output, layer(request), rtol=1e-4, atol=1e-4)
+
+    untrusted = dict(env, XDG_CONFIG_HOME=str(tmp_path / "another_machine"))
+    untrusted.pop("BLADE_TRUSTED_KEYS", None)
+    stderr, outputs = _serve(build, untrusted, tmp_path, model_path, requests[:6], threads=2)
+    key = blade.signing_public_key()
+    assert "blade_engine_0: calls=6 fallbacks=6 (last: the engine is signed by key " \
+           f"{key}, which this process does not trust" in stderr, stderr
+    with torch.no_grad():
+        for request, output in zip(requests, outputs):
+            torch.testing.assert_close(output, layer(request), rtol=1e-4, atol=1e-4)

@@ -178,14 +178,16 @@ def config_flags(p: argparse.ArgumentParser) -> None:
                 help_text += " On the command line: shown unless --quiet."
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
                            help=help_text)
-        elif hint is int:
+        elif hint in (int, Optional[int]):
             p.add_argument(flag, type=int, default=default, metavar="N",
-                           help=f"{help_text} (default: {default})")
+                           help=help_text + (f" (default: {default})" if default is not None
+                                             else ""))
         elif hint in (str, Optional[str]):
             choices = FALLBACK_MODES if field.name == "fallback" else None
             p.add_argument(flag, default=default, choices=choices,
                            metavar=None if choices else field.name.split("_")[-1].upper(),
-                           help=help_text + (f" (default: {default})" if default else ""))
+                           help=help_text + (f" (default: {default})" if default is not None
+                                             else ""))
         elif hint == List[str]:
             aliases = ["--exclude"] if field.name == "excluded_ops" else []
             p.add_argument(flag, *aliases, action="append", default=[], dest=field.name,
