@@ -5,26 +5,13 @@
 // with torch::pickle_save, which torch.load reads; the input guard's and each engine's call
 // and fallback counts, with the last fallback's reason, go to stderr. Needs libtorch and
 // Blade's runtime library only: no Python, MLIR or torch-mlir.
-#include <torch/script.h>
-#include <torch/serialize.h>
+#include "example_io.h"
 
-#include <fstream>
-#include <iostream>
-#include <string>
-#include <iterator>
 #include <vector>
 
-namespace {
-
-std::vector<char> read_file(const char* path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw std::runtime_error(std::string("cannot open ") + path);
-  }
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-}  // namespace
+using blade_example::print_counters;
+using blade_example::read_file;
+using blade_example::write_pickle;
 
 int main(int argc, char** argv) {
   if (argc != 4) {
@@ -46,30 +33,8 @@ int main(int argc, char** argv) {
     }
     torch::NoGradGuard no_grad;
     c10::IValue output = model.forward(inputs);
-    // What Blade did: the input guard's calls and the calls it sent to the unspecialized
-    // model (inputs unlike the example inputs), then each engine's compiled calls and calls
-    // that fell back to TorchScript, each with the reason of the last fallback.
-    for (const auto& attr : model.named_attributes(/*recurse=*/false)) {
-      const bool guard = attr.name == "blade_guard";
-      if ((guard || attr.name.rfind("blade_engine_", 0) == 0) && attr.value.isObject()) {
-        torch::jit::Object object(attr.value.toObject());
-        const int64_t fallbacks = object.run_method("fallbacks").toInt();
-        std::cerr << attr.name << ": calls=" << object.run_method("calls").toInt()
-                  << " fallbacks=" << fallbacks;
-        if (fallbacks > 0) {
-          std::string reason = object.run_method("last_fallback_reason").toStringRef();
-          std::cerr << " (last: " << reason << ")";
-        }
-        std::cerr << "\n";
-      }
-    }
-    std::vector<char> bytes = torch::pickle_save(output);
-    std::ofstream out(argv[3], std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out) {
-      std::cerr << "blade_run: cannot write " << argv[3] << "\n";
-      return 1;
-    }
+    print_counters(model);
+    write_pickle(argv[3], output);
   } catch (const std::exception& e) {
     std::cerr << "blade_run: " << e.what() << "\n";
     return 1;

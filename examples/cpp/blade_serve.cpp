@@ -10,29 +10,21 @@
 // Engines run their compiled code only if the key that signed them is trusted here: the
 // process's own key (under $XDG_CONFIG_HOME/blade), or keys listed in BLADE_TRUSTED_KEYS
 // (docs/security.md). Otherwise they run their TorchScript subgraph and say why.
-#include <torch/script.h>
-#include <torch/serialize.h>
+#include "example_io.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <fstream>
-#include <iostream>
-#include <iterator>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-namespace {
+using blade_example::print_counters;
+using blade_example::read_file;
+using blade_example::write_pickle;
 
-std::vector<char> read_file(const char* path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw std::runtime_error(std::string("cannot open ") + path);
-  }
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+namespace {
 
 // One request's inputs: a tensor, or a list of tensors.
 std::vector<c10::IValue> request_inputs(const c10::IValue& request, size_t index) {
@@ -49,23 +41,6 @@ std::vector<c10::IValue> request_inputs(const c10::IValue& request, size_t index
   throw std::runtime_error("request " + std::to_string(index) +
                            " must be a tensor or a list of tensors, found " +
                            request.tagKind());
-}
-
-void print_counters(torch::jit::Module& model) {
-  for (const auto& attr : model.named_attributes(/*recurse=*/false)) {
-    const bool guard = attr.name == "blade_guard";
-    if ((guard || attr.name.rfind("blade_engine_", 0) == 0) && attr.value.isObject()) {
-      torch::jit::Object object(attr.value.toObject());
-      const int64_t fallbacks = object.run_method("fallbacks").toInt();
-      std::cerr << attr.name << ": calls=" << object.run_method("calls").toInt()
-                << " fallbacks=" << fallbacks;
-      if (fallbacks > 0) {
-        std::cerr << " (last: " << object.run_method("last_fallback_reason").toStringRef()
-                  << ")";
-      }
-      std::cerr << "\n";
-    }
-  }
 }
 
 }  // namespace
@@ -135,13 +110,7 @@ int main(int argc, char** argv) {
     print_counters(model);
 
     // A tuple: torch.load (weights_only) reads it back without a type tag to trust.
-    std::vector<char> bytes = torch::pickle_save(c10::ivalue::Tuple::create(outputs));
-    std::ofstream out(argv[4], std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out) {
-      std::cerr << "blade_serve: cannot write " << argv[4] << "\n";
-      return 1;
-    }
+    write_pickle(argv[4], c10::ivalue::Tuple::create(outputs));
   } catch (const std::exception& e) {
     std::cerr << "blade_serve: " << e.what() << "\n";
     return 1;
