@@ -2,7 +2,8 @@
 script (a real file, because TorchScript reads the source of the classes it scripts), then
 its bash blocks, in order, in the same working directory (so they see the files the python
 blocks saved), with this environment's `python`, `blade` and `cmake` first on PATH. Blocks
-marked `text` are diagrams and output, not code; any other fence is an error."""
+marked `text` are diagrams and output, not code; any other fence is an error. Every
+optimized model the python blocks leave behind must have run compiled code."""
 import os
 import re
 import runpy
@@ -40,9 +41,35 @@ def test_code_blocks_run(name, tmp_path, monkeypatch):
         script = tmp_path / (Path(name).stem + ".py")
         script.write_text("".join(f"# --- {name}, code block {i}\n{code}\n"
                                   for i, code in enumerate(python)))
-        runpy.run_path(str(script), run_name=f"docs_{Path(name).stem}")
+        namespace = runpy.run_path(str(script), run_name=f"docs_{Path(name).stem}")
+        # The examples really compile and run compiled code: every optimized model they
+        # leave ran its engines' code at least once, and each document has one.
+        models = compiled_path_summary(namespace)
+        assert models, f"{name}: its python blocks leave no optimized model"
+        for variable, (engines, compiled_calls, dry_run) in models.items():
+            assert dry_run or (engines and compiled_calls > 0), \
+                f"{name}: `{variable}` has {engines} engines, which ran compiled code " \
+                f"{compiled_calls} times"
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     for i, code in enumerate(bash):
         run = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env,
                              capture_output=True, text=True)
         assert run.returncode == 0, f"{name}, bash block {i}:\n{code}\n{run.stdout}\n{run.stderr}"
+
+
+def compiled_path_summary(namespace):
+    """For each optimized model a document's python blocks left in `namespace`: its
+    engines, how many of their calls ran compiled code, and whether it is a dry run."""
+    import torch
+
+    import blade
+    from blade.report import REPORT_ATTRIBUTE
+
+    found = {}
+    for variable, value in namespace.items():
+        if isinstance(value, torch.jit.ScriptModule) and hasattr(value, REPORT_ATTRIBUTE):
+            report = blade.report(value)
+            found[variable] = (len(report.clusters),
+                               sum(c.calls - c.fallbacks for c in report.clusters),
+                               report.dry_run)
+    return found
