@@ -41,8 +41,15 @@ test: build $(SERVE_STAMP)
 serve-example: build $(SERVE_STAMP)
 	$(PY) examples/serve/ray_serve.py
 
-bench: build
+# The peers (ONNX Runtime, OpenVINO, onnx for the export), for benchmarks/peers.py.
+BENCH_STAMP := $(VENV)/.bench-deps-installed
+$(BENCH_STAMP): benchmarks/requirements.txt $(DEPS_STAMP)
+	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
+	touch $@
+
+bench: build $(BENCH_STAMP)
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/compile_time.py
 	$(PY) benchmarks/load_time.py
 
 # The runtime's C++ tests (tests/ral/ral_tests.cpp) with the runtime and the tests built

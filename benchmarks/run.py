@@ -1,13 +1,21 @@
 """Blade's speed harness: every backend side by side in one process, interleaved
 round-robin so that machine drift cancels, 2 threads, medians and p10/p90.
 
-    python benchmarks/run.py [--workloads ew_chain,mlp] [--runs 30] [--json out.json]
+    python benchmarks/run.py [--workloads ew_chain,mlp] [--backends blade,openvino] [--runs 30]
 
-The default workloads are the six of `workloads.WORKLOADS`; `workloads.EXTRA_WORKLOADS`
-run when named: `--workloads resnet18,unet_decoder,gpt_block` (a whole ResNet-18 at batch
-2, 224 x 224; one U-Net level with upsampling and a skip concatenation; a GPT-2 block), and
-the real-model sizes `resnet50` ([1,3,224,224]), `bert_base` (12 encoder layers with
-distinct weights, [1,128,768]) and `gpt2` (12 GPT-2-sized decoder blocks).
+Backends: eager, torchscript (traced, frozen, optimize_for_inference), inductor
+(torch.compile), blade, blade_dynamic (Config(dynamic=True)), and the peers of
+`peers.py`: onnxruntime, openvino (float32 hint) and openvino_bf16 (OpenVINO's default,
+bf16 on this CPU). The workloads are `workloads.WORKLOADS`: the six standard ones and the
+real-model sizes resnet50 ([1,3,224,224]; resnet50_b8 at batch 8), bert_base (12 encoder
+layers with distinct weights, [1,128,768]), mobilenet (MobileNetV3-Large, [1,3,224,224])
+and gpt_block; `workloads.EXTRA_WORKLOADS` run when named.
+
+Each row gives the backend's ratio to eager and, for workloads with GEMMs or
+convolutions, the rate it reaches (their FLOPs, counted by torch's FlopCounterMode on the
+eager model, per second of the whole call) as a share of the machine's float32 FMA peak,
+measured once by `peak.py`. The summary table ends with Blade's ratio to the faster
+float32 peer (ONNX Runtime or OpenVINO-f32).
 
 Quote ratios from one run (backend / eager, lower is faster), never absolute times from
 different runs: these machines are noisy.
@@ -24,7 +32,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import blade  # noqa: E402
+from peak import measure_peak_gflops  # noqa: E402
+from peers import PEERS, make_peer  # noqa: E402
 from workloads import WORKLOADS, build  # noqa: E402
+
+DEFAULT_BACKENDS = ("torchscript", "inductor", "onnxruntime", "openvino", "openvino_bf16",
+                    "blade", "blade_dynamic")
+F32_PEERS = ("onnxruntime", "openvino")
 
 warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
 
@@ -45,6 +59,8 @@ def make_backends(model, inputs, names):
                 fn = blade.optimize(model, inputs)
             elif name == "blade_dynamic":  # one engine for every batch/sequence size
                 fn = blade.optimize(model, inputs, blade.Config(dynamic=True))
+            elif name in PEERS:
+                fn = make_peer(name, model, inputs)
             else:
                 raise KeyError(name)
             with torch.no_grad():
@@ -63,8 +79,18 @@ def max_diff(a, b):
     return max(max_diff(x, y) for x, y in zip(a, b))
 
 
+def matmul_flops(model, inputs) -> int:
+    """FLOPs of the GEMMs, convolutions and attention of one eager call."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    return counter.get_total_flops()
+
+
 def bench(workload, names, runs, warmup):
     model, inputs = build(workload)
+    flops = matmul_flops(model, inputs)
     backends, compile_s = make_backends(model, inputs, names)
     times = {name: [] for name in backends}
     with torch.no_grad():
@@ -85,7 +111,8 @@ def bench(workload, names, runs, warmup):
         median = statistics.median(samples)
         rows[name] = {"median_ms": median, "p10_ms": q[0], "p90_ms": q[-1],
                       "ratio_to_eager": median / eager, "compile_s": compile_s[name],
-                      "max_abs_diff": diffs[name], "samples_ms": samples}
+                      "max_abs_diff": diffs[name], "samples_ms": samples,
+                      "gflops": flops / median / 1e6 if flops else None}
     for name in ("blade", "blade_dynamic"):
         if name in backends:
             rows[name]["coverage"] = blade.report(backends[name]).coverage
@@ -122,10 +149,28 @@ def call_overhead(samples=20000):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def summary(results, peak):
+    """One line per workload: each backend's ratio to eager, Blade's to the faster float32
+    peer, and the share of the FMA peak Blade reaches."""
+    names = [n for n in ("inductor", "onnxruntime", "openvino", "openvino_bf16", "blade")
+             if any(n in rows for rows in results.values())]
+    lines = ["| workload | " + " | ".join(names) + " | blade / best f32 peer | blade GFLOP/s "
+             "(% of peak) |", "|---" * (len(names) + 3) + "|"]
+    for workload, rows in results.items():
+        cells = [f"{rows[n]['ratio_to_eager']:.2f}" if n in rows else "-" for n in names]
+        peers = [rows[n]["median_ms"] for n in F32_PEERS if n in rows]
+        versus = f"{rows['blade']['median_ms'] / min(peers):.2f}" if peers and "blade" in rows \
+            else "-"
+        rate = rows.get("blade", {}).get("gflops")
+        rate_text = f"{rate:.0f} ({100 * rate / peak['gflops']:.0f}%)" if rate and peak else "-"
+        lines.append(f"| {workload} | " + " | ".join(cells) + f" | {versus} | {rate_text} |")
+    return "\n".join(lines)
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--backends", default="torchscript,inductor,blade,blade_dynamic")
+    parser.add_argument("--backends", default=",".join(DEFAULT_BACKENDS))
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", help="write the raw numbers here")
@@ -133,24 +178,32 @@ def main():
                         help="skip the per-call overhead measurement")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    results = {}
-    header = f"{'workload':<14}{'backend':<13}{'median ms':>10}{'p10':>9}{'p90':>9}" \
-             f"{'/eager':>8}{'compile s':>10}{'max diff':>10}"
+    peak = measure_peak_gflops()
+    print(f"float32 FMA peak: {peak['gflops']:.0f} GFLOP/s on {peak['threads']} threads "
+          f"({peak['isa']}, measured by benchmarks/peak.py)\n")
+    results = {"fma_peak": peak}
+    header = f"{'workload':<14}{'backend':<15}{'median ms':>10}{'p10':>9}{'p90':>9}" \
+             f"{'/eager':>8}{'compile s':>10}{'max diff':>10}{'GFLOP/s':>9}{'%peak':>7}"
     print(header)
+    workloads = {}
     for workload in args.workloads.split(","):
         rows = bench(workload, args.backends.split(","), args.runs, args.warmup)
-        results[workload] = rows
+        workloads[workload] = rows
         for name, r in rows.items():
+            rate = f"{r['gflops']:>9.1f}{100 * r['gflops'] / peak['gflops']:>6.0f}%" \
+                if r["gflops"] else ""
             note = ""
             if "coverage" in r:  # a Blade number means little if little of it compiled
                 note = f"  compiled {100 * r['coverage']:.0f}%"
-            print(f"{workload:<14}{name:<13}{r['median_ms']:>10.3f}{r['p10_ms']:>9.3f}"
+            print(f"{workload:<14}{name:<15}{r['median_ms']:>10.3f}{r['p10_ms']:>9.3f}"
                   f"{r['p90_ms']:>9.3f}{r['ratio_to_eager']:>8.2f}{r['compile_s']:>10.2f}"
-                  f"{r['max_abs_diff']:>10.1e}{note}")
-    ratios = [r["blade"]["ratio_to_eager"] for r in results.values() if "blade" in r]
+                  f"{r['max_abs_diff']:>10.1e}{rate}{note}", flush=True)
+    results.update(workloads)
+    ratios = [r["blade"]["ratio_to_eager"] for r in workloads.values() if "blade" in r]
     if ratios:
         geomean = statistics.geometric_mean(ratios)
         print(f"\nblade geometric-mean speedup over eager: {1 / geomean:.2f}x")
+    print("\nratio to eager (lower is faster):\n" + summary(workloads, peak))
     if not args.no_overhead:
         overhead = call_overhead()
         results["call_overhead_us"] = overhead

@@ -151,6 +151,83 @@ class ResNet50(torch.nn.Module):
         return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+def _divisible_by_8(channels: float) -> int:
+    return max(8, int(channels + 4) // 8 * 8)
+
+
+class SqueezeExcitation(torch.nn.Module):
+    """Channel attention: global average pool, 1x1 down, ReLU, 1x1 up, hardsigmoid, scale."""
+
+    def __init__(self, channels):
+        super().__init__()
+        squeezed = _divisible_by_8(channels / 4)
+        self.down = torch.nn.Conv2d(channels, squeezed, 1)
+        self.up = torch.nn.Conv2d(squeezed, channels, 1)
+
+    def forward(self, x):
+        scale = torch.nn.functional.adaptive_avg_pool2d(x, 1)
+        scale = torch.nn.functional.hardsigmoid(self.up(torch.relu(self.down(scale))))
+        return x * scale
+
+
+class InvertedResidual(torch.nn.Module):
+    """MobileNetV3's block: 1x1 expansion, depthwise k x k (strided where the stage starts),
+    squeeze-excitation where the table says, 1x1 projection, each convolution with
+    BatchNorm, ReLU or hardswish; a residual where the shape stays."""
+
+    def __init__(self, cin, kernel, expanded, cout, se, activation, stride):
+        super().__init__()
+        nn = torch.nn
+        act = nn.Hardswish if activation == "HS" else nn.ReLU
+        layers = []
+        if expanded != cin:
+            layers += [nn.Conv2d(cin, expanded, 1, bias=False), nn.BatchNorm2d(expanded), act()]
+        layers += [nn.Conv2d(expanded, expanded, kernel, stride, kernel // 2, groups=expanded,
+                             bias=False), nn.BatchNorm2d(expanded), act()]
+        if se:
+            layers.append(SqueezeExcitation(expanded))
+        layers += [nn.Conv2d(expanded, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.block = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.block(x)
+        return x + y if self.residual else y
+
+
+class MobileNetV3(torch.nn.Module):
+    """torchvision's mobilenet_v3_large architecture (written out: torchvision is not
+    installed): kernel, expanded width, output width, squeeze-excitation, activation,
+    stride per block, as in the paper's table 1."""
+
+    BLOCKS = ((3, 16, 16, False, "RE", 1), (3, 64, 24, False, "RE", 2),
+              (3, 72, 24, False, "RE", 1), (5, 72, 40, True, "RE", 2),
+              (5, 120, 40, True, "RE", 1), (5, 120, 40, True, "RE", 1),
+              (3, 240, 80, False, "HS", 2), (3, 200, 80, False, "HS", 1),
+              (3, 184, 80, False, "HS", 1), (3, 184, 80, False, "HS", 1),
+              (3, 480, 112, True, "HS", 1), (3, 672, 112, True, "HS", 1),
+              (5, 672, 160, True, "HS", 2), (5, 960, 160, True, "HS", 1),
+              (5, 960, 160, True, "HS", 1))
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        layers, cin = [nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16),
+                       nn.Hardswish()], 16
+        for kernel, expanded, cout, se, activation, stride in self.BLOCKS:
+            layers.append(InvertedResidual(cin, kernel, expanded, cout, se, activation, stride))
+            cin = cout
+        layers += [nn.Conv2d(cin, 960, 1, bias=False), nn.BatchNorm2d(960), nn.Hardswish()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Linear(960, 1280), nn.Hardswish(),
+                                        nn.Linear(1280, 1000))
+        trained_statistics(self)
+
+    def forward(self, x):
+        x = torch.nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
 class UNetDecoder(torch.nn.Module):
     """One U-Net level: a strided convolution down, x2 nearest upsampling back, the skip
     connection concatenated, a convolution."""
@@ -217,6 +294,10 @@ def build(name):
         return GptBlock().eval(), (torch.randn(4, 128, 512),)
     if name == "resnet50":
         return ResNet50().eval(), (torch.randn(1, 3, 224, 224),)
+    if name == "resnet50_b8":
+        return ResNet50().eval(), (torch.randn(8, 3, 224, 224),)
+    if name == "mobilenet":
+        return MobileNetV3().eval(), (torch.randn(1, 3, 224, 224),)
     if name == "bert_base":  # 12 encoder layers with distinct weights
         layers = [torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True, dropout=0.0)
                   for _ in range(12)]
@@ -227,6 +308,8 @@ def build(name):
     raise KeyError(name)
 
 
-# What `make bench` runs (issue 6's workloads); EXTRA_WORKLOADS only when named.
-WORKLOADS = ("ew_chain", "ln_gelu", "softmax_attn", "mlp", "bert_layer", "convnet")
-EXTRA_WORKLOADS = ("resnet18", "unet_decoder", "gpt_block", "resnet50", "bert_base", "gpt2")
+# What `make bench` runs: the six standard workloads and the real-model ones the peers are
+# compared on; EXTRA_WORKLOADS only when named.
+WORKLOADS = ("ew_chain", "ln_gelu", "softmax_attn", "mlp", "bert_layer", "convnet",
+             "resnet50", "resnet50_b8", "bert_base", "mobilenet", "gpt_block")
+EXTRA_WORKLOADS = ("resnet18", "unet_decoder", "gpt2")

@@ -1,0 +1,114 @@
+"""The machine's float32 FMA peak, measured, not assumed: a micro-kernel of independent
+fused multiply-adds on the widest vectors this CPU has (AVX-512, else AVX2+FMA), compiled
+here with `cc`, run on every benchmark thread at once. What GEMMs and convolutions reach is
+quoted as a share of it.
+
+    python benchmarks/peak.py      # prints the peak in GFLOP/s and what it was built for
+"""
+import ctypes
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+THREADS = 2
+
+# 16 independent accumulators hide the FMA latency on every x86 core of the last decade.
+KERNEL = r"""
+#include <immintrin.h>
+#include <stdint.h>
+
+#if defined(__AVX512F__)
+#define VEC __m512
+#define LANES 16
+#define SET1 _mm512_set1_ps
+#define FMA _mm512_fmadd_ps
+#define ADD _mm512_add_ps
+#define STORE _mm512_storeu_ps
+#else
+#define VEC __m256
+#define LANES 8
+#define SET1 _mm256_set1_ps
+#define FMA _mm256_fmadd_ps
+#define ADD _mm256_add_ps
+#define STORE _mm256_storeu_ps
+#endif
+
+int lanes(void) { return LANES; }
+
+/* 2 * LANES * 16 * iterations flops; the result keeps the compiler from dropping them. */
+float fma_loop(int64_t iterations) {
+  VEC a = SET1(1.0000001f), b = SET1(0.9999999f);
+  VEC acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = SET1((float)i);
+  for (int64_t n = 0; n < iterations; ++n) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = FMA(acc[i], a, b);
+  }
+  VEC sum = acc[0];
+  for (int i = 1; i < 16; ++i) sum = ADD(sum, acc[i]);
+  float out[LANES];
+  STORE(out, sum);
+  return out[0];
+}
+"""
+
+
+def _cpu_flags():
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def build_kernel(directory: Path):
+    """The kernel as a loaded library, and the instruction set it was compiled for."""
+    flags = _cpu_flags()
+    if "avx512f" in flags:
+        isa, cflags = "avx512f", ["-mavx512f", "-mfma"]
+    elif "avx2" in flags and "fma" in flags:
+        isa, cflags = "avx2+fma", ["-mavx2", "-mfma"]
+    else:
+        raise RuntimeError("the FMA peak needs AVX2+FMA or AVX-512")
+    source, library = directory / "peak.c", directory / "libpeak.so"
+    source.write_text(KERNEL)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", *cflags, str(source), "-o", str(library)],
+                   check=True)
+    kernel = ctypes.CDLL(str(library))   # ctypes releases the GIL during each call
+    kernel.fma_loop.argtypes = [ctypes.c_int64]
+    kernel.fma_loop.restype = ctypes.c_float
+    return kernel, isa
+
+
+def measure_peak_gflops(threads: int = THREADS, seconds: float = 0.3) -> dict:
+    """Median over 5 rounds of the FMA rate of `threads` threads running at once."""
+    with tempfile.TemporaryDirectory() as tmp:
+        kernel, isa = build_kernel(Path(tmp))
+        lanes = kernel.lanes()
+        kernel.fma_loop(1000)
+        # Size one call to about `seconds` on one core.
+        start = time.perf_counter()
+        kernel.fma_loop(10_000_000)
+        iterations = max(1, int(10_000_000 * seconds / (time.perf_counter() - start)))
+        rates = []
+        for _ in range(5):
+            workers = [threading.Thread(target=kernel.fma_loop, args=(iterations,))
+                       for _ in range(threads)]
+            start = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            elapsed = time.perf_counter() - start
+            rates.append(threads * 2 * lanes * 16 * iterations / elapsed / 1e9)
+        rates.sort()
+        return {"gflops": rates[len(rates) // 2], "isa": isa, "threads": threads}
+
+
+if __name__ == "__main__":
+    peak = measure_peak_gflops()
+    print(f"float32 FMA peak: {peak['gflops']:.1f} GFLOP/s on {peak['threads']} threads "
+          f"({peak['isa']})")
+    sys.exit(0)
