@@ -13,7 +13,6 @@ cluster's inputs, then its params, then its outputs (written in place).
 import ctypes
 import functools
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +27,8 @@ from typing import Dict, List, Optional, Tuple
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
 
-from . import folding, layouts, library_calls, loop_order, parallel, slices, tiled_transpose
+from . import (folding, layouts, library_calls, loop_order, native, parallel, slices,
+               tiled_transpose)
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
@@ -36,6 +36,7 @@ from .concatenations import lower_concatenations, write_slices_in_place
 from .gathers import lower_dynamic_reverses, lower_gathers
 from .importer import failing_node
 from .ir_queries import all_parallel, output_count
+from .native import capsule_pointer, host_cpu_features, mlir_c_api
 from .pooling import lower_reduce_windows
 from .shape_assumptions import (annotate_broadcasts, divide_out_sizes, drop_identity_broadcasts,
                                 lower_dynamic_reshapes)
@@ -115,12 +116,12 @@ def _entry_wrapper(num_args: int, returns_outputs: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _link_shared_library(obj: Path, out: Path) -> None:
+def _link_shared_library(objects: List[Path], out: Path) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise CodegenError("no C compiler driver (cc) was found to link the engine's code")
-    cmd = [compiler, "-shared", "-o", str(out), str(obj), f"-L{RUNTIME_LIBRARY.parent}",
-           "-lblade_ral", "-lm"]
+    cmd = [compiler, "-shared", "-o", str(out), *map(str, objects),
+           f"-L{RUNTIME_LIBRARY.parent}", "-lblade_ral", "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise CodegenError(f"linking the engine's code failed: {proc.stderr.strip()}")
@@ -128,7 +129,8 @@ def _link_shared_library(obj: Path, out: Path) -> None:
 
 def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                        user_calls=(), dump=None, parallel_loops: bool = True,
-                       returns_outputs: bool = False) -> CompiledCluster:
+                       returns_outputs: bool = False,
+                       pool: Optional[native.CompilerPool] = None) -> CompiledCluster:
     """Compiles one torch-dialect function `main` into a shared library.
 
     `num_buffers` is the number of memref arguments after bufferization: inputs, params and
@@ -138,6 +140,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
     large loop nests run on PyTorch's intra-op threads.
     `keep_ir` keeps the IR after each stage in the result; `dump` (a `dump.ClusterDump`)
     receives it as each stage ends, so a failing stage leaves the IR that led to it.
+    LLVM compiles the module's partitions on `pool`'s workers and here (see
+    blade.native) when the pool was started; else the whole module here.
     """
     result = CompiledCluster(b"")
 
@@ -221,11 +225,20 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
         module = ir.Module.parse(llvm_text)
         _tune_for_host(module)
         record("llvm_ir", lambda: llvm_ir(module))
+        try:
+            if pool is None or not pool.started or pool.workers == 0:
+                objects = [native.emit_object(module, str(RUNTIME_LIBRARY))]
+            else:
+                objects = pool.compile(native.partition(module, pool.workers + 1))
+        except native.NativeError as e:
+            raise CodegenError(str(e)) from None
         with tempfile.TemporaryDirectory(prefix="blade-codegen-") as tmp:
-            obj = Path(tmp) / "engine.o"
+            paths = []
+            for i, data in enumerate(objects):
+                paths.append(Path(tmp) / f"engine_{i}.o")
+                paths[-1].write_bytes(data)
             lib = Path(tmp) / "engine.so"
-            _emit_object(module, obj)
-            _link_shared_library(obj, lib)
+            _link_shared_library(paths, lib)
             result.library = lib.read_bytes()
         result.seconds["native"] = time.perf_counter() - start
         if dump is not None:
@@ -266,51 +279,15 @@ def _stand_in_dialect_modules() -> None:
         _mlir.globals.append_dialect_search_prefix(_STAND_IN_PREFIX)
 
 
-class _StringRef(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_char_p), ("length", ctypes.c_size_t)]
-
-
-@functools.lru_cache(maxsize=None)
-def _mlir_c_api():
-    """MLIR's C API from the torch-mlir wheel. The Python ExecutionEngine binding creates
-    engines without object dumping, so the object file is obtained through the C API."""
-    from torch_mlir import _mlir_libs
-
-    lib = ctypes.CDLL(str(Path(_mlir_libs.__file__).parent / "libTorchMLIRAggregateCAPI.so"))
-    lib.mlirExecutionEngineCreate.restype = ctypes.c_void_p
-    lib.mlirExecutionEngineCreate.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                              ctypes.c_void_p, ctypes.c_bool]
-    lib.mlirExecutionEngineDumpToObjectFile.argtypes = [ctypes.c_void_p, _StringRef]
-    lib.mlirExecutionEngineDestroy.argtypes = [ctypes.c_void_p]
-    lib.mlirRegisterAllLLVMTranslations.argtypes = [ctypes.c_void_p]
-    lib.mlirTranslateModuleToLLVMIR.restype = ctypes.c_void_p
-    lib.mlirTranslateModuleToLLVMIR.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.LLVMContextCreate.restype = ctypes.c_void_p
-    lib.LLVMContextDispose.argtypes = [ctypes.c_void_p]
-    lib.LLVMPrintModuleToString.restype = ctypes.c_void_p
-    lib.LLVMPrintModuleToString.argtypes = [ctypes.c_void_p]
-    lib.LLVMDisposeMessage.argtypes = [ctypes.c_void_p]
-    lib.LLVMDisposeModule.argtypes = [ctypes.c_void_p]
-    return lib
-
-
-def _capsule_pointer(capsule) -> int:
-    api = ctypes.pythonapi
-    api.PyCapsule_GetName.restype = ctypes.c_char_p
-    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
-    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    return api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule))
-
-
 def llvm_ir(module) -> str:
-    """The LLVM IR an LLVM-dialect module translates to (what `_emit_object` compiles)."""
-    lib = _mlir_c_api()
-    lib.mlirRegisterAllLLVMTranslations(_capsule_pointer(module.context._CAPIPtr))
+    """The LLVM IR an LLVM-dialect module translates to (what native.emit_object
+    compiles)."""
+    lib = mlir_c_api()
+    lib.mlirRegisterAllLLVMTranslations(capsule_pointer(module.context._CAPIPtr))
     llvm_context = lib.LLVMContextCreate()
     try:
         llvm_module = lib.mlirTranslateModuleToLLVMIR(
-            _capsule_pointer(module.operation._CAPIPtr), llvm_context)
+            capsule_pointer(module.operation._CAPIPtr), llvm_context)
         if not llvm_module:
             raise CodegenError("the LLVM-dialect module does not translate to LLVM IR")
         try:
@@ -323,32 +300,6 @@ def llvm_ir(module) -> str:
             lib.LLVMDisposeModule(llvm_module)
     finally:
         lib.LLVMContextDispose(llvm_context)
-
-
-# LLVM's -O2: measured side by side on every benchmark workload, the code runs as fast as
-# at -O3, and a dynamic engine (loops of run-time trip counts) compiles up to 3.4x faster
-# (bert_layer: 7.0 s -> 2.1 s; -O3's extra loop transforms multiply such loops).
-LLVM_OPT_LEVEL = 2
-
-
-def _emit_object(module, path: Path, opt_level: int = LLVM_OPT_LEVEL) -> None:
-    """LLVM-dialect module -> native object file for this host (LLVM at `opt_level`)."""
-    lib = _mlir_c_api()
-    # The JIT links the code in memory before the object is dumped, so it must resolve the
-    # runtime's symbols: hand it libblade_ral.
-    runtime = str(RUNTIME_LIBRARY).encode()
-    libs = (_StringRef * 1)(_StringRef(runtime, len(runtime)))
-    engine = lib.mlirExecutionEngineCreate(_capsule_pointer(module._CAPIPtr), opt_level, 1,
-                                           ctypes.cast(libs, ctypes.c_void_p), True)
-    if not engine:
-        raise CodegenError("LLVM could not compile the module (ExecutionEngine creation failed)")
-    try:
-        name = str(path).encode()
-        lib.mlirExecutionEngineDumpToObjectFile(engine, _StringRef(name, len(name)))
-    finally:
-        lib.mlirExecutionEngineDestroy(engine)
-    if not path.exists():
-        raise CodegenError("LLVM produced no object file for the module")
 
 
 def _inline_user_converters(module, user_calls) -> None:
@@ -568,19 +519,3 @@ def _find_main(module):
                 ir.StringAttr(op.attributes["sym_name"]).value == "main":
             return op
     raise CodegenError("the module has no function 'main'")
-
-
-@functools.lru_cache(maxsize=None)
-def host_cpu_features() -> str:
-    """The vector-ISA features of this host that generated code may use, as /proc/cpuinfo
-    names them; recorded in each engine and checked when it is loaded."""
-    interesting = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
-                   "avx512vl", "avx512dq", "avx512cd", "avx512_bf16", "avx512_vnni",
-                   "avx512_fp16", "amx_tile", "asimd", "sve")
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    match = re.search(r"^(flags|Features)\s*:\s*(.*)$", text, re.MULTILINE)
-    flags = set(match.group(2).split()) if match else set()
-    return ",".join(f for f in interesting if f in flags)

@@ -16,12 +16,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import _C, converters  # noqa: F401  (importing converters registers the built-ins)
-from . import exported_program
+from . import exported_program, native
 from .compile_cache import CodeCache
 from .config import Config
 from .dtypes import dtype_name
 from .dump import Dumper, Progress
 from .exported_program import is_exported_program
+from .native import CompilerPool, default_workers
+from ._runtime import RUNTIME_LIBRARY
 from .quiet import quiet_torchscript
 from .registry import (REGISTRY, SCALAR_TYPE_NAMES, Verdict, argument_name, describe, ran,
                        schema_name)
@@ -500,13 +502,22 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
     no cluster node is left in the graph to merge with), and the new clusters compiled."""
     cpu_features = ""
     if clusters and not config.dry_run:
-        from .codegen import host_cpu_features
-        cpu_features = host_cpu_features()
+        cpu_features = native.host_cpu_features()
         # Every engine is signed (docs/security.md): a key that cannot sign fails here,
         # once, rather than every cluster alike.
         _C.signing_public_key(config.signing_key or "")
     code_cache = CodeCache.for_config(config)
     progress.begin(0 if config.dry_run else len(clusters), "compiling clusters")
+    # LLVM's part of each compilation runs on worker processes too (blade.native); they
+    # start at the first cluster that is compiled and stop when all are done.
+    with CompilerPool(default_workers(config.compile_workers), str(RUNTIME_LIBRARY)) as pool:
+        _compile_in_rounds(module, graph, clusters, config, report, dump, progress,
+                           cpu_features, code_cache, pool)
+
+
+def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Report,
+                       dump: Dumper, progress: Progress, cpu_features: str,
+                       code_cache: CodeCache, pool: CompilerPool) -> None:
     index = 0
     for rounds in range(MAX_RECLUSTER_ROUNDS + 1):
         retry: Dict[torch._C.Node, Verdict] = {}
@@ -525,7 +536,8 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
             start = time.perf_counter()
             try:
                 compiled, entry.code = _compile_cluster(module, cluster, index - 1, config,
-                                                        cpu_features, cluster_dump, code_cache)
+                                                        cpu_features, cluster_dump, code_cache,
+                                                        pool)
                 entry.library_calls = compiled.library_calls
                 entry.fused_attention = compiled.fused_attention
                 entry.parallel_loops = compiled.parallel_loops
@@ -582,7 +594,7 @@ def _op_counts(subgraph) -> Dict[str, int]:
 
 
 def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: str,
-                     dump, code_cache: CodeCache):
+                     dump, code_cache: CodeCache, pool: Optional[CompilerPool] = None):
     """Compiles one cluster and swaps it for an engine call; returns the CompiledCluster
     and where its code came from (compiled, the compile cache, or another engine of this
     model with the same code). Raises on any failure, leaving the graph untouched. `dump`
@@ -617,10 +629,12 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
         (0 if returns_outputs else len(list(subgraph.outputs())))
 
     def build():
+        if pool is not None and len(imported.text) >= native.MIN_PARALLEL_IR_CHARS:
+            pool.start()  # the workers get ready while MLIR's stages run
         return codegen.compile_torch_mlir(imported.text, num_buffers,
                                           returns_outputs=returns_outputs,
                                           user_calls=imported.user_calls, dump=dump,
-                                          parallel_loops=config.parallel)
+                                          parallel_loops=config.parallel, pool=pool)
 
     # A user converter's StableHLO comes from Python the key cannot see, and a dump wants
     # every stage's IR: those clusters are always compiled.

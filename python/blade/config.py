@@ -56,6 +56,11 @@ class Config:
             once either way.
         cache_max_bytes: the most bytes the cache directory holds; the least recently used
             entries go first.
+        compile_workers: processes that compile parts of a cluster's native code
+            alongside optimize's own (see `blade.native`); they live as long as optimize.
+            ``None`` (the default) starts one less than the cores this process may run on,
+            or than PyTorch's thread count when lower; ``0`` compiles everything in
+            optimize's process.
     """
 
     allow_tracing: bool = False
@@ -73,6 +78,7 @@ class Config:
     signing_key: Optional[str] = None
     cache_dir: Optional[str] = None
     cache_max_bytes: int = 1 << 30
+    compile_workers: Optional[int] = None
 
     def __post_init__(self):
         if self.fallback not in FALLBACK_MODES:
@@ -97,6 +103,11 @@ class Config:
         if not isinstance(self.cache_max_bytes, int) or self.cache_max_bytes < 0:
             raise ValueError("Config.cache_max_bytes must be a number of bytes >= 0, got "
                              f"{self.cache_max_bytes!r}")
+        if self.compile_workers is not None and (
+                isinstance(self.compile_workers, bool) or
+                not isinstance(self.compile_workers, int) or self.compile_workers < 0):
+            raise ValueError("Config.compile_workers must be a number of processes >= 0 or "
+                             f"None, got {self.compile_workers!r}")
         if self.signing_key is not None and not isinstance(self.signing_key, str):
             raise ValueError("Config.signing_key must be the path of an Ed25519 private key "
                              f"(PEM), got {self.signing_key!r}")
