@@ -159,6 +159,24 @@ def test_two_processes_optimizing_at_once_both_succeed(tmp_path):
     assert not list(cache.glob("*/.tmp-*")), list(cache.rglob("*"))
 
 
+def test_a_process_whose_code_all_comes_from_the_cache_never_loads_mlir(tmp_path):
+    cache = tmp_path / "cache"
+    script = textwrap.dedent("""
+        import sys, torch, blade
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()).eval()
+        optimized = blade.optimize(model, (torch.randn(4, 32),),
+                                   blade.Config(cache_dir=sys.argv[1]))
+        print(blade.report(optimized).clusters[0].code)
+        print("torch_mlir" in sys.modules)
+    """)
+    for expected in (["compiled", "True"], ["compile cache", "False"]):
+        run = subprocess.run([sys.executable, "-c", script, str(cache)], capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert run.stdout.strip().splitlines()[-2:] == expected, run.stdout + run.stderr
+
+
 def test_cache_directory_stays_under_its_bound(tmp_path):
     cache = tmp_path / "cache"
     x = torch.randn(4, 32)

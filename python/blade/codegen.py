@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 import types
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -32,6 +31,7 @@ from . import (folding, layouts, library_calls, loop_order, native, parallel, sl
 from .approximations import (allow_contraction, allow_reciprocal,
                              allow_reduction_reassociation, approximate_math)
 from ._runtime import RUNTIME_LIBRARY
+from .compile_cache import CompiledCluster
 from .concatenations import lower_concatenations, write_slices_in_place
 from .gathers import lower_dynamic_reverses, lower_gathers
 from .importer import failing_node
@@ -71,17 +71,6 @@ class CodegenError(Exception):
             first = str(diagnostics[0].message).splitlines()[0].split(": %")[0]
             summary = f"{what}: {first[:200]}"
         return cls(f"{what}: {error}", failing_node(locations), summary)
-
-
-@dataclass
-class CompiledCluster:
-    library: bytes
-    ir: Dict[str, str] = field(default_factory=dict)  # stage name -> IR after it
-    seconds: Dict[str, float] = field(default_factory=dict)
-    library_calls: int = 0  # ops outlined as RAL kernel calls
-    fused_attention: int = 0  # of those, attention chains run as one kernel (attention.py)
-    parallel_loops: int = 0  # loop nests run on PyTorch's intra-op threads
-    tiled_transposes: int = 0  # transposing loop nests rewritten as vector tiles
 
 
 def load_pipeline(stage: str) -> str:

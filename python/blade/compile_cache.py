@@ -34,13 +34,25 @@ from typing import Callable, Dict, Optional
 import torch
 
 from . import _C
-from .codegen import CompiledCluster
 
 CACHE_VARIABLE = "BLADE_CACHE_DIR"
 DEFAULT_MAX_BYTES = 1 << 30
 _MAGIC = b"blade compiled code 1\n"
 # What a cache entry carries besides the code: CompiledCluster's counters.
 _COUNTERS = ("library_calls", "fused_attention", "parallel_loops", "tiled_transposes")
+
+
+@dataclass
+class CompiledCluster:
+    """What `codegen.compile_torch_mlir` makes of a cluster, and what an entry holds."""
+
+    library: bytes
+    ir: Dict[str, str] = field(default_factory=dict)  # stage name -> IR after it
+    seconds: Dict[str, float] = field(default_factory=dict)
+    library_calls: int = 0  # ops outlined as RAL kernel calls
+    fused_attention: int = 0  # of those, attention chains run as one kernel (attention.py)
+    parallel_loops: int = 0  # loop nests run on PyTorch's intra-op threads
+    tiled_transposes: int = 0  # transposing loop nests rewritten as vector tiles
 
 
 @lru_cache(maxsize=None)

@@ -599,7 +599,6 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     and where its code came from (compiled, the compile cache, or another engine of this
     model with the same code). Raises on any failure, leaving the graph untouched. `dump`
     (a ClusterDump) receives the IR of every stage."""
-    from . import codegen
     from .importer import import_subgraph
 
     subgraph = cluster.g("Subgraph").copy()
@@ -629,6 +628,9 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
         (0 if returns_outputs else len(list(subgraph.outputs())))
 
     def build():
+        # Imported here: a model whose code is all in the compile cache never loads MLIR.
+        from . import codegen
+
         if pool is not None and len(imported.text) >= native.MIN_PARALLEL_IR_CHARS:
             pool.start()  # the workers get ready while MLIR's stages run
         return codegen.compile_torch_mlir(imported.text, num_buffers,
