@@ -296,3 +296,27 @@ def test_config_checks_excluded_op_names():
         blade.Config(excluded_ops=["mylib::nothing_by_that_name"])
     assert blade.Config(excluded_ops=("aten::add.Tensor", "aten::gelu")).excluded_ops == [
         "aten::add.Tensor", "aten::gelu"]
+
+
+def test_scripting_parses_each_method_once_and_gives_the_same_module(monkeypatch):
+    """optimize's scripting parses a method's source once for all the instances of its
+    class (torch.jit.script parses it again for each), and scripts what it scripts."""
+    from blade.compiler import _each_method_parsed_once
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+                                  for _ in range(4)])
+    parsed = []
+    real = torch.jit._recursive.get_jit_def
+    counting = lambda fn, *args, **kwargs: parsed.append(fn) or real(fn, *args, **kwargs)  # noqa: E731
+    monkeypatch.setattr(torch.jit._recursive, "get_jit_def", counting)
+    plain = torch.jit.script(model)
+    assert len(parsed) == 13  # the forward of every module instance
+    parsed.clear()
+    with _each_method_parsed_once():
+        once = torch.jit.script(model)
+    assert len(parsed) == 3  # Sequential's, Linear's and ReLU's forward
+    assert torch.jit._recursive.get_jit_def is counting
+    assert str(once.inlined_graph) == str(plain.inlined_graph)
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(once(x), model(x))
