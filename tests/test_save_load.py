@@ -85,3 +85,30 @@ def test_each_weight_is_saved_once(tmp_path):
     report = blade.report(loaded)
     assert report.guard_fallbacks == 1 and report.clusters[0].calls == 1, str(report)
     assert report.runtime_fallbacks == 1  # the guard's, for `other`
+
+
+def test_loaded_model_holds_each_weight_once(tmp_path):
+    """After loading, the graph's code holds no copy of a weight (it reads them from the
+    engines, which share storage where one weight is a view of another), and the saved
+    code's branches are methods (csrc/passes/outline_branches.h: compiling them at load
+    is linear in the code)."""
+    torch.manual_seed(0)
+    layers = [torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True) for _ in range(2)]
+    model = torch.nn.Sequential(*layers).eval()
+    x = torch.randn(2, 8, 64)
+    path = tmp_path / "model.pt"
+    torch.jit.save(blade.optimize(model, (x,), blade.Config(cache_dir="off")), str(path))
+    loaded = torch.jit.load(str(path))
+    code, constants = loaded.code_with_constants
+    assert not [t for t in constants.const_mapping.values()
+                if isinstance(t, torch.Tensor) and t.numel() > 1], "a weight in the code"
+    assert "blade_branch_" in code
+    storages = {}
+    for cluster in blade.report(loaded).clusters:
+        for p in getattr(loaded, cluster.name).params():
+            if isinstance(p, torch.Tensor):
+                storages[p.untyped_storage().data_ptr()] = p.untyped_storage().nbytes()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert sum(storages.values()) <= 1.01 * weights, (sum(storages.values()), weights)
+    with torch.no_grad():
+        assert_same(loaded(x), model(x), rtol=1e-4, atol=1e-4)

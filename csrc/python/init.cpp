@@ -10,6 +10,7 @@
 #include "passes/functionalize_view_writes.h"
 #include "passes/guard_specialization.h"
 #include "passes/materialize_types.h"
+#include "passes/outline_branches.h"
 #include "passes/split_to_slices.h"
 #include "ral/engine.h"
 #include "ral/ral_abi.h"
@@ -106,6 +107,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("unspecialized"), py::arg("guard_attr"), py::arg("guarded"),
         "The optimized body runs under a guard of its inputs; other inputs run the "
         "unspecialized graph.");
+  m.def("outline_branches", &passes::outline_branches, py::arg("graph"), py::arg("min_nodes"),
+        "Large if-branches without engine calls become methods of the module (loading the "
+        "saved model is then linear in its code); returns how many.");
   m.def("fold_structures", &passes::fold_structures, py::arg("graph"),
         "Folds dicts with constant keys and appended lists that never escape.");
   m.def("functionalize_view_writes", &passes::functionalize_view_writes, py::arg("graph"),
