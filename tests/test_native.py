@@ -83,6 +83,41 @@ def test_partitions_compiled_by_a_worker_give_what_one_piece_gives(workers, work
     assert_ran_compiled(parallel)
 
 
+class ThreeDistinctClusters(torch.nn.Module):
+    """Three clusters of other sizes (so other code), between ops with no converter."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 48)
+        self.fc3 = torch.nn.Linear(48, 16)
+
+    def forward(self, x):
+        a = torch.erfinv(torch.tanh(self.fc1(x)) * 0.5)
+        b = torch.erfinv(torch.tanh(torch.relu(self.fc2(a))) * 0.5)
+        return torch.sigmoid(self.fc3(b))
+
+
+def test_distinct_clusters_compile_side_by_side(monkeypatch, workers, workers_only):
+    """MLIR's stages of every cluster run before optimize waits for the first cluster's
+    objects: the workers compile one cluster while the next is lowered."""
+    from blade import codegen
+
+    events = []
+    real_start, real_wait = codegen.start_compiling, native.CompilerPool.wait
+    monkeypatch.setattr(codegen, "start_compiling",
+                        lambda *a, **k: events.append("lowered") or real_start(*a, **k))
+    monkeypatch.setattr(native.CompilerPool, "wait",
+                        lambda self, jobs: events.append("waited") or real_wait(self, jobs))
+    torch.manual_seed(0)
+    model, x = ThreeDistinctClusters().eval(), torch.randn(8, 32)
+    optimized = optimize(model, x, compile_workers=1)
+    assert events == ["lowered"] * 3 + ["waited"] * 3, events
+    with torch.no_grad():
+        assert_same(optimized(x), model(x))
+    report = assert_ran_compiled(optimized)
+    assert [c.code for c in report.clusters] == ["compiled"] * 3, str(report)
+
+
 def test_no_worker_outlives_optimize(workers):
     model, x = model_and_input()
     optimized = optimize(model, x, compile_workers=2)

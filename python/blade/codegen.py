@@ -21,7 +21,7 @@ import time
 import types
 from importlib import resources
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import torch as torch_dialect
@@ -120,7 +120,24 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
                        user_calls=(), dump=None, parallel_loops: bool = True,
                        returns_outputs: bool = False,
                        pool: Optional[native.CompilerPool] = None) -> CompiledCluster:
-    """Compiles one torch-dialect function `main` into a shared library.
+    """Compiles one torch-dialect function `main` into a shared library: `start_compiling`
+    and its finish at once (see there for the arguments).
+
+    Example:
+        >>> compiled = compile_torch_mlir(imported.text, num_buffers=3)
+    """
+    return start_compiling(text, num_buffers, keep_ir, user_calls, dump, parallel_loops,
+                           returns_outputs, pool)()
+
+
+def start_compiling(text: str, num_buffers: int, keep_ir: bool = False,
+                    user_calls=(), dump=None, parallel_loops: bool = True,
+                    returns_outputs: bool = False,
+                    pool: Optional[native.CompilerPool] = None
+                    ) -> Callable[[], CompiledCluster]:
+    """Compiles one torch-dialect function `main` into a shared library, in two steps:
+    MLIR's stages now, LLVM's on `pool`; returns the function that waits for LLVM's objects
+    and links them (so that the caller can go on with MLIR's stages of other clusters).
 
     `num_buffers` is the number of memref arguments after bufferization: inputs, params and
     outputs together; with `returns_outputs` (outputs of dynamic size) main allocates and
@@ -129,8 +146,8 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
     large loop nests run on PyTorch's intra-op threads.
     `keep_ir` keeps the IR after each stage in the result; `dump` (a `dump.ClusterDump`)
     receives it as each stage ends, so a failing stage leaves the IR that led to it.
-    LLVM compiles the module's partitions on `pool`'s workers and here (see
-    blade.native) when the pool was started; else the whole module here.
+    With a pool of workers, LLVM compiles the module in partitions (see blade.native);
+    without, the whole module here, before this returns.
     """
     result = CompiledCluster(b"")
 
@@ -215,24 +232,33 @@ def compile_torch_mlir(text: str, num_buffers: int, keep_ir: bool = False,
         _tune_for_host(module)
         record("llvm_ir", lambda: llvm_ir(module))
         try:
-            if pool is None or not pool.started or pool.workers == 0:
+            if pool is None or pool.workers == 0:
                 objects = [native.emit_object(module, str(RUNTIME_LIBRARY))]
             else:
-                objects = pool.compile(native.partition(module, pool.workers + 1))
+                jobs = pool.submit(native.partition(module, pool.workers + 1))
+        except native.NativeError as e:
+            raise CodegenError(str(e)) from None
+
+    def finish() -> CompiledCluster:
+        try:
+            linked = objects if pool is None or pool.workers == 0 else pool.wait(jobs)
         except native.NativeError as e:
             raise CodegenError(str(e)) from None
         with tempfile.TemporaryDirectory(prefix="blade-codegen-") as tmp:
             paths = []
-            for i, data in enumerate(objects):
+            for i, data in enumerate(linked):
                 paths.append(Path(tmp) / f"engine_{i}.o")
                 paths[-1].write_bytes(data)
             lib = Path(tmp) / "engine.so"
             _link_shared_library(paths, lib)
             result.library = lib.read_bytes()
+        # From the LLVM-dialect module to the library, waiting for the pool included.
         result.seconds["native"] = time.perf_counter() - start
         if dump is not None:
             dump.seconds["native"] = result.seconds["native"]
-    return result
+        return result
+
+    return finish
 
 
 @functools.lru_cache(maxsize=None)

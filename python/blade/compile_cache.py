@@ -79,7 +79,7 @@ class CodeCache:
 
     Example:
         >>> cache = CodeCache.for_config(config)
-        >>> compiled = cache.compile(key_fields, lambda: codegen.compile_torch_mlir(...))
+        >>> compiled = cache.start(key, lambda: codegen.start_compiling(...))()
     """
 
     directory: Optional[Path]
@@ -95,6 +95,8 @@ class CodeCache:
     # The first engine of this optimize to use each key (what the report says the others
     # share).
     first_user: Dict[str, str] = field(default_factory=dict)
+    # Builds begun (`start`): what finishes each.
+    _finishing: Dict[str, Callable[[], CompiledCluster]] = field(default_factory=dict)
 
     @classmethod
     def for_config(cls, config) -> "CodeCache":
@@ -115,20 +117,38 @@ class CodeCache:
         text = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(f"{compiler_fingerprint()}\n{text}".encode()).hexdigest()
 
-    def compile(self, key: str, build: Callable[[], CompiledCluster]) -> CompiledCluster:
-        """The code of `key`: compiled earlier in this optimize, found in the directory, or
-        built by `build()` (and then stored)."""
+    def start(self, key: str, start_build: Callable[[], Callable[[], CompiledCluster]]
+              ) -> Callable[[], CompiledCluster]:
+        """The function that gives the code of `key`: compiled earlier in this optimize,
+        found in the directory, or built (and then stored). A build is begun now by
+        `start_build()` and finished by the function it returns, so that the builds of
+        several keys overlap; a key begun earlier in this optimize shares that build.
+
+        Example:
+            >>> finish = cache.start(key, lambda: codegen.start_compiling(...))
+            >>> compiled = finish()   # later, once other clusters are begun too
+        """
+        if key in self._finishing:
+            return self._finishing[key]
+        if key not in self.compiled:
+            found = self._load(key)
+            if found is not None:
+                self.origin[key] = "compile cache"
+                self.compiled[key] = found
         if key in self.compiled:
+            return lambda: self.compiled[key]
+        finish_build = start_build()
+
+        def finish() -> CompiledCluster:
+            if key not in self.compiled:
+                compiled = finish_build()
+                self.origin[key] = "compiled"
+                self._store(key, compiled)
+                self.compiled[key] = compiled
             return self.compiled[key]
-        found = self._load(key)
-        if found is not None:
-            self.origin[key] = "compile cache"
-        else:
-            found = build()
-            self.origin[key] = "compiled"
-            self._store(key, found)
-        self.compiled[key] = found
-        return found
+
+        self._finishing[key] = finish
+        return finish
 
     def code_tensor(self, key: str) -> torch.Tensor:
         """The library of `key` as the uint8 tensor engines hold, one per key."""

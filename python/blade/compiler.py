@@ -561,6 +561,20 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
     index = 0
     for rounds in range(MAX_RECLUSTER_ROUNDS + 1):
         retry: Dict[torch._C.Node, Verdict] = {}
+
+        def failed(entry, cluster, ops, cluster_dump, start, error) -> None:
+            # Any failure of one cluster: it stays TorchScript.
+            message = f"{entry.name} ({', '.join(sorted(ops))}): {type(error).__name__}: " \
+                f"{error}"
+            cluster_dump.finish({**cluster_dump.seconds, "total": time.perf_counter() - start},
+                                error=message)
+            retry.update(_dissolve_failed(cluster, error, message, ops, config, report,
+                                          may_retry=rounds < MAX_RECLUSTER_ROUNDS))
+
+        # Each cluster's compilation is begun (MLIR's stages here, LLVM's handed to the
+        # pool), then each is finished in turn: the workers compile one cluster's code
+        # while the next goes through MLIR.
+        begun = []
         for cluster in clusters:
             ops = _op_counts(cluster.g("Subgraph"))
             entry = ClusterReport(f"{ENGINE_PREFIX}{index}", ops,
@@ -575,9 +589,16 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             cluster_dump = dump.cluster(entry.name)
             start = time.perf_counter()
             try:
-                compiled, entry.code = _compile_cluster(module, cluster, index - 1, config,
-                                                        cpu_features, cluster_dump, code_cache,
-                                                        pool)
+                finish = _start_cluster(module, cluster, index - 1, config, cpu_features,
+                                        cluster_dump, code_cache, pool)
+            except Exception as e:
+                failed(entry, cluster, ops, cluster_dump, start, e)
+                progress.step(entry.name)
+                continue
+            begun.append((entry, cluster, ops, cluster_dump, start, finish))
+        for entry, cluster, ops, cluster_dump, start, finish in begun:
+            try:
+                compiled, entry.code = finish()
                 entry.library_calls = compiled.library_calls
                 entry.fused_attention = compiled.fused_attention
                 entry.parallel_loops = compiled.parallel_loops
@@ -586,12 +607,8 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
                 report.clusters.append(entry)
                 cluster_dump.finish({**cluster_dump.seconds,
                                      "total": time.perf_counter() - start})
-            except Exception as e:  # any failure of one cluster: it stays TorchScript
-                message = f"{entry.name} ({', '.join(sorted(ops))}): {type(e).__name__}: {e}"
-                cluster_dump.finish({**cluster_dump.seconds,
-                                     "total": time.perf_counter() - start}, error=message)
-                retry.update(_dissolve_failed(cluster, e, message, ops, config, report,
-                                              may_retry=rounds < MAX_RECLUSTER_ROUNDS))
+            except Exception as e:
+                failed(entry, cluster, ops, cluster_dump, start, e)
             progress.step(entry.name)
         if not retry:
             return
@@ -633,12 +650,13 @@ def _op_counts(subgraph) -> Dict[str, int]:
     return counts
 
 
-def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: str,
-                     dump, code_cache: CodeCache, pool: Optional[CompilerPool] = None):
-    """Compiles one cluster and swaps it for an engine call; returns the CompiledCluster
-    and where its code came from (compiled, the compile cache, or another engine of this
-    model with the same code). Raises on any failure, leaving the graph untouched. `dump`
-    (a ClusterDump) receives the IR of every stage."""
+def _start_cluster(module, cluster, index: int, config: Config, cpu_features: str,
+                   dump, code_cache: CodeCache, pool: CompilerPool):
+    """Begins compiling one cluster; returns the function that finishes it and swaps the
+    cluster for an engine call, returning the CompiledCluster and where its code came
+    from (compiled, the compile cache, or another engine of this model with the same
+    code). Either raises on any failure, leaving the graph untouched. `dump` (a
+    ClusterDump) receives the IR of every stage."""
     from .importer import import_subgraph
 
     subgraph = cluster.g("Subgraph").copy()
@@ -667,42 +685,53 @@ def _compile_cluster(module, cluster, index: int, config: Config, cpu_features: 
     num_buffers = len(list(subgraph.inputs())) + \
         (0 if returns_outputs else len(list(subgraph.outputs())))
 
-    def build():
+    def start_build():
         # Imported here: a model whose code is all in the compile cache never loads MLIR.
         from . import codegen
 
-        if pool is not None and len(imported.text) >= native.MIN_PARALLEL_IR_CHARS:
-            pool.start()  # the workers get ready while MLIR's stages run
-        return codegen.compile_torch_mlir(imported.text, num_buffers,
-                                          returns_outputs=returns_outputs,
-                                          user_calls=imported.user_calls, dump=dump,
-                                          parallel_loops=config.parallel, pool=pool)
+        pool.expect(len(imported.text))  # the workers get ready while MLIR's stages run
+        return codegen.start_compiling(imported.text, num_buffers,
+                                       returns_outputs=returns_outputs,
+                                       user_calls=imported.user_calls, dump=dump,
+                                       parallel_loops=config.parallel, pool=pool)
 
     # A user converter's StableHLO comes from Python the key cannot see, and a dump wants
     # every stage's IR: those clusters are always compiled.
     name = f"{ENGINE_PREFIX}{index}"
     if imported.user_calls or dump.enabled:
-        compiled = build()
-        code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
-        origin = "compiled"
+        finish_build = start_build()
+
+        def finish_code():
+            compiled = finish_build()
+            code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
+            return compiled, code, "compiled"
     else:
         key = code_cache.key(torch_ir=imported.text, num_buffers=num_buffers,
                              returns_outputs=returns_outputs, parallel=config.parallel,
                              cpu_features=cpu_features)
         sharing = code_cache.first_user.setdefault(key, name)
-        compiled = code_cache.compile(key, build)
-        code = code_cache.code_tensor(key)
-        origin = code_cache.origin[key] if sharing == name else f"same code as {sharing}"
-    signature = _C.sign_engine(name, code, input_specs, output_specs, fallback_ir, params,
-                               config.fallback, cpu_features, config.signing_key or "")
-    engine = torch.classes.blade.Engine(
-        name, code, input_specs, output_specs, fallback_ir, params, config.fallback,
-        cpu_features, signature)
-    if not engine.is_compiled():
-        raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
-    module._c._register_attribute(name, engine._type(), engine)
-    _C.replace_cluster_with_engine(cluster, name)
-    return compiled, origin
+        finish_cached = code_cache.start(key, start_build)
+
+        def finish_code():
+            compiled = finish_cached()
+            origin = code_cache.origin[key] if sharing == name else f"same code as {sharing}"
+            return compiled, code_cache.code_tensor(key), origin
+
+    def finish():
+        compiled, code, origin = finish_code()
+        signature = _C.sign_engine(name, code, input_specs, output_specs, fallback_ir,
+                                   params, config.fallback, cpu_features,
+                                   config.signing_key or "")
+        engine = torch.classes.blade.Engine(
+            name, code, input_specs, output_specs, fallback_ir, params, config.fallback,
+            cpu_features, signature)
+        if not engine.is_compiled():
+            raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
+        module._c._register_attribute(name, engine._type(), engine)
+        _C.replace_cluster_with_engine(cluster, name)
+        return compiled, origin
+
+    return finish
 
 
 def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config,

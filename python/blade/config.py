@@ -56,8 +56,9 @@ class Config:
             once either way.
         cache_max_bytes: the most bytes the cache directory holds; the least recently used
             entries go first.
-        compile_workers: processes that compile parts of a cluster's native code
-            alongside optimize's own (see `blade.native`); they live as long as optimize.
+        compile_workers: processes that compile the clusters' native code (distinct
+            clusters side by side, a large one in parts) alongside optimize's own (see
+            `blade.native`); they live as long as optimize.
             ``None`` (the default) starts one less than the cores this process may run on,
             or than PyTorch's thread count when lower; ``0`` compiles everything in
             optimize's process.

@@ -10,14 +10,16 @@ them: a parallel task with its launcher and trampoline (parallel.py); `main` wit
 interface and `blade_entry`. Only `main`'s calls of the library-call wrappers and of the
 launchers cross partitions (one call each per engine call; they were inlined before).
 
-Partitions are compiled by worker processes and by the compiling process itself: MLIR
-and LLVM keep process-wide state and PyTorch's thread pools do not survive `fork`, so
-the workers are fresh interpreters (`subprocess`) that load this file alone, without
-torch or the rest of Blade (a worker is ready in about 0.3 s), and live as long as one
-`optimize` (`CompilerPool`, a context manager; a worker also exits when its input pipe
-closes, should the parent die). Without workers (one core, or `Config.compile_workers`
-0) every partition is compiled in the process, as the pool does when a worker cannot
-start. An object is the same wherever its partition is compiled.
+The partitions of every cluster to compile are queued as they come (the compiler driver
+lowers the next cluster through MLIR meanwhile) and compiled by worker processes, and by
+the compiling process itself while it waits for them. MLIR and LLVM keep process-wide
+state and PyTorch's thread pools do not survive `fork`, so the workers are fresh
+interpreters (`subprocess`) that load this file alone, without torch or the rest of
+Blade (a worker is ready in about 0.3 s), and live as long as one `optimize`
+(`CompilerPool`, a context manager; a worker also exits when its input pipe closes,
+should the parent die). Without workers (one core, or `Config.compile_workers` 0) each
+module is compiled whole in the process; when a worker cannot start, the waiting process
+compiles its share. An object is the same wherever its partition is compiled.
 
 This module imports nothing of Blade's and nothing of torch's at its top: a worker
 imports it by path.
@@ -339,9 +341,10 @@ class _Job:
 
 
 class CompilerPool:
-    """Compiles partitions (`partition`) on `workers` processes and the calling thread,
-    against the runtime at `runtime_library`. Workers start on `start` and stop when the
-    pool closes (`with` block).
+    """Compiles partitions (`partition`) on `workers` processes and on the threads that
+    wait for them, against the runtime at `runtime_library`. Partitions may be submitted
+    before the workers start (`start`, `expect`); they stop when the pool closes (`with`
+    block).
 
     Example:
         >>> with CompilerPool(workers=1, runtime_library=str(RUNTIME_LIBRARY)) as pool:
@@ -357,6 +360,7 @@ class CompilerPool:
         self._processes: List[subprocess.Popen] = []
         self._threads: List[threading.Thread] = []
         self._started = self._closed = False
+        self._expected = 0
         # Why a worker stopped or never started (the pool carries on without it).
         self.failures: List[str] = []
 
@@ -365,11 +369,6 @@ class CompilerPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    @property
-    def started(self) -> bool:
-        """Whether `start` was called: `compile` is worth calling on partitions."""
-        return self._started
 
     def start(self) -> None:
         """Starts the workers (they take ~0.3 s to be ready; start early)."""
@@ -391,14 +390,30 @@ class CompilerPool:
             thread.start()
             self._threads.append(thread)
 
+    def expect(self, ir_chars: int) -> None:
+        """Clusters of `ir_chars` of torch-dialect IR are to be compiled: the workers start
+        once these add up to MIN_PARALLEL_IR_CHARS (less compiles in about the time a
+        worker takes to start), early, so that they are ready when LLVM's work comes."""
+        self._expected += ir_chars
+        if self._expected >= MIN_PARALLEL_IR_CHARS:
+            self.start()
+
     def compile(self, parts: Sequence[Dict], opt_level: int = LLVM_OPT_LEVEL) -> List[bytes]:
-        """The objects of `parts`, in order; raises NativeError for the first that
-        failed. The calling thread compiles queued partitions while it waits."""
+        """The objects of `parts`, in order: `wait(submit(parts))`."""
+        return self.wait(self.submit(parts, opt_level))
+
+    def submit(self, parts: Sequence[Dict], opt_level: int = LLVM_OPT_LEVEL) -> List[_Job]:
+        """Queues `parts` for the workers (and for whoever waits); returns their jobs."""
         jobs = [_Job((part["bytecode"], self.runtime_library, part["elsewhere"], opt_level))
                 for part in parts]
         with self._lock:
             self._queue.extend(jobs)
             self._lock.notify_all()
+        return jobs
+
+    def wait(self, jobs: Sequence[_Job]) -> List[bytes]:
+        """The objects of `jobs`, in order; raises NativeError for the first that failed.
+        The calling thread compiles queued partitions (anyone's) while it waits."""
         for job in jobs:
             while not job.done.is_set():
                 mine = self._take()
@@ -444,6 +459,7 @@ class CompilerPool:
         except NativeError as e:
             job.error = str(e)
         finally:
+            job.arguments = None  # the partition's bytecode is not needed any more
             job.done.set()
 
     def _feed(self, process: subprocess.Popen) -> None:
@@ -465,6 +481,7 @@ class CompilerPool:
                 job = self._queue.pop(0)
             try:
                 _send(process.stdin, job.arguments)
+                job.arguments = None
                 kind, payload = _receive(process.stdout)
             except (EOFError, OSError, pickle.UnpicklingError):
                 job.error = f"the compile worker (pid {process.pid}) {_how_it_ended(process)}"

@@ -70,7 +70,7 @@ def test_failing_cluster_falls_back_and_model_runs(monkeypatch):
     def broken(*args, **kwargs):
         raise codegen.CodegenError("stage linalg_to_llvm failed: injected by the test")
 
-    monkeypatch.setattr(codegen, "compile_torch_mlir", broken)
+    monkeypatch.setattr(codegen, "start_compiling", broken)
     x = torch.randn(4, 8)
     optimized = blade.optimize(CycleProne(), (x,))
     report = blade.report(optimized)
@@ -89,7 +89,7 @@ def test_dry_run_reports_clusters_without_compiling(monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("dry_run compiled something")
 
-    monkeypatch.setattr(codegen, "compile_torch_mlir", must_not_run)
+    monkeypatch.setattr(codegen, "start_compiling", must_not_run)
     x = torch.randn(4, 8)
     optimized = blade.optimize(CycleProne(), (x,), blade.Config(dry_run=True))
     report = blade.report(optimized)
@@ -212,7 +212,7 @@ def test_recompiling_after_failures_is_bounded(monkeypatch):
         raise codegen.CodegenError("stage bufferize failed: injected",
                                    node_index=int(first.group(1)))
 
-    monkeypatch.setattr(codegen, "compile_torch_mlir", always_blames_the_first_op)
+    monkeypatch.setattr(codegen, "start_compiling", always_blames_the_first_op)
     x = torch.randn(4, 8)
     model = Lambda(lambda x: ((((x.exp() * 2.0).tanh() + 1.0).sin() - 3.0).cos() / 4.0).abs())
     optimized = blade.optimize(model, (x,), blade.Config(allow_tracing=True))
