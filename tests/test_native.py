@@ -128,6 +128,26 @@ def test_no_worker_outlives_optimize(workers):
     assert_ran_compiled(optimized)
 
 
+def test_an_interrupted_optimize_leaves_no_worker(monkeypatch, workers):
+    from blade import codegen
+
+    real_start = codegen.start_compiling
+    begun = []
+
+    def interrupted_at_the_second(*args, **kwargs):
+        begun.append(1)
+        if len(begun) == 2:
+            raise KeyboardInterrupt  # not a compile failure: it leaves optimize
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(codegen, "start_compiling", interrupted_at_the_second)
+    torch.manual_seed(0)
+    with pytest.raises(KeyboardInterrupt):
+        optimize(ThreeDistinctClusters().eval(), torch.randn(8, 32), compile_workers=1)
+    assert len(workers["processes"]) == 1
+    assert all(process.poll() is not None for process in workers["processes"])
+
+
 def test_a_worker_that_dies_fails_its_cluster_with_the_reason(monkeypatch, workers,
                                                                workers_only):
     # A worker that says it is ready, then exits on its first job.

@@ -367,8 +367,10 @@ class CompilerPool:
     def __enter__(self) -> "CompilerPool":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        # Leaving on an error (an interrupt in the middle of a partition, say): the workers'
+        # results are not wanted, so they are not waited for.
+        self.close(wait=exc_type is None)
 
     def start(self) -> None:
         """Starts the workers (they take ~0.3 s to be ready; start early)."""
@@ -426,8 +428,9 @@ class CompilerPool:
                 raise NativeError(job.error)
         return [job.result for job in jobs]
 
-    def close(self) -> None:
-        """Stops the workers and waits for them: none outlives the pool."""
+    def close(self, wait: bool = True) -> None:
+        """Stops the workers: none outlives the pool. With `wait`, a worker gets a few
+        seconds to finish what it is doing before it is killed."""
         self._closed = True
         with self._lock:
             self._lock.notify_all()
@@ -438,7 +441,7 @@ class CompilerPool:
                 pass
         for process in self._processes:
             try:
-                process.wait(timeout=5)
+                process.wait(timeout=5 if wait else 0)
             except subprocess.TimeoutExpired:  # in the middle of a partition
                 process.kill()
                 process.wait()
