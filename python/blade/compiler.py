@@ -686,10 +686,11 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
         (0 if returns_outputs else len(list(subgraph.outputs())))
 
     def start_build():
+        # The workers get ready while MLIR loads and its stages run.
+        pool.expect(len(imported.text))
         # Imported here: a model whose code is all in the compile cache never loads MLIR.
         from . import codegen
 
-        pool.expect(len(imported.text))  # the workers get ready while MLIR's stages run
         return codegen.start_compiling(imported.text, num_buffers,
                                        returns_outputs=returns_outputs,
                                        user_calls=imported.user_calls, dump=dump,
