@@ -2,6 +2,9 @@
 saved by TorchScript: the saved file's size, `torch.jit.load`'s time, and the resident
 memory the loaded model adds (RSS after the load and after 3 calls, less RSS before).
 Every load runs in a fresh process (medians over --runs of them), as a service's would.
+Blade is measured twice: as it runs by default, and with
+`blade.set_prepared_weights_limit(0)` (no prepared weight copies: memory over speed), each
+with the time of a call after those 3.
 
     python benchmarks/footprint.py [--models bert_base,resnet50] [--runs 3]
 
@@ -51,6 +54,8 @@ def rss_mb():
 
 
 inputs = torch.load({inputs!r})
+if {no_copies!r}:
+    blade.set_prepared_weights_limit(0)
 before = rss_mb()
 start = time.perf_counter()
 model = torch.jit.load({path!r})
@@ -59,8 +64,12 @@ after_load = rss_mb()
 with torch.no_grad():
     for _ in range(3):
         model(*inputs)
-print(json.dumps({{"seconds": seconds, "load_mb": after_load - before,
-                  "calls_mb": rss_mb() - before}}))
+    calls_mb = rss_mb() - before
+    start = time.perf_counter()
+    for _ in range(5):
+        model(*inputs)
+print(json.dumps({{"seconds": seconds, "load_mb": after_load - before, "calls_mb": calls_mb,
+                  "call_ms": (time.perf_counter() - start) / 5 * 1e3}}))
 """
 
 
@@ -72,9 +81,9 @@ def run_child(code: str) -> str:
     return done.stdout
 
 
-def measure_loads(path: Path, inputs: Path, runs: int) -> dict:
-    samples = [json.loads(run_child(LOAD.format(path=str(path), inputs=str(inputs))))
-               for _ in range(runs)]
+def measure_loads(path: Path, inputs: Path, runs: int, no_copies: bool = False) -> dict:
+    code = LOAD.format(path=str(path), inputs=str(inputs), no_copies=no_copies)
+    samples = [json.loads(run_child(code)) for _ in range(runs)]
     return {key: statistics.median(s[key] for s in samples) for key in samples[0]}
 
 
@@ -83,23 +92,27 @@ def main():
     parser.add_argument("--models", default="bert_base,resnet50")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    print("model       file MB (x plain)   load s (plain)   RSS after load MB (x plain)   "
-          "after 3 calls MB (x plain)")
+    print(f"{"model":<27} {'file MB':>14} {'load s':>7} {'RSS after load MB':>20} "
+          f"{'after 3 calls MB':>20} {'ms/call':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             paths = {kind: Path(tmp) / f"{name}_{kind}.pt" for kind in ("plain", "blade")}
             inputs = Path(tmp) / f"{name}_inputs.pt"
             run_child(SAVE.format(here=str(HERE), name=name, plain=str(paths["plain"]),
                                   blade=str(paths["blade"]), inputs=str(inputs)))
-            run_child(LOAD.format(path=str(paths["blade"]), inputs=str(inputs)))  # page cache
+            measure_loads(paths["blade"], inputs, 1)  # the page cache
             plain = measure_loads(paths["plain"], inputs, args.runs)
-            ours = measure_loads(paths["blade"], inputs, args.runs)
             size = {kind: path.stat().st_size / 1e6 for kind, path in paths.items()}
-            print(f"{name:<10} {size['blade']:8.0f} ({size['blade'] / size['plain']:.3f}x)"
-                  f"   {ours['seconds']:6.2f} ({plain['seconds']:.2f})"
-                  f"   {ours['load_mb']:14.0f} ({ours['load_mb'] / plain['load_mb']:.2f}x)"
-                  f"   {ours['calls_mb']:20.0f} ({ours['calls_mb'] / plain['calls_mb']:.2f}x)",
-                  flush=True)
+            rows = [("TorchScript", plain, size["plain"]),
+                    ("Blade", measure_loads(paths["blade"], inputs, args.runs), size["blade"]),
+                    ("Blade, no copies", measure_loads(paths["blade"], inputs, args.runs,
+                                                       no_copies=True), size["blade"])]
+            for label, m, mb in rows:
+                print(f"{name + " " + label:<27} {mb:6.0f} ({mb / size['plain']:.3f}x)"
+                      f" {m['seconds']:7.2f}"
+                      f" {m['load_mb']:11.0f} ({m['load_mb'] / plain['load_mb']:.2f}x)"
+                      f" {m['calls_mb']:11.0f} ({m['calls_mb'] / plain['calls_mb']:.2f}x)"
+                      f" {m['call_ms']:8.1f}", flush=True)
     return 0
 
 

@@ -22,7 +22,14 @@ def test_transformer_layer_weights_become_params_and_are_packed():
     with torch.no_grad():
         for _ in range(3):
             assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
-    assert blade.report(optimized).clusters[0].packed_weights == 4
+    report = blade.report(optimized)
+    assert report.clusters[0].packed_weights == 4
+    # Each copy holds a weight in another layout (oneDNN's pads its blocks): about the
+    # weights' own bytes again, which the report says.
+    weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                  if name.endswith("weight") and p.dim() == 2)
+    assert weights <= report.clusters[0].prepared_bytes <= 2 * weights, str(report)
+    assert "prepared weight copies: 4," in str(report)
 
 
 class Counter(torch.nn.Module):
@@ -162,3 +169,29 @@ def test_outputs_come_from_the_cache_and_return_to_it():
         assert torch.equal(y[:before.shape[0]], before)
     del y
     assert _C.live_allocations() == live
+
+
+def test_prepared_copies_stay_under_the_process_limit():
+    """With a limit, copies past it are not made and the weights are used as they are;
+    the results are the same, and the report counts what was made."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 64)).eval()
+    x = torch.randn(16, 64)
+    first = model[0].weight.nbytes
+    try:
+        for room, copies in [(None, 0), (first, 1)]:
+            # (engines of earlier tests may still hold copies: the room is beyond theirs)
+            before = _C.prepared_weights_bytes()
+            blade.set_prepared_weights_limit(0 if room is None else before + room)
+            optimized = blade.optimize(model, (x,), blade.Config(cache_dir="off"))
+            with torch.no_grad():
+                for _ in range(2):
+                    assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+            report = blade.report(optimized)
+            assert report.clusters[0].packed_weights == copies, str(report)
+            made = report.clusters[0].prepared_bytes
+            assert _C.prepared_weights_bytes() - before == made
+            assert (made > 0) == (copies > 0)
+    finally:
+        blade.set_prepared_weights_limit(None)

@@ -126,6 +126,10 @@ PYBIND11_MODULE(_C, m) {
         "Gives every cached buffer back to PyTorch's allocator.");
   m.def("set_cached_memory_limit", &blade_ral_set_cached_memory_limit, py::arg("bytes"),
         "The most bytes of freed buffers the runtime keeps for reuse (0: none).");
+  m.def("set_prepared_weights_limit", &ral::set_prepared_weights_limit, py::arg("bytes"),
+        "The most bytes prepared weight copies may take, process-wide (negative: no limit).");
+  m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
+        "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;
 
   // Signing and trust (ral/signing.h): here and in C++ only, never reachable from TorchScript.

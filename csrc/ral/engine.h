@@ -72,6 +72,8 @@ class Engine : public torch::CustomClassHolder {
   at::Tensor param(int64_t index) const;
   // Weights the code multiplies by through a packed copy (one per weight and row count).
   int64_t packed_weights() const { return prepared_weights_->packed_count(); }
+  // The bytes of those copies (and of channels_last weight copies).
+  int64_t prepared_bytes() const { return prepared_weights_->prepared_bytes(); }
   std::string last_fallback_reason() const;
 
   // The pickled form. Its shape never changes between format versions, so that a model saved

@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <atomic>
 #include <exception>
 #include <limits>
 #include <optional>
@@ -24,9 +25,34 @@ bool fits_int(int64_t value) { return value > 0 && value <= std::numeric_limits<
 
 thread_local PreparedWeights* active = nullptr;
 
+// Process-wide: the bytes all engines' prepared copies hold, and the most they may hold
+// (no limit unless set: the copies are what makes the GEMMs and convolutions fast).
+std::atomic<int64_t> total_bytes{0};
+std::atomic<int64_t> limit_bytes{-1};
+
+// Whether a copy of about `bytes` fits under the limit.
+bool fits_limit(int64_t bytes) {
+  const int64_t limit = limit_bytes.load(std::memory_order_relaxed);
+  return limit < 0 || total_bytes.load(std::memory_order_relaxed) + bytes <= limit;
+}
+
 }  // namespace
 
+void set_prepared_weights_limit(int64_t bytes) {
+  limit_bytes.store(bytes < 0 ? -1 : bytes, std::memory_order_relaxed);
+}
+
+int64_t prepared_weights_bytes() { return total_bytes.load(std::memory_order_relaxed); }
+
 PreparedWeights::PreparedWeights(const std::vector<at::Tensor>& params) : params_(params) {}
+
+PreparedWeights::~PreparedWeights() { total_bytes.fetch_sub(bytes_, std::memory_order_relaxed); }
+
+void PreparedWeights::count(const at::Tensor& copy) {
+  const auto bytes = copy.defined() ? static_cast<int64_t>(copy.nbytes()) : 0;
+  bytes_ += bytes;
+  total_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
 
 bool PreparedWeights::is_param(const at::Tensor& t) const {
   for (const auto& p : params_) {
@@ -44,9 +70,13 @@ at::Tensor PreparedWeights::channels_last(const at::Tensor& weight) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = channels_last_.find(weight.data_ptr());
   if (it == channels_last_.end()) {
+    if (!fits_limit(static_cast<int64_t>(weight.nbytes()))) {
+      return weight;
+    }
     it = channels_last_
              .emplace(weight.data_ptr(), weight.clone(at::MemoryFormat::ChannelsLast))
              .first;
+    count(it->second);
   }
   return it->second;
 }
@@ -58,7 +88,11 @@ at::Tensor PreparedWeights::winograd(const at::Tensor& weight) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = winograd_.find(weight.data_ptr());
   if (it == winograd_.end()) {
+    if (!fits_limit(static_cast<int64_t>(weight.nbytes()) * 16 / 9)) {
+      return at::Tensor();
+    }
     it = winograd_.emplace(weight.data_ptr(), winograd_weight(weight)).first;
+    count(it->second);
   }
   return it->second;
 }
@@ -90,7 +124,8 @@ at::Tensor PreparedWeights::onednn_weight(const at::Tensor& weight, bool transpo
   if (it != onednn_.end()) {
     return it->second;
   }
-  if (copies_of(weight.data_ptr()) >= kRowCountsPerWeight) {
+  if (copies_of(weight.data_ptr()) >= kRowCountsPerWeight ||
+      !fits_limit(static_cast<int64_t>(weight.nbytes()))) {
     return at::Tensor();
   }
   at::Tensor plain = weight;
@@ -116,6 +151,7 @@ at::Tensor PreparedWeights::onednn_weight(const at::Tensor& weight, bool transpo
     reordered = at::Tensor();
   }
   onednn_.emplace(key, reordered);
+  count(reordered);
   return reordered;
 }
 
@@ -136,6 +172,9 @@ const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int
   }
   const size_t bytes = mkl().pack_get_size(kCblasBMatrix, static_cast<int>(m),
                                            static_cast<int>(n), static_cast<int>(k));
+  if (!fits_limit(static_cast<int64_t>(bytes))) {
+    return nullptr;
+  }
   at::Tensor buffer =
       at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
   mkl().pack(kCblasRowMajor, kCblasBMatrix, transposed ? kCblasTrans : kCblasNoTrans,
@@ -143,6 +182,7 @@ const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int
              static_cast<const float*>(rhs.data_ptr()), static_cast<int>(rhs.stride(0)),
              static_cast<float*>(buffer.data_ptr()));
   packs_.emplace(key, buffer);
+  count(buffer);
   return static_cast<const float*>(buffer.data_ptr());
 }
 
@@ -172,6 +212,11 @@ int64_t PreparedWeights::packed_count() const {
     count += entry.second.defined() ? 1 : 0;
   }
   return count;
+}
+
+int64_t PreparedWeights::prepared_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
 }
 
 PreparedWeights* active_prepared_weights() { return active; }

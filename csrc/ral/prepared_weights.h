@@ -29,9 +29,20 @@
 
 namespace blade::ral {
 
+// The most memory (bytes, process-wide) prepared copies may take; a copy that would go
+// past it is not made, and its weight is used as it is (slower: oneDNN reorders it on
+// every call, MKL packs it inside every sgemm). Negative: no limit (the default); 0: no
+// copies. Copies made earlier stay.
+void set_prepared_weights_limit(int64_t bytes);
+// The bytes the prepared copies of all engines in this process hold.
+int64_t prepared_weights_bytes();
+
 class PreparedWeights {
  public:
   explicit PreparedWeights(const std::vector<at::Tensor>& params);
+  ~PreparedWeights();
+  PreparedWeights(const PreparedWeights&) = delete;
+  PreparedWeights& operator=(const PreparedWeights&) = delete;
 
   // out[M, N] = lhs[M, K] @ op(rhs) with a packed rhs, where `rhs` is a param ([N, K] with
   // `transposed`, else [K, N]) and the 2-d operands have unit column stride and row strides
@@ -60,9 +71,13 @@ class PreparedWeights {
   // How many prepared copies exist, oneDNN's, MKL's and Winograd's (tests and the report
   // read it).
   int64_t packed_count() const;
+  // The bytes those copies (and channels_last copies) hold, beside the weights themselves.
+  int64_t prepared_bytes() const;
 
  private:
   bool is_param(const at::Tensor& t) const;
+  // Adds a new copy to this engine's and the process's bytes (mutex_ held).
+  void count(const at::Tensor& copy);
   // How many prepared copies of the weight at `data` exist (mutex_ held).
   size_t copies_of(const void* data) const;
   // rhs packed for m rows of op(rhs) [k, n]; null when rhs is not a param or has its packs.
@@ -70,6 +85,7 @@ class PreparedWeights {
 
   std::vector<at::Tensor> params_;
   mutable std::mutex mutex_;
+  int64_t bytes_ = 0;  // of the copies below
   // (weight data, transposed, rows) -> packed bytes
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy

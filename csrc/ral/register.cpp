@@ -46,6 +46,7 @@ TORCH_LIBRARY(blade, m) {
       .def("fallbacks", [](const c10::intrusive_ptr<Engine>& e) { return e->stats().fallbacks; })
       .def("last_fallback_reason", &Engine::last_fallback_reason)
       .def("packed_weights", &Engine::packed_weights)
+      .def("prepared_bytes", &Engine::prepared_bytes)
       .def("param", &Engine::param)
       .def("params", [](const c10::intrusive_ptr<Engine>& e) { return e->params(); })
       .def_pickle(

@@ -10,6 +10,8 @@ to native code, run by a C++ runtime; everything else keeps running as TorchScri
 
 Importing blade loads only the runtime; the compiler (and torch-mlir) load on first use.
 """
+from typing import Optional
+
 from ._runtime import load_runtime
 
 load_runtime()
@@ -73,6 +75,24 @@ def set_cached_memory_limit(num_bytes: int):
     from . import _C
 
     _C.set_cached_memory_limit(int(num_bytes))
+
+
+def set_prepared_weights_limit(num_bytes: Optional[int]):
+    """The most memory (bytes, process-wide) the runtime's prepared weight copies may take:
+    the weights of GEMMs and convolutions reordered into oneDNN's layout, packed for MKL or
+    transformed for Winograd on an engine's first call, which cost about the weights'
+    memory again (`packed_weights` and `prepared_bytes` in the report). A copy that would
+    go past the limit is not made and its weight is used as it is, slower (BERT-base about
+    10%, ResNet-50 1.8x on 2 cores); None (the default) sets no limit, 0 allows no
+    copies. Set it before the first calls; copies made earlier stay. A C++ service calls
+    `blade::ral::set_prepared_weights_limit` (csrc/ral/prepared_weights.h).
+
+    Example:
+        >>> blade.set_prepared_weights_limit(0)   # memory over speed
+    """
+    from . import _C
+
+    _C.set_prepared_weights_limit(-1 if num_bytes is None else max(0, int(num_bytes)))
 
 
 def trust_key(public_key: str):

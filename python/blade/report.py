@@ -29,6 +29,7 @@ class ClusterReport:
     parallel_loops: int = 0  # loop nests split across PyTorch's intra-op threads
     tiled_transposes: int = 0  # transposing loop nests run as 8 x 8 vector tiles
     packed_weights: int = 0  # prepared weight copies, oneDNN's or MKL's packed (read live)
+    prepared_bytes: int = 0  # the memory those copies take beside the weights (read live)
     # Where the code came from: "compiled", "compile cache", or "same code as <engine>".
     code: str = ""
 
@@ -145,6 +146,11 @@ class Report:
             lines.append(f"  code: {origins.count('compiled')} compiled, "
                          f"{origins.count('compile cache')} from the compile cache, "
                          f"{shared} engines sharing another's")
+        copies = sum(c.packed_weights for c in self.clusters)
+        if copies:
+            lines.append(f"  prepared weight copies: {copies}, "
+                         f"{sum(c.prepared_bytes for c in self.clusters) / 1e6:.1f} MB "
+                         "beside the weights (made on first calls, kept for the next)")
         if self.clusters:
             lines.append(f"  {'cluster':<28} {'ops':>4} {'calls':>7} {'fallbk':>7}  inputs -> outputs")
             for c in self.clusters:
@@ -194,5 +200,6 @@ def report(module: torch.jit.ScriptModule) -> Report:
         cluster.calls = engine.calls()
         cluster.fallbacks = engine.fallbacks()
         cluster.packed_weights = engine.packed_weights()
+        cluster.prepared_bytes = engine.prepared_bytes()
         cluster.status = engine.load_error() or engine.last_fallback_reason()
     return result
