@@ -90,7 +90,7 @@ def test_each_weight_is_saved_once(tmp_path):
 def test_loaded_model_holds_each_weight_once(tmp_path):
     """After loading, the graph's code holds no copy of a weight (it reads them from the
     engines, which share storage where one weight is a view of another), and the saved
-    code's branches are methods (csrc/passes/outline_branches.h: compiling them at load
+    code's branches are functions (csrc/passes/outline_branches.h: compiling them at load
     is linear in the code)."""
     torch.manual_seed(0)
     layers = [torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True) for _ in range(2)]
@@ -102,7 +102,7 @@ def test_loaded_model_holds_each_weight_once(tmp_path):
     code, constants = loaded.code_with_constants
     assert not [t for t in constants.const_mapping.values()
                 if isinstance(t, torch.Tensor) and t.numel() > 1], "a weight in the code"
-    assert "blade_branch_" in code
+    assert "blade_branches" in code
     storages = {}
     for cluster in blade.report(loaded).clusters:
         for p in getattr(loaded, cluster.name).params():

@@ -108,8 +108,8 @@ PYBIND11_MODULE(_C, m) {
         "The optimized body runs under a guard of its inputs; other inputs run the "
         "unspecialized graph.");
   m.def("outline_branches", &passes::outline_branches, py::arg("graph"), py::arg("min_nodes"),
-        "Large if-branches without engine calls become methods of the module (loading the "
-        "saved model is then linear in its code); returns how many.");
+        "Large if-branches without engine calls become functions saved a few to a file "
+        "(loading the saved model is then linear in its code); returns how many.");
   m.def("fold_structures", &passes::fold_structures, py::arg("graph"),
         "Folds dicts with constant keys and appended lists that never escape.");
   m.def("functionalize_view_writes", &passes::functionalize_view_writes, py::arg("graph"),

@@ -30,7 +30,7 @@ from .registry import (REGISTRY, SCALAR_TYPE_NAMES, Verdict, argument_name, desc
 from .report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 
 ENGINE_PREFIX = "blade_engine_"
-# If-branches of more nodes than this become methods (csrc/passes/outline_branches.h).
+# If-branches of more nodes than this become functions (csrc/passes/outline_branches.h).
 OUTLINED_BRANCH_MIN_NODES = 1
 
 
@@ -967,7 +967,7 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
     if not config.dry_run:
         _read_weights_from_engines(module, graph, report)
     # Loading the saved model compiles its code again, at a cost quadratic in the code of
-    # large branches (csrc/passes/outline_branches.h); as methods they cost what they hold.
+    # large branches (csrc/passes/outline_branches.h); as functions they cost what they hold.
     _C.outline_branches(graph, OUTLINED_BRANCH_MIN_NODES)
     dump.graph("final", graph, always=True)
     module._c._register_attribute(REPORT_ATTRIBUTE, torch._C.StringType.get(), report.to_json())
