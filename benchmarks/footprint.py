@@ -92,7 +92,7 @@ def main():
     parser.add_argument("--models", default="bert_base,resnet50")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    print(f"{"model":<27} {'file MB':>14} {'load s':>7} {'RSS after load MB':>20} "
+    print(f"{'model':<27} {'file MB':>14} {'load s':>7} {'RSS after load MB':>20} "
           f"{'after 3 calls MB':>20} {'ms/call':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -108,7 +108,7 @@ def main():
                     ("Blade, no copies", measure_loads(paths["blade"], inputs, args.runs,
                                                        no_copies=True), size["blade"])]
             for label, m, mb in rows:
-                print(f"{name + " " + label:<27} {mb:6.0f} ({mb / size['plain']:.3f}x)"
+                print(f"{name + ' ' + label:<27} {mb:6.0f} ({mb / size['plain']:.3f}x)"
                       f" {m['seconds']:7.2f}"
                       f" {m['load_mb']:11.0f} ({m['load_mb'] / plain['load_mb']:.2f}x)"
                       f" {m['calls_mb']:11.0f} ({m['calls_mb'] / plain['calls_mb']:.2f}x)"
