@@ -20,9 +20,10 @@ THREADS = 2
 
 def export_onnx(model: torch.nn.Module, inputs: Sequence[torch.Tensor], path: Path) -> None:
     names = [f"input_{i}" for i in range(len(inputs))]
-    with torch.no_grad():
-        torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, opset_version=20,
-                          input_names=names)
+    # Not under no_grad: there nn.TransformerEncoderLayer takes its fast path, a fused op
+    # (aten::_transformer_encoder_layer_fwd) that ONNX cannot express.
+    torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, opset_version=20,
+                      input_names=names)
 
 
 def _as_tuple_or_tensor(outputs):
