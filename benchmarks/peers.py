@@ -4,7 +4,8 @@ by default (bf16 on CPUs with avx512_bf16, such as this one).
 
 Each takes the model through `torch.onnx.export(..., dynamo=False)` (opset 20), runs on 2
 intra-op threads, and is called like the model: torch tensors in, torch tensors out.
-Inputs are handed over without a copy (numpy views of the tensors); OpenVINO's outputs
+ONNX Runtime's threads do not spin between runs (they would take the cores from the next
+backend of the round-robin). Inputs are handed over without a copy (numpy views of the tensors); OpenVINO's outputs
 live in buffers its next call reuses, so they are copied out, and the copy is part of the
 measured call. ONNX Runtime returns fresh arrays, wrapped without a copy.
 """
@@ -20,10 +21,16 @@ THREADS = 2
 
 def export_onnx(model: torch.nn.Module, inputs: Sequence[torch.Tensor], path: Path) -> None:
     names = [f"input_{i}" for i in range(len(inputs))]
-    # Not under no_grad: there nn.TransformerEncoderLayer takes its fast path, a fused op
-    # (aten::_transformer_encoder_layer_fwd) that ONNX cannot express.
-    torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, opset_version=20,
-                      input_names=names)
+    # Without MultiheadAttention's fast path: nn.TransformerEncoderLayer would trace into a
+    # fused op (aten::_transformer_encoder_layer_fwd) that ONNX cannot express.
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, opset_version=20,
+                              input_names=names)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
 
 
 def _as_tuple_or_tensor(outputs):
@@ -37,6 +44,9 @@ def onnxruntime_backend(path: Path) -> Callable:
     options.intra_op_num_threads = THREADS
     options.inter_op_num_threads = 1
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Its threads would otherwise spin after each run, taking the cores from the backend
+    # measured next in the harness's round-robin.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = onnxruntime.InferenceSession(str(path), options,
                                            providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
