@@ -12,20 +12,13 @@ importing the compiler (torch-mlir), as a user's first optimize in a process doe
 """
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from child import run_child
 
 # Runs in the child: optimize one model once, print what was measured as JSON.
 CHILD = """
-import json, resource, sys, time, warnings
-sys.path.insert(0, {here!r})
-warnings.filterwarnings("ignore", message=r"`torch\\\\.jit\\\\.\\\\w+` is deprecated")
-import torch
-torch.set_num_threads(2)
 from workloads import build
 model, inputs = build({name!r})
 start = time.perf_counter()
@@ -46,12 +39,12 @@ DYNAMIC = {"gpt2": {0: [1]}}
 
 
 def measure(name: str, cache: str) -> dict:
-    code = CHILD.format(here=str(HERE), name=name, cache=cache,
-                        dynamic_dims=DYNAMIC.get(name))
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"{name}: {run.stderr[-2000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    code = CHILD.format(name=name, cache=cache, dynamic_dims=DYNAMIC.get(name))
+    try:
+        output = run_child(code)
+    except RuntimeError as e:
+        raise RuntimeError(f"{name}: {e}") from None
+    return json.loads(output.strip().splitlines()[-1])
 
 
 def main() -> int:

@@ -15,19 +15,13 @@ optimized and saved once, in a process of their own, with the compile cache off.
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from child import run_child
 
 SAVE = """
-import sys, warnings
-sys.path.insert(0, {here!r})
-warnings.filterwarnings("ignore", message=r"`torch\\\\.jit\\\\.\\\\w+` is deprecated")
-import torch
-torch.set_num_threads(2)
 import blade
 from workloads import build
 model, inputs = build({name!r})
@@ -39,10 +33,6 @@ torch.save(inputs, {inputs!r})
 
 # Runs in a fresh process: load one saved model, call it 3 times, print what was measured.
 LOAD = """
-import json, time, warnings
-warnings.filterwarnings("ignore", message=r"`torch\\\\.jit\\\\.\\\\w+` is deprecated")
-import torch
-torch.set_num_threads(2)
 import blade
 
 
@@ -73,14 +63,6 @@ print(json.dumps({{"seconds": seconds, "load_mb": after_load - before, "calls_mb
 """
 
 
-def run_child(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=False)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-3000:])
-    return done.stdout
-
-
 def measure_loads(path: Path, inputs: Path, runs: int, no_copies: bool = False) -> dict:
     code = LOAD.format(path=str(path), inputs=str(inputs), no_copies=no_copies)
     samples = [json.loads(run_child(code)) for _ in range(runs)]
@@ -98,7 +80,7 @@ def main():
         for name in args.models.split(","):
             paths = {kind: Path(tmp) / f"{name}_{kind}.pt" for kind in ("plain", "blade")}
             inputs = Path(tmp) / f"{name}_inputs.pt"
-            run_child(SAVE.format(here=str(HERE), name=name, plain=str(paths["plain"]),
+            run_child(SAVE.format(name=name, plain=str(paths["plain"]),
                                   blade=str(paths["blade"]), inputs=str(inputs)))
             measure_loads(paths["blade"], inputs, 1)  # the page cache
             plain = measure_loads(paths["plain"], inputs, args.runs)

@@ -104,6 +104,18 @@ class TanhChain(torch.nn.Module):
         return torch.tanh(x) * 2.0 + 1.0
 
 
+class GeluMlp(torch.nn.Module):
+    """Two Linear layers with a GELU between: 32 -> 64 -> 16."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 64)
+        self.fc2 = torch.nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
 class TwoClusters(torch.nn.Module):
     """A Linear/tanh cluster and a sigmoid cluster, cut apart by erfinv (no converter)."""
 

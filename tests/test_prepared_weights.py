@@ -6,7 +6,7 @@ import torch
 
 import blade
 from blade import _C
-from helpers import assert_same, run_compiled
+from helpers import GeluMlp, assert_same, run_compiled
 
 
 def test_transformer_layer_weights_become_params_and_are_packed():
@@ -44,19 +44,9 @@ class Counter(torch.nn.Module):
         return torch.relu(x * self.count + 1.0)
 
 
-class Mlp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(32, 64)
-        self.fc2 = torch.nn.Linear(64, 16)
-
-    def forward(self, x):
-        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
-
-
 def test_dynamic_batches_pack_a_few_row_counts_and_run_the_rest_unpacked():
     torch.manual_seed(0)
-    model = Mlp().eval()
+    model = GeluMlp().eval()
     optimized = blade.optimize(model, (torch.randn(8, 32),), blade.Config(dynamic=True))
     with torch.no_grad():
         for batch in (1, 3, 8, 17, 64, 5, 3):
@@ -71,7 +61,7 @@ def warm_mlp():
     """(model, optimized model, input) after one compiled call, so the cache holds what
     a call frees."""
     torch.manual_seed(0)
-    model = Mlp().eval()
+    model = GeluMlp().eval()
     optimized = blade.optimize(model, (torch.randn(256, 32),))
     x = torch.randn(256, 32)
     with torch.no_grad():
@@ -96,7 +86,7 @@ def test_intermediate_buffers_are_reused_across_calls():
 
 def test_cache_limit_bounds_what_is_kept():
     torch.manual_seed(0)
-    model = Mlp().eval()
+    model = GeluMlp().eval()
     optimized = blade.optimize(model, (torch.randn(256, 32),))
     x = torch.randn(256, 32)
     try:

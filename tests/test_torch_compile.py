@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import blade
-from helpers import assert_ran_compiled
+from helpers import GeluMlp, assert_ran_compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,18 +51,8 @@ def compile_and_check(model, inputs, options=None, rtol=1e-5, atol=1e-5, graphs=
     return new
 
 
-class MLP(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(32, 64)
-        self.fc2 = torch.nn.Linear(64, 16)
-
-    def forward(self, x):
-        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
-
-
 def test_mlp():
-    (graph,) = compile_and_check(MLP(), (torch.randn(8, 32),), rtol=1e-4, atol=1e-4)
+    (graph,) = compile_and_check(GeluMlp(), (torch.randn(8, 32),), rtol=1e-4, atol=1e-4)
     report = graph.report()
     # Dynamo passes the weights as inputs; they are frozen in, so engines take x alone.
     assert report.clusters[0].inputs == "float32[8,32]", str(report)
@@ -145,7 +135,7 @@ def test_graph_break_gives_two_graphs_both_compiled(capsys):
 
 
 def test_options_are_config_fields():
-    model = MLP()
+    model = GeluMlp()
     (graph,) = compile_and_check(model, (torch.randn(8, 32),), rtol=1e-4, atol=1e-4,
                                  options={"excluded_ops": ["aten::gelu"]})
     report = graph.report()
@@ -154,7 +144,7 @@ def test_options_are_config_fields():
 
 
 def test_a_wrong_option_name_is_a_clear_error():
-    compiled = torch.compile(MLP().eval(), backend="blade", options={"min_cluster_sise": 2})
+    compiled = torch.compile(GeluMlp().eval(), backend="blade", options={"min_cluster_sise": 2})
     with pytest.raises(Exception, match="'min_cluster_sise' is not a blade.Config field; "
                                         "the fields are .*min_cluster_size"):
         with torch.no_grad():
@@ -162,7 +152,7 @@ def test_a_wrong_option_name_is_a_clear_error():
 
 
 def test_grad_mode_with_parameters_runs_eagerly():
-    model = MLP().eval()
+    model = GeluMlp().eval()
     x = torch.randn(8, 32)
     compiled = torch.compile(model, backend="blade")
     before = graph_indices()
@@ -176,7 +166,7 @@ def test_grad_mode_with_parameters_runs_eagerly():
 
 
 def test_other_instance_and_weights_written_in_place():
-    first, second = MLP().eval(), MLP().eval()
+    first, second = GeluMlp().eval(), GeluMlp().eval()
     x = torch.randn(8, 32)
     compiled_first = torch.compile(first, backend="blade")
     compiled_second = torch.compile(second, backend="blade")

@@ -10,7 +10,7 @@
 #include <vector>
 
 using blade_example::print_counters;
-using blade_example::read_file;
+using blade_example::read_list;
 using blade_example::write_pickle;
 
 int main(int argc, char** argv) {
@@ -21,16 +21,8 @@ int main(int argc, char** argv) {
   try {
     torch::jit::Module model = torch::jit::load(argv[1]);
     model.eval();
-    c10::IValue saved = torch::pickle_load(read_file(argv[2]));
-    if (!saved.isList()) {
-      std::cerr << "blade_run: " << argv[2] << " must hold a list of tensors "
-                << "(torch.save([t1, t2, ...], path)), found " << saved.tagKind() << "\n";
-      return 1;
-    }
-    std::vector<c10::IValue> inputs;
-    for (const c10::IValue& item : saved.toListRef()) {
-      inputs.push_back(item);
-    }
+    const std::vector<c10::IValue> inputs =
+        read_list(argv[2], "tensors (torch.save([t1, t2, ...], path))");
     torch::NoGradGuard no_grad;
     c10::IValue output = model.forward(inputs);
     print_counters(model);

@@ -21,7 +21,7 @@
 #include <vector>
 
 using blade_example::print_counters;
-using blade_example::read_file;
+using blade_example::read_list;
 using blade_example::write_pickle;
 
 namespace {
@@ -58,14 +58,8 @@ int main(int argc, char** argv) {
   try {
     torch::jit::Module model = torch::jit::load(argv[1]);
     model.eval();
-    c10::IValue saved = torch::pickle_load(read_file(argv[2]));
-    if (!saved.isList()) {
-      std::cerr << "blade_serve: " << argv[2] << " must hold a list of requests, found "
-                << saved.tagKind() << "\n";
-      return 1;
-    }
     std::vector<std::vector<c10::IValue>> requests;
-    for (const c10::IValue& request : saved.toListRef()) {
+    for (const c10::IValue& request : read_list(argv[2], "requests")) {
       requests.push_back(request_inputs(request, requests.size()));
     }
 

@@ -1,5 +1,5 @@
-// What blade_run and blade_serve share: reading a file, writing an IValue that torch.load
-// reads, and printing the input guard's and engines' counters of a loaded model.
+// What blade_run and blade_serve share: reading a file or a saved list, writing an IValue
+// that torch.load reads, and printing the input guard's and engines' counters of a loaded model.
 #pragma once
 
 #include <torch/script.h>
@@ -20,6 +20,21 @@ inline std::vector<char> read_file(const char* path) {
     throw std::runtime_error(std::string("cannot open ") + path);
   }
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The items of a list saved from Python with torch.save([...], path); `holding` says what
+// the list must hold, for the error.
+inline std::vector<c10::IValue> read_list(const char* path, const std::string& holding) {
+  c10::IValue saved = torch::pickle_load(read_file(path));
+  if (!saved.isList()) {
+    throw std::runtime_error(std::string(path) + " must hold a list of " + holding +
+                             ", found " + saved.tagKind());
+  }
+  std::vector<c10::IValue> items;
+  for (const c10::IValue& item : saved.toListRef()) {
+    items.push_back(item);
+  }
+  return items;
 }
 
 // torch::pickle_save, which torch.load reads.

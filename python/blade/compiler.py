@@ -153,12 +153,13 @@ def _keyword_trace_inputs(model: torch.nn.Module, args: Tuple, kwargs: Dict) -> 
     """Positional and keyword example inputs as one dict by forward's parameter names, in
     forward's order, for `torch.jit.trace(example_kwarg_inputs=...)`; arguments left at
     None are left out (tracing takes tensors only), so forward's default applies."""
+    signature = inspect.signature(model.forward)
     try:
-        bound = inspect.signature(model.forward).bind_partial(*args, **kwargs)
+        bound = signature.bind_partial(*args, **kwargs)
     except TypeError as e:
         raise TypeError(f"blade.optimize: the example inputs do not fit "
                         f"{type(model).__name__}.forward: {e}") from None
-    parameters = inspect.signature(model.forward).parameters
+    parameters = signature.parameters
     variadic = [name for name in bound.arguments
                 if parameters[name].kind in (inspect.Parameter.VAR_POSITIONAL,
                                              inspect.Parameter.VAR_KEYWORD)]
