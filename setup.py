@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -56,9 +56,8 @@ setup(
     name="blade",
     version="0.1.0",
     description="Blade: compiles TorchScript clusters through Torch-MLIR and StableHLO to native code",
-    package_dir={"blade": "python/blade", "blade.mlir": "mlir"},
-    packages=["blade", "blade.mlir"],
-    package_data={"blade.mlir": ["*.mlir", "*.pipeline"]},
+    package_dir={"": "python"},
+    packages=find_packages("python"),
     ext_modules=[CMakeExtension("blade._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
@@ -67,6 +66,6 @@ setup(
     entry_points={
         "console_scripts": ["blade=blade.__main__:main"],
         # torch.compile(model, backend="blade") finds Blade without `import blade`.
-        "torch_dynamo_backends": ["blade=blade.torch_compile:blade_backend"],
+        "torch_dynamo_backends": ["blade=blade.frontend.torch_compile:blade_backend"],
     },
 )

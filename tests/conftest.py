@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="blade-tests-config-")
 atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
 
-# Compiled code is cached across optimize calls (blade.compile_cache): tests compile afresh,
+# Compiled code is cached across optimize calls (blade.codegen.cache): tests compile afresh,
 # so that one test's code never stands in for another's; tests/test_compile_cache.py names
 # its own directories.
 os.environ["BLADE_CACHE_DIR"] = "off"

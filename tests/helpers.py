@@ -171,3 +171,25 @@ def bump_format_version(filename, data):
     if cls < 0 or at < 0:
         return None
     return data[:at + 2] + bytes([version + 1]) + data[at + 3:]
+
+
+def ir_before(dump_root, pass_name: str) -> str:
+    """The module as the codegen pipeline's first pass named `pass_name` got it, from a dump
+    directory (Config.dump_dir) of one cluster: `passes/NN_<pass>.mlir` of the pass before
+    it (blade.codegen.pipeline). `dump_root` is the cluster's directory or the dump's."""
+    from pathlib import Path
+
+    root = Path(dump_root)
+    passes = sorted(root.glob("passes/*.mlir")) or sorted(next(root.glob("*/passes")).glob("*.mlir"))
+    names = [p.name.split("_", 1)[1][:-len(".mlir")] for p in passes]
+    index = names.index(pass_name)
+    return passes[index - 1].read_text()
+
+
+def ir_after_last_pass(dump_root) -> str:
+    """The LLVM-dialect module the codegen pipeline ended with (see ir_before)."""
+    from pathlib import Path
+
+    root = Path(dump_root)
+    passes = sorted(root.glob("passes/*.mlir")) or sorted(next(root.glob("*/passes")).glob("*.mlir"))
+    return passes[-1].read_text()

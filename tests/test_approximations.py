@@ -16,7 +16,8 @@ SPECIALS = [float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 1e-30, -1e-30,
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_compiled_math_matches_float64_within_a_few_ulp(name, scalef, monkeypatch):
     # Both ways exp scales by 2**n: ldexp (AVX-512 hosts) and exponent bits (the others).
-    from blade import approximations, codegen
+    from blade.codegen.loops import approximations
+    from blade.codegen import driver as codegen
     if scalef and "avx512f" not in codegen.host_cpu_features().split(","):
         pytest.skip("ldexp is used only where the host has vscalefps")
     monkeypatch.setattr(codegen, "approximate_math",
@@ -47,7 +48,7 @@ def test_reciprocal_estimates_only_where_the_division_is_provably_finite():
     model's own x / y."""
     from torch_mlir import ir
 
-    from blade.approximations import allow_reciprocal
+    from blade.codegen.loops.approximations import allow_reciprocal
     text = """
     func.func @f(%x: f32, %y: f32) -> (f32, f32, f32) {
       %lo = arith.constant -4.0 : f32

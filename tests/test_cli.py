@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import blade
-from blade.cli import main
+from blade.tools.cli import main
 from helpers import TwoClusters, assert_same
 
 
@@ -153,7 +153,7 @@ def test_version(capsys):
 
 
 def _subcommand(name):
-    from blade.cli import parser
+    from blade.tools.cli import parser
 
     commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
     return commands.choices[name]
@@ -161,7 +161,7 @@ def _subcommand(name):
 
 @pytest.mark.parametrize("command", ["optimize", "bisect"])
 def test_every_config_field_is_a_flag_with_its_docstring_as_help(command):
-    from blade.cli import NOT_FLAGS, config_help
+    from blade.tools.cli import NOT_FLAGS, config_help
 
     actions = {a.dest: a for a in _subcommand(command)._actions}
     helps = config_help()
@@ -178,7 +178,7 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(command):
 
 
 def test_flags_set_their_config_fields():
-    from blade.cli import config_from
+    from blade.tools.cli import config_from
 
     args = _subcommand("optimize").parse_args([
         "m.pt", "-o", "o.pt", "--no-parallel", "--dynamic-dims", "0:0,1",

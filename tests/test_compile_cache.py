@@ -1,6 +1,6 @@
 """Compiled code is reused: identical clusters share one compilation and one library in the
 saved file, and a cache directory serves later optimize calls, in any process, only with
-entries that verify (python/blade/compile_cache.py)."""
+entries that verify (python/blade/codegen/cache.py)."""
 import os
 import subprocess
 import sys
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import blade
-from blade import codegen
+from blade.codegen import driver as codegen
 from helpers import assert_same
 
 

@@ -1,4 +1,4 @@
-"""Concatenations as copies into slices of one buffer (python/blade/concatenations.py):
+"""Concatenations as copies into slices of one buffer (python/blade/codegen/linalg/concatenations.py):
 equal to eager at static and run-time sizes, with no per-element select left in the code,
 and a loop nest that computes an operand writing straight into its slice."""
 import re
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import blade
-from helpers import Lambda, run_compiled
+from helpers import ir_before, Lambda, run_compiled
 
 TRACE = blade.Config(allow_tracing=True)
 
@@ -25,7 +25,7 @@ def test_concatenation_has_no_select_per_element(tmp_path):
     model = Lambda(lambda x, y: torch.cat([x * 2.0, torch.tanh(y), x - 1.0], dim=1) + 1.0)
     inputs = (torch.randn(4, 5, 33), torch.randn(4, 7, 33))
     run_compiled(model, inputs, blade.Config(allow_tracing=True, dump_dir=str(tmp_path)))
-    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    linalg = ir_before(tmp_path, "write-slices-in-place")
     assert linalg.count("tensor.insert_slice") == 3, linalg
     assert "scf.if" not in linalg, linalg
 
@@ -79,10 +79,10 @@ def test_upsampling_is_written_into_its_slice_channels_last(dynamic, tmp_path):
     optimized, report = run_compiled(model, (x,), config, rtol=1e-4, atol=1e-5)
     assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
     batch = "?" if dynamic else "2"
-    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    linalg = ir_before(tmp_path, "write-slices-in-place")
     assert f"tensor<{batch}x12x12x24xf32>" in linalg            # the concatenation, NHWC
     assert f"tensor<{batch}x24x12x12xf32>" not in linalg        # no NCHW copy of it
-    main = _main(next(tmp_path.glob("*/4_bufferized.mlir")).read_text())
+    main = _main(ir_before(tmp_path, "mark-out-params"))
     assert main.count("memref.copy") == 1, main
     assert re.search(r"linalg.generic [^\n]*outs\(%subview[_0-9]* ", main), main
     if dynamic:

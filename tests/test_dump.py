@@ -1,4 +1,4 @@
-"""Config(dump_dir) / BLADE_DUMP_DIR: every stage of every cluster, every pass's graph."""
+"""Config(dump_dir) / BLADE_DUMP_DIR: every codegen pass of every cluster, every pass's graph."""
 import json
 import os
 import subprocess
@@ -7,11 +7,11 @@ import sys
 import torch
 
 import blade
-from blade.dump import STAGE_FILES
+from blade.codegen import pipeline
 from helpers import TwoClusters
 
 TRACE = blade.Config(allow_tracing=True)
-CLUSTER_FILES = ["0_torchscript.txt", *STAGE_FILES.values(), "timings.json"]
+CLUSTER_FILES = ["0_torchscript.txt", "1_torch.mlir", "passes", "2_llvm.ll", "timings.json"]
 
 
 def check_dump(root, clusters):
@@ -20,14 +20,22 @@ def check_dump(root, clusters):
         assert sorted(p.name for p in directory.iterdir()) == sorted(CLUSTER_FILES)
         assert "graph(" in (directory / "0_torchscript.txt").read_text()
         assert "torch.aten" in (directory / "1_torch.mlir").read_text()
-        assert "stablehlo." in (directory / "2_stablehlo.mlir").read_text()
-        assert "linalg." in (directory / "3_linalg.mlir").read_text()
-        assert "memref" in (directory / "4_bufferized.mlir").read_text()
-        assert "llvm.func" in (directory / "5_llvm_dialect.mlir").read_text()
-        assert "define void @blade_entry(ptr" in (directory / "6_llvm.ll").read_text()
+        # The module after every pass of the pipeline, in its order, as the pass manager
+        # printed it.
+        expected = [f"{i:02d}_{p.name}.mlir" for i, p in
+                    enumerate(pipeline.build(pipeline.Options(num_buffers=0)))]
+        dumped = sorted(p.name for p in (directory / "passes").iterdir())
+        assert dumped == expected
+        after = {name.split("_", 1)[1][:-len(".mlir")]: directory / "passes" / name
+                 for name in dumped}
+        assert "stablehlo." in after["stablehlo-legalize-deprecated-ops"].read_text()
+        assert "linalg." in after["linalg-fuse-elementwise-ops"].read_text()
+        assert "memref" in after["one-shot-bufferize"].read_text()
+        assert "llvm.func" in (directory / "passes" / dumped[-1]).read_text()
+        assert "define void @blade_entry(ptr" in (directory / "2_llvm.ll").read_text()
         timings = json.loads((directory / "timings.json").read_text())
-        assert {"import", "torch_to_stablehlo", "stablehlo_to_linalg", "bufferize",
-                "linalg_to_llvm", "native", "total"} <= set(timings)
+        assert {"import", "native", "total", *(name[:-len(".mlir")] for name in dumped)} \
+            <= set(timings)
     passes = sorted(p.name for p in (root / "passes").iterdir())
     assert passes[0] == "00_frozen.txt"
     assert any("materialize_types" in p for p in passes)

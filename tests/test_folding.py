@@ -3,7 +3,7 @@ become constants, each value cast as `stablehlo.convert` casts it."""
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
 
-from blade.folding import fold_splat_constants
+from blade.codegen.stablehlo.folding import fold_splat_constants
 
 MODULE = """
 func.func @main() -> (tensor<4x1xf32>, tensor<2xi32>, tensor<2xi1>, tensor<3xf32>,

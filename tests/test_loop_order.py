@@ -4,7 +4,7 @@ import torch
 from torch_mlir import ir
 
 import blade
-from blade.loop_order import order_loops
+from blade.codegen.loops.loop_order import order_loops
 from helpers import Lambda, run_compiled
 
 NHWC_TO_NCHW = """

@@ -1,4 +1,4 @@
-"""LLVM's part of code generation runs on worker processes too (python/blade/native.py): a
+"""LLVM's part of code generation runs on worker processes too (python/blade/codegen/llvm/native.py): a
 module compiled in partitions, by workers, gives what it gives compiled in one piece; no
 worker outlives optimize; a worker that dies fails its cluster with the reason in the
 report, and one that cannot start leaves the work to optimize's process."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import blade
-from blade import native
+from blade.codegen.llvm import native
 from helpers import assert_ran_compiled, assert_same
 
 
@@ -100,7 +100,7 @@ class ThreeDistinctClusters(torch.nn.Module):
 def test_distinct_clusters_compile_side_by_side(monkeypatch, workers, workers_only):
     """MLIR's stages of every cluster run before optimize waits for the first cluster's
     objects: the workers compile one cluster while the next is lowered."""
-    from blade import codegen
+    from blade.codegen import driver as codegen
 
     events = []
     real_start, real_wait = codegen.start_compiling, native.CompilerPool.wait
@@ -129,7 +129,7 @@ def test_no_worker_outlives_optimize(workers):
 
 
 def test_an_interrupted_optimize_leaves_no_worker(monkeypatch, workers):
-    from blade import codegen
+    from blade.codegen import driver as codegen
 
     real_start = codegen.start_compiling
     begun = []

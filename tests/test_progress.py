@@ -2,7 +2,7 @@
 import torch
 
 import blade
-from blade.dump import Progress
+from blade.tools.dump import Progress
 
 
 def model():

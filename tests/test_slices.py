@@ -1,12 +1,12 @@
 """Elementwise ops split into the slices that read them (slices.py) and elementwise loops
-writing over an input that dies there (codegen._reuse_dead_inputs): eager's results, from
+writing over an input that dies there (blade.codegen.buffers.arguments.reuse_dead_inputs): eager's results, from
 compiled code, and the IR shows each rewrite (or its absence where it would be wrong)."""
 import re
 
 import torch
 
 import blade
-from helpers import Lambda, run_compiled
+from helpers import ir_before, Lambda, run_compiled
 
 TRACE = blade.Config(allow_tracing=True)
 
@@ -24,10 +24,6 @@ class QkvHeads(torch.nn.Module):
         return heads[0] * 2.0, heads[1] + 1.0, heads[2]
 
 
-def stage(tmp_path, name: str) -> str:
-    return next(tmp_path.glob(f"*/{name}")).read_text()
-
-
 def full_product_loops(linalg: str, shape: str) -> int:
     """Loop nests writing a whole tensor of `shape` (tensor<...> text)."""
     return len(re.findall(rf"linalg\.generic[^\n]*outs\([^)]*{re.escape(shape)}\)", linalg))
@@ -37,7 +33,7 @@ def test_the_bias_of_a_split_projection_is_added_in_each_slices_loop(tmp_path):
     torch.manual_seed(0)
     config = blade.Config(allow_tracing=True, dump_dir=str(tmp_path))
     run_compiled(QkvHeads(), (torch.randn(2, 32, 64),), config)
-    linalg = stage(tmp_path, "3_linalg.mlir")
+    linalg = ir_before(tmp_path, "write-slices-in-place")
     # no loop writes the biased [2, 32, 192] product: each head transpose adds its bias
     assert full_product_loops(linalg, "tensor<2x32x192xf32>") == 0, linalg
 
@@ -58,7 +54,7 @@ def test_strided_slices_split_the_op_and_overlapping_ones_do_not(tmp_path):
     for fn, split in ((strided_halves, True), (overlapping_slices, False)):
         dump = tmp_path / fn.__name__
         run_compiled(Lambda(fn), inputs, blade.Config(allow_tracing=True, dump_dir=str(dump)))
-        linalg = stage(dump, "3_linalg.mlir")
+        linalg = ir_before(dump, "write-slices-in-place")
         # overlapping slices would compute columns 50..99 twice: the whole op stays
         assert (full_product_loops(linalg, "tensor<16x128xf32>") == 0) == split, linalg
 
@@ -82,7 +78,7 @@ def test_the_bias_and_activation_overwrite_the_matmul_output(tmp_path):
     torch.manual_seed(0)
     config = blade.Config(allow_tracing=True, dump_dir=str(tmp_path))
     run_compiled(FeedForward(), (torch.randn(8, 16, 64),), config)
-    assert in_place_loops(stage(tmp_path, "4_bufferized.mlir")) >= 1
+    assert in_place_loops(ir_before(tmp_path, "mark-out-params")) >= 1
 
 
 def reads_product_twice(x, w):
@@ -98,7 +94,7 @@ def test_inputs_and_values_read_again_are_never_overwritten(tmp_path):
     optimized, _ = run_compiled(Lambda(reads_product_twice), (x, w), config)
     optimized(x, w)
     assert torch.equal(x, kept)     # the caller's input is never a loop's output
-    bufferized = stage(tmp_path, "4_bufferized.mlir")
+    bufferized = ir_before(tmp_path, "mark-out-params")
     first = re.search(r"call @blade_library_call_\d+\(%\w+, %\w+, (%\w+)\)", bufferized)
     assert first is not None, bufferized
     assert f"outs({first.group(1)} " not in bufferized, bufferized

@@ -4,7 +4,7 @@ import torch
 from torch_mlir import ir
 
 import blade
-from blade.tiled_transpose import tile_transposes
+from blade.codegen.loops.tiled_transpose import tile_transposes
 from helpers import Lambda, run_compiled
 
 TRACE = blade.Config(allow_tracing=True)

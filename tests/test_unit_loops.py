@@ -3,7 +3,7 @@ collapsed views whose types are the ones memref.collapse_shape's verifier infers
 import pytest
 from torch_mlir import ir
 
-from blade.unit_loops import drop_unit_loops
+from blade.codegen.loops.unit_loops import drop_unit_loops
 
 # The head split of a fused QKV product of one sequence: q is a strided column slice of
 # the [1, length, 3 * 64] product, viewed as [1, length, 4, 16] and transposed into heads.

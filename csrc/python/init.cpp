@@ -143,7 +143,7 @@ PYBIND11_MODULE(_C, m) {
         "The public key (hex) of the signing key at `key_path` (this machine's key, created "
         "on first use, when empty).");
   m.def("default_signing_key_path", &ral::default_signing_key_path);
-  // The compile cache (blade.compile_cache) signs and verifies its entries' digests.
+  // The compile cache (blade.codegen.cache) signs and verifies its entries' digests.
   m.def(
       "sign_digest",
       [](const py::bytes& digest, const std::string& key_path) {

@@ -28,7 +28,7 @@ _Float16 __truncsfbf2(float value);
 
 // Runs `task(begin, end, arguments)` over [0, extent) in chunks of at least `grain`, on
 // PyTorch's intra-op thread pool (at::parallel_for: torch.get_num_threads() threads).
-// python/blade/parallel.py emits the calls; `arguments` are the task's memref descriptors.
+// python/blade/codegen/loops/parallel.py emits the calls; `arguments` are the task's memref descriptors.
 void blade_ral_parallel_for(int64_t extent, int64_t grain,
                             void (*task)(int64_t, int64_t, void**), void** arguments);
 

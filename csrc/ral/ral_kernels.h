@@ -51,13 +51,13 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
 // Generated code declares `func.func private @blade_ral_matmul_f32(memref<*xf32>, ...)`; the
 // LLVM lowering passes each unranked memref as two arguments, its rank and a pointer to its
 // descriptor (BLADE_RAL_MEMREF below). One symbol per element type: f32, f64, f16, bf16.
-// Each writes all of `out` (python/blade/library_calls.py says which ops they replace).
+// Each writes all of `out` (python/blade/codegen/kernels/library_calls.py says which ops they replace).
 //
 // matmul: out = a @ b, or a @ b^T when `transpose_b`; batch dims broadcast as in
 // torch.matmul (b may have fewer of them).
 // conv2d: out = conv2d(input, weight) in NCHW / OIHW layout with explicit (possibly
 // asymmetric) zero padding. conv2d_nhwc: the same with input and out in NHWC layout
-// (python/blade/layouts.py), the weight still OIHW. conv2d_nhwc_bias: the same plus a
+// (python/blade/codegen/stablehlo/layouts.py), the weight still OIHW. conv2d_nhwc_bias: the same plus a
 // per-channel bias (any shape holding one value per output channel), then a ReLU when
 // `relu`, run as the convolution's own bias and post-op.
 // attention: out = softmax(q @ k^T * scale + mask) @ v over the last dim, q/k/v of rank 3

@@ -6,20 +6,20 @@ to native code, run by a C++ runtime; everything else keeps running as TorchScri
     print(blade.report(optimized))
 
     compiled = torch.compile(model, backend="blade")   # the same, through Dynamo
-    print(blade.dynamo_reports())                      # see blade.torch_compile
+    print(blade.dynamo_reports())                      # see blade.frontend.torch_compile
 
 Importing blade loads only the runtime; the compiler (and torch-mlir) load on first use.
 """
 from typing import Optional
 
-from ._runtime import load_runtime
+from blade._runtime import load_runtime
 
 load_runtime()
 
-from .config import Config  # noqa: E402
-from .report import Report, report  # noqa: E402
-from . import torch_compile  # noqa: E402
-from .torch_compile import dynamo_graphs, dynamo_reports  # noqa: E402
+from blade.config import Config  # noqa: E402
+from blade.report import Report, report  # noqa: E402
+from blade.frontend import torch_compile  # noqa: E402
+from blade.frontend.torch_compile import dynamo_graphs, dynamo_reports  # noqa: E402
 
 # torch.compile(model, backend="blade"), registered once torch loads its backend registry.
 torch_compile.register()
@@ -47,7 +47,7 @@ def optimize(model, example_inputs=None, config=None, *, example_kwarg_inputs=No
         >>> optimized = blade.optimize(model.eval(), (torch.randn(8, 64),))
         >>> optimized = blade.optimize(bert, {"input_ids": ids, "attention_mask": mask})
     """
-    from .compiler import optimize as _optimize
+    from blade.compiler import optimize as _optimize
 
     return _optimize(model, example_inputs, config, example_kwarg_inputs=example_kwarg_inputs)
 
@@ -59,7 +59,7 @@ def release_cached_memory():
     Example:
         >>> blade.release_cached_memory()
     """
-    from . import _C
+    from blade import _C
 
     _C.release_cached_memory()
 
@@ -72,7 +72,7 @@ def set_cached_memory_limit(num_bytes: int):
     Example:
         >>> blade.set_cached_memory_limit(256 << 20)
     """
-    from . import _C
+    from blade import _C
 
     _C.set_cached_memory_limit(int(num_bytes))
 
@@ -90,7 +90,7 @@ def set_prepared_weights_limit(num_bytes: Optional[int]):
     Example:
         >>> blade.set_prepared_weights_limit(0)   # memory over speed
     """
-    from . import _C
+    from blade import _C
 
     _C.set_prepared_weights_limit(-1 if num_bytes is None else max(0, int(num_bytes)))
 
@@ -105,7 +105,7 @@ def trust_key(public_key: str):
     Example:
         >>> blade.trust_key("3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29")
     """
-    from . import _C
+    from blade import _C
 
     _C.trust_public_key(str(public_key).strip())
 
@@ -119,7 +119,7 @@ def signing_public_key(signing_key=None) -> str:
         >>> blade.signing_public_key()
         '3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29'
     """
-    from . import _C
+    from blade import _C
 
     return _C.signing_public_key("" if signing_key is None else str(signing_key))
 
@@ -131,7 +131,7 @@ def trusted_keys():
         >>> blade.signing_public_key() in blade.trusted_keys()
         True
     """
-    from . import _C
+    from blade import _C
 
     return list(_C.trusted_public_keys())
 
@@ -139,16 +139,16 @@ def trusted_keys():
 def register_converter(schema, capability_validator=None, priority=None, dtypes=None,
                        result_dtype="same", compute=True):
     """Decorator registering a user converter to StableHLO; see
-    `blade.user_converters.register_converter` and docs/adding_a_converter.md.
+    `blade.partition.user_converters.register_converter` and docs/adding_a_converter.md.
 
     Example:
         >>> @blade.register_converter("mylib::my_tanh")
         ... def convert(ctx):
         ...     return ctx.op("stablehlo.tanh", ctx.operands)
     """
-    from . import converters  # noqa: F401  (built-ins first, so priorities compare)
-    from .registry import USER_PRIORITY
-    from .user_converters import register_converter as _register
+    from blade.partition import converters  # noqa: F401  (built-ins first, so priorities compare)
+    from blade.partition.registry import USER_PRIORITY
+    from blade.partition.user_converters import register_converter as _register
 
     return _register(schema, capability_validator,
                      USER_PRIORITY if priority is None else priority, dtypes, result_dtype,
@@ -157,7 +157,7 @@ def register_converter(schema, capability_validator=None, priority=None, dtypes=
 
 def unregister_converter(converter):
     """Removes a converter returned by `register_converter`."""
-    from .user_converters import unregister_converter as _unregister
+    from blade.partition.user_converters import unregister_converter as _unregister
 
     _unregister(converter)
 
@@ -165,21 +165,21 @@ def unregister_converter(converter):
 def register_decomposition(overload):
     """Decorator: every call of `overload` ("aten::op.overload" or a torch.library op) is
     rewritten as the decorated function's body before clustering; see
-    `blade.decompositions` and docs/adding_a_converter.md.
+    `blade.frontend.decompositions` and docs/adding_a_converter.md.
 
     Example:
         >>> @blade.register_decomposition("mylib::softplus2")
         ... def softplus2(x: torch.Tensor, beta: float) -> torch.Tensor:
         ...     return torch.log1p(torch.exp(x * beta)) / beta
     """
-    from .decompositions import register_decomposition as _register
+    from blade.frontend.decompositions import register_decomposition as _register
 
     return _register(overload)
 
 
 def unregister_decomposition(overload):
     """Removes the user's decomposition of `overload`."""
-    from .decompositions import unregister_decomposition as _unregister
+    from blade.frontend.decompositions import unregister_decomposition as _unregister
 
     _unregister(overload)
 

@@ -1,7 +1,7 @@
 """The `blade` command line (also `python -m blade`); see `blade --help`."""
 import sys
 
-from .cli import main
+from blade.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,19 +15,21 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _C, converters  # noqa: F401  (importing converters registers the built-ins)
-from . import exported_program, native
-from .compile_cache import CodeCache
-from .config import Config
-from .dtypes import dtype_name
-from .dump import Dumper, Progress
-from .exported_program import is_exported_program
-from .native import CompilerPool, default_workers
-from ._runtime import RUNTIME_LIBRARY
-from .quiet import quiet_torchscript
-from .registry import (REGISTRY, SCALAR_TYPE_NAMES, Verdict, argument_name, describe, ran,
-                       schema_name)
-from .report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
+from blade import _C
+from blade.partition import converters  # noqa: F401  (importing it registers the built-ins)
+from blade.frontend import exported_program
+from blade.codegen.llvm import native
+from blade.codegen.cache import CodeCache
+from blade.config import Config
+from blade.partition.dtypes import dtype_name
+from blade.tools.dump import Dumper, Progress
+from blade.frontend.exported_program import is_exported_program
+from blade.codegen.llvm.native import CompilerPool, default_workers
+from blade._runtime import RUNTIME_LIBRARY
+from blade.quiet import quiet_torchscript
+from blade.partition.registry import (REGISTRY, SCALAR_TYPE_NAMES, Verdict, argument_name,
+                                      describe, ran, schema_name)
+from blade.report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 
 ENGINE_PREFIX = "blade_engine_"
 # If-branches of more nodes than this become functions (csrc/passes/outline_branches.h).
@@ -345,7 +347,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     Returns how many nodes of each op were decomposed, and a copy of the graph from before
     the decompositions and the example inputs were used (the model for any input). `dump` gets the graph
     after every pass that changed it."""
-    from .decompositions import decompose
+    from blade.frontend.decompositions import decompose
 
     dump = dump or Dumper(None)
     dump.graph("frozen", graph, always=True)
@@ -549,7 +551,7 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
         _C.signing_public_key(config.signing_key or "")
     code_cache = CodeCache.for_config(config)
     progress.begin(0 if config.dry_run else len(clusters), "compiling clusters")
-    # LLVM's part of each compilation runs on worker processes too (blade.native); they
+    # LLVM's part of each compilation runs on worker processes too (blade.codegen.llvm.native); they
     # start at the first cluster that is compiled and stop when all are done.
     with CompilerPool(default_workers(config.compile_workers), str(RUNTIME_LIBRARY)) as pool:
         _compile_in_rounds(module, graph, clusters, config, report, dump, progress,
@@ -658,7 +660,7 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
     from (compiled, the compile cache, or another engine of this model with the same
     code). Either raises on any failure, leaving the graph untouched. `dump` (a
     ClusterDump) receives the IR of every stage."""
-    from .importer import import_subgraph
+    from blade.importer import import_subgraph
 
     subgraph = cluster.g("Subgraph").copy()
     dump.write("0_torchscript.txt", str(subgraph))
@@ -690,7 +692,7 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
         # The workers get ready while MLIR loads and its stages run.
         pool.expect(len(imported.text))
         # Imported here: a model whose code is all in the compile cache never loads MLIR.
-        from . import codegen
+        from blade.codegen import driver as codegen
 
         return codegen.start_compiling(imported.text, num_buffers,
                                        returns_outputs=returns_outputs,
@@ -857,12 +859,12 @@ def _none_inputs(graph, inputs: Tuple) -> List[int]:
 
 
 def _dynamic_groups(module, inputs: Tuple, config: Config):
-    """The groups of input dims that vary (see blade.dynamic_shapes) and copies of the
+    """The groups of input dims that vary (see blade.frontend.dynamic_shapes) and copies of the
     example inputs resized along all of them (`resized_variants`), for materialize_types;
     nothing without Config.dynamic."""
     if not config.dynamic:
         return [], []
-    from .dynamic_shapes import find_dynamic_groups, resized_variants
+    from blade.frontend.dynamic_shapes import find_dynamic_groups, resized_variants
 
     # A function of its own over a copy of the graph: running `module` itself would make
     # TorchScript cache an execution plan of the graph that simplify is about to rewrite.
@@ -882,7 +884,7 @@ def optimize(model, example_inputs=None, config: Config = None, *,
 
     `model` is an nn.Module (scripted, or traced with `Config(allow_tracing=True)`), a
     ScriptModule, or a `torch.export.ExportedProgram` (whose own example inputs serve when
-    none are given; see `blade.exported_program`). `example_inputs` is a tensor, a tuple
+    none are given; see `blade.frontend.exported_program`). `example_inputs` is a tensor, a tuple
     of forward's inputs, or a dict of them by argument name; `example_kwarg_inputs` adds
     inputs by name to positional ones. The optimized model takes its inputs as forward did,
     by position or by name.
@@ -973,7 +975,7 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
     dump.graph("final", graph, always=True)
     module._c._register_attribute(REPORT_ATTRIBUTE, torch._C.StringType.get(), report.to_json())
     if config.verbose or dump.enabled:
-        from .report import report as read_report
+        from blade.report import report as read_report
         text = str(read_report(module))
         dump.text("report.txt", text + "\n")
         if config.verbose:

@@ -31,7 +31,7 @@ class Config:
         dry_run: analyse and cluster but compile nothing; the returned module is the
             frozen model with the analysis attached, so `blade.report` works on it.
         dump_dir: write the graph after each simplification pass and, per cluster, its
-            IR at every stage with timings (layout in `blade.dump`). The environment
+            IR at every stage with timings (layout in `blade.tools.dump`). The environment
             variable BLADE_DUMP_DIR does the same when this is not set.
         progress: show what optimize is doing on stderr, from the first second: the
             front-end stages, then each cluster as it compiles, with the time elapsed.
@@ -50,7 +50,7 @@ class Config:
             (under ``$XDG_CONFIG_HOME`` when set), created on first use. Machines that load
             the model run its code only if they trust the key (docs/security.md).
         cache_dir: where compiled code is kept for later `optimize` calls, in any process
-            (see `blade.compile_cache`): ``None`` is the environment variable
+            (see `blade.codegen.cache`): ``None`` is the environment variable
             BLADE_CACHE_DIR, else ``~/.cache/blade/code`` (under ``$XDG_CACHE_HOME`` when
             set); ``"off"`` keeps nothing. Identical clusters of one model are compiled
             once either way.
@@ -58,7 +58,7 @@ class Config:
             entries go first.
         compile_workers: processes that compile the clusters' native code (distinct
             clusters side by side, a large one in parts) alongside optimize's own (see
-            `blade.native`); they live as long as optimize.
+            `blade.codegen.llvm.native`); they live as long as optimize.
             ``None`` (the default) starts one less than the cores this process may run on,
             or than PyTorch's thread count when lower; ``0`` compiles everything in
             optimize's process.

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .registry import describe, schema_name
+from blade.partition.registry import describe, schema_name
 
 ELEMENT_TYPES = {
     "Float": "f32", "Double": "f64", "Half": "f16", "BFloat16": "bf16", "Long": "si64",
@@ -148,10 +148,10 @@ class _Emitter:
 
     def user_call(self, node: torch._C.Node, converter) -> None:
         """A call of a private function that the user's converter fills in later (see
-        blade/user_converters.py); only tensors are passed, other arguments are constants
+        blade/partition/user_converters.py); only tensors are passed, other arguments are constants
         the converter reads from the node."""
-        from .registry import constant_arguments
-        from .user_converters import UserCall
+        from blade.partition.registry import constant_arguments
+        from blade.partition.user_converters import UserCall
 
         function = f"blade_user_{len(self.user_calls)}"
         tensors = [v for v in node.inputs() if isinstance(v.type(), torch._C.TensorType)]

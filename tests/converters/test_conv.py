@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import blade
-from helpers import (TOLERANCE, Lambda, assert_ran_compiled, assert_same_values, random_tensor,
-                     run_compiled)
+from helpers import (TOLERANCE, Lambda, assert_ran_compiled, assert_same_values, ir_before,
+                     random_tensor, run_compiled)
 
 TRACE = blade.Config(allow_tracing=True)
 DTYPES = [torch.float32, torch.float64]
@@ -94,7 +94,7 @@ def _matches_eager_at_each_batch(optimized, model, sizes, batches, rtol, atol):
 @pytest.mark.parametrize("name", sorted(POOLS))
 def test_pooling_of_a_dynamic_batch(name):
     """StableHLO lowers window reductions of static size only; Blade's own loops
-    (python/blade/pooling.py) take a varying batch, with padding, strides and both the
+    (python/blade/codegen/linalg/pooling.py) take a varying batch, with padding, strides and both the
     max and the sum (average) combiners."""
     torch.manual_seed(0)
     model = Lambda(POOLS[name])
@@ -208,7 +208,7 @@ def test_stem_pools_channels_last(tmp_path):
     model = Stem().eval()
     config = blade.Config(dump_dir=str(tmp_path))
     run_compiled(model, (torch.randn(2, 3, 32, 32),), config, rtol=1e-4, atol=1e-4)
-    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    linalg = ir_before(tmp_path, "write-slices-in-place")
     assert "tensor<2x18x18x16xf32>" in linalg      # the pool's padded input, NHWC
     assert "tensor<2x16x18x18xf32>" not in linalg
     assert "linalg.pooling" not in linalg
@@ -254,13 +254,13 @@ def test_convolutions_run_channels_last_and_transposes_cancel(tmp_path):
     config = blade.Config(dump_dir=str(tmp_path))
     optimized, report = run_compiled(model, (x,), config, rtol=1e-4, atol=1e-4)
     assert report.clusters[0].library_calls == 2, str(report)
-    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    linalg = ir_before(tmp_path, "write-slices-in-place")
     # Both convolutions take and give NHWC data; between them, bias, relu and the residual
     # run on NHWC too, so the only layout changes are the input's and the two outputs'.
     # Each convolution takes its bias and ReLU along as its own bias and post-op.
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 2, linalg
     assert linalg.count("blade.relu = 1") == 2, linalg
-    stablehlo = next(tmp_path.glob("*/2_stablehlo.mlir")).read_text()
+    stablehlo = ir_before(tmp_path, "channels-last")
     assert "stablehlo.transpose" not in stablehlo   # the rewrite happens after this stage
     with torch.no_grad():  # weights prepared once (channels_last copies) serve every call
         for _ in range(3):
@@ -275,7 +275,7 @@ def test_convolutions_of_dynamic_size_run_channels_last(tmp_path):
     model = ResidualConvs().eval()
     optimized = blade.optimize(model, (torch.randn(2, 8, 10, 12),),
                                blade.Config(dynamic=True, dump_dir=str(tmp_path)))
-    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    linalg = ir_before(tmp_path, "write-slices-in-place")
     # As with static sizes: NHWC convolutions with their bias and ReLU as post-ops, the
     # residual on NHWC data, and no shape.assuming region left to split the loops.
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 2, linalg
@@ -317,7 +317,7 @@ def test_bias_and_relu_run_inside_the_convolution(dtype, tmp_path):
     _, report = run_compiled(model, (x, other), blade.Config(dump_dir=str(tmp_path)),
                              rtol=rtol, atol=max(atol, 1e-4))
     assert report.clusters[0].library_calls == 4, str(report)
-    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    linalg = ir_before(tmp_path, "write-slices-in-place")
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 3, linalg
     assert linalg.count('blade.library_call = "conv2d_nhwc"') == 1, linalg
     assert linalg.count("blade.relu = 1") == 1, linalg    # only the first one's ReLU
@@ -374,7 +374,7 @@ def test_upsampling_and_concatenation_stay_channels_last(tmp_path):
     model = UpsampleAndConcatenate(2.0).eval()
     run_compiled(model, (torch.randn(2, 8, 12, 12),), blade.Config(dump_dir=str(tmp_path)),
                  rtol=1e-4, atol=1e-5)
-    linalg = next(tmp_path.glob("*/3_linalg.mlir")).read_text()
+    linalg = ir_before(tmp_path, "write-slices-in-place")
     assert "tensor<2x12x12x16xf32>" in linalg          # the concatenation, NHWC
     assert "tensor<2x6x2x6x2x8xf32>" in linalg         # the upsampling's broadcast, NHWC
     for nchw in ("tensor<2x16x12x12xf32>", "tensor<2x8x6x2x6x2xf32>", "tensor<2x8x6x6xf32>"):

@@ -46,7 +46,7 @@ def test_linear_weight_is_not_transposed_per_call():
     """nn.Linear's weight is read in place by the kernel (a transpose flag), so main holds
     no transpose of it: the transpose moved into the outlined call, whose body the RAL call
     replaces."""
-    from blade import library_calls
+    from blade.codegen.kernels import library_calls
 
     seen = []
     original = library_calls.outline

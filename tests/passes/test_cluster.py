@@ -65,7 +65,7 @@ def test_excluded_ops_stay_in_torchscript():
 
 
 def test_failing_cluster_falls_back_and_model_runs(monkeypatch):
-    from blade import codegen
+    from blade.codegen import driver as codegen
 
     def broken(*args, **kwargs):
         raise codegen.CodegenError("stage linalg_to_llvm failed: injected by the test")
@@ -84,7 +84,7 @@ def test_failing_cluster_falls_back_and_model_runs(monkeypatch):
 
 
 def test_dry_run_reports_clusters_without_compiling(monkeypatch):
-    from blade import codegen
+    from blade.codegen import driver as codegen
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("dry_run compiled something")
@@ -175,8 +175,8 @@ class WithDeterminant(torch.nn.Module):
 
 
 def _accept_in_registry(schema):
-    from blade.dtypes import DtypeRule
-    from blade.registry import REGISTRY, Converter
+    from blade.partition.dtypes import DtypeRule
+    from blade.partition.registry import REGISTRY, Converter
 
     return REGISTRY.register(Converter(schema, dtype_rule=DtypeRule(
         args={"*": ("float32",)}, result="same"), priority=100, origin="test"))
@@ -202,7 +202,7 @@ def test_a_failing_node_stays_torchscript_and_the_rest_compiles():
 
 
 def test_recompiling_after_failures_is_bounded(monkeypatch):
-    from blade import codegen
+    from blade.codegen import driver as codegen
 
     attempts = []
 

@@ -9,7 +9,7 @@ from torch.testing import FileCheck
 import blade
 from blade import _C
 from blade.compiler import quiet_torchscript
-from blade.decompositions import DecompositionError, active
+from blade.frontend.decompositions import DecompositionError, active
 from helpers import Lambda, assert_same, run_compiled
 
 TRACE = blade.Config(allow_tracing=True)

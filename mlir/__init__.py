@@ -1,1 +1,0 @@
-"""Pass pipelines and transform scripts for code generation (data files, read by blade.codegen)."""

@@ -1,0 +1,1 @@
+"""Main's buffers, before and after bufferization."""

@@ -1,0 +1,501 @@
+"""Matmuls and convolutions as calls into PyTorch's own CPU kernels (through the RAL).
+
+Loops generated from linalg cannot match MKL or oneDNN, so these ops never become loops:
+
+1. `outline` (on StableHLO, before linalg): each `stablehlo.dot_general` and
+   `stablehlo.convolution` of a supported form moves into a private function of its own,
+   marked `blade.library_call`, and main calls it. Transposes of the last two dims and
+   broadcasts of leading (batch) dims that feed a matmul move into the function too, so
+   the kernel reads the original weight in place (no per-call transpose or broadcast
+   copy). Until step 2 the function body is the real computation, so every analysis in
+   between (fusion, bufferization) sees the truth.
+2. `lower` (after bufferization, when the function has become `(inputs..., out)` on
+   memrefs): the body is replaced by one call to the RAL kernel `blade_ral_<op>_<type>`
+   (csrc/ral/ral_kernels.h), which writes all of `out`. Memrefs are passed unranked, which
+   the LLVM lowering turns into a (rank, descriptor pointer) pair of arguments.
+
+Ops of any other form stay in the module and are compiled to loops.
+"""
+from typing import Dict, List, Optional, Tuple
+
+from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo as stablehlo
+from torch_mlir.dialects import arith, func, memref, tensor
+
+from blade.codegen.kernels import attention
+from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, only_data_user, producer,
+                                      strides_of)
+
+LIBRARY_CALL = "blade.library_call"
+# Element types the kernels take; the name is also the kernel symbol's suffix.
+KERNEL_ELEMENT_TYPES = ("f32", "f64", "f16", "bf16")
+
+
+def _element_suffix(value) -> Optional[str]:
+    element = str(ir.ShapedType(value.type).element_type)
+    return element if element in KERNEL_ELEMENT_TYPES else None
+
+
+def _rank(value) -> int:
+    return ir.ShapedType(value.type).rank
+
+
+def _i64s(attr) -> List[int]:
+    return list(ir.DenseI64ArrayAttr(attr))
+
+
+def _peel_matmul_operand(value, is_rhs: bool) -> Tuple[object, List, bool]:
+    """Walks up broadcasts of leading dims and (for the rhs) transposes of the last two dims.
+    Returns the source value, the ops peeled (producers first) and whether the source is
+    transposed."""
+    peeled = []
+    transposed = False
+    while True:
+        # A dynamic engine broadcasts with a run-time shape; the kernel broadcasts the
+        # weight's batch dims itself either way.
+        broadcast = producer(value, "stablehlo.broadcast_in_dim") or \
+            producer(value, "stablehlo.dynamic_broadcast_in_dim")
+        if broadcast is not None:
+            source = broadcast.operands[0]
+            dims = _i64s(broadcast.attributes["broadcast_dimensions"])
+            out_rank, in_rank = _rank(value), _rank(source)
+            shapes_kept = ir.ShapedType(source.type).shape == \
+                ir.ShapedType(value.type).shape[out_rank - in_rank:]
+            if in_rank >= 2 and dims == list(range(out_rank - in_rank, out_rank)) \
+                    and shapes_kept:
+                peeled.insert(0, broadcast)
+                value = source
+                continue
+        transpose = producer(value, "stablehlo.transpose")
+        if transpose is not None and is_rhs:
+            perm = _i64s(transpose.attributes["permutation"])
+            rank = len(perm)
+            if rank >= 2 and perm == list(range(rank - 2)) + [rank - 1, rank - 2]:
+                peeled.insert(0, transpose)
+                value = transpose.operands[0]
+                transposed = not transposed
+                continue
+        return value, peeled, transposed
+
+
+def _matmul_form(op) -> Optional[Tuple[object, object, List, dict]]:
+    """(lhs source, rhs source, peeled ops, attributes) for a dot_general the RAL runs."""
+    dims = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    lhs, rhs = op.operands[0], op.operands[1]
+    rank = _rank(lhs)
+    batch = list(range(rank - 2))
+    if rank < 2 or _rank(rhs) != rank or _element_suffix(lhs) is None:
+        return None
+    if list(dims.lhs_batching_dimensions) != batch or \
+            list(dims.rhs_batching_dimensions) != batch or \
+            list(dims.lhs_contracting_dimensions) != [rank - 1]:
+        return None
+    if list(dims.rhs_contracting_dimensions) == [rank - 2]:
+        transposed = False
+    elif list(dims.rhs_contracting_dimensions) == [rank - 1]:
+        transposed = True
+    else:
+        return None
+    if str(ir.ShapedType(op.result.type).element_type) != \
+            str(ir.ShapedType(lhs.type).element_type):
+        return None
+    lhs_source, lhs_peeled, _ = _peel_matmul_operand(lhs, is_rhs=False)
+    rhs_source, rhs_peeled, flipped = _peel_matmul_operand(rhs, is_rhs=True)
+    return lhs_source, rhs_source, lhs_peeled + rhs_peeled, {
+        "kind": "matmul", "transpose_b": int(transposed != flipped)}
+
+
+def _conv_form(op) -> Optional[dict]:
+    """The attributes of a 2-d convolution the RAL runs, or None: OIHW weights, and NCHW
+    data and result (`conv2d`) or NHWC ones (`conv2d_nhwc`, see layouts.py)."""
+    dims = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    if _element_suffix(op.operands[0]) is None or _rank(op.operands[0]) != 4:
+        return None
+    data = (dims.input_batch_dimension, dims.input_feature_dimension,
+            list(dims.input_spatial_dimensions))
+    result = (dims.output_batch_dimension, dims.output_feature_dimension,
+              list(dims.output_spatial_dimensions))
+    oihw = (dims.kernel_output_feature_dimension, dims.kernel_input_feature_dimension,
+            list(dims.kernel_spatial_dimensions)) == (0, 1, [2, 3])
+    if not oihw or data != result or data not in ((0, 1, [2, 3]), (0, 3, [1, 2])):
+        return None
+    kind = "conv2d" if data == (0, 1, [2, 3]) else "conv2d_nhwc"
+    attrs = op.attributes
+
+    def ints(name, default):
+        return _i64s(attrs[name]) if name in attrs else default
+
+    if ints("lhs_dilation", [1, 1]) != [1, 1]:
+        return None
+    if "batch_group_count" in attrs and ir.IntegerAttr(attrs["batch_group_count"]).value != 1:
+        return None
+    if "window_reversal" in attrs:
+        return None
+    padding = [0, 0, 0, 0]
+    if "padding" in attrs:
+        pad = ir.DenseIntElementsAttr(attrs["padding"])
+        padding = [pad[i] for i in range(len(pad))]
+    if min(padding) < 0:
+        return None
+    stride = ints("window_strides", [1, 1])
+    dilation = ints("rhs_dilation", [1, 1])
+    groups = ir.IntegerAttr(attrs["feature_group_count"]).value \
+        if "feature_group_count" in attrs else 1
+    return {"kind": kind, "stride_h": stride[0], "stride_w": stride[1],
+            "pad_top": padding[0], "pad_bottom": padding[1], "pad_left": padding[2],
+            "pad_right": padding[3], "dilation_h": dilation[0], "dilation_w": dilation[1],
+            "groups": groups}
+
+
+def _channel_bias(value, channels: int) -> Optional[Tuple[object, List]]:
+    """(the source, the ops peeled) of a per-channel vector that `value` broadcasts over an
+    NHWC tensor's last dim: a broadcast_in_dim of a tensor whose one non-unit dim holds
+    the `channels` values, through reshapes and transposes that only move unit dims."""
+    broadcast = producer(value, "stablehlo.broadcast_in_dim") or \
+        producer(value, "stablehlo.dynamic_broadcast_in_dim")
+    if broadcast is None or channels < 2:
+        return None
+    source = broadcast.operands[0]
+    shape = ir.ShapedType(source.type).shape
+    dims = _i64s(broadcast.attributes["broadcast_dimensions"])
+    non_unit = [i for i, size in enumerate(shape) if size != 1]
+    if non_unit != [i for i, size in enumerate(shape) if size == channels] or \
+            len(non_unit) != 1 or dims[non_unit[0]] != _rank(value) - 1:
+        return None
+    peeled = [broadcast]
+    while True:
+        move = producer(source, "stablehlo.reshape") or producer(source, "stablehlo.transpose")
+        if move is None or [size for size in ir.ShapedType(move.operands[0].type).shape
+                            if size != 1] != [channels]:
+            return source, peeled
+        peeled.insert(0, move)
+        source = move.operands[0]
+
+
+def _zero_splat(value) -> Optional[List]:
+    """The ops (a constant, then broadcasts of it) that make `value` a splat of 0.0, in
+    block order; None when it is anything else."""
+    ops = []
+    while True:
+        op = producer(value, "stablehlo.broadcast_in_dim") or \
+            producer(value, "stablehlo.dynamic_broadcast_in_dim") or \
+            producer(value, "stablehlo.constant")
+        if op is None:
+            return None
+        ops.insert(0, op)
+        if op.name == "stablehlo.constant":
+            attr = op.attributes["value"]
+            zero = isinstance(attr, ir.DenseFPElementsAttr) and attr.is_splat and \
+                float(ir.FloatAttr(attr.get_splat_value()).value) == 0.0
+            return ops if zero else None
+        value = op.operands[0]
+
+
+def _conv_epilogue(conv) -> Optional[Tuple[object, List, object, bool]]:
+    """For an NHWC convolution followed by a per-channel bias add (and a ReLU) that nothing
+    else reads in between: (the bias source, the ops between, the last op, relu?), which
+    the kernel runs as the convolution's own bias and an in-place ReLU (NaN-preserving)
+    instead of a pass of loops over its result. None otherwise."""
+    add = only_data_user(conv.result)
+    if add is None or add.name != "stablehlo.add":
+        return None
+    other = add.operands[1] if add.operands[0] == conv.result else add.operands[0]
+    bias = _channel_bias(other, ir.ShapedType(conv.result.type).shape[-1])
+    if bias is None:
+        return None
+    source, peeled = bias
+    relu = only_data_user(add.result)
+    if relu is not None and relu.name == "stablehlo.maximum":
+        zero = _zero_splat(relu.operands[1] if relu.operands[0] == add.result else
+                           relu.operands[0])
+        if zero is not None:
+            return source, peeled + zero + [add], relu, True
+    return source, peeled, add, False
+
+
+# The integer arguments each kernel takes after its memrefs, in order.
+KERNEL_ARGUMENTS = {
+    "matmul": ["transpose_b"],
+    "conv2d": ["stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
+               "dilation_h", "dilation_w", "groups"],
+}
+KERNEL_ARGUMENTS["conv2d_nhwc"] = KERNEL_ARGUMENTS["conv2d"]
+KERNEL_ARGUMENTS["conv2d_nhwc_bias"] = KERNEL_ARGUMENTS["conv2d"] + ["relu"]
+KERNEL_ARGUMENTS["attention"] = ["transpose_k", "transpose_v", "scale",  # scale: f64
+                                  "zero_masked_rows"]
+KERNEL_ARGUMENTS["attention_masked"] = KERNEL_ARGUMENTS["attention"]
+# A kernel that writes its result through strides (attention) may take the transpose that
+# follows it into its function: the function returns the transposed tensor, and `lower`
+# hands the kernel a view of that buffer in the kernel's own dim order (see
+# `_output_permutation`).
+OUT_PERMUTATION = "blade.out_permutation"
+# An attention scale computed at run time (attention._run_time_scalar): the function's
+# operand at this index is a one-element tensor holding it, which `lower` reads and passes
+# as the kernel's scale (its reciprocal when SCALE_DIVIDES is 1) instead of a memref.
+SCALE_OPERAND = "blade.scale_operand"
+SCALE_DIVIDES = "blade.scale_divides"
+
+
+def _result_sizes(attributes, arguments, result_type) -> List:
+    """Index values of the result's dynamic sizes, computed from the arguments: what a
+    function of dynamic size allocates for the kernel to write (see `_outline_one`)."""
+    index = ir.IndexType.get()
+    result = ir.RankedTensorType(result_type)
+
+    def dim(value, d):
+        return tensor.DimOp(value, arith.ConstantOp(index, d).result).result
+
+    def const(v):
+        return arith.ConstantOp(index, v).result
+
+    lhs, rhs = arguments[0], arguments[1]
+    rank, rhs_rank = result.rank, ir.RankedTensorType(rhs.type).rank
+    sizes = []
+    for d in range(rank):
+        if not result.is_dynamic_dim(d):
+            continue
+        if attributes["kind"] == "matmul":
+            if d < rank - 1:            # batch dims and rows come with the lhs
+                sizes.append(dim(lhs, d))
+            else:                       # columns: the rhs's last dim, or its rows if transposed
+                sizes.append(dim(rhs, rhs_rank - 2 if attributes["transpose_b"] else
+                                 rhs_rank - 1))
+        elif attributes["kind"].startswith("attention"):
+            if d < rank - 1:            # batch dims and query rows come with q
+                sizes.append(dim(lhs, d))
+            else:                       # v's last dim, or its rows if stored transposed
+                sizes.append(dim(arguments[2], rank - 2 if attributes["transpose_v"] else
+                                 rank - 1))
+        elif d == 0:                    # conv2d: the batch
+            sizes.append(dim(lhs, 0))
+        elif d == (3 if attributes["kind"].startswith("conv2d_nhwc") else 1):
+            sizes.append(dim(rhs, 0))   # the channels (the weight is OIHW in both layouts)
+        else:                           # (in + pads - dilation * (k - 1) - 1) / stride + 1
+            first_spatial = 1 if attributes["kind"].startswith("conv2d_nhwc") else 2
+            axis = "h" if d == first_spatial else "w"
+            kernel_dim = 2 if axis == "h" else 3
+            pads = attributes["pad_top"] + attributes["pad_bottom"] if axis == "h" else \
+                attributes["pad_left"] + attributes["pad_right"]
+            span = arith.MulIOp(const(attributes[f"dilation_{axis}"]),
+                                arith.SubIOp(dim(rhs, kernel_dim), const(1)).result).result
+            reach = arith.SubIOp(arith.AddIOp(dim(lhs, d), const(pads)).result,
+                                 arith.AddIOp(span, const(1)).result).result
+            sizes.append(arith.AddIOp(
+                arith.FloorDivSIOp(reach, const(attributes[f"stride_{axis}"])).result,
+                const(1)).result)
+    return sizes
+
+
+def _outline_one(module, main, op, sources, peeled, attributes, index: int,
+                 same_shape=()) -> None:
+    """Moves `op` and the `peeled` ops it is computed from into a function of its own
+    (see the module docstring). `same_shape` are peeled ops whose result has the shape of
+    `op`'s: what still asks for their shape (a dynamic engine's broadcasts) asks the
+    call's result instead, so they can go."""
+    name = f"blade_library_call_{index}"
+    result_type = op.result.type
+    # A result of static size becomes an out-parameter its caller allocates (bufferize
+    # pipelines, buffer-results-to-out-params, which takes private functions); one of
+    # dynamic size cannot, so that function stays public and allocates its result itself.
+    dynamic = not ir.ShapedType(result_type).has_static_shape
+    with ir.InsertionPoint(module.body):
+        function = func.FuncOp(name, ([s.type for s in sources], [result_type]),
+                               visibility="public" if dynamic else "private")
+    function.operation.move_after(main)
+    block = function.add_entry_block()
+    mapping = {source: arg for source, arg in zip(sources, block.arguments)}
+    with ir.InsertionPoint(block):
+        if dynamic:
+            # StableHLO's linalg lowering takes no dot/convolution of dynamic sizes; the
+            # body only has to allocate the result, which `lower` keeps for the kernel.
+            dynamic_sizes = iter(_result_sizes(attributes, list(block.arguments), result_type))
+            result = ir.RankedTensorType(result_type)
+            sizes = [next(dynamic_sizes) if result.is_dynamic_dim(d) else result.shape[d]
+                     for d in range(result.rank)]
+            empty = tensor.EmptyOp(sizes, result.element_type)
+            func.ReturnOp([empty.result])
+        else:
+            for original in peeled + [op]:
+                copy = original.clone()
+                for i, operand in enumerate(copy.operands):
+                    if operand in mapping:
+                        copy.operands[i] = mapping[operand]
+                mapping[original.result] = copy.result
+            func.ReturnOp([mapping[op.result]])
+    i64 = ir.IntegerType.get_signless(64)
+    function.attributes[LIBRARY_CALL] = ir.StringAttr.get(attributes["kind"])
+    for key in KERNEL_ARGUMENTS[attributes["kind"]]:
+        value = attributes[key]
+        function.attributes[f"blade.{key}"] = \
+            ir.FloatAttr.get(ir.F64Type.get(), value) if isinstance(value, float) else \
+            ir.IntegerAttr.get(i64, value)
+    if "out_permutation" in attributes:
+        function.attributes[OUT_PERMUTATION] = \
+            ir.DenseI64ArrayAttr.get(attributes["out_permutation"])
+    if "scale_operand" in attributes:
+        function.attributes[SCALE_OPERAND] = ir.IntegerAttr.get(i64, attributes["scale_operand"])
+        function.attributes[SCALE_DIVIDES] = ir.IntegerAttr.get(i64, attributes["scale_divides"])
+    with ir.InsertionPoint(op):
+        call = func.CallOp([result_type], ir.FlatSymbolRefAttr.get(name), list(sources))
+    op.result.replace_all_uses_with(call.result)
+    op.erase()
+    for original in same_shape:
+        for use in list(original.result.uses):
+            if as_operation(use.owner).name in SHAPE_QUERIES:
+                use.owner.operands[use.operand_number] = call.result
+    for original in reversed(peeled):
+        if not list(original.result.uses):
+            original.erase()
+
+
+def _output_permutation(op) -> Optional[Tuple[object, List[int]]]:
+    """The transpose that is the only user of `op`'s static result, and its permutation
+    (the heads of an attention's output moved back next to the tokens, before the output
+    projection), or None."""
+    uses = list(op.result.uses)
+    if len(uses) != 1 or not ir.ShapedType(op.result.type).has_static_shape:
+        return None
+    user = as_operation(uses[0].owner)
+    if user.name != "stablehlo.transpose":
+        return None
+    return user, _i64s(user.attributes["permutation"])
+
+
+def _transposed_view(value, permutation: List[int]):
+    """`value` (a memref of identity layout) seen with its dims in the order that
+    `transpose(., permutation)` undoes: dim k of the view is dim inverse[k] of `value`."""
+    inverse = [0] * len(permutation)
+    for i, d in enumerate(permutation):
+        inverse[d] = i
+    t = ir.MemRefType(value.type)
+    strides = strides_of(t)
+    view = ir.MemRefType.get([t.shape[d] for d in inverse], t.element_type,
+                             ir.StridedLayoutAttr.get(0, [strides[d] for d in inverse]))
+    return memref.TransposeOp(view, value,
+                              ir.AffineMapAttr.get(ir.AffineMap.get_permutation(inverse))
+                              ).result
+
+
+def _in_block_order(main, ops) -> List:
+    listed = [as_operation(o) for o in ops]
+    return [o for o in map(as_operation, main.regions[0].blocks[0].operations)
+            if any(o == m for m in listed)]
+
+
+def outline(module, main) -> Dict[str, int]:
+    """Step 1 (see the module docstring); returns how many ops were outlined, by kind."""
+    counts: Dict[str, int] = {}
+
+    def take(op, sources, peeled, attributes, same_shape=()) -> None:
+        _outline_one(module, main, op, sources, peeled, attributes, sum(counts.values()),
+                     same_shape)
+        counts[attributes["kind"]] = counts.get(attributes["kind"], 0) + 1
+
+    def attention_chain(op):
+        if op.name != "stablehlo.dot_general":
+            return None
+        form = attention.attention_form(main, op, _matmul_form)
+        if form is None:
+            return None
+        sources, chain, attributes = form
+        after = _output_permutation(op)
+        if after is None:
+            return (op, sources, chain, attributes)
+        # The kernel writes the heads straight into the transposed layout.
+        transpose, permutation = after
+        return (transpose, sources, chain + [op],
+                {**attributes, "out_permutation": permutation})
+
+    def convolution_with_epilogue(op):
+        if op.name != "stablehlo.convolution":
+            return None
+        attributes = _conv_form(op)
+        epilogue = _conv_epilogue(op) if attributes and attributes["kind"] == "conv2d_nhwc" \
+            else None
+        if epilogue is None:
+            return None
+        bias, between, last, relu = epilogue
+        return (last, list(op.operands) + [bias], _in_block_order(main, [op] + between),
+                {**attributes, "kind": "conv2d_nhwc_bias", "relu": int(relu)}, [op])
+
+    with module.context, ir.Location.unknown():
+        # Chains first (their ops would otherwise be taken one by one below), one at a
+        # time: outlining one erases ops later in the block.
+        for find in (attention_chain, convolution_with_epilogue):
+            while True:
+                found = next((f for f in map(find, main.regions[0].blocks[0].operations)
+                              if f is not None), None)
+                if found is None:
+                    break
+                take(*found)
+        for op in list(main.regions[0].blocks[0].operations):
+            if op.name == "stablehlo.dot_general":
+                form = _matmul_form(op)
+                if form is not None:
+                    lhs, rhs, peeled, attributes = form
+                    take(op, [lhs, rhs], peeled, attributes)
+            elif op.name == "stablehlo.convolution":
+                attributes = _conv_form(op)
+                if attributes is not None:
+                    take(op, list(op.operands), [], attributes)
+    return counts
+
+
+def _run_time_scale(buffer, divides: bool):
+    """The f64 scale read from a one-element float memref (SCALE_OPERAND), inverted when
+    the chain divides by it; built at the current insertion point."""
+    index = ir.IndexType.get()
+    f64 = ir.F64Type.get()
+    zero = arith.ConstantOp(index, 0).result
+    value = memref.LoadOp(buffer, [zero] * ir.ShapedType(buffer.type).rank).result
+    if value.type != f64:
+        value = arith.ExtFOp(f64, value).result
+    if divides:
+        value = arith.DivFOp(arith.ConstantOp(f64, 1.0).result, value).result
+    return value
+
+
+def lower(module) -> None:
+    """Step 2 (see the module docstring): bodies of outlined functions become RAL calls.
+    A function of static size has become `(inputs..., out)`; one of dynamic size only
+    allocates and returns its result, which is handed to the kernel as `out`."""
+    declared = set()
+    with module.context, ir.Location.unknown():
+        i64 = ir.IntegerType.get_signless(64)
+        for function in list(module.body.operations):
+            if function.operation.name != "func.func" or \
+                    LIBRARY_CALL not in function.attributes:
+                continue
+            kind = ir.StringAttr(function.attributes[LIBRARY_CALL]).value
+            block = function.regions[0].blocks[0]
+            terminator = block.operations[len(block.operations) - 1]
+            returned = list(terminator.operands)
+            if returned:      # dynamic: the body is the result's allocation (_outline_one)
+                terminator.erase()
+            else:
+                for op in reversed(list(block.operations)):
+                    op.erase()
+            arguments = list(block.arguments) + returned
+            element = ir.ShapedType(arguments[0].type).element_type
+            callee = f"blade_ral_{kind}_{element}"
+            unranked = ir.UnrankedMemRefType.get(element, None)
+            with ir.InsertionPoint(block):
+                if OUT_PERMUTATION in function.attributes:
+                    arguments[-1] = _transposed_view(
+                        arguments[-1], _i64s(function.attributes[OUT_PERMUTATION]))
+                scale = None
+                if SCALE_OPERAND in function.attributes:
+                    scale = _run_time_scale(
+                        arguments.pop(ir.IntegerAttr(function.attributes[SCALE_OPERAND]).value),
+                        ir.IntegerAttr(function.attributes[SCALE_DIVIDES]).value == 1)
+                operands = [memref.CastOp(unranked, a).result for a in arguments]
+                for key in KERNEL_ARGUMENTS[kind]:
+                    attr = function.attributes[f"blade.{key}"]
+                    operands.append(scale if key == "scale" and scale is not None else
+                                    arith.ConstantOp(attr.type, attr).result)
+                func.CallOp([], ir.FlatSymbolRefAttr.get(callee), operands)
+                func.ReturnOp(returned)
+            if callee not in declared:
+                declared.add(callee)
+                with ir.InsertionPoint.at_block_begin(module.body):
+                    func.FuncOp(callee, ([o.type for o in operands], []), visibility="private")

@@ -1,0 +1,2 @@
+"""StableHLO ops that Blade lowers to linalg itself: window reductions, gathers and
+concatenations."""

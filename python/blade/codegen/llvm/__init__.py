@@ -1,0 +1,1 @@
+"""The LLVM-dialect module to object code, on worker processes."""

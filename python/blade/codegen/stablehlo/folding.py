@@ -1,0 +1,125 @@
+"""Two rewrites that keep a normalization's loop nests one group of rows (parallel.py).
+
+LayerNorm lowers to two row reductions and the elementwise passes around them. parallel.py
+runs such consecutive loops over the same rows as one task, a block of rows at a time
+in L2, but only when nothing else sits between them. Two things did:
+
+- The element count and the epsilon come from the importer as `arith.constant` tensors
+  converted to float (`stablehlo.convert`), reshaped to 0-d and broadcast to [rows..., 1],
+  which nothing folds: each became a loop writing a 1-element buffer and another writing
+  the broadcast on every call. `fold_splat_constants` turns each such op of a splat
+  constant into a splat constant, which the elementwise fusion then reads as a scalar
+  inside the loop that uses it.
+- Both reductions start from one zero-filled accumulator; bufferization gives the second
+  its own buffer by copying the filled one (`memref.copy`). `fill_per_use` gives each
+  reduction a fill of its own, which bufferizes in place.
+"""
+import math
+
+from torch_mlir import ir
+
+from blade.codegen.ir_queries import as_operation
+
+_CONSTANTS = ("arith.constant", "stablehlo.constant")
+
+
+def _converted(value, element):
+    """A Python scalar cast the way `stablehlo.convert` casts it to `element`, or None
+    where the cast is not a plain value (NaN, infinity or a number out of the integer
+    type's range, which the convert is left to handle at run time)."""
+    if isinstance(element, ir.FloatType):
+        return float(value)
+    if not isinstance(element, ir.IntegerType):
+        return None
+    if element.width == 1:
+        return bool(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    converted = int(value)          # float -> integer rounds toward zero
+    if element.is_unsigned:
+        low, high = 0, 2 ** element.width - 1
+    else:
+        low, high = -2 ** (element.width - 1), 2 ** (element.width - 1) - 1
+    return converted if low <= converted <= high else None
+
+
+def _splat_value(attr):
+    dense = ir.DenseElementsAttr(attr)
+    if not dense.is_splat:
+        return None
+    scalar = dense.get_splat_value()
+    if isinstance(scalar, ir.FloatAttr):
+        return ir.FloatAttr(scalar).value
+    if isinstance(scalar, ir.IntegerAttr):
+        return ir.IntegerAttr(scalar).value
+    return None
+
+
+def _scalar_attr(element, value):
+    if isinstance(element, ir.FloatType):
+        return ir.FloatAttr.get(element, value)
+    return ir.IntegerAttr.get(element, int(value))
+
+
+# Ops whose result, given a splat operand, is a splat of the same value (converted).
+_SPLAT_PRESERVING = ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadcast_in_dim",
+                     "stablehlo.transpose")
+
+
+def fold_splat_constants(module) -> int:
+    """Each convert, reshape, broadcast or transpose of a splat constant (float or
+    integer, static shape) becomes a `stablehlo.constant` splat of its result type, in
+    order, so chains fold whole; returns how many ops were folded.
+
+    Example:
+        >>> fold_splat_constants(module)   # broadcast(reshape(convert(dense<768> : i64)))
+        3
+    """
+    candidates = []
+
+    def visit(op):
+        if op.name in _SPLAT_PRESERVING:
+            candidates.append(op)
+        return ir.WalkResult.ADVANCE
+
+    folded = 0
+    with module.context:
+        module.operation.walk(visit)
+        for op in candidates:
+            owner = op.operands[0].owner
+            if isinstance(owner, ir.Block):
+                continue
+            source = as_operation(owner)
+            result = ir.RankedTensorType(op.results[0].type)
+            if source.name not in _CONSTANTS or not result.has_static_shape:
+                continue
+            value = _splat_value(source.attributes["value"])
+            element = result.element_type
+            converted = None if value is None else _converted(value, element)
+            if converted is None:
+                continue
+            with ir.InsertionPoint(op), op.location:
+                constant = ir.Operation.create(
+                    "stablehlo.constant", results=[result],
+                    attributes={"value": ir.DenseElementsAttr.get_splat(
+                        result, _scalar_attr(element, converted))})
+            op.results[0].replace_all_uses_with(constant.results[0])
+            op.erase()
+            folded += 1
+    return folded
+
+
+def fill_per_use(main) -> int:
+    """A `linalg.fill` (on tensors, in `main`) whose result initializes several ops gets a
+    copy of itself per further use, placed before that user; returns how many copies."""
+    copies = 0
+    block = main.regions[0].blocks[0]
+    for op in list(block.operations):
+        if op.name != "linalg.fill":
+            continue
+        uses = [(as_operation(use.owner), use.operand_number) for use in op.results[0].uses]
+        for user, position in uses[1:]:
+            copy = op.clone(ir.InsertionPoint(user))
+            user.operands[position] = copy.results[0]
+            copies += 1
+    return copies

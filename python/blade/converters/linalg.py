@@ -1,8 +1,0 @@
-"""Matrix products. They are compiled as calls into PyTorch's own CPU kernels through the
-RAL (python/blade/library_calls.py), with their elementwise neighbours compiled around
-them."""
-from ..dtypes import FLOATS, DtypeRule
-from . import builtin
-
-builtin(["aten::linear", "aten::matmul", "aten::mm", "aten::bmm", "aten::addmm",
-         "aten::baddbmm"], DtypeRule(args={"*": FLOATS}))

@@ -1,0 +1,337 @@
+"""Decompositions: an op rewritten in terms of other ops before clustering.
+
+    @blade.register_decomposition("mylib::softplus2")
+    def softplus2(x: torch.Tensor, beta: float) -> torch.Tensor:
+        return torch.log1p(torch.exp(x * beta)) / beta
+
+The function is scripted once, when registered; `blade.optimize` inlines its body in place
+of every node calling that overload (C++ pass `_C.decompose`), before the types of the
+graph are materialized, so the ops it is made of are clustered and converted like any other.
+A user's decomposition replaces Blade's own for the same overload. Ops named in
+`Config.excluded_ops` are not decomposed.
+"""
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from blade import _C
+from blade.quiet import quiet_torchscript
+
+
+class DecompositionError(ValueError):
+    """A decomposition that does not fit the op it claims to decompose."""
+
+
+@dataclass
+class Decomposition:
+    overload: str      # "aten::logsumexp", "mylib::op.overload"
+    fn: Callable
+    graph: torch._C.Graph
+    builtin: bool = False
+    dynamic_only: bool = False  # applies only with Config.dynamic
+
+
+_BUILTIN: Dict[str, Decomposition] = {}
+_USER: Dict[str, Decomposition] = {}
+
+
+def _op_schema(overload: str) -> torch._C.FunctionSchema:
+    if "::" not in overload:
+        raise DecompositionError(f"register_decomposition: '{overload}' is not an op name; "
+                                 "expected 'namespace::name' or 'namespace::name.overload'")
+    namespace, rest = overload.split("::", 1)
+    name, _, overload_name = rest.partition(".")
+    schemas = torch._C._jit_get_schemas_for_operator(f"{namespace}::{name}")
+    for schema in schemas:
+        if schema.overload_name == overload_name:
+            return schema
+    known = sorted(f"{namespace}::{name}" + (f".{s.overload_name}" if s.overload_name else "")
+                   for s in schemas)
+    raise DecompositionError(
+        f"register_decomposition: no op overload {overload}; "
+        + (f"the overloads of {namespace}::{name} are {', '.join(known)}" if known
+           else f"{namespace}::{name} is not a registered op"))
+
+
+def _check_fits(overload: str, schema, scripted) -> None:
+    """The function must take every argument of the op, in order, with types the op's values
+    have, and return what the op returns."""
+    params = scripted.schema.arguments
+    args = schema.arguments
+    if len(params) != len(args):
+        raise DecompositionError(
+            f"register_decomposition({overload}): the op takes {len(args)} arguments "
+            f"({', '.join(a.name for a in args)}), the function takes {len(params)}")
+    for i, (arg, param) in enumerate(zip(args, params)):
+        if not arg.type.isSubtypeOf(param.type):
+            raise DecompositionError(
+                f"register_decomposition({overload}): argument {i} '{arg.name}' of the op is "
+                f"{arg.type}, but the function's '{param.name}' takes {param.type}")
+    returns = [r.type for r in schema.returns]
+    declared = scripted.schema.returns[0].type
+    if len(returns) > 1:
+        got = declared.elements() if isinstance(declared, torch._C.TupleType) else [declared]
+    else:
+        got = [declared]
+    if len(got) != len(returns) or not all(g.isSubtypeOf(r) for g, r in zip(got, returns)):
+        raise DecompositionError(
+            f"register_decomposition({overload}): the op returns "
+            f"({', '.join(str(r) for r in returns)}), the function returns {declared}")
+
+
+def _make(overload: str, fn: Callable, builtin: bool,
+          dynamic_only: bool = False) -> Decomposition:
+    schema = _op_schema(overload)
+    try:
+        with quiet_torchscript():
+            scripted = torch.jit.script(fn)
+    except Exception as e:
+        raise DecompositionError(f"register_decomposition({overload}): TorchScript cannot "
+                                 f"script {getattr(fn, '__name__', fn)}: {e}") from e
+    _check_fits(overload, schema, scripted)
+    return Decomposition(overload, fn, scripted.graph, builtin, dynamic_only)
+
+
+def register_decomposition(overload: str):
+    """Decorator: rewrite every call of `overload` as the decorated function's body.
+
+    Example:
+        >>> @blade.register_decomposition("aten::logsumexp")
+        ... def logsumexp(x: torch.Tensor, dim: List[int], keepdim: bool) -> torch.Tensor:
+        ...     ...
+    """
+    def wrap(fn):
+        _USER[overload] = _make(overload, fn, builtin=False)
+        return fn
+    return wrap
+
+
+def unregister_decomposition(overload: str) -> None:
+    """Removes the user's decomposition of `overload` (Blade's own, if any, applies again)."""
+    _USER.pop(overload, None)
+
+
+def active() -> Dict[str, Decomposition]:
+    return {**_BUILTIN, **_USER}
+
+
+def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
+              dynamic: bool = False) -> Dict[str, int]:
+    """Applies every active decomposition to `graph`; returns overload -> nodes rewritten.
+    With `dynamic`, also those that only dynamic shapes need."""
+    counts = {}
+    for overload, decomposition in active().items():
+        if overload in excluded_ops or overload.split(".")[0] in excluded_ops:
+            continue
+        if decomposition.dynamic_only and not dynamic:
+            continue
+        count = _C.decompose(graph, overload, decomposition.graph)
+        if count:
+            counts[overload] = count
+    return counts
+
+
+def _builtin(overload: str, dynamic_only: bool = False):
+    def wrap(fn):
+        _BUILTIN[overload] = _make(overload, fn, builtin=True, dynamic_only=dynamic_only)
+        return fn
+    return wrap
+
+
+# --- Blade's own -------------------------------------------------------------------------
+
+@_builtin("aten::logsumexp")
+def _logsumexp(x: torch.Tensor, dim: List[int], keepdim: bool) -> torch.Tensor:
+    # The shift by the maximum keeps exp in range; a maximum of +-inf shifts by 0 instead,
+    # so a row of -inf gives -inf and a +inf gives +inf, as PyTorch does.
+    peak = torch.amax(x, dim, True)
+    peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
+    total = torch.sum(torch.exp(x - peak), dim, keepdim)
+    return torch.log(total) + torch.reshape(peak, total.shape)
+
+
+@_builtin("aten::tril", dynamic_only=True)
+def _tril(x: torch.Tensor, diagonal: int) -> torch.Tensor:
+    # Torch-MLIR lowers tril of static sizes only; a causal mask of a dynamic sequence
+    # length needs it as index arithmetic.
+    rows = torch.arange(x.size(-2), device=x.device).unsqueeze(-1)
+    cols = torch.arange(x.size(-1), device=x.device)
+    return x.masked_fill(cols > rows + diagonal, 0)
+
+
+@_builtin("aten::triu", dynamic_only=True)
+def _triu(x: torch.Tensor, diagonal: int) -> torch.Tensor:
+    # As tril: the mask of future positions, triu(ones(L, L), 1), has a dynamic L.
+    rows = torch.arange(x.size(-2), device=x.device).unsqueeze(-1)
+    cols = torch.arange(x.size(-1), device=x.device)
+    return x.masked_fill(cols < rows + diagonal, 0)
+
+
+def _variance(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
+              keepdim: bool) -> torch.Tensor:
+    # Torch-MLIR's var of a dynamic size asserts at run time that the correction fits the
+    # count (torch.runtime.assert, which its StableHLO lowering does not take). Here the
+    # count is a sum of ones, a tensor, so the whole computation compiles and fuses.
+    centered = x - torch.mean(x, dim, True)
+    count = torch.sum(torch.ones_like(x), dim, keepdim)
+    if unbiased:
+        # PyTorch divides by max(count - 1, 0): NaN (0 / 0) over one element or none,
+        # where count - 1 gave -0 over none.
+        count = torch.clamp_min(count - 1, 0.0)
+    return torch.sum(centered * centered, dim, keepdim) / count
+
+
+@_builtin("aten::var.dim", dynamic_only=True)
+def _var_dim(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
+             keepdim: bool) -> torch.Tensor:
+    return _variance(x, dim, unbiased, keepdim)
+
+
+@_builtin("aten::std.dim", dynamic_only=True)
+def _std_dim(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
+             keepdim: bool) -> torch.Tensor:
+    return torch.sqrt(_variance(x, dim, unbiased, keepdim))
+
+
+@_builtin("aten::adaptive_avg_pool2d", dynamic_only=True)
+def _adaptive_avg_pool2d(x: torch.Tensor, output_size: List[int]) -> torch.Tensor:
+    # Global average pooling (an output of 1 x 1: a CNN classifier's head) is a mean over H
+    # and W, which compiles at any image size; Torch-MLIR lowers adaptive pooling of a fixed
+    # window only. With a constant output size, constant propagation keeps one branch.
+    if output_size == [1, 1]:
+        return torch.mean(x, [-2, -1], True)
+    return torch._C._nn.adaptive_avg_pool2d(x, output_size)
+
+
+@_builtin("aten::upsample_nearest2d.vec")
+def _upsample_nearest2d(x: torch.Tensor, output_size: Optional[List[int]],
+                        scale_factors: Optional[List[float]]) -> torch.Tensor:
+    # Nearest upsampling by whole factors (a U-Net's or an FPN's x2) repeats each pixel: a
+    # broadcast and a reshape, which compile and fuse with their neighbours. With constant
+    # factors, constant propagation keeps one branch; other sizes keep the op (no converter).
+    if output_size is None and scale_factors is not None and x.dim() == 4:
+        factor_h, factor_w = scale_factors[0], scale_factors[1]
+        if factor_h == math.floor(factor_h) and factor_w == math.floor(factor_w) and \
+                factor_h >= 1.0 and factor_w >= 1.0:
+            n, c, h, w = x.size(0), x.size(1), x.size(2), x.size(3)
+            repeat_h, repeat_w = int(factor_h), int(factor_w)
+            grid = x.reshape([n, c, h, 1, w, 1]).expand([n, c, h, repeat_h, w, repeat_w])
+            return grid.reshape([n, c, h * repeat_h, w * repeat_w])
+    return torch._C._nn.upsample_nearest2d(x, output_size, scale_factors)
+
+
+@_builtin("aten::_transformer_encoder_layer_fwd")
+def _transformer_encoder_layer(
+        src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor,
+        qkv_bias: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor,
+        use_gelu: bool, norm_first: bool, eps: float, norm_weight_1: torch.Tensor,
+        norm_bias_1: torch.Tensor, norm_weight_2: torch.Tensor, norm_bias_2: torch.Tensor,
+        ffn_weight_1: torch.Tensor, ffn_bias_1: torch.Tensor, ffn_weight_2: torch.Tensor,
+        ffn_bias_2: torch.Tensor, mask: Optional[torch.Tensor] = None,
+        mask_type: Optional[int] = None) -> torch.Tensor:
+    # nn.TransformerEncoderLayer's inference fast path, one fused native op that nothing
+    # can compile, as the ops it is made of (PyTorch's transformer.cpp): self-attention and
+    # the feed-forward block, each around a residual and a LayerNorm (before or after).
+    # One function body, no helpers: the decomposition is inlined after call inlining.
+    unbatched = src.dim() == 2
+    x = src.unsqueeze(0) if unbatched else src
+    batch, length = x.size(0), x.size(1)
+    head = embed_dim // num_heads
+    for block in range(2):
+        residual = x
+        if norm_first:
+            if block == 0:
+                x = torch.layer_norm(x, [embed_dim], norm_weight_1, norm_bias_1, eps)
+            else:
+                x = torch.layer_norm(x, [embed_dim], norm_weight_2, norm_bias_2, eps)
+        if block == 0:
+            q, k, v = torch.nn.functional.linear(x, qkv_weight, qkv_bias).chunk(3, -1)
+            q = q.view(batch, length, num_heads, head).transpose(1, 2)
+            k = k.view(batch, length, num_heads, head).transpose(1, 2)
+            v = v.view(batch, length, num_heads, head).transpose(1, 2)
+            scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(head))
+            if mask is not None:
+                m = mask
+                if mask_type is not None and mask_type == 1:   # key padding, [batch, length]
+                    m = m.view(batch, 1, 1, length)
+                elif m.dim() == 2:                  # one mask for every sequence
+                    m = m.view(1, 1, length, length)
+                if m.dtype == torch.bool:           # True: masked out; made additive
+                    scores = scores + torch.zeros(m.shape, dtype=scores.dtype,
+                                                  device=x.device).masked_fill(m, float("-inf"))
+                else:
+                    scores = scores + m
+            context = torch.matmul(torch.softmax(scores, -1), v)
+            context = context.transpose(1, 2).reshape(batch, length, embed_dim)
+            x = torch.nn.functional.linear(context, proj_weight, proj_bias)
+        else:
+            hidden = torch.nn.functional.linear(x, ffn_weight_1, ffn_bias_1)
+            hidden = torch.nn.functional.gelu(hidden) if use_gelu else torch.relu(hidden)
+            x = torch.nn.functional.linear(hidden, ffn_weight_2, ffn_bias_2)
+        x = residual + x
+        if not norm_first:
+            if block == 0:
+                x = torch.layer_norm(x, [embed_dim], norm_weight_1, norm_bias_1, eps)
+            else:
+                x = torch.layer_norm(x, [embed_dim], norm_weight_2, norm_bias_2, eps)
+    return x.squeeze(0) if unbatched else x
+
+
+@_builtin("aten::pow.int_float", dynamic_only=True)
+def _int_to_float_power(a: int, b: float) -> float:
+    # An attention scale written `q.size(-1) ** -0.5`: with a dynamic head dim the engine
+    # computes it at run time, and Torch-MLIR lowers sqrt of an int (aten::sqrt.int) but
+    # not pow. Other exponents keep the op, which then stays in TorchScript.
+    if b == -0.5:
+        return 1.0 / math.sqrt(a)
+    if b == 0.5:
+        return math.sqrt(a)
+    if b == -1.0:
+        return 1.0 / float(a)
+    if b == 1.0:
+        return float(a)
+    return a ** b
+
+
+@_builtin("aten::scaled_dot_product_attention")
+def _scaled_dot_product_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+        is_causal: bool = False, scale: Optional[float] = None,
+        enable_gqa: bool = False) -> torch.Tensor:
+    # PyTorch's reference math for F.scaled_dot_product_attention (its safe softmax), with
+    # boolean and causal masks made additive (-inf where a key is not attended) as PyTorch's
+    # fused CPU kernel does: softmax(q @ k^T * scale + mask) @ v, the chain attention.py
+    # runs as one kernel.
+    # sqrt of the int itself: Torch-MLIR lowers aten::sqrt.int but not sqrt.float, and
+    # with a dynamic head dim the engine computes the scale at run time.
+    factor = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    if enable_gqa:
+        key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
+        value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)
+    scores = torch.matmul(query, key.transpose(-2, -1)) * factor
+    if is_causal:
+        # tril(ones(L, S)) as index arithmetic, which also compiles when L or S varies (a
+        # tril this inserts is not decomposed again: the decompositions run once each).
+        rows = torch.arange(query.size(-2), device=query.device).unsqueeze(-1)
+        cols = torch.arange(key.size(-2), device=query.device)
+        scores = scores + torch.zeros([query.size(-2), key.size(-2)], dtype=scores.dtype,
+                                      device=query.device).masked_fill(cols > rows,
+                                                                       float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores + torch.zeros(attn_mask.shape, dtype=scores.dtype,
+                                          device=query.device).masked_fill(
+                                              ~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    # PyTorch's own kernels give 0, not softmax's 0/0 = NaN, for a query row that attends
+    # no key (its scores all -inf): the row is set to 0 (attention.py folds it into the
+    # kernel's `zero_masked_rows`).
+    probabilities = torch.softmax(scores, -1).masked_fill(
+        torch.amax(scores, -1, True) == float("-inf"), 0.0)
+    if dropout_p > 0.0:
+        probabilities = torch.dropout(probabilities, dropout_p, True)
+    return torch.matmul(probabilities, value)

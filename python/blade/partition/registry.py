@@ -1,0 +1,250 @@
+"""The converter registry: the one place that answers "can this node be compiled, and how".
+
+Entries are keyed by exact overload (``aten::add.Tensor``, not ``aten::add``). Each has a
+capability validator that may refuse a particular node, a priority (the highest-priority
+entry that accepts a node wins, so a user's converter can override a built-in one), and
+the dtype rule from `blade.partition.dtypes`. Built-in entries have no `lower` function: their op is
+imported into Torch-MLIR's torch dialect as it is and lowered by Torch-MLIR.
+"""
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from blade.partition import dtypes
+from blade import _C
+
+# A validator returns None to accept the node, or the reason it refuses it.
+Validator = Callable[[torch._C.Node], Optional[str]]
+
+BUILTIN_PRIORITY = 0
+USER_PRIORITY = 100
+
+
+@dataclass
+class Converter:
+    schema: str
+    lower: Optional[Callable] = None
+    validator: Optional[Validator] = None
+    priority: int = BUILTIN_PRIORITY
+    compute: bool = True  # counts towards Config.min_cluster_size
+    dtype_rule: Optional[dtypes.DtypeRule] = None
+    origin: str = "builtin"
+
+
+@dataclass
+class Verdict:
+    converter: Optional[Converter]
+    category: str = ""  # why not: no_converter, not_materialized, dtype, validator, excluded,
+    reason: str = ""    # non_constant_argument
+
+    @property
+    def supported(self) -> bool:
+        return self.converter is not None
+
+
+def schema_name(node: torch._C.Node) -> str:
+    """`aten::add.Tensor` for a node calling that overload; the kind for prim nodes."""
+    schema = node.schema()
+    if schema == "(no schema)":
+        return node.kind()
+    return schema.split("(", 1)[0]
+
+
+def describe(node: torch._C.Node) -> str:
+    """The node's kind and, when known, where it comes from in the user's source."""
+    location = node.sourceRange().strip().splitlines()[0] if node.sourceRange() else ""
+    return f"{node.kind()}" + (f" ({location})" if location else "")
+
+
+def argument_name(value: torch._C.Value) -> str:
+    """forward's name of a graph input (TorchScript numbers its values: `mask.1`)."""
+    return re.sub(r"\.\d+$", "", value.debugName())
+
+
+def _origin(value: torch._C.Value) -> str:
+    """Where a value comes from, for the user: forward's argument by name, or the op."""
+    if value.node().kind() == "prim::Param":
+        argument = argument_name(value)
+        return (f"(forward's argument '{argument}', a {value.type()} given at each call: "
+                "pass it as a tensor, or make it an attribute of the module)")
+    return f"(%{value.debugName()}, made by {value.node().kind()})"
+
+
+def _tensor_dtype(value: torch._C.Value) -> Optional[str]:
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType) or t.scalarType() is None:
+        return None
+    return dtypes.dtype_name(t.dtype())
+
+
+SCALAR_TYPE_NAMES = {
+    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+    "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+    "Bool": "bool",
+}
+
+
+def is_materialized(value: torch._C.Value, static_shapes: bool = True) -> bool:
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType):
+        return True
+    if t.scalarType() is None or t.dim() is None or t.device() is None:
+        return False
+    # A dim whose size differed between runs (in a loop) has a shape symbol, negative here.
+    return not static_shapes or all(s >= 0 for s in t.symbolic_sizes())
+
+
+def ran(node: torch._C.Node) -> bool:
+    """Whether the example run executed `node`: some tensor it returned was recorded (an
+    op that ran may still leave a result without a type: an unused optional result that
+    it returns undefined, like the attention weights of
+    `aten::_native_multi_head_attention` with need_weights=False)."""
+    return any(isinstance(v.type(), torch._C.TensorType) and v.type().scalarType() is not None
+               for v in node.outputs())
+
+
+def _unknown_type_reason(name: str, value: torch._C.Value) -> str:
+    t = value.type()
+    if t.scalarType() is not None and t.dim() is not None:
+        return (f"{name}: the sizes of %{value.debugName()} differ between the runs of this "
+                "node (a loop, say), and static engines need fixed sizes")
+    return (f"{name}: the example run gave %{value.debugName()} no tensor (an optional result "
+            "left undefined, say), so its type is not known")
+
+
+class ConverterRegistry:
+    def __init__(self):
+        self._entries: Dict[str, List[Converter]] = {}
+
+    def register(self, converter: Converter) -> Converter:
+        entries = self._entries.setdefault(converter.schema, [])
+        entries.append(converter)
+        entries.sort(key=lambda c: -c.priority)
+        return converter
+
+    def unregister(self, converter: Converter) -> None:
+        entries = self._entries.get(converter.schema, [])
+        if converter in entries:
+            entries.remove(converter)
+
+    def entries(self, schema: str) -> List[Converter]:
+        return list(self._entries.get(schema, []))
+
+    def has_lowering(self, schema: str) -> bool:
+        """Whether some converter of `schema` builds its own IR (a user converter)."""
+        return any(c.lower is not None for c in self._entries.get(schema, ()))
+
+    def schemas(self) -> List[str]:
+        return sorted(k for k, v in self._entries.items() if v)
+
+    def check(self, node: torch._C.Node, excluded_ops: Sequence[str] = (),
+              static_shapes: bool = True) -> Verdict:
+        """Whether `node` can be compiled, by which converter, or why not."""
+        name = schema_name(node)
+        if name in excluded_ops or node.kind() in excluded_ops:
+            return Verdict(None, "excluded", f"{name} is in Config.excluded_ops")
+        candidates = self._entries.get(name, [])
+        unknown = next((v for v in list(node.inputs()) + list(node.outputs())
+                        if not is_materialized(v, static_shapes)), None)
+        if unknown is not None and not ran(node):
+            # Unreached code first: whatever its ops, the example inputs never ran them.
+            return Verdict(None, "not_materialized",
+                           f"{name}: the type of %{unknown.debugName()} is not known (the "
+                           "example inputs never reached this node)")
+        if not candidates:
+            return Verdict(None, "no_converter", f"no converter is registered for {name}")
+        if unknown is not None:
+            return Verdict(None, "unknown_type", _unknown_type_reason(name, unknown))
+        arg_names = _argument_names(node)
+        for arg, value in zip(arg_names, node.inputs()):
+            if not _is_static_argument(value):
+                return Verdict(None, "non_constant_argument",
+                               f"{name}: argument '{arg}' {_origin(value)} is not a "
+                               "compile-time constant")
+        refusals = []
+        for converter in candidates:
+            computed = [arg for arg, value in zip(arg_names, node.inputs())
+                        if _is_computed(value)] if converter.lower is not None else []
+            if computed:
+                # A user converter reads its non-tensor arguments as constants.
+                refusals.append(("non_constant_argument",
+                                 f"{name}: argument '{computed[0]}' is a size computed at run "
+                                 f"time; {converter.origin} converters take constants only"))
+                continue
+            why = self._dtype_refusal(node, name, arg_names, converter)
+            if why is not None:
+                refusals.append(("dtype", why))
+                continue
+            if converter.validator is not None:
+                why = converter.validator(node)
+                if why is not None:
+                    refusals.append(("validator", f"{name}: {why}"))
+                    continue
+            return Verdict(converter)
+        category, reason = refusals[0]
+        return Verdict(None, category, reason)
+
+    @staticmethod
+    def _dtype_refusal(node, name, arg_names, converter) -> Optional[str]:
+        arg_dtypes = {}
+        for arg, value in zip(arg_names, node.inputs()):
+            dtype = _tensor_dtype(value)
+            if isinstance(value.type(), torch._C.TensorType):
+                arg_dtypes[arg] = dtype or "unknown"
+        result_dtypes = [(_tensor_dtype(v) or "unknown") for v in node.outputs()
+                         if isinstance(v.type(), torch._C.TensorType)]
+        return dtypes.check_dtypes(name, arg_dtypes, result_dtypes, converter.dtype_rule)
+
+
+def _is_static_argument(value: torch._C.Value) -> bool:
+    """Tensors are passed at run time; anything else must be known when compiling, or be a
+    size the compiled code computes itself from its tensors (dynamic shapes: `size()` of a
+    dynamic dim and int arithmetic on it, see csrc/passes/duplicate_shape_arithmetic.h)."""
+    if isinstance(value.type(), torch._C.TensorType):
+        return True
+    producer = value.node()
+    if producer.kind() == "prim::Constant":
+        return True
+    if producer.kind() == "prim::ListConstruct":
+        return all(isinstance(v.type(), torch._C.TensorType) or
+                   v.node().kind() == "prim::Constant" or _is_shape_int(v)
+                   for v in producer.inputs())
+    return _is_shape_int(value)
+
+
+def _is_computed(value: torch._C.Value) -> bool:
+    """A size computed at run time, or a list holding one."""
+    if value.node().kind() == "prim::ListConstruct":
+        return any(_is_shape_int(v) for v in value.node().inputs())
+    return _is_shape_int(value)
+
+
+def _is_shape_int(value: torch._C.Value) -> bool:
+    return isinstance(value.type(), (torch._C.IntType, torch._C.FloatType)) and \
+        _C.is_shape_arithmetic(value.node())
+
+
+def constant_arguments(node: torch._C.Node) -> Dict[str, Any]:
+    """The node's non-tensor arguments by schema name, as Python values (lists built by a
+    prim::ListConstruct of constants included; a size computed at run time is None)."""
+    values = {}
+    for arg, value in zip(_argument_names(node), node.inputs()):
+        if isinstance(value.type(), torch._C.TensorType):
+            continue
+        producer = value.node()
+        values[arg] = [v.toIValue() for v in producer.inputs()] \
+            if producer.kind() == "prim::ListConstruct" else value.toIValue()
+    return values
+
+
+def _argument_names(node: torch._C.Node) -> List[str]:
+    schema = node.schema()
+    if schema == "(no schema)":
+        return [f"input{i}" for i in range(len(list(node.inputs())))]
+    return [a.name for a in torch._C.parse_schema(schema).arguments]
+
+
+REGISTRY = ConverterRegistry()
+
