@@ -63,7 +63,7 @@ def start_compiling(text: str, num_buffers: int, user_calls=(), dump=None,
     """
     result = CompiledCluster(b"")
     dumping = dump is not None and dump.enabled
-    _register_passes()
+    register_passes()
     context = ir.Context()
     torch_dialect.register_dialect(context)
     with context:
@@ -76,9 +76,7 @@ def start_compiling(text: str, num_buffers: int, user_calls=(), dump=None,
             dump.write("1_torch.mlir", str(module))
         options = pipeline.Options(
             num_buffers, returns_outputs=returns_outputs, parallel_loops=parallel_loops,
-            user_calls=tuple(user_calls),
-            dynamic=_has_dynamic_shapes(pipeline.find_main(module)),
-            avx512=_host_has_avx512())
+            user_calls=tuple(user_calls), avx512=_host_has_avx512())
         compilation = pipeline.Compilation(module, options)
         try:
             result.seconds.update(pipeline.run(compilation, pipeline.build(options),
@@ -144,7 +142,7 @@ def _link_shared_library(objects: List[Path], out: Path) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _register_passes() -> None:
+def register_passes() -> None:
     """StableHLO's passes by name (blade.codegen.pipeline names some); once."""
     from torch_mlir._mlir_libs import _stablehlo
 
@@ -182,9 +180,3 @@ def _stand_in_dialect_modules() -> None:
 
 def _host_has_avx512() -> bool:
     return "avx512f" in host_cpu_features().split(",")
-
-
-def _has_dynamic_shapes(main) -> bool:
-    function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
-    return any(isinstance(t, ir.RankedTensorType) and not t.has_static_shape
-               for t in list(function_type.inputs) + list(function_type.results))

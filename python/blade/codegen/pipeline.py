@@ -46,7 +46,6 @@ class Options:
     returns_outputs: bool = False  # outputs of dynamic size: main allocates and returns them
     parallel_loops: bool = True    # large loop nests may run on the intra-op threads
     user_calls: Sequence = ()      # nodes the importer left to user converters
-    dynamic: bool = False          # main has tensors of dynamic shape
     avx512: bool = False           # the host has AVX-512 (wider vectors, scalef in exp)
 
 
@@ -93,6 +92,15 @@ def _upstream_passes(*pipelines: str) -> List[Pass]:
     return passes
 
 
+def _only_with_dynamic_shapes(*passes: Pass) -> List[Pass]:
+    """Passes that do nothing when main's tensors all have static shapes (known only once
+    main is StableHLO, so decided as they run)."""
+    def when_dynamic(step: Pass) -> Pass:
+        return Pass(step.name, lambda c: step.run(c) if has_dynamic_shapes(c.main) else None)
+
+    return [when_dynamic(step) for step in passes]
+
+
 def build(options: Options) -> List[Pass]:
     """The passes for one cluster, in the order they run."""
     return [
@@ -128,10 +136,10 @@ def build(options: Options) -> List[Pass]:
         # them at run time, see codegen/stablehlo/shape_assumptions.py) and the
         # shape.assuming regions they guarded inlined, so each op's producers are in
         # main's block.
-        *([Pass("divide-out-sizes", lambda c: divide_out_sizes(c.module)),
-           Pass("drop-identity-broadcasts", lambda c: drop_identity_broadcasts(c.module)),
-           *_upstream_passes("func.func(remove-shape-constraints)", "canonicalize")]
-          if options.dynamic else []),
+        *_only_with_dynamic_shapes(
+            Pass("divide-out-sizes", lambda c: divide_out_sizes(c.module)),
+            Pass("drop-identity-broadcasts", lambda c: drop_identity_broadcasts(c.module)),
+            *_upstream_passes("func.func(remove-shape-constraints)", "canonicalize")),
         Pass("channels-last", lambda c: layouts.to_channels_last(c.module, c.main)),
         Pass("sink-slices", lambda c: slices.sink_slices(c.module, c.main)),
         Pass("fold-splat-constants", lambda c: folding.fold_splat_constants(c.module)),
@@ -284,6 +292,12 @@ def _flatten_dumps(tree: Path, into: Path) -> None:
         if directory.is_dir():
             directory.rmdir()
     tree.rmdir()
+
+
+def has_dynamic_shapes(main) -> bool:
+    function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+    return any(isinstance(t, ir.RankedTensorType) and not t.has_static_shape
+               for t in list(function_type.inputs) + list(function_type.results))
 
 
 def find_main(module):

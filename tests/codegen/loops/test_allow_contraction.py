@@ -1,0 +1,21 @@
+"""approximations.allow_contraction: float adds, subtracts and multiplies in loop bodies may
+fuse into FMAs (`contract`)."""
+from ir_runner import check_pass
+
+
+def test_float_arithmetic_in_a_loop_may_contract():
+    check_pass("""
+    #map = affine_map<(d0) -> (d0)>
+    func.func @main(%a: memref<8xf32>, %b: memref<8xf32>, %out: memref<8xf32>) {
+      linalg.generic {indexing_maps = [#map, #map, #map], iterator_types = ["parallel"]}
+          ins(%a, %b : memref<8xf32>, memref<8xf32>) outs(%out : memref<8xf32>) {
+      ^bb0(%x: f32, %y: f32, %o: f32):
+        %p = arith.mulf %x, %y : f32
+        %s = arith.addf %p, %x : f32
+        linalg.yield %s : f32
+      }
+      return
+    }
+    // CHECK: arith.mulf {{.*}} fastmath<contract>
+    // CHECK: arith.addf {{.*}} fastmath<contract>
+    """, "allow-contraction")
