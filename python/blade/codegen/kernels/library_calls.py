@@ -339,13 +339,35 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int,
         call = func.CallOp([result_type], ir.FlatSymbolRefAttr.get(name), list(sources))
     op.result.replace_all_uses_with(call.result)
     op.erase()
+    redirected = False
     for original in same_shape:
         for use in list(original.result.uses):
             if as_operation(use.owner).name in SHAPE_QUERIES:
                 use.owner.operands[use.operand_number] = call.result
+                redirected = True
     for original in reversed(peeled):
         if not list(original.result.uses):
             original.erase()
+    if redirected:
+        _move_after_the_call(main, call)
+
+
+def _move_after_the_call(main, call) -> None:
+    """A shape query that asked for a peeled op's shape before the call (a dynamic
+    broadcast of a convolution's bias) now asks the call's result: it moves to just after
+    the call, with everything before the call that depends on it, in order. Nothing that
+    stays before the call can use what moves, since it would depend on the call too."""
+    moving, tainted = [], [call.result]
+    for op in main.regions[0].blocks[0].operations:
+        if op == call.operation:
+            break
+        if any(operand == value for operand in op.operands for value in tainted):
+            moving.append(op)
+            tainted.extend(op.results)
+    anchor = call.operation
+    for op in moving:
+        op.move_after(anchor)
+        anchor = op
 
 
 def _output_permutation(op) -> Optional[Tuple[object, List[int]]]:
