@@ -68,6 +68,9 @@ class Compilation:
 
 @dataclass(frozen=True)
 class Pass:
+    """One step of the pipeline: `run` rewrites the compilation's module in place, or
+    raises. `name` names its dump file and its timing."""
+
     name: str
     run: Callable[[Compilation], None]
 
