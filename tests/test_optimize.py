@@ -301,7 +301,7 @@ def test_config_checks_excluded_op_names():
 def test_scripting_parses_each_method_once_and_gives_the_same_module(monkeypatch):
     """optimize's scripting parses a method's source once for all the instances of its
     class (torch.jit.script parses it again for each), and scripts what it scripts."""
-    from blade.compiler import _each_method_parsed_once
+    from blade.frontend.scripting import each_method_parsed_once
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
@@ -313,7 +313,7 @@ def test_scripting_parses_each_method_once_and_gives_the_same_module(monkeypatch
     plain = torch.jit.script(model)
     assert len(parsed) == 13  # the forward of every module instance
     parsed.clear()
-    with _each_method_parsed_once():
+    with each_method_parsed_once():
         once = torch.jit.script(model)
     assert len(parsed) == 3  # Sequential's, Linear's and ReLU's forward
     assert torch.jit._recursive.get_jit_def is counting

@@ -3,13 +3,7 @@
     script/trace -> freeze -> simplify + materialize types -> registry verdicts
     -> acyclic clustering (C++) -> per cluster: import -> StableHLO -> native -> Engine
 """
-import contextlib
-import dataclasses
-import difflib
 import functools
-import inspect
-import random
-import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -24,6 +18,10 @@ from blade.config import Config
 from blade.partition.dtypes import dtype_name
 from blade.tools.dump import Dumper, Progress
 from blade.frontend.exported_program import is_exported_program
+from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preserved_random_state,
+                                   private_copy, split_example_inputs)
+from blade.frontend.scripting import each_method_parsed_once, eval_mode, to_torchscript
+from blade.frontend.simplify import all_nodes, is_tensor_op, simplify
 from blade.codegen.llvm.native import CompilerPool, default_workers
 from blade._runtime import RUNTIME_LIBRARY
 from blade.quiet import quiet_torchscript
@@ -34,397 +32,6 @@ from blade.report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Repor
 ENGINE_PREFIX = "blade_engine_"
 # If-branches of more nodes than this become functions (csrc/passes/outline_branches.h).
 OUTLINED_BRANCH_MIN_NODES = 1
-
-
-def _split_example_inputs(example_inputs, example_kwarg_inputs) -> Tuple[Tuple, Dict]:
-    """The example inputs as (positional, keyword): a tensor, a tuple or list of inputs, or
-    a dict of forward's arguments by name, plus `example_kwarg_inputs`."""
-    kwargs = dict(example_kwarg_inputs or {})
-    if example_kwarg_inputs is not None and not isinstance(example_kwarg_inputs, dict):
-        raise TypeError("blade.optimize: example_kwarg_inputs must be a dict of forward's "
-                        f"arguments by name, got {type(example_kwarg_inputs).__name__}")
-    if isinstance(example_inputs, dict):
-        if kwargs:
-            raise TypeError("blade.optimize: give the keyword inputs either as a dict of "
-                            "example_inputs or as example_kwarg_inputs, not both")
-        return (), dict(example_inputs)
-    if example_inputs is None:
-        return (), kwargs
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,), kwargs
-    if isinstance(example_inputs, (list, tuple)):
-        return tuple(example_inputs), kwargs
-    raise TypeError("blade.optimize: example_inputs must be a tensor, a tuple of the "
-                    "model's inputs or a dict of them by argument name, got "
-                    f"{type(example_inputs).__name__}")
-
-
-def private_copy(value):
-    """`value` with every tensor in it, inside tuples, lists and dicts too, replaced by a
-    copy of its own (same values and requires_grad; a dense tensor keeps its strides):
-    what `optimize` runs the model on, so that a model writing into its inputs
-    (`x.add_(1)`) leaves the caller's example inputs as they were.
-
-    Example:
-        >>> xs = private_copy((x, {"mask": mask}))
-    """
-    if isinstance(value, torch.Tensor):
-        copy = value.detach().clone()
-        return copy.requires_grad_() if value.requires_grad else copy
-    if isinstance(value, tuple):
-        items = [private_copy(item) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    if isinstance(value, list):
-        return [private_copy(item) for item in value]
-    if isinstance(value, dict):
-        return {key: private_copy(item) for key, item in value.items()}
-    return value
-
-
-@contextlib.contextmanager
-def preserved_random_state():
-    """Running the model draws from the global random generators (`torch.rand_like` in
-    forward, Python's `random` in a traced forward); `optimize` gives them back as it found
-    them on every exit, so `torch.manual_seed(0); blade.optimize(...); torch.rand(3)` draws
-    what it draws without `optimize`. numpy's generator is kept when numpy is loaded."""
-    torch_state = torch.random.get_rng_state()
-    python_state = random.getstate()
-    numpy = sys.modules.get("numpy")
-    numpy_state = numpy.random.get_state() if numpy is not None else None
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(torch_state)
-        random.setstate(python_state)
-        if numpy_state is not None:
-            numpy.random.set_state(numpy_state)
-
-
-def _signature_text(arguments) -> str:
-    return ", ".join(a.name + (f"={a.default_value!r}" if a.has_default_value() else "")
-                     for a in arguments)
-
-
-def _bind_inputs(scripted: torch.jit.ScriptModule, args: Tuple, kwargs: Dict) -> Tuple:
-    """The example inputs in the order of forward's arguments, keyword inputs placed by
-    name and arguments not given completed with their default values (the types of the
-    graph are materialized from a run with exactly these)."""
-    arguments = scripted.forward.schema.arguments[1:]  # the module itself first
-    names = [a.name for a in arguments]
-    signature = f"forward({_signature_text(arguments)})"
-    if len(args) > len(arguments):
-        raise TypeError(f"blade.optimize: {signature} takes {len(arguments)} inputs, "
-                        f"{len(args)} example inputs were given")
-    for name in kwargs:
-        if name not in names:
-            close = difflib.get_close_matches(name, names, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise TypeError(f"blade.optimize: {signature} has no argument '{name}'{hint}")
-        if names.index(name) < len(args):
-            raise TypeError(f"blade.optimize: forward's argument '{name}' was given twice, "
-                            "as a positional and as a keyword example input")
-    completed = list(args)
-    for arg in arguments[len(args):]:
-        if arg.name in kwargs:
-            completed.append(kwargs[arg.name])
-        elif arg.has_default_value():
-            completed.append(arg.default_value)
-        else:
-            raise TypeError(f"blade.optimize: no example input for forward's argument "
-                            f"'{arg.name}' of {signature}, which has no default value")
-    return tuple(completed)
-
-
-def _dynamic_dims_by_position(scripted: torch.jit.ScriptModule, config: Config) -> Config:
-    """Config.dynamic_dims with the inputs it names by forward's argument names replaced by
-    their positions."""
-    if not config.dynamic_dims or all(isinstance(k, int) for k in config.dynamic_dims):
-        return config
-    arguments = scripted.forward.schema.arguments[1:]
-    names = [a.name for a in arguments]
-    by_position = {}
-    for key, dims in config.dynamic_dims.items():
-        if isinstance(key, str) and key not in names:
-            raise ValueError(f"Config.dynamic_dims names '{key}', which is not an argument of "
-                             f"forward({_signature_text(arguments)})")
-        by_position[names.index(key) if isinstance(key, str) else key] = list(dims)
-    return dataclasses.replace(config, dynamic_dims=by_position)
-
-
-def _keyword_trace_inputs(model: torch.nn.Module, args: Tuple, kwargs: Dict) -> Dict:
-    """Positional and keyword example inputs as one dict by forward's parameter names, in
-    forward's order, for `torch.jit.trace(example_kwarg_inputs=...)`; arguments left at
-    None are left out (tracing takes tensors only), so forward's default applies."""
-    signature = inspect.signature(model.forward)
-    try:
-        bound = signature.bind_partial(*args, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"blade.optimize: the example inputs do not fit "
-                        f"{type(model).__name__}.forward: {e}") from None
-    parameters = signature.parameters
-    variadic = [name for name in bound.arguments
-                if parameters[name].kind in (inspect.Parameter.VAR_POSITIONAL,
-                                             inspect.Parameter.VAR_KEYWORD)]
-    if variadic:
-        raise TypeError(f"blade.optimize: tracing with keyword example inputs needs named "
-                        f"parameters; {type(model).__name__}.forward takes "
-                        f"'{variadic[0]}' as *args/**kwargs")
-    return {name: value for name, value in bound.arguments.items() if value is not None}
-
-
-@contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module):
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
-@contextlib.contextmanager
-def _each_method_parsed_once():
-    """While `torch.jit.script` runs, each method's source is parsed once. Scripting parses
-    the methods of every module instance again (torch.jit._recursive.make_stub, called
-    for every submodule even when its class is compiled already): 152 parses for 12
-    encoder layers, 190 for a ResNet-50, about a third of scripting's time. The parse of
-    a function under one name and `self` type is the same for every instance, so one
-    serves all, for the length of this block only (an edited source is parsed again on
-    the next optimize)."""
-    recursive = torch.jit._recursive
-    parse = getattr(recursive, "get_jit_def", None)
-    if parse is None:  # another torch: scripting as it is
-        yield
-        return
-    parsed = {}
-
-    def get_jit_def(fn, def_name, self_name=None, is_classmethod=False):
-        key = (getattr(fn, "__func__", fn), def_name, self_name, is_classmethod)
-        if key not in parsed:
-            parsed[key] = parse(fn, def_name, self_name=self_name,
-                                is_classmethod=is_classmethod)
-        return parsed[key]
-
-    recursive.get_jit_def = get_jit_def
-    try:
-        yield
-    finally:
-        recursive.get_jit_def = parse
-
-
-def _to_torchscript(model, args: Tuple, kwargs: Dict,
-                    config: Config) -> torch.jit.ScriptModule:
-    if isinstance(model, torch.jit.ScriptModule):
-        return model
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError("blade.optimize: model must be a torch.nn.Module or a "
-                        f"torch.jit.ScriptModule, got {type(model).__name__}")
-    with _eval_mode(model):
-        if config.allow_tracing and kwargs:
-            return torch.jit.trace(
-                model, example_kwarg_inputs=private_copy(_keyword_trace_inputs(model, args,
-                                                                                kwargs)),
-                check_trace=False)
-        if config.allow_tracing:
-            return torch.jit.trace(model, private_copy(args), check_trace=False)
-        try:
-            return torch.jit.script(model)
-        except Exception as e:
-            raise RuntimeError(
-                f"blade.optimize: TorchScript could not script {type(model).__name__}: {e}\n"
-                "Make the model scriptable, or pass Config(allow_tracing=True) to trace it "
-                "with the example inputs instead.") from e
-
-
-# The node kinds that TorchScript gives blocks: control flow, closures, autodiff's GradOf.
-_KINDS_WITH_BLOCKS = frozenset(("prim::If", "prim::Loop", "prim::Closure", "prim::GradOf"))
-
-
-def _all_nodes(block) -> List[torch._C.Node]:
-    """The nodes of `block` and of the blocks inside them, in order. Only the kinds that
-    have blocks are asked for them: iterating a node's blocks costs 7 us even when there
-    are none (a frozen BERT-base encoder walked this way six times: 0.2 s -> 0.1)."""
-    nodes = []
-    for node in block.nodes():
-        nodes.append(node)
-        if node.kind() in _KINDS_WITH_BLOCKS:
-            for sub in node.blocks():
-                nodes.extend(_all_nodes(sub))
-    return nodes
-
-
-def is_tensor_op(node: torch._C.Node) -> bool:
-    """An op that computes or views tensors: what coverage counts."""
-    if node.kind().startswith("prim::"):
-        return False
-    return any(isinstance(v.type(), torch._C.TensorType) for v in node.outputs())
-
-
-def _writes(value: torch._C.Value) -> bool:
-    """Whether some node may write to `value`: an op whose schema marks the argument as
-    written, or one that writes a view of it or a container holding it (followed through
-    every op whose schema says its result may alias the argument). A node without a
-    schema counts as a writer, except list/tuple plumbing and the reads below."""
-    for use in value.uses():
-        node = use.user
-        if node.kind() in _CONTAINER_PLUMBING:
-            if any(_writes(output) for output in node.outputs()):
-                return True
-            continue
-        if node.kind() in _READS_WITHOUT_SCHEMA:
-            continue
-        schema = node.schema()
-        if schema == "(no schema)":
-            return True
-        arguments = torch._C.parse_schema(schema).arguments
-        if not arguments:
-            return True
-        alias = arguments[min(use.offset, len(arguments) - 1)].alias_info
-        if alias is not None and (alias.is_write or
-                                  any(_writes(output) for output in node.outputs())):
-            return True
-    return False
-
-
-_CONTAINER_PLUMBING = ("prim::ListConstruct", "prim::TupleConstruct", "prim::TupleUnpack",
-                       "prim::ListUnpack", "prim::TupleIndex", "prim::unchecked_cast")
-_READS_WITHOUT_SCHEMA = ("prim::device", "prim::dtype", "prim::requires_grad", "prim::is_cuda",
-                         "prim::layout", "prim::shape", "prim::is_nested", "prim::isinstance",
-                         "aten::__isnot__", "aten::__is__")
-
-
-def _attribute_path(node: torch._C.Node, self_value) -> Optional[Tuple[str, ...]]:
-    """The attribute names from the module (`self`) to what a GetAttr/SetAttr node names,
-    outermost first; None when its owner is not reached through GetAttrs from `self`."""
-    path, owner = [node.s("name")], next(iter(node.inputs()))
-    while owner != self_value and owner.node().kind() == "prim::GetAttr":
-        path.append(owner.node().s("name"))
-        owner = owner.node().input()
-    return tuple(reversed(path)) if owner == self_value else None
-
-
-def fold_tensor_attributes(graph: torch._C.Graph, module: torch.jit.ScriptModule) -> int:
-    """Module tensors that freezing left as `prim::GetAttr` (it keeps an attribute that is
-    put in a list or tuple, as nn.MultiheadAttention's `in_proj_weight` is for its fast path
-    checks) become constants when nothing in the graph writes to them through any of its
-    reads, nor assigns it: engines then get them as params, prepared once (packed
-    weights), instead of as inputs on every call. Returns how many were folded."""
-    self_value = next(iter(graph.inputs()))
-    reads, written = [], set()
-    for node in _all_nodes(graph):
-        if node.kind() == "prim::SetAttr":
-            written.add(_attribute_path(node, self_value))
-        elif node.kind() == "prim::GetAttr" and \
-                isinstance(node.output().type(), torch._C.TensorType):
-            path = _attribute_path(node, self_value)
-            reads.append((node, path))
-            if _writes(node.output()):
-                written.add(path)
-    folded = 0
-    for node, path in reads:
-        if path is None or path in written:
-            continue
-        obj = module._c
-        for name in path:
-            obj = obj.getattr(name)
-        if not isinstance(obj, torch.Tensor):
-            continue
-        with graph.insert_point_guard(node):
-            constant = graph.insertConstant(obj.detach())
-        node.output().replaceAllUsesWith(constant)
-        folded += 1
-    return folded
-
-
-def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple,
-             excluded_ops=(), dump: Optional[Dumper] = None,
-             resized_inputs: Sequence[Tuple] = (), dynamic: bool = False,
-             none_inputs: Sequence[int] = ()) -> Tuple[Dict[str, int], torch._C.Graph]:
-    """Cleans the frozen graph, applies the decompositions and materializes its types from
-    the example inputs (and `resized_inputs`: dims that differ there become dynamic).
-    Optional tensor inputs at `none_inputs` (graph positions) are taken to be None.
-    Returns how many nodes of each op were decomposed, and a copy of the graph from before
-    the decompositions and the example inputs were used (the model for any input). `dump` gets the graph
-    after every pass that changed it."""
-    from blade.frontend.decompositions import decompose
-
-    dump = dump or Dumper(None)
-    dump.graph("frozen", graph, always=True)
-
-    def run(name, fn):
-        result = fn()
-        dump.graph(name, graph)
-        return result
-
-    def to_fixed_point(passes):
-        for _ in range(8):
-            before = str(graph)
-            for name, fn in passes:
-                run(name, fn)
-            if str(graph) == before:
-                break
-
-    run("inline", lambda: torch._C._jit_pass_inline(graph))
-    run("remove_dropout", lambda: torch._C._jit_pass_remove_dropout(module._c))
-    run("fold_tensor_attributes", lambda: fold_tensor_attributes(graph, module))
-    run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
-    # The model for any input is taken before Blade's decompositions, which are written for
-    # the compiler, not for every input eager takes (SDPA's amax over zero keys raises).
-    unspecialized = graph.copy()
-    decomposed = run("decompose", lambda: decompose(graph, excluded_ops, dynamic))
-    # Python structure that needs no shapes: in-place ops on fresh values, writes through
-    # views, dicts and appended lists, list idioms, loops with constant trip counts.
-    structure = [
-        ("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph)),
-        ("remove_mutation", lambda: torch._C._jit_pass_remove_mutation(graph)),
-        ("functionalize_view_writes", lambda: _C.functionalize_view_writes(graph)),
-        ("fold_structures", lambda: _C.fold_structures(graph)),
-        ("list_idioms", lambda: torch._C._jit_pass_peephole_list_idioms(graph, True)),
-        ("constant_loop_unrolling",
-         lambda: torch._C._jit_pass_constant_loop_unrolling(graph)),
-        ("dce", lambda: torch._C._jit_pass_dce(graph)),
-    ]
-    to_fixed_point(structure)
-    if none_inputs:
-        # Optional inputs that are None in the example: `if mask is not None` folds.
-        none = graph.insertConstant(None)
-        none.node().moveBefore(next(iter(graph.nodes())))
-        for position in none_inputs:
-            list(graph.inputs())[position].replaceAllUsesWith(none)
-        dump.graph("specialize_none_inputs", graph)
-        to_fixed_point(structure)
-    # Blade compiles for inference: the types are recorded under no_grad, so branches a
-    # model takes only when autograd is on (nn.TransformerEncoderLayer's slow path) are
-    # not the ones compiled.
-    with torch.no_grad():
-        run("materialize_types",
-            lambda: _C.materialize_types(
-                graph, (module._c,) + private_copy(inputs), True,
-                [(module._c,) + private_copy(more) for more in resized_inputs]))
-    # With shapes known: size()/dim() fold, splits of known sizes become slices, which
-    # opens more of the above.
-    to_fixed_point([
-        ("split_to_slices", lambda: _C.split_to_slices(graph)),
-        ("peephole", lambda: torch._C._jit_pass_peephole(graph, False)),
-        ("fold_numel", lambda: _C.fold_numel(graph)),
-        ("fold_sizes", lambda: _C.fold_sizes(graph)),
-    ] + structure)
-    return _still_decomposed(decomposed, graph), unspecialized
-
-
-def _still_decomposed(decomposed: Dict[str, int], graph) -> Dict[str, int]:
-    """`decomposed` less the nodes of each op that the simplified graph still calls: a
-    decomposition that applies to some arguments only (upsampling by whole factors) keeps
-    the op in its other branch, and the report must not count an op as decomposed that
-    runs as it was (it is listed as not compiled instead)."""
-    remaining: Dict[str, int] = {}
-    for node in _all_nodes(graph):
-        name = schema_name(node)
-        if name in decomposed:
-            remaining[name] = remaining.get(name, 0) + 1
-    counts = {op: n - remaining.get(op, 0) for op, n in decomposed.items()}
-    return {op: n for op, n in counts.items() if n > 0}
 
 
 def _verdicts(nodes: Sequence[torch._C.Node], config: Config,
@@ -625,7 +232,7 @@ def _account_for_ops_outside_engines(graph, report: Report) -> None:
     above record one wherever they leave an op out; an op they missed (a bug) is listed
     here rather than silently lowering the coverage."""
     outside: Dict[str, int] = {}
-    for node in _all_nodes(graph):
+    for node in all_nodes(graph):
         if is_tensor_op(node) and ran(node):
             outside[schema_name(node)] = outside.get(schema_name(node), 0) + 1
     for op, count in outside.items():
@@ -647,7 +254,7 @@ def _has_dynamic_dims(values) -> bool:
 
 def _op_counts(subgraph) -> Dict[str, int]:
     counts: Dict[str, int] = {}
-    for node in _all_nodes(subgraph):
+    for node in all_nodes(subgraph):
         if is_tensor_op(node):
             counts[schema_name(node)] = counts.get(schema_name(node), 0) + 1
     return counts
@@ -819,7 +426,7 @@ def _read_weights_from_engines(module, graph, report: Report) -> None:
                     owners.setdefault(param.untyped_storage().data_ptr(),
                                       (cluster.name, index, param))
     self_value = next(iter(graph.inputs()))
-    for node in _all_nodes(graph) if owners else []:
+    for node in all_nodes(graph) if owners else []:
         if node.kind() != "prim::Constant" or \
                 not isinstance(node.output().type(), torch._C.TensorType):
             continue
@@ -902,7 +509,7 @@ def optimize(model, example_inputs=None, config: Config = None, *,
 
 
 def _optimize(model, example_inputs, example_kwarg_inputs, config: Config):
-    args, kwargs = _split_example_inputs(example_inputs, example_kwarg_inputs)
+    args, kwargs = split_example_inputs(example_inputs, example_kwarg_inputs)
     progress = Progress(Progress.wanted(config.progress))
     try:
         return _optimize_with_progress(model, args, kwargs, config, progress)
@@ -921,12 +528,12 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
             raise TypeError("blade.optimize: example inputs are needed: a tensor, a tuple of "
                             "forward's inputs or a dict of them by argument name")
         progress.stage("tracing" if config.allow_tracing else "scripting")
-        with _each_method_parsed_once():
-            scripted = _to_torchscript(model, args, kwargs, config)
+        with each_method_parsed_once():
+            scripted = to_torchscript(model, args, kwargs, config)
     progress.stage("freezing")
-    with _eval_mode(scripted):
-        inputs = _bind_inputs(scripted, args, kwargs)
-        config = _dynamic_dims_by_position(scripted, config)
+    with eval_mode(scripted):
+        inputs = bind_inputs(scripted, args, kwargs)
+        config = dynamic_dims_by_position(scripted, config)
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
     dump = Dumper.for_config(config.dump_dir)
@@ -945,7 +552,7 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
     report = Report(dry_run=config.dry_run, decomposed=decomposed,
                     dynamic_dims=[[f"input {p} ('{argument_name(graph_inputs[p + 1])}') dim {d}"
                                    for p, d in g.dims] for g in groups])
-    verdicts = _verdicts(_all_nodes(graph), config)
+    verdicts = _verdicts(all_nodes(graph), config)
     for node, verdict in verdicts.items():
         if not is_tensor_op(node):
             continue

@@ -234,7 +234,7 @@ def optimize_saved(args):
 def check_model_runs(path: str, model, inputs: tuple) -> None:
     """A model that does not take the inputs given is the user's mistake: one line, not the
     interpreter's traceback from inside optimize."""
-    from blade.compiler import private_copy
+    from blade.frontend.inputs import private_copy
 
     try:
         with torch.no_grad():

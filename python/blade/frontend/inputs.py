@@ -1,0 +1,150 @@
+"""The example inputs `optimize` is given: positional, by name or both, bound to forward's
+arguments; private copies of them for every run of the model; and the random state those
+runs leave as they found it."""
+import contextlib
+import dataclasses
+import difflib
+import inspect
+import random
+import sys
+from typing import Dict, Tuple
+
+import torch
+
+from blade.config import Config
+
+
+def split_example_inputs(example_inputs, example_kwarg_inputs) -> Tuple[Tuple, Dict]:
+    """The example inputs as (positional, keyword): a tensor, a tuple or list of inputs, or
+    a dict of forward's arguments by name, plus `example_kwarg_inputs`."""
+    kwargs = dict(example_kwarg_inputs or {})
+    if example_kwarg_inputs is not None and not isinstance(example_kwarg_inputs, dict):
+        raise TypeError("blade.optimize: example_kwarg_inputs must be a dict of forward's "
+                        f"arguments by name, got {type(example_kwarg_inputs).__name__}")
+    if isinstance(example_inputs, dict):
+        if kwargs:
+            raise TypeError("blade.optimize: give the keyword inputs either as a dict of "
+                            "example_inputs or as example_kwarg_inputs, not both")
+        return (), dict(example_inputs)
+    if example_inputs is None:
+        return (), kwargs
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), kwargs
+    if isinstance(example_inputs, (list, tuple)):
+        return tuple(example_inputs), kwargs
+    raise TypeError("blade.optimize: example_inputs must be a tensor, a tuple of the "
+                    "model's inputs or a dict of them by argument name, got "
+                    f"{type(example_inputs).__name__}")
+
+
+def private_copy(value):
+    """`value` with every tensor in it, inside tuples, lists and dicts too, replaced by a
+    copy of its own (same values and requires_grad; a dense tensor keeps its strides):
+    what `optimize` runs the model on, so that a model writing into its inputs
+    (`x.add_(1)`) leaves the caller's example inputs as they were.
+
+    Example:
+        >>> xs = private_copy((x, {"mask": mask}))
+    """
+    if isinstance(value, torch.Tensor):
+        copy = value.detach().clone()
+        return copy.requires_grad_() if value.requires_grad else copy
+    if isinstance(value, tuple):
+        items = [private_copy(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        return [private_copy(item) for item in value]
+    if isinstance(value, dict):
+        return {key: private_copy(item) for key, item in value.items()}
+    return value
+
+
+@contextlib.contextmanager
+def preserved_random_state():
+    """Running the model draws from the global random generators (`torch.rand_like` in
+    forward, Python's `random` in a traced forward); `optimize` gives them back as it found
+    them on every exit, so `torch.manual_seed(0); blade.optimize(...); torch.rand(3)` draws
+    what it draws without `optimize`. numpy's generator is kept when numpy is loaded."""
+    torch_state = torch.random.get_rng_state()
+    python_state = random.getstate()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(torch_state)
+        random.setstate(python_state)
+        if numpy_state is not None:
+            numpy.random.set_state(numpy_state)
+
+
+def _signature_text(arguments) -> str:
+    return ", ".join(a.name + (f"={a.default_value!r}" if a.has_default_value() else "")
+                     for a in arguments)
+
+
+def bind_inputs(scripted: torch.jit.ScriptModule, args: Tuple, kwargs: Dict) -> Tuple:
+    """The example inputs in the order of forward's arguments, keyword inputs placed by
+    name and arguments not given completed with their default values (the types of the
+    graph are materialized from a run with exactly these)."""
+    arguments = scripted.forward.schema.arguments[1:]  # the module itself first
+    names = [a.name for a in arguments]
+    signature = f"forward({_signature_text(arguments)})"
+    if len(args) > len(arguments):
+        raise TypeError(f"blade.optimize: {signature} takes {len(arguments)} inputs, "
+                        f"{len(args)} example inputs were given")
+    for name in kwargs:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise TypeError(f"blade.optimize: {signature} has no argument '{name}'{hint}")
+        if names.index(name) < len(args):
+            raise TypeError(f"blade.optimize: forward's argument '{name}' was given twice, "
+                            "as a positional and as a keyword example input")
+    completed = list(args)
+    for arg in arguments[len(args):]:
+        if arg.name in kwargs:
+            completed.append(kwargs[arg.name])
+        elif arg.has_default_value():
+            completed.append(arg.default_value)
+        else:
+            raise TypeError(f"blade.optimize: no example input for forward's argument "
+                            f"'{arg.name}' of {signature}, which has no default value")
+    return tuple(completed)
+
+
+def dynamic_dims_by_position(scripted: torch.jit.ScriptModule, config: Config) -> Config:
+    """Config.dynamic_dims with the inputs it names by forward's argument names replaced by
+    their positions."""
+    if not config.dynamic_dims or all(isinstance(k, int) for k in config.dynamic_dims):
+        return config
+    arguments = scripted.forward.schema.arguments[1:]
+    names = [a.name for a in arguments]
+    by_position = {}
+    for key, dims in config.dynamic_dims.items():
+        if isinstance(key, str) and key not in names:
+            raise ValueError(f"Config.dynamic_dims names '{key}', which is not an argument of "
+                             f"forward({_signature_text(arguments)})")
+        by_position[names.index(key) if isinstance(key, str) else key] = list(dims)
+    return dataclasses.replace(config, dynamic_dims=by_position)
+
+
+def keyword_trace_inputs(model: torch.nn.Module, args: Tuple, kwargs: Dict) -> Dict:
+    """Positional and keyword example inputs as one dict by forward's parameter names, in
+    forward's order, for `torch.jit.trace(example_kwarg_inputs=...)`; arguments left at
+    None are left out (tracing takes tensors only), so forward's default applies."""
+    signature = inspect.signature(model.forward)
+    try:
+        bound = signature.bind_partial(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"blade.optimize: the example inputs do not fit "
+                        f"{type(model).__name__}.forward: {e}") from None
+    parameters = signature.parameters
+    variadic = [name for name in bound.arguments
+                if parameters[name].kind in (inspect.Parameter.VAR_POSITIONAL,
+                                             inspect.Parameter.VAR_KEYWORD)]
+    if variadic:
+        raise TypeError(f"blade.optimize: tracing with keyword example inputs needs named "
+                        f"parameters; {type(model).__name__}.forward takes "
+                        f"'{variadic[0]}' as *args/**kwargs")
+    return {name: value for name, value in bound.arguments.items() if value is not None}
