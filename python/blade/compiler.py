@@ -22,40 +22,18 @@ from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preser
                                    private_copy, split_example_inputs)
 from blade.frontend.scripting import each_method_parsed_once, eval_mode, to_torchscript
 from blade.frontend.simplify import all_nodes, is_tensor_op, simplify
+from blade.partition.clustering import (MAX_RECLUSTER_ROUNDS, dissolve_failed, form_clusters,
+                                        registry_verdicts)
 from blade.codegen.llvm.native import CompilerPool, default_workers
 from blade._runtime import RUNTIME_LIBRARY
 from blade.quiet import quiet_torchscript
-from blade.partition.registry import (REGISTRY, SCALAR_TYPE_NAMES, Verdict, argument_name,
-                                      describe, ran, schema_name)
+from blade.partition.registry import (REGISTRY, SCALAR_TYPE_NAMES, Verdict, argument_name, ran,
+                                      schema_name)
 from blade.report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 
 ENGINE_PREFIX = "blade_engine_"
 # If-branches of more nodes than this become functions (csrc/passes/outline_branches.h).
 OUTLINED_BRANCH_MIN_NODES = 1
-
-
-def _verdicts(nodes: Sequence[torch._C.Node], config: Config,
-              failed: Dict[torch._C.Node, str] = None) -> Dict[torch._C.Node, Verdict]:
-    """The registry's verdict on each node (constants left out); the `failed` ones, nodes
-    whose code failed to compile, are refused with the given reason."""
-    verdicts = {}
-    failed = failed or {}
-    for node in nodes:
-        if node.kind() == "prim::Constant":
-            continue
-        if node in failed:
-            verdicts[node] = Verdict(None, "conversion_failed", failed[node])
-            continue
-        verdicts[node] = REGISTRY.check(node, config.excluded_ops,
-                                        static_shapes=not config.dynamic)
-    # List plumbing joins a cluster only with its users, so it needs every user supported.
-    for node in nodes:
-        v = verdicts.get(node)
-        if node.kind() == "prim::ListConstruct" and v is not None and v.supported:
-            users = [u.user for u in node.output().uses()]
-            if not users or not all(verdicts.get(u, Verdict(None)).supported for u in users):
-                verdicts[node] = Verdict(None, "not_needed", "list used outside compiled ops")
-    return verdicts
 
 
 def _specs(*groups, unnamed_dtype: Optional[str] = None) -> List[List[str]]:
@@ -77,71 +55,6 @@ def _specs(*groups, unnamed_dtype: Optional[str] = None) -> List[List[str]]:
         return f"{name}[{','.join(dims)}]"
 
     return [[spec(v) for v in group] for group in groups]
-
-
-# How many times the nodes of one cluster are clustered again after a failure named a node.
-MAX_RECLUSTER_ROUNDS = 4
-
-
-def _input_signature(node: torch._C.Node) -> Tuple:
-    return tuple((str(v.type()), repr(v.toIValue()) if v.node().kind() == "prim::Constant"
-                  else None) for v in node.inputs())
-
-
-def _failed_nodes(moved: Sequence[torch._C.Node], size: int,
-                  node_index: Optional[int]) -> List[torch._C.Node]:
-    """The dissolved cluster's node that a compile error named, followed by the nodes of the
-    same op on inputs of the same types and constants (which would fail alike); empty when
-    the error names no compute node."""
-    if node_index is None or len(moved) != size or not 0 <= node_index < size:
-        return []
-    node = moved[node_index]
-    if not is_tensor_op(node) or node.kind() == "prim::ListConstruct":
-        return []
-    twins = [n for n in moved if n is not node and schema_name(n) == schema_name(node) and
-             _input_signature(n) == _input_signature(node)]
-    return [node] + twins
-
-
-def _cluster(graph, verdicts: Dict[torch._C.Node, Verdict], config: Config,
-             report: Report) -> List:
-    """Clusters the supported nodes of `verdicts`; the ops of clusters dissolved again (too
-    small, non-tensor boundary) are reported. The caller's node handles are invalid after
-    this: clustering moves nodes into subgraphs."""
-    supported = [n for n, v in verdicts.items() if v.supported]
-    compute = [n for n in supported if verdicts[n].converter.compute]
-    clusters, dissolved = _C.cluster_supported_nodes(graph, supported, compute,
-                                                     config.min_cluster_size)
-    for d in dissolved:
-        for op in d.node_kinds:  # overloads, like the registry's verdicts
-            report.add_unsupported(op, f"supported, but not compiled: {d.reason}")
-    return clusters
-
-
-def _dissolve_failed(cluster, error: Exception, message: str, ops: Dict[str, int],
-                     config: Config, report: Report,
-                     may_retry: bool) -> Dict[torch._C.Node, Verdict]:
-    """Puts a cluster that failed to compile back into TorchScript and reports why. When
-    `may_retry` and the error names its node, returns the verdicts to cluster the other
-    nodes again with (that node and its twins refused); else only reports the ops."""
-    size = len(list(cluster.g("Subgraph").nodes()))
-    moved = _C.dissolve_cluster(cluster)
-    summary = getattr(error, "summary", None) or (str(error).splitlines() or [""])[0]
-    reason = f"conversion failed: {summary}"
-    failed = _failed_nodes(moved, size, getattr(error, "node_index", None)) if may_retry \
-        else []
-    if not failed:
-        report.compile_errors.append(message)
-        for kind, count in ops.items():
-            for _ in range(count):
-                report.add_unsupported(kind, reason)
-        return {}
-    twins = f" and {len(failed) - 1} like it" if len(failed) > 1 else ""
-    report.compile_errors.append(f"{message}\n(left in TorchScript: {describe(failed[0])}"
-                                 f"{twins}; the rest of the cluster is compiled again)")
-    for node in failed:
-        report.add_unsupported(schema_name(node), reason)
-    return _verdicts(moved, config, {n: reason for n in failed})
 
 
 def _compile_clusters(module, graph, clusters: List, config: Config, report: Report,
@@ -178,7 +91,7 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
                 f"{error}"
             cluster_dump.finish({**cluster_dump.seconds, "total": time.perf_counter() - start},
                                 error=message)
-            retry.update(_dissolve_failed(cluster, error, message, ops, config, report,
+            retry.update(dissolve_failed(cluster, error, message, ops, config, report,
                                           may_retry=rounds < MAX_RECLUSTER_ROUNDS))
 
         # Each cluster's compilation is begun (MLIR's stages here, LLVM's handed to the
@@ -222,7 +135,7 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             progress.step(entry.name)
         if not retry:
             return
-        clusters = _cluster(graph, retry, config, report)
+        clusters = form_clusters(graph, retry, config, report)
         del retry
         progress.total += len(clusters)
 
@@ -552,7 +465,7 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
     report = Report(dry_run=config.dry_run, decomposed=decomposed,
                     dynamic_dims=[[f"input {p} ('{argument_name(graph_inputs[p + 1])}') dim {d}"
                                    for p, d in g.dims] for g in groups])
-    verdicts = _verdicts(all_nodes(graph), config)
+    verdicts = registry_verdicts(all_nodes(graph), config)
     for node, verdict in verdicts.items():
         if not is_tensor_op(node):
             continue
@@ -565,7 +478,7 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
         if not verdict.supported:
             report.add_unsupported(schema_name(node), verdict.reason)
     progress.stage("clustering")
-    clusters = _cluster(graph, verdicts, config, report)
+    clusters = form_clusters(graph, verdicts, config, report)
     del verdicts
     dump.graph("clustered", graph, always=True)
 

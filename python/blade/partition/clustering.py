@@ -1,0 +1,101 @@
+"""Clusters of compilable nodes: the registry's verdict on every node, acyclic clusters of
+the supported ones (csrc/passes/cluster), and a cluster that failed to compile dissolved
+again, the node its error names refused and the rest clustered anew."""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from blade import _C
+from blade.config import Config
+from blade.frontend.simplify import is_tensor_op
+from blade.partition.registry import REGISTRY, Verdict, describe, schema_name
+from blade.report import Report
+
+
+def registry_verdicts(nodes: Sequence[torch._C.Node], config: Config,
+              failed: Dict[torch._C.Node, str] = None) -> Dict[torch._C.Node, Verdict]:
+    """The registry's verdict on each node (constants left out); the `failed` ones, nodes
+    whose code failed to compile, are refused with the given reason."""
+    verdicts = {}
+    failed = failed or {}
+    for node in nodes:
+        if node.kind() == "prim::Constant":
+            continue
+        if node in failed:
+            verdicts[node] = Verdict(None, "conversion_failed", failed[node])
+            continue
+        verdicts[node] = REGISTRY.check(node, config.excluded_ops,
+                                        static_shapes=not config.dynamic)
+    # List plumbing joins a cluster only with its users, so it needs every user supported.
+    for node in nodes:
+        v = verdicts.get(node)
+        if node.kind() == "prim::ListConstruct" and v is not None and v.supported:
+            users = [u.user for u in node.output().uses()]
+            if not users or not all(verdicts.get(u, Verdict(None)).supported for u in users):
+                verdicts[node] = Verdict(None, "not_needed", "list used outside compiled ops")
+    return verdicts
+
+
+# How many times the nodes of one cluster are clustered again after a failure named a node.
+MAX_RECLUSTER_ROUNDS = 4
+
+
+def _input_signature(node: torch._C.Node) -> Tuple:
+    return tuple((str(v.type()), repr(v.toIValue()) if v.node().kind() == "prim::Constant"
+                  else None) for v in node.inputs())
+
+
+def failed_nodes(moved: Sequence[torch._C.Node], size: int,
+                  node_index: Optional[int]) -> List[torch._C.Node]:
+    """The dissolved cluster's node that a compile error named, followed by the nodes of the
+    same op on inputs of the same types and constants (which would fail alike); empty when
+    the error names no compute node."""
+    if node_index is None or len(moved) != size or not 0 <= node_index < size:
+        return []
+    node = moved[node_index]
+    if not is_tensor_op(node) or node.kind() == "prim::ListConstruct":
+        return []
+    twins = [n for n in moved if n is not node and schema_name(n) == schema_name(node) and
+             _input_signature(n) == _input_signature(node)]
+    return [node] + twins
+
+
+def form_clusters(graph, verdicts: Dict[torch._C.Node, Verdict], config: Config,
+             report: Report) -> List:
+    """Clusters the supported nodes of `verdicts`; the ops of clusters dissolved again (too
+    small, non-tensor boundary) are reported. The caller's node handles are invalid after
+    this: clustering moves nodes into subgraphs."""
+    supported = [n for n, v in verdicts.items() if v.supported]
+    compute = [n for n in supported if verdicts[n].converter.compute]
+    clusters, dissolved = _C.cluster_supported_nodes(graph, supported, compute,
+                                                     config.min_cluster_size)
+    for d in dissolved:
+        for op in d.node_kinds:  # overloads, like the registry's verdicts
+            report.add_unsupported(op, f"supported, but not compiled: {d.reason}")
+    return clusters
+
+
+def dissolve_failed(cluster, error: Exception, message: str, ops: Dict[str, int],
+                     config: Config, report: Report,
+                     may_retry: bool) -> Dict[torch._C.Node, Verdict]:
+    """Puts a cluster that failed to compile back into TorchScript and reports why. When
+    `may_retry` and the error names its node, returns the verdicts to cluster the other
+    nodes again with (that node and its twins refused); else only reports the ops."""
+    size = len(list(cluster.g("Subgraph").nodes()))
+    moved = _C.dissolve_cluster(cluster)
+    summary = getattr(error, "summary", None) or (str(error).splitlines() or [""])[0]
+    reason = f"conversion failed: {summary}"
+    failed = failed_nodes(moved, size, getattr(error, "node_index", None)) if may_retry \
+        else []
+    if not failed:
+        report.compile_errors.append(message)
+        for kind, count in ops.items():
+            for _ in range(count):
+                report.add_unsupported(kind, reason)
+        return {}
+    twins = f" and {len(failed) - 1} like it" if len(failed) > 1 else ""
+    report.compile_errors.append(f"{message}\n(left in TorchScript: {describe(failed[0])}"
+                                 f"{twins}; the rest of the cluster is compiled again)")
+    for node in failed:
+        report.add_unsupported(schema_name(node), reason)
+    return registry_verdicts(moved, config, {n: reason for n in failed})
