@@ -324,7 +324,29 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) {
   return run_compiled(inputs);
 }
 
+std::vector<at::Tensor> Engine::run_code(const std::vector<at::Tensor>& inputs) {
+  TORCH_CHECK(code_, "blade: engine '", name_, "' has no compiled code: ", load_error_);
+  const auto why = signature_mismatch(input_specs_, inputs);
+  TORCH_CHECK(why.empty(), "blade: engine '", name_, "' cannot run these inputs: ", why);
+  std::string kernel_error;
+  auto outputs = call_code(inputs, &kernel_error);
+  TORCH_CHECK(kernel_error.empty(), "blade: engine '", name_,
+              "': the compiled code reported an error: ", kernel_error);
+  return outputs;
+}
+
 std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inputs) {
+  std::string kernel_error;
+  auto outputs = call_code(inputs, &kernel_error);
+  // A library call that failed (see ral_kernels.h) left the outputs unspecified.
+  if (!kernel_error.empty()) {
+    return run_fallback(inputs, "the compiled code reported an error: " + kernel_error);
+  }
+  return outputs;
+}
+
+std::vector<at::Tensor> Engine::call_code(const std::vector<at::Tensor>& inputs,
+                                          std::string* kernel_error) {
   // Contiguous views of the inputs: the code reads identity-layout buffers. `contiguous`
   // returns the tensor itself when it already is, so no copy is made in the common case.
   std::vector<at::Tensor> args;
@@ -383,11 +405,7 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
   if (returns_outputs_) {
     outputs = adopt_results(results);
   }
-  // A library call that failed (see ral_kernels.h) left the outputs unspecified.
-  std::string kernel_error = take_kernel_error();
-  if (!kernel_error.empty()) {
-    return run_fallback(inputs, "the compiled code reported an error: " + kernel_error);
-  }
+  *kernel_error = take_kernel_error();
   return outputs;
 }
 

@@ -54,6 +54,10 @@ class Engine : public torch::CustomClassHolder {
   // The cluster's TorchScript subgraph on `inputs`, whatever the fallback mode, without
   // counting a call: what the compiled code is compared with (`blade bisect`).
   std::vector<at::Tensor> run_subgraph(const std::vector<at::Tensor>& inputs);
+  // The compiled code alone on `inputs`, without counting a call: raises where `execute`
+  // would fall back (no code, inputs of another signature, a kernel error). What the
+  // compile-time check compares with `run_subgraph`.
+  std::vector<at::Tensor> run_code(const std::vector<at::Tensor>& inputs);
 
   const std::string& name() const { return name_; }
   std::string input_specs() const { return format_specs(input_specs_); }
@@ -96,6 +100,10 @@ class Engine : public torch::CustomClassHolder {
   void load_code();
   std::string validation_error() const;
   std::vector<at::Tensor> run_compiled(const std::vector<at::Tensor>& inputs);
+  // The code's outputs on `inputs`; a kernel's error (the outputs then unspecified) in
+  // `kernel_error`.
+  std::vector<at::Tensor> call_code(const std::vector<at::Tensor>& inputs,
+                                    std::string* kernel_error);
   // The outputs the code returned (dynamic engines), as tensors that own their memory.
   std::vector<at::Tensor> adopt_results(const std::vector<int64_t>& results) const;
   std::vector<at::Tensor> run_fallback(const std::vector<at::Tensor>& inputs,

@@ -34,6 +34,7 @@ TORCH_LIBRARY(blade, m) {
                        std::vector<at::Tensor>, std::string, std::string, std::string>())
       .def("execute", &Engine::execute)
       .def("run_subgraph", &Engine::run_subgraph)
+      .def("run_code", &Engine::run_code)
       .def("name", [](const c10::intrusive_ptr<Engine>& e) { return e->name(); })
       .def("input_specs", &Engine::input_specs)
       .def("output_specs", &Engine::output_specs)

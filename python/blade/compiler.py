@@ -30,6 +30,8 @@ from blade.quiet import quiet_torchscript
 from blade.partition.registry import (REGISTRY, SCALAR_TYPE_NAMES, Verdict, argument_name, ran,
                                       schema_name)
 from blade.report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
+from blade.self_check import (CheckTime, EngineCheckError, Example, capture_cluster_examples,
+                              compare_engine, draws_random_numbers, find_disagreeing_node)
 
 ENGINE_PREFIX = "blade_engine_"
 # If-branches of more nodes than this become functions (csrc/passes/outline_branches.h).
@@ -58,7 +60,7 @@ def _specs(*groups, unnamed_dtype: Optional[str] = None) -> List[List[str]]:
 
 
 def _compile_clusters(module, graph, clusters: List, config: Config, report: Report,
-                      dump: Dumper, progress: Progress) -> None:
+                      dump: Dumper, progress: Progress, inputs: Tuple) -> None:
     """Swaps each cluster for an engine, or dissolves it back into TorchScript when it
     fails to compile. In rounds: when a failure names its node, the nodes of the clusters
     that failed so are clustered again without those nodes once the round is over (when
@@ -75,13 +77,14 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
     # start at the first cluster that is compiled and stop when all are done.
     with CompilerPool(default_workers(config.compile_workers), str(RUNTIME_LIBRARY)) as pool:
         _compile_in_rounds(module, graph, clusters, config, report, dump, progress,
-                           cpu_features, code_cache, pool)
+                           cpu_features, code_cache, pool, inputs)
 
 
 def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Report,
                        dump: Dumper, progress: Progress, cpu_features: str,
-                       code_cache: CodeCache, pool: CompilerPool) -> None:
+                       code_cache: CodeCache, pool: CompilerPool, inputs: Tuple) -> None:
     index = 0
+    check_time = CheckTime()
     for rounds in range(MAX_RECLUSTER_ROUNDS + 1):
         retry: Dict[torch._C.Node, Verdict] = {}
 
@@ -113,15 +116,21 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             start = time.perf_counter()
             try:
                 finish = _start_cluster(module, cluster, index - 1, config, cpu_features,
-                                        cluster_dump, code_cache, pool)
+                                        cluster_dump, code_cache, pool, check_time)
             except Exception as e:
                 failed(entry, cluster, ops, cluster_dump, start, e)
                 progress.step(entry.name)
                 continue
             begun.append((entry, cluster, ops, cluster_dump, start, finish))
-        for entry, cluster, ops, cluster_dump, start, finish in begun:
+        # The example run that the engine check compares with, while the workers compile.
+        examples = [None] * len(begun)
+        if config.check_engines and begun:
+            start = time.perf_counter()
+            examples = capture_cluster_examples(module, graph, [b[1] for b in begun], inputs)
+            check_time.capture += time.perf_counter() - start
+        for (entry, cluster, ops, cluster_dump, start, finish), example in zip(begun, examples):
             try:
-                compiled, entry.code = finish()
+                compiled, entry.code = finish(example)
                 entry.library_calls = compiled.library_calls
                 entry.fused_attention = compiled.fused_attention
                 entry.parallel_loops = compiled.parallel_loops
@@ -133,6 +142,9 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             except Exception as e:
                 failed(entry, cluster, ops, cluster_dump, start, e)
             progress.step(entry.name)
+        report.checked_engines = check_time.engines
+        report.engines_sharing_checked_code = check_time.sharing
+        report.check_seconds = round(check_time.total, 3)
         if not retry:
             return
         clusters = form_clusters(graph, retry, config, report)
@@ -174,22 +186,76 @@ def _op_counts(subgraph) -> Dict[str, int]:
 
 
 def _start_cluster(module, cluster, index: int, config: Config, cpu_features: str,
-                   dump, code_cache: CodeCache, pool: CompilerPool):
-    """Begins compiling one cluster; returns the function that finishes it and swaps the
-    cluster for an engine call, returning the CompiledCluster and where its code came
-    from (compiled, the compile cache, or another engine of this model with the same
-    code). Either raises on any failure, leaving the graph untouched. `dump` (a
-    ClusterDump) receives the IR of every stage."""
+                   dump, code_cache: CodeCache, pool: CompilerPool, check_time: CheckTime):
+    """Begins compiling one cluster; returns the function that finishes it, checks the
+    engine against `example`, what the cluster's nodes made of its inputs in the example run
+    (None: not checked; see blade.self_check), and swaps the cluster for an engine call,
+    returning the
+    CompiledCluster and where its code came from (compiled, the compile cache, or another
+    engine of this model with the same code). Either raises on any failure, leaving the
+    graph untouched. `dump` (a ClusterDump) receives the IR of every pass."""
+    name = f"{ENGINE_PREFIX}{index}"
+    subgraph = cluster.g("Subgraph").copy()
+    finish_engine = _start_engine(subgraph, name, config, cpu_features, dump, code_cache, pool,
+                                  boundary=(list(cluster.inputs()), list(cluster.outputs())))
+
+    def build_prefix(prefix):
+        # The same compilation for a prefix of the cluster (self_check's bisection).
+        compiled, engine, _ = _start_engine(prefix, f"{name}_prefix", config, cpu_features,
+                                            Dumper(None).cluster(name), code_cache, pool)()
+        return engine
+
+    def finish(example: Optional[Example]):
+        compiled, engine, origin = finish_engine()
+        shares_checked_code = origin.startswith("same code as ") and \
+            origin[len("same code as "):] in check_time.agreed
+        if shares_checked_code:
+            check_time.sharing += 1
+        elif example is not None and config.check_engines and \
+                not draws_random_numbers(cluster.g("Subgraph")):
+            start = time.perf_counter()
+            problem = compare_engine(engine, example.inputs, example.outputs)
+            check_time.compare += time.perf_counter() - start
+            check_time.engines += 1
+            if problem is not None:
+                start = time.perf_counter()
+                blamed = find_disagreeing_node(cluster.g("Subgraph"), example.inputs,
+                                               build_prefix)
+                check_time.bisect += time.perf_counter() - start
+                raise EngineCheckError(
+                    f"the compiled code disagrees with TorchScript on the example inputs: "
+                    f"{problem}", blamed,
+                    f"the compiled code disagrees with TorchScript ({problem})")
+            check_time.agreed.add(name)
+        module._c._register_attribute(name, engine._type(), engine)
+        _C.replace_cluster_with_engine(cluster, name)
+        return compiled, origin
+
+    return finish
+
+
+def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
+                  code_cache: CodeCache, pool: CompilerPool, boundary=None):
+    """Begins compiling `subgraph` (a copy of a cluster's, or of a prefix of it); returns
+    the function that finishes it and returns the CompiledCluster, the loaded Engine and
+    where its code came from. `boundary` is the (inputs, outputs) whose types the engine's
+    signature names, the subgraph's own by default. `subgraph` is changed (its constants
+    become params)."""
     from blade.importer import import_subgraph
 
-    subgraph = cluster.g("Subgraph").copy()
     dump.write("0_torchscript.txt", str(subgraph))
     start = time.perf_counter()
     # Positions in the cluster, taken before constants are lifted out: the ops of node k
     # are located at importer.node_location(k), which a CodegenError reports back.
     node_indices = {node: k for k, node in enumerate(subgraph.nodes())}
+    inputs, outputs = boundary or (list(subgraph.inputs()), list(subgraph.outputs()))
+    input_specs, output_specs = _signatures(inputs, outputs)
     params = _C.lift_tensor_constants(subgraph)
     fallback_ir = _C.fallback_ir(subgraph)
+    # Outputs of dynamic size are allocated and returned by the code, not passed to it.
+    returns_outputs = _has_dynamic_dims(outputs)
+    num_buffers = len(list(subgraph.inputs())) + \
+        (0 if returns_outputs else len(list(subgraph.outputs())))
 
     def converter_for(node):
         # The clusterer's verdicts died with the node handles; re-check only the ops that a
@@ -202,14 +268,9 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
     imported = import_subgraph(subgraph, converter_for=converter_for, params=params,
                                node_indices=node_indices)
     dump.seconds["import"] = time.perf_counter() - start
-    input_specs, output_specs = _signatures(cluster.inputs(), cluster.outputs())
-    # Outputs of dynamic size are allocated and returned by the code, not passed to it.
-    returns_outputs = _has_dynamic_dims(cluster.outputs())
-    num_buffers = len(list(subgraph.inputs())) + \
-        (0 if returns_outputs else len(list(subgraph.outputs())))
 
     def start_build():
-        # The workers get ready while MLIR loads and its stages run.
+        # The workers get ready while MLIR loads and its passes run.
         pool.expect(len(imported.text))
         # Imported here: a model whose code is all in the compile cache never loads MLIR.
         from blade.codegen import driver as codegen
@@ -220,8 +281,7 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
                                        parallel_loops=config.parallel, pool=pool)
 
     # A user converter's StableHLO comes from Python the key cannot see, and a dump wants
-    # every stage's IR: those clusters are always compiled.
-    name = f"{ENGINE_PREFIX}{index}"
+    # every pass's IR: those clusters are always compiled.
     if imported.user_calls or dump.enabled:
         finish_build = start_build()
 
@@ -251,9 +311,7 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
             cpu_features, signature)
         if not engine.is_compiled():
             raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
-        module._c._register_attribute(name, engine._type(), engine)
-        _C.replace_cluster_with_engine(cluster, name)
-        return compiled, origin
+        return compiled, engine, origin
 
     return finish
 
@@ -482,7 +540,7 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
     del verdicts
     dump.graph("clustered", graph, always=True)
 
-    _compile_clusters(module, graph, clusters, config, report, dump, progress)
+    _compile_clusters(module, graph, clusters, config, report, dump, progress, inputs)
     torch._C._jit_pass_dce(graph)
     if not config.dry_run:
         _account_for_ops_outside_engines(graph, report)

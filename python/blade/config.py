@@ -62,6 +62,11 @@ class Config:
             ``None`` (the default) starts one less than the cores this process may run on,
             or than PyTorch's thread count when lower; ``0`` compiles everything in
             optimize's process.
+        check_engines: before an engine replaces its cluster, run its code and the
+            cluster's TorchScript subgraph on the cluster's inputs from the example run and
+            compare them (tolerances per dtype in `blade.self_check`); an engine that
+            disagrees is not used, and the node whose compiled result first disagrees stays
+            in TorchScript, named in the report. ``False`` skips the check.
     """
 
     allow_tracing: bool = False
@@ -80,6 +85,7 @@ class Config:
     cache_dir: Optional[str] = None
     cache_max_bytes: int = 1 << 30
     compile_workers: Optional[int] = None
+    check_engines: bool = True
 
     def __post_init__(self):
         if self.fallback not in FALLBACK_MODES:

@@ -67,6 +67,13 @@ class Report:
     guard_calls: int = 0
     guard_fallbacks: int = 0
     guard_status: str = ""
+    # Config.check_engines: engines compared with their subgraphs on the example run's
+    # inputs before they replaced their clusters, and the seconds that took in all (the
+    # example run, the comparisons, bisections of engines that disagreed).
+    checked_engines: int = 0
+    check_seconds: float = 0.0
+    # Engines not run by the check: their code is byte-identical to a checked engine's.
+    engines_sharing_checked_code: int = 0
 
     @property
     def coverage(self) -> float:
@@ -107,7 +114,11 @@ class Report:
                         decomposed=data.get("decomposed", {}),
                         dynamic_dims=data.get("dynamic_dims", []),
                         guard_notes=data.get("guard_notes", []),
-                        guard_inputs=data.get("guard_inputs", []))
+                        guard_inputs=data.get("guard_inputs", []),
+                        checked_engines=data.get("checked_engines", 0),
+                        check_seconds=data.get("check_seconds", 0.0),
+                        engines_sharing_checked_code=data.get(
+                            "engines_sharing_checked_code", 0))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
         report.unreached = {k: UnsupportedOp(**v) for k, v in data.get("unreached", {}).items()}
@@ -146,6 +157,12 @@ class Report:
             lines.append(f"  code: {origins.count('compiled')} compiled, "
                          f"{origins.count('compile cache')} from the compile cache, "
                          f"{shared} engines sharing another's")
+        if self.checked_engines:
+            sharing = self.engines_sharing_checked_code
+            lines.append(f"  engines checked against TorchScript on the example inputs: "
+                         f"{self.checked_engines}"
+                         + (f" (and {sharing} running the same code)" if sharing else "")
+                         + f", in {self.check_seconds:.2f} s")
         copies = sum(c.packed_weights for c in self.clusters)
         if copies:
             lines.append(f"  prepared weight copies: {copies}, "

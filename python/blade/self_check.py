@@ -1,0 +1,303 @@
+"""Every engine proves itself before it replaces its cluster (`Config.check_engines`, on by
+default), so that a wrong lowering becomes a fallback, never a wrong answer.
+
+Before a round of clusters is compiled, the model's graph runs once on copies of the
+example inputs, every cluster's nodes as TorchScript, with each cluster's inputs and outputs
+recorded (`capture_cluster_examples`). Each engine, once compiled and loaded, runs its code
+on copies of its cluster's inputs (`Engine.run_code`), and its outputs must agree with the
+recorded ones (`disagreement`): the same shape and dtype, NaN and +-inf at the same places, and the
+finite values within the tolerance of their dtype, `|got - want| <= atol * scale + rtol *
+|want|`, where `scale` is the largest finite `|want|` of that output (at least 1), since
+rounding errors grow with the values summed; integers and bools exactly.
+
+An engine that disagrees is not used. The node to blame is found by bisection
+(`find_disagreeing_node`): prefixes of the cluster's nodes are compiled as engines of their
+own and compared the same way; the node whose addition makes a prefix disagree is refused,
+with the nodes of the same op on the same types, as a node that fails to compile is
+(blade.partition.clustering), and the rest of the cluster is clustered, compiled and checked
+again. Clusters whose nodes draw random numbers are not compared.
+"""
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from blade import _C
+
+# dtype -> (rtol, atol relative to the output's scale)
+TOLERANCES: Dict[torch.dtype, tuple] = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-3, 1e-4),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+# Ops whose results differ from run to run: their clusters are not compared.
+RANDOM_OPS = frozenset(("aten::rand", "aten::rand_like", "aten::randn", "aten::randn_like",
+                        "aten::randint", "aten::randint_like", "aten::randperm",
+                        "aten::bernoulli", "aten::multinomial", "aten::normal",
+                        "aten::uniform_", "aten::normal_", "aten::exponential_",
+                        "aten::dropout", "aten::native_dropout", "aten::rrelu"))
+
+
+class EngineCheckError(RuntimeError):
+    """An engine's code disagreed with its cluster's TorchScript subgraph on the example
+    run's inputs. `node_index` is the cluster node the bisection blamed (None when it could
+    not tell); `summary` is one line for the report."""
+
+    def __init__(self, message: str, node_index: Optional[int], summary: str):
+        super().__init__(message)
+        self.node_index = node_index
+        self.summary = summary
+
+
+@dataclass
+class CheckTime:
+    """Seconds spent checking engines in one optimize: the example run that records the
+    clusters' inputs and outputs, the comparisons, and the bisections of engines that
+    disagreed."""
+
+    capture: float = 0.0
+    compare: float = 0.0
+    bisect: float = 0.0
+    engines: int = 0  # engines compared
+    # The engines that agreed. An engine whose code is byte-identical to one of theirs is
+    # not run again (the check is of the code: their weights differ, not what the code
+    # does); `sharing` counts those.
+    agreed: set = field(default_factory=set)
+    sharing: int = 0
+
+    @property
+    def total(self) -> float:
+        return self.capture + self.compare + self.bisect
+
+
+def draws_random_numbers(subgraph) -> bool:
+    """Whether a cluster's nodes draw random numbers: its results differ from run to run,
+    so no comparison can tell right from wrong."""
+    def visit(block) -> bool:
+        for node in block.nodes():
+            if node.kind().split(".")[0] in RANDOM_OPS or \
+                    any(visit(inner) for inner in node.blocks()):
+                return True
+        return False
+
+    return visit(subgraph)
+
+
+@dataclass
+class Example:
+    """A cluster's inputs the first time the example run reached it, and the outputs its
+    TorchScript nodes gave them there."""
+
+    inputs: List[torch.Tensor]
+    outputs: List[torch.Tensor]
+
+
+def capture_cluster_examples(module, graph, clusters: Sequence,
+                             inputs: Sequence) -> List[Optional[Example]]:
+    """Per cluster, its inputs and outputs the first time the graph ran it on copies of
+    `inputs` (the model's bound example inputs), or None when the run did not reach it.
+
+    A copy of the graph runs once: each cluster's inputs are appended to a list of its own
+    just before it and its outputs just after it, the clusters are inlined again (so their
+    nodes run as TorchScript), and the lists are the copy's only output. The graph itself
+    is left as it was, and so is the module's state."""
+    from blade.frontend.inputs import private_copy
+
+    if not clusters:
+        return []
+    list_type = torch._C.ListType(torch._C.TensorType.get())
+    first = next(iter(graph.nodes()))
+    added, lists = [], []
+    none = graph.create("prim::Constant")
+    none.output().setType(torch._C.NoneType.get())
+    none.insertBefore(first)
+
+    def append(lst, value, after=None, before=None):
+        # A copy: what the graph does after it (an in-place op) must not change the record.
+        copy = graph.create("aten::clone", [value, none.output()])
+        copy.output().setType(value.type())
+        node = graph.create("aten::append", [lst.output(), copy.output()])
+        node.output().setType(list_type)
+        if after is not None:
+            copy.insertAfter(after)
+        else:
+            copy.insertBefore(before)
+        node.insertAfter(copy)
+        added.extend((copy, node))
+        return node
+
+    for cluster in clusters:
+        ins, outs = (graph.create("prim::ListConstruct") for _ in range(2))
+        for lst in (ins, outs):
+            lst.output().setType(list_type)
+            lst.insertBefore(first)
+            lists.append(lst)
+        for value in cluster.inputs():
+            append(ins, value, before=cluster)
+        anchor = cluster
+        for value in cluster.outputs():
+            anchor = append(outs, value, after=anchor)
+    record = graph.create("prim::TupleConstruct", [lst.output() for lst in lists])
+    record.output().setType(torch._C.TupleType([list_type] * len(lists)))
+    record.insertBefore(graph.return_node())
+    graph.registerOutput(record.output())
+    try:
+        copy = graph.copy()
+    finally:
+        graph.eraseOutput(len(list(graph.outputs())) - 1)
+        record.destroy()
+        for node in reversed(added):
+            node.destroy()
+        for lst in lists:
+            lst.destroy()
+        none.destroy()
+    _inline_clusters(copy.block())
+    while len(list(copy.outputs())) > 1:
+        copy.eraseOutput(0)
+    run = torch._C._create_function_from_graph("blade_capture_cluster_examples", copy)
+    # One plain interpreter run: the profiling executor's first run would record shapes
+    # for optimizations that a single run never uses.
+    with torch.no_grad(), torch.jit.optimized_execution(False), _state_kept(module):
+        recorded = run(module._c, *private_copy(tuple(inputs)))
+    examples = []
+    for i, cluster in enumerate(clusters):
+        ins, outs = recorded[2 * i], recorded[2 * i + 1]
+        count_in, count_out = len(list(cluster.inputs())), len(list(cluster.outputs()))
+        reached = len(ins) >= count_in and len(outs) >= count_out
+        examples.append(Example(list(ins[:count_in]), list(outs[:count_out]))
+                        if reached else None)
+    return examples
+
+
+@contextlib.contextmanager
+def _state_kept(module):
+    """The module's buffers and parameters as they were before the block, whether forward
+    wrote into them or assigned new ones: the check's run of the model leaves no trace."""
+    saved = []
+    for name, tensor in itertools.chain(module.named_buffers(), module.named_parameters()):
+        path, _, attribute = name.rpartition(".")
+        owner = module.get_submodule(path) if path else module
+        saved.append((owner, attribute, tensor, tensor.detach().clone()))
+    try:
+        yield
+    finally:
+        for owner, attribute, tensor, values in saved:
+            if getattr(owner, attribute) is not tensor:
+                setattr(owner, attribute, tensor)
+            with torch.no_grad():
+                tensor.copy_(values)
+
+
+def _inline_clusters(block) -> None:
+    for node in list(block.nodes()):
+        for inner in node.blocks():
+            _inline_clusters(inner)
+        if node.kind() == "prim::FunctionalGraph":
+            _C.dissolve_cluster(node)
+
+
+def disagreement(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> Optional[str]:
+    """None when the engine's outputs `got` agree with TorchScript's `want` (see the
+    module's docstring), else what differs, output by output."""
+    problems = []
+    for i, (g, w) in enumerate(zip(got, want)):
+        what = _output_disagreement(g, w)
+        if what is not None:
+            problems.append(f"output {i} ({str(w.dtype).replace('torch.', '')}"
+                            f"{list(w.shape)}): {what}")
+    if len(got) != len(want):
+        problems.append(f"{len(got)} outputs where TorchScript gives {len(want)}")
+    return "; ".join(problems) or None
+
+
+def _output_disagreement(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{got.dtype}{list(got.shape)} where TorchScript gives {want.dtype}" \
+               f"{list(want.shape)}"
+    if not (want.is_floating_point() or want.is_complex()):
+        differing = int((got != want).sum())
+        return f"{differing} of {want.numel()} values differ" if differing else None
+    g, w = got.detach().double(), want.detach().double()
+    if not torch.equal(g.isnan(), w.isnan()):
+        return "NaN in other places"
+    if not torch.equal(g.isposinf(), w.isposinf()) or not torch.equal(g.isneginf(), w.isneginf()):
+        return "+-inf in other places"
+    finite = w.isfinite()
+    if not bool(finite.any()):
+        return None
+    g, w = g[finite], w[finite]
+    rtol, atol = TOLERANCES.get(want.dtype, (1e-3, 1e-4))
+    scale = max(1.0, float(w.abs().max()))
+    gap = (g - w).abs()
+    if bool((gap <= atol * scale + rtol * w.abs()).all()):
+        return None
+    return f"max abs diff {float(gap.max()):.3g} (tolerance {atol:g} x {scale:.3g} + " \
+           f"{rtol:g} x |value|)"
+
+
+def compare_engine(engine, inputs: Sequence[torch.Tensor],
+                   want: Optional[Sequence[torch.Tensor]] = None) -> Optional[str]:
+    """Runs `engine`'s code on copies of `inputs` and compares it with `want`, what the
+    TorchScript nodes gave (by default its subgraph, run on other copies); what differs,
+    or None. An error of the code (a kernel's) is a disagreement too."""
+    with torch.no_grad():
+        if want is None:
+            want = engine.run_subgraph([t.clone() for t in inputs])
+        try:
+            got = engine.run_code([t.clone() for t in inputs])
+        except RuntimeError as e:
+            return f"the compiled code failed: {str(e).splitlines()[0]}"
+    return disagreement(got, want)
+
+
+def prefix_graph(subgraph, length: int):
+    """A copy of the cluster's subgraph with its first `length` nodes, whose outputs are the
+    tensors those nodes make that the rest of the subgraph (or its outputs) reads; None when
+    there are none."""
+    prefix = subgraph.copy()
+    nodes = list(prefix.nodes())
+    kept, dropped = nodes[:length], nodes[length:]
+    readers = set(dropped) | {prefix.return_node()}
+    # Constants are no results: the rest would have them anyway.
+    live = [v for node in kept if node.kind() != "prim::Constant" for v in node.outputs()
+            if isinstance(v.type(), torch._C.TensorType) and
+            any(use.user in readers for use in v.uses())]
+    if not live:
+        return None
+    while len(list(prefix.outputs())) > 0:
+        prefix.eraseOutput(0)
+    for node in reversed(dropped):
+        node.destroy()
+    for value in live:
+        prefix.registerOutput(value)
+    torch._C._jit_pass_dce(prefix)
+    return prefix
+
+
+def find_disagreeing_node(subgraph, inputs: Sequence[torch.Tensor],
+                          build_engine: Callable) -> int:
+    """The index (in `subgraph.nodes()`) of the node whose compiled result first disagrees,
+    given that the whole subgraph does: the shortest prefix of the nodes that disagrees
+    when compiled alone (`build_engine` makes an engine of a subgraph, or raises) ends with
+    it. A prefix that fails to compile counts as disagreeing."""
+    count = len(list(subgraph.nodes()))
+    agrees, disagrees = 0, count
+    while disagrees - agrees > 1:
+        middle = (agrees + disagrees) // 2
+        prefix = prefix_graph(subgraph, middle)
+        if prefix is None:
+            agrees = middle
+            continue
+        try:
+            engine = build_engine(prefix)
+            ok = compare_engine(engine, inputs) is None
+        except Exception:  # a prefix that does not compile: look before it
+            ok = False
+        if ok:
+            agrees = middle
+        else:
+            disagrees = middle
+    return disagrees - 1

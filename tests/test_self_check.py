@@ -1,0 +1,106 @@
+"""Config.check_engines: every engine is compared with its cluster's TorchScript subgraph on
+the example run's inputs before it replaces the cluster; one that disagrees is refused, the
+node to blame found by bisection and left in TorchScript, the rest compiled again."""
+import pytest
+import torch
+
+import blade
+from blade.self_check import disagreement
+from helpers import Lambda, assert_same
+
+TRACE = blade.Config(allow_tracing=True)
+
+
+def double_it(ctx):
+    """A deliberately wrong relu: 2 * x."""
+    x = ctx.operands[0]
+    return ctx.op("stablehlo.add", [x, x])
+
+
+def chain(x):
+    y = torch.tanh(x * 1.5) + 0.25
+    y = torch.relu(y - 0.5)
+    return torch.sigmoid(y * 3.0) - y
+
+
+@pytest.fixture
+def wrong_relu():
+    converter = blade.register_converter("aten::relu", priority=100)(double_it)
+    yield
+    blade.unregister_converter(converter)
+
+
+def test_a_wrong_converter_is_caught_and_only_its_op_falls_back(wrong_relu):
+    x = torch.randn(16, 32)
+    optimized = blade.optimize(Lambda(chain), (x,), TRACE)
+    assert_same(optimized(x), chain(x))
+    report = blade.report(optimized)
+    assert len(report.compile_errors) == 1, str(report)
+    assert "disagrees with TorchScript" in report.compile_errors[0], str(report)
+    assert "left in TorchScript: aten::relu" in report.compile_errors[0], str(report)
+    # Bisection blamed the relu alone: every other op is compiled, in engines that ran.
+    assert list(report.unsupported) == ["aten::relu"], str(report)
+    assert "disagrees with TorchScript" in report.unsupported["aten::relu"].reasons[0]
+    assert report.compiled_ops == report.total_ops - 1, str(report)
+    assert report.clusters and all(c.compiled and c.calls == 1 for c in report.clusters), \
+        str(report)
+    assert report.runtime_fallbacks == 0, str(report)
+    assert report.checked_engines >= 2 and report.check_seconds > 0, str(report)
+
+
+def test_without_the_check_the_wrong_code_would_run(wrong_relu):
+    x = torch.randn(16, 32)
+    config = blade.Config(allow_tracing=True, check_engines=False)
+    optimized = blade.optimize(Lambda(chain), (x,), config)
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and not report.compile_errors, str(report)
+    assert report.checked_engines == 0
+    assert not torch.allclose(optimized(x), chain(x))
+
+
+def test_engines_that_agree_are_all_checked_and_kept():
+    x = torch.randn(16, 32)
+    optimized = blade.optimize(Lambda(chain), (x,), TRACE)
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and not report.compile_errors, str(report)
+    assert report.checked_engines == len(report.clusters) == 1, str(report)
+    assert "engines checked against TorchScript" in str(report)
+    assert_same(optimized(x), chain(x))
+
+
+@pytest.mark.parametrize("got, want, agrees", [
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-5]), True),
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.1]), False),
+    # the tolerance scales with the output's largest value
+    (torch.tensor([1000.0, 0.0]), torch.tensor([1000.0, 0.05]), True),
+    (torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")]), True),
+    (torch.tensor([1.0, float("nan")]), torch.tensor([float("nan"), 1.0]), False),
+    (torch.tensor([float("inf")]), torch.tensor([float("-inf")]), False),
+    (torch.tensor([1, 2]), torch.tensor([1, 3]), False),
+    (torch.tensor([True]), torch.tensor([True]), True),
+    (torch.zeros(2, 3), torch.zeros(3, 2), False),
+    (torch.zeros(2, dtype=torch.float64), torch.zeros(2), False),
+    (torch.tensor([1.0], dtype=torch.float64), torch.tensor([1.0 + 1e-6], dtype=torch.float64),
+     False),
+])
+def test_disagreement_by_dtype(got, want, agrees):
+    assert (disagreement([got], [want]) is None) == agrees
+
+
+def test_engines_running_checked_code_are_not_run_again():
+    """Three clusters of the same ops on the same types share one compiled code: the first
+    engine is compared, the other two run code that just agreed on its own inputs."""
+    def blocks(x):
+        for _ in range(3):
+            x = torch.sin(torch.tanh(x * 1.5) + 1.0)   # sin stays TorchScript below
+        return x
+
+    x = torch.randn(8, 16)
+    config = blade.Config(allow_tracing=True, excluded_ops=["aten::sin"])
+    optimized = blade.optimize(Lambda(blocks), (x,), config)
+    report = blade.report(optimized)
+    assert len(report.clusters) == 3 and not report.compile_errors, str(report)
+    assert report.checked_engines == 1 and report.engines_sharing_checked_code == 2, \
+        str(report)
+    assert "(and 2 running the same code)" in str(report)
+    assert_same(optimized(x), blocks(x))
