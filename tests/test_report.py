@@ -32,7 +32,7 @@ def test_an_op_that_runs_with_an_untyped_result_is_counted_as_not_compiled():
     op = "aten::_native_multi_head_attention"
     assert op not in report.unreached, str(report)
     assert report.unsupported[op].count == 1, str(report)
-    assert "no converter" in report.unsupported[op].reasons[0]
+    assert "its type is not known" in report.unsupported[op].reasons[0], str(report)
     assert report.coverage < 1.0
     assert_every_op_accounted_for(report)
     # Its slow path, in the branch the example inputs did not take, is what is unreached.

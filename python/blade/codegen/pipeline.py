@@ -104,32 +104,37 @@ def _only_with_dynamic_shapes(*passes: Pass) -> List[Pass]:
     return [when_dynamic(step) for step in passes]
 
 
+def torch_to_stablehlo() -> List[Pass]:
+    """Torch-MLIR's torch-function-to-torch-backend-pipeline (decompositions, shape and
+    dtype refinement), then the passes of its torch-backend-to-stablehlo-backend-pipeline
+    spelled out without the backend contract check: calls to user converters are still
+    calls of private declarations here. The start of every cluster's pipeline, and what
+    blade.partition.torch_mlir_probe asks of an op with no converter of Blade's."""
+    return _upstream_passes(
+        "torch-function-to-torch-backend-pipeline",
+        "func.func(convert-torch-to-stablehlo)",
+        "func.func(chlo-legalize-to-stablehlo)",
+        "func.func(convert-torch-to-arith)",
+        "func.func(canonicalize)",
+        "func.func(cse)",
+        "torch-func-backend-type-conversion-for-stablehlo",
+        "func.func(canonicalize)",
+        "func.func(torch-finalizing-backend-type-conversion-for-stablehlo)",
+        "func.func(stablehlo-canonicalize-dynamism)",
+        "func.func(canonicalize)",
+        "stablehlo-refine-shapes",
+        "func.func(canonicalize)",
+        "func.func(stablehlo-canonicalize-dynamism)",
+        "func.func(canonicalize)",
+        "func.func(stablehlo-legalize-deprecated-ops)",
+        "canonicalize")
+
+
 def build(options: Options) -> List[Pass]:
     """The passes for one cluster, in the order they run."""
     return [
         # -- torch dialect -> StableHLO --------------------------------------------------
-        # Torch-MLIR's torch-function-to-torch-backend-pipeline (decompositions, shape and
-        # dtype refinement), then the passes of its torch-backend-to-stablehlo-backend-
-        # pipeline spelled out without the backend contract check: calls to user
-        # converters are still calls of private declarations here.
-        *_upstream_passes(
-            "torch-function-to-torch-backend-pipeline",
-            "func.func(convert-torch-to-stablehlo)",
-            "func.func(chlo-legalize-to-stablehlo)",
-            "func.func(convert-torch-to-arith)",
-            "func.func(canonicalize)",
-            "func.func(cse)",
-            "torch-func-backend-type-conversion-for-stablehlo",
-            "func.func(canonicalize)",
-            "func.func(torch-finalizing-backend-type-conversion-for-stablehlo)",
-            "func.func(stablehlo-canonicalize-dynamism)",
-            "func.func(canonicalize)",
-            "stablehlo-refine-shapes",
-            "func.func(canonicalize)",
-            "func.func(stablehlo-canonicalize-dynamism)",
-            "func.func(canonicalize)",
-            "func.func(stablehlo-legalize-deprecated-ops)",
-            "canonicalize"),
+        *torch_to_stablehlo(),
 
         # -- StableHLO: Blade's rewrites --------------------------------------------------
         *([Pass("inline-user-converters",

@@ -8,6 +8,7 @@ import torch
 from blade import _C
 from blade.config import Config
 from blade.frontend.simplify import is_tensor_op
+from blade.partition.node_types import type_key
 from blade.partition.registry import REGISTRY, Verdict, describe, schema_name
 from blade.report import Report
 
@@ -41,7 +42,7 @@ MAX_RECLUSTER_ROUNDS = 4
 
 
 def _input_signature(node: torch._C.Node) -> Tuple:
-    return tuple((str(v.type()), repr(v.toIValue()) if v.node().kind() == "prim::Constant"
+    return tuple((type_key(v), repr(v.toIValue()) if v.node().kind() == "prim::Constant"
                   else None) for v in node.inputs())
 
 

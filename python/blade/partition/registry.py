@@ -4,7 +4,9 @@ Entries are keyed by exact overload (``aten::add.Tensor``, not ``aten::add``). E
 capability validator that may refuse a particular node, a priority (the highest-priority
 entry that accepts a node wins, so a user's converter can override a built-in one), and
 the dtype rule from `blade.partition.dtypes`. Built-in entries have no `lower` function: their op is
-imported into Torch-MLIR's torch dialect as it is and lowered by Torch-MLIR.
+imported into Torch-MLIR's torch dialect as it is and lowered by Torch-MLIR. An aten op with
+no entry is compilable when Torch-MLIR lowers it for the node's types and constant arguments
+(blade.partition.torch_mlir_probe asks it).
 """
 import re
 from dataclasses import dataclass
@@ -12,8 +14,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from blade.partition import dtypes
 from blade import _C
+from blade.partition import dtypes, torch_mlir_probe
 
 # A validator returns None to accept the node, or the reason it refuses it.
 Validator = Callable[[torch._C.Node], Optional[str]]
@@ -153,7 +155,7 @@ class ConverterRegistry:
             return Verdict(None, "not_materialized",
                            f"{name}: the type of %{unknown.debugName()} is not known (the "
                            "example inputs never reached this node)")
-        if not candidates:
+        if not candidates and torch_mlir_probe.probe_refusal(node) is not None:
             return Verdict(None, "no_converter", f"no converter is registered for {name}")
         if unknown is not None:
             return Verdict(None, "unknown_type", _unknown_type_reason(name, unknown))
@@ -163,6 +165,13 @@ class ConverterRegistry:
                 return Verdict(None, "non_constant_argument",
                                f"{name}: argument '{arg}' {_origin(value)} is not a "
                                "compile-time constant")
+        if not candidates:
+            # No converter of Blade's: compilable when Torch-MLIR lowers it as it is.
+            why = torch_mlir_probe.lowering_refusal(node, static_shapes)
+            if why is not None:
+                return Verdict(None, "no_converter",
+                               f"no converter is registered for {name}, and {why}")
+            return Verdict(Converter(name, origin=torch_mlir_probe.ORIGIN))
         refusals = []
         for converter in candidates:
             computed = [arg for arg, value in zip(arg_names, node.inputs())

@@ -1,0 +1,148 @@
+"""Breadth from Torch-MLIR: an aten op that no converter of Blade's covers is compilable when
+Torch-MLIR lowers it, for the node's own types and constant arguments, and the rest of
+Blade's pipeline compiles what it lowers to.
+
+The node alone is imported as a function (its tensor operands as arguments, its constant
+arguments cloned) and run through the whole codegen pass pipeline (blade.codegen.pipeline:
+Torch-MLIR's passes to StableHLO, then Blade's levels to the LLVM dialect; not LLVM itself);
+it is compilable when every pass succeeds and Torch-MLIR left no torch-dialect op behind
+(an op StableHLO has but Blade does not lower, a sort, fails a later pass). Each distinct case (op, operand types, constant arguments, static
+or dynamic shapes) is asked once per process. Blade's own converters, with their dtype rules
+and validators, still decide the ops they cover. Ops that write into their operands or draw
+random numbers are never probed; a lowering that Torch-MLIR gets wrong is caught by the
+engine check (blade.self_check) and falls back.
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from blade.partition.node_types import type_key
+
+# What the registry reports for a node the probe accepted.
+ORIGIN = "torch-mlir"
+# case -> None (it lowers) or why not
+_ANSWERS: Dict[Tuple, Optional[str]] = {}
+
+
+def probe_refusal(node: torch._C.Node) -> Optional[str]:
+    """Why `node` is not even asked (None when it may be): the probe takes aten ops with
+    tensor results that neither write into their operands nor draw random numbers."""
+    if not node.kind().startswith("aten::") or node.schema() == "(no schema)":
+        return "not an aten op with a schema"
+    schema = torch._C.parse_schema(node.schema())
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return "it writes into an operand"
+    if node.isNondeterministic():
+        return "it draws random numbers"
+    if not all(isinstance(v.type(), torch._C.TensorType) for v in node.outputs()):
+        return "it has a result that is not a tensor"
+    return None
+
+
+def lowering_refusal(node: torch._C.Node, static_shapes: bool = True) -> Optional[str]:
+    """None when Torch-MLIR lowers `node` to StableHLO for its types and constant
+    arguments, else why not (one line)."""
+    why = probe_refusal(node)
+    if why is not None:
+        return why
+    key = _case(node, static_shapes)
+    if key is None:
+        return "an argument is neither a tensor nor a constant"
+    if key not in _ANSWERS:
+        _ANSWERS[key] = _lower_alone(node)
+    return _ANSWERS[key]
+
+
+def _case(node: torch._C.Node, static_shapes: bool) -> Optional[Tuple]:
+    parts = [node.schema(), static_shapes]
+    for value in node.inputs():
+        producer = value.node()
+        if isinstance(value.type(), torch._C.TensorType):
+            parts.append(type_key(value))
+        elif producer.kind() == "prim::Constant":
+            parts.append((str(value.type()), repr(value.toIValue())))
+        elif producer.kind() == "prim::ListConstruct" and \
+                all(v.node().kind() == "prim::Constant" for v in producer.inputs()):
+            parts.append((str(value.type()), repr([v.toIValue() for v in producer.inputs()])))
+        else:
+            return None
+    parts.extend(type_key(v) for v in node.outputs())
+    return tuple(parts)
+
+
+def _lower_alone(node: torch._C.Node) -> Optional[str]:
+    from blade.importer import import_subgraph
+
+    graph = torch._C.Graph()
+    mapping = {}
+    for value in node.inputs():
+        producer = value.node()
+        if isinstance(value.type(), torch._C.TensorType):
+            mapping[value] = graph.addInput()
+            mapping[value].setType(value.type())
+        elif producer.kind() == "prim::ListConstruct":
+            items = [graph.insertNode(graph.createClone(v.node(), lambda x: x)).output()
+                     for v in producer.inputs()]
+            lst = graph.insertNode(graph.createClone(producer, dict(zip(producer.inputs(),
+                                                                        items)).__getitem__))
+            mapping[value] = lst.output()
+        else:
+            mapping[value] = graph.insertNode(graph.createClone(producer, lambda x: x)).output()
+    clone = graph.insertNode(graph.createClone(node, mapping.__getitem__))
+    for original, copy in zip(node.outputs(), clone.outputs()):
+        copy.setType(original.type())
+        graph.registerOutput(copy)
+    try:
+        text = import_subgraph(graph).text
+    except Exception as e:  # an argument or type the importer cannot write
+        return f"Blade's importer cannot write it: {str(e).splitlines()[0]}"
+    # As the compiler calls the pipeline (compiler._start_engine): outputs of dynamic size
+    # are returned, not written into buffers passed in.
+    returns_outputs = any(s < 0 for v in node.outputs() for s in v.type().symbolic_sizes())
+    buffers = len(list(graph.inputs())) + (0 if returns_outputs else len(list(node.outputs())))
+    return _compiles(text, buffers, returns_outputs)
+
+
+def _compiles(text: str, num_buffers: int, returns_outputs: bool) -> Optional[str]:
+    from torch_mlir import ir
+    from torch_mlir.dialects import torch as torch_dialect
+
+    from blade.codegen import driver, pipeline
+
+    driver.register_passes()
+    context = ir.Context()
+    torch_dialect.register_dialect(context)
+    options = pipeline.Options(num_buffers, returns_outputs=returns_outputs)
+    steps = pipeline.build(options)
+    to_stablehlo = len(pipeline.torch_to_stablehlo())
+    with context:
+        try:
+            module = ir.Module.parse(text)
+            compilation = pipeline.Compilation(module, options)
+            pipeline.run(compilation, steps[:to_stablehlo])
+        except Exception as e:
+            return f"Torch-MLIR does not lower it to StableHLO ({_summary(e)})"
+        left = _torch_ops(module.operation)
+        if left:
+            return f"Torch-MLIR does not lower it to StableHLO (it leaves {left[0]})"
+        try:
+            pipeline.run(compilation, steps[to_stablehlo:])
+        except Exception as e:
+            return f"Blade does not compile what Torch-MLIR lowers it to ({_summary(e)})"
+    return None
+
+
+def _summary(error: Exception) -> str:
+    return (getattr(error, "summary", None) or str(error).splitlines()[0])[:200]
+
+
+def _torch_ops(operation):
+    found = []
+    for region in operation.regions:
+        for block in region.blocks:
+            for op in block.operations:
+                name = op.operation.name
+                if name.startswith("torch.") or name.startswith("torch_c."):
+                    found.append(name)
+                found.extend(_torch_ops(op.operation))
+    return found
