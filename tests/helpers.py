@@ -6,9 +6,12 @@ import torch
 import blade
 
 
-def run_compiled(model, inputs, config=None, rtol=1e-5, atol=1e-5, min_compiled_ops=1):
-    """Optimizes `model`, checks its outputs against eager, and that at least one engine
-    ran its compiled code with no run-time fallback. Returns (optimized, report)."""
+def run_compiled(model, inputs, config=None, rtol=1e-5, atol=1e-5, min_compiled_ops=1,
+                 allow_compile_errors=False):
+    """Optimizes `model`, checks its outputs against eager, that at least one engine ran
+    its compiled code with no run-time fallback, and that no cluster failed to compile (an
+    exception in a pass would otherwise be a silent fallback) unless the test expects one
+    (`allow_compile_errors`). Returns (optimized, report)."""
     model = model.eval() if isinstance(model, torch.nn.Module) else model
     optimized = blade.optimize(model, inputs, config)
     with torch.no_grad():
@@ -17,6 +20,7 @@ def run_compiled(model, inputs, config=None, rtol=1e-5, atol=1e-5, min_compiled_
     assert_same(actual, expected, rtol, atol)
     report = blade.report(optimized)
     assert report.compiled_ops >= min_compiled_ops, str(report)
+    assert allow_compile_errors or not report.compile_errors, str(report)
     assert report.clusters and all(c.calls > 0 for c in report.clusters), str(report)
     assert report.runtime_fallbacks == 0, str(report)
     assert_every_op_accounted_for(report)

@@ -186,7 +186,8 @@ def test_a_failing_node_stays_torchscript_and_the_rest_compiles():
     converter = _accept_in_registry("aten::linalg_det")
     try:
         x = torch.randn(3, 4, 4)
-        optimized, report = run_compiled(WithDeterminant(), (x,), min_compiled_ops=6)
+        optimized, report = run_compiled(WithDeterminant(), (x,), min_compiled_ops=6,
+                                         allow_compile_errors=True)
         # Both determinants (the failing node and its twin) run as TorchScript, every other
         # op compiled after one failed attempt.
         reasons = report.unsupported["aten::linalg_det"].reasons
@@ -235,7 +236,8 @@ def test_a_failure_in_one_cluster_leaves_the_others_alone():
     converter = _accept_in_registry("aten::linalg_det")
     try:
         x = torch.randn(3, 4, 4)
-        optimized, report = run_compiled(DeterminantBeforeTopk(), (x,))
+        optimized, report = run_compiled(DeterminantBeforeTopk(), (x,),
+                                         allow_compile_errors=True)
         # The exp cluster compiled first time; the failed one came back as two clusters.
         assert len(report.clusters) == 3 and len(report.compile_errors) == 1, str(report)
         assert report.compiled_ops == report.total_ops - 2, str(report)  # det, topk
