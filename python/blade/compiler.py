@@ -103,8 +103,9 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
         begun = []
         for cluster in clusters:
             ops = _op_counts(cluster.g("Subgraph"))
-            entry = ClusterReport(f"{ENGINE_PREFIX}{index}", ops,
-                                  *_signatures(cluster.inputs(), cluster.outputs()))
+            input_specs, output_specs = _signatures(cluster.inputs(), cluster.outputs())
+            entry = ClusterReport(name=f"{ENGINE_PREFIX}{index}", ops=ops,
+                                  inputs=input_specs, outputs=output_specs)
             index += 1
             if config.dry_run:
                 entry.compiled = False
@@ -131,10 +132,7 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
         for (entry, cluster, ops, cluster_dump, start, finish), example in zip(begun, examples):
             try:
                 compiled, entry.code = finish(example)
-                entry.library_calls = compiled.library_calls
-                entry.fused_attention = compiled.fused_attention
-                entry.parallel_loops = compiled.parallel_loops
-                entry.tiled_transposes = compiled.tiled_transposes
+                entry.take(compiled.statistics)
                 report.compiled_ops += sum(ops.values())
                 report.clusters.append(entry)
                 cluster_dump.finish({**cluster_dump.seconds,

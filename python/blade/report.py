@@ -10,12 +10,18 @@ from typing import Dict, List
 
 import torch
 
+from blade.codegen.statistics import CodeStatistics
+
 REPORT_ATTRIBUTE = "_blade_report"
 GUARD_ATTRIBUTE = "blade_guard"   # the optimized graph's input guard (csrc/ral/guard.h)
 
 
-@dataclass
-class ClusterReport:
+@dataclass(kw_only=True)
+class ClusterReport(CodeStatistics):
+    """One engine: its ops, signature, counters and what its code is made of (the
+    CodeStatistics fields: library_calls, fused_attention, parallel_loops,
+    tiled_transposes)."""
+
     name: str
     ops: Dict[str, int]  # op kind -> count inside the cluster
     inputs: str          # signature, e.g. "float32[4,8];float32[8]"
@@ -24,10 +30,6 @@ class ClusterReport:
     calls: int = 0
     fallbacks: int = 0
     status: str = ""     # why the compiled code is not in use, or the last fallback reason
-    library_calls: int = 0  # matmuls/convolutions run by PyTorch's kernels through the RAL
-    fused_attention: int = 0  # of those, softmax(q @ k^T * s + mask) @ v chains as one kernel
-    parallel_loops: int = 0  # loop nests split across PyTorch's intra-op threads
-    tiled_transposes: int = 0  # transposing loop nests run as 8 x 8 vector tiles
     packed_weights: int = 0  # prepared weight copies, oneDNN's or MKL's packed (read live)
     prepared_bytes: int = 0  # the memory those copies take beside the weights (read live)
     # Where the code came from: "compiled", "compile cache", or "same code as <engine>".

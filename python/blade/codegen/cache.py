@@ -34,12 +34,11 @@ from typing import Callable, Dict, Optional
 import torch
 
 from blade import _C
+from blade.codegen.statistics import CodeStatistics
 
 CACHE_VARIABLE = "BLADE_CACHE_DIR"
 DEFAULT_MAX_BYTES = 1 << 30
 _MAGIC = b"blade compiled code 1\n"
-# What a cache entry carries besides the code: CompiledCluster's counters.
-_COUNTERS = ("library_calls", "fused_attention", "parallel_loops", "tiled_transposes")
 
 
 @dataclass
@@ -48,10 +47,8 @@ class CompiledCluster:
 
     library: bytes
     seconds: Dict[str, float] = field(default_factory=dict)  # per pass, and native code
-    library_calls: int = 0  # ops outlined as RAL kernel calls
-    fused_attention: int = 0  # of those, attention chains run as one kernel (attention.py)
-    parallel_loops: int = 0  # loop nests run on PyTorch's intra-op threads
-    tiled_transposes: int = 0  # transposing loop nests rewritten as vector tiles
+    # What a cache entry carries besides the code.
+    statistics: CodeStatistics = field(default_factory=CodeStatistics)
 
 
 @lru_cache(maxsize=None)
@@ -183,7 +180,7 @@ class CodeCache:
     def _store(self, key: str, compiled: CompiledCluster) -> None:
         if self.directory is None:
             return
-        header = json.dumps({name: getattr(compiled, name) for name in _COUNTERS}).encode()
+        header = json.dumps(compiled.statistics.as_dict()).encode()
         body = _MAGIC + struct.pack("<QQ", len(header), len(compiled.library)) + header + \
             compiled.library
         signature = _C.sign_digest(_entry_digest(key, body), self.signing_key).encode()
@@ -238,9 +235,8 @@ def _parse_entry(key: str, data: bytes):
         return None, why
     try:
         counters = json.loads(data[fixed:fixed + header_size])
-        compiled = CompiledCluster(data[fixed + header_size:end])
-        for name in _COUNTERS:
-            setattr(compiled, name, int(counters[name]))
+        compiled = CompiledCluster(data[fixed + header_size:end],
+                                   statistics=CodeStatistics.from_dict(counters))
     except (ValueError, KeyError, TypeError) as e:
         return None, f"malformed header: {e}"
     return compiled, ""

@@ -84,11 +84,7 @@ def start_compiling(text: str, num_buffers: int, user_calls=(), dump=None,
         finally:
             if dump is not None:
                 dump.seconds.update(result.seconds)
-        statistics = compilation.statistics
-        result.library_calls = statistics.library_calls
-        result.fused_attention = statistics.fused_attention
-        result.parallel_loops = statistics.parallel_loops
-        result.tiled_transposes = statistics.tiled_transposes
+        result.statistics = compilation.statistics
         start = time.perf_counter()
         llvm_text = str(module).rstrip()
         if not llvm_text.endswith("}"):

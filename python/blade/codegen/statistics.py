@@ -1,6 +1,7 @@
-"""What code generation made of one cluster, counted once: the compile cache stores it
-with the code, and the report shows it per engine."""
-from dataclasses import asdict, dataclass
+"""What code generation made of one cluster, defined once: the passes count it
+(blade.codegen.pipeline), the compile cache stores it with the code, and each engine's
+report is one (blade.report.ClusterReport)."""
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass
@@ -19,3 +20,13 @@ class CodeStatistics:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, counters: dict) -> "CodeStatistics":
+        """The counters `as_dict` wrote; raises KeyError or ValueError on a malformed one."""
+        return cls(**{f.name: int(counters[f.name]) for f in fields(cls)})
+
+    def take(self, other: "CodeStatistics") -> None:
+        """Sets these counters to `other`'s (a report entry taking its code's)."""
+        for f in fields(CodeStatistics):
+            setattr(self, f.name, getattr(other, f.name))
