@@ -10,11 +10,11 @@ accepts, so no per-op printing code is needed. The text is parsed and verified b
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from blade.partition.registry import describe, schema_name
+from blade.partition.registry import Converter, describe, schema_name
 
 ELEMENT_TYPES = {
     "Float": "f32", "Double": "f64", "Half": "f16", "BFloat16": "bf16", "Long": "si64",
@@ -75,6 +75,17 @@ def _float_literal(x: float) -> str:
 
 def _string_literal(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass
+class UserCall:
+    """One node of a cluster that a user converter lowers: the importer writes a call of
+    a private function, whose body blade.partition.user_converters fills in later."""
+    function: str            # the private function's name
+    converter: Converter
+    node: torch._C.Node
+    arguments: Dict[str, Any]  # non-tensor arguments by schema name, as Python values
+    node_index: Optional[int] = None  # the node's index in its cluster
 
 
 @dataclass
@@ -151,8 +162,6 @@ class _Emitter:
         blade/partition/user_converters.py); only tensors are passed, other arguments are constants
         the converter reads from the node."""
         from blade.partition.registry import constant_arguments
-        from blade.partition.user_converters import UserCall
-
         function = f"blade_user_{len(self.user_calls)}"
         tensors = [v for v in node.inputs() if isinstance(v.type(), torch._C.TensorType)]
         operand_types = [value_type(v.type()) for v in tensors]

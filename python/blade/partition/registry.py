@@ -10,12 +10,12 @@ no entry is compilable when Torch-MLIR lowers it for the node's types and consta
 """
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from blade import _C
-from blade.partition import dtypes, torch_mlir_probe
+from blade.partition import dtypes
 
 # A validator returns None to accept the node, or the reason it refuses it.
 Validator = Callable[[torch._C.Node], Optional[str]]
@@ -119,6 +119,14 @@ def _unknown_type_reason(name: str, value: torch._C.Value) -> str:
 class ConverterRegistry:
     def __init__(self):
         self._entries: Dict[str, List[Converter]] = {}
+        self._unknown_ops: Optional[Tuple[Callable, Callable, str]] = None
+
+    def ask_about_unknown_ops(self, excluded: Callable, refusal: Callable, origin: str) -> None:
+        """How a node that no converter covers is decided: `excluded(node)` says why it
+        is not even asked (None: ask), `refusal(node, static_shapes)` is asked once its
+        types are known and its non-tensor arguments constant, and says why it cannot be
+        compiled (None: it can, as `origin`; see blade.partition.torch_mlir_probe)."""
+        self._unknown_ops = (excluded, refusal, origin)
 
     def register(self, converter: Converter) -> Converter:
         entries = self._entries.setdefault(converter.schema, [])
@@ -155,7 +163,8 @@ class ConverterRegistry:
             return Verdict(None, "not_materialized",
                            f"{name}: the type of %{unknown.debugName()} is not known (the "
                            "example inputs never reached this node)")
-        if not candidates and torch_mlir_probe.probe_refusal(node) is not None:
+        if not candidates and (self._unknown_ops is None or
+                               self._unknown_ops[0](node) is not None):
             return Verdict(None, "no_converter", f"no converter is registered for {name}")
         if unknown is not None:
             return Verdict(None, "unknown_type", _unknown_type_reason(name, unknown))
@@ -167,11 +176,12 @@ class ConverterRegistry:
                                "compile-time constant")
         if not candidates:
             # No converter of Blade's: compilable when Torch-MLIR lowers it as it is.
-            why = torch_mlir_probe.lowering_refusal(node, static_shapes)
+            _, refusal, origin = self._unknown_ops
+            why = refusal(node, static_shapes)
             if why is not None:
                 return Verdict(None, "no_converter",
                                f"no converter is registered for {name}, and {why}")
-            return Verdict(Converter(name, origin=torch_mlir_probe.ORIGIN))
+            return Verdict(Converter(name, origin=origin))
         refusals = []
         for converter in candidates:
             computed = [arg for arg, value in zip(arg_names, node.inputs())

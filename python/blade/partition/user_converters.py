@@ -16,15 +16,14 @@ it and converts the declaration's types to builtin tensors; `fill_bodies` then b
 function's body by calling the converter with the function's arguments as operands, and
 the call is inlined, so the user's ops fuse with their neighbours like any other.
 """
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-import torch
 from torch_mlir import ir
 from torch_mlir.dialects import func
 
 from blade.partition import dtypes
-from blade.importer import node_location
+from blade.importer import UserCall, node_location
+# constant_arguments is part of this module's API for converter authors (docs/).
 from blade.partition.registry import (REGISTRY, USER_PRIORITY, Converter,  # noqa: F401
                                       constant_arguments, schema_name)
 
@@ -36,16 +35,6 @@ class ConverterError(Exception):
     def __init__(self, message: str, node_index: Optional[int] = None):
         super().__init__(message)
         self.node_index = node_index
-
-
-@dataclass
-class UserCall:
-    """One node of a cluster lowered by a user converter."""
-    function: str            # the private function's name
-    converter: Converter
-    node: torch._C.Node
-    arguments: Dict[str, Any]  # non-tensor arguments by schema name, as Python values
-    node_index: Optional[int] = None  # the node's index in its cluster
 
 
 class ConversionContext:

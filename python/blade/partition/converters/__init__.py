@@ -1,14 +1,11 @@
-"""Built-in converters, one module per op family. Registering is thin: each op's lowering
-is Torch-MLIR's own torch-to-StableHLO conversion; what lives here is which overloads are
-compiled, their dtype rules, and validators for the cases the lowering cannot take."""
-from blade.partition.dtypes import DtypeRule, define
-from blade.partition.registry import REGISTRY, Converter
+"""Built-in converters, one module per op family. Registering is thin (registration.py):
+each op's lowering is Torch-MLIR's own torch-to-StableHLO conversion; what lives here is
+which overloads are compiled, their dtype rules, and validators for the cases the lowering
+cannot take. Importing this package registers them all, and lets the registry ask
+Torch-MLIR about ops none of them covers (blade.partition.torch_mlir_probe)."""
+from blade.partition import torch_mlir_probe
+from blade.partition.converters import conv, elementwise, linalg, reduction, view  # noqa: F401
+from blade.partition.registry import REGISTRY
 
-
-def builtin(schemas, rule: DtypeRule, *, compute: bool = True, validator=None) -> None:
-    define(schemas, rule)
-    for schema in schemas:
-        REGISTRY.register(Converter(schema, validator=validator, compute=compute))
-
-
-from . import conv, elementwise, linalg, reduction, view  # noqa: E402,F401  (registers them)
+REGISTRY.ask_about_unknown_ops(torch_mlir_probe.probe_refusal,
+                               torch_mlir_probe.lowering_refusal, torch_mlir_probe.ORIGIN)

@@ -1,7 +1,7 @@
 """2-d convolution and pooling (NCHW)."""
 from blade.partition.dtypes import FLOATS, DtypeRule
 from blade.partition.registry import constant_arguments
-from blade.partition.converters import builtin
+from blade.partition.converters.registration import builtin
 
 FLOAT = DtypeRule(args={"*": FLOATS})
 

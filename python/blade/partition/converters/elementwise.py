@@ -1,7 +1,7 @@
 """Elementwise arithmetic, activations, math functions, selection, comparisons and casts."""
 from blade.partition.dtypes import (ALL, ANY_RESULT, BOOL, BOOL_SAME, FLOATS, NUMERIC_SAME,
                                     NUMERIC_TO_BOOL, DtypeRule)
-from blade.partition.converters import builtin
+from blade.partition.converters.registration import builtin
 
 # Arithmetic: PyTorch's type promotion applies (an int64 0-d `other`, as tracing records
 # Python scalars, with a float32 `self` gives float32).

@@ -2,7 +2,7 @@
 RAL (python/blade/codegen/kernels/library_calls.py), with their elementwise neighbours compiled around
 them."""
 from blade.partition.dtypes import FLOATS, DtypeRule
-from blade.partition.converters import builtin
+from blade.partition.converters.registration import builtin
 
 builtin(["aten::linear", "aten::matmul", "aten::mm", "aten::bmm", "aten::addmm",
          "aten::baddbmm"], DtypeRule(args={"*": FLOATS}))

@@ -1,7 +1,7 @@
 """Reductions over dims, softmax and the normalizations built from them."""
 from blade.partition.dtypes import FLOATS, NUMERIC, DtypeRule
 from blade.partition.registry import constant_arguments
-from blade.partition.converters import builtin
+from blade.partition.converters.registration import builtin
 
 FLOAT_REDUCTION = DtypeRule(args={"*": FLOATS})
 

@@ -3,7 +3,7 @@
 Pure views move no data by themselves, so they do not count as compute ops.
 """
 from blade.partition.dtypes import ALL, ANY_RESULT, DtypeRule, INTS
-from blade.partition.converters import builtin
+from blade.partition.converters.registration import builtin
 
 ANY_DTYPE = DtypeRule(args={"*": ALL})
 
