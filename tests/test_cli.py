@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import blade
-from blade.tools.cli import main
+from blade.tools.cli import main, random_input
 from helpers import TwoClusters, assert_same
 
 
@@ -236,3 +236,16 @@ def test_an_unwritable_output_is_one_line(saved_model, tmp_path, capsys):
                  "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"cannot write {out}" in err, err
+
+
+def test_the_runtimes_spec_dtypes_are_the_dtype_table():
+    """Tensor specs are parsed in C++ (csrc/ral/tensor_spec.cpp) and written in Python: both
+    name the dtypes of blade.partition.dtypes.DTYPES, in its order, and the command line
+    takes each of them."""
+    from blade.partition import dtypes
+
+    assert blade._C.spec_dtype_names() == [d.name for d in dtypes.DTYPES]
+    for d in dtypes.DTYPES:
+        bound = "" if d.torch.is_floating_point or d.torch == torch.bool else ":3"
+        spec = f"{d.name}[2,3]{bound}"
+        assert random_input(spec, torch.Generator()).dtype == d.torch, spec

@@ -15,6 +15,7 @@
 #include "ral/engine.h"
 #include "ral/ral_abi.h"
 #include "ral/signing.h"
+#include "ral/tensor_spec.h"
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
@@ -131,6 +132,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
         "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;
+  m.def("spec_dtype_names", &ral::spec_dtype_names,
+        "The dtype names of the runtime's tensor specs (float32[2,8]), in its table's order.");
 
   // Signing and trust (ral/signing.h): here and in C++ only, never reachable from TorchScript.
   m.def("sign_engine", &ral::sign_engine, py::arg("name"), py::arg("code"),

@@ -38,6 +38,14 @@ std::string describe_tensor(const at::Tensor& t) {
 
 }  // namespace
 
+std::vector<std::string> spec_dtype_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : kDtypeNames) {
+    names.emplace_back(entry.name);
+  }
+  return names;
+}
+
 const char* dtype_name(at::ScalarType dtype) {
   for (const auto& entry : kDtypeNames) {
     if (entry.dtype == dtype) {

@@ -46,6 +46,9 @@ std::string format_specs(const std::vector<TensorSpec>& specs);
 std::string describe_tensors(const std::vector<at::Tensor>& tensors);
 
 const char* dtype_name(at::ScalarType dtype);
+// Every dtype name specs use, in table order (blade.partition.dtypes.DTYPES names the same;
+// a test compares them).
+std::vector<std::string> spec_dtype_names();
 at::ScalarType dtype_from_name(const std::string& name);
 
 }  // namespace blade::ral

@@ -27,8 +27,8 @@ from blade.partition.clustering import (MAX_RECLUSTER_ROUNDS, dissolve_failed, f
 from blade.codegen.llvm.native import CompilerPool, default_workers
 from blade._runtime import RUNTIME_LIBRARY
 from blade.quiet import quiet_torchscript
-from blade.partition.registry import (REGISTRY, SCALAR_TYPE_NAMES, Verdict, argument_name, ran,
-                                      schema_name)
+from blade.partition.dtypes import SCALAR_TYPE_NAMES
+from blade.partition.registry import REGISTRY, Verdict, argument_name, ran, schema_name
 from blade.report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 from blade.self_check import (CheckTime, EngineCheckError, Example, capture_cluster_examples,
                               compare_engine, draws_random_numbers, find_disagreeing_node)

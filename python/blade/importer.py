@@ -14,13 +14,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from blade.partition.dtypes import ELEMENT_TYPES
 from blade.partition.registry import Converter, describe, schema_name
-
-ELEMENT_TYPES = {
-    "Float": "f32", "Double": "f64", "Half": "f16", "BFloat16": "bf16", "Long": "si64",
-    "Int": "si32", "Short": "si16", "Char": "si8", "Byte": "ui8", "Bool": "i1",
-}
-
 
 class ImportError_(Exception):
     """A node that the importer cannot express in the torch dialect."""

@@ -11,11 +11,35 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-DTYPE_NAMES = {
-    torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
-    torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32",
-    torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
-}
+@dataclass(frozen=True)
+class Dtype:
+    """One dtype under all the names it goes by in Blade."""
+
+    torch: torch.dtype
+    name: str                 # Blade's: reports, tensor specs, the dtype table, the CLI
+    scalar_type: str          # TorchScript's (TensorType.scalarType())
+    element: str              # the torch dialect's element type
+    aliases: Tuple[str, ...] = ()  # other names the command line takes
+
+
+# The dtypes Blade names, in one table (csrc/ral/tensor_spec.cpp's names are checked
+# against it by tests/test_cli.py).
+DTYPES = (
+    Dtype(torch.float32, "float32", "Float", "f32", ("float",)),
+    Dtype(torch.float64, "float64", "Double", "f64", ("double",)),
+    Dtype(torch.float16, "float16", "Half", "f16", ("half",)),
+    Dtype(torch.bfloat16, "bfloat16", "BFloat16", "bf16"),
+    Dtype(torch.int64, "int64", "Long", "si64", ("long",)),
+    Dtype(torch.int32, "int32", "Int", "si32", ("int",)),
+    Dtype(torch.int16, "int16", "Short", "si16"),
+    Dtype(torch.int8, "int8", "Char", "si8"),
+    Dtype(torch.uint8, "uint8", "Byte", "ui8"),
+    Dtype(torch.bool, "bool", "Bool", "i1"),
+)
+DTYPE_NAMES = {d.torch: d.name for d in DTYPES}
+SCALAR_TYPE_NAMES = {d.scalar_type: d.name for d in DTYPES}
+ELEMENT_TYPES = {d.scalar_type: d.element for d in DTYPES}
+BY_NAME = {name: d.torch for d in DTYPES for name in (d.name, *d.aliases)}
 
 F32 = ("float32",)
 BOOL = ("bool",)

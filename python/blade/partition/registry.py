@@ -81,13 +81,6 @@ def _tensor_dtype(value: torch._C.Value) -> Optional[str]:
     return dtypes.dtype_name(t.dtype())
 
 
-SCALAR_TYPE_NAMES = {
-    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
-    "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
-    "Bool": "bool",
-}
-
-
 def is_materialized(value: torch._C.Value, static_shapes: bool = True) -> bool:
     t = value.type()
     if not isinstance(t, torch._C.TensorType):

@@ -23,13 +23,10 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from blade.partition import dtypes
+
 SPEC = re.compile(r"^\s*(\w+)\[([\d,\s]*)\](?::(\d+))?\s*$")
-DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "float64": torch.float64,
-    "double": torch.float64, "float16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "int64": torch.int64, "long": torch.int64,
-    "int32": torch.int32, "int": torch.int32, "bool": torch.bool,
-}
+DTYPES = dtypes.BY_NAME  # the names a spec's dtype may have
 
 
 class CliError(Exception):
