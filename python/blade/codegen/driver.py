@@ -26,7 +26,6 @@ from blade.codegen.cache import CompiledCluster
 from blade.codegen.errors import CodegenError
 from blade.codegen.llvm import abi, native
 from blade.codegen.llvm.native import host_cpu_features
-from blade.codegen.loops import parallel
 
 
 def compile_torch_mlir(text: str, num_buffers: int, user_calls=(), dump=None,
@@ -86,14 +85,6 @@ def start_compiling(text: str, num_buffers: int, user_calls=(), dump=None,
                 dump.seconds.update(result.seconds)
         result.statistics = compilation.statistics
         start = time.perf_counter()
-        llvm_text = str(module).rstrip()
-        if not llvm_text.endswith("}"):
-            raise CodegenError("unexpected LLVM-dialect module text")
-        llvm_text = parallel.drop_launch_declarations(llvm_text[:-1]) + \
-            parallel.llvm_glue(compilation.parallel_tasks) + "\n" + \
-            abi.entry_wrapper(num_buffers, returns_outputs) + "\n}\n"
-        module = ir.Module.parse(llvm_text)
-        abi.tune_for_host(module, options.avx512)
         if dumping:
             dump.write("2_llvm.ll", abi.llvm_ir(module))
         try:

@@ -29,7 +29,7 @@ from blade.codegen.kernels import library_calls
 from blade.codegen.linalg.concatenations import lower_concatenations, write_slices_in_place
 from blade.codegen.linalg.gathers import lower_dynamic_reverses, lower_gathers
 from blade.codegen.linalg.pooling import lower_reduce_windows
-from blade.codegen.llvm import abi
+from blade.codegen.llvm import abi, launchers
 from blade.codegen.loops import approximations, loop_order, parallel, tiled_transpose
 from blade.codegen.stablehlo import folding, layouts, slices
 from blade.codegen.stablehlo.shape_assumptions import (annotate_broadcasts, divide_out_sizes,
@@ -241,6 +241,11 @@ def build(options: Options) -> List[Pass]:
             "reconcile-unrealized-casts"),
         Pass("mark-noalias-pointers",
              lambda c: abi.mark_noalias_pointers(c.module, c.noalias)),
+        Pass("define-parallel-launchers", lambda c: launchers.define_launchers(
+            c.module, c.parallel_tasks, parallel.MIN_TASK_ITERATIONS)),
+        Pass("define-entry-point", lambda c: abi.define_entry_point(
+            c.module, c.options.num_buffers, c.options.returns_outputs)),
+        Pass("tune-for-host", lambda c: abi.tune_for_host(c.module, c.options.avx512)),
     ]
 
 
@@ -260,7 +265,8 @@ def run(compilation: Compilation, passes: Sequence[Pass],
             current[:] = [step.name]
             start = time.perf_counter()
             try:
-                step.run(compilation)
+                with compilation.module.context, ir.Location.unknown():
+                    step.run(compilation)
             finally:
                 seconds[label] = time.perf_counter() - start
 

@@ -5,9 +5,10 @@ The library exports `blade_entry(void** args)`: one pointer per memref descripto
 cluster's inputs, then its params, then its outputs (written in place).
 """
 import ctypes
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from torch_mlir import ir
+from torch_mlir.dialects import llvm
 
 from blade.codegen.errors import CodegenError
 from blade.codegen.llvm.native import capsule_pointer, mlir_c_api
@@ -15,7 +16,7 @@ from blade.codegen.llvm.native import capsule_pointer, mlir_c_api
 
 def noalias_buffers(module) -> Dict[str, List[Tuple[int, bool]]]:
     """Per function with marked arguments, per argument: how many values the LLVM lowering
-    expands it into (a memref of rank r: its descriptor's 3 + 2r fields) and whether it is
+    expands it into (a memref: `descriptor_words` of its rank) and whether it is
     a memref marked `llvm.noalias` (main's, see blade.codegen.buffers.arguments; a
     parallel task's, see parallel.py). The lowering drops the mark;
     mark_noalias_pointers puts it back."""
@@ -27,7 +28,7 @@ def noalias_buffers(module) -> Dict[str, List[Tuple[int, bool]]]:
         for arg, attrs in zip(op.regions[0].blocks[0].arguments,
                               ir.ArrayAttr(op.attributes["arg_attrs"])):
             if isinstance(arg.type, ir.MemRefType):
-                args.append((3 + 2 * ir.MemRefType(arg.type).rank,
+                args.append((descriptor_words(ir.MemRefType(arg.type).rank),
                              "llvm.noalias" in ir.DictAttr(attrs)))
             elif isinstance(arg.type, (ir.IndexType, ir.IntegerType, ir.FloatType)):
                 args.append((1, False))
@@ -67,31 +68,59 @@ def tune_for_host(module, avx512: bool) -> None:
     bits where the host has them. And f32 divisions that may use a reciprocal (`arcp`,
     approximations.allow_reciprocal) use the hardware estimate refined by one Newton step
     (relative error about 2**-28, under float32's ulp) instead of a vector division."""
-    attributes = ['["reciprocal-estimates", "divf:1,vec-divf:1"]']
-    if avx512:
-        attributes.append('["prefer-vector-width", "512"]')
-    with module.context:
-        passthrough = ir.Attribute.parse(f"[{', '.join(attributes)}]")
-        for op in module.body.operations:
-            if op.operation.name == "llvm.func" and len(op.regions[0].blocks) > 0:
-                op.attributes["passthrough"] = passthrough
+    estimates = ir.StringAttr.get("divf:1,vec-divf:1")
+    width = ir.StringAttr.get("512")
+    for op in module.body.operations:
+        if op.operation.name == "llvm.func" and len(op.regions[0].blocks) > 0:
+            op.attributes["reciprocal_estimates"] = estimates
+            if avx512:
+                op.attributes["prefer_vector_width"] = width
 
 
-def entry_wrapper(num_args: int, returns_outputs: bool = False) -> str:
-    """LLVM-dialect `blade_entry(args)`, which unpacks `args` and calls the C interface.
-    With `returns_outputs`, args[0] is where main's C interface writes the descriptors of
-    the outputs it returns, and `num_args` pointers follow."""
-    lines = ["  llvm.func @blade_entry(%args: !llvm.ptr) {"]
-    names = []
-    for i in range(num_args + (1 if returns_outputs else 0)):
-        lines.append(f"    %p{i} = llvm.getelementptr %args[{i}] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr")
-        lines.append(f"    %a{i} = llvm.load %p{i} : !llvm.ptr -> !llvm.ptr")
-        names.append(f"%a{i}")
-    types = ", ".join(["!llvm.ptr"] * len(names))
-    lines.append(f"    llvm.call @_mlir_ciface_main({', '.join(names)}) : ({types}) -> ()")
-    lines.append("    llvm.return")
-    lines.append("  }")
-    return "\n".join(lines)
+def define_entry_point(module, num_args: int, returns_outputs: bool = False) -> None:
+    """`blade_entry(void** args)`, which loads one descriptor pointer per argument from
+    `args` and calls main's C interface with them. With `returns_outputs`, args[0] is where
+    main's C interface writes the descriptors of the outputs it returns, and `num_args`
+    pointers follow."""
+    ptr = llvm.PointerType.get()
+    interface = function_named(module, "_mlir_ciface_main")
+    void = llvm.FunctionType(ir.TypeAttr(interface.attributes["function_type"]).value).return_type
+    with ir.InsertionPoint(module.body):
+        entry = llvm.LLVMFuncOp("blade_entry",
+                                ir.TypeAttr.get(llvm.FunctionType.get(void, [ptr])))
+    block = entry.regions[0].blocks.append(ptr)
+    with ir.InsertionPoint(block):
+        pointers = []
+        for index in range(num_args + (1 if returns_outputs else 0)):
+            slot = llvm.GEPOp(ptr, block.arguments[0], [], [index], ptr, 0).result
+            pointers.append(llvm.LoadOp(ptr, slot).result)
+        llvm.CallOp(None, pointers, [], [], callee="_mlir_ciface_main")
+        llvm.ReturnOp()
+
+
+def descriptor_words(rank: int) -> int:
+    """How many values the LLVM lowering passes a memref of `rank` as: its descriptor's
+    allocated and aligned pointers, offset, sizes and strides (the runtime builds the
+    same, csrc/ral/engine.cpp)."""
+    return 3 + 2 * rank
+
+
+def descriptor_word_types(ranks: Sequence[int]) -> List:
+    """The LLVM types of the words of memrefs of `ranks`, in order."""
+    ptr = llvm.PointerType.get()
+    i64 = ir.IntegerType.get_signless(64)
+    types = []
+    for rank in ranks:
+        types += [ptr, ptr] + [i64] * (descriptor_words(rank) - 2)
+    return types
+
+
+def function_named(module, name: str):
+    for op in module.body.operations:
+        if op.operation.name in ("llvm.func", "func.func") and \
+                ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
+    raise KeyError(f"the module has no function @{name}")
 
 
 def llvm_ir(module) -> str:

@@ -12,8 +12,9 @@ loop first, is split along it:
                                                         the same generic on rows [begin, end)
                                                         of every operand indexed by that loop
 
-`@blade_launch_N` and a trampoline are written in the LLVM dialect (`llvm_glue`): the
-launcher gathers the descriptor pointers into an array and calls
+`@blade_launch_N` and a trampoline are built in the LLVM dialect once main is lowered
+(blade.codegen.llvm.launchers): the launcher gathers the descriptor words into an array and
+calls
 `blade_ral_parallel_for(extent, grain, trampoline, array)` (csrc/ral/ral_parallel.cpp),
 which runs `at::parallel_for` (torch.get_num_threads() threads, PyTorch's own pool); the
 trampoline unpacks the array and calls the task's C interface. Tasks never allocate and
@@ -327,7 +328,8 @@ def _outline_row_groups(main, tasks) -> None:
 
 
 def _launch(main, n: int, anchor, buffers) -> None:
-    """Declares `blade_launch_<n>` (defined by `llvm_glue`) and calls it with `buffers`
+    """Declares `blade_launch_<n>` (defined by blade.codegen.llvm.launchers) and calls it
+    with `buffers`
     just before `anchor`."""
     with ir.InsertionPoint(main):
         func.FuncOp(f"blade_launch_{n}", ([b.type for b in buffers], []), visibility="private")
@@ -367,7 +369,7 @@ def _rows_of(buffer, view_type, row, count):
 def outline(module, main) -> List[dict]:
     """Moves loop nests of `main` into tasks (groups over the same rows first, then each
     splittable generic left), after dropping their leading unit loops (unit_loops.py);
-    returns what `llvm_glue` needs."""
+    returns what their launchers need (blade.codegen.llvm.launchers)."""
     tasks = []
     block = main.regions[0].blocks[0]
     with module.context, ir.Location.unknown():
@@ -425,95 +427,3 @@ def outline(module, main) -> List[dict]:
             ranks = [ir.MemRefType(t).rank for t in types]
             tasks.append({"index": n, "ranks": ranks, "bounds": bounds})
     return tasks
-
-
-def drop_launch_declarations(llvm_text: str) -> str:
-    """The lowering declares each launcher; `llvm_glue` defines it."""
-    import re
-
-    # A declaration lists types only (no %names) and has no body.
-    return re.sub(r"(?m)^\s*llvm\.func (private )?@blade_launch_\d+\([^%\n]*\)"
-                  r"( attributes \{[^\n]*\})?\n", "", llvm_text)
-
-
-def _expanded(ranks):
-    """The LLVM types of memref arguments after lowering: per memref (allocated ptr,
-    aligned ptr, offset, sizes..., strides...)."""
-    types = []
-    for rank in ranks:
-        types += ["!llvm.ptr", "!llvm.ptr", "i64"] + ["i64"] * (2 * rank)
-    return types
-
-
-def _extent_and_grain(task) -> List[str]:
-    """LLVM-dialect lines defining %extent (loop 0's size) and %grain (rows per task, so
-    that a task runs at least MIN_TASK_ITERATIONS iterations): constants where the sizes
-    are static, else computed from the launcher's descriptor words (%p<i>)."""
-    dynamic = ir.ShapedType.get_dynamic_size()
-    lines, names = [], []
-    for loop, (operand, position, size) in enumerate(task["bounds"]):
-        if size == dynamic:
-            # An operand's words: allocated and aligned pointers, offset, sizes, strides.
-            names.append(f"%p{len(_expanded(task['ranks'][:operand])) + 3 + position}")
-        else:
-            lines.append(f"    %size{loop} = llvm.mlir.constant({size} : i64) : i64")
-            names.append(f"%size{loop}")
-    lines.append(f"    %extent = llvm.add {names[0]}, %zero : i64")
-    lines.insert(0, "    %zero = llvm.mlir.constant(0 : i64) : i64")
-    lines.append("    %inner1 = llvm.mlir.constant(1 : i64) : i64")
-    for loop, name in enumerate(names[1:], 1):
-        lines.append(f"    %inner{loop + 1} = llvm.mul %inner{loop}, {name} : i64")
-    if "grain" in task:
-        return lines + [f"    %grain = llvm.mlir.constant({task['grain']} : i64) : i64"]
-    inner = f"%inner{len(names)}"
-    lines += [
-        f"    %small = llvm.icmp \"slt\" {inner}, %one : i64",
-        f"    %rows_of = llvm.select %small, %one, {inner} : i1, i64",
-        f"    %work = llvm.mlir.constant({MIN_TASK_ITERATIONS - 1} : i64) : i64",
-        "    %wanted = llvm.add %work, %rows_of : i64",
-        "    %grain = llvm.sdiv %wanted, %rows_of : i64",
-    ]
-    return lines
-
-
-def llvm_glue(tasks) -> str:
-    """LLVM-dialect launchers and trampolines (see the module docstring). A launcher takes
-    the task's memrefs as the lowering passes them, stores every word in an array on its
-    stack, and hands the array to the RAL; the trampoline loads them back and calls the
-    task on its rows."""
-    if not tasks:
-        return ""
-    lines = ["  llvm.func @blade_ral_parallel_for(i64, i64, !llvm.ptr, !llvm.ptr)"]
-    for t in tasks:
-        n = t["index"]
-        types = _expanded(t["ranks"])
-        words = len(types)
-        params = ", ".join(f"%p{i}: {ty}" for i, ty in enumerate(types))
-        lines.append(f"  llvm.func @blade_launch_{n}({params}) {{")
-        lines.append("    %one = llvm.mlir.constant(1 : i64) : i64")
-        lines.append(f"    %array = llvm.alloca %one x !llvm.array<{words} x i64> : "
-                     "(i64) -> !llvm.ptr")
-        for i, ty in enumerate(types):
-            lines.append(f"    %slot{i} = llvm.getelementptr %array[{i}] : "
-                         "(!llvm.ptr) -> !llvm.ptr, i64")
-            lines.append(f"    llvm.store %p{i}, %slot{i} : {ty}, !llvm.ptr")
-        lines += _extent_and_grain(t)
-        lines.append(f"    %fn = llvm.mlir.addressof @blade_trampoline_{n} : !llvm.ptr")
-        lines.append("    llvm.call @blade_ral_parallel_for(%extent, %grain, %fn, %array) : "
-                     "(i64, i64, !llvm.ptr, !llvm.ptr) -> ()")
-        lines.append("    llvm.return")
-        lines.append("  }")
-        lines.append(f"  llvm.func @blade_trampoline_{n}(%begin: i64, %end: i64, "
-                     "%args: !llvm.ptr) {")
-        names = []
-        for i, ty in enumerate(types):
-            lines.append(f"    %q{i}p = llvm.getelementptr %args[{i}] : "
-                         "(!llvm.ptr) -> !llvm.ptr, i64")
-            lines.append(f"    %q{i} = llvm.load %q{i}p : !llvm.ptr -> {ty}")
-            names.append(f"%q{i}")
-        signature = ", ".join(["i64", "i64"] + types)
-        lines.append(f"    llvm.call @blade_task_{n}(%begin, %end, {', '.join(names)}) : "
-                     f"({signature}) -> ()")
-        lines.append("    llvm.return")
-        lines.append("  }")
-    return "\n".join(lines)
