@@ -6,6 +6,7 @@ replacement of an op by the body of a function written as text."""
 from typing import List, Optional
 
 from torch_mlir import ir
+from torch_mlir.dialects import linalg as linalg_dialect
 
 
 def as_operation(op):
@@ -43,12 +44,28 @@ def producer(value, name: str):
 
 def output_count(op) -> int:
     """How many of a linalg structured op's operands are outputs (`outs`), the last ones."""
-    return int(str(op.attributes["operandSegmentSizes"]).split(",")[-1].strip(" >]"))
+    return list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[-1]
+
+
+def parallel_loops(op) -> List[bool]:
+    """Per loop of a linalg structured op, whether it is parallel (else it reduces)."""
+    parallel = linalg_dialect._iteratortypeenum(linalg_dialect.IteratorType.parallel,
+                                                op.context)
+    return [a == parallel for a in ir.ArrayAttr(op.attributes["iterator_types"])]
 
 
 def all_parallel(op) -> bool:
     """Whether every loop of a linalg structured op is parallel (none reduces)."""
-    return all("parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"]))
+    return all(parallel_loops(op))
+
+
+def dims_used(expr) -> List[int]:
+    """The loop dims an affine expression reads, with repeats (`d0 * 2 + d0`: [0, 0])."""
+    if isinstance(expr, ir.AffineDimExpr):
+        return [expr.position]
+    if isinstance(expr, ir.AffineBinaryExpr):
+        return dims_used(expr.lhs) + dims_used(expr.rhs)
+    return []
 
 
 def strides_of(memref_type) -> Optional[List[int]]:
@@ -86,8 +103,9 @@ def map_dims(map_attr) -> Optional[List[Optional[int]]]:
 
 def identity_layout(memref_type) -> bool:
     """Whether a memref type has the identity (row-major, unstrided) layout."""
-    dims = ", ".join(f"d{i}" for i in range(memref_type.rank))
-    return str(memref_type.layout) == f"affine_map<({dims}) -> ({dims})>"
+    layout = memref_type.layout
+    return isinstance(layout, ir.AffineMapAttr) and \
+        layout.value == ir.AffineMap.get_identity(memref_type.rank)
 
 
 def loop_bounds(op, maps) -> List:

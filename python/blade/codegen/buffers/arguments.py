@@ -120,7 +120,7 @@ def reuse_dead_inputs(main) -> int:
             continue
         if list(op.regions[0].blocks[0].arguments[inputs].uses):
             continue
-        maps = [str(m) for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
         for i in range(inputs):
             value = op.operands[i]
             owner = value.owner

@@ -24,6 +24,7 @@ the kernel's `zero_masked_rows`, one without it keeps NaN.
 from typing import List, Optional, Tuple
 
 from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo as stablehlo
 
 from blade.codegen.ir_queries import as_operation, defining_op as _op
 
@@ -117,8 +118,10 @@ def _zeroed_masked_rows(value, rank: int):
     if _splat(on_true) != 0.0:
         return None
     compare = _below_row_reshapes(predicate)
-    if compare is None or compare.name != "stablehlo.compare" or \
-            "EQ" not in str(compare.attributes["comparison_direction"]):
+    if compare is None or compare.name != "stablehlo.compare":
+        return None
+    direction = compare.attributes["comparison_direction"]
+    if stablehlo.ComparisonDirectionAttr(direction).value != "EQ":
         return None
     for row_max, bound in ((compare.operands[0], compare.operands[1]),
                            (compare.operands[1], compare.operands[0])):
@@ -195,7 +198,7 @@ def _mask_source(value, rank: int, element_type):
         if dims == list(range(rank - source_rank, rank)):
             value = source
     shaped = ir.ShapedType(value.type)
-    if shaped.rank < 1 or shaped.rank > rank or str(shaped.element_type) != str(element_type):
+    if shaped.rank < 1 or shaped.rank > rank or shaped.element_type != element_type:
         return None
     return value
 

@@ -96,8 +96,7 @@ def _matmul_form(op) -> Optional[Tuple[object, object, List, dict]]:
         transposed = True
     else:
         return None
-    if str(ir.ShapedType(op.result.type).element_type) != \
-            str(ir.ShapedType(lhs.type).element_type):
+    if ir.ShapedType(op.result.type).element_type != ir.ShapedType(lhs.type).element_type:
         return None
     lhs_source, lhs_peeled, _ = _peel_matmul_operand(lhs, is_rhs=False)
     rhs_source, rhs_peeled, flipped = _peel_matmul_operand(rhs, is_rhs=True)

@@ -17,7 +17,7 @@ tensor elimination gives that loop nest the slice as its output, so it is not co
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor
 
-from blade.codegen.ir_queries import clone_ops, ops_named, producer
+from blade.codegen.ir_queries import all_parallel, clone_ops, ops_named, producer
 
 
 def _size(value, dim: int):
@@ -125,7 +125,7 @@ def _collapse_into_generic(collapse) -> bool:
     generic = producer(collapse.operands[0], "linalg.generic")
     if generic is None or len(generic.results) != 1 or not _single_use(generic.results[0]):
         return False
-    if any("parallel" not in str(i) for i in ir.ArrayAttr(generic.attributes["iterator_types"])):
+    if not all_parallel(generic):
         return False
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(generic.attributes["indexing_maps"])]
     output = generic.operands[len(generic.operands) - 1]

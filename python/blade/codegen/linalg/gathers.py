@@ -21,9 +21,10 @@ PyTorch's own error; the clamp keeps the read inside the table meanwhile.
 `lower_dynamic_reverses` writes it as out[r] = operand[r with size(d) - 1 - r_d at each
 reversed dim d].
 """
-from typing import List, Optional
+from typing import Optional
 
 from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo as stablehlo
 
 from torch_mlir.dialects import func
 
@@ -33,27 +34,6 @@ from blade.codegen.ir_queries import defining_op, generic_text, rewrite_each
 # The RAL function a gather calls with an index outside its table (csrc/ral/ral_kernels.h):
 # the engine call then falls back to TorchScript, whose op raises PyTorch's error.
 OUT_OF_RANGE = "blade_ral_index_out_of_range"
-
-
-def _i64s(attr_text: str, name: str) -> List[int]:
-    """The integer list `name = [..]` in a printed #stablehlo.gather attribute."""
-    start = attr_text.find(name + " = [")
-    if start < 0:
-        return []
-    inside = attr_text[start + len(name) + 4:attr_text.index("]", start)]
-    return [int(v) for v in inside.split(",") if v.strip()]
-
-
-def _index_vector_dim(attr_text: str) -> Optional[int]:
-    start = attr_text.find("index_vector_dim = ")
-    if start < 0:
-        return None
-    digits = ""
-    for ch in attr_text[start + len("index_vector_dim = "):]:
-        if not ch.isdigit():
-            break
-        digits += ch
-    return int(digits) if digits else None
 
 
 def _constant_int(value) -> Optional[int]:
@@ -104,15 +84,15 @@ def _whole_slices(op, dim: int) -> bool:
 def _replacement(op) -> Optional[str]:
     """The text of a function computing `op` with one loop nest, or None when `op` is not
     a gather of whole slices along one dim (see the module docstring)."""
-    numbers = str(op.attributes["dimension_numbers"])
-    collapsed = _i64s(numbers, "collapsed_slice_dims")
-    index_map = _i64s(numbers, "start_index_map")
-    offset_dims = _i64s(numbers, "offset_dims")
+    numbers = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    collapsed = list(numbers.collapsed_slice_dims)
+    index_map = list(numbers.start_index_map)
+    offset_dims = list(numbers.offset_dims)
     operand_type = ir.RankedTensorType(op.operands[0].type)
     indices_type = ir.RankedTensorType(op.operands[1].type)
     result_type = ir.RankedTensorType(op.results[0].type)
-    if "operand_batching_dims" in numbers or len(index_map) != 1 or collapsed != index_map or \
-            _index_vector_dim(numbers) != indices_type.rank or \
+    if list(numbers.operand_batching_dims) or len(index_map) != 1 or \
+            collapsed != index_map or numbers.index_vector_dim != indices_type.rank or \
             not isinstance(indices_type.element_type, ir.IntegerType):
         return None
     dim = index_map[0]

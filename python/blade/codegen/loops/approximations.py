@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 from torch_mlir import ir
 from torch_mlir.dialects import arith, llvm, math
 
-from blade.codegen.ir_queries import producer
+from blade.codegen.ir_queries import all_parallel, producer
 
 # exp: x = n*ln2 + r, |r| <= ln2/2; exp(r) = 1 + r + r^2 * P(r)
 _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
@@ -78,8 +78,8 @@ class _Builder:
         """a / b for a denominator that is finite and far from 0 by construction (a
         rational approximation's Q on its clamped range): `ninf` with `arcp` lets LLVM
         use the reciprocal estimate (see allow_reciprocal)."""
-        return arith.DivFOp(a, b, fastmath=ir.Attribute.parse(
-            "#arith.fastmath<arcp,ninf>")).result
+        return arith.DivFOp(a, b, fastmath=fastmath_attribute(
+            arith.FastMathFlags.arcp | arith.FastMathFlags.ninf)).result
 
     def clamp(self, x, low: float, high: float):
         # maximumf/minimumf propagate NaN, so NaN stays NaN.
@@ -213,7 +213,7 @@ def allow_reduction_reassociation(module) -> int:
     marked = []
 
     def visit(op):
-        if op.name == "linalg.generic" and "reduction" in str(op.attributes["iterator_types"]):
+        if op.name == "linalg.generic" and not all_parallel(op):
             for inner in op.regions[0].blocks[0].operations:
                 if inner.name in _REASSOCIABLE:
                     marked.append(inner)
@@ -324,14 +324,34 @@ def _finite(lo: float, hi: float) -> bool:
     return -1e30 < lo <= hi < 1e30
 
 
+def fastmath_attribute(flags: arith.FastMathFlags):
+    """The `#arith.fastmath<...>` attribute of `flags` (in the current context)."""
+    return ir.AttrBuilder.get("arith.Arith_FastMathAttr")(flags, ir.Context.current)
+
+
+def fastmath_sets():
+    """Every `#arith.fastmath<...>` attribute (in the current context) with its flags: the
+    bindings read no flags back, so an attribute's flags are those of the set that builds
+    it (7 flags, 128 sets)."""
+    single = [f for f in arith.FastMathFlags.__members__.values()
+              if f.value and f.value & (f.value - 1) == 0]
+    sets = {}
+    for bits in range(1 << len(single)):
+        flags = arith.FastMathFlags(0)
+        for k, flag in enumerate(single):
+            if bits >> k & 1:
+                flags |= flag
+        sets[fastmath_attribute(flags)] = flags
+    return sets
+
+
 def _add_fastmath(module, ops, flag: str) -> None:
-    """Adds `flag` to each op's fastmath flags, keeping those it has."""
+    """Adds `flag` (a FastMathFlags member's name) to each op's fastmath flags, keeping
+    those it has."""
+    added = arith.FastMathFlags[flag]
     with module.context:
+        sets = fastmath_sets() if ops else {}
         for op in ops:
-            flags = []
-            if "fastmath" in op.attributes:
-                existing = str(op.attributes["fastmath"])  # #arith.fastmath<reassoc,contract>
-                flags = [f.strip() for f in existing.split("<", 1)[1].rstrip(">").split(",")
-                         if f.strip() not in ("none", flag)]
-            op.attributes["fastmath"] = ir.Attribute.parse(
-                f"#arith.fastmath<{','.join(flags + [flag])}>")
+            flags = sets[op.attributes["fastmath"]] if "fastmath" in op.attributes \
+                else arith.FastMathFlags(0)
+            op.attributes["fastmath"] = fastmath_attribute(flags | added)

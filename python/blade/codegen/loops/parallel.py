@@ -26,18 +26,13 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, func, memref, scf
 
 from blade.codegen.loops import unit_loops
-from blade.codegen.ir_queries import (identity_layout, loop_bounds, ops_named, output_count,
-                                      remap_operands, root_buffer, strides_of)
+from blade.codegen.ir_queries import (dims_used, identity_layout, loop_bounds, ops_named,
+                                      output_count, parallel_loops, remap_operands,
+                                      root_buffer, strides_of)
 
 PARALLEL_TASK = "blade.parallel_task"
 MIN_ITERATIONS = 32768   # smaller loops are not worth waking threads for
 MIN_TASK_ITERATIONS = 16384
-
-
-def _affine_results(map_attr) -> List[str]:
-    text = str(map_attr)                       # affine_map<(d0, d1) -> (d0, 0, d1)>
-    results = text.split("->", 1)[1].strip().rstrip(">").strip()
-    return [r.strip() for r in results.strip("()").split(",")] if results != "()" else []
 
 
 def _plan(op):
@@ -45,8 +40,8 @@ def _plan(op):
     indexes or None) if `op` can be split along d0."""
     if op.name != "linalg.generic":
         return None
-    iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
-    if not iterators or "parallel" not in iterators[0]:
+    loops = parallel_loops(op)
+    if not loops or not loops[0]:
         return None
     maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
     if len(maps) != len(op.operands):
@@ -57,10 +52,10 @@ def _plan(op):
     split = []
     outputs = output_count(op)
     for index, map_attr in enumerate(maps):
-        results = _affine_results(map_attr)
-        uses_d0 = [j for j, r in enumerate(results)
-                   if "d0" == r or r.startswith("d0 ") or " d0" in r]
-        if len(uses_d0) > 1 or (uses_d0 and results[uses_d0[0]] != "d0"):
+        results = list(ir.AffineMapAttr(map_attr).value.results)
+        uses_d0 = [j for j, r in enumerate(results) if 0 in dims_used(r)]
+        if len(uses_d0) > 1 or (uses_d0 and dims_used(results[uses_d0[0]]) != [0]) or \
+                (uses_d0 and not isinstance(results[uses_d0[0]], ir.AffineDimExpr)):
             return None   # d0 in an expression, or twice: no one dim to take rows of
         if index >= len(maps) - outputs and not uses_d0:
             return None  # an output not split by the loop would be written by every task

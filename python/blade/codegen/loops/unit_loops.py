@@ -26,19 +26,19 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, memref
 
 from blade.codegen.ir_queries import (clone_ops, identity_layout, loop_bounds, ops_named,
-                                      output_count, strides_of)
+                                      output_count, parallel_loops, strides_of)
 
 
 def _unit_prefix(op, maps) -> int:
     """How many leading loops of `op` are parallel with extent 1, when the loop after them
     is parallel and longer (worth splitting), else 0."""
-    iterators = [str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])]
+    parallel = parallel_loops(op)
     dynamic = ir.ShapedType.get_dynamic_size()
     sizes = [None if b is None or b[2] == dynamic else b[2] for b in loop_bounds(op, maps)]
     k = 0
-    while k < len(sizes) - 1 and sizes[k] == 1 and "parallel" in iterators[k]:
+    while k < len(sizes) - 1 and sizes[k] == 1 and parallel[k]:
         k += 1
-    if k == 0 or "parallel" not in iterators[k] or sizes[k] == 1:
+    if k == 0 or not parallel[k] or sizes[k] == 1:
         return 0
     return k
 

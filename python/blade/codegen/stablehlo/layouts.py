@@ -26,7 +26,9 @@ values.
 """
 from typing import List, Optional
 
+import numpy as np
 from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import arith, tensor
 
 from blade.codegen.ir_queries import clone_ops, defining_op, producer
@@ -69,14 +71,24 @@ def _attributes(op) -> dict:
 
 def _nchw_convolution(op) -> bool:
     """A 2-d convolution with NCHW data, OIHW weights and an NCHW result."""
-    return "[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]" in str(op.attributes["dimension_numbers"])
+    d = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    return (d.input_batch_dimension, d.input_feature_dimension,
+            list(d.input_spatial_dimensions)) == (0, 1, [2, 3]) and \
+        (d.kernel_output_feature_dimension, d.kernel_input_feature_dimension,
+         list(d.kernel_spatial_dimensions)) == (0, 1, [2, 3]) and \
+        (d.output_batch_dimension, d.output_feature_dimension,
+         list(d.output_spatial_dimensions)) == (0, 1, [2, 3])
 
 
 def _convolve_nhwc(op) -> None:
     data, weight = op.operands[0], op.operands[1]
     attributes = _attributes(op)
-    attributes["dimension_numbers"] = ir.Attribute.parse(
-        "#stablehlo.conv<[b, 0, 1, f]x[o, i, 0, 1]->[b, 0, 1, f]>")
+    # NHWC data and result, OIHW weights.
+    attributes["dimension_numbers"] = stablehlo.ConvDimensionNumbers.get(
+        input_batch_dimension=0, input_feature_dimension=3, input_spatial_dimensions=[1, 2],
+        kernel_input_feature_dimension=1, kernel_output_feature_dimension=0,
+        kernel_spatial_dimensions=[2, 3], output_batch_dimension=0,
+        output_feature_dimension=3, output_spatial_dimensions=[1, 2])
     with ir.InsertionPoint(op), op.location:
         nhwc = ir.Operation.create(
             "stablehlo.convolution", results=[_permuted_type(op.results[0].type, TO_NHWC)],
@@ -184,9 +196,10 @@ def _sink_window(op) -> bool:
             attributes[name] = ir.DenseI64ArrayAttr.get([values[d] for d in to_nhwc])
     if "padding" in attributes:
         flat = ir.DenseIntElementsAttr(attributes["padding"])
-        rows = [f"[{flat[2 * d]}, {flat[2 * d + 1]}]" for d in to_nhwc]
-        attributes["padding"] = ir.Attribute.parse(
-            f"dense<[{', '.join(rows)}]> : tensor<{len(p)}x2xi64>")
+        rows = [[flat[2 * d], flat[2 * d + 1]] for d in to_nhwc]
+        attributes["padding"] = ir.DenseIntElementsAttr.get(
+            np.array(rows, dtype=np.int64), type=ir.RankedTensorType.get(
+                [len(p), 2], ir.IntegerType.get_signless(64)))
     body = op.regions[0].blocks[0]
     with ir.InsertionPoint(op), op.location:
         window = ir.Operation.create(
