@@ -11,7 +11,8 @@ the module through `pipeline.run` (so under the verifier, as in a real compilati
 applies the `// CHECK...` lines of the input to the module it printed, as LLVM's FileCheck
 would: CHECK (found after the previous match), CHECK-NEXT (on the next line), CHECK-SAME
 (on the same line), CHECK-NOT (not between the matches around it), CHECK-COUNT-N (N times
-in a row); `{{regex}}` inside a pattern is a regular expression, the rest literal.
+in a row); `{{regex}}` inside a pattern is a regular expression, `[[NAME:regex]]` binds
+what it matches and a later `[[NAME]]` must match the same text, the rest is literal.
 """
 import re
 from typing import Tuple
@@ -24,9 +25,11 @@ from blade.codegen import driver, pipeline
 CHECK_LINE = re.compile(r"^\s*//\s*CHECK(-NEXT|-SAME|-NOT|-COUNT-\d+)?:\s?(.*)$", re.MULTILINE)
 
 
-def run_pass(text: str, name: str, **options) -> Tuple[str, pipeline.Compilation]:
+def run_pass(text: str, name: str, handed_on=None,
+             **options) -> Tuple[str, pipeline.Compilation]:
     """The module after the pass `name`, printed, and the compilation it ran in (its
-    statistics and hand-offs). `options` are pipeline.Options fields."""
+    statistics and hand-offs). `options` are pipeline.Options fields; `handed_on` sets
+    Compilation fields that earlier passes would have (`{"noalias": ...}`)."""
     driver.register_passes()
     context = ir.Context()
     torch_dialect.register_dialect(context)
@@ -35,36 +38,52 @@ def run_pass(text: str, name: str, **options) -> Tuple[str, pipeline.Compilation
         settings = pipeline.Options(num_buffers=options.pop("num_buffers", 0), **options)
         steps = [step for step in pipeline.build(settings) if step.name == name]
         assert steps, f"the pipeline has no pass named {name!r}"
-        compilation = pipeline.Compilation(module, settings)
+        compilation = pipeline.Compilation(module, settings, **(handed_on or {}))
         pipeline.run(compilation, steps[:1])
         return str(module), compilation
 
 
-def check_pass(text: str, name: str, **options) -> pipeline.Compilation:
+def check_pass(text: str, name: str, handed_on=None, **options) -> pipeline.Compilation:
     """Runs the pass `name` on `text` and checks its `// CHECK` lines against the result."""
     checks = CHECK_LINE.findall(text)
     assert checks, "a pass test needs at least one // CHECK line"
-    result, compilation = run_pass(text, name, **options)
+    result, compilation = run_pass(text, name, handed_on, **options)
     file_check(checks, result)
     return compilation
 
 
-def _pattern(check: str):
-    parts = re.split(r"\{\{(.*?)\}\}", check.strip())
-    return re.compile("".join(part if i % 2 else re.escape(part) for i, part in enumerate(parts)))
+_PIECE = re.compile(r"\{\{(.*?)\}\}|\[\[(\w+):(.*?)\]\](?!\])|\[\[(\w+)\]\]")
+
+
+def _pattern(check: str, variables=None):
+    variables = {} if variables is None else variables
+    regex, position, check = [], 0, check.strip()
+    for match in _PIECE.finditer(check):
+        regex.append(re.escape(check[position:match.start()]))
+        raw, name, defined, used = match.groups()
+        if raw is not None:
+            regex.append(raw)
+        elif name is not None:
+            regex.append(f"(?P<{name}>{defined})")
+        else:
+            assert used in variables, f"[[{used}]] is used before it is bound"
+            regex.append(re.escape(variables[used]))
+        position = match.end()
+    regex.append(re.escape(check[position:]))
+    return re.compile("".join(regex))
 
 
 def file_check(checks, output: str) -> None:
     """`checks`: (kind, pattern) pairs as CHECK_LINE finds them; raises AssertionError
     naming the first check that fails, with the output."""
-    position, line_end, pending_not = 0, 0, []
+    position, line_end, pending_not, variables = 0, 0, [], {}
 
     def fail(kind, pattern, why):
         raise AssertionError(f"CHECK{kind}: {pattern.strip()}: {why}\n--- output ---\n{output}")
 
     def found(kind, pattern, match):
         for not_pattern in pending_not:
-            if _pattern(not_pattern).search(output, position, match.start()):
+            if _pattern(not_pattern, variables).search(output, position, match.start()):
                 fail("-NOT", not_pattern, "found")
         pending_not.clear()
 
@@ -74,20 +93,22 @@ def file_check(checks, output: str) -> None:
             continue
         times = int(kind.rsplit("-", 1)[1]) if kind.startswith("-COUNT-") else 1
         for _ in range(times):
+            compiled = _pattern(pattern, variables)
             if kind == "-SAME":
-                match = _pattern(pattern).search(output, position, line_end)
+                match = compiled.search(output, position, line_end)
             elif kind == "-NEXT":
                 start = line_end + 1
                 end = output.find("\n", start)
-                match = _pattern(pattern).search(output, start, len(output) if end < 0 else end)
+                match = compiled.search(output, start, len(output) if end < 0 else end)
             else:
-                match = _pattern(pattern).search(output, position)
+                match = compiled.search(output, position)
             if match is None:
                 fail(kind or "", pattern, "not found")
+            variables.update(match.groupdict())
             found(kind, pattern, match)
             position = match.end()
             end = output.find("\n", position)
             line_end = len(output) if end < 0 else end
     for not_pattern in pending_not:
-        if _pattern(not_pattern).search(output, position):
+        if _pattern(not_pattern, variables).search(output, position):
             fail("-NOT", not_pattern, "found")

@@ -16,6 +16,9 @@ OUTPUT = "a b\nc d\ne f\n"
     ("// CHECK: {{[a-c]}} {{.}}\n// CHECK-COUNT-2: {{[ce]}}", True),
     ("// CHECK-COUNT-4: {{[a-z]}} {{[a-z]}}", False),
     ("// CHECK: a.b", False),  # outside {{ }} a pattern is literal
+    ("// CHECK: [[X:[a-z]]] b\n// CHECK: [[X]] f", False),   # a, then "a f": absent
+    ("// CHECK: [[X:[a-z]]] f\n// CHECK-NOT: [[X]] b", True),
+    ("// CHECK: [[X:[a-z]]] d\n// CHECK-NEXT: e f", True),
 ])
 def test_checks(checks, holds):
     if holds:

@@ -1,0 +1,81 @@
+"""codegen/buffers/arguments.py: main's arguments before and after bufferization."""
+from ir_runner import check_pass, run_pass
+
+ELEMENTWISE = """
+#map = affine_map<(d0) -> (d0)>
+func.func @main(%a: tensor<8xf32>, %b: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>) {
+  %e = tensor.empty() : tensor<8xf32>
+  %m = linalg.generic {indexing_maps = [#map, #map, #map], iterator_types = ["parallel"]}
+      ins(%a, %b : tensor<8xf32>, tensor<8xf32>) outs(%e : tensor<8xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %p = arith.mulf %x, %y : f32
+    linalg.yield %p : f32
+  } -> tensor<8xf32>
+  %e2 = tensor.empty() : tensor<8xf32>
+  %r = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel"]}
+      ins(%m : tensor<8xf32>) outs(%e2 : tensor<8xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %s = arith.addf %x, %x : f32
+    linalg.yield %s : f32
+  } -> tensor<8xf32>
+  return %r, %r : tensor<8xf32>, tensor<8xf32>
+}
+"""
+
+
+def test_mark_arguments_makes_inputs_read_only_and_noalias():
+    check_pass(ELEMENTWISE + """
+    // CHECK: func.func @main(%arg0: tensor<8xf32> {bufferization.writable = false, llvm.noalias}, %arg1: tensor<8xf32> {bufferization.writable = false, llvm.noalias})
+    """, "mark-arguments")
+
+
+def test_reuse_dead_inputs_writes_over_the_product_that_dies():
+    # The add reads the product %m only: it writes its result over it, not into %e2.
+    check_pass(ELEMENTWISE + """
+    // CHECK: [[M:%[0-9]+]] = linalg.generic
+    // CHECK: linalg.generic {{.*}} ins([[M]] : tensor<8xf32>) outs([[M]] : tensor<8xf32>)
+    """, "reuse-dead-inputs")
+
+
+def test_reuse_dead_inputs_leaves_arguments_alone():
+    # The product's inputs are main's arguments, whose buffers must not be written.
+    text, _ = run_pass(ELEMENTWISE, "reuse-dead-inputs")
+    assert "outs(%arg0" not in text and "outs(%arg1" not in text, text
+
+
+def test_distinct_results_copies_a_value_returned_twice():
+    check_pass(ELEMENTWISE + """
+    // CHECK: = linalg.generic
+    // CHECK: [[R:%[0-9]+]] = linalg.generic
+    // CHECK: [[COPY:%[0-9]+]] = bufferization.alloc_tensor() copy([[R]])
+    // CHECK: return [[R]], [[COPY]]
+    """, "distinct-results")
+
+
+def test_distinct_results_leaves_distinct_results_alone():
+    text, _ = run_pass(ELEMENTWISE.replace("return %r, %r", "return %r, %m"), "distinct-results")
+    assert "alloc_tensor" not in text, text
+
+
+OUT_PARAM = """
+func.func @main(%a: memref<8xf32>, %out: memref<8xf32>) {
+  %t = memref.alloc() : memref<8xf32>
+  linalg.copy ins(%a : memref<8xf32>) outs(%t : memref<8xf32>)
+  memref.copy %t, %out : memref<8xf32> to memref<8xf32>
+  return
+}
+"""
+
+
+def test_write_outputs_in_place_drops_the_copy_into_the_out_param():
+    check_pass(OUT_PARAM + """
+    // CHECK: linalg.copy ins(%arg0 : memref<8xf32>) outs(%arg1 : memref<8xf32>)
+    // CHECK-NOT: memref.alloc
+    // CHECK-NOT: memref.copy
+    """, "write-outputs-in-place")
+
+
+def test_mark_out_params_marks_every_memref_noalias():
+    check_pass(OUT_PARAM + """
+    // CHECK: func.func @main(%arg0: memref<8xf32> {llvm.noalias}, %arg1: memref<8xf32> {llvm.noalias})
+    """, "mark-out-params")
