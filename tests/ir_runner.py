@@ -18,6 +18,7 @@ import re
 from typing import Tuple
 
 from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import torch as torch_dialect
 
 from blade.codegen import driver, pipeline
@@ -33,6 +34,7 @@ def run_pass(text: str, name: str, handed_on=None,
     driver.register_passes()
     context = ir.Context()
     torch_dialect.register_dialect(context)
+    stablehlo.register_dialect(context)
     with context, ir.Location.unknown():
         module = ir.Module.parse(text)
         settings = pipeline.Options(num_buffers=options.pop("num_buffers", 0), **options)
