@@ -1,0 +1,56 @@
+"""codegen/linalg: StableHLO ops Blade lowers to linalg itself (gathers.py,
+concatenations.py), each on a small StableHLO function."""
+from ir_runner import check_pass, run_pass
+
+GATHER_ROWS = """
+func.func @main(%arg0: tensor<5x4xf32>, %arg1: tensor<3xi64>) -> tensor<3x4xf32> {
+  %0 = "stablehlo.gather"(%arg0, %arg1) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1, 4>}> : (tensor<5x4xf32>, tensor<3xi64>) -> tensor<3x4xf32>
+  return %0 : tensor<3x4xf32>
+}
+"""
+
+
+def test_a_gather_of_whole_rows_reads_its_index_checks_it_and_extracts():
+    check_pass(GATHER_ROWS + """
+    // CHECK-NOT: stablehlo.gather
+    // CHECK: linalg.generic
+    // CHECK: arith.index_cast
+    // CHECK: call @blade_ral_index_out_of_range
+    // CHECK: tensor.extract %arg0
+    """, "lower-gathers")
+
+
+def test_a_gather_of_partial_slices_is_left_to_stablehlo():
+    result, _ = run_pass(GATHER_ROWS.replace("slice_sizes = array<i64: 1, 4>",
+                                             "slice_sizes = array<i64: 1, 2>")
+                         .replace("-> tensor<3x4xf32>", "-> tensor<3x2xf32>")
+                         .replace("return %0 : tensor<3x4xf32>", "return %0 : tensor<3x2xf32>"),
+                         "lower-gathers")
+    assert "stablehlo.gather" in result, result
+
+
+def test_a_dynamic_reverse_reads_size_minus_one_minus_i():
+    check_pass("""
+    func.func @main(%arg0: tensor<?x?xf32>) -> tensor<?x?xf32> {
+      %0 = stablehlo.reverse %arg0, dims = [0] : tensor<?x?xf32>
+      return %0 : tensor<?x?xf32>
+    }
+    // CHECK-NOT: stablehlo.reverse
+    // CHECK: linalg.generic
+    // CHECK: linalg.index 0
+    // CHECK: arith.subi
+    // CHECK: tensor.extract %arg0
+    """, "lower-dynamic-reverses")
+
+
+def test_a_concatenation_becomes_slices_inserted_into_one_tensor():
+    check_pass("""
+    func.func @main(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> tensor<4x16xf32> {
+      %0 = stablehlo.concatenate %a, %b, dim = 1 : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
+      return %0 : tensor<4x16xf32>
+    }
+    // CHECK-NOT: stablehlo.concatenate
+    // CHECK: [[E:%[0-9]+]] = tensor.empty() : tensor<4x16xf32>
+    // CHECK: [[F:%[a-z0-9_]+]] = tensor.insert_slice %arg0 into [[E]][0, 0] [4, 8] [1, 1]
+    // CHECK: tensor.insert_slice %arg1 into [[F]][0, 8] [4, 8] [1, 1]
+    """, "lower-concatenations")
