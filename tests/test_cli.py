@@ -239,12 +239,12 @@ def test_an_unwritable_output_is_one_line(saved_model, tmp_path, capsys):
 
 
 def test_the_runtimes_spec_dtypes_are_the_dtype_table():
-    """Tensor specs are parsed in C++ (csrc/ral/tensor_spec.cpp) and written in Python: both
-    name the dtypes of blade.partition.dtypes.DTYPES, in its order, and the command line
-    takes each of them."""
+    """Tensor specs are parsed in C++ (csrc/ral/tensor_spec.cpp) and written in Python: the
+    runtime's table is blade.partition.dtypes.DTYPES (the same names for the same
+    ScalarTypes, in its order), and the command line takes each of them."""
     from blade.partition import dtypes
 
-    assert blade._C.spec_dtype_names() == [d.name for d in dtypes.DTYPES]
+    assert blade._C.spec_dtypes() == [(d.name, d.scalar_type) for d in dtypes.DTYPES]
     for d in dtypes.DTYPES:
         bound = "" if d.torch.is_floating_point or d.torch == torch.bool else ":3"
         spec = f"{d.name}[2,3]{bound}"

@@ -132,8 +132,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
         "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;
-  m.def("spec_dtype_names", &ral::spec_dtype_names,
-        "The dtype names of the runtime's tensor specs (float32[2,8]), in its table's order.");
+  m.def("spec_dtypes", &ral::spec_dtypes,
+        "The dtypes the runtime's tensor specs (float32[2,8]) name, in its table's order: "
+        "(name, ScalarType name) pairs.");
 
   // Signing and trust (ral/signing.h): here and in C++ only, never reachable from TorchScript.
   m.def("sign_engine", &ral::sign_engine, py::arg("name"), py::arg("code"),

@@ -38,12 +38,12 @@ std::string describe_tensor(const at::Tensor& t) {
 
 }  // namespace
 
-std::vector<std::string> spec_dtype_names() {
-  std::vector<std::string> names;
+std::vector<std::pair<std::string, std::string>> spec_dtypes() {
+  std::vector<std::pair<std::string, std::string>> dtypes;
   for (const auto& entry : kDtypeNames) {
-    names.emplace_back(entry.name);
+    dtypes.emplace_back(entry.name, c10::toString(entry.dtype));
   }
-  return names;
+  return dtypes;
 }
 
 const char* dtype_name(at::ScalarType dtype) {

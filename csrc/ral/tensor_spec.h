@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace blade::ral {
@@ -46,9 +47,9 @@ std::string format_specs(const std::vector<TensorSpec>& specs);
 std::string describe_tensors(const std::vector<at::Tensor>& tensors);
 
 const char* dtype_name(at::ScalarType dtype);
-// Every dtype name specs use, in table order (blade.partition.dtypes.DTYPES names the same;
-// a test compares them).
-std::vector<std::string> spec_dtype_names();
+// Every dtype specs name, in table order: (its name, its ScalarType's name: "Float").
+// blade.partition.dtypes.DTYPES is the definition; tests/test_cli.py checks this against it.
+std::vector<std::pair<std::string, std::string>> spec_dtypes();
 at::ScalarType dtype_from_name(const std::string& name);
 
 }  // namespace blade::ral

@@ -15,7 +15,7 @@ from blade.frontend import exported_program
 from blade.codegen.llvm import native
 from blade.codegen.cache import CodeCache
 from blade.config import Config
-from blade.partition.dtypes import dtype_name
+from blade.partition.dtypes import SCALAR_TYPE_NAMES, dtype_name
 from blade.tools.dump import Dumper, Progress
 from blade.frontend.exported_program import is_exported_program
 from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preserved_random_state,
@@ -27,7 +27,6 @@ from blade.partition.clustering import (MAX_RECLUSTER_ROUNDS, dissolve_failed, f
 from blade.codegen.llvm.native import CompilerPool, default_workers
 from blade._runtime import RUNTIME_LIBRARY
 from blade.quiet import quiet_torchscript
-from blade.partition.dtypes import SCALAR_TYPE_NAMES
 from blade.partition.registry import REGISTRY, Verdict, argument_name, ran, schema_name
 from blade.report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 from blade.self_check import (CheckTime, EngineCheckError, Example, capture_cluster_examples,

@@ -319,7 +319,7 @@ def import_subgraph(subgraph: torch._C.Graph, func_name: str = "main",
         if known is not None:
             # The argument stays (the engine passes every param) but nothing reads it: the
             # code folds the literal (a scale traced from Python math, say).
-            element = "f32" if known.dtype == torch.float32 else "f64"
+            element = ELEMENT_TYPES[value.type().scalarType()]
             literal = emitter.fresh()
             emitter.emit([literal], "torch.vtensor.literal", [], [],
                          [f"!torch.vtensor<[],{element}>"],

@@ -1,8 +1,14 @@
-"""Dtype constraints of every op Blade compiles, as data: one table, one validator.
+"""Blade's dtypes, as data: each dtype's names, and the dtype constraints of every op Blade
+compiles, each in one table.
 
-Each entry says, per tensor argument of the op's schema (by name, ``*`` for the rest),
-which dtypes the compiled code accepts, and what dtype the result has: a dtype name
-(comparisons give ``"bool"``), ``"same"`` (one of the argument dtypes, after PyTorch's
+`DTYPES` names each dtype once: its torch dtype, Blade's name (reports, tensor specs, the
+command line), TorchScript's ScalarType and the torch dialect's element type; every other
+lookup derives from it, and the C++ runtime's spec names are checked against it
+(tests/test_cli.py).
+
+`DTYPE_TABLE` says, per op and per tensor argument of the op's schema (by name, ``*`` for
+the rest), which dtypes the compiled code accepts, and what dtype the result has: a dtype
+name (comparisons give ``"bool"``), ``"same"`` (one of the argument dtypes, after PyTorch's
 type promotion) or ``"any"`` (casts and factories: any dtype Blade compiles). "Is this op
 supported for these dtypes" has exactly one answer, `check_dtypes`.
 """
@@ -10,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
+
 
 @dataclass(frozen=True)
 class Dtype:
@@ -22,8 +29,7 @@ class Dtype:
     aliases: Tuple[str, ...] = ()  # other names the command line takes
 
 
-# The dtypes Blade names, in one table (csrc/ral/tensor_spec.cpp's names are checked
-# against it by tests/test_cli.py).
+# The dtypes Blade names.
 DTYPES = (
     Dtype(torch.float32, "float32", "Float", "f32", ("float",)),
     Dtype(torch.float64, "float64", "Double", "f64", ("double",)),
@@ -36,9 +42,10 @@ DTYPES = (
     Dtype(torch.uint8, "uint8", "Byte", "ui8"),
     Dtype(torch.bool, "bool", "Bool", "i1"),
 )
-DTYPE_NAMES = {d.torch: d.name for d in DTYPES}
-SCALAR_TYPE_NAMES = {d.scalar_type: d.name for d in DTYPES}
-ELEMENT_TYPES = {d.scalar_type: d.element for d in DTYPES}
+DTYPE_NAMES = {d.torch: d.name for d in DTYPES}              # torch.float32 -> "float32"
+SCALAR_TYPE_NAMES = {d.scalar_type: d.name for d in DTYPES}  # "Float" -> "float32"
+ELEMENT_TYPES = {d.scalar_type: d.element for d in DTYPES}   # "Float" -> "f32"
+# "float32" and "float" -> torch.float32
 BY_NAME = {name: d.torch for d in DTYPES for name in (d.name, *d.aliases)}
 
 F32 = ("float32",)
