@@ -43,13 +43,15 @@ def test_code_blocks_run(name, tmp_path, monkeypatch):
                                   for i, code in enumerate(python)))
         namespace = runpy.run_path(str(script), run_name=f"docs_{Path(name).stem}")
         # The examples really compile and run compiled code: every optimized model they
-        # leave ran its engines' code at least once, and each document has one.
+        # leave ran its engines' code at least once, no cluster of it failed to compile,
+        # and each document has one.
         models = compiled_path_summary(namespace)
         assert models, f"{name}: its python blocks leave no optimized model"
-        for variable, (engines, compiled_calls, dry_run) in models.items():
+        for variable, (engines, compiled_calls, dry_run, errors) in models.items():
             assert dry_run or (engines and compiled_calls > 0), \
                 f"{name}: `{variable}` has {engines} engines, which ran compiled code " \
                 f"{compiled_calls} times"
+            assert not errors, f"{name}: `{variable}` failed to compile: {errors}"
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     for i, code in enumerate(bash):
         run = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env,
@@ -59,7 +61,8 @@ def test_code_blocks_run(name, tmp_path, monkeypatch):
 
 def compiled_path_summary(namespace):
     """For each optimized model a document's python blocks left in `namespace`: its
-    engines, how many of their calls ran compiled code, and whether it is a dry run."""
+    engines, how many of their calls ran compiled code, whether it is a dry run, and its
+    compile errors."""
     import torch
 
     import blade
@@ -71,5 +74,5 @@ def compiled_path_summary(namespace):
             report = blade.report(value)
             found[variable] = (len(report.clusters),
                                sum(c.calls - c.fallbacks for c in report.clusters),
-                               report.dry_run)
+                               report.dry_run, report.compile_errors)
     return found
