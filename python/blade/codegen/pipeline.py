@@ -73,6 +73,7 @@ class Pass:
 
     name: str
     run: Callable[[Compilation], None]
+    upstream: bool = False  # an MLIR pass (Torch-MLIR's, StableHLO's, MLIR's), not Blade's
 
 
 def upstream(pipeline: str) -> Callable[[Compilation], None]:
@@ -91,7 +92,7 @@ def _upstream_passes(*pipelines: str) -> List[Pass]:
     passes = []
     for pipeline in pipelines:
         name = pipeline[len("func.func("):-1] if pipeline.startswith("func.func(") else pipeline
-        passes.append(Pass(name.split("{", 1)[0], upstream(pipeline)))
+        passes.append(Pass(name.split("{", 1)[0], upstream(pipeline), upstream=True))
     return passes
 
 
@@ -99,7 +100,8 @@ def _only_with_dynamic_shapes(*passes: Pass) -> List[Pass]:
     """Passes that do nothing when main's tensors all have static shapes (known only once
     main is StableHLO, so decided as they run)."""
     def when_dynamic(step: Pass) -> Pass:
-        return Pass(step.name, lambda c: step.run(c) if has_dynamic_shapes(c.main) else None)
+        return Pass(step.name, lambda c: step.run(c) if has_dynamic_shapes(c.main) else None,
+                    step.upstream)
 
     return [when_dynamic(step) for step in passes]
 
