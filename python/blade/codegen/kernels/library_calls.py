@@ -482,7 +482,6 @@ def lower(module) -> None:
     allocates and returns its result, which is handed to the kernel as `out`."""
     declared = set()
     with module.context, ir.Location.unknown():
-        i64 = ir.IntegerType.get_signless(64)
         for function in list(module.body.operations):
             if function.operation.name != "func.func" or \
                     LIBRARY_CALL not in function.attributes:

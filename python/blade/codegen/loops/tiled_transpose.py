@@ -22,7 +22,7 @@ or 64-bit floats or integers of 8 bits or more, and whose every other operand is
 contiguous along `a` or indexes neither loop; the rest stay loops (loop_order.py orders
 them).
 """
-from typing import Dict, List, Optional
+from typing import Dict
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, memref, scf, vector
