@@ -1,8 +1,7 @@
 """Questions about MLIR values that several code generation steps ask (library calls,
 attention, layouts, shape assumptions, pooling, gathers): which op produced a value, which
 ops use it, and which ops have a name; the shape of a linalg loop nest (its outputs, its
-iterators) and the strides of a memref type; the cloning of ops those steps rebuild; and the
-replacement of an op by the body of a function written as text."""
+iterators) and the strides of a memref type; and the cloning of ops those steps rebuild."""
 from typing import List, Optional
 
 from torch_mlir import ir
@@ -212,65 +211,3 @@ def remap_operands(op, mapping: dict) -> None:
         return ir.WalkResult.ADVANCE
 
     as_operation(op).walk(remap)
-
-
-def replace_with_function_body(op, text: str, arguments) -> None:
-    """Replaces `op` (one result) by the body of the function `text` defines, its arguments
-    bound to `arguments` and its returned value taking the place of `op`'s result.
-
-    Example:
-        >>> replace_with_function_body(op, "func.func private @f(...) {...}", op.operands)
-    """
-    parsed = ir.Module.parse(text)  # owns the function while its ops are cloned
-    body = parsed.body.operations[0].regions[0].blocks[0]
-    mapping = dict(zip(body.arguments, arguments))
-    operations = list(body.operations)
-    returned = operations.pop().operands[0]      # the body ends in func.return
-    with ir.InsertionPoint(op):
-        clone_ops(operations, mapping)
-    op.results[0].replace_all_uses_with(mapping[returned])
-    op.erase()
-
-
-def generic_text(result: str, maps, iterators, ins, outs, block_arguments, body,
-                 yielded: str, element: str) -> List[str]:
-    """The lines of `%{result} = linalg.generic` in MLIR's text form, for the functions
-    Blade writes as text (pooling, gathers). `ins` and `outs` are (value, type) pairs,
-    `block_arguments` (name, type) pairs, `body` the lines before the yield of `yielded`.
-
-    Example:
-        >>> generic_text("out", maps, ['"parallel"'], [("%x", t)], [("%e", t)],
-        ...              [("%in", "f32"), ("%unused", "f32")], [], "%in", "f32")
-    """
-    def operands(keyword, pairs):
-        if not pairs:
-            return ""
-        return f" {keyword}({', '.join(v for v, _ in pairs)} : {', '.join(t for _, t in pairs)})"
-
-    out_type = outs[0][1]
-    arguments = ", ".join(f"{name}: {t}" for name, t in block_arguments)
-    return [f"  %{result} = linalg.generic {{indexing_maps = [{', '.join(maps)}], "
-            f"iterator_types = [{', '.join(iterators)}]}}{operands('ins', ins)}"
-            f"{operands('outs', outs)} {{",
-            f"  ^bb0({arguments}):",
-            *body,
-            f"    linalg.yield {yielded} : {element}",
-            f"  }} -> {out_type}"]
-
-
-def rewrite_each(module, name: str, replacement) -> int:
-    """Replaces each op named `name` for which `replacement(op)` gives the text of a
-    function of its first two operands (see `replace_with_function_body`); returns how
-    many were replaced.
-
-    Example:
-        >>> rewrite_each(module, "stablehlo.reduce_window", window_function_text)
-    """
-    rewritten = 0
-    with module.context, ir.Location.unknown():
-        for op in ops_named(module, name):
-            text = replacement(op)
-            if text is not None:
-                replace_with_function_body(op, text, list(op.operands)[:2])
-                rewritten += 1
-    return rewritten

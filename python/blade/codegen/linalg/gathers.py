@@ -25,10 +25,9 @@ from typing import Optional
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
+from torch_mlir.dialects import arith, func, linalg, scf, tensor
 
-from torch_mlir.dialects import func
-
-from blade.codegen.ir_queries import defining_op, generic_text, rewrite_each
+from blade.codegen.ir_queries import defining_op, ops_named
 
 
 # The RAL function a gather calls with an index outside its table (csrc/ral/ral_kernels.h):
@@ -81,9 +80,9 @@ def _whole_slices(op, dim: int) -> bool:
     return True
 
 
-def _replacement(op) -> Optional[str]:
-    """The text of a function computing `op` with one loop nest, or None when `op` is not
-    a gather of whole slices along one dim (see the module docstring)."""
+def _lower_gather(op) -> bool:
+    """Builds the loop nest computing `op` before it and replaces it; False, leaving it,
+    when `op` is not a gather of whole slices along one dim (see the module docstring)."""
     numbers = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
     collapsed = list(numbers.collapsed_slice_dims)
     index_map = list(numbers.start_index_map)
@@ -94,111 +93,118 @@ def _replacement(op) -> Optional[str]:
     if list(numbers.operand_batching_dims) or len(index_map) != 1 or \
             collapsed != index_map or numbers.index_vector_dim != indices_type.rank or \
             not isinstance(indices_type.element_type, ir.IntegerType):
-        return None
+        return False
     dim = index_map[0]
     batch_dims = [r for r in range(result_type.rank) if r not in offset_dims]
     kept = [d for d in range(operand_type.rank) if d != dim]
     if len(offset_dims) != len(kept) or len(batch_dims) != indices_type.rank or \
             not _whole_slices(op, dim):
-        return None
-    index_element = str(indices_type.element_type)
-    x, idx, result = (str(t) for t in (operand_type, indices_type, result_type))
-    lines = [f"func.func private @gather(%x: {x}, %idx: {idx}) -> {result} {{",
-             f"  %dim = arith.constant {dim} : index",
-             f"  %rows = tensor.dim %x, %dim : {x}",
-             "  %one = arith.constant 1 : index",
-             "  %zero = arith.constant 0 : index",
-             "  %last = arith.subi %rows, %one : index"]
-    sizes = []
-    for r in range(result_type.rank):
-        if not result_type.is_dynamic_dim(r):
-            continue
-        if r in batch_dims:
-            source, source_dim = "%idx", batch_dims.index(r)
-            source_type = idx
-        else:
-            source, source_dim = "%x", kept[offset_dims.index(r)]
-            source_type = x
-        lines += [f"  %c{r} = arith.constant {source_dim} : index",
-                  f"  %size{r} = tensor.dim {source}, %c{r} : {source_type}"]
-        sizes.append(f"%size{r}")
-    loops = [f"d{r}" for r in range(result_type.rank)]
-    domain = "(" + ", ".join(loops) + ")"
-    maps = [f"affine_map<{domain} -> ({', '.join(loops[r] for r in batch_dims)})>",
-            f"affine_map<{domain} -> ({', '.join(loops)})>"]
-    element = str(result_type.element_type)
-    reads = []
-    for d in range(operand_type.rank):
-        reads.append("%row" if d == dim else f"%o{d}")
-    body = [f"    %i = arith.index_cast %in : {index_element} to index",
-            "    %below = arith.cmpi slt, %i, %zero : index",
-            "    %above = arith.cmpi sgt, %i, %last : index",
-            "    %outside = arith.ori %below, %above : i1",
-            "    scf.if %outside {",
-            "      %bad = arith.index_cast %i : index to i64",
-            "      %size = arith.index_cast %rows : index to i64",
-            f"      func.call @{OUT_OF_RANGE}(%bad, %size) : (i64, i64) -> ()",
-            "    }",
-            "    %low = arith.maxsi %i, %zero : index",
-            "    %row = arith.minsi %low, %last : index"]
-    for d in kept:
-        body.append(f"    %o{d} = linalg.index {offset_dims[kept.index(d)]} : index")
-    body.append(f"    %v = tensor.extract %x[{', '.join(reads)}] : {x}")
-    lines.append(f"  %empty = tensor.empty({', '.join(sizes)}) : {result}")
-    lines += generic_text("out", maps, ['"parallel"'] * result_type.rank, [("%idx", idx)],
-                          [("%empty", result)], [("%in", index_element), ("%unused", element)],
-                          body, "%v", element)
-    lines += [f"  return %out : {result}", "}",
-              f"func.func private @{OUT_OF_RANGE}(i64, i64)"]   # for the text to verify
-    return "\n".join(lines)
+        return False
+    x, indices = op.operands[0], op.operands[1]
+    element = result_type.element_type
+    index = ir.IndexType.get()
+    i64 = ir.IntegerType.get_signless(64)
+    with ir.InsertionPoint(op), op.location:
+        rows = tensor.DimOp(x, arith.ConstantOp(index, dim).result).result
+        one = arith.ConstantOp(index, 1).result
+        zero = arith.ConstantOp(index, 0).result
+        last = arith.SubIOp(rows, one).result
+        sizes = []
+        for r in range(result_type.rank):
+            if not result_type.is_dynamic_dim(r):
+                sizes.append(result_type.shape[r])
+                continue
+            source, source_dim = (indices, batch_dims.index(r)) if r in batch_dims else \
+                (x, kept[offset_dims.index(r)])
+            sizes.append(tensor.DimOp(source, arith.ConstantOp(index, source_dim).result).result)
+        empty = tensor.EmptyOp(sizes, element).result
+        rank = result_type.rank
+        maps = [ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(r) for r in batch_dims]),
+                ir.AffineMap.get_identity(rank)]
+        generic = linalg.GenericOp(
+            [result_type], [indices], [empty],
+            ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+            ir.ArrayAttr.get([_parallel(op.context)] * rank))
+        block = generic.regions[0].blocks.append(indices_type.element_type, element)
+        with ir.InsertionPoint(block):
+            i = arith.IndexCastOp(index, block.arguments[0]).result
+            below = arith.CmpIOp(arith.CmpIPredicate.slt, i, zero).result
+            above = arith.CmpIOp(arith.CmpIPredicate.sgt, i, last).result
+            outside = scf.IfOp(arith.OrIOp(below, above).result)
+            with ir.InsertionPoint(outside.then_block):
+                func.CallOp([], ir.FlatSymbolRefAttr.get(OUT_OF_RANGE),
+                            [arith.IndexCastOp(i64, i).result,
+                             arith.IndexCastOp(i64, rows).result])
+                scf.YieldOp([])
+            row = arith.MinSIOp(arith.MaxSIOp(i, zero).result, last).result
+            reads = [row if d == dim else linalg.IndexOp(offset_dims[kept.index(d)]).result
+                     for d in range(operand_type.rank)]
+            linalg.YieldOp([tensor.ExtractOp(x, reads).result])
+    op.results[0].replace_all_uses_with(generic.result)
+    op.erase()
+    return True
+
+
+def _parallel(context):
+    return linalg._iteratortypeenum(linalg.IteratorType.parallel, context)
 
 
 def lower_gathers(module) -> int:
     """Rewrites each `stablehlo.gather` and `stablehlo.dynamic_gather` this module takes
     (see its docstring) in place; returns how many were rewritten."""
-    rewritten = rewrite_each(module, "stablehlo.gather", _replacement) + \
-        rewrite_each(module, "stablehlo.dynamic_gather", _replacement)
-    if rewritten:
-        with module.context, ir.Location.unknown(), ir.InsertionPoint(module.body):
-            i64 = ir.IntegerType.get_signless(64)
-            func.FuncOp(OUT_OF_RANGE, ([i64, i64], []), visibility="private")
+    rewritten = 0
+    with module.context, ir.Location.unknown():
+        for name in ("stablehlo.gather", "stablehlo.dynamic_gather"):
+            for op in ops_named(module, name):
+                rewritten += _lower_gather(op)
+        if rewritten:
+            with ir.InsertionPoint(module.body):
+                i64 = ir.IntegerType.get_signless(64)
+                func.FuncOp(OUT_OF_RANGE, ([i64, i64], []), visibility="private")
     return rewritten
 
 
-def _reverse_replacement(op) -> Optional[str]:
-    """The text of a function computing a reverse of dynamic size with one loop nest."""
+def _lower_reverse(op) -> bool:
+    """Builds the loop nest computing a reverse of dynamic size before it and replaces it;
+    False for a static one, which StableHLO's lowering takes."""
     t = ir.RankedTensorType(op.results[0].type)
     if t.has_static_shape:
-        return None               # StableHLO's lowering takes it
+        return False
     dims = list(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
-    x, element = str(t), str(t.element_type)
-    lines = [f"func.func private @reverse(%x: {x}) -> {x} {{",
-             "  %one = arith.constant 1 : index"]
-    sizes = []
-    for d in range(t.rank):
-        if t.is_dynamic_dim(d) or d in dims:
-            lines += [f"  %c{d} = arith.constant {d} : index",
-                      f"  %size{d} = tensor.dim %x, %c{d} : {x}",
-                      f"  %last{d} = arith.subi %size{d}, %one : index"]
-        if t.is_dynamic_dim(d):
-            sizes.append(f"%size{d}")
-    body, reads = [], []
-    for d in range(t.rank):
-        body.append(f"    %i{d} = linalg.index {d} : index")
-        if d in dims:
-            body.append(f"    %r{d} = arith.subi %last{d}, %i{d} : index")
-        reads.append(f"%r{d}" if d in dims else f"%i{d}")
-    body.append(f"    %v = tensor.extract %x[{', '.join(reads)}] : {x}")
-    loops = ", ".join(f"d{d}" for d in range(t.rank))
-    lines.append(f"  %empty = tensor.empty({', '.join(sizes)}) : {x}")
-    lines += generic_text("out", [f"affine_map<({loops}) -> ({loops})>"],
-                          ['"parallel"'] * t.rank, [], [("%empty", x)],
-                          [("%unused", element)], body, "%v", element)
-    lines += [f"  return %out : {x}", "}"]
-    return "\n".join(lines)
+    x = op.operands[0]
+    index = ir.IndexType.get()
+    with ir.InsertionPoint(op), op.location:
+        one = arith.ConstantOp(index, 1).result
+        sizes, lasts = [], {}
+        for d in range(t.rank):
+            size = tensor.DimOp(x, arith.ConstantOp(index, d).result).result \
+                if t.is_dynamic_dim(d) or d in dims else None
+            if d in dims:
+                lasts[d] = arith.SubIOp(size, one).result
+            sizes.append(size if t.is_dynamic_dim(d) else t.shape[d])
+        empty = tensor.EmptyOp(sizes, t.element_type).result
+        generic = linalg.GenericOp(
+            [t], [], [empty], ir.ArrayAttr.get([ir.AffineMapAttr.get(
+                ir.AffineMap.get_identity(t.rank))]),
+            ir.ArrayAttr.get([_parallel(op.context)] * t.rank))
+        block = generic.regions[0].blocks.append(t.element_type)
+        with ir.InsertionPoint(block):
+            reads = []
+            for d in range(t.rank):
+                position = linalg.IndexOp(d).result
+                reads.append(arith.SubIOp(lasts[d], position).result if d in dims
+                             else position)
+            linalg.YieldOp([tensor.ExtractOp(x, reads).result])
+    op.results[0].replace_all_uses_with(generic.result)
+    op.erase()
+    return True
 
 
 def lower_dynamic_reverses(module) -> int:
     """Rewrites each `stablehlo.reverse` of dynamic size in place (see the module
     docstring); returns how many were rewritten."""
-    return rewrite_each(module, "stablehlo.reverse", _reverse_replacement)
+    rewritten = 0
+    with module.context, ir.Location.unknown():
+        for op in ops_named(module, "stablehlo.reverse"):
+            rewritten += _lower_reverse(op)
+    return rewritten
