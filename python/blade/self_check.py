@@ -33,12 +33,6 @@ TOLERANCES: Dict[torch.dtype, tuple] = {
     torch.float16: (1e-2, 1e-2),
     torch.bfloat16: (2e-2, 2e-2),
 }
-# Ops whose results differ from run to run: their clusters are not compared.
-RANDOM_OPS = frozenset(("aten::rand", "aten::rand_like", "aten::randn", "aten::randn_like",
-                        "aten::randint", "aten::randint_like", "aten::randperm",
-                        "aten::bernoulli", "aten::multinomial", "aten::normal",
-                        "aten::uniform_", "aten::normal_", "aten::exponential_",
-                        "aten::dropout", "aten::native_dropout", "aten::rrelu"))
 
 
 class EngineCheckError(RuntimeError):
@@ -78,8 +72,7 @@ def draws_random_numbers(subgraph) -> bool:
     so no comparison can tell right from wrong."""
     def visit(block) -> bool:
         for node in block.nodes():
-            if node.kind().split(".")[0] in RANDOM_OPS or \
-                    any(visit(inner) for inner in node.blocks()):
+            if node.isNondeterministic() or any(visit(inner) for inner in node.blocks()):
                 return True
         return False
 

@@ -46,10 +46,14 @@ def output_count(op) -> int:
     return list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[-1]
 
 
+def iterator_attribute(kind, context):
+    """The `#linalg.iterator_type<...>` attribute of `kind` (linalg.IteratorType)."""
+    return linalg_dialect._iteratortypeenum(kind, context)
+
+
 def parallel_loops(op) -> List[bool]:
     """Per loop of a linalg structured op, whether it is parallel (else it reduces)."""
-    parallel = linalg_dialect._iteratortypeenum(linalg_dialect.IteratorType.parallel,
-                                                op.context)
+    parallel = iterator_attribute(linalg_dialect.IteratorType.parallel, op.context)
     return [a == parallel for a in ir.ArrayAttr(op.attributes["iterator_types"])]
 
 
