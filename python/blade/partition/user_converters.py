@@ -164,11 +164,11 @@ def _fill_body(op, call: UserCall) -> None:
     except Exception as e:
         raise ConverterError(f"{what} raised {type(e).__name__}: {e}", call.node_index) from e
     results = [results] if isinstance(results, ir.Value) else list(results)
-    expected = [str(t) for t in function_type.results]
-    got = [str(r.type) for r in results]
+    expected = list(function_type.results)
+    got = [r.type for r in results]
     if got != expected:
-        raise ConverterError(f"{what} returned values of types {got}, expected {expected}",
-                             call.node_index)
+        raise ConverterError(f"{what} returned values of types {[str(t) for t in got]}, "
+                             f"expected {[str(t) for t in expected]}", call.node_index)
     with ir.InsertionPoint(block):
         func.ReturnOp(results)
     try:

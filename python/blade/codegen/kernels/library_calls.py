@@ -27,13 +27,17 @@ from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, only_data_use
                                       strides_of)
 
 LIBRARY_CALL = "blade.library_call"
-# Element types the kernels take; the name is also the kernel symbol's suffix.
-KERNEL_ELEMENT_TYPES = ("f32", "f64", "f16", "bf16")
+# Element types the kernels take, each with its kernel symbols' suffix.
+KERNEL_ELEMENT_TYPES = ((ir.F32Type, "f32"), (ir.F64Type, "f64"), (ir.F16Type, "f16"),
+                        (ir.BF16Type, "bf16"))
 
 
 def _element_suffix(value) -> Optional[str]:
-    element = str(ir.ShapedType(value.type).element_type)
-    return element if element in KERNEL_ELEMENT_TYPES else None
+    element = ir.ShapedType(value.type).element_type
+    for kind, suffix in KERNEL_ELEMENT_TYPES:
+        if isinstance(element, kind):
+            return suffix
+    return None
 
 
 def _rank(value) -> int:

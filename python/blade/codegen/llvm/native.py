@@ -177,8 +177,16 @@ def _linked_by_name(op) -> bool:
     or global of external linkage (private and internal ones stay in their object)."""
     if "linkage" not in op.attributes:
         return False
-    linkage = str(op.attributes["linkage"])
-    return not ("private" in linkage or "internal" in linkage)
+    return op.attributes["linkage"] not in _local_linkages(op.context)
+
+
+def _local_linkages(context) -> List:
+    """The linkage attributes that keep a symbol inside its object. The bindings have no
+    builder for LLVM's linkage enum attribute, so the two are made once from their
+    spelling and compared by identity (attributes are uniqued per context)."""
+    from torch_mlir import ir
+
+    return [ir.Attribute.parse(f"#llvm.linkage<{kind}>", context) for kind in ("private", "internal")]
 
 
 _TASK_PREFIXES = ("blade_task_", "blade_launch_", "blade_trampoline_")
