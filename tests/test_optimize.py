@@ -320,3 +320,46 @@ def test_scripting_parses_each_method_once_and_gives_the_same_module(monkeypatch
     assert str(once.inlined_graph) == str(plain.inlined_graph)
     x = torch.randn(2, 8)
     torch.testing.assert_close(once(x), model(x))
+
+
+class StridedReadOfAView(torch.nn.Module):
+    """`as_strided` reads its input's storage from the start (storage_offset=0), and
+    `is_contiguous` reads strides: both see the slices as eager made them, never an
+    engine's fresh copy."""
+
+    def forward(self, x):
+        view = torch.ops.aten._unsafe_view(torch.ops.aten.slice(x * 2, 0, 1, 3, 1), [4, 4])
+        strided = torch.ops.aten.as_strided(view, size=(2, 2), stride=(8, 1), storage_offset=0)
+        t = (x + 1).transpose(0, 2)
+        flag = 1.0 if t.is_contiguous() else 2.0
+        return strided + 1, t * flag
+
+
+def test_views_whose_memory_layout_is_read_stay_torchscript():
+    x = torch.arange(24, dtype=torch.float32).reshape(3, 2, 4)
+    _, report = run_compiled(StridedReadOfAView(), (x,))
+    kept = {kind for kind, entry in report.unsupported.items()
+            if any("reads the memory layout" in reason for reason in entry.reasons)}
+    assert kept == {"aten::slice.Tensor", "aten::_unsafe_view", "aten::transpose.int"}, \
+        str(report)
+
+
+class NoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("steps", torch.arange(6.0))
+
+    def forward(self):
+        return torch.softmax(self.steps.reshape(2, 3) * 0.5, dim=1)
+
+
+def test_a_forward_without_inputs_is_optimized_with_no_example_inputs():
+    model = NoInputs()
+    for example in ((), None):
+        optimized = blade.optimize(model, example, blade.Config(cache_dir="off"))
+        assert_same(optimized(), model())
+
+
+def test_missing_example_inputs_are_named_when_forward_needs_some():
+    with pytest.raises(TypeError, match="example inputs are needed"):
+        blade.optimize(torch.nn.Linear(2, 2))

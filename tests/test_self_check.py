@@ -87,6 +87,28 @@ def test_disagreement_by_dtype(got, want, agrees):
     assert (disagreement([got], [want]) is None) == agrees
 
 
+def _large(changes=()):
+    """Ramp values over more than two of the check's chunks, with `changes` made."""
+    t = torch.linspace(-4.0, 4.0, (1 << 23) + 5)
+    for index, value in changes:
+        t[index] = value
+    return t
+
+
+@pytest.mark.parametrize("changes, agrees", [
+    ((), True),
+    (((-1, 100.0),), False),                    # in the last, partial chunk
+    (((1 << 22, float("nan")),), False),        # the first of the second chunk
+    (((3, float("inf")),), False),
+    (((-2, 4.0 + 1e-6),), True),                # within float32's tolerance
+], ids=["same", "last-chunk", "nan", "inf", "within"])
+def test_disagreement_of_outputs_larger_than_a_chunk(changes, agrees):
+    found = disagreement([_large(changes)], [_large()])
+    assert (found is None) == agrees, found
+    if changes and not agrees and changes[0][1] == 100.0:
+        assert "max abs diff 96" in found, found
+
+
 def test_engines_running_checked_code_are_not_run_again():
     """Three clusters of the same ops on the same types share one compiled code: the first
     engine is compared, the other two run code that just agreed on its own inputs."""

@@ -4,6 +4,7 @@
     -> acyclic clustering (C++) -> per cluster: import -> StableHLO -> native -> Engine
 """
 import functools
+import inspect
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -485,6 +486,21 @@ def _optimize(model, example_inputs, example_kwarg_inputs, config: Config):
         progress.finish()
 
 
+def _required_forward_arguments(model) -> int:
+    """How many of forward's arguments have no default (one when it cannot be told)."""
+    forward = getattr(model, "forward", model)
+    schema = getattr(forward, "schema", None)
+    if schema is not None:  # a ScriptModule's method
+        return sum(1 for a in schema.arguments[1:] if not a.has_default_value())
+    try:
+        parameters = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    named = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+             inspect.Parameter.KEYWORD_ONLY)
+    return sum(1 for p in parameters if p.default is p.empty and p.kind in named)
+
+
 def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
                             progress: Progress) -> torch.jit.ScriptModule:
     if is_exported_program(model):
@@ -492,7 +508,7 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
         scripted, args, config = exported_program.to_torchscript(model, args, kwargs, config)
         kwargs = {}
     else:
-        if not args and not kwargs:
+        if not args and not kwargs and _required_forward_arguments(model) > 0:
             raise TypeError("blade.optimize: example inputs are needed: a tensor, a tuple of "
                             "forward's inputs or a dict of them by argument name")
         progress.stage("tracing" if config.allow_tracing else "scripting")

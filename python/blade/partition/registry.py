@@ -39,7 +39,7 @@ class Converter:
 class Verdict:
     converter: Optional[Converter]
     category: str = ""  # why not: no_converter, not_materialized, dtype, validator, excluded,
-    reason: str = ""    # non_constant_argument
+    reason: str = ""    # non_constant_argument, storage_observed
 
     @property
     def supported(self) -> bool:
@@ -148,6 +148,12 @@ class ConverterRegistry:
         name = schema_name(node)
         if name in excluded_ops or node.kind() in excluded_ops:
             return Verdict(None, "excluded", f"{name} is in Config.excluded_ops")
+        observer = storage_observer(node)
+        if observer is not None:
+            return Verdict(None, "storage_observed",
+                           f"{name}: {observer} reads the memory layout of its result (strides "
+                           "or storage), which compiled code, returning fresh contiguous "
+                           "tensors, would change")
         candidates = self._entries.get(name, [])
         unknown = next((v for v in list(node.inputs()) + list(node.outputs())
                         if not is_materialized(v, static_shapes)), None)
@@ -208,6 +214,48 @@ class ConverterRegistry:
         result_dtypes = [(_tensor_dtype(v) or "unknown") for v in node.outputs()
                          if isinstance(v.type(), torch._C.TensorType)]
         return dtypes.check_dtypes(name, arg_dtypes, result_dtypes, converter.dtype_rule)
+
+
+# Ops whose result depends on a tensor's strides, storage offset or storage, not only on
+# its values.
+STORAGE_OBSERVERS = ("aten::as_strided", "aten::as_strided_", "aten::as_strided_copy",
+                     "aten::as_strided_scatter", "aten::stride", "aten::storage_offset",
+                     "aten::is_contiguous", "aten::data_ptr", "aten::is_set_to",
+                     "aten::is_non_overlapping_and_dense")
+# Ops whose schema promises a fresh tensor but that return a view of their input.
+_UNDECLARED_VIEWS = ("aten::_unsafe_view",)
+
+
+def is_view(node: torch._C.Node) -> bool:
+    """Whether the node's tensor result may be a view of an argument (its schema's alias
+    annotation, or one of the ops that view without saying so)."""
+    if node.kind() in _UNDECLARED_VIEWS:
+        return True
+    schema = node.schema()
+    if schema == "(no schema)":
+        return False
+    parsed = torch._C.parse_schema(schema)
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in parsed.returns)
+
+
+def storage_observer(node: torch._C.Node) -> Optional[str]:
+    """The op that reads the memory layout of this view's result, directly or through more
+    views (`x[1:3]._unsafe_view(4, 4).as_strided(..., storage_offset=0)` reads x's storage
+    from its start), or None. Such views stay TorchScript: an engine returns a fresh,
+    contiguous tensor, with other strides and storage than eager's view. A non-view result
+    is fresh in eager too, and compiled as usual."""
+    if not is_view(node):
+        return None
+    pending = [v for v in node.outputs() if isinstance(v.type(), torch._C.TensorType)]
+    while pending:
+        for use in pending.pop().uses():
+            user = use.user
+            if user.kind() in STORAGE_OBSERVERS:
+                return user.kind()
+            if is_view(user):
+                pending.extend(v for v in user.outputs()
+                               if isinstance(v.type(), torch._C.TensorType))
+    return None
 
 
 def _is_static_argument(value: torch._C.Value) -> bool:
