@@ -50,13 +50,20 @@ def value_type(t) -> str:
     if isinstance(t, torch._C.NumberType):
         return "!torch.number"
     if isinstance(t, torch._C.ListType):
-        element = t.getElementType()
-        if isinstance(element, torch._C.TensorType):
-            return "!torch.list<vtensor>"
-        return f"!torch.list<{value_type(element)[len('!torch.'):]}>"
+        return f"!torch.list<{_list_element(t.getElementType())}>"
     if isinstance(t, torch._C.OptionalType):
         return value_type(t.getElementType())
     raise ImportError_(f"type {t} has no torch-dialect equivalent")
+
+
+def _list_element(element) -> str:
+    """A list's element type as the torch dialect spells it inside `!torch.list<...>`:
+    tensors without their shape (`vtensor`), `optional<vtensor>` for `Tensor?[]`."""
+    if isinstance(element, torch._C.TensorType):
+        return "vtensor"
+    if isinstance(element, torch._C.OptionalType):
+        return f"optional<{_list_element(element.getElementType())}>"
+    return value_type(element)[len("!torch."):]
 
 
 def _float_literal(x: float) -> str:

@@ -28,6 +28,7 @@ from blade.codegen.errors import CodegenError
 from blade.codegen.kernels import library_calls
 from blade.codegen.linalg.concatenations import lower_concatenations, write_slices_in_place
 from blade.codegen.linalg.gathers import lower_dynamic_reverses, lower_gathers
+from blade.codegen.linalg.scatters import lower_scatters
 from blade.codegen.linalg.pooling import lower_reduce_windows
 from blade.codegen.llvm import abi, launchers
 from blade.codegen.loops import approximations, loop_order, parallel, tiled_transpose
@@ -158,6 +159,7 @@ def build(options: Options) -> List[Pass]:
         Pass("lower-dynamic-reshapes", lambda c: lower_dynamic_reshapes(c.module)),
         Pass("lower-reduce-windows", lambda c: lower_reduce_windows(c.module)),
         Pass("lower-gathers", lambda c: lower_gathers(c.module)),
+        Pass("lower-scatters", lambda c: lower_scatters(c.module)),
         Pass("lower-dynamic-reverses", lambda c: lower_dynamic_reverses(c.module)),
         Pass("lower-concatenations", lambda c: lower_concatenations(c.module)),
 

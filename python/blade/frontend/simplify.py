@@ -176,6 +176,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
             lambda: _C.materialize_types(
                 graph, (module._c,) + private_copy(inputs), True,
                 [(module._c,) + private_copy(more) for more in resized_inputs]))
+    run("fresh_casts", lambda: fresh_casts(graph))
     # With shapes known: size()/dim() fold, splits of known sizes become slices, which
     # opens more of the above.
     to_fixed_point([
@@ -185,6 +186,49 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
         ("fold_sizes", lambda: _C.fold_sizes(graph)),
     ] + structure)
     return still_decomposed(decomposed, graph), unspecialized
+
+
+# The casts (self, dtype, ...) by overload: the positions of their non_blocking, copy and
+# memory_format arguments. Those between dtype and non_blocking (layout, device,
+# pin_memory) must be None.
+_CASTS = {"aten::to.dtype": (2, 3, 4), "aten::to.dtype_layout": (5, 6, 7)}
+
+
+def fresh_casts(graph: torch._C.Graph) -> int:
+    """`x.to(dtype)` returns x itself when x has that dtype already, so its schema says the
+    result may alias x, and clustering keeps it out of engines (which return fresh
+    tensors). With the types materialized, a cast to another dtype is known to give a new
+    tensor: it becomes `aten::_to_copy`, which eager runs for it anyway and whose schema
+    says so. Returns how many were rewritten."""
+    count = 0
+    for node in list(all_nodes(graph)):
+        shape = _CASTS.get(schema_name(node))
+        if shape is None:
+            continue
+        non_blocking, copy_flag, memory_format = shape
+        inputs = list(node.inputs())
+        source, result = inputs[0], node.output()
+        if not all(isinstance(v.type(), torch._C.TensorType) and v.type().scalarType()
+                   for v in (source, result)):
+            continue
+        if source.type().scalarType() == result.type().scalarType():
+            continue
+        if any(not isinstance(v.type(), torch._C.NoneType) for v in inputs[2:non_blocking]):
+            continue  # a layout, device or pin_memory given
+        if not isinstance(inputs[copy_flag].toIValue(), bool):
+            continue  # copy= is not a constant
+        with graph.insert_point_guard(node):
+            none = graph.insertConstant(None)
+            copy = graph.create("aten::_to_copy", [source, inputs[1], none, none, none,
+                                                   inputs[non_blocking],
+                                                   inputs[memory_format]])
+            graph.insertNode(copy)
+        copy.output().setType(result.type())
+        copy.copyMetadata(node)
+        result.replaceAllUsesWith(copy.output())
+        node.destroy()
+        count += 1
+    return count
 
 
 def still_decomposed(decomposed: Dict[str, int], graph) -> Dict[str, int]:

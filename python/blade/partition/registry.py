@@ -202,6 +202,15 @@ class ConverterRegistry:
                     continue
             return Verdict(converter)
         category, reason = refusals[0]
+        if category == "dtype" and self._unknown_ops is not None and \
+                self._unknown_ops[0](node) is None:
+            # Blade's table does not cover these dtypes: Torch-MLIR may still lower the op
+            # for them (the engine check then proves what it lowers to).
+            _, refusal, origin = self._unknown_ops
+            why = refusal(node, static_shapes)
+            if why is None:
+                return Verdict(Converter(name, origin=origin))
+            reason = f"{reason}; {why}"
         return Verdict(None, category, reason)
 
     @staticmethod

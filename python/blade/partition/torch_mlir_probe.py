@@ -61,9 +61,16 @@ def _case(node: torch._C.Node, static_shapes: bool) -> Optional[Tuple]:
             parts.append(type_key(value))
         elif producer.kind() == "prim::Constant":
             parts.append((str(value.type()), repr(value.toIValue())))
-        elif producer.kind() == "prim::ListConstruct" and \
-                all(v.node().kind() == "prim::Constant" for v in producer.inputs()):
-            parts.append((str(value.type()), repr([v.toIValue() for v in producer.inputs()])))
+        elif producer.kind() == "prim::ListConstruct":
+            items = []
+            for item in producer.inputs():
+                if isinstance(item.type(), torch._C.TensorType):
+                    items.append(type_key(item))
+                elif item.node().kind() == "prim::Constant":
+                    items.append(repr(item.toIValue()))
+                else:
+                    return None
+            parts.append((str(value.type()), tuple(items)))
         else:
             return None
     parts.extend(type_key(v) for v in node.outputs())
@@ -75,19 +82,26 @@ def _lower_alone(node: torch._C.Node) -> Optional[str]:
 
     graph = torch._C.Graph()
     mapping = {}
+
+    def copied(value):
+        """The graph's own copy of `value`: an input for a tensor, else its constant."""
+        if value not in mapping:
+            if isinstance(value.type(), torch._C.TensorType):
+                mapping[value] = graph.addInput()
+                mapping[value].setType(value.type())
+            else:
+                constant = graph.createClone(value.node(), lambda x: x)
+                mapping[value] = graph.insertNode(constant).output()
+        return mapping[value]
+
     for value in node.inputs():
         producer = value.node()
-        if isinstance(value.type(), torch._C.TensorType):
-            mapping[value] = graph.addInput()
-            mapping[value].setType(value.type())
-        elif producer.kind() == "prim::ListConstruct":
-            items = [graph.insertNode(graph.createClone(v.node(), lambda x: x)).output()
-                     for v in producer.inputs()]
-            lst = graph.insertNode(graph.createClone(producer, dict(zip(producer.inputs(),
-                                                                        items)).__getitem__))
-            mapping[value] = lst.output()
+        if producer.kind() == "prim::ListConstruct" and value not in mapping:
+            items = {item: copied(item) for item in producer.inputs()}
+            mapping[value] = graph.insertNode(
+                graph.createClone(producer, items.__getitem__)).output()
         else:
-            mapping[value] = graph.insertNode(graph.createClone(producer, lambda x: x)).output()
+            copied(value)
     clone = graph.insertNode(graph.createClone(node, mapping.__getitem__))
     for original, copy in zip(node.outputs(), clone.outputs()):
         copy.setType(original.type())

@@ -1,4 +1,4 @@
-"""codegen/linalg: StableHLO ops Blade lowers to linalg itself (gathers.py,
+"""codegen/linalg: StableHLO ops Blade lowers to linalg itself (gathers.py, scatters.py,
 concatenations.py), each on a small StableHLO function."""
 from ir_runner import check_pass, run_pass
 
@@ -54,3 +54,40 @@ def test_a_concatenation_becomes_slices_inserted_into_one_tensor():
     // CHECK: [[F:%[a-z0-9_]+]] = tensor.insert_slice %arg0 into [[E]][0, 0] [4, 8] [1, 1]
     // CHECK: tensor.insert_slice %arg1 into [[F]][0, 8] [4, 8] [1, 1]
     """, "lower-concatenations")
+
+
+SCATTER_ADD_ROWS = """
+func.func @main(%arg0: tensor<5x6xf32>, %arg1: tensor<4x1xi64>, %arg2: tensor<4x6xf32>) -> tensor<5x6xf32> {
+  %0 = "stablehlo.scatter"(%arg0, %arg1, %arg2) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %s = stablehlo.add %a, %b : tensor<f32>
+    stablehlo.return %s : tensor<f32>
+  }) : (tensor<5x6xf32>, tensor<4x1xi64>, tensor<4x6xf32>) -> tensor<5x6xf32>
+  return %0 : tensor<5x6xf32>
+}
+"""
+
+
+def test_a_scatter_add_is_a_loop_nest_over_the_updates_that_checks_each_index():
+    check_pass(SCATTER_ADD_ROWS + """
+    // CHECK-NOT: stablehlo.scatter
+    // CHECK: scf.for {{.*}} iter_args([[T:%[a-z0-9_]+]] = %arg0)
+    // CHECK: scf.for
+    // CHECK: tensor.extract %arg1
+    // CHECK: arith.cmpi slt
+    // CHECK: scf.if
+    // CHECK: tensor.extract
+    // CHECK: tensor.extract %arg2
+    // CHECK-NEXT: arith.addf
+    // CHECK-NEXT: tensor.insert
+    // CHECK: } else {
+    // CHECK-NEXT: arith.index_cast
+    // CHECK: call @blade_ral_index_out_of_range
+    // CHECK: func.func private @blade_ral_index_out_of_range
+    """, "lower-scatters")
+
+
+def test_a_scatter_of_another_update_computation_is_left_to_stablehlo():
+    result, _ = run_pass(SCATTER_ADD_ROWS.replace("stablehlo.add %a, %b", "stablehlo.divide %a, %b"),
+                         "lower-scatters")
+    assert "stablehlo.scatter" in result, result
