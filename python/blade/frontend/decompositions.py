@@ -12,7 +12,7 @@ A user's decomposition replaces Blade's own for the same overload. Ops named in
 """
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -335,3 +335,31 @@ def _scaled_dot_product_attention(
     if dropout_p > 0.0:
         probabilities = torch.dropout(probabilities, dropout_p, True)
     return torch.matmul(probabilities, value)
+
+
+@_builtin("aten::lstm_cell")
+def _lstm_cell(input: torch.Tensor, hx: List[torch.Tensor], w_ih: torch.Tensor,
+               w_hh: torch.Tensor, b_ih: Optional[torch.Tensor] = None,
+               b_hh: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    # nn.LSTMCell's op (an LSTM unrolled by hand, a decoder stepping one token at a time):
+    # no lowering exists in Torch-MLIR. PyTorch's own formula, gates in the order i, f, g, o;
+    # the two projections are GEMMs Blade calls its kernels for.
+    gates = torch.nn.functional.linear(input, w_ih, b_ih) + \
+        torch.nn.functional.linear(hx[0], w_hh, b_hh)
+    chunks = gates.chunk(4, -1)
+    cell = torch.sigmoid(chunks[1]) * hx[1] + torch.sigmoid(chunks[0]) * torch.tanh(chunks[2])
+    return torch.sigmoid(chunks[3]) * torch.tanh(cell), cell
+
+
+@_builtin("aten::gru_cell")
+def _gru_cell(input: torch.Tensor, hx: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
+              b_ih: Optional[torch.Tensor] = None,
+              b_hh: Optional[torch.Tensor] = None) -> torch.Tensor:
+    # nn.GRUCell's op, as PyTorch computes it: gates r, z, n; the hidden projection's n part
+    # (with its bias) is scaled by r before it joins the input's.
+    gi = torch.nn.functional.linear(input, w_ih, b_ih).chunk(3, -1)
+    gh = torch.nn.functional.linear(hx, w_hh, b_hh).chunk(3, -1)
+    reset = torch.sigmoid(gi[0] + gh[0])
+    update = torch.sigmoid(gi[1] + gh[1])
+    new = torch.tanh(gi[2] + reset * gh[2])
+    return (hx - new) * update + new
