@@ -78,7 +78,8 @@ def test_unary(name, shape):
 
 
 # The ops the first tests cover in float32, over the other dtypes the table allows.
-from helpers import TOLERANCE, Lambda, random_tensor  # noqa: E402
+from helpers import (TOLERANCE, Lambda, assert_ran_compiled, assert_same_values,  # noqa: E402
+                     random_tensor)
 
 F = torch.nn.functional
 NUMERIC_OPS = {
@@ -138,3 +139,22 @@ def test_integer_true_division_outside_the_dtype_table_is_lowered_by_torch_mlir(
     x = torch.randint(1, 5, (3, 4))
     _, report = run_compiled(Lambda(lambda x: x / (x + 1)), (x,), TRACE)
     assert report.compiled_ops == report.total_ops, str(report)
+
+
+def test_xlogy_and_trace_compile_through_decompositions():
+    # Neither has a StableHLO lowering in Torch-MLIR; xlogy's zeros and NaNs are PyTorch's.
+    x, y = torch.randn(4, 4), torch.rand(4, 4)
+    x[0, 0], y[0, 0], y[1, 1] = 0.0, 0.0, float("nan")
+    ints = torch.randint(0, 5, (4, 3))
+
+    def fn(x, y, ints):
+        return torch.xlogy(x, y), torch.trace(x * 2), torch.trace(ints + 1), torch.xlogy(ints, ints)
+
+    model = Lambda(fn)
+    optimized = blade.optimize(model, (x, y, ints), TRACE)
+    with torch.no_grad():
+        for got, want in zip(optimized(x, y, ints), model(x, y, ints)):
+            assert_same_values(got, want)  # NaN in the same places
+    report = assert_ran_compiled(optimized)
+    assert report.compiled_ops == report.total_ops, str(report)
+    assert report.decomposed == {"aten::xlogy.Tensor": 2, "aten::trace": 2}, str(report)

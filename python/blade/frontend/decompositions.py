@@ -363,3 +363,20 @@ def _gru_cell(input: torch.Tensor, hx: torch.Tensor, w_ih: torch.Tensor, w_hh: t
     update = torch.sigmoid(gi[1] + gh[1])
     new = torch.tanh(gi[2] + reset * gh[2])
     return (hx - new) * update + new
+
+
+@_builtin("aten::xlogy.Tensor")
+def _xlogy(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    # x * log(y), 0 where x is 0 (even where log(y) is -inf), NaN where y is NaN.
+    product = self * torch.log(other)
+    product = torch.where(self == 0, torch.zeros_like(product), product)
+    return torch.where(torch.isnan(other), torch.full_like(product, float("nan")), product)
+
+
+@_builtin("aten::trace")
+def _trace(self: torch.Tensor) -> torch.Tensor:
+    # The sum of the main diagonal of a matrix, as a masked sum (Torch-MLIR lowers neither
+    # trace nor diagonal to StableHLO).
+    rows = torch.arange(self.size(0), device=self.device).unsqueeze(1)
+    cols = torch.arange(self.size(1), device=self.device)
+    return torch.sum(torch.where(rows == cols, self, torch.zeros_like(self)))
