@@ -4,7 +4,7 @@ whole. The suite is not vendored: give a checkout of torch-mlir (or a bare git d
 read with `git archive`).
 
     python benchmarks/torch_mlir_e2e.py --torch-mlir ~/src/torch-mlir [--filter Softmax]
-        [--workers 2] [--timeout 180] [--json results.json]
+        [--workers 2] [--timeout 120] [--json results.json]
 
 Each module runs in a worker process (a crash or a hang loses that module only, which is
 counted as such and the worker replaced). For each module the worker
@@ -366,7 +366,8 @@ def main() -> None:
     parser.add_argument("--torch-mlir", help="a torch-mlir checkout or bare git directory")
     parser.add_argument("--filter", default="", help="regex over test names")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per module")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds per module (the suite's own default)")
     parser.add_argument("--json", help="write every module's result here")
     parser.add_argument("--cache-dir", default=None,
                         help="Blade's compile cache for the run (default: a fresh one)")

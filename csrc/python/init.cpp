@@ -12,6 +12,7 @@
 #include "passes/materialize_types.h"
 #include "passes/outline_branches.h"
 #include "passes/split_to_slices.h"
+#include "python/tolerance.h"
 #include "ral/engine.h"
 #include "ral/ral_abi.h"
 #include "ral/signing.h"
@@ -132,6 +133,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
         "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;
+  m.def("count_outside_tolerance", &count_outside_tolerance, py::arg("got"), py::arg("want"),
+        py::arg("rtol"), py::arg("atol"), py::call_guard<py::gil_scoped_release>(),
+        "How many elements differ by more than atol + rtol * |want| or hold a NaN or an "
+        "infinity where the other does not (float32 or float64; the engine check's pass).");
   m.def("spec_dtypes", &ral::spec_dtypes,
         "The dtypes the runtime's tensor specs (float32[2,8]) name, in its table's order: "
         "(name, ScalarType name) pairs.");

@@ -89,18 +89,21 @@ class Example:
 
 
 def capture_cluster_examples(module, graph, clusters: Sequence,
-                             inputs: Sequence) -> List[Optional[Example]]:
-    """Per cluster, its inputs and outputs the first time the graph ran it on copies of
-    `inputs` (the model's bound example inputs), or None when the run did not reach it.
+                             inputs: Sequence) -> Callable[[], List[Optional[Example]]]:
+    """A function giving, per cluster, its inputs and outputs the first time the graph ran
+    it on copies of `inputs` (the model's bound example inputs), or None when the run did
+    not reach it.
 
     A copy of the graph runs once: each cluster's inputs are appended to a list of its own
     just before it and its outputs just after it, the clusters are inlined again (so their
-    nodes run as TorchScript), and the lists are the copy's only output. The graph itself
-    is left as it was, and so is the module's state."""
+    nodes run as TorchScript), and the lists are the copy's only output. The copy is made
+    here; the run, when the function is called, touches neither the graph (which may change
+    meanwhile) nor, once it returns, the module's state: it may run on another thread while
+    the clusters compile."""
     from blade.frontend.inputs import private_copy
 
     if not clusters:
-        return []
+        return lambda: []
     list_type = torch._C.ListType(torch._C.TensorType.get())
     first = next(iter(graph.nodes()))
     added, lists = [], []
@@ -151,17 +154,22 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
     while len(list(copy.outputs())) > 1:
         copy.eraseOutput(0)
     run = torch._C._create_function_from_graph("blade_capture_cluster_examples", copy)
-    # One plain interpreter run: the profiling executor's first run would record shapes
-    # for optimizations that a single run never uses.
-    with torch.no_grad(), torch.jit.optimized_execution(False), _state_kept(module):
-        recorded = run(module._c, *private_copy(tuple(inputs)))
-    examples = []
-    for i, cluster in enumerate(clusters):
-        ins, outs = recorded[2 * i], recorded[2 * i + 1]
-        count_in, count_out = len(list(cluster.inputs())), len(list(cluster.outputs()))
-        reached = len(ins) >= count_in and len(outs) >= count_out
-        examples.append(Example(list(ins[:count_in]), list(outs[:count_out]))
-                        if reached else None)
+    counts = [(len(list(c.inputs())), len(list(c.outputs()))) for c in clusters]
+    arguments = private_copy(tuple(inputs))
+
+    def examples() -> List[Optional[Example]]:
+        # One plain interpreter run: the profiling executor's first run would record
+        # shapes for optimizations that a single run never uses.
+        with torch.no_grad(), torch.jit.optimized_execution(False), _state_kept(module):
+            recorded = run(module._c, *arguments)
+        found = []
+        for i, (count_in, count_out) in enumerate(counts):
+            ins, outs = recorded[2 * i], recorded[2 * i + 1]
+            reached = len(ins) >= count_in and len(outs) >= count_out
+            found.append(Example(list(ins[:count_in]), list(outs[:count_out]))
+                         if reached else None)
+        return found
+
     return examples
 
 
@@ -221,6 +229,11 @@ def _output_disagreement(got: torch.Tensor, want: torch.Tensor) -> Optional[str]
     # more than a few chunk-sized temporaries.
     wide = torch.float64 if want.dtype == torch.float64 else torch.float32
     rtol, atol = TOLERANCES.get(want.dtype, (1e-3, 1e-4))
+    # The common case in one pass (C++): within the tolerance at the smallest scale (1),
+    # NaN and infinities in the same places, implies within it at the real one.
+    if all(_C.count_outside_tolerance(g.to(wide), w.to(wide), rtol, atol) == 0
+           for g, w in zip(got.split(_CHUNK), want.split(_CHUNK))):
+        return None
     largest = 0.0
     for w in want.split(_CHUNK):
         finite = w.isfinite()
