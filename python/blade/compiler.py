@@ -98,9 +98,6 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             retry.update(dissolve_failed(cluster, error, message, ops, config, report,
                                           may_retry=rounds < MAX_RECLUSTER_ROUNDS))
 
-        # Each cluster's compilation is begun (MLIR's stages here, LLVM's handed to the
-        # pool), then each is finished in turn: the workers compile one cluster's code
-        # while the next goes through MLIR.
         # The example run that the engine check compares with runs on a thread of its own
         # while the clusters compile (it is a TorchScript run of the whole model: a good
         # part of a small model's compile time).
@@ -111,6 +108,9 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             checker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blade-check")
             capture = checker.submit(run_example)
             check_time.capture += time.perf_counter() - start
+        # Each cluster's compilation is begun (MLIR's stages here, LLVM's handed to the
+        # pool), then each is finished in turn: the workers compile one cluster's code
+        # while the next goes through MLIR.
         begun = []
         for cluster in clusters:
             ops = _op_counts(cluster.g("Subgraph"))
