@@ -41,6 +41,8 @@ import time
 import types
 from pathlib import Path
 
+from child import TORCHSCRIPT_DEPRECATION
+
 SUITE_PACKAGE = "torch_mlir_e2e_test"
 SUITE_PATH = Path("projects/pt1/python")
 RTOL, ATOL = 1e-3, 1e-7
@@ -136,6 +138,13 @@ class _Recorder:
         return call
 
 
+def _clone(value):
+    """`value` with a copy of every tensor in it (Blade's own `private_copy`)."""
+    from blade.frontend.inputs import private_copy
+
+    return private_copy(value)
+
+
 def _seed(call_index: int) -> int:
     """Each call runs from the same random state in eager, TorchScript and Blade, so that
     modules of random ops (rand, bernoulli, dropout) can be compared too."""
@@ -152,18 +161,6 @@ def _replay(function, calls) -> bool:
             if not _same(function(*_clone(inputs)), expected):
                 return False
     return True
-
-
-def _clone(value):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_clone(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    return value
 
 
 def _same(got, expected) -> bool:
@@ -242,7 +239,7 @@ def worker(source: str, cache_dir: str) -> None:
     tests' own printing goes to stderr)."""
     import warnings
 
-    warnings.filterwarnings("ignore", message=".*TorchScript.*deprecat", category=Warning)
+    warnings.filterwarnings("ignore", message=TORCHSCRIPT_DEPRECATION)
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     tests, _ = load_suite(Path(source))

@@ -229,33 +229,28 @@ def _output_disagreement(got: torch.Tensor, want: torch.Tensor) -> Optional[str]
     # more than a few chunk-sized temporaries.
     wide = torch.float64 if want.dtype == torch.float64 else torch.float32
     rtol, atol = TOLERANCES.get(want.dtype, (1e-3, 1e-4))
-    # The common case in one pass (C++): within the tolerance at the smallest scale (1),
-    # NaN and infinities in the same places, implies within it at the real one.
-    if all(_C.count_outside_tolerance(g.to(wide), w.to(wide), rtol, atol) == 0
-           for g, w in zip(got.split(_CHUNK), want.split(_CHUNK))):
+
+    def chunks():
+        return ((g.to(wide), w.to(wide)) for g, w in zip(got.split(_CHUNK), want.split(_CHUNK)))
+
+    def within(scale: float) -> bool:
+        # One C++ pass per chunk, NaN and infinities required in the same places.
+        return all(_C.count_outside_tolerance(g, w, rtol, atol * scale) == 0
+                   for g, w in chunks())
+
+    # The common case: within the tolerance at the smallest scale (1) implies within it
+    # at the real one, the output's largest finite value.
+    if within(1.0):
         return None
-    largest = 0.0
-    for w in want.split(_CHUNK):
-        finite = w.isfinite()
-        if bool(finite.any()):
-            largest = max(largest, float(w[finite].abs().max()) if not bool(finite.all())
-                          else float(w.abs().max()))
-    scale = max(1.0, largest)
-    worst, within = 0.0, True
-    for g, w in zip(got.split(_CHUNK), want.split(_CHUNK)):
-        if not torch.equal(g.isnan(), w.isnan()):
-            return "NaN in other places"
-        if not torch.equal(g.isposinf(), w.isposinf()) or \
-                not torch.equal(g.isneginf(), w.isneginf()):
-            return "+-inf in other places"
-        finite = w.isfinite()
-        g = torch.where(finite, g, 0).to(wide)
-        w = torch.where(finite, w, 0).to(wide)
-        gap = (g - w).abs_()
-        worst = max(worst, float(gap.max()))
-        within = within and bool((gap <= w.abs_().mul_(rtol).add_(atol * scale)).all())
-    if within:
+    scale = max([1.0] + [float(w.abs().nan_to_num_(0.0, 0.0, 0.0).max()) for _, w in chunks()])
+    if within(scale):
         return None
+    if any(not torch.equal(g.isnan(), w.isnan()) for g, w in chunks()):
+        return "NaN in other places"
+    if any(not torch.equal(g.isinf(), w.isinf()) or not torch.equal(g[g.isinf()], w[w.isinf()])
+           for g, w in chunks()):
+        return "+-inf in other places"
+    worst = max(float((g - w).abs().nan_to_num_(0.0, 0.0, 0.0).max()) for g, w in chunks())
     return f"max abs diff {worst:.3g} (tolerance {atol:g} x {scale:.3g} + {rtol:g} x |value|)"
 
 

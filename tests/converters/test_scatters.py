@@ -1,7 +1,7 @@
-"""Scatters: index_put, scatter, scatter_add, slice_scatter and select_scatter compile (Torch-MLIR's stablehlo.scatter, lowered by
-blade/codegen/linalg/scatters.py) and give eager's results, repeated indices included; an
-index outside the operand runs the fallback, which raises PyTorch's error or wraps a
-negative index as PyTorch does."""
+"""Scatters: index_put, scatter, scatter_add, slice_scatter and select_scatter compile
+(Torch-MLIR's stablehlo.scatter, lowered by blade/codegen/linalg/scatters.py) and give
+eager's results, repeated indices included; an index outside the operand runs the fallback,
+which raises PyTorch's error or wraps a negative index as PyTorch does."""
 import pytest
 import torch
 
@@ -18,7 +18,8 @@ def _x():
 
 # case -> (function, its inputs)
 CASES = {
-    "index_put": (lambda x, v, i: x.index_put((i,), v * 2), lambda: (_x(), torch.randn(4, 6), ROWS)),
+    "index_put": (lambda x, v, i: x.index_put((i,), v * 2),
+                  lambda: (_x(), torch.randn(4, 6), ROWS)),
     "index_put_accumulate": (lambda x, v, i: x.index_put((i,), v, accumulate=True) + 1,
                              lambda: (_x(), torch.randn(4, 6), ROWS)),
     "index_put_two_dims": (lambda x, v, i: x.index_put((i, i), v, accumulate=True) * 2,

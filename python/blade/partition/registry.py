@@ -8,6 +8,7 @@ imported into Torch-MLIR's torch dialect as it is and lowered by Torch-MLIR. An 
 no entry is compilable when Torch-MLIR lowers it for the node's types and constant arguments
 (blade.partition.torch_mlir_probe asks it).
 """
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -175,12 +176,11 @@ class ConverterRegistry:
                                "compile-time constant")
         if not candidates:
             # No converter of Blade's: compilable when Torch-MLIR lowers it as it is.
-            _, refusal, origin = self._unknown_ops
-            why = refusal(node, static_shapes)
+            why = self._torch_mlir_refusal(node, static_shapes)
             if why is not None:
                 return Verdict(None, "no_converter",
                                f"no converter is registered for {name}, and {why}")
-            return Verdict(Converter(name, origin=origin))
+            return Verdict(Converter(name, origin=self._unknown_ops[2]))
         refusals = []
         for converter in candidates:
             computed = [arg for arg, value in zip(arg_names, node.inputs())
@@ -206,12 +206,16 @@ class ConverterRegistry:
                 self._unknown_ops[0](node) is None:
             # Blade's table does not cover these dtypes: Torch-MLIR may still lower the op
             # for them (the engine check then proves what it lowers to).
-            _, refusal, origin = self._unknown_ops
-            why = refusal(node, static_shapes)
+            why = self._torch_mlir_refusal(node, static_shapes)
             if why is None:
-                return Verdict(Converter(name, origin=origin))
+                return Verdict(Converter(name, origin=self._unknown_ops[2]))
             reason = f"{reason}; {why}"
         return Verdict(None, category, reason)
+
+    def _torch_mlir_refusal(self, node, static_shapes: bool) -> Optional[str]:
+        """Why Torch-MLIR's lowering of `node` as it is cannot be compiled (None: it can),
+        asked of the function `ask_about_unknown_ops` gave."""
+        return self._unknown_ops[1](node, static_shapes)
 
     @staticmethod
     def _dtype_refusal(node, name, arg_names, converter) -> Optional[str]:
@@ -238,13 +242,16 @@ _UNDECLARED_VIEWS = ("aten::_unsafe_view",)
 def is_view(node: torch._C.Node) -> bool:
     """Whether the node's tensor result may be a view of an argument (its schema's alias
     annotation, or one of the ops that view without saying so)."""
-    if node.kind() in _UNDECLARED_VIEWS:
-        return True
-    schema = node.schema()
+    return node.kind() in _UNDECLARED_VIEWS or _returns_a_view(node.schema())
+
+
+@functools.lru_cache(maxsize=None)
+def _returns_a_view(schema: str) -> bool:
+    # Parsed once per schema: the registry asks it of every node.
     if schema == "(no schema)":
         return False
-    parsed = torch._C.parse_schema(schema)
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in parsed.returns)
+    returns = torch._C.parse_schema(schema).returns
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
 def storage_observer(node: torch._C.Node) -> Optional[str]:

@@ -88,6 +88,6 @@ def test_a_scatter_add_is_a_loop_nest_over_the_updates_that_checks_each_index():
 
 
 def test_a_scatter_of_another_update_computation_is_left_to_stablehlo():
-    result, _ = run_pass(SCATTER_ADD_ROWS.replace("stablehlo.add %a, %b", "stablehlo.divide %a, %b"),
-                         "lower-scatters")
+    dividing = SCATTER_ADD_ROWS.replace("stablehlo.add %a, %b", "stablehlo.divide %a, %b")
+    result, _ = run_pass(dividing, "lower-scatters")
     assert "stablehlo.scatter" in result, result

@@ -154,10 +154,18 @@ def lower_gathers(module) -> int:
             for op in ops_named(module, name):
                 rewritten += _lower_gather(op)
         if rewritten:
-            with ir.InsertionPoint(module.body):
-                i64 = ir.IntegerType.get_signless(64)
-                func.FuncOp(OUT_OF_RANGE, ([i64, i64], []), visibility="private")
+            declare_out_of_range(module)
     return rewritten
+
+
+def declare_out_of_range(module) -> None:
+    """Declares the RAL's OUT_OF_RANGE function in `module`, once (gathers and scatters
+    both call it)."""
+    if OUT_OF_RANGE in ir.SymbolTable(module.operation):
+        return
+    with ir.InsertionPoint(module.body):
+        i64 = ir.IntegerType.get_signless(64)
+        func.FuncOp(OUT_OF_RANGE, ([i64, i64], []), visibility="private")
 
 
 def _lower_reverse(op) -> bool:

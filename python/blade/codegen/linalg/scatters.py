@@ -25,7 +25,7 @@ from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import arith, func, scf, tensor
 
 from blade.codegen.ir_queries import ops_named
-from blade.codegen.linalg.gathers import OUT_OF_RANGE
+from blade.codegen.linalg.gathers import OUT_OF_RANGE, declare_out_of_range
 
 # Update computations by StableHLO op: arith's op for floats, signed and unsigned integers
 # (None: not for that kind of type).
@@ -141,7 +141,7 @@ def _lower_scatter(op) -> bool:
             with ir.InsertionPoint(branch.then_block):
                 scf.YieldOp([_update(carried, target, updates, ivs, combine)])
             with ir.InsertionPoint(branch.else_block):
-                outside = next(d for d in sorted(start))
+                outside = min(start)  # reported; the fallback raises PyTorch's error
                 func.CallOp([], ir.FlatSymbolRefAttr.get(OUT_OF_RANGE),
                             [arith.IndexCastOp(i64, target[outside]).result,
                              arith.IndexCastOp(i64, operand_sizes[outside]).result])
@@ -175,8 +175,6 @@ def lower_scatters(module) -> int:
     with module.context, ir.Location.unknown():
         for op in ops_named(module, "stablehlo.scatter"):
             rewritten += _lower_scatter(op)
-        if rewritten and OUT_OF_RANGE not in ir.SymbolTable(module.operation):
-            with ir.InsertionPoint(module.body):
-                i64 = ir.IntegerType.get_signless(64)
-                func.FuncOp(OUT_OF_RANGE, ([i64, i64], []), visibility="private")
+        if rewritten:
+            declare_out_of_range(module)
     return rewritten

@@ -172,21 +172,20 @@ def _function_name(op) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value
 
 
-def _linked_by_name(op) -> bool:
+def _linked_by_name(op, local_linkages: List) -> bool:
     """Whether a top-level op defines a symbol that other objects link to: a function
     or global of external linkage (private and internal ones stay in their object)."""
-    if "linkage" not in op.attributes:
-        return False
-    return op.attributes["linkage"] not in _local_linkages(op.context)
+    return "linkage" in op.attributes and op.attributes["linkage"] not in local_linkages
 
 
 def _local_linkages(context) -> List:
     """The linkage attributes that keep a symbol inside its object. The bindings have no
-    builder for LLVM's linkage enum attribute, so the two are made once from their
-    spelling and compared by identity (attributes are uniqued per context)."""
+    builder for LLVM's linkage enum attribute, so the two are made from their spelling
+    and compared by identity (attributes are uniqued per context)."""
     from torch_mlir import ir
 
-    return [ir.Attribute.parse(f"#llvm.linkage<{kind}>", context) for kind in ("private", "internal")]
+    return [ir.Attribute.parse(f"#llvm.linkage<{kind}>", context)
+            for kind in ("private", "internal")]
 
 
 _TASK_PREFIXES = ("blade_task_", "blade_launch_", "blade_trampoline_")
@@ -216,13 +215,14 @@ def partition(module, count: int) -> List[Dict]:
 
     sizes: Dict[str, int] = {}
     defined: Dict[str, str] = {}  # function -> its group
+    local = _local_linkages(module.context)
     for op in module.body.operations:
-        if _linked_by_name(op) and op.operation.name != "llvm.func":
+        if _linked_by_name(op, local) and op.operation.name != "llvm.func":
             # A global that other objects would see: copies in two partitions would
             # clash at the link, so the module stays whole.
             return [{"bytecode": _bytecode(module), "elsewhere": []}]
         if op.operation.name == "llvm.func" and len(op.regions[0].blocks) > 0:
-            if not _linked_by_name(op):
+            if not _linked_by_name(op, local):
                 # An internal function called from another partition could not be
                 # declared there: the module stays whole.
                 return [{"bytecode": _bytecode(module), "elsewhere": []}]
