@@ -4,6 +4,7 @@ stays TorchScript with the reason."""
 import torch
 
 import blade
+from blade.frontend import decompositions
 from blade.partition import torch_mlir_probe
 from blade.partition.registry import REGISTRY
 from helpers import Lambda, assert_ran_compiled, assert_same
@@ -34,10 +35,12 @@ def test_an_op_torch_mlir_cannot_lower_stays_torchscript_with_the_reason():
     assert report.compiled_ops == report.total_ops - 1, str(report)
 
 
-def test_a_wrong_lowering_by_torch_mlir_is_caught_by_the_engine_check():
+def test_a_wrong_lowering_by_torch_mlir_is_caught_by_the_engine_check(monkeypatch):
     # Torch-MLIR lowers a float remainder with the sign of the dividend (fmod); PyTorch's
-    # takes the divisor's. The engine check refuses it, and only it.
+    # takes the divisor's. Blade decomposes remainder (into fmod and a correction): without
+    # that decomposition, the engine check refuses Torch-MLIR's lowering, and only it.
     assert not REGISTRY.entries("aten::remainder.Scalar")
+    monkeypatch.delitem(decompositions._BUILTIN, "aten::remainder.Scalar")
     x = torch.randn(8, 8) * 10
     _, report = optimized_report(lambda t: torch.remainder(t, 3.0) * 2.0, x)
     reason = report.unsupported["aten::remainder.Scalar"].reasons[0]

@@ -497,6 +497,10 @@ void blade_ral_index_out_of_range(int64_t index, int64_t size) {
                                   std::to_string(size));
 }
 
+void blade_ral_division_by_zero() {
+  blade::ral::record_kernel_error("integer division by zero");
+}
+
 void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
                 BladeUnrankedMemRef* target) {
   const auto* s = static_cast<const int64_t*>(source->descriptor);

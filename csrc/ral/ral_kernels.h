@@ -44,6 +44,10 @@ struct BladeUnrankedMemRef {
 // [0, size): the engine then runs its TorchScript fallback, whose op raises PyTorch's error.
 void blade_ral_index_out_of_range(int64_t index, int64_t size);
 
+// Generated code calls this when an integer division or remainder meets a zero divisor
+// (PyTorch raises ZeroDivisionError): the engine then runs its fallback, which raises it.
+void blade_ral_division_by_zero();
+
 // MLIR's `memref.copy` between non-contiguous memrefs lowers to this call.
 void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
                 BladeUnrankedMemRef* target);

@@ -28,6 +28,7 @@ from blade.codegen.errors import CodegenError
 from blade.codegen.kernels import library_calls
 from blade.codegen.linalg.concatenations import lower_concatenations, write_slices_in_place
 from blade.codegen.linalg.gathers import lower_dynamic_reverses, lower_gathers
+from blade.codegen.linalg.integer_division import lower_integer_divisions
 from blade.codegen.linalg.scatters import lower_scatters
 from blade.codegen.linalg.pooling import lower_reduce_windows
 from blade.codegen.llvm import abi, launchers
@@ -162,6 +163,7 @@ def build(options: Options) -> List[Pass]:
         Pass("lower-scatters", lambda c: lower_scatters(c.module)),
         Pass("lower-dynamic-reverses", lambda c: lower_dynamic_reverses(c.module)),
         Pass("lower-concatenations", lambda c: lower_concatenations(c.module)),
+        Pass("lower-integer-divisions", lambda c: lower_integer_divisions(c.module)),
 
         # -- StableHLO -> linalg on tensors, with producer-consumer elementwise fusion ----
         # What remains of the shape dialect (shape_of, broadcasts of shapes, num_elements)

@@ -12,7 +12,7 @@ A user's decomposition replaces Blade's own for the same overload. Ops named in
 """
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -380,3 +380,33 @@ def _trace(self: torch.Tensor) -> torch.Tensor:
     rows = torch.arange(self.size(0), device=self.device).unsqueeze(1)
     cols = torch.arange(self.size(1), device=self.device)
     return torch.sum(torch.where(rows == cols, self, torch.zeros_like(self)))
+
+
+# A Scalar argument (int, float or bool at the call) is TorchScript's `number`, written
+# Union[int, float, complex] in a decomposition's signature.
+
+@_builtin("aten::remainder.Tensor")
+def _remainder(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    # Python's modulo, with the divisor's sign, as PyTorch's kernel computes it: C's fmod,
+    # moved by one divisor when it is not zero and its sign differs from the divisor's.
+    # (Torch-MLIR's lowering gives fmod's sign for negative operands; an integer divisor of
+    # zero makes the engine call run its fallback, which raises as PyTorch does.)
+    r = torch.fmod(self, other)
+    return torch.where((r != 0) & ((r < 0) != (other < 0)), r + other, r)
+
+
+@_builtin("aten::remainder.Scalar")
+def _remainder_scalar(self: torch.Tensor, other: Union[int, float, complex]) -> torch.Tensor:
+    r = torch.fmod(self, other)
+    divisor = torch.full_like(r, other)
+    return torch.where((r != 0) & ((r < 0) != (divisor < 0)), r + divisor, r)
+
+
+@_builtin("aten::threshold_backward")
+def _threshold_backward(grad_output: torch.Tensor, self: torch.Tensor,
+                        threshold: Union[int, float, complex]) -> torch.Tensor:
+    # ReLU's gradient: zero where the input was at or below the threshold (NaN inputs
+    # pass the gradient, as PyTorch's kernel does), in the dtype the two promote to (the
+    # sum's: only its dtype and shape are read, so the compiled code never computes it).
+    zeros = torch.zeros_like(grad_output + self)
+    return torch.where(self <= threshold, zeros, grad_output)

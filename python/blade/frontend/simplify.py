@@ -177,6 +177,8 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
                 graph, (module._c,) + private_copy(inputs), True,
                 [(module._c,) + private_copy(more) for more in resized_inputs]))
     run("fresh_casts", lambda: fresh_casts(graph))
+    run("float_comparison_scalars", lambda: float_comparison_scalars(graph))
+    run("tensor_divisors", lambda: tensor_divisors(graph))
     # With shapes known: size()/dim() fold, splits of known sizes become slices, which
     # opens more of the above.
     to_fixed_point([
@@ -219,14 +221,76 @@ def fresh_casts(graph: torch._C.Graph) -> int:
             continue  # copy= is not a constant
         with graph.insert_point_guard(node):
             none = graph.insertConstant(None)
-            copy = graph.create("aten::_to_copy", [source, inputs[1], none, none, none,
-                                                   inputs[non_blocking],
-                                                   inputs[memory_format]])
-            graph.insertNode(copy)
-        copy.output().setType(result.type())
-        copy.copyMetadata(node)
-        result.replaceAllUsesWith(copy.output())
-        node.destroy()
+            _replace(graph, node, "aten::_to_copy", [source, inputs[1], none, none, none,
+                                                      inputs[non_blocking],
+                                                      inputs[memory_format]])
+        count += 1
+    return count
+
+
+def _replace(graph: torch._C.Graph, node: torch._C.Node, kind: str, inputs) -> None:
+    """Puts a `kind` node of `inputs` at the insertion point in place of `node` (one
+    result, of the same type)."""
+    replacement = graph.create(kind, inputs)
+    graph.insertNode(replacement)
+    replacement.output().setType(node.output().type())
+    replacement.copyMetadata(node)
+    node.output().replaceAllUsesWith(replacement.output())
+    node.destroy()
+
+
+_COMPARISONS = {f"aten::{name}.Scalar" for name in ("lt", "le", "gt", "ge", "eq", "ne")}
+
+
+def float_comparison_scalars(graph: torch._C.Graph) -> int:
+    """`x < 0` with a float x compares with 0.0 (PyTorch promotes the int to x's dtype).
+    Written so: Torch-MLIR's constant folder of a comparison of a float constant tensor
+    (a `full_like`, once folded) with an int reads the floats' bits as integers and gives
+    a wrong mask (`full_like(x, 2.5) < 0` folds to all true). Returns how many int
+    constants were made floats."""
+    count = 0
+    for node in list(all_nodes(graph)):
+        if schema_name(node) not in _COMPARISONS:
+            continue
+        tensor, scalar = list(node.inputs())[:2]
+        if not isinstance(tensor.type(), torch._C.TensorType) or \
+                tensor.type().scalarType() not in _FLOAT_DTYPES:
+            continue
+        value = scalar.toIValue() if scalar.node().kind() == "prim::Constant" else None
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        with graph.insert_point_guard(node):
+            node.replaceInput(1, graph.insertConstant(float(value)))
+        count += 1
+    return count
+
+
+_FLOAT_DTYPES = ("Float", "Double", "Half", "BFloat16")
+
+# Ops with a Scalar divisor Torch-MLIR does not lower, and their Tensor overload, which it
+# does.
+_SCALAR_DIVISORS = {"aten::fmod.Scalar": "aten::fmod"}
+
+
+def tensor_divisors(graph: torch._C.Graph) -> int:
+    """`fmod(x, 3)` as `fmod(x, tensor(3))`, the constant a 0-dim tensor of the result's
+    dtype (so type promotion gives that dtype again, and the scalar is converted to it as
+    the Scalar overload does). Returns how many were rewritten."""
+    count = 0
+    for node in list(all_nodes(graph)):
+        kind = _SCALAR_DIVISORS.get(schema_name(node))
+        if kind is None:
+            continue
+        source, scalar = list(node.inputs())
+        result = node.output()
+        dtype = result.type().dtype() if isinstance(result.type(), torch._C.TensorType) \
+            else None
+        value = scalar.toIValue() if scalar.node().kind() == "prim::Constant" else None
+        if dtype is None or not isinstance(value, (int, float)):
+            continue
+        with graph.insert_point_guard(node):
+            _replace(graph, node, kind,
+                     [source, graph.insertConstant(torch.tensor(value, dtype=dtype))])
         count += 1
     return count
 

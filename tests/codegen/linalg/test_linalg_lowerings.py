@@ -91,3 +91,65 @@ def test_a_scatter_of_another_update_computation_is_left_to_stablehlo():
     dividing = SCATTER_ADD_ROWS.replace("stablehlo.add %a, %b", "stablehlo.divide %a, %b")
     result, _ = run_pass(dividing, "lower-scatters")
     assert "stablehlo.scatter" in result, result
+
+
+
+INTEGER_DIVISION = """
+func.func @main(%a: tensor<?x4xi32>, %b: tensor<?x4xi32>) -> tensor<?x4xi32> {
+  %0 = stablehlo.OP %a, %b : tensor<?x4xi32>
+  return %0 : tensor<?x4xi32>
+}
+"""
+
+
+def test_an_integer_division_reports_a_zero_divisor_and_never_divides_by_zero_or_minus_one():
+    check_pass(INTEGER_DIVISION.replace("OP", "divide") + """
+    // CHECK-NOT: stablehlo.divide
+    // CHECK: tensor.dim %arg0, %c0
+    // CHECK: linalg.generic
+    // CHECK: ^bb0([[A:%[a-z0-9_]+]]: i32, [[B:%[a-z0-9_]+]]: i32
+    // CHECK: [[Z:%[a-z0-9_]+]] = arith.cmpi eq, [[B]], %c0_i32
+    // CHECK: scf.if [[Z]]
+    // CHECK-NEXT: call @blade_ral_division_by_zero()
+    // CHECK: [[M:%[a-z0-9_]+]] = arith.cmpi eq, [[B]], %c-1_i32
+    // CHECK: [[U:%[a-z0-9_]+]] = arith.ori [[Z]], [[M]]
+    // CHECK: [[S:%[a-z0-9_]+]] = arith.select [[U]], %c1_i32, [[B]]
+    // CHECK: [[N:%[a-z0-9_]+]] = arith.subi %c0_i32, [[A]]
+    // CHECK: [[Q:%[a-z0-9_]+]] = arith.divsi [[A]], [[S]]
+    // CHECK: [[R:%[a-z0-9_]+]] = arith.select [[M]], [[N]], [[Q]]
+    // CHECK: linalg.yield [[R]]
+    // CHECK: func.func private @blade_ral_division_by_zero()
+    """, "lower-integer-divisions")
+
+
+def test_an_integer_remainder_is_zero_by_minus_one_and_float_division_is_left_alone():
+    check_pass(INTEGER_DIVISION.replace("OP", "remainder") + """
+    // CHECK-NOT: stablehlo.remainder
+    // CHECK: call @blade_ral_division_by_zero()
+    // CHECK: [[R:%[a-z0-9_]+]] = arith.remsi
+    // CHECK: arith.select {{%[a-z0-9_]+}}, %c0_i32, [[R]]
+    """, "lower-integer-divisions")
+    result, _ = run_pass(INTEGER_DIVISION.replace("OP", "divide").replace("i32", "f32"),
+                         "lower-integer-divisions")
+    assert "stablehlo.divide" in result and "division_by_zero" not in result, result
+
+
+def test_torch_mlirs_float64_floor_division_of_integers_becomes_an_exact_integer_one():
+    check_pass("""
+    func.func @main(%a: tensor<3xi64>, %b: tensor<3xi64>) -> tensor<3xi64> {
+      %0 = stablehlo.convert %a : (tensor<3xi64>) -> tensor<3xf64>
+      %1 = stablehlo.convert %b : (tensor<3xi64>) -> tensor<3xf64>
+      %2 = stablehlo.divide %0, %1 : tensor<3xf64>
+      %3 = stablehlo.floor %2 : tensor<3xf64>
+      %4 = stablehlo.convert %3 : (tensor<3xf64>) -> tensor<3xi64>
+      return %4 : tensor<3xi64>
+    }
+    // CHECK: [[G:%[0-9]+]] = linalg.generic
+    // CHECK: call @blade_ral_division_by_zero()
+    // CHECK: arith.divsi
+    // CHECK: arith.remsi
+    // CHECK: arith.xori
+    // CHECK: arith.extui
+    // CHECK: arith.subi
+    // CHECK: return [[G]]
+    """, "lower-integer-divisions")

@@ -1,7 +1,11 @@
 """Elementwise arithmetic, activations, math functions, selection, comparisons and casts."""
+from typing import Optional
+
 from blade.partition.dtypes import (ALL, ANY_RESULT, BOOL, BOOL_SAME, FLOATS, NUMERIC_SAME,
                                     NUMERIC_TO_BOOL, DtypeRule)
 from blade.partition.converters.registration import builtin
+from blade.partition.dtypes import define
+from blade.partition.registry import BUILTIN_PRIORITY, REGISTRY, Converter
 
 # Arithmetic: PyTorch's type promotion applies (an int64 0-d `other`, as tracing records
 # Python scalars, with a float32 `self` gives float32).
@@ -44,3 +48,41 @@ builtin(["aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor", "aten::bitwise_x
 # Casts (a cast to another dtype is `_to_copy` once types are known: simplify.fresh_casts).
 builtin(["aten::to.dtype", "aten::to.other", "aten::type_as", "aten::to.dtype_layout",
          "aten::_to_copy"], ANY_RESULT)
+
+# fmod: Torch-MLIR lowers a float fmod as a - b * trunc(a / b), which rounds a / b (wrong by
+# up to a whole b once the quotient passes float32's 2**24, NaN where b is inf). Floats go
+# to StableHLO's exact remainder (C's fmod); integers to Torch-MLIR's lowering (whose zero
+# divisors codegen/linalg/integer_division.py reports).
+define(["aten::fmod.Tensor"], NUMERIC_SAME)
+
+
+def _float_result(node) -> Optional[str]:
+    dtype = node.output().type().dtype()
+    return None if dtype is not None and dtype.is_floating_point else \
+        "integers take Torch-MLIR's lowering"
+
+
+def _exact_fmod(ctx):
+    from torch_mlir import ir  # not at import: a model whose code is all cached needs none
+
+    result = ir.RankedTensorType(ctx.result_types[0])
+    operands = []
+    for x in ctx.operands:
+        t = ir.RankedTensorType(x.type)
+        if t.element_type != result.element_type:
+            x = ctx.op("stablehlo.convert", [x],
+                       ir.RankedTensorType.get(t.shape, result.element_type))
+        if t.shape != result.shape:
+            if not result.has_static_shape:
+                raise ValueError(f"fmod broadcasts {t} to the dynamic shape {result}, "
+                                 "which this converter does not")
+            dims = ", ".join(str(d) for d in range(result.rank - t.rank, result.rank))
+            x = ctx.op("stablehlo.broadcast_in_dim", [x], result,
+                       {"broadcast_dimensions": f"array<i64{': ' + dims if dims else ''}>"})
+        operands.append(x)
+    return ctx.op("stablehlo.remainder", operands, result)
+
+
+REGISTRY.register(Converter("aten::fmod.Tensor", lower=_exact_fmod, validator=_float_result,
+                            priority=BUILTIN_PRIORITY + 1))
+REGISTRY.register(Converter("aten::fmod.Tensor"))
