@@ -62,6 +62,21 @@ def assert_same_values(actual, expected, rtol=1e-5, atol=1e-5):
     torch.testing.assert_close(actual[finite], expected[finite], rtol=rtol, atol=atol)
 
 
+def compiled_whole(fn, inputs, rtol=1e-5, atol=1e-5):
+    """Optimizes `fn` (traced, as a Lambda) on `inputs`, checks every output against eager
+    with assert_same_values (NaN and infinities in place) and that every op the inputs ran
+    was compiled and ran in an engine. Returns (optimized, report)."""
+    model = Lambda(fn)
+    optimized = blade.optimize(model, inputs, blade.Config(allow_tracing=True))
+    got, want = optimized(*inputs), model(*inputs)
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,)):
+        assert_same_values(g, w, rtol, atol)
+    report = assert_ran_compiled(optimized)
+    assert report.compiled_ops == report.total_ops and not report.unsupported, str(report)
+    return optimized, report
+
+
 def assert_same(actual, expected, rtol=1e-5, atol=1e-5):
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor)

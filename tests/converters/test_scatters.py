@@ -1,12 +1,13 @@
 """Scatters: index_put, scatter, scatter_add, slice_scatter and select_scatter compile
-(Torch-MLIR's stablehlo.scatter, lowered by blade/codegen/linalg/scatters.py) and give
+(Torch-MLIR's stablehlo.scatter, lowered by blade/codegen/linalg/scatters.py), and so do
+the reducing scatters (partition/converters/scatter.py builds their stablehlo.scatter); all give
 eager's results, repeated indices included; an index outside the operand runs the fallback,
 which raises PyTorch's error or wraps a negative index as PyTorch does."""
 import pytest
 import torch
 
 import blade
-from helpers import Lambda, assert_same, run_compiled
+from helpers import Lambda, assert_ran_compiled, assert_same, assert_same_values, run_compiled
 
 TRACE = blade.Config(allow_tracing=True, cache_dir="off")
 ROWS = torch.tensor([0, 4, 2, 4])  # row 4 twice: accumulation must see both
@@ -32,6 +33,22 @@ CASES = {
     "scatter_add": (lambda x, v, i: x.scatter_add(0, i, v) * 2,
                     lambda: (_x(), torch.randn(2, 6),
                              torch.tensor([[0, 0, 1, 1, 2, 2], [0, 0, 0, 4, 4, 4]]))),
+    "scatter_reduce_float": (
+        lambda x, v, i: tuple(x.scatter_reduce(0, i, v, reduce, include_self=include)
+                              for reduce in ("sum", "prod", "amax", "amin", "mean")
+                              for include in (True, False)),
+        lambda: (_x(), torch.randn(3, 6), torch.tensor([[0, 0, 1, 1, 2, 2], [0, 0, 0, 4, 4, 4],
+                                                        [4, 3, 2, 1, 0, 0]]))),
+    "scatter_reduce_int": (
+        lambda x, v, i: tuple(x.scatter_reduce(1, i, v, reduce, include_self=include)
+                              for reduce in ("sum", "prod", "amax", "amin", "mean")
+                              for include in (True, False)),
+        lambda: (torch.randint(-9, 9, (4, 5), dtype=torch.int32),
+                 torch.randint(-9, 9, (3, 6), dtype=torch.int32),
+                 torch.tensor([[0, 0, 1, 4], [2, 2, 2, 2], [3, 1, 3, 1]]))),
+    "scatter_reduce_op": (
+        lambda x, v, i: (x.scatter(1, i, v, reduce="multiply"), x.scatter(1, i, 1.5, reduce="add")),
+        lambda: (_x(), torch.randn(5, 4), torch.randint(0, 6, (5, 4)))),
     "slice_scatter": (lambda x, v: torch.slice_scatter(x * 2, v, dim=1, start=1, end=5, step=2),
                       lambda: (_x(), torch.randn(5, 2))),
     "select_scatter": (lambda x, v: torch.select_scatter(x - 1, v, 0, 3),
@@ -45,6 +62,21 @@ def test_scatters_compile_and_give_eagers_results(case):
     torch.manual_seed(0)
     _, report = run_compiled(Lambda(fn), inputs(), TRACE, atol=1e-6)
     assert report.compiled_ops == report.total_ops, str(report)
+
+
+def test_reducing_scatters_propagate_nan_as_eager():
+    x = torch.tensor([[1.0, float("nan")], [2.0, 3.0]])
+    updates = torch.tensor([[float("nan"), 5.0], [0.5, -1.0]])
+    index = torch.tensor([[0, 0], [0, 1]])
+    model = Lambda(lambda x, v, i: (x.scatter_reduce(0, i, v, "amax"),
+                                    x.scatter_reduce(0, i, v, "amin", include_self=False)))
+    optimized = blade.optimize(model, (x, updates, index), TRACE)
+    for got, want in zip(optimized(x, updates, index), model(x, updates, index)):
+        assert_same_values(got, want)
+    report = assert_ran_compiled(optimized)
+    assert report.compiled_ops == report.total_ops, str(report)
+    with pytest.raises(RuntimeError, match="out of bounds|out of range"):
+        optimized(x, updates, torch.tensor([[0, 0], [0, 2]]))
 
 
 class IndexPut(torch.nn.Module):

@@ -30,10 +30,13 @@ class Decomposition:
     fn: Callable
     graph: torch._C.Graph
     builtin: bool = False
-    dynamic_only: bool = False  # applies only with Config.dynamic
+    static_only: bool = False  # not applied with Config.dynamic
 
 
+# Blade's own; those for dynamic shapes replace them with Config.dynamic. A user's
+# decomposition replaces Blade's for the same overload.
 _BUILTIN: Dict[str, Decomposition] = {}
+_BUILTIN_DYNAMIC: Dict[str, Decomposition] = {}
 _USER: Dict[str, Decomposition] = {}
 
 
@@ -82,7 +85,7 @@ def _check_fits(overload: str, schema, scripted) -> None:
 
 
 def _make(overload: str, fn: Callable, builtin: bool,
-          dynamic_only: bool = False) -> Decomposition:
+          static_only: bool = False) -> Decomposition:
     schema = _op_schema(overload)
     try:
         with quiet_torchscript():
@@ -91,7 +94,7 @@ def _make(overload: str, fn: Callable, builtin: bool,
         raise DecompositionError(f"register_decomposition({overload}): TorchScript cannot "
                                  f"script {getattr(fn, '__name__', fn)}: {e}") from e
     _check_fits(overload, schema, scripted)
-    return Decomposition(overload, fn, scripted.graph, builtin, dynamic_only)
+    return Decomposition(overload, fn, scripted.graph, builtin, static_only)
 
 
 def register_decomposition(overload: str):
@@ -113,19 +116,20 @@ def unregister_decomposition(overload: str) -> None:
     _USER.pop(overload, None)
 
 
-def active() -> Dict[str, Decomposition]:
-    return {**_BUILTIN, **_USER}
+def active(dynamic: bool = False) -> Dict[str, Decomposition]:
+    """The decompositions by overload, for static shapes or (`dynamic`) dynamic ones."""
+    return {**_BUILTIN, **(_BUILTIN_DYNAMIC if dynamic else {}), **_USER}
 
 
 def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
               dynamic: bool = False) -> Dict[str, int]:
     """Applies every active decomposition to `graph`; returns overload -> nodes rewritten.
-    With `dynamic`, also those that only dynamic shapes need."""
+    With `dynamic`, those for dynamic shapes."""
     counts = {}
-    for overload, decomposition in active().items():
+    for overload, decomposition in active(dynamic).items():
         if overload in excluded_ops or overload.split(".")[0] in excluded_ops:
             continue
-        if decomposition.dynamic_only and not dynamic:
+        if decomposition.static_only and dynamic:
             continue
         count = _C.decompose(graph, overload, decomposition.graph)
         if count:
@@ -133,9 +137,13 @@ def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
     return counts
 
 
-def _builtin(overload: str, dynamic_only: bool = False):
+def _builtin(overload: str, shapes: str = "any"):
+    """Registers one of Blade's decompositions, for `shapes` "any", "static" (not applied
+    with Config.dynamic) or "dynamic" (applied with Config.dynamic only, in place of any
+    other for the overload)."""
     def wrap(fn):
-        _BUILTIN[overload] = _make(overload, fn, builtin=True, dynamic_only=dynamic_only)
+        decomposition = _make(overload, fn, builtin=True, static_only=shapes == "static")
+        (_BUILTIN_DYNAMIC if shapes == "dynamic" else _BUILTIN)[overload] = decomposition
         return fn
     return wrap
 
@@ -152,7 +160,7 @@ def _logsumexp(x: torch.Tensor, dim: List[int], keepdim: bool) -> torch.Tensor:
     return torch.log(total) + torch.reshape(peak, total.shape)
 
 
-@_builtin("aten::tril", dynamic_only=True)
+@_builtin("aten::tril", shapes="dynamic")
 def _tril(x: torch.Tensor, diagonal: int) -> torch.Tensor:
     # Torch-MLIR lowers tril of static sizes only; a causal mask of a dynamic sequence
     # length needs it as index arithmetic.
@@ -161,7 +169,7 @@ def _tril(x: torch.Tensor, diagonal: int) -> torch.Tensor:
     return x.masked_fill(cols > rows + diagonal, 0)
 
 
-@_builtin("aten::triu", dynamic_only=True)
+@_builtin("aten::triu", shapes="dynamic")
 def _triu(x: torch.Tensor, diagonal: int) -> torch.Tensor:
     # As tril: the mask of future positions, triu(ones(L, L), 1), has a dynamic L.
     rows = torch.arange(x.size(-2), device=x.device).unsqueeze(-1)
@@ -183,26 +191,74 @@ def _variance(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
     return torch.sum(centered * centered, dim, keepdim) / count
 
 
-@_builtin("aten::var.dim", dynamic_only=True)
+@_builtin("aten::var.dim", shapes="dynamic")
 def _var_dim(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
              keepdim: bool) -> torch.Tensor:
     return _variance(x, dim, unbiased, keepdim)
 
 
-@_builtin("aten::std.dim", dynamic_only=True)
+@_builtin("aten::std.dim", shapes="dynamic")
 def _std_dim(x: torch.Tensor, dim: Optional[List[int]], unbiased: bool,
              keepdim: bool) -> torch.Tensor:
     return torch.sqrt(_variance(x, dim, unbiased, keepdim))
 
 
-@_builtin("aten::adaptive_avg_pool2d", dynamic_only=True)
-def _adaptive_avg_pool2d(x: torch.Tensor, output_size: List[int]) -> torch.Tensor:
-    # Global average pooling (an output of 1 x 1: a CNN classifier's head) is a mean over H
-    # and W, which compiles at any image size; Torch-MLIR lowers adaptive pooling of a fixed
-    # window only. With a constant output size, constant propagation keeps one branch.
-    if output_size == [1, 1]:
-        return torch.mean(x, [-2, -1], True)
-    return torch._C._nn.adaptive_avg_pool2d(x, output_size)
+def _first_extreme(x: torch.Tensor, dim: int, keepdim: bool,
+                   largest: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    # PyTorch's max/min along a dim: the extreme value and its first index, or NaN and the
+    # first NaN's index where there is one (Torch-MLIR's lowering misses the NaN). The dim
+    # is moved last, so the index order broadcasts whatever the rank.
+    if x.size(dim) == 0:
+        raise RuntimeError("max(): expected a non-empty dim to reduce")
+    moved = x.transpose(dim, -1)
+    values = torch.amax(moved, -1, True) if largest else torch.amin(moved, -1, True)
+    if x.is_floating_point():
+        values = torch.where(torch.any(moved != moved, -1, True),
+                             torch.full_like(values, float("nan")), values)
+    order = torch.arange(moved.size(-1), device=x.device)
+    hit = (moved == values) | (moved != moved)
+    indices = torch.amin(torch.where(hit, order, moved.size(-1)), -1, True)
+    values, indices = values.transpose(dim, -1), indices.transpose(dim, -1)
+    if not keepdim:
+        values, indices = values.squeeze(dim), indices.squeeze(dim)
+    return values, indices
+
+
+@_builtin("aten::max.dim")
+def _max_dim(self: torch.Tensor, dim: int,
+             keepdim: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    values, indices = _first_extreme(self, dim, keepdim, True)
+    return values, indices
+
+
+@_builtin("aten::min.dim")
+def _min_dim(self: torch.Tensor, dim: int,
+             keepdim: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    values, indices = _first_extreme(self, dim, keepdim, False)
+    return values, indices
+
+
+def _ones_shape(x: torch.Tensor) -> torch.Tensor:
+    # A zero of shape [1] * x.dim(), for a reduction over every dim kept as size 1.
+    return torch.sum(torch.zeros_like(x, dtype=torch.long), None, True)
+
+
+@_builtin("aten::argmax")
+def _argmax(self: torch.Tensor, dim: Optional[int] = None,
+            keepdim: bool = False) -> torch.Tensor:
+    if dim is None:
+        index = _first_extreme(self.reshape(-1), 0, False, True)[1]
+        return index + _ones_shape(self) if keepdim else index
+    return _first_extreme(self, dim, keepdim, True)[1]
+
+
+@_builtin("aten::argmin")
+def _argmin(self: torch.Tensor, dim: Optional[int] = None,
+            keepdim: bool = False) -> torch.Tensor:
+    if dim is None:
+        index = _first_extreme(self.reshape(-1), 0, False, False)[1]
+        return index + _ones_shape(self) if keepdim else index
+    return _first_extreme(self, dim, keepdim, False)[1]
 
 
 @_builtin("aten::upsample_nearest2d.vec")
@@ -279,7 +335,7 @@ def _transformer_encoder_layer(
     return x.squeeze(0) if unbatched else x
 
 
-@_builtin("aten::pow.int_float", dynamic_only=True)
+@_builtin("aten::pow.int_float", shapes="dynamic")
 def _int_to_float_power(a: int, b: float) -> float:
     # An attention scale written `q.size(-1) ** -0.5`: with a dynamic head dim the engine
     # computes it at run time, and Torch-MLIR lowers sqrt of an int (aten::sqrt.int) but
@@ -402,11 +458,46 @@ def _remainder_scalar(self: torch.Tensor, other: Union[int, float, complex]) -> 
     return torch.where((r != 0) & ((r < 0) != (divisor < 0)), r + divisor, r)
 
 
-@_builtin("aten::threshold_backward")
-def _threshold_backward(grad_output: torch.Tensor, self: torch.Tensor,
-                        threshold: Union[int, float, complex]) -> torch.Tensor:
-    # ReLU's gradient: zero where the input was at or below the threshold (NaN inputs
-    # pass the gradient, as PyTorch's kernel does), in the dtype the two promote to (the
-    # sum's: only its dtype and shape are read, so the compiled code never computes it).
-    zeros = torch.zeros_like(grad_output + self)
-    return torch.where(self <= threshold, zeros, grad_output)
+# Random ops at inference: in eval mode they are deterministic, and compile; in training
+# mode the op itself is kept (the decomposition calls it, and is not applied again).
+
+@_builtin("aten::native_dropout")
+def _native_dropout(input: torch.Tensor, p: float,
+                    train: Optional[bool]) -> Tuple[torch.Tensor, torch.Tensor]:
+    # One return of a tuple (the decomposition's results are its elements).
+    if train is not None and not train:
+        output, mask = input.clone(), torch.ones_like(input, dtype=torch.bool)
+    else:
+        output, mask = torch.native_dropout(input, p, train)
+    return output, mask
+
+
+@_builtin("aten::rrelu")
+def _rrelu(self: torch.Tensor, lower: Union[int, float, complex] = 0.125,
+           upper: Union[int, float, complex] = 1.0 / 3.0, training: bool = False,
+           generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    # Evaluated, RReLU is a leaky ReLU whose slope is the middle of its range.
+    if not training:
+        return torch.nn.functional.leaky_relu(self, (lower + upper) / 2)
+    return torch.rrelu(self, lower, upper, training, generator)
+
+
+@_builtin("aten::rrelu_with_noise_functional")
+def _rrelu_with_noise(self: torch.Tensor, noise: torch.Tensor,
+                      lower: Union[int, float, complex] = 0.125,
+                      upper: Union[int, float, complex] = 1.0 / 3.0, training: bool = False,
+                      generator: Optional[torch.Generator] = None
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+    # As rrelu; the noise comes back unchanged, as a new tensor.
+    if not training:
+        output, noise_out = torch.nn.functional.leaky_relu(self, (lower + upper) / 2), \
+            noise.clone()
+    else:
+        output, noise_out = torch.ops.aten.rrelu_with_noise_functional(
+            self, noise, lower, upper, training, generator)
+    return output, noise_out
+
+
+# The op families written in modules of their own register on import.
+from blade.frontend import (gradient_decompositions, layout_decompositions,  # noqa: E402,F401
+                            pooling_decompositions)

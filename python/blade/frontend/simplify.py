@@ -7,6 +7,7 @@ import torch
 
 from blade import _C
 from blade.frontend.inputs import private_copy
+from blade.frontend.pools import explicit_pool_windows
 from blade.partition.registry import schema_name
 from blade.tools.dump import Dumper
 
@@ -179,6 +180,9 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     run("fresh_casts", lambda: fresh_casts(graph))
     run("float_comparison_scalars", lambda: float_comparison_scalars(graph))
     run("tensor_divisors", lambda: tensor_divisors(graph))
+    run("reduction_dtypes", lambda: reduction_dtypes(graph))
+    run("batched_images", lambda: batched_images(graph))
+    run("explicit_pool_windows", lambda: explicit_pool_windows(graph))
     # With shapes known: size()/dim() fold, splits of known sizes become slices, which
     # opens more of the above.
     to_fixed_point([
@@ -291,6 +295,95 @@ def tensor_divisors(graph: torch._C.Graph) -> int:
         with graph.insert_point_guard(node):
             _replace(graph, node, kind,
                      [source, graph.insertConstant(torch.tensor(value, dtype=dtype))])
+        count += 1
+    return count
+
+
+# Reductions that take an optional dtype: the input is cast to it before reducing.
+_DTYPE_REDUCTIONS = {"aten::sum.dim_IntList", "aten::sum", "aten::mean.dim", "aten::mean",
+                     "aten::softmax.int", "aten::log_softmax.int", "aten::cumsum",
+                     "aten::prod", "aten::prod.dim_int", "aten::cumprod"}
+
+
+def reduction_dtypes(graph: torch._C.Graph) -> int:
+    """`x.sum(dtype=torch.float64)` casts x before it sums; written as that cast
+    (`_to_copy`) and the reduction without a dtype, both of which compile. Only for a
+    floating dtype or int64, which the reduction without a dtype keeps (integers narrower
+    than int64 would sum to int64). Returns how many were rewritten."""
+    count = 0
+    for node in list(all_nodes(graph)):
+        if schema_name(node) not in _DTYPE_REDUCTIONS:
+            continue
+        names = [a.name for a in torch._C.parse_schema(node.schema()).arguments]
+        if "dtype" not in names:
+            continue
+        position = names.index("dtype")
+        source = node.inputsAt(0)
+        dtype = node.inputsAt(position).toIValue()
+        if dtype is None or not isinstance(source.type(), torch._C.TensorType) or \
+                source.type().scalarType() is None:
+            continue
+        target = _DTYPE_BY_CODE.get(dtype)
+        if target is None or not (target.is_floating_point or target == torch.int64):
+            continue
+        with graph.insert_point_guard(node):
+            none = graph.insertConstant(None)
+            if source.type().dtype() != target:
+                false = graph.insertConstant(False)
+                cast = graph.create("aten::_to_copy", [source, node.inputsAt(position), none,
+                                                       none, none, false, none])
+                graph.insertNode(cast)
+                cast.output().setType(source.type().with_dtype(target))
+                cast.copyMetadata(node)
+                node.replaceInput(0, cast.output())
+            node.replaceInput(position, none)
+        count += 1
+    return count
+
+
+def _dtype_codes() -> Dict[int, torch.dtype]:
+    """The dtypes by the int a graph's ScalarType constant holds, as TorchScript writes them."""
+    graph = torch._C.Graph()
+    return {graph.insertConstant(d).toIValue(): d
+            for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                      torch.int64)}
+
+
+_DTYPE_BY_CODE = _dtype_codes()
+
+
+# Ops compiled for batched NCHW input that PyTorch also takes unbatched (CHW).
+_IMAGE_OPS = {"aten::avg_pool2d", "aten::max_pool2d", "aten::adaptive_avg_pool2d",
+              "aten::conv2d"}
+
+
+def batched_images(graph: torch._C.Graph) -> int:
+    """An unbatched image (rank 3, CHW) given to a pooling or a conv2d becomes a batch of
+    one: `op(x.unsqueeze(0)).squeeze(0)`, which is what PyTorch computes. Returns how many
+    were rewritten."""
+    count = 0
+    for node in list(all_nodes(graph)):
+        if schema_name(node) not in _IMAGE_OPS:
+            continue
+        image, result = node.inputsAt(0), node.output()
+        if not all(isinstance(v.type(), torch._C.TensorType) and v.type().dim() == 3
+                   for v in (image, result)):
+            continue
+        with graph.insert_point_guard(node):
+            zero = graph.insertConstant(0)
+            batch = graph.create("aten::unsqueeze", [image, zero])
+            graph.insertNode(batch)
+        batch.output().setType(image.type().with_sizes([1] + image.type().varyingSizes()))
+        batch.copyMetadata(node)
+        node.replaceInput(0, batch.output())
+        unbatched_type = result.type()
+        unbatch = graph.create("aten::squeeze", [result, zero])
+        unbatch.insertAfter(node)
+        unbatch.output().setType(unbatched_type)
+        unbatch.copyMetadata(node)
+        result.replaceAllUsesWith(unbatch.output())
+        unbatch.replaceInput(0, result)
+        result.setType(unbatched_type.with_sizes([1] + unbatched_type.varyingSizes()))
         count += 1
     return count
 

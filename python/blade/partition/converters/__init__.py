@@ -4,7 +4,8 @@ which overloads are compiled, their dtype rules, and validators for the cases th
 cannot take. Importing this package registers them all, and lets the registry ask
 Torch-MLIR about ops none of them covers (blade.partition.torch_mlir_probe)."""
 from blade.partition import torch_mlir_probe
-from blade.partition.converters import conv, elementwise, linalg, reduction, view  # noqa: F401
+from blade.partition.converters import (conv, elementwise, linalg, reduction,  # noqa: F401
+                                        scatter, view)
 from blade.partition.registry import REGISTRY
 
 REGISTRY.ask_about_unknown_ops(torch_mlir_probe.probe_refusal,

@@ -1,0 +1,127 @@
+"""Ops that move elements (padding by reflection or replication, diagonals, channel
+shuffles, prims' collapse) and eval-mode random ops, compiled through decompositions
+(Torch-MLIR lowers none of them): compared with eager, and compiled whole."""
+import pytest
+import torch
+
+import blade
+from helpers import Lambda, assert_ran_compiled, compiled_whole
+
+TRACE = blade.Config(allow_tracing=True)
+aten = torch.ops.aten
+
+
+def _compiled_whole(fn, *inputs):
+    return compiled_whole(fn, inputs, rtol=0, atol=0)[1]
+
+
+PADS = [
+    ("reflection_pad1d", (2, 5, 9), [3, 4]),
+    ("reflection_pad1d", (9, 6), [5, 0]),
+    ("reflection_pad2d", (1, 2, 7, 8), [2, 3, 6, 1]),
+    ("reflection_pad2d", (2, 6, 6), [0, 0, 0, 5]),
+    ("reflection_pad3d", (1, 2, 4, 5, 6), [1, 2, 3, 0, 1, 3]),
+    ("reflection_pad2d", (1, 2, 7, 8), [-1, 2, 0, -2]),
+    ("replication_pad1d", (2, 5, 9), [3, 5]),
+    ("replication_pad2d", (1, 3, 4, 5), [4, 0, 2, 6]),
+    ("replication_pad3d", (1, 2, 4, 5, 6), [3, 5, 7, 0, 1, 2]),
+]
+
+
+@pytest.mark.parametrize("op,shape,padding", PADS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_padding_matches_eager(op, shape, padding, dtype):
+    x = torch.arange(torch.Size(shape).numel(), dtype=dtype).reshape(shape)
+    report = _compiled_whole(lambda x: getattr(aten, op)(x, padding) * 2, x)
+    assert op.startswith(tuple(k.split("::")[1] for k in report.decomposed))
+
+
+def test_reflection_padding_as_large_as_the_input_raises_as_in_eager():
+    model = Lambda(lambda x: aten.reflection_pad1d(x, [1, 2]) + 1)
+    optimized = blade.optimize(model, (torch.randn(2, 4),), TRACE)
+    with pytest.raises(RuntimeError, match="[Pp]adding size should be less"):
+        model(torch.randn(2, 2))
+    with pytest.raises(RuntimeError, match="[Pp]adding size should be less"):
+        optimized(torch.randn(2, 2))
+
+
+def test_nn_padding_modules_in_a_cnn_compile_whole():
+    model = torch.nn.Sequential(torch.nn.ReflectionPad2d(2), torch.nn.Conv2d(3, 4, 5),
+                                torch.nn.ReplicationPad2d((1, 0, 2, 1)), torch.nn.ReLU())
+    x = torch.randn(1, 3, 16, 16)
+    optimized = blade.optimize(model.eval(), (x,))
+    torch.testing.assert_close(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+    report = assert_ran_compiled(optimized)
+    assert report.compiled_ops == report.total_ops, str(report)
+
+
+@pytest.mark.parametrize("diagonal", [0, 2, -1, 7, -9])
+def test_diag_of_a_vector_and_of_a_matrix(diagonal):
+    v = torch.arange(1, 6, dtype=torch.float32)
+    m = torch.arange(30, dtype=torch.float32).reshape(5, 6)
+    _compiled_whole(lambda v, m: (aten.diag(v, diagonal) + 1, aten.diag(m, diagonal) + 1),
+                    v, m)
+
+
+@pytest.mark.parametrize("offset,dim1,dim2", [(0, -2, -1), (1, -2, -1), (-2, 0, 2),
+                                              (1, 3, 1)])
+def test_diag_embed(offset, dim1, dim2):
+    x = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4) - 5
+    _compiled_whole(lambda x: aten.diag_embed(x, offset, dim1, dim2) * 3, x)
+
+
+def test_channel_shuffle_collapse_and_eval_random_ops():
+    x = torch.randn(2, 6, 3, 4)
+    noise = torch.rand(2, 6, 3, 4)
+
+    def fn(x, noise):
+        out, mask = aten.native_dropout(x, 0.3, False)
+        slope, kept = aten.rrelu_with_noise_functional(x, noise, 0.1, 0.3, False)
+        return (aten.channel_shuffle(x, 3), torch.ops.prims.collapse(x, 1, 2), out, mask,
+                aten.rrelu(x, 0.2, 0.4, False), slope, kept)
+
+    _compiled_whole(fn, x, noise)
+
+
+F = torch.nn.functional
+
+
+def test_pools_in_ceil_mode_with_divisor_override_and_unbatched_compile_whole():
+    # Ceil mode's partial last windows and divisor_override become explicit padding and a
+    # constant map of divisors (frontend/pools.py); unbatched images a batch of one.
+    torch.manual_seed(0)
+    x, x1, x3 = torch.randn(2, 3, 10, 11), torch.randn(2, 3, 10), torch.randn(1, 2, 7, 8, 9)
+    weight = torch.randn(4, 2, 3, 3)
+
+    def fn(x, x1, x3):
+        return (F.max_pool2d(x, 3, 2, ceil_mode=True), F.max_pool2d(x, 3, 2, 1, ceil_mode=True),
+                F.avg_pool2d(x, 3, 2, ceil_mode=True),
+                F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+                F.avg_pool2d(x, 3, 2, 1, ceil_mode=True),
+                F.avg_pool2d(x, [2, 3], [3, 2], divisor_override=4),
+                F.max_pool1d(x1, 3, 2, ceil_mode=True), F.avg_pool1d(x1, 3, 2, 1, ceil_mode=True),
+                F.max_pool3d(x3, 2, 2, ceil_mode=True), F.max_pool2d(x, 2, 2, 0, 2, ceil_mode=True),
+                F.avg_pool2d(x[0], 2), F.max_pool2d(x[1], 3, 2, 1),
+                F.adaptive_avg_pool2d(x[0], [5, 11]), F.conv2d(x[0, :2], weight, padding=1))
+
+    compiled_whole(fn, (x, x1, x3))
+
+
+def test_adaptive_pools_of_any_size_compile_whole_with_eagers_indices():
+    # Windows of unequal sizes (10 -> 4), a NaN in a max window (PyTorch gives the last
+    # NaN's index), 1-3 spatial dims, unbatched input, global pooling.
+    torch.manual_seed(0)
+    x, x1, x3 = torch.randn(2, 3, 10, 11), torch.randn(2, 3, 10), torch.randn(1, 2, 7, 8, 9)
+    x[0, 0, 1, 1] = x[0, 0, 1, 2] = float("nan")
+    x1[1, 1, 4] = float("inf")
+
+    def fn(x, x1, x3):
+        return (F.adaptive_avg_pool2d(x, [4, 3]), F.adaptive_avg_pool2d(x, 1),
+                F.adaptive_avg_pool2d(x, [5, 11]), F.adaptive_avg_pool1d(x1, 3),
+                F.adaptive_avg_pool3d(x3, [3, 5, 4]),
+                *F.adaptive_max_pool2d(x, [4, 3], return_indices=True),
+                *F.adaptive_max_pool1d(x1, 4, return_indices=True),
+                *F.adaptive_max_pool3d(x3, [2, 3, 4], return_indices=True),
+                F.adaptive_max_pool2d(x[0], [3, 3]))
+
+    compiled_whole(fn, (x, x1, x3))
