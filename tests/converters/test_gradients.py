@@ -48,6 +48,10 @@ def test_nll_loss_backward_matches_eager(reduction, weighted, batched):
         return aten.nll_loss_backward(g, x, t, weight, reduction, -100, total)
 
     optimized, _ = compiled_whole(fn, (grad, x, target, total))
+    if not batched:
+        # One sample with a target of one element per class (which eager takes, reading
+        # its first) and a gradient of one element.
+        compiled_whole(fn, (grad.reshape(1), x, torch.tensor([4, 0, 1, 2, 3, 5, 6]), total))
     assert reductions[reduction]   # the three reductions each ran
     if batched:
         # A target out of range raises, as in eager (the engine's gather reports it and

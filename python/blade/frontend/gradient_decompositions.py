@@ -87,6 +87,11 @@ def _nll_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: to
     # class weight is gathered (ones without a weight) so that a target out of range is
     # reported and the fallback raises PyTorch's error; the rest is a comparison of the
     # class index with the target, no scatter.
+    if self.dim() == 1:
+        # One sample: PyTorch's kernel reads the first target and the first gradient (a
+        # target of one element per class passes its size check).
+        target = target.reshape(-1)[:1].reshape([])
+        grad_output = grad_output.reshape(-1)[:1].reshape([])
     ignored = target == ignore_index
     safe_target = torch.where(ignored, torch.zeros_like(target), target)
     class_weight = weight if weight is not None else \
