@@ -337,20 +337,17 @@ class UpsampleAndConcatenate(torch.nn.Module):
         return self.up(torch.cat([x, up], 1))
 
 
-@pytest.mark.parametrize("factor, compiled", [(2.0, True), ((2.0, 3.0), True), (2.5, False)])
-def test_nearest_upsampling_by_whole_factors_compiles(factor, compiled):
-    """Upsampling by whole factors is a broadcast and a reshape (decompositions.py), so the
-    decoder step is one cluster; other factors keep the op in TorchScript, named."""
+@pytest.mark.parametrize("factor", [2.0, (2.0, 3.0), 2.5])
+def test_nearest_upsampling_compiles(factor):
+    """Upsampling by whole factors is a broadcast and a reshape, other factors a gather of
+    PyTorch's source pixels (layout_decompositions.py), so the decoder step is one
+    cluster."""
     torch.manual_seed(0)
     model = UpsampleAndConcatenate(factor).eval()
     x = torch.randn(2, 8, 12, 12)
     optimized, report = run_compiled(model, (x,), rtol=1e-4, atol=1e-5)
-    if compiled:
-        assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
-        assert report.decomposed == {"aten::upsample_nearest2d.vec": 1}, str(report)
-    else:   # the decomposition's other branch keeps the op: not counted as decomposed
-        assert "aten::upsample_nearest2d.vec" in report.unsupported, str(report)
-        assert "aten::upsample_nearest2d.vec" not in report.decomposed, str(report)
+    assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
+    assert report.decomposed.get("aten::upsample_nearest2d.vec") == 1, str(report)
 
 
 def test_nearest_upsampling_with_a_dynamic_batch():

@@ -125,3 +125,27 @@ def test_adaptive_pools_of_any_size_compile_whole_with_eagers_indices():
                 F.adaptive_max_pool2d(x[0], [3, 3]))
 
     compiled_whole(fn, (x, x1, x3))
+
+
+def test_interpolate_nearest_and_linear_of_any_size_compile_whole():
+    # PyTorch's source positions and weights (float32 arithmetic, as its kernels), scale
+    # factors given or recomputed, align_corners, 1-d and 2-d, float64 and float16.
+    torch.manual_seed(0)
+    x, x1 = torch.randn(2, 3, 7, 9), torch.randn(2, 3, 10)
+
+    def fn(x, x1):
+        return (F.interpolate(x, size=(11, 5)), F.interpolate(x, scale_factor=2) + 1,
+                F.interpolate(x, scale_factor=1.7), F.interpolate(x, scale_factor=(0.6, 2.3)),
+                F.interpolate(x, size=(11, 20), mode="bilinear"),
+                F.interpolate(x, size=(11, 20), mode="bilinear", align_corners=True),
+                F.interpolate(x, scale_factor=1.5, mode="bilinear"),
+                F.interpolate(x, scale_factor=0.5, mode="bilinear", recompute_scale_factor=True),
+                F.interpolate(x, size=(1, 1), mode="bilinear", align_corners=True),
+                F.interpolate(x1, size=17), F.interpolate(x1, scale_factor=1.3, mode="linear"),
+                F.interpolate(x1, size=4, mode="linear", align_corners=True),
+                F.interpolate(x.double(), size=(11, 20), mode="bilinear"),
+                F.interpolate(x.half(), size=(5, 13), mode="bilinear"))
+
+    optimized, _ = compiled_whole(fn, (x, x1), atol=2e-6)
+    for got, want in zip(optimized(x, x1)[:4], fn(x, x1)[:4]):
+        assert torch.equal(got, want)   # nearest: a gather or a broadcast, exact

@@ -261,23 +261,6 @@ def _argmin(self: torch.Tensor, dim: Optional[int] = None,
     return _first_extreme(self, dim, keepdim, False)[1]
 
 
-@_builtin("aten::upsample_nearest2d.vec")
-def _upsample_nearest2d(x: torch.Tensor, output_size: Optional[List[int]],
-                        scale_factors: Optional[List[float]]) -> torch.Tensor:
-    # Nearest upsampling by whole factors (a U-Net's or an FPN's x2) repeats each pixel: a
-    # broadcast and a reshape, which compile and fuse with their neighbours. With constant
-    # factors, constant propagation keeps one branch; other sizes keep the op (no converter).
-    if output_size is None and scale_factors is not None and x.dim() == 4:
-        factor_h, factor_w = scale_factors[0], scale_factors[1]
-        if factor_h == math.floor(factor_h) and factor_w == math.floor(factor_w) and \
-                factor_h >= 1.0 and factor_w >= 1.0:
-            n, c, h, w = x.size(0), x.size(1), x.size(2), x.size(3)
-            repeat_h, repeat_w = int(factor_h), int(factor_w)
-            grid = x.reshape([n, c, h, 1, w, 1]).expand([n, c, h, repeat_h, w, repeat_w])
-            return grid.reshape([n, c, h * repeat_h, w * repeat_w])
-    return torch._C._nn.upsample_nearest2d(x, output_size, scale_factors)
-
-
 @_builtin("aten::_transformer_encoder_layer_fwd")
 def _transformer_encoder_layer(
         src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor,

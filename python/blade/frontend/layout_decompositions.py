@@ -8,7 +8,8 @@ Results that PyTorch returns as new tensors end in a copy, so that the engine's 
 result is what PyTorch returns too (a reshape alone may be a view of the input, which
 stays outside engines). Imported by blade.frontend.decompositions, which owns the registry.
 """
-from typing import List, Optional
+import math
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -147,3 +148,177 @@ def _channel_shuffle(self: torch.Tensor, groups: int) -> torch.Tensor:
 def _collapse(a: torch.Tensor, start: int, end: int) -> torch.Tensor:
     # prims' reshape of dims start..end into one; a new tensor, as the prim returns.
     return torch.flatten(a, start, end).clone()
+
+
+# Resampling (F.interpolate's nearest and (bi)linear modes) as gathers of source positions
+# that PyTorch's kernels compute (UpSample.h), in float32 as they do (float64 for float64
+# input): static shapes, where the positions fold to constants. With dynamic shapes only
+# nearest upsampling by whole factors compiles.
+
+def _scale(in_size: int, out_size: int, scale: Optional[float],
+           dtype: torch.dtype) -> torch.Tensor:
+    # compute_scales_value: 1 / the given scale, else input size / output size.
+    if scale is not None and scale > 0:
+        return torch.full([], 1.0 / scale, dtype=dtype)
+    return torch.full([], in_size, dtype=dtype) / out_size
+
+
+def _nearest_source(in_size: int, out_size: int, scale: Optional[float],
+                    device: torch.device) -> torch.Tensor:
+    positions = torch.arange(out_size, device=device)
+    if out_size == in_size:
+        return positions
+    if out_size == 2 * in_size:
+        return torch.div(positions, 2, rounding_mode="floor")
+    source = torch.floor(positions.to(torch.float32) *
+                         _scale(in_size, out_size, scale, torch.float32))
+    return torch.clamp(source.to(torch.long), 0, in_size - 1)
+
+
+def _linear_source(in_size: int, out_size: int, align_corners: bool, scale: Optional[float],
+                   dtype: torch.dtype, device: torch.device
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per output position: the lower source position, the upper one, and the upper's
+    weight (area_pixel_compute_source_index and its lambda)."""
+    positions = torch.arange(out_size, device=device).to(dtype)
+    if align_corners:
+        ratio = torch.full([], in_size - 1, dtype=dtype) / (out_size - 1) if out_size > 1 \
+            else torch.zeros([], dtype=dtype)
+        source = positions * ratio
+    else:
+        source = torch.clamp_min(
+            _scale(in_size, out_size, scale, dtype) * (positions + 0.5) - 0.5, 0.0)
+    lower = torch.clamp(torch.floor(source).to(torch.long), 0, in_size - 1)
+    upper = lower + (lower < in_size - 1).to(torch.long)
+    weight = torch.clamp(source - lower.to(dtype), 0.0, 1.0)
+    return lower, upper, weight
+
+
+def _output_sizes(x: torch.Tensor, output_size: Optional[List[int]],
+                  scale_factors: Optional[List[float]], dims: int) -> List[int]:
+    if output_size is not None:
+        return output_size
+    assert scale_factors is not None
+    sizes: List[int] = []
+    for d in range(dims):
+        sizes.append(int(math.floor(x.size(x.dim() - dims + d) * scale_factors[d])))
+    return sizes
+
+
+def _nearest(x: torch.Tensor, sizes: List[int], scales: List[Optional[float]],
+             dims: int) -> torch.Tensor:
+    # `dims` is a constant of the caller's: the loop unrolls before types are recorded.
+    for d in range(dims):
+        dim = x.dim() - dims + d
+        x = torch.index_select(x, dim, _nearest_source(x.size(dim), sizes[d], scales[d],
+                                                       x.device))
+    return x
+
+
+def _linear(x: torch.Tensor, sizes: List[int], align_corners: bool,
+            scales: List[Optional[float]], dims: int) -> torch.Tensor:
+    # Separable, the last dim first: h0 * (w0 * x00 + w1 * x01) + h1 * (...), PyTorch's
+    # order of operations.
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = x if x.dtype == compute else x.to(compute)
+    for d in range(dims - 1, -1, -1):
+        dim = y.dim() - dims + d
+        lower, upper, weight = _linear_source(y.size(dim), sizes[d], align_corners,
+                                              scales[d], compute, x.device)
+        shape = [-1] + [1] * (dims - 1 - d)
+        weight = weight.reshape(shape)
+        y = torch.index_select(y, dim, lower) * (1 - weight) + \
+            torch.index_select(y, dim, upper) * weight
+    return y if x.dtype == compute else y.to(x.dtype)
+
+
+def _vec_scales(scale_factors: Optional[List[float]], dims: int) -> List[Optional[float]]:
+    scales: List[Optional[float]] = []
+    for d in range(dims):
+        scales.append(None if scale_factors is None else scale_factors[d])
+    return scales
+
+
+@_builtin("aten::upsample_nearest1d", shapes="static")
+def _upsample_nearest1d(self: torch.Tensor, output_size: List[int],
+                        scales: Optional[float] = None) -> torch.Tensor:
+    return _nearest(self, output_size, [scales], 1)
+
+
+@_builtin("aten::upsample_nearest1d.vec", shapes="static")
+def _upsample_nearest1d_vec(input: torch.Tensor, output_size: Optional[List[int]],
+                            scale_factors: Optional[List[float]]) -> torch.Tensor:
+    return _nearest(input, _output_sizes(input, output_size, scale_factors, 1),
+                    _vec_scales(scale_factors, 1), 1)
+
+
+@_builtin("aten::upsample_nearest2d", shapes="static")
+def _upsample_nearest2d(self: torch.Tensor, output_size: List[int],
+                        scales_h: Optional[float] = None,
+                        scales_w: Optional[float] = None) -> torch.Tensor:
+    return _nearest(self, output_size, [scales_h, scales_w], 2)
+
+
+def _repeated_pixels(x: torch.Tensor, output_size: Optional[List[int]],
+                     scale_factors: Optional[List[float]]) -> Optional[torch.Tensor]:
+    # Nearest upsampling by whole factors (a U-Net's or an FPN's x2) repeats each pixel: a
+    # broadcast and a reshape, which fuse with their neighbours (codegen writes them into
+    # a concatenation in place) whatever the image size. None for other sizes.
+    if output_size is None and scale_factors is not None and x.dim() == 4:
+        factor_h, factor_w = scale_factors[0], scale_factors[1]
+        if factor_h == math.floor(factor_h) and factor_w == math.floor(factor_w) and \
+                factor_h >= 1.0 and factor_w >= 1.0:
+            n, c, h, w = x.size(0), x.size(1), x.size(2), x.size(3)
+            repeat_h, repeat_w = int(factor_h), int(factor_w)
+            grid = x.reshape([n, c, h, 1, w, 1]).expand([n, c, h, repeat_h, w, repeat_w])
+            return grid.reshape([n, c, h * repeat_h, w * repeat_w])
+    return None
+
+
+@_builtin("aten::upsample_nearest2d.vec", shapes="static")
+def _upsample_nearest2d_vec(input: torch.Tensor, output_size: Optional[List[int]],
+                            scale_factors: Optional[List[float]]) -> torch.Tensor:
+    repeated = _repeated_pixels(input, output_size, scale_factors)
+    if repeated is not None:
+        return repeated
+    return _nearest(input, _output_sizes(input, output_size, scale_factors, 2),
+                    _vec_scales(scale_factors, 2), 2)
+
+
+@_builtin("aten::upsample_nearest2d.vec", shapes="dynamic")
+def _upsample_nearest2d_vec_dynamic(input: torch.Tensor, output_size: Optional[List[int]],
+                                    scale_factors: Optional[List[float]]) -> torch.Tensor:
+    # With constant factors, constant propagation keeps one branch; other sizes keep the op.
+    repeated = _repeated_pixels(input, output_size, scale_factors)
+    if repeated is not None:
+        return repeated
+    return torch._C._nn.upsample_nearest2d(input, output_size, scale_factors)
+
+
+@_builtin("aten::upsample_linear1d", shapes="static")
+def _upsample_linear1d(self: torch.Tensor, output_size: List[int], align_corners: bool,
+                       scales: Optional[float] = None) -> torch.Tensor:
+    return _linear(self, output_size, align_corners, [scales], 1)
+
+
+@_builtin("aten::upsample_linear1d.vec", shapes="static")
+def _upsample_linear1d_vec(input: torch.Tensor, output_size: Optional[List[int]],
+                           align_corners: bool,
+                           scale_factors: Optional[List[float]]) -> torch.Tensor:
+    return _linear(input, _output_sizes(input, output_size, scale_factors, 1), align_corners,
+                   _vec_scales(scale_factors, 1), 1)
+
+
+@_builtin("aten::upsample_bilinear2d", shapes="static")
+def _upsample_bilinear2d(self: torch.Tensor, output_size: List[int], align_corners: bool,
+                         scales_h: Optional[float] = None,
+                         scales_w: Optional[float] = None) -> torch.Tensor:
+    return _linear(self, output_size, align_corners, [scales_h, scales_w], 2)
+
+
+@_builtin("aten::upsample_bilinear2d.vec", shapes="static")
+def _upsample_bilinear2d_vec(input: torch.Tensor, output_size: Optional[List[int]],
+                             align_corners: bool,
+                             scale_factors: Optional[List[float]]) -> torch.Tensor:
+    return _linear(input, _output_sizes(input, output_size, scale_factors, 2), align_corners,
+                   _vec_scales(scale_factors, 2), 2)
