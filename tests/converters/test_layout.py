@@ -149,3 +149,22 @@ def test_interpolate_nearest_and_linear_of_any_size_compile_whole():
     optimized, _ = compiled_whole(fn, (x, x1), atol=2e-6)
     for got, want in zip(optimized(x, x1)[:4], fn(x, x1)[:4]):
         assert torch.equal(got, want)   # nearest: a gather or a broadcast, exact
+
+
+def test_max_pool3d_with_indices_compiles_whole_with_eagers_indices():
+    # Padding (masked out, never an index), dilation, ceil mode, a NaN, -inf windows and
+    # ties (the first index).
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 7, 8, 9)
+    x[0, 0, 1, 1, 1] = float("nan")
+    x[0, 1, 2:4, 2:4, 2:4] = float("-inf")
+    ones = torch.ones(1, 2, 5, 5, 5)
+
+    def fn(x, ones):
+        return (*F.max_pool3d(x, 2, return_indices=True),
+                *F.max_pool3d(x, 3, 2, 1, return_indices=True),
+                *F.max_pool3d(x, [2, 3, 2], [1, 2, 3], [1, 1, 0], [2, 1, 1],
+                              return_indices=True, ceil_mode=True),
+                *F.max_pool3d(ones, 2, 1, return_indices=True))
+
+    compiled_whole(fn, (x, ones))

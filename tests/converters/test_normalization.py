@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import blade
-from helpers import TOLERANCE, Lambda, random_tensor, run_compiled
+from helpers import TOLERANCE, Lambda, compiled_whole, random_tensor, run_compiled
 
 TRACE = blade.Config(allow_tracing=True)
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -52,3 +52,18 @@ def test_layer_norm_module_scripted():
     model = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.GELU()).eval()
     _, report = run_compiled(model, (torch.randn(3, 5, 16),))
     assert report.coverage == 1.0
+
+
+def test_native_batch_norm_evaluated_compiles_as_batch_norm():
+    # Torch-MLIR's lowering of native_batch_norm fails on a cast; evaluated, it is
+    # batch_norm, and its saved statistics are empty tensors, as PyTorch returns them.
+    torch.manual_seed(0)
+    x, mean, var = torch.randn(2, 3, 4, 5), torch.randn(3), torch.rand(3)
+    weight, bias = torch.randn(3), torch.randn(3)
+
+    def fn(x, mean, var, weight, bias):
+        return (*torch.ops.aten.native_batch_norm(x, weight, bias, mean, var, False, 0.1, 1e-5),
+                *torch.ops.aten.native_batch_norm(x, None, bias, mean, var, False, 0.1, 1e-3))
+
+    _, report = compiled_whole(fn, (x, mean, var, weight, bias))
+    assert report.decomposed == {"aten::native_batch_norm": 2}, str(report)

@@ -481,6 +481,25 @@ def _rrelu_with_noise(self: torch.Tensor, noise: torch.Tensor,
     return output, noise_out
 
 
+@_builtin("aten::native_batch_norm")
+def _native_batch_norm(input: torch.Tensor, weight: Optional[torch.Tensor],
+                       bias: Optional[torch.Tensor], running_mean: Optional[torch.Tensor],
+                       running_var: Optional[torch.Tensor], training: bool, momentum: float,
+                       eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Evaluated with running statistics, it is batch_norm (which compiles; Torch-MLIR's
+    # lowering of this op fails on a cast), and the saved statistics are empty, as
+    # PyTorch returns them. Training keeps the op.
+    if not training and running_mean is not None and running_var is not None:
+        output = torch.batch_norm(input, weight, bias, running_mean, running_var, False,
+                                  momentum, eps, False)
+        empty = torch.zeros([0], dtype=input.dtype, device=input.device)
+        saved_mean, saved_invstd = empty, empty.clone()
+    else:
+        output, saved_mean, saved_invstd = torch.native_batch_norm(
+            input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return output, saved_mean, saved_invstd
+
+
 # The op families written in modules of their own register on import.
 from blade.frontend import (gradient_decompositions, layout_decompositions,  # noqa: E402,F401
                             pooling_decompositions)
