@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import blade
-from helpers import TOLERANCE, Lambda, assert_ran_compiled, random_tensor, run_compiled
+from helpers import TOLERANCE, Lambda, assert_ran_compiled, compiled_whole, random_tensor, run_compiled
 
 TRACE = blade.Config(allow_tracing=True)
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -99,3 +99,19 @@ def test_max_min_and_arg_reductions_give_the_first_index_and_nan_as_eager():
             assert torch.equal(got.nan_to_num(), want.nan_to_num())
         report = assert_ran_compiled(compiled)
         assert report.compiled_ops == report.total_ops, str(report)
+
+
+def test_reductions_of_scalars_and_of_empty_tensors_compile():
+    # A 0-d reduction is a copy (simplify.scalar_reductions: Torch-MLIR's lowering of
+    # mean(x, 0, keepdim=True) of a 0-d x crashed the process); a reduce over an empty dim
+    # or to an empty result is its init (codegen simplify-degenerate-reductions).
+    x, ints, empty = torch.tensor(3.0), torch.tensor(4, dtype=torch.int32), torch.zeros(0, 3)
+
+    def fn(x, ints, empty):
+        return (torch.sum(x * 2, 0), torch.mean(x * 2, 0, True), torch.sum(x, dtype=torch.float64),
+                torch.sum(ints * 2, 0), torch.amax(x * 2, 0), torch.sum(ints * 2),
+                torch.prod(ints + 1), torch.mean(x, -1, True, dtype=torch.float64),
+                torch.sum(empty * 2), torch.sum(empty * 2, 0), torch.amax(empty + 1, 1),
+                torch.prod(empty * 2, 0))
+
+    compiled_whole(fn, (x, ints, empty))

@@ -34,6 +34,7 @@ from blade.codegen.linalg.pooling import lower_reduce_windows
 from blade.codegen.llvm import abi, launchers
 from blade.codegen.loops import approximations, loop_order, parallel, tiled_transpose
 from blade.codegen.stablehlo import folding, layouts, slices
+from blade.codegen.stablehlo.degenerate_reductions import simplify_degenerate_reductions
 from blade.codegen.stablehlo.shape_assumptions import (annotate_broadcasts, divide_out_sizes,
                                                        drop_identity_broadcasts,
                                                        lower_dynamic_reshapes)
@@ -158,6 +159,8 @@ def build(options: Options) -> List[Pass]:
         Pass("outline-library-calls", _outline_library_calls),
         Pass("annotate-broadcasts", lambda c: annotate_broadcasts(c.module)),
         Pass("lower-dynamic-reshapes", lambda c: lower_dynamic_reshapes(c.module)),
+        Pass("simplify-degenerate-reductions",
+             lambda c: simplify_degenerate_reductions(c.module)),
         Pass("lower-reduce-windows", lambda c: lower_reduce_windows(c.module)),
         Pass("lower-gathers", lambda c: lower_gathers(c.module)),
         Pass("lower-scatters", lambda c: lower_scatters(c.module)),

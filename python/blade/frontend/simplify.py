@@ -181,6 +181,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     run("float_comparison_scalars", lambda: float_comparison_scalars(graph))
     run("tensor_divisors", lambda: tensor_divisors(graph))
     run("reduction_dtypes", lambda: reduction_dtypes(graph))
+    run("scalar_reductions", lambda: scalar_reductions(graph))
     run("batched_images", lambda: batched_images(graph))
     run("explicit_pool_windows", lambda: explicit_pool_windows(graph))
     # With shapes known: size()/dim() fold, splits of known sizes become slices, which
@@ -350,6 +351,38 @@ def _dtype_codes() -> Dict[int, torch.dtype]:
 
 
 _DTYPE_BY_CODE = _dtype_codes()
+
+
+# Reductions over dims: on a 0-d tensor (whose one "dim" is itself) each returns its input,
+# in the result's dtype.
+_DIM_REDUCTIONS = {"aten::sum.dim_IntList", "aten::mean.dim", "aten::amax", "aten::amin",
+                   "aten::prod.dim_int", "aten::sum", "aten::mean", "aten::prod"}
+
+
+def scalar_reductions(graph: torch._C.Graph) -> int:
+    """A reduction of a 0-d tensor is a copy of it (a cast where the result's dtype
+    differs, an integer sum's int64): Torch-MLIR's StableHLO lowering reduces over no dims,
+    which StableHLO's linalg lowering leaves unconverted, and with keepdim it crashed the
+    process. Returns how many were rewritten."""
+    count = 0
+    for node in list(all_nodes(graph)):
+        if schema_name(node) not in _DIM_REDUCTIONS:
+            continue
+        source, result = node.inputsAt(0), node.output()
+        if not all(isinstance(v.type(), torch._C.TensorType) and v.type().dim() == 0 and
+                   v.type().dtype() is not None for v in (source, result)):
+            continue
+        with graph.insert_point_guard(node):
+            none = graph.insertConstant(None)
+            if source.type().dtype() == result.type().dtype():
+                _replace(graph, node, "aten::clone", [source, none])
+            else:
+                false = graph.insertConstant(False)
+                dtype = graph.insertConstant(result.type().dtype())
+                _replace(graph, node, "aten::_to_copy",
+                         [source, dtype, none, none, none, false, none])
+        count += 1
+    return count
 
 
 # Ops compiled for batched NCHW input that PyTorch also takes unbatched (CHW).

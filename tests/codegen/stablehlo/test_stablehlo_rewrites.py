@@ -71,3 +71,32 @@ def test_fold_splat_constants_keeps_converts_of_other_values():
     }
     """, "fold-splat-constants")
     assert "stablehlo.convert" in result, result
+
+
+REDUCE = """
+func.func @main(%arg0: tensor<SHAPE>) -> tensor<RESULT> {
+  %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+  %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.add across dimensions = [DIMS] : (tensor<SHAPE>, tensor<f32>) -> tensor<RESULT>
+  return %0 : tensor<RESULT>
+}
+"""
+
+
+def test_a_reduce_over_no_dims_applies_its_computation_once():
+    check_pass(REDUCE.replace("SHAPE", "f32").replace("RESULT", "f32").replace("DIMS", "") + """
+    // CHECK-NOT: stablehlo.reduce
+    // CHECK: [[I:%[0-9]+]] = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    // CHECK: stablehlo.add [[I]], %arg0
+    """, "simplify-degenerate-reductions")
+
+
+def test_a_reduce_of_an_empty_tensor_is_its_init_and_others_are_left_alone():
+    check_pass(REDUCE.replace("SHAPE", "0x3xf32").replace("RESULT", "3xf32")
+               .replace("DIMS", "0") + """
+    // CHECK-NOT: stablehlo.reduce
+    // CHECK: [[I:%[0-9]+]] = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<3xf32>
+    // CHECK: return [[I]]
+    """, "simplify-degenerate-reductions")
+    result, _ = run_pass(REDUCE.replace("SHAPE", "2x3xf32").replace("RESULT", "3xf32")
+                         .replace("DIMS", "0"), "simplify-degenerate-reductions")
+    assert "stablehlo.reduce" in result, result
