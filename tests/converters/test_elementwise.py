@@ -158,3 +158,19 @@ def test_xlogy_and_trace_compile_through_decompositions():
     report = assert_ran_compiled(optimized)
     assert report.compiled_ops == report.total_ops, str(report)
     assert report.decomposed == {"aten::xlogy.Tensor": 2, "aten::trace": 2}, str(report)
+
+
+def test_isclose_and_isfinite_of_any_dtype_compile():
+    from helpers import compiled_whole
+
+    a = torch.tensor([1.0, float("nan"), float("inf"), 2.0, 1e-9])
+    b = torch.tensor([1.0 + 1e-6, float("nan"), float("inf"), 2.1, 0.0])
+    ints, other_ints = torch.tensor([1, 2, 3]), torch.tensor([1, 3, 3])
+
+    def fn(a, b, ints, other_ints):
+        return (torch.isclose(a, b), torch.isclose(a, b, equal_nan=True),
+                torch.isclose(a, b, 0.1, 0.0), torch.isclose(ints, other_ints),
+                torch.isclose(ints, other_ints, 0.0, 0.0), torch.isclose(a > 1, b > 1),
+                torch.isfinite(ints * 2), torch.isfinite(a * 2))
+
+    compiled_whole(fn, (a, b, ints, other_ints))

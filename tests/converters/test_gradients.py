@@ -60,3 +60,23 @@ def test_nll_loss_backward_matches_eager(reduction, weighted, batched):
         bad[0] = classes
         with pytest.raises(RuntimeError):
             optimized(grad, x, bad, total)
+
+
+def test_pooling_and_upsampling_gradients_match_eager():
+    # max pooling's: each output's gradient added at its index (repeated indices
+    # accumulate); nearest upsampling's: each input pixel sums the outputs that read it.
+    torch.manual_seed(0)
+    aten = torch.ops.aten
+    image, grad, index = torch.rand(2, 4, 7, 6), torch.rand(2, 4, 6, 5), \
+        torch.randint(0, 16, (2, 4, 6, 5))
+    upsampled = torch.rand(1, 2, 6, 10)
+
+    def fn(grad, image, index, upsampled):
+        return (aten.max_pool2d_with_indices_backward(grad, image, [2, 2], [1, 1], [0, 0],
+                                                      [1, 1], False, index),
+                aten.max_pool2d_with_indices_backward(grad[0], image[0], [2, 2], [1, 1],
+                                                      [0, 0], [1, 1], False, index[0]),
+                aten.upsample_nearest2d_backward(upsampled, [6, 10], [1, 2, 2, 5]),
+                aten.upsample_nearest2d_backward(upsampled, [6, 10], [1, 2, 4, 3], 1.5, 3.3))
+
+    compiled_whole(fn, (grad, image, index, upsampled))

@@ -500,6 +500,32 @@ def _native_batch_norm(input: torch.Tensor, weight: Optional[torch.Tensor],
     return output, saved_mean, saved_invstd
 
 
+@_builtin("aten::isclose")
+def _isclose(self: torch.Tensor, other: torch.Tensor, rtol: float = 1e-05,
+             atol: float = 1e-08, equal_nan: bool = False) -> torch.Tensor:
+    # PyTorch's formula (TensorCompare.cpp): equal, or NaN on both sides with equal_nan, or
+    # a finite difference within atol + |rtol * other|; bools compared as floats (0 and 1
+    # compare alike in any float dtype).
+    close = self == other
+    if equal_nan and self.is_floating_point():
+        close = close | (torch.isnan(self) & torch.isnan(other))
+    if rtol == 0.0 and atol == 0.0:
+        return close
+    a = self.to(torch.float32) if self.dtype == torch.bool else self
+    b = other.to(torch.float32) if other.dtype == torch.bool else other
+    difference = torch.abs(a - b)
+    return close | (torch.isfinite(difference) & (difference <= atol + torch.abs(rtol * b)))
+
+
+# After isclose, whose decomposition calls it.
+@_builtin("aten::isfinite")
+def _isfinite(self: torch.Tensor) -> torch.Tensor:
+    # Integers and bools are all finite; Torch-MLIR lowers isfinite of floats only.
+    if self.is_floating_point():
+        return torch.isfinite(self)
+    return torch.ones_like(self, dtype=torch.bool)
+
+
 # The op families written in modules of their own register on import.
 from blade.frontend import (gradient_decompositions, layout_decompositions,  # noqa: E402,F401
                             pooling_decompositions)

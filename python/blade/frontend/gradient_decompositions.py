@@ -6,7 +6,7 @@ PyTorch's own formula (aten/src/ATen/native), written with elementwise ops that 
 fuse. Imported by blade.frontend.decompositions, which owns the registry.
 """
 import math
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 import torch
 
@@ -104,3 +104,35 @@ def _nll_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: to
     classes = torch.arange(self.size(-1), device=self.device)
     return torch.where(classes == target.unsqueeze(-1), row_grad.unsqueeze(-1),
                        torch.zeros_like(self))
+
+
+def _pool_backward(grad_output: torch.Tensor, self: torch.Tensor, indices: torch.Tensor,
+                   dims: int) -> torch.Tensor:
+    # Each output's gradient added at the input position its index names (a flat position
+    # in the last `dims` dims), in the outputs' order as PyTorch's kernel: a scatter_add,
+    # whose compiled loop reports an index outside the input (the fallback raises).
+    batch = self.shape[:self.dim() - dims]
+    plane = 1
+    for size in self.shape[self.dim() - dims:]:
+        plane *= size
+    grads = grad_output.reshape(batch + [-1])
+    positions = indices.reshape(batch + [-1])
+    grad_input = torch.zeros(batch + [plane], dtype=grad_output.dtype,
+                             device=grad_output.device)
+    return grad_input.scatter_add(-1, positions, grads).reshape(self.shape)
+
+
+@_builtin("aten::max_pool2d_with_indices_backward")
+def _max_pool2d_with_indices_backward(grad_output: torch.Tensor, self: torch.Tensor,
+                                      kernel_size: List[int], stride: List[int],
+                                      padding: List[int], dilation: List[int],
+                                      ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
+    return _pool_backward(grad_output, self, indices, 2)
+
+
+@_builtin("aten::max_pool3d_with_indices_backward")
+def _max_pool3d_with_indices_backward(grad_output: torch.Tensor, self: torch.Tensor,
+                                      kernel_size: List[int], stride: List[int],
+                                      padding: List[int], dilation: List[int],
+                                      ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
+    return _pool_backward(grad_output, self, indices, 3)

@@ -322,3 +322,23 @@ def _upsample_bilinear2d_vec(input: torch.Tensor, output_size: Optional[List[int
                              scale_factors: Optional[List[float]]) -> torch.Tensor:
     return _linear(input, _output_sizes(input, output_size, scale_factors, 2), align_corners,
                    _vec_scales(scale_factors, 2), 2)
+
+
+@_builtin("aten::upsample_nearest2d_backward", shapes="static")
+def _upsample_nearest2d_backward(grad_output: torch.Tensor, output_size: List[int],
+                                 input_size: List[int], scales_h: Optional[float] = None,
+                                 scales_w: Optional[float] = None) -> torch.Tensor:
+    # Each input pixel's gradient sums the outputs that read it (the forward's source
+    # positions): a scatter_add per dim, the last first.
+    scales: List[Optional[float]] = [scales_h, scales_w]
+    grad = grad_output
+    for d in range(1, -1, -1):
+        dim = 2 + d
+        source = _nearest_source(input_size[dim], output_size[d], scales[d], grad.device)
+        shape = [-1] + [1] * (1 - d)
+        index = source.reshape(shape).expand(grad.shape)
+        target = grad.shape
+        target[dim] = input_size[dim]
+        grad = torch.zeros(target, dtype=grad.dtype, device=grad.device).scatter_add(
+            dim, index, grad)
+    return grad
