@@ -11,90 +11,14 @@ A user's decomposition replaces Blade's own for the same overload. Ops named in
 `Config.excluded_ops` are not decomposed.
 """
 import math
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from blade import _C
-from blade.quiet import quiet_torchscript
-
-
-class DecompositionError(ValueError):
-    """A decomposition that does not fit the op it claims to decompose."""
-
-
-@dataclass
-class Decomposition:
-    overload: str      # "aten::logsumexp", "mylib::op.overload"
-    fn: Callable
-    graph: torch._C.Graph
-    builtin: bool = False
-    static_only: bool = False  # not applied with Config.dynamic
-
-
-# Blade's own; those for dynamic shapes replace them with Config.dynamic. A user's
-# decomposition replaces Blade's for the same overload.
-_BUILTIN: Dict[str, Decomposition] = {}
-_BUILTIN_DYNAMIC: Dict[str, Decomposition] = {}
-_USER: Dict[str, Decomposition] = {}
-
-
-def _op_schema(overload: str) -> torch._C.FunctionSchema:
-    if "::" not in overload:
-        raise DecompositionError(f"register_decomposition: '{overload}' is not an op name; "
-                                 "expected 'namespace::name' or 'namespace::name.overload'")
-    namespace, rest = overload.split("::", 1)
-    name, _, overload_name = rest.partition(".")
-    schemas = torch._C._jit_get_schemas_for_operator(f"{namespace}::{name}")
-    for schema in schemas:
-        if schema.overload_name == overload_name:
-            return schema
-    known = sorted(f"{namespace}::{name}" + (f".{s.overload_name}" if s.overload_name else "")
-                   for s in schemas)
-    raise DecompositionError(
-        f"register_decomposition: no op overload {overload}; "
-        + (f"the overloads of {namespace}::{name} are {', '.join(known)}" if known
-           else f"{namespace}::{name} is not a registered op"))
-
-
-def _check_fits(overload: str, schema, scripted) -> None:
-    """The function must take every argument of the op, in order, with types the op's values
-    have, and return what the op returns."""
-    params = scripted.schema.arguments
-    args = schema.arguments
-    if len(params) != len(args):
-        raise DecompositionError(
-            f"register_decomposition({overload}): the op takes {len(args)} arguments "
-            f"({', '.join(a.name for a in args)}), the function takes {len(params)}")
-    for i, (arg, param) in enumerate(zip(args, params)):
-        if not arg.type.isSubtypeOf(param.type):
-            raise DecompositionError(
-                f"register_decomposition({overload}): argument {i} '{arg.name}' of the op is "
-                f"{arg.type}, but the function's '{param.name}' takes {param.type}")
-    returns = [r.type for r in schema.returns]
-    declared = scripted.schema.returns[0].type
-    if len(returns) > 1:
-        got = declared.elements() if isinstance(declared, torch._C.TupleType) else [declared]
-    else:
-        got = [declared]
-    if len(got) != len(returns) or not all(g.isSubtypeOf(r) for g, r in zip(got, returns)):
-        raise DecompositionError(
-            f"register_decomposition({overload}): the op returns "
-            f"({', '.join(str(r) for r in returns)}), the function returns {declared}")
-
-
-def _make(overload: str, fn: Callable, builtin: bool,
-          static_only: bool = False) -> Decomposition:
-    schema = _op_schema(overload)
-    try:
-        with quiet_torchscript():
-            scripted = torch.jit.script(fn)
-    except Exception as e:
-        raise DecompositionError(f"register_decomposition({overload}): TorchScript cannot "
-                                 f"script {getattr(fn, '__name__', fn)}: {e}") from e
-    _check_fits(overload, schema, scripted)
-    return Decomposition(overload, fn, scripted.graph, builtin, static_only)
+from blade.frontend.decomposition_registry import (  # noqa: F401 (the registry's API)
+    _BUILTIN, _BUILTIN_DYNAMIC, _USER, Decomposition, DecompositionError, _make)
+from blade.frontend.decomposition_registry import builtin as _builtin
 
 
 def register_decomposition(overload: str):
@@ -135,17 +59,6 @@ def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
         if count:
             counts[overload] = count
     return counts
-
-
-def _builtin(overload: str, shapes: str = "any"):
-    """Registers one of Blade's decompositions, for `shapes` "any", "static" (not applied
-    with Config.dynamic) or "dynamic" (applied with Config.dynamic only, in place of any
-    other for the overload)."""
-    def wrap(fn):
-        decomposition = _make(overload, fn, builtin=True, static_only=shapes == "static")
-        (_BUILTIN_DYNAMIC if shapes == "dynamic" else _BUILTIN)[overload] = decomposition
-        return fn
-    return wrap
 
 
 # --- Blade's own -------------------------------------------------------------------------

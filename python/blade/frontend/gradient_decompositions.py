@@ -3,14 +3,14 @@
 A traced training step, or a model that computes an input gradient at inference (saliency,
 adversarial checks), calls these ops; Torch-MLIR lowers none of them to StableHLO. Each is
 PyTorch's own formula (aten/src/ATen/native), written with elementwise ops that compile and
-fuse. Imported by blade.frontend.decompositions, which owns the registry.
+fuse. Imported by blade.frontend.decompositions.
 """
 import math
 from typing import List, Optional, Union
 
 import torch
 
-from blade.frontend.decompositions import _builtin
+from blade.frontend.decomposition_registry import builtin as _builtin
 
 
 @_builtin("aten::threshold_backward")

@@ -6,14 +6,14 @@ indices computed from `arange`, which constant propagation folds to a constant f
 shapes, or a reshape of a copy; the gathers compile and fuse with their neighbours.
 Results that PyTorch returns as new tensors end in a copy, so that the engine's fresh
 result is what PyTorch returns too (a reshape alone may be a view of the input, which
-stays outside engines). Imported by blade.frontend.decompositions, which owns the registry.
+stays outside engines). Imported by blade.frontend.decompositions.
 """
 import math
 from typing import List, Optional, Tuple
 
 import torch
 
-from blade.frontend.decompositions import _builtin
+from blade.frontend.decomposition_registry import builtin as _builtin
 
 
 def _pad_by_index(x: torch.Tensor, padding: List[int], mode: str) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import List, Tuple
 
 import torch
 
-from blade.frontend.decompositions import _builtin
+from blade.frontend.decomposition_registry import builtin as _builtin
 
 
 def _adaptive_dim(size: int, count: int,

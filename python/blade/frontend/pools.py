@@ -44,12 +44,11 @@ def _extra_padding(sizes, kernel, stride, padding, dilation) -> List[int]:
     return extra
 
 
-def explicit_pool_windows(graph: torch._C.Graph) -> int:
-    """Rewrites the poolings above (static spatial sizes); returns how many."""
-    from blade.frontend.simplify import all_nodes  # simplify runs this pass
-
+def explicit_pool_windows(graph: torch._C.Graph, nodes: List[torch._C.Node]) -> int:
+    """Rewrites the poolings above among `nodes` (the graph's, every block's; static
+    spatial sizes); returns how many."""
     count = 0
-    for node in list(all_nodes(graph)):
+    for node in nodes:
         kind = schema_name(node)
         dims = _MAX_POOLS.get(kind) or _AVG_POOLS.get(kind)
         if dims is None:

@@ -183,7 +183,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     run("reduction_dtypes", lambda: reduction_dtypes(graph))
     run("scalar_reductions", lambda: scalar_reductions(graph))
     run("batched_images", lambda: batched_images(graph))
-    run("explicit_pool_windows", lambda: explicit_pool_windows(graph))
+    run("explicit_pool_windows", lambda: explicit_pool_windows(graph, all_nodes(graph)))
     # With shapes known: size()/dim() fold, splits of known sizes become slices, which
     # opens more of the above.
     to_fixed_point([
