@@ -174,3 +174,11 @@ def test_isclose_and_isfinite_of_any_dtype_compile():
                 torch.isfinite(ints * 2), torch.isfinite(a * 2))
 
     compiled_whole(fn, (a, b, ints, other_ints))
+
+
+def test_isfinite_of_complex_numbers_is_eagers():
+    z = torch.tensor([complex(float("inf"), 0.0), complex(1.0, 2.0)])
+    model = Lambda(lambda z, x: (torch.isfinite(z), x * 2))
+    x = torch.randn(3)
+    optimized = blade.optimize(model, (z, x), blade.Config(allow_tracing=True))
+    assert torch.equal(optimized(z, x)[0], torch.tensor([False, True]))

@@ -80,3 +80,15 @@ def test_pooling_and_upsampling_gradients_match_eager():
                 aten.upsample_nearest2d_backward(upsampled, [6, 10], [1, 2, 4, 3], 1.5, 3.3))
 
     compiled_whole(fn, (grad, image, index, upsampled))
+
+
+def test_nll_loss_backward_of_ignored_rows_is_zero_when_the_gradient_is_not_finite():
+    # Every target ignored (a real class, 0): mean divides by a total weight of 0.
+    x = torch.randn(3, 4).log_softmax(-1)
+    target = torch.tensor([0, 0, 0])
+
+    def fn(x, target):
+        loss, total = torch.ops.aten.nll_loss_forward(x, target, None, 1, 0)
+        return torch.ops.aten.nll_loss_backward(torch.ones([]), x, target, None, 1, 0, total)
+
+    compiled_whole(fn, (x, target))

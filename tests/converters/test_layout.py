@@ -172,3 +172,21 @@ def test_max_pool3d_with_indices_compiles_whole_with_eagers_indices():
                 *F.max_pool3d(ones, 2, 1, return_indices=True))
 
     compiled_whole(fn, (x, ones))
+
+
+def test_edge_cases_give_eagers_answers():
+    # Circular padding with a negative pad (PyTorch crops, then wraps: the op is kept),
+    # nearest resampling of float64 in float64 arithmetic (2 -> 82: float32's scale
+    # would read the wrong pixel), diag_embed of an empty vector with an offset.
+    x = torch.arange(6.0).reshape(1, 1, 6)
+    image = torch.arange(4, dtype=torch.float64).reshape(1, 1, 2, 2)
+    empty = torch.zeros(0)
+
+    def fn(x, image, empty):
+        return (F.pad(x, (-1, 2), mode="circular") + 1, F.interpolate(image, size=(82, 82)) + 1,
+                torch.diag_embed(empty, 1) + 1)
+
+    model = Lambda(fn)
+    optimized = blade.optimize(model, (x, image, empty), TRACE)
+    for got, want in zip(optimized(x, image, empty), model(x, image, empty)):
+        assert got.shape == want.shape and torch.equal(got, want), (got, want)

@@ -115,3 +115,9 @@ def test_reductions_of_scalars_and_of_empty_tensors_compile():
                 torch.prod(empty * 2, 0))
 
     compiled_whole(fn, (x, ints, empty))
+
+
+def test_max_and_argmax_of_a_scalar_along_its_dim():
+    x = torch.tensor(3.0)
+    compiled_whole(lambda x: (*torch.max(x * 2, 0), torch.argmax(x * 2, 0),
+                              torch.argmin(x * 2, 0, True)), (x,))

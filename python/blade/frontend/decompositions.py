@@ -121,6 +121,8 @@ def _first_extreme(x: torch.Tensor, dim: int, keepdim: bool,
     # PyTorch's max/min along a dim: the extreme value and its first index, or NaN and the
     # first NaN's index where there is one (Torch-MLIR's lowering misses the NaN). The dim
     # is moved last, so the index order broadcasts whatever the rank.
+    if x.dim() == 0:
+        return x.clone(), torch.zeros_like(x, dtype=torch.long)
     if x.size(dim) == 0:
         raise RuntimeError("max(): expected a non-empty dim to reduce")
     moved = x.transpose(dim, -1)
@@ -434,7 +436,7 @@ def _isclose(self: torch.Tensor, other: torch.Tensor, rtol: float = 1e-05,
 @_builtin("aten::isfinite")
 def _isfinite(self: torch.Tensor) -> torch.Tensor:
     # Integers and bools are all finite; Torch-MLIR lowers isfinite of floats only.
-    if self.is_floating_point():
+    if self.is_floating_point() or self.is_complex():
         return torch.isfinite(self)
     return torch.ones_like(self, dtype=torch.bool)
 

@@ -102,8 +102,10 @@ def _nll_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: to
     grad = grad_output / total_weight if reduction == 1 else grad_output   # 1: mean
     row_grad = -(grad * row_weight)
     classes = torch.arange(self.size(-1), device=self.device)
-    return torch.where(classes == target.unsqueeze(-1), row_grad.unsqueeze(-1),
-                       torch.zeros_like(self))
+    # Ignored rows are masked after the product: an infinite gradient (a mean over no
+    # target: total_weight 0) times their zero weight would be NaN.
+    hit = (classes == target.unsqueeze(-1)) & ~ignored.unsqueeze(-1)
+    return torch.where(hit, row_grad.unsqueeze(-1), torch.zeros_like(self))
 
 
 def _pool_backward(grad_output: torch.Tensor, self: torch.Tensor, indices: torch.Tensor,

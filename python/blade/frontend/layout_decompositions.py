@@ -52,6 +52,8 @@ def _pad(self: torch.Tensor, pad: List[int], mode: str = "constant",
     if mode == "constant":
         return torch.constant_pad_nd(self, pad, 0.0 if value is None else value)
     padded_dims = len(pad) // 2
+    if mode == "circular" and min(pad) < 0:
+        return torch.ops.aten.pad(self, pad, mode, value)   # PyTorch crops, then wraps
     if len(pad) % 2 == 0 and 1 <= padded_dims <= 3 and value is None and \
             (self.dim() == padded_dims + 1 or self.dim() == padded_dims + 2) and \
             (mode == "reflect" or mode == "replicate" or mode == "circular"):
@@ -110,6 +112,8 @@ def _diag_embed(self: torch.Tensor, offset: int = 0, dim1: int = -2,
     # The last dim of `self` on the offset-th diagonal of new dims (dim1, dim2): first as
     # the result's last two dims, element (r, c) = self[..., min(r, c)] where c - r is the
     # offset, else zero; then moved to where dim1 and dim2 ask.
+    if self.size(-1) == 0:
+        return torch.diag_embed(self, offset, dim1, dim2)   # all zeros: nothing to place
     size = self.size(-1) + abs(offset)
     positions = torch.arange(size, device=self.device)
     rows = positions.unsqueeze(-1)
@@ -164,14 +168,13 @@ def _scale(in_size: int, out_size: int, scale: Optional[float],
 
 
 def _nearest_source(in_size: int, out_size: int, scale: Optional[float],
-                    device: torch.device) -> torch.Tensor:
+                    dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     positions = torch.arange(out_size, device=device)
     if out_size == in_size:
         return positions
     if out_size == 2 * in_size:
         return torch.div(positions, 2, rounding_mode="floor")
-    source = torch.floor(positions.to(torch.float32) *
-                         _scale(in_size, out_size, scale, torch.float32))
+    source = torch.floor(positions.to(dtype) * _scale(in_size, out_size, scale, dtype))
     return torch.clamp(source.to(torch.long), 0, in_size - 1)
 
 
@@ -208,10 +211,12 @@ def _output_sizes(x: torch.Tensor, output_size: Optional[List[int]],
 def _nearest(x: torch.Tensor, sizes: List[int], scales: List[Optional[float]],
              dims: int) -> torch.Tensor:
     # `dims` is a constant of the caller's: the loop unrolls before types are recorded.
+    # The kernel's arithmetic is float64 for float64 input, else float32.
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     for d in range(dims):
         dim = x.dim() - dims + d
         x = torch.index_select(x, dim, _nearest_source(x.size(dim), sizes[d], scales[d],
-                                                       x.device))
+                                                       compute, x.device))
     return x
 
 
@@ -334,7 +339,9 @@ def _upsample_nearest2d_backward(grad_output: torch.Tensor, output_size: List[in
     grad = grad_output
     for d in range(1, -1, -1):
         dim = 2 + d
-        source = _nearest_source(input_size[dim], output_size[d], scales[d], grad.device)
+        # float32 arithmetic whatever the dtype, as PyTorch's backward kernel.
+        source = _nearest_source(input_size[dim], output_size[d], scales[d], torch.float32,
+                                 grad.device)
         shape = [-1] + [1] * (1 - d)
         index = source.reshape(shape).expand(grad.shape)
         target = grad.shape

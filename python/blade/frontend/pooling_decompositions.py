@@ -159,8 +159,12 @@ def _max_pool3d_with_indices(self: torch.Tensor, kernel_size: List[int],
                              stride: List[int] = (), padding: List[int] = (0,),
                              dilation: List[int] = (1,), ceil_mode: bool = False
                              ) -> Tuple[torch.Tensor, torch.Tensor]:
-    values, indices = _max_pool_with_indices(self, kernel_size, stride, padding, dilation,
-                                             ceil_mode, 3)
+    if self.is_floating_point():
+        values, indices = _max_pool_with_indices(self, kernel_size, stride, padding,
+                                                 dilation, ceil_mode, 3)
+    else:   # padding is -inf in the gather: integers keep PyTorch's op
+        values, indices = torch._C._nn.max_pool3d_with_indices(self, kernel_size, stride,
+                                                               padding, dilation, ceil_mode)
     return values, indices
 
 
