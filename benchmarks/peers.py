@@ -19,8 +19,23 @@ PEERS = ("onnxruntime", "openvino", "openvino_bf16")
 THREADS = 2
 
 
+class _PositionalOnly(torch.nn.Module):
+    """`model` called with exactly the example inputs. The TorchScript-based exporter fills
+    forward's missing arguments in from its defaults and traces them as inputs:
+    nn.TransformerEncoderLayer's `is_causal=False` became a tensor, which
+    scaled_dot_product_attention refuses."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs):
+        return self.model(*inputs)
+
+
 def export_onnx(model: torch.nn.Module, inputs: Sequence[torch.Tensor], path: Path) -> None:
     names = [f"input_{i}" for i in range(len(inputs))]
+    model = _PositionalOnly(model)
     # Without MultiheadAttention's fast path: nn.TransformerEncoderLayer would trace into a
     # fused op (aten::_transformer_encoder_layer_fwd) that ONNX cannot express.
     fast_path = torch.backends.mha.get_fastpath_enabled()
