@@ -420,3 +420,43 @@ def test_flatten_of_an_empty_batch_divides_nothing_by_zero(tmp_path):
     linalg = ir_before(tmp_path, "write-slices-in-place")
     divisions = re.findall(r"arith\.div[su]i %\w+, (%\w+)", linalg)
     assert all(d.startswith("%c") for d in divisions), divisions
+
+
+# Run in a process of its own: the failure this guards against is a segfault.
+PROBE_AFTER_A_FROZEN_COPY_RAN = """
+import torch
+import blade
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True,
+                                                                dropout=0.0)
+                              for _ in range(2)]).eval()
+x = torch.randn(1, 16, 64)
+plain = torch.jit.freeze(torch.jit.trace(model, (x,), check_trace=False).eval())
+with torch.no_grad():
+    plain(x)
+    plain(x)
+optimized = blade.optimize(model, (x,), blade.Config(dynamic=True))
+longer = torch.randn(1, 24, 64)
+with torch.no_grad():
+    assert torch.allclose(optimized(longer), model(longer), rtol=1e-4, atol=1e-4)
+report = blade.report(optimized)
+assert report.clusters and all(c.compiled and c.calls > 0 for c in report.clusters), report
+try:
+    with torch.no_grad():
+        optimized(torch.randn(1, 16, 65))
+except RuntimeError as e:
+    print("raised:", str(e).splitlines()[0])
+print("ok")
+"""
+
+
+def test_probing_a_frozen_model_that_raises_does_not_crash():
+    """Freezing frees the methods its graph's inlined call stacks point to, and TorchScript
+    reads them to print the traceback of an op that raises: probing a resized feature dim
+    of an encoder (its attention op raises) segfaulted once another traced copy had run."""
+    import subprocess
+    run = subprocess.run([sys.executable, "-c", PROBE_AFTER_A_FROZEN_COPY_RAN],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "ok", run.stdout
+    assert "raised:" in run.stdout, run.stdout

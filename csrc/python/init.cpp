@@ -2,6 +2,7 @@
 // in, so importing this module also registers the Engine class and the execute op.
 #include "passes/cluster.h"
 #include "passes/decompose.h"
+#include "passes/detach_inlined_functions.h"
 #include "passes/duplicate_shape_arithmetic.h"
 #include "passes/engine_call.h"
 #include "passes/fold_numel.h"
@@ -96,6 +97,9 @@ PYBIND11_MODULE(_C, m) {
         "Splits unpacked right away become slices; returns how many were rewritten.");
   m.def("decompose", &passes::decompose, py::arg("graph"), py::arg("overload"), py::arg("body"),
         "Inlines `body` in place of every call of `overload`; returns how many were rewritten.");
+  m.def("detach_inlined_functions", &passes::detach_inlined_functions, py::arg("graph"),
+        "Inlined call stacks point to placeholder functions of the same names that live as "
+        "long as the process; returns how many nodes' stacks were rebuilt.");
   m.def("fold_numel", &passes::fold_numel, py::arg("graph"),
         "numel() of tensors with known sizes becomes a constant.");
   m.def("fold_sizes", &passes::fold_sizes, py::arg("graph"),

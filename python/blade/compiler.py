@@ -534,6 +534,9 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
         config = dynamic_dims_by_position(scripted, config)
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     graph = module.graph
+    # Freezing frees the methods the graph's call stacks point to; an op that raises
+    # (probing dynamic dims, a fallback given bad input) would read them for its traceback.
+    _C.detach_inlined_functions(graph)
     dump = Dumper.for_config(config.dump_dir)
     if config.dynamic:
         progress.stage("finding dynamic dims")
