@@ -460,3 +460,30 @@ def test_probing_a_frozen_model_that_raises_does_not_crash():
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[-1] == "ok", run.stdout
     assert "raised:" in run.stdout, run.stdout
+
+
+class _PooledConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_dynamic_image_size_with_a_static_output():
+    """Dynamic height and width, a result of static shape (global pooling): main's result
+    becomes an out-param while the convolutions' library calls keep results of dynamic
+    size (the pass that made out-params took those too, and the whole cluster fell back)."""
+    torch.manual_seed(0)
+    model = _PooledConvNet().eval()
+    optimized = blade.optimize(model, (torch.randn(1, 3, 32, 32),), blade.Config(dynamic=True))
+    for size in (32, 40, 17):
+        x = torch.randn(1, 3, size, size)
+        with torch.no_grad():
+            assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-4)
+    report = assert_ran_compiled(optimized)
+    assert report.dynamic_dims and report.guard_fallbacks == 0, str(report)

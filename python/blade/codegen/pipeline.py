@@ -195,19 +195,25 @@ def build(options: Options) -> List[Pass]:
         # are written into out-parameters that the runtime allocates, except for outputs
         # of dynamic size, which main allocates (through the RAL) and returns; outlined
         # library calls always write into buffers their caller allocates.
+        # main becomes private for the pass to turn its static results into out-params,
+        # since modify-public-functions would also take the public library calls of
+        # dynamic size, whose results cannot be.
+        *([] if options.returns_outputs else
+          [Pass("hide-main", lambda c: _set_private(c.main, True))]),
         *_upstream_passes(
             "canonicalize",
             "eliminate-empty-tensors",
             "empty-tensor-to-alloc-tensor",
             "one-shot-bufferize{bufferize-function-boundaries "
             "function-boundary-type-conversion=identity-layout-map}",
-            "buffer-results-to-out-params{hoist-static-allocs}" if options.returns_outputs
-            else "buffer-results-to-out-params{hoist-static-allocs modify-public-functions}",
+            "buffer-results-to-out-params{hoist-static-allocs}",
             # A loop nest that empty tensor elimination made write into its slice of a
             # concatenation leaves a copy of that slice onto an identical view of it: CSE
             # merges the views and the self-copy folds away.
             "cse",
             "canonicalize"),
+        *([] if options.returns_outputs else
+          [Pass("show-main", lambda c: _set_private(c.main, False))]),
 
         # -- loops: the bufferized loop nests ---------------------------------------------
         Pass("mark-out-params", lambda c: arguments.mark_out_params(c.main)),
@@ -321,6 +327,13 @@ def has_dynamic_shapes(main) -> bool:
     function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
     return any(isinstance(t, ir.RankedTensorType) and not t.has_static_shape
                for t in list(function_type.inputs) + list(function_type.results))
+
+
+def _set_private(function, private: bool) -> None:
+    if private:
+        function.attributes["sym_visibility"] = ir.StringAttr.get("private")
+    elif "sym_visibility" in function.attributes:
+        del function.attributes["sym_visibility"]
 
 
 def find_main(module):
