@@ -79,3 +79,15 @@ def test_mark_out_params_marks_every_memref_noalias():
     check_pass(OUT_PARAM + """
     // CHECK: func.func @main(%arg0: memref<8xf32> {llvm.noalias}, %arg1: memref<8xf32> {llvm.noalias})
     """, "mark-out-params")
+
+
+def test_hide_main_makes_main_private_for_the_out_param_pass():
+    check_pass(OUT_PARAM + """
+    // CHECK: func.func private @main(
+    """, "hide-main")
+
+
+def test_show_main_makes_main_public_again():
+    text, _ = run_pass(OUT_PARAM.replace("func.func @main", "func.func private @main"),
+                       "show-main")
+    assert "func.func @main(" in text, text
