@@ -81,41 +81,60 @@ bool as_matrix(const at::Tensor& t, Matrix* m) {
   return false;
 }
 
-// 16 floats (or int32s) as one value: GCC's vector extensions, which compile to one
-// AVX-512 register, two AVX2 or four SSE ones, whichever the function is compiled for.
-// The helpers taking them are internal and inlined into exp_row's clones, so the ABI of
-// passing such a value (what -Wpsabi warns about, at the end of the file) never applies.
-#pragma GCC diagnostic ignored "-Wpsabi"
+// Rows of scores are padded to a multiple of this many floats (-inf scores, exp 0), so
+// that exp_row's loops have no tail at any of its vector widths.
 constexpr int64_t kLanes = 16;
-typedef float Floats __attribute__((vector_size(kLanes * sizeof(float))));
-typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
-inline Floats load(const float* p) {
-  Floats v;
+// `Lanes` floats (or int32s) as one value, GCC's vector extensions: exp_row is compiled
+// once per instruction set with the width of its registers (16 on AVX-512, 8 on AVX2, 4
+// on SSE). A width past the target's registers compiles, but GCC splits it through the
+// stack: 16 lanes on AVX2 made exp_row half the attention workload's time. The helpers
+// are always inlined into their caller's target, so the ABI of passing such a value
+// (what -Wpsabi warns about) never applies.
+#pragma GCC diagnostic ignored "-Wpsabi"
+template <int Lanes>
+struct Vector {
+  typedef float Floats __attribute__((vector_size(Lanes * sizeof(float))));
+  typedef int32_t Ints __attribute__((vector_size(Lanes * sizeof(int32_t))));
+};
+
+#define BLADE_INLINE __attribute__((always_inline)) inline
+
+template <int Lanes>
+BLADE_INLINE typename Vector<Lanes>::Floats load(const float* p) {
+  typename Vector<Lanes>::Floats v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-inline void store(float* p, Floats v) { std::memcpy(p, &v, sizeof v); }
+template <typename Floats>
+BLADE_INLINE void store(float* p, Floats v) { std::memcpy(p, &v, sizeof v); }
 
-inline Floats splat(float x) { return Floats{} + x; }
+template <int Lanes>
+BLADE_INLINE typename Vector<Lanes>::Floats splat(float x) {
+  return typename Vector<Lanes>::Floats{} + x;
+}
 
-inline Floats max(Floats a, Floats b) { return a > b ? a : b; }
+template <typename Floats>
+BLADE_INLINE Floats max(Floats a, Floats b) { return a > b ? a : b; }
 
 // exp(x) for x <= 0 (a score minus its row's max): Cody-Waite range reduction and the
 // degree-5 polynomial of approximations.py (< 1 ulp in the normal range; 0 below -87.3,
 // where the true result is under 1.22e-38; NaN stays NaN).
-inline Floats exp_nonpositive(Floats x) {
+template <int Lanes>
+BLADE_INLINE typename Vector<Lanes>::Floats exp_nonpositive(typename Vector<Lanes>::Floats x) {
+  using Floats = typename Vector<Lanes>::Floats;
+  using Ints = typename Vector<Lanes>::Ints;
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;
   constexpr float kLn2Lo = -2.12194440e-4f;
   constexpr float kMin = -87.3f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2**23: adding it rounds to an integer
-  const Floats below = splat(kMin);
+  const Floats below = splat<Lanes>(kMin);
   const Floats xc = x < below ? below : x;
   const Floats n = (xc * kLog2e + kRound) - kRound;
   const Floats r = (xc - n * kLn2Hi) - n * kLn2Lo;
-  Floats p = splat(1.9875691500e-4f);
+  Floats p = splat<Lanes>(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
@@ -134,7 +153,7 @@ typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
 
 // The 8 x 8 tile at `src` (rows `ld_src` apart) transposed into `dst` (rows `ld_dst`
 // apart): three rounds of pairwise shuffles in registers, 8 row loads, 8 row stores.
-inline void transpose_tile(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+BLADE_INLINE void transpose_tile(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
   Floats8 r[8];
   for (int i = 0; i < 8; ++i) {
     std::memcpy(&r[i], src + i * ld_src, sizeof(Floats8));
@@ -163,7 +182,8 @@ inline void transpose_tile(const float* src, int64_t ld_src, float* dst, int64_t
 // dst[c, r] = src[r, c] for a [rows, cols] matrix: k^T for the microkernel, which reads
 // both operands untransposed. 8 x 8 tiles in registers (an element-wise copy was 8% of
 // the attention workload, its stores each a row apart), element-wise at the edges.
-__attribute__((target_clones("avx512f", "avx2,fma", "default"))) void transpose(
+// (target_clones: each listed name is one clone; the tiles need AVX at least.)
+__attribute__((target_clones("avx2", "default"))) void transpose(
     const float* __restrict src, int64_t ld_src, int64_t rows, int64_t cols,
     float* __restrict dst, int64_t ld_dst) {
   const int64_t whole_rows = rows - rows % 8;
@@ -189,22 +209,23 @@ __attribute__((target_clones("avx512f", "avx2,fma", "default"))) void transpose(
 // returns the reciprocal of the row's sum, by which the caller scales the row's output
 // (fewer multiplies than scaling the row when the value dim is under the key count). When
 // every score is -inf the row and the result are `empty_row` (0, so the output row is 0,
-// or NaN, softmax's 0/0 unfused). Compiled for AVX-512, AVX2 and the baseline, picked by
-// the CPU at load time. Rows are padded to whole vectors with -inf scores (exp 0) in the
-// scratch block, so the exp loop has no tail.
-__attribute__((target_clones("avx512f", "avx2,fma", "default"))) float exp_row(
-    float* __restrict row, const float* __restrict mask, float scale, int64_t n,
-    int64_t padded, float empty_row) {
+// or NaN, softmax's 0/0 unfused). Rows are padded to a multiple of kLanes with -inf
+// scores (exp 0) in the scratch block, so the exp loop has no tail.
+template <int Lanes>
+BLADE_INLINE float exp_row_lanes(float* __restrict row, const float* __restrict mask,
+                                 float scale, int64_t n, int64_t padded, float empty_row) {
+  using Floats = typename Vector<Lanes>::Floats;
+  static_assert(kLanes % Lanes == 0, "rows are padded to whole vectors");
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  const Floats factor = splat(scale);
-  Floats top = splat(kNegInf);
+  const Floats factor = splat<Lanes>(scale);
+  Floats top = splat<Lanes>(kNegInf);
   for (int64_t j = n; j < padded; ++j) {
     row[j] = kNegInf;
   }
-  const int64_t whole = n - n % kLanes;
+  const int64_t whole = n - n % Lanes;
   if (mask != nullptr) {
-    for (int64_t j = 0; j < whole; j += kLanes) {
-      const Floats x = load(row + j) * factor + load(mask + j);
+    for (int64_t j = 0; j < whole; j += Lanes) {
+      const Floats x = load<Lanes>(row + j) * factor + load<Lanes>(mask + j);
       store(row + j, x);
       top = max(top, x);
     }
@@ -212,8 +233,8 @@ __attribute__((target_clones("avx512f", "avx2,fma", "default"))) float exp_row(
       row[j] = row[j] * scale + mask[j];
     }
   } else {
-    for (int64_t j = 0; j < whole; j += kLanes) {
-      const Floats x = load(row + j) * factor;
+    for (int64_t j = 0; j < whole; j += Lanes) {
+      const Floats x = load<Lanes>(row + j) * factor;
       store(row + j, x);
       top = max(top, x);
     }
@@ -222,29 +243,60 @@ __attribute__((target_clones("avx512f", "avx2,fma", "default"))) float exp_row(
     }
   }
   if (whole < n) {
-    top = max(top, load(row + whole));
+    top = max(top, load<Lanes>(row + whole));
   }
   float largest = kNegInf;
-  for (int64_t l = 0; l < kLanes; ++l) {
+  for (int l = 0; l < Lanes; ++l) {
     largest = std::max(largest, top[l]);
   }
   if (largest == kNegInf) {
     std::fill(row, row + n, empty_row);
     return empty_row;
   }
-  const Floats shift = splat(largest);
+  const Floats shift = splat<Lanes>(largest);
   Floats sums{};
-  for (int64_t j = 0; j < padded; j += kLanes) {
-    const Floats e = exp_nonpositive(load(row + j) - shift);
+  for (int64_t j = 0; j < padded; j += Lanes) {
+    const Floats e = exp_nonpositive<Lanes>(load<Lanes>(row + j) - shift);
     store(row + j, e);
     sums += e;
   }
   float sum = 0.0f;
-  for (int64_t l = 0; l < kLanes; ++l) {
+  for (int l = 0; l < Lanes; ++l) {
     sum += sums[l];
   }
   return 1.0f / sum;
 }
+
+using ExpRow = float (*)(float*, const float*, float, int64_t, int64_t, float);
+
+__attribute__((target("avx512f"))) float exp_row_avx512(
+    float* row, const float* mask, float scale, int64_t n, int64_t padded, float empty_row) {
+  return exp_row_lanes<16>(row, mask, scale, n, padded, empty_row);
+}
+
+__attribute__((target("avx2,fma"))) float exp_row_avx2(
+    float* row, const float* mask, float scale, int64_t n, int64_t padded, float empty_row) {
+  return exp_row_lanes<8>(row, mask, scale, n, padded, empty_row);
+}
+
+float exp_row_baseline(float* row, const float* mask, float scale, int64_t n,
+                       int64_t padded, float empty_row) {
+  return exp_row_lanes<4>(row, mask, scale, n, padded, empty_row);
+}
+
+// exp_row for this CPU, picked once.
+ExpRow exp_row_for_host() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) {
+    return exp_row_avx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return exp_row_avx2;
+  }
+  return exp_row_baseline;
+}
+
+const ExpRow exp_row = exp_row_for_host();
 
 struct Problem {
   Matrix q;
