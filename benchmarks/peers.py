@@ -28,6 +28,9 @@ class _PositionalOnly(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
+        # The exporter puts the wrapper back in its own mode afterwards, which train()
+        # passes on to `model`: an nn.Module starts in training mode.
+        self.train(model.training)
 
     def forward(self, *inputs):
         return self.model(*inputs)

@@ -92,7 +92,11 @@ def matmul_flops(model, inputs) -> int:
 def bench(workload, names, runs, warmup):
     model, inputs = build(workload)
     flops = matmul_flops(model, inputs)
+    modes = [m.training for m in model.modules()]
     backends, compile_s = make_backends(model, inputs, names)
+    if [m.training for m in model.modules()] != modes:
+        raise RuntimeError(f"{workload}: building the backends changed the model's "
+                           "train/eval mode, so eager would no longer be the reference")
     times = {name: [] for name in backends}
     with torch.no_grad():
         reference = model(*inputs)
