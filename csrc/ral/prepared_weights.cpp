@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <limits>
@@ -18,6 +19,12 @@ namespace {
 // sizes: oneDNN's layout depends on the size (a copy made for 512 rows multiplied 1 row
 // 600x slower than one made for it), so other sizes run with the weight as it is.
 constexpr size_t kRowCountsPerWeight = 4;
+
+// Timed calls per algorithm in a 3x3 convolution's trial (after an untimed first), and the
+// most trials an engine keeps (a dynamic engine sees many input sizes; past this many the
+// others run Winograd's algorithm untried).
+constexpr int kTimedTrialRuns = 2;
+constexpr size_t kMaxConvTrials = 256;
 
 const MklFunctions& mkl() { return mkl_functions(); }
 
@@ -52,6 +59,77 @@ void PreparedWeights::count(const at::Tensor& copy) {
   const auto bytes = copy.defined() ? static_cast<int64_t>(copy.nbytes()) : 0;
   bytes_ += bytes;
   total_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void PreparedWeights::uncount(const at::Tensor& copy) {
+  const auto bytes = copy.defined() ? static_cast<int64_t>(copy.nbytes()) : 0;
+  bytes_ -= bytes;
+  total_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+PreparedWeights::ConvAlgorithm PreparedWeights::next_conv_algorithm(
+    const at::Tensor& weight, const std::vector<int64_t>& input_size) {
+  if (!is_param(weight)) {
+    return ConvAlgorithm::kDirect;  // no Winograd form without a param
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto key = std::make_tuple(weight.data_ptr(), input_size);
+  auto it = conv_trials_.find(key);
+  if (it == conv_trials_.end()) {
+    if (conv_trials_.size() >= kMaxConvTrials) {
+      return ConvAlgorithm::kWinograd;
+    }
+    it = conv_trials_.emplace(key, ConvTrial()).first;
+  }
+  const ConvTrial& trial = it->second;
+  if (trial.choice.has_value()) {
+    return *trial.choice;
+  }
+  return (trial.runs[0] + trial.runs[1]) % 2 == 0 ? ConvAlgorithm::kWinograd
+                                                  : ConvAlgorithm::kDirect;
+}
+
+void PreparedWeights::record_conv_time(const at::Tensor& weight,
+                                       const std::vector<int64_t>& input_size,
+                                       ConvAlgorithm algorithm, double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = conv_trials_.find(std::make_tuple(weight.data_ptr(), input_size));
+  if (it == conv_trials_.end() || it->second.choice.has_value()) {
+    return;
+  }
+  ConvTrial& trial = it->second;
+  const int a = static_cast<int>(algorithm);
+  if (trial.runs[a]++ > 0) {  // the first call prepared the weight: not timed
+    trial.best[a] = trial.runs[a] == 2 ? seconds : std::min(trial.best[a], seconds);
+  }
+  if (trial.runs[0] > kTimedTrialRuns && trial.runs[1] > kTimedTrialRuns) {
+    trial.choice = trial.best[0] <= trial.best[1] ? ConvAlgorithm::kWinograd
+                                                  : ConvAlgorithm::kDirect;
+    release_loser(weight.data_ptr(), input_size, *trial.choice);
+  }
+}
+
+void PreparedWeights::release_loser(const void* data, const std::vector<int64_t>& input_size,
+                                    ConvAlgorithm winner) {
+  if (winner == ConvAlgorithm::kWinograd) {
+    auto copy = onednn_.find(std::make_tuple(data, false, input_size));
+    if (copy != onednn_.end()) {
+      uncount(copy->second);
+      onednn_.erase(copy);
+    }
+    return;
+  }
+  // The Winograd form serves every input size: freed once no size still uses or tries it.
+  for (const auto& [key, trial] : conv_trials_) {
+    if (std::get<0>(key) == data && trial.choice != ConvAlgorithm::kDirect) {
+      return;
+    }
+  }
+  auto form = winograd_.find(data);
+  if (form != winograd_.end()) {
+    uncount(form->second);
+    winograd_.erase(form);
+  }
 }
 
 bool PreparedWeights::is_param(const at::Tensor& t) const {

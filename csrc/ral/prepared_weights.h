@@ -24,6 +24,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -68,6 +69,20 @@ class PreparedWeights {
   // A float32 3x3 convolution weight in Winograd's form (winograd.h), made once if
   // `weight` is a param; otherwise an undefined tensor (the caller convolves directly).
   at::Tensor winograd(const at::Tensor& weight);
+  // 3x3 convolutions that both Winograd's algorithm and oneDNN's direct one take: which is
+  // faster depends on the CPU's caches as much as on the sizes (at 2 threads on an AVX2
+  // host, batch 1, Winograd took 0.8x of direct's time at 64 channels on 56 x 56 but 1.1x
+  // at 256 on 14 x 14 and 2.1x at 512 on 7 x 7; an AVX-512 host with twice the L2 favoured
+  // it at 256 on 14 x 14), so the engine's own calls decide: per weight and input size,
+  // the first calls alternate between the two (the first of each, which prepares its
+  // weight copy, untimed), then the faster of the best times wins and the loser's copy is
+  // freed. Both give the convolution within float32 rounding.
+  enum class ConvAlgorithm { kWinograd, kDirect };
+  ConvAlgorithm next_conv_algorithm(const at::Tensor& weight,
+                                    const std::vector<int64_t>& input_size);
+  void record_conv_time(const at::Tensor& weight, const std::vector<int64_t>& input_size,
+                        ConvAlgorithm algorithm, double seconds);
+
   // How many prepared copies exist, oneDNN's, MKL's and Winograd's (tests and the report
   // read it).
   int64_t packed_count() const;
@@ -78,6 +93,11 @@ class PreparedWeights {
   bool is_param(const at::Tensor& t) const;
   // Adds a new copy to this engine's and the process's bytes (mutex_ held).
   void count(const at::Tensor& copy);
+  // Takes a freed copy off them (mutex_ held).
+  void uncount(const at::Tensor& copy);
+  // Frees the copy the losing algorithm of a decided trial prepared (mutex_ held).
+  void release_loser(const void* data, const std::vector<int64_t>& input_size,
+                     ConvAlgorithm winner);
   // How many prepared copies of the weight at `data` exist (mutex_ held).
   size_t copies_of(const void* data) const;
   // rhs packed for m rows of op(rhs) [k, n]; null when rhs is not a param or has its packs.
@@ -90,6 +110,13 @@ class PreparedWeights {
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
   std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
+  struct ConvTrial {
+    int runs[2] = {0, 0};  // per ConvAlgorithm, the untimed first included
+    double best[2] = {0.0, 0.0};
+    std::optional<ConvAlgorithm> choice;
+  };
+  // (weight data, input size) -> the trial of the two 3x3 algorithms
+  std::map<std::tuple<const void*, std::vector<int64_t>>, ConvTrial> conv_trials_;
   // (weight data, transposed, input size) -> oneDNN's copy
   std::map<std::tuple<const void*, bool, std::vector<int64_t>>, at::Tensor> onednn_;
 };

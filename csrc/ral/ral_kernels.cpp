@@ -11,6 +11,7 @@
 #include <ATen/core/stack.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -272,7 +273,8 @@ std::vector<int64_t> conv_output_sizes(const at::Tensor& x, const at::Tensor& w,
   return sizes;
 }
 
-// Winograd's F(2x2, 3x3) (winograd.h) where it beats oneDNN's direct convolution: float32
+// Winograd's F(2x2, 3x3) (winograd.h) where it can beat oneDNN's direct convolution (the
+// engine's first calls then time both: PreparedWeights::next_conv_algorithm): float32
 // NHWC data convolved by a 3x3 param with stride 1, no dilation, one group, padding 1 on
 // every side, both buffers dense, and enough channels for the GEMMs to outweigh the
 // transforms. Measured at 2 threads (Winograd / oneDNN, ms): C=K=64 on [4, 64, 56, 56]
@@ -341,10 +343,22 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
                   " values for ", w.size(0), " output channels");
     }
     blade::ral::PreparedWeights* prepared = blade::ral::active_prepared_weights();
+    using Algorithm = blade::ral::PreparedWeights::ConvAlgorithm;
+    // Whether this call is one of the direct samples while the engine's first calls time
+    // Winograd's algorithm against the direct one (PreparedWeights::next_conv_algorithm).
+    bool timing_direct = false;
+    const auto started = std::chrono::steady_clock::now();
+    const auto seconds = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    };
     if (channels_last && prepared != nullptr &&
-        winograd_applies(x, w, target, padding, stride, dilation, groups) &&
-        convolve_winograd(prepared, x, w, target, bias, relu)) {
-      return;
+        winograd_applies(x, w, target, padding, stride, dilation, groups)) {
+      if (prepared->next_conv_algorithm(w, x.sizes().vec()) == Algorithm::kDirect) {
+        timing_direct = true;
+      } else if (convolve_winograd(prepared, x, w, target, bias, relu)) {
+        prepared->record_conv_time(w, x.sizes().vec(), Algorithm::kWinograd, seconds());
+        return;
+      }  // else declined (inf or NaN in the input): direct, and not a sample
     }
     at::Tensor reordered;  // oneDNN's copy, for convolve_into only
     if (channels_last && prepared != nullptr) {
@@ -358,6 +372,9 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     }
     if (channels_last && convolve_into(target, x, reordered.defined() ? reordered : w, bias,
                                        relu, padding, stride, dilation, groups)) {
+      if (timing_direct) {
+        prepared->record_conv_time(w, x.sizes().vec(), Algorithm::kDirect, seconds());
+      }
       return;
     }
     at::Tensor result = at::conv2d(x, w, bias, stride, padding, dilation, groups);
