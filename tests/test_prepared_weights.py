@@ -17,19 +17,24 @@ def test_transformer_layer_weights_become_params_and_are_packed():
     # nn.MultiheadAttention's in_proj_weight/bias stayed attributes after freezing (they
     # are put in a tuple); folded, the engine's only input is the activation.
     assert [c.inputs for c in report.clusters] == ["float32[2,8,64]"], str(report)
-    # in_proj, out_proj, linear1 and linear2 multiply through packed copies.
-    assert report.clusters[0].packed_weights == 4, str(report)
+    # in_proj, out_proj, linear1 and linear2 multiply by a weight: the first calls (the
+    # compile-time check's included) alternate between oneDNN's 1x1 convolution by a
+    # reordered copy of the weight and MKL's sgemm on the weight as it is, then keep the
+    # faster, and the copies of the weights MKL won for are freed.
+    assert report.clusters[0].packed_weights <= 4, str(report)
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(6):
             assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
     report = blade.report(optimized)
-    assert report.clusters[0].packed_weights == 4
-    # Each copy holds a weight in another layout (oneDNN's pads its blocks): about the
-    # weights' own bytes again, which the report says.
-    weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+    copies = report.clusters[0].packed_weights
+    assert copies <= 4, str(report)
+    # Each copy holds a weight in another layout (oneDNN's pads its blocks): about its
+    # weight's own bytes again, which the report says.
+    largest = max(p.numel() * p.element_size() for name, p in model.named_parameters()
                   if name.endswith("weight") and p.dim() == 2)
-    assert weights <= report.clusters[0].prepared_bytes <= 2 * weights, str(report)
-    assert "prepared weight copies: 4," in str(report)
+    assert report.clusters[0].prepared_bytes <= 2 * largest * copies, str(report)
+    assert (report.clusters[0].prepared_bytes > 0) == (copies > 0), str(report)
+    assert (f"prepared weight copies: {copies}," in str(report)) == (copies > 0), str(report)
 
 
 class Counter(torch.nn.Module):
@@ -54,7 +59,9 @@ def test_dynamic_batches_pack_a_few_row_counts_and_run_the_rest_unpacked():
             assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
     report = blade.report(optimized)
     assert report.runtime_fallbacks == 0 and report.clusters[0].calls == 7, str(report)
-    assert report.clusters[0].packed_weights == 2 * 4, str(report)  # 4 row counts each
+    # At most 4 row counts each (each count's first call runs MKL's sgemm, which needs no
+    # copy: the trial of oneDNN's copy against it has not ended for any of them).
+    assert report.clusters[0].packed_weights <= 2 * 4, str(report)
 
 
 def warm_mlp():

@@ -19,19 +19,6 @@ namespace {
 // MKL's sgemm (mkl_functions.h; null without MKL: attention then takes PyTorch's kernel).
 MklFunctions::FortranSgemm fortran_sgemm() { return mkl_functions().sgemm; }
 
-// Row-major C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C: the column-major
-// product C^T = op(B)^T @ op(A)^T, the same call with the operands swapped.
-void gemm_row_major(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
-                    float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
-                    float beta, float* c, int64_t ldc) {
-  const char ta = transpose_a ? 'T' : 'N';
-  const char tb = transpose_b ? 'T' : 'N';
-  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  const int lda_i = static_cast<int>(lda), ldb_i = static_cast<int>(ldb),
-            ldc_i = static_cast<int>(ldc);
-  fortran_sgemm()(&tb, &ta, &ni, &mi, &ki, &alpha, b, &ldb_i, a, &lda_i, &beta, c, &ldc_i);
-}
-
 // Row-major C[m, n] = A[m, k] @ B[k, n], every operand unit-stride along its rows:
 // oneDNN's batch-reduce GEMM microkernel (PyTorch's cpublas::brgemm, the one its own CPU
 // flash attention runs; MKL's sgemm where oneDNN has no kernel for the CPU). Unlike MKL's
@@ -362,7 +349,7 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
       brgemm_row_major(count, p.keys, p.head_dim, q, p.q.ld, k_t, ld_k_t, scores.get(),
                        padded);
     } else {
-      gemm_row_major(p.q.transposed, !p.k.transposed, count, p.keys, p.head_dim, 1.0f, q,
+      sgemm_row_major(p.q.transposed, !p.k.transposed, count, p.keys, p.head_dim, 1.0f, q,
                      p.q.ld, k, p.k.ld, 0.0f, scores.get(), padded);
     }
     for (int64_t i = 0; i < count; ++i) {
@@ -377,7 +364,7 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
       brgemm_row_major(count, p.value_dim, p.keys, scores.get(), padded, v, p.v.ld, out,
                        p.out_row_stride);
     } else {
-      gemm_row_major(false, p.v.transposed, count, p.value_dim, p.keys, 1.0f, scores.get(),
+      sgemm_row_major(false, p.v.transposed, count, p.value_dim, p.keys, 1.0f, scores.get(),
                      padded, v, p.v.ld, 0.0f, out, p.out_row_stride);
     }
     for (int64_t i = 0; i < count; ++i) {

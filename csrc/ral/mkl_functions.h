@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace blade::ral {
 
@@ -37,5 +38,12 @@ struct MklFunctions {
 };
 
 const MklFunctions& mkl_functions();
+
+// Row-major C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C by MKL's sgemm (the
+// column-major product C^T = op(B)^T @ op(A)^T); every size and leading dim must fit an
+// int, and mkl_functions().sgemm must exist.
+void sgemm_row_major(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
+                     float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                     float beta, float* c, int64_t ldc);
 
 }  // namespace blade::ral

@@ -20,11 +20,11 @@ namespace {
 // 600x slower than one made for it), so other sizes run with the weight as it is.
 constexpr size_t kRowCountsPerWeight = 4;
 
-// Timed calls per algorithm in a 3x3 convolution's trial (after an untimed first), and the
-// most trials an engine keeps (a dynamic engine sees many input sizes; past this many the
-// others run Winograd's algorithm untried).
+// Timed calls per kernel in a trial (after an untimed first: next_kernel), and the most
+// trials an engine keeps (a dynamic engine sees many input sizes; past this many the others
+// run the alternative kernel untried).
 constexpr int kTimedTrialRuns = 2;
-constexpr size_t kMaxConvTrials = 256;
+constexpr size_t kMaxTrials = 256;
 
 const MklFunctions& mkl() { return mkl_functions(); }
 
@@ -67,61 +67,67 @@ void PreparedWeights::uncount(const at::Tensor& copy) {
   total_bytes.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
-PreparedWeights::ConvAlgorithm PreparedWeights::next_conv_algorithm(
-    const at::Tensor& weight, const std::vector<int64_t>& input_size) {
-  if (!is_param(weight)) {
-    return ConvAlgorithm::kDirect;  // no Winograd form without a param
+PreparedWeights::Kernel PreparedWeights::next_kernel(
+    const at::Tensor& weight, bool onednn_transposed,
+    const std::vector<int64_t>& onednn_input_size, Kernel alternative) {
+  if (!is_param(weight) || (alternative == Kernel::kGemm && mkl().sgemm == nullptr)) {
+    return Kernel::kOneDnn;  // nothing prepared without a param; no sgemm without MKL
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto key = std::make_tuple(weight.data_ptr(), input_size);
-  auto it = conv_trials_.find(key);
-  if (it == conv_trials_.end()) {
-    if (conv_trials_.size() >= kMaxConvTrials) {
-      return ConvAlgorithm::kWinograd;
+  const TrialKey key(weight.data_ptr(), onednn_transposed, onednn_input_size);
+  auto it = trials_.find(key);
+  if (it == trials_.end()) {
+    if (trials_.size() >= kMaxTrials) {
+      return alternative;
     }
-    it = conv_trials_.emplace(key, ConvTrial()).first;
+    KernelTrial trial;
+    trial.alternative = alternative;
+    it = trials_.emplace(key, trial).first;
   }
-  const ConvTrial& trial = it->second;
+  const KernelTrial& trial = it->second;
   if (trial.choice.has_value()) {
     return *trial.choice;
   }
-  return (trial.runs[0] + trial.runs[1]) % 2 == 0 ? ConvAlgorithm::kWinograd
-                                                  : ConvAlgorithm::kDirect;
+  return (trial.runs[0] + trial.runs[1]) % 2 == 0 ? trial.alternative : Kernel::kOneDnn;
 }
 
-void PreparedWeights::record_conv_time(const at::Tensor& weight,
-                                       const std::vector<int64_t>& input_size,
-                                       ConvAlgorithm algorithm, double seconds) {
+void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_transposed,
+                                         const std::vector<int64_t>& onednn_input_size,
+                                         Kernel kernel, double seconds) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = conv_trials_.find(std::make_tuple(weight.data_ptr(), input_size));
-  if (it == conv_trials_.end() || it->second.choice.has_value()) {
+  const TrialKey key(weight.data_ptr(), onednn_transposed, onednn_input_size);
+  auto it = trials_.find(key);
+  if (it == trials_.end() || it->second.choice.has_value()) {
     return;
   }
-  ConvTrial& trial = it->second;
-  const int a = static_cast<int>(algorithm);
-  if (trial.runs[a]++ > 0) {  // the first call prepared the weight: not timed
-    trial.best[a] = trial.runs[a] == 2 ? seconds : std::min(trial.best[a], seconds);
+  KernelTrial& trial = it->second;
+  const int k = kernel == Kernel::kOneDnn ? 0 : 1;
+  if (trial.runs[k]++ > 0) {  // the first call prepared the weight: not timed
+    trial.best[k] = trial.runs[k] == 2 ? seconds : std::min(trial.best[k], seconds);
   }
   if (trial.runs[0] > kTimedTrialRuns && trial.runs[1] > kTimedTrialRuns) {
-    trial.choice = trial.best[0] <= trial.best[1] ? ConvAlgorithm::kWinograd
-                                                  : ConvAlgorithm::kDirect;
-    release_loser(weight.data_ptr(), input_size, *trial.choice);
+    trial.choice = trial.best[1] <= trial.best[0] ? trial.alternative : Kernel::kOneDnn;
+    release_loser(key, trial);
   }
 }
 
-void PreparedWeights::release_loser(const void* data, const std::vector<int64_t>& input_size,
-                                    ConvAlgorithm winner) {
-  if (winner == ConvAlgorithm::kWinograd) {
-    auto copy = onednn_.find(std::make_tuple(data, false, input_size));
+void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& trial) {
+  const void* data = std::get<0>(key);
+  if (trial.choice != Kernel::kOneDnn) {
+    auto copy = onednn_.find(key);
     if (copy != onednn_.end()) {
       uncount(copy->second);
       onednn_.erase(copy);
     }
     return;
   }
+  if (trial.alternative == Kernel::kGemm) {
+    return;  // MKL's sgemm reads the weight as it is
+  }
   // The Winograd form serves every input size: freed once no size still uses or tries it.
-  for (const auto& [key, trial] : conv_trials_) {
-    if (std::get<0>(key) == data && trial.choice != ConvAlgorithm::kDirect) {
+  for (const auto& [other, other_trial] : trials_) {
+    if (std::get<0>(other) == data && other_trial.alternative == Kernel::kWinograd &&
+        other_trial.choice != Kernel::kOneDnn) {
       return;
     }
   }

@@ -8,7 +8,8 @@
 // Inductor's frozen convolutions do). A GEMM by a weight runs as oneDNN's 1x1 convolution
 // over the rows (ral_kernels.cpp): measured on an AVX-512 AMD host at 2 threads, oneDNN's
 // kernels took 0.55-0.85 of MKL's packed sgemm for the bert and mlp shapes, MKL taking its
-// AVX2 code there.
+// AVX2 code there; on an AVX2 host MKL's plain sgemm often wins, so each engine times the
+// two on its first calls (next_kernel below).
 //
 // A linear layer's weight is a constant of the engine (a param), multiplied by a batch of
 // rows on every call. MKL reorders the weight into its own blocked layout inside every
@@ -69,19 +70,28 @@ class PreparedWeights {
   // A float32 3x3 convolution weight in Winograd's form (winograd.h), made once if
   // `weight` is a param; otherwise an undefined tensor (the caller convolves directly).
   at::Tensor winograd(const at::Tensor& weight);
-  // 3x3 convolutions that both Winograd's algorithm and oneDNN's direct one take: which is
-  // faster depends on the CPU's caches as much as on the sizes (at 2 threads on an AVX2
-  // host, batch 1, Winograd took 0.8x of direct's time at 64 channels on 56 x 56 but 1.1x
-  // at 256 on 14 x 14 and 2.1x at 512 on 7 x 7; an AVX-512 host with twice the L2 favoured
-  // it at 256 on 14 x 14), so the engine's own calls decide: per weight and input size,
+  // Kernels with a second way to compute them: 3x3 convolutions (Winograd's algorithm or
+  // oneDNN's direct one), 1x1 convolutions and GEMMs by a weight (MKL's sgemm on the weight
+  // as it is, or oneDNN's convolution by its reordered copy). Which is faster depends on the CPU as much as on the sizes: at 2
+  // threads on an AVX2 host, batch 1, Winograd took 0.8x of direct's time at 64 channels
+  // on 56 x 56 but 1.1x at 256 on 14 x 14 and 2.1x at 512 on 7 x 7 (an AVX-512 host with
+  // twice the L2 favoured it at 256 on 14 x 14), and MKL's sgemm took 0.3-0.9x of the
+  // time of oneDNN's 1x1 convolution there, where oneDNN's AVX-512 kernels beat MKL's AVX2
+  // ones on AVX-512 hosts. (MKL's packed copies are no alternative: 5.8 MB at least, 2-4x
+  // a BERT weight, where its sgemm needs no copy and was as fast here.) So the engine's own calls decide, per weight and oneDNN input size:
   // the first calls alternate between the two (the first of each, which prepares its
-  // weight copy, untimed), then the faster of the best times wins and the loser's copy is
-  // freed. Both give the convolution within float32 rounding.
-  enum class ConvAlgorithm { kWinograd, kDirect };
-  ConvAlgorithm next_conv_algorithm(const at::Tensor& weight,
-                                    const std::vector<int64_t>& input_size);
-  void record_conv_time(const at::Tensor& weight, const std::vector<int64_t>& input_size,
-                        ConvAlgorithm algorithm, double seconds);
+  // weight copy, untimed), then the one with the better best time stays and the other's
+  // copy is freed. Both give the result within float32 rounding.
+  enum class Kernel { kOneDnn, kWinograd, kGemm };
+  // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
+  // and `onednn_input_size`) or `alternative` (kWinograd or kGemm). kOneDnn when `weight`
+  // is not a param, or for kGemm without MKL.
+  Kernel next_kernel(const at::Tensor& weight, bool onednn_transposed,
+                     const std::vector<int64_t>& onednn_input_size, Kernel alternative);
+  // The time a call took by `kernel` (ignored outside a trial).
+  void record_kernel_time(const at::Tensor& weight, bool onednn_transposed,
+                          const std::vector<int64_t>& onednn_input_size, Kernel kernel,
+                          double seconds);
 
   // How many prepared copies exist, oneDNN's, MKL's and Winograd's (tests and the report
   // read it).
@@ -95,9 +105,16 @@ class PreparedWeights {
   void count(const at::Tensor& copy);
   // Takes a freed copy off them (mutex_ held).
   void uncount(const at::Tensor& copy);
-  // Frees the copy the losing algorithm of a decided trial prepared (mutex_ held).
-  void release_loser(const void* data, const std::vector<int64_t>& input_size,
-                     ConvAlgorithm winner);
+  struct KernelTrial {
+    Kernel alternative = Kernel::kWinograd;
+    int runs[2] = {0, 0};  // oneDNN's, the alternative's; the untimed first included
+    double best[2] = {0.0, 0.0};
+    std::optional<Kernel> choice;
+  };
+  // (weight data, transposed, input size): the key of oneDNN's copy (onednn_)
+  using TrialKey = std::tuple<const void*, bool, std::vector<int64_t>>;
+  // Frees the copy the losing kernel of a decided trial prepared (mutex_ held).
+  void release_loser(const TrialKey& key, const KernelTrial& trial);
   // How many prepared copies of the weight at `data` exist (mutex_ held).
   size_t copies_of(const void* data) const;
   // rhs packed for m rows of op(rhs) [k, n]; null when rhs is not a param or has its packs.
@@ -110,13 +127,8 @@ class PreparedWeights {
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
   std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
-  struct ConvTrial {
-    int runs[2] = {0, 0};  // per ConvAlgorithm, the untimed first included
-    double best[2] = {0.0, 0.0};
-    std::optional<ConvAlgorithm> choice;
-  };
-  // (weight data, input size) -> the trial of the two 3x3 algorithms
-  std::map<std::tuple<const void*, std::vector<int64_t>>, ConvTrial> conv_trials_;
+  // oneDNN's copy's key -> the trial of its two kernels
+  std::map<TrialKey, KernelTrial> trials_;
   // (weight data, transposed, input size) -> oneDNN's copy
   std::map<std::tuple<const void*, bool, std::vector<int64_t>>, at::Tensor> onednn_;
 };

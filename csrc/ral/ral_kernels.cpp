@@ -1,6 +1,7 @@
 #include "ral/ral_kernels.h"
 
 #include "ral/fused_attention.h"
+#include "ral/mkl_functions.h"
 #include "ral/prepared_weights.h"
 #include "ral/winograd.h"
 
@@ -45,6 +46,17 @@ void guarded(const char* what, Fn&& fn) noexcept {
     blade::ral::record_kernel_error(std::string(what) + ": unknown error");
   }
 }
+
+// Seconds since construction (the kernel trials of PreparedWeights::next_kernel).
+class Stopwatch {
+ public:
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
 
 // Copies `rank`-dimensional strided data (sizes/strides in elements) whose innermost
 // elements form contiguous runs of `run_bytes` on both sides: one memcpy per run.
@@ -220,6 +232,25 @@ bool onednn_matmul(blade::ral::PreparedWeights* prepared, const at::Tensor& lhs,
   return convolve_into(target, x, w, std::nullopt, false, {0, 0}, {1, 1}, {1, 1}, 1);
 }
 
+// out[m, n] = lhs[m, k] @ op(weight) + beta * out by MKL's sgemm, reading the 2-d weight as
+// it is ([n, k] when `transposed`, else [k, n]; unit stride along its rows). False without
+// MKL or when a size does not fit its int arguments.
+bool gemm_by_weight(const float* lhs, int64_t lda, const at::Tensor& weight, bool transposed,
+                    float* out, int64_t ldc, int64_t m, float beta) {
+  const auto fits = [](int64_t v) { return v > 0 && v <= std::numeric_limits<int>::max(); };
+  if (blade::ral::mkl_functions().sgemm == nullptr || weight.dim() != 2 ||
+      weight.scalar_type() != at::kFloat || weight.stride(1) != 1 || !fits(m) ||
+      !fits(weight.size(0)) || !fits(weight.size(1)) || !fits(weight.stride(0)) ||
+      !fits(lda) || !fits(ldc)) {
+    return false;
+  }
+  const int64_t n = transposed ? weight.size(0) : weight.size(1);
+  const int64_t k = transposed ? weight.size(1) : weight.size(0);
+  blade::ral::sgemm_row_major(false, transposed, m, n, k, 1.0F, lhs, lda,
+                              weight.data_ptr<float>(), weight.stride(0), beta, out, ldc);
+  return true;
+}
+
 // lhs @ weight through the engine's packed copy of the weight, when `weight` is a param of
 // the running engine and both row operands fold to 2-d (see prepared_weights.h).
 bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transposed,
@@ -233,9 +264,58 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
       !as_rows(lhs, &rows, &lda) || !as_rows(result, &out_rows, &ldc) || rows != out_rows) {
     return false;
   }
-  return onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc) ||
-         prepared->matmul_f32(lhs.data_ptr<float>(), lda, weight, transposed,
+  // oneDNN's 1x1 convolution or MKL's sgemm on the weight as it is, whichever the
+  // engine's first calls find faster (PreparedWeights::next_kernel); MKL's packed GEMM
+  // where oneDNN's does not apply.
+  using Kernel = blade::ral::PreparedWeights::Kernel;
+  const std::vector<int64_t> input_size{1, lhs.size(-1), 1, rows};
+  const Kernel kernel = prepared->next_kernel(weight, transposed, input_size, Kernel::kGemm);
+  const Stopwatch stopwatch;
+  if ((kernel == Kernel::kOneDnn &&
+       onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) ||
+      (kernel == Kernel::kGemm &&
+       gemm_by_weight(lhs.data_ptr<float>(), lda, weight, transposed,
+                      result.data_ptr<float>(), ldc, rows, 0.0F))) {
+    prepared->record_kernel_time(weight, transposed, input_size, kernel, stopwatch.seconds());
+    return true;
+  }
+  return prepared->matmul_f32(lhs.data_ptr<float>(), lda, weight, transposed,
                               result.data_ptr<float>(), ldc, rows);
+}
+
+// A 1x1 convolution (stride 1, no padding, one group) of dense NHWC float32 data by a
+// param, as MKL's sgemm of its [N*H*W, C] rows by the weight [O, C] transposed, written
+// straight into the rows of `target` (after the bias, with beta 1), then the ReLU keeping
+// NaN. False when MKL cannot take it.
+bool convolve_1x1_by_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                          const std::optional<at::Tensor>& bias, bool relu) {
+  const int64_t rows = x.size(0) * x.size(2) * x.size(3);
+  const int64_t channels = x.size(1);
+  const int64_t outputs = w.size(0);
+  if (bias.has_value()) {
+    at::from_blob(target.data_ptr(), {rows, outputs}, target.options())
+        .copy_(bias->view({1, outputs}).expand({rows, outputs}));
+  }
+  if (!gemm_by_weight(x.data_ptr<float>(), channels, w.view({outputs, channels}), true,
+                      target.data_ptr<float>(), outputs, rows,
+                      bias.has_value() ? 1.0F : 0.0F)) {
+    return false;
+  }
+  if (relu) {
+    target.relu_();  // max(x, 0) keeping NaN, as eager
+  }
+  return true;
+}
+
+bool is_1x1_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                 const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                 const std::vector<int64_t>& dilation, int64_t groups) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  return x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && groups == 1 &&
+         w.size(1) == x.size(1) && w.size(2) == 1 && w.size(3) == 1 && w.is_contiguous() &&
+         padding == std::vector<int64_t>{0, 0} && stride == std::vector<int64_t>{1, 1} &&
+         x.is_contiguous(cl) && target.is_contiguous(cl) && x.numel() > 0 &&
+         target.numel() > 0;
 }
 
 void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* b,
@@ -274,7 +354,7 @@ std::vector<int64_t> conv_output_sizes(const at::Tensor& x, const at::Tensor& w,
 }
 
 // Winograd's F(2x2, 3x3) (winograd.h) where it can beat oneDNN's direct convolution (the
-// engine's first calls then time both: PreparedWeights::next_conv_algorithm): float32
+// engine's first calls then time both: PreparedWeights::next_kernel): float32
 // NHWC data convolved by a 3x3 param with stride 1, no dilation, one group, padding 1 on
 // every side, both buffers dense, and enough channels for the GEMMs to outweigh the
 // transforms. Measured at 2 threads (Winograd / oneDNN, ms): C=K=64 on [4, 64, 56, 56]
@@ -343,23 +423,28 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
                   " values for ", w.size(0), " output channels");
     }
     blade::ral::PreparedWeights* prepared = blade::ral::active_prepared_weights();
-    using Algorithm = blade::ral::PreparedWeights::ConvAlgorithm;
-    // Whether this call is one of the direct samples while the engine's first calls time
-    // Winograd's algorithm against the direct one (PreparedWeights::next_conv_algorithm).
-    bool timing_direct = false;
-    const auto started = std::chrono::steady_clock::now();
-    const auto seconds = [&] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    };
-    if (channels_last && prepared != nullptr &&
-        winograd_applies(x, w, target, padding, stride, dilation, groups)) {
-      if (prepared->next_conv_algorithm(w, x.sizes().vec()) == Algorithm::kDirect) {
-        timing_direct = true;
-      } else if (convolve_winograd(prepared, x, w, target, bias, relu)) {
-        prepared->record_conv_time(w, x.sizes().vec(), Algorithm::kWinograd, seconds());
-        return;
-      }  // else declined (inf or NaN in the input): direct, and not a sample
+    // A second kernel where one applies (Winograd's algorithm, MKL's packed GEMM), timed
+    // against oneDNN's on the engine's first calls (PreparedWeights::next_kernel).
+    using Kernel = blade::ral::PreparedWeights::Kernel;
+    Kernel alternative = Kernel::kOneDnn;
+    if (channels_last && prepared != nullptr) {
+      if (winograd_applies(x, w, target, padding, stride, dilation, groups)) {
+        alternative = Kernel::kWinograd;
+      } else if (is_1x1_gemm(x, w, target, padding, stride, dilation, groups)) {
+        alternative = Kernel::kGemm;
+      }
     }
+    const std::vector<int64_t> input_size = x.sizes().vec();
+    const Kernel kernel =
+        alternative == Kernel::kOneDnn
+            ? Kernel::kOneDnn
+            : prepared->next_kernel(w, false, input_size, alternative);
+    const Stopwatch stopwatch;
+    if ((kernel == Kernel::kWinograd && convolve_winograd(prepared, x, w, target, bias, relu)) ||
+        (kernel == Kernel::kGemm && convolve_1x1_by_gemm(x, w, target, bias, relu))) {
+      prepared->record_kernel_time(w, false, input_size, kernel, stopwatch.seconds());
+      return;
+    }  // else declined (Winograd: inf or NaN in the input): oneDNN's, and not a sample
     at::Tensor reordered;  // oneDNN's copy, for convolve_into only
     if (channels_last && prepared != nullptr) {
       reordered = prepared->onednn_weight(w, false, x.sizes().vec(), padding, stride, dilation,
@@ -372,8 +457,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     }
     if (channels_last && convolve_into(target, x, reordered.defined() ? reordered : w, bias,
                                        relu, padding, stride, dilation, groups)) {
-      if (timing_direct) {
-        prepared->record_conv_time(w, x.sizes().vec(), Algorithm::kDirect, seconds());
+      if (kernel == Kernel::kOneDnn && alternative != Kernel::kOneDnn) {
+        prepared->record_kernel_time(w, false, input_size, kernel, stopwatch.seconds());
       }
       return;
     }

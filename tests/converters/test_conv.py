@@ -453,6 +453,45 @@ def test_3x3_convolutions_time_winograd_against_onednn_and_keep_the_faster(capfd
             torch.testing.assert_close(optimized(y), model(y), rtol=1e-4, atol=1e-5)
 
 
+class Pointwise(torch.nn.Module):
+    """Two 1x1 convolutions, one with a bias and a ReLU: oneDNN's or MKL's sgemm each."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(32, 48, 1)
+        self.project = torch.nn.Conv2d(48, 16, 1, bias=False)
+
+    def forward(self, x):
+        return self.project(torch.relu(self.expand(x)))
+
+
+def test_1x1_convolutions_time_mkl_against_onednn_and_match_eager_every_call(capfd):
+    """A 1x1 convolution runs MKL's sgemm on its weight as it is on the first call (no
+    oneDNN convolution in the verbose log) and oneDNN's on the next, alternating until each
+    has been timed, then keeps one; every call matches eager, NaN kept by the ReLU."""
+    torch.manual_seed(0)
+    model = Pointwise().eval()
+    x = torch.randn(2, 32, 9, 7)
+    optimized = blade.optimize(model, (x,))
+    x[1, 5, 4, 3] = float("nan")
+    onednn, copies = [], []
+    for _ in range(10):
+        capfd.readouterr()
+        with torch.no_grad(), torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+            y = optimized(x)
+        log = capfd.readouterr().out
+        executed = [line for line in log.splitlines()
+                    if ",exec," in line and "convolution" in line]
+        onednn.append(len(executed))
+        with torch.no_grad():
+            assert_same_values(y, model(x), rtol=1e-4, atol=1e-5)
+        copies.append(blade.report(optimized).clusters[0].packed_weights)
+    assert 0 in onednn[:4] and 2 in onednn[:4], onednn  # both kernels tried
+    assert len(set(onednn[-4:])) == 1, onednn  # decided
+    assert max(copies) == 2 and copies[-1] == onednn[-1], copies  # MKL's winners: no copy
+    assert_ran_compiled(optimized)
+
+
 class ConvBiasRelu(torch.nn.Module):
     def __init__(self, channels, outputs):
         super().__init__()
