@@ -416,6 +416,15 @@ class WinogradAndDirect(torch.nn.Module):
         return self.narrow(self.down(torch.relu(self.same(x))))
 
 
+def run_logging_onednn(capfd, optimized, x):
+    """optimized(x), and the convolutions oneDNN ran for it (its verbose log's lines)."""
+    capfd.readouterr()
+    with torch.no_grad(), torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        y = optimized(x)
+    log = capfd.readouterr().out
+    return y, [line for line in log.splitlines() if ",exec," in line and "convolution" in line]
+
+
 def test_3x3_convolutions_time_winograd_against_onednn_and_keep_the_faster(capfd):
     """The stride-1 3x3 convolution that both algorithms take runs Winograd's on its first
     call (it never reaches oneDNN: the verbose log shows only the other two) and oneDNN's
@@ -430,16 +439,11 @@ def test_3x3_convolutions_time_winograd_against_onednn_and_keep_the_faster(capfd
         optimized = blade.optimize(model, (x,), config)
         direct, copies = [], []
         for _ in range(10):
-            capfd.readouterr()
-            with torch.no_grad(), torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
-                y = optimized(x)
-            log = capfd.readouterr().out
-            executed = [line for line in log.splitlines()
-                        if ",exec," in line and "convolution" in line]
+            y, executed = run_logging_onednn(capfd, optimized, x)
             direct.append(any("ic48" in line for line in executed))
-            assert len(executed) == 2 + direct[-1], log
-            assert any("sh2" in line for line in executed), log
-            assert any("oc16" in line for line in executed), log
+            assert len(executed) == 2 + direct[-1], executed
+            assert any("sh2" in line for line in executed), executed
+            assert any("oc16" in line for line in executed), executed
             with torch.no_grad():
                 torch.testing.assert_close(y, model(x), rtol=1e-4, atol=1e-5)
             copies.append(blade.report(optimized).clusters[0].packed_weights)
@@ -476,12 +480,7 @@ def test_1x1_convolutions_time_mkl_against_onednn_and_match_eager_every_call(cap
     x[1, 5, 4, 3] = float("nan")
     onednn, copies = [], []
     for _ in range(10):
-        capfd.readouterr()
-        with torch.no_grad(), torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
-            y = optimized(x)
-        log = capfd.readouterr().out
-        executed = [line for line in log.splitlines()
-                    if ",exec," in line and "convolution" in line]
+        y, executed = run_logging_onednn(capfd, optimized, x)
         onednn.append(len(executed))
         with torch.no_grad():
             assert_same_values(y, model(x), rtol=1e-4, atol=1e-5)
