@@ -402,6 +402,7 @@ std::vector<at::Tensor> Engine::call_code(const std::vector<at::Tensor>& inputs,
     ActivePreparedWeights weights(prepared_weights_.get());
     code_->entry()(pointers.data());
   }
+  prepared_weights_->return_freed_memory();
   if (returns_outputs_) {
     outputs = adopt_results(results);
   }

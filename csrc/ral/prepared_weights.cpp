@@ -7,6 +7,9 @@
 #include <ATen/core/stack.h>
 
 #include <algorithm>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <atomic>
 #include <exception>
 #include <limits>
@@ -112,6 +115,7 @@ void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_t
 }
 
 void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& trial) {
+  freed_.store(true, std::memory_order_relaxed);
   const void* data = std::get<0>(key);
   if (trial.choice != Kernel::kOneDnn) {
     auto copy = onednn_.find(key);
@@ -135,6 +139,14 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
   if (form != winograd_.end()) {
     uncount(form->second);
     winograd_.erase(form);
+  }
+}
+
+void PreparedWeights::return_freed_memory() {
+  if (freed_.exchange(false, std::memory_order_relaxed)) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
   }
 }
 

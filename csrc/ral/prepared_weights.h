@@ -23,6 +23,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -93,6 +94,12 @@ class PreparedWeights {
                           const std::vector<int64_t>& onednn_input_size, Kernel kernel,
                           double seconds);
 
+  // Gives the memory of copies freed since the last call back to the system (glibc keeps
+  // freed heap blocks otherwise, and a trial's losers would stay in the process's
+  // resident memory); the engine calls it after each call, and it costs nothing when no
+  // trial has ended since.
+  void return_freed_memory();
+
   // How many prepared copies exist, oneDNN's, MKL's and Winograd's (tests and the report
   // read it).
   int64_t packed_count() const;
@@ -127,6 +134,7 @@ class PreparedWeights {
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
   std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
+  std::atomic<bool> freed_{false};  // set by release_loser, taken by return_freed_memory
   // oneDNN's copy's key -> the trial of its two kernels
   std::map<TrialKey, KernelTrial> trials_;
   // (weight data, transposed, input size) -> oneDNN's copy
