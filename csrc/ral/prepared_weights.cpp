@@ -115,13 +115,13 @@ void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_t
 }
 
 void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& trial) {
-  freed_.store(true, std::memory_order_relaxed);
   const void* data = std::get<0>(key);
   if (trial.choice != Kernel::kOneDnn) {
     auto copy = onednn_.find(key);
     if (copy != onednn_.end()) {
       uncount(copy->second);
       onednn_.erase(copy);
+      freed_.store(true, std::memory_order_relaxed);
     }
     return;
   }
@@ -139,6 +139,7 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
   if (form != winograd_.end()) {
     uncount(form->second);
     winograd_.erase(form);
+    freed_.store(true, std::memory_order_relaxed);
   }
 }
 

@@ -423,7 +423,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
                   " values for ", w.size(0), " output channels");
     }
     blade::ral::PreparedWeights* prepared = blade::ral::active_prepared_weights();
-    // A second kernel where one applies (Winograd's algorithm, MKL's packed GEMM), timed
+    // A second kernel where one applies (Winograd's algorithm, MKL's sgemm), timed
     // against oneDNN's on the engine's first calls (PreparedWeights::next_kernel).
     using Kernel = blade::ral::PreparedWeights::Kernel;
     Kernel alternative = Kernel::kOneDnn;
