@@ -447,7 +447,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     }  // else declined (Winograd: inf or NaN in the input): oneDNN's, and not a sample
     at::Tensor reordered;  // oneDNN's copy, for convolve_into only
     if (channels_last && prepared != nullptr) {
-      reordered = prepared->onednn_weight(w, false, x.sizes().vec(), padding, stride, dilation,
+      reordered = prepared->onednn_weight(w, false, input_size, padding, stride, dilation,
                                           groups);
       // Without oneDNN's copy, a channels_last one (with it, no second copy is kept; the
       // plain weight serves the rare call convolve_into declines).

@@ -169,7 +169,8 @@ class Report:
         if copies:
             lines.append(f"  prepared weight copies: {copies}, "
                          f"{sum(c.prepared_bytes for c in self.clusters) / 1e6:.1f} MB "
-                         "beside the weights (made on first calls; freed where another kernel proved faster)")
+                         "beside the weights (made on first calls; freed where another "
+                         "kernel proved faster)")
         if self.clusters:
             lines.append(f"  {'cluster':<28} {'ops':>4} {'calls':>7} {'fallbk':>7}  inputs -> outputs")
             for c in self.clusters:
