@@ -61,7 +61,8 @@ def main():
                 meta = dict(line.split("=", 1) for line in state[7].splitlines())
                 torch.classes.blade.Engine(state[1], state[8], state[5], state[6], state[3],
                                            state[4], state[2], meta["cpu_features"],
-                                           meta["signature"])
+                                           meta["signature"],
+                                           meta.get("precision", "float32"))
 
         for _ in range(2):  # page cache, lazy initialization
             torch.jit.load(str(plain_path))

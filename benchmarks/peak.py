@@ -1,7 +1,9 @@
 """The machine's float32 FMA peak, measured, not assumed: a micro-kernel of independent
 fused multiply-adds on the widest vectors this CPU has (AVX-512, else AVX2+FMA), compiled
 here with `cc`, run on every benchmark thread at once. What GEMMs and convolutions reach is
-quoted as a share of it.
+quoted as a share of it. On CPUs with avx512_bf16, the bfloat16 dot-product peak too
+(`vdpbf16ps`: 16 lanes of two multiply-adds each, into float32), the limit of GEMMs run in
+bfloat16 (Blade's Config(precision="bf16"), OpenVINO's default there).
 
     python benchmarks/peak.py      # prints the peak in GFLOP/s and what it was built for
 """
@@ -60,6 +62,24 @@ float fma_loop(int64_t iterations) {
   STORE(out, sum);
   return out[0];
 }
+
+#if defined(__AVX512BF16__)
+/* 4 * 16 * CHAINS * iterations flops (each lane: two bfloat16 products added into float32). */
+float dpbf16_loop(int64_t iterations) {
+  __m512bh a = (__m512bh)_mm512_set1_epi16(0x3F80), b = (__m512bh)_mm512_set1_epi16(0x3F80);
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps((float)i);
+  for (int64_t n = 0; n < iterations; ++n) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int i = 1; i < 16; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  float out[16];
+  _mm512_storeu_ps(out, sum);
+  return out[0];
+}
+#endif
 """
 
 
@@ -73,7 +93,9 @@ def _cpu_flags():
 def build_kernel(directory: Path):
     """The kernel as a loaded library, and the instruction set it was compiled for."""
     flags = _cpu_flags()
-    if "avx512f" in flags:
+    if "avx512f" in flags and "avx512_bf16" in flags:
+        isa, cflags = "avx512f", ["-mavx512f", "-mfma", "-mavx512bf16"]
+    elif "avx512f" in flags:
         isa, cflags = "avx512f", ["-mavx512f", "-mfma"]
     elif "avx2" in flags and "fma" in flags:
         isa, cflags = "avx2+fma", ["-mavx2", "-mfma"]
@@ -86,36 +108,49 @@ def build_kernel(directory: Path):
     kernel = ctypes.CDLL(str(library))   # ctypes releases the GIL during each call
     kernel.fma_loop.argtypes = [ctypes.c_int64]
     kernel.fma_loop.restype = ctypes.c_float
+    if hasattr(kernel, "dpbf16_loop") and "avx512_bf16" in flags:
+        kernel.dpbf16_loop.argtypes = [ctypes.c_int64]
+        kernel.dpbf16_loop.restype = ctypes.c_float
     return kernel, isa
 
 
+def _rate(loop, flops_per_iteration: int, threads: int, seconds: float) -> float:
+    """Median over 5 rounds of `loop`'s GFLOP/s with `threads` threads running it at once."""
+    loop(1000)
+    # Size one call to about `seconds` on one core.
+    start = time.perf_counter()
+    loop(10_000_000)
+    iterations = max(1, int(10_000_000 * seconds / (time.perf_counter() - start)))
+    rates = []
+    for _ in range(5):
+        workers = [threading.Thread(target=loop, args=(iterations,)) for _ in range(threads)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        elapsed = time.perf_counter() - start
+        rates.append(threads * flops_per_iteration * iterations / elapsed / 1e9)
+    rates.sort()
+    return rates[len(rates) // 2]
+
+
 def measure_peak_gflops(threads: int = THREADS, seconds: float = 0.3) -> dict:
-    """Median over 5 rounds of the FMA rate of `threads` threads running at once."""
+    """The float32 FMA rate of `threads` threads running at once ("gflops"), and the
+    bfloat16 dot-product rate ("bf16_gflops", None without avx512_bf16)."""
     with tempfile.TemporaryDirectory() as tmp:
         kernel, isa = build_kernel(Path(tmp))
-        lanes, chains = kernel.lanes(), kernel.chains()
-        kernel.fma_loop(1000)
-        # Size one call to about `seconds` on one core.
-        start = time.perf_counter()
-        kernel.fma_loop(10_000_000)
-        iterations = max(1, int(10_000_000 * seconds / (time.perf_counter() - start)))
-        rates = []
-        for _ in range(5):
-            workers = [threading.Thread(target=kernel.fma_loop, args=(iterations,))
-                       for _ in range(threads)]
-            start = time.perf_counter()
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-            elapsed = time.perf_counter() - start
-            rates.append(threads * 2 * lanes * chains * iterations / elapsed / 1e9)
-        rates.sort()
-        return {"gflops": rates[len(rates) // 2], "isa": isa, "threads": threads}
+        gflops = _rate(kernel.fma_loop, 2 * kernel.lanes() * kernel.chains(), threads, seconds)
+        bf16 = None
+        if hasattr(kernel, "dpbf16_loop") and "avx512_bf16" in _cpu_flags():
+            bf16 = _rate(kernel.dpbf16_loop, 4 * 16 * 16, threads, seconds)
+        return {"gflops": gflops, "bf16_gflops": bf16, "isa": isa, "threads": threads}
 
 
 if __name__ == "__main__":
     peak = measure_peak_gflops()
     print(f"float32 FMA peak: {peak['gflops']:.1f} GFLOP/s on {peak['threads']} threads "
           f"({peak['isa']})")
+    if peak["bf16_gflops"]:
+        print(f"bfloat16 dot-product peak: {peak['bf16_gflops']:.1f} GFLOP/s (avx512_bf16)")
     sys.exit(0)

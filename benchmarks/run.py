@@ -4,7 +4,9 @@ round-robin so that machine drift cancels, 2 threads, medians and p10/p90.
     python benchmarks/run.py [--workloads ew_chain,mlp] [--backends blade,openvino] [--runs 30]
 
 Backends: eager, torchscript (traced, frozen, optimize_for_inference), inductor
-(torch.compile), blade, blade_dynamic (Config(dynamic=True)), and the peers of
+(torch.compile), blade, blade_dynamic (Config(dynamic=True)), blade_bf16
+(Config(precision="bf16"), on CPUs with avx512_bf16; its max diff column is its accuracy
+against float32 eager), and the peers of
 `peers.py`: onnxruntime, openvino (float32 hint) and openvino_bf16 (OpenVINO's default,
 bf16 on this CPU). The workloads are `workloads.WORKLOADS`: the six standard ones and the
 real-model sizes resnet50 ([1,3,224,224]; resnet50_b8 at batch 8), bert_base (12 encoder
@@ -16,7 +18,9 @@ convolutions, the rate it reaches (their FLOPs, counted by torch's FlopCounterMo
 eager model, per second of the whole call) as a share of the machine's float32 FMA peak,
 measured once by `peak.py`. The FLOPs are those of direct convolutions: a backend running
 3x3 convolutions by Winograd (Blade, OpenVINO) does fewer, so its share can pass 100%. The summary table ends with Blade's ratio to the faster
-float32 peer (ONNX Runtime or OpenVINO-f32).
+float32 peer (ONNX Runtime or OpenVINO-f32), and Blade's bf16 mode's ratio to OpenVINO's
+default (bf16) with its max abs difference from float32 eager, and the shares of the bfloat16
+dot-product peak both reach.
 
 Quote ratios from one run (backend / eager, lower is faster), never absolute times from
 different runs: these machines are noisy.
@@ -38,7 +42,7 @@ from peers import PEERS, make_peer  # noqa: E402
 from workloads import WORKLOADS, build  # noqa: E402
 
 DEFAULT_BACKENDS = ("torchscript", "inductor", "onnxruntime", "openvino", "openvino_bf16",
-                    "blade", "blade_dynamic")
+                    "blade", "blade_dynamic", "blade_bf16")
 F32_PEERS = ("onnxruntime", "openvino")
 
 warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
@@ -60,6 +64,8 @@ def make_backends(model, inputs, names):
                 fn = blade.optimize(model, inputs)
             elif name == "blade_dynamic":  # one engine for every batch/sequence size
                 fn = blade.optimize(model, inputs, blade.Config(dynamic=True))
+            elif name == "blade_bf16":  # GEMMs and convolutions in bfloat16
+                fn = blade.optimize(model, inputs, blade.Config(precision="bf16"))
             elif name in PEERS:
                 fn = make_peer(name, model, inputs)
             else:
@@ -118,7 +124,7 @@ def bench(workload, names, runs, warmup):
                       "ratio_to_eager": median / eager, "compile_s": compile_s[name],
                       "max_abs_diff": diffs[name], "samples_ms": samples,
                       "gflops": flops / median / 1e6 if flops else None}
-    for name in ("blade", "blade_dynamic"):
+    for name in ("blade", "blade_dynamic", "blade_bf16"):
         if name in backends:
             rows[name]["coverage"] = blade.report(backends[name]).coverage
     return rows
@@ -157,10 +163,12 @@ def call_overhead(samples=20000):
 def summary(results, peak):
     """One line per workload: each backend's ratio to eager, Blade's to the faster float32
     peer, and the share of the FMA peak Blade reaches."""
-    names = [n for n in ("inductor", "onnxruntime", "openvino", "openvino_bf16", "blade")
+    names = [n for n in ("inductor", "onnxruntime", "openvino", "openvino_bf16", "blade",
+                         "blade_bf16")
              if any(n in rows for rows in results.values())]
     lines = ["| workload | " + " | ".join(names) + " | blade / best f32 peer | blade GFLOP/s "
-             "(% of peak) |", "|---" * (len(names) + 3) + "|"]
+             "(% of peak) | blade_bf16 / openvino_bf16 (max diff) |",
+             "|---" * (len(names) + 4) + "|"]
     for workload, rows in results.items():
         cells = [f"{rows[n]['ratio_to_eager']:.2f}" if n in rows else "-" for n in names]
         peers = [rows[n]["median_ms"] for n in F32_PEERS if n in rows]
@@ -168,7 +176,16 @@ def summary(results, peak):
             else "-"
         rate = rows.get("blade", {}).get("gflops")
         rate_text = f"{rate:.0f} ({100 * rate / peak['gflops']:.0f}%)" if rate and peak else "-"
-        lines.append(f"| {workload} | " + " | ".join(cells) + f" | {versus} | {rate_text} |")
+        bf16 = "-"
+        if "blade_bf16" in rows and "openvino_bf16" in rows:
+            bf16 = f"{rows['blade_bf16']['median_ms'] / rows['openvino_bf16']['median_ms']:.2f}" \
+                   f" ({rows['blade_bf16']['max_abs_diff']:.1e})"
+            shares = [rows[n]["gflops"] / peak["bf16_gflops"] for n in ("blade_bf16",
+                      "openvino_bf16") if rows[n].get("gflops") and peak.get("bf16_gflops")]
+            if len(shares) == 2:
+                bf16 += f", {100 * shares[0]:.0f}% / {100 * shares[1]:.0f}% of bf16 peak"
+        lines.append(f"| {workload} | " + " | ".join(cells) +
+                     f" | {versus} | {rate_text} | {bf16} |")
     return "\n".join(lines)
 
 
@@ -185,7 +202,11 @@ def main():
     torch.set_num_threads(2)
     peak = measure_peak_gflops()
     print(f"float32 FMA peak: {peak['gflops']:.0f} GFLOP/s on {peak['threads']} threads "
-          f"({peak['isa']}, measured by benchmarks/peak.py)\n")
+          f"({peak['isa']}, measured by benchmarks/peak.py)")
+    if peak.get("bf16_gflops"):
+        print(f"bfloat16 dot-product peak: {peak['bf16_gflops']:.0f} GFLOP/s (avx512_bf16; "
+              "the %peak of blade_bf16 and openvino_bf16 rows is of this one)")
+    print()
     results = {"fma_peak": peak}
     header = f"{'workload':<14}{'backend':<15}{'median ms':>10}{'p10':>9}{'p90':>9}" \
              f"{'/eager':>8}{'compile s':>10}{'max diff':>10}{'GFLOP/s':>9}{'%peak':>7}"
@@ -195,7 +216,9 @@ def main():
         rows = bench(workload, args.backends.split(","), args.runs, args.warmup)
         workloads[workload] = rows
         for name, r in rows.items():
-            rate = f"{r['gflops']:>9.1f}{100 * r['gflops'] / peak['gflops']:>6.0f}%" \
+            limit = peak["bf16_gflops"] if name.endswith("bf16") and peak.get("bf16_gflops") \
+                else peak["gflops"]
+            rate = f"{r['gflops']:>9.1f}{100 * r['gflops'] / limit:>6.0f}%" \
                 if r["gflops"] else ""
             note = ""
             if "coverage" in r:  # a Blade number means little if little of it compiled

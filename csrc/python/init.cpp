@@ -149,7 +149,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("sign_engine", &ral::sign_engine, py::arg("name"), py::arg("code"),
         py::arg("input_specs"), py::arg("output_specs"), py::arg("fallback_ir"),
         py::arg("params"), py::arg("fallback_mode"), py::arg("cpu_features"),
-        py::arg("key_path"), py::call_guard<py::gil_scoped_release>(),
+        py::arg("key_path"), py::arg("precision") = "float32",
+        py::call_guard<py::gil_scoped_release>(),
         "The signature an Engine with these fields verifies, made with the key at "
         "`key_path` (this machine's key when empty).");
   m.def("signing_public_key", &ral::signing_public_key, py::arg("key_path"),

@@ -130,13 +130,15 @@ std::string missing_cpu_features(const std::string& required) {
 
 Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
                std::string output_specs, std::string fallback_ir, std::vector<at::Tensor> params,
-               std::string fallback_mode, std::string cpu_features, std::string signature)
+               std::string fallback_mode, std::string cpu_features, std::string signature,
+               std::string precision)
     : name_(std::move(name)),
       code_bytes_(code.defined() ? code.contiguous() : at::empty({0}, at::kByte)),
       fallback_ir_(std::move(fallback_ir)),
       fallback_mode_(parse_fallback_mode(fallback_mode)),
       cpu_features_(std::move(cpu_features)),
-      signature_(std::move(signature)) {
+      signature_(std::move(signature)),
+      precision_(std::move(precision)) {
   // Malformed specs make the code unusable, not the engine: its subgraph still runs.
   try {
     input_specs_ = parse_specs(input_specs);
@@ -158,7 +160,7 @@ Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
                 ", expected a dense CPU tensor (the saved file is corrupted)");
     params_.push_back(params[i].contiguous());
   }
-  prepared_weights_ = std::make_unique<PreparedWeights>(params_);
+  prepared_weights_ = std::make_unique<PreparedWeights>(params_, precision_ == "bf16");
   try {
     // A name that is no identifier is refused by validation_error; the subgraph still runs.
     fallback_fn_ = make_fallback_function(is_identifier(name_) ? name_ : "blade_engine",
@@ -188,6 +190,10 @@ std::string Engine::validation_error() const {
       std::string::npos) {
     return "the engine's CPU features are not a list of feature names";
   }
+  if (precision_ != "float32" && precision_ != "bf16") {
+    return "the engine's precision '" + precision_.substr(0, 40) +
+           "' is neither 'float32' nor 'bf16'";
+  }
   if (input_specs_.empty() || output_specs_.empty()) {
     return "the engine's signature has no inputs or no outputs";
   }
@@ -212,8 +218,8 @@ namespace {
 Digest engine_digest(const std::string& name, FallbackMode mode, const std::string& fallback_ir,
                      const std::vector<TensorSpec>& input_specs,
                      const std::vector<TensorSpec>& output_specs,
-                     const std::string& cpu_features, const std::vector<at::Tensor>& params,
-                     const Digest& code) {
+                     const std::string& cpu_features, const std::string& precision,
+                     const std::vector<at::Tensor>& params, const Digest& code) {
   FieldHasher hasher;
   hasher.add(std::string("blade engine"));
   hasher.add(kEngineFormatVersion);
@@ -223,6 +229,9 @@ Digest engine_digest(const std::string& name, FallbackMode mode, const std::stri
   hasher.add(format_specs(input_specs));
   hasher.add(format_specs(output_specs));
   hasher.add(cpu_features);
+  if (precision != "float32") {  // engines from before the field keep their digest
+    hasher.add(std::string("precision=") + precision);
+  }
   hasher.add(static_cast<int64_t>(params.size()));
   for (const auto& param : params) {
     at::Tensor p = param.contiguous();
@@ -247,19 +256,19 @@ Digest code_digest(const at::Tensor& code) {
 
 Digest Engine::signed_digest(const Digest& code) const {
   return engine_digest(name_, fallback_mode_, fallback_ir_, input_specs_, output_specs_,
-                       cpu_features_, params_, code);
+                       cpu_features_, precision_, params_, code);
 }
 
 std::string sign_engine(const std::string& name, const at::Tensor& code,
                         const std::string& input_specs, const std::string& output_specs,
                         const std::string& fallback_ir, const std::vector<at::Tensor>& params,
                         const std::string& fallback_mode, const std::string& cpu_features,
-                        const std::string& key_path) {
+                        const std::string& key_path, const std::string& precision) {
   TORCH_CHECK(code.scalar_type() == at::kByte && code.dim() == 1,
               "blade: engine code to sign must be a 1-D uint8 tensor");
   return sign_digest(engine_digest(name, parse_fallback_mode(fallback_mode), fallback_ir,
                                    parse_specs(input_specs), parse_specs(output_specs),
-                                   cpu_features, params, code_digest(code)),
+                                   cpu_features, precision, params, code_digest(code)),
                      key_path);
 }
 
@@ -277,6 +286,10 @@ void Engine::load_code() {
     if (auto missing = missing_cpu_features(cpu_features_); !missing.empty()) {
       load_error_ = "the compiled code needs CPU features this machine lacks: " + missing;
     }
+  }
+  if (load_error_.empty() && precision_ == "bf16" && !missing_cpu_features("avx512_bf16").empty()) {
+    load_error_ = "the engine runs its GEMMs and convolutions in bfloat16 (precision='bf16'), "
+                  "which needs a CPU with avx512_bf16; this one lacks it";
   }
   if (load_error_.empty()) {
     try {
@@ -502,6 +515,9 @@ Engine::State Engine::serialize() const {
   meta << "blade_version=" << BLADE_VERSION << "\n"
        << "cpu_features=" << cpu_features_ << "\n"
        << "signature=" << signature_ << "\n";
+  if (precision_ != "float32") {
+    meta << "precision=" << precision_ << "\n";
+  }
   return State(kEngineFormatVersion, name_,
                fallback_mode_ == FallbackMode::kError ? "error" : "fallback", fallback_ir_, params_,
                format_specs(input_specs_), format_specs(output_specs_), meta.str(), code_bytes_);
@@ -537,7 +553,7 @@ c10::intrusive_ptr<Engine> Engine::deserialize(State state) {
     // The code and its ABI are unknown: keep only what every format has. Built in fallback
     // mode, which does not raise on the missing code; the saved mode applies from here.
     auto engine = c10::make_intrusive<Engine>(name, at::Tensor(), "", "", fallback_ir, params,
-                                              "fallback", "", "");
+                                              "fallback", "", "", "float32");
     engine->load_error_ = problem;
     engine->fallback_mode_ = known_mode ? parse_fallback_mode(mode) : FallbackMode::kFallback;
     TORCH_CHECK(engine->fallback_mode_ != FallbackMode::kError, "blade: engine '", name,
@@ -545,8 +561,10 @@ c10::intrusive_ptr<Engine> Engine::deserialize(State state) {
                 ". Rebuild the model with this version of Blade.");
     return engine;
   }
+  const auto precision = fields.find("precision");
   return c10::make_intrusive<Engine>(name, code, input_specs, output_specs, fallback_ir,
-                                     params, mode, fields["cpu_features"], fields["signature"]);
+                                     params, mode, fields["cpu_features"], fields["signature"],
+                                     precision == fields.end() ? "float32" : precision->second);
 }
 
 }  // namespace blade::ral

@@ -47,7 +47,7 @@ class Engine : public torch::CustomClassHolder {
  public:
   Engine(std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
          std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
-         std::string cpu_features, std::string signature);
+         std::string cpu_features, std::string signature, std::string precision);
   ~Engine() override;
 
   std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs);
@@ -64,6 +64,9 @@ class Engine : public torch::CustomClassHolder {
   std::string output_specs() const { return format_specs(output_specs_); }
   const std::string& fallback_ir() const { return fallback_ir_; }
   const std::string& cpu_features() const { return cpu_features_; }
+  // "float32", or "bf16": GEMMs and convolutions by the engine's weights run in bfloat16
+  // with float32 accumulation (prepared_weights.h); needs avx512_bf16.
+  const std::string& precision() const { return precision_; }
   // "ed25519:<public key>:<signature>", as saved (empty when unsigned).
   const std::string& signature() const { return signature_; }
   bool is_compiled() const { return code_ != nullptr; }
@@ -83,8 +86,8 @@ class Engine : public torch::CustomClassHolder {
   // The pickled form. Its shape never changes between format versions, so that a model saved
   // by a newer Blade still loads here and can fall back to its subgraph: (format version,
   // name, fallback mode, fallback IR, params, input specs, output specs, meta, code), where
-  // meta is "key=value" lines (blade_version, cpu_features, signature) that versions may
-  // extend.
+  // meta is "key=value" lines (blade_version, cpu_features, signature, and precision when
+  // not float32) that versions may extend.
   using State = std::tuple<int64_t, std::string, std::string, std::string, std::vector<at::Tensor>,
                            std::string, std::string, std::string, at::Tensor>;
   State serialize() const;
@@ -92,8 +95,8 @@ class Engine : public torch::CustomClassHolder {
 
  private:
   // What the signature covers: a SHA-256 over the format version, name, fallback mode,
-  // fallback IR, specs (as formatted), CPU features, each param's dtype, sizes and bytes,
-  // and `code`, the code's own digest (see sign_engine).
+  // fallback IR, specs (as formatted), CPU features, the precision when not float32, each
+  // param's dtype, sizes and bytes, and `code`, the code's own digest (see sign_engine).
   Digest signed_digest(const Digest& code) const;
   // Validates everything the code will rely on, verifies the signature, checks the CPU,
   // and only then maps the code; records why not in load_error_.
@@ -123,6 +126,7 @@ class Engine : public torch::CustomClassHolder {
   FallbackMode fallback_mode_;
   std::string cpu_features_;
   std::string signature_;
+  std::string precision_;
 
   // Shared by the engines whose code is byte-identical (see CompiledCode::load_shared).
   std::shared_ptr<CompiledCode> code_;
@@ -142,7 +146,7 @@ std::string sign_engine(const std::string& name, const at::Tensor& code,
                         const std::string& input_specs, const std::string& output_specs,
                         const std::string& fallback_ir, const std::vector<at::Tensor>& params,
                         const std::string& fallback_mode, const std::string& cpu_features,
-                        const std::string& key_path);
+                        const std::string& key_path, const std::string& precision);
 
 // CPU features (as /proc/cpuinfo names them) that `required` lists and this host lacks.
 std::string missing_cpu_features(const std::string& required);

@@ -54,7 +54,8 @@ void set_prepared_weights_limit(int64_t bytes) {
 
 int64_t prepared_weights_bytes() { return total_bytes.load(std::memory_order_relaxed); }
 
-PreparedWeights::PreparedWeights(const std::vector<at::Tensor>& params) : params_(params) {}
+PreparedWeights::PreparedWeights(const std::vector<at::Tensor>& params, bool bf16)
+    : params_(params), bf16_(bf16) {}
 
 PreparedWeights::~PreparedWeights() { total_bytes.fetch_sub(bytes_, std::memory_order_relaxed); }
 
@@ -194,6 +195,24 @@ at::Tensor PreparedWeights::winograd(const at::Tensor& weight) {
   return it->second;
 }
 
+at::Tensor PreparedWeights::bf16_matrix(const at::Tensor& weight, bool transposed) {
+  if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
+    return at::Tensor();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto key = std::make_pair(weight.data_ptr(), transposed);
+  auto it = bf16_matrices_.find(key);
+  if (it == bf16_matrices_.end()) {
+    if (!fits_limit(static_cast<int64_t>(weight.nbytes()) / 2)) {
+      return at::Tensor();
+    }
+    const at::Tensor rows = transposed ? weight : weight.t();  // [N, K]
+    it = bf16_matrices_.emplace(key, rows.to(at::kBFloat16).contiguous()).first;
+    count(it->second);
+  }
+  return it->second;
+}
+
 size_t PreparedWeights::copies_of(const void* data) const {
   size_t copies = 0;
   for (const auto& entry : packs_) {
@@ -210,7 +229,7 @@ at::Tensor PreparedWeights::onednn_weight(const at::Tensor& weight, bool transpo
                                           const std::vector<int64_t>& padding,
                                           const std::vector<int64_t>& stride,
                                           const std::vector<int64_t>& dilation,
-                                          int64_t groups) {
+                                          int64_t groups, bool bf16) {
   if ((weight.dim() != 2 && weight.dim() != 4) || weight.scalar_type() != at::kFloat ||
       !is_param(weight)) {
     return at::Tensor();
@@ -229,6 +248,9 @@ at::Tensor PreparedWeights::onednn_weight(const at::Tensor& weight, bool transpo
   if (weight.dim() == 2) {
     const at::Tensor rows = transposed ? weight : weight.t();  // [N, K]
     plain = rows.contiguous().view({rows.size(0), rows.size(1), 1, 1});
+  }
+  if (bf16) {
+    plain = plain.to(at::kBFloat16);
   }
   // mkldnn::_reorder_convolution_weight (what Inductor's freezing calls) takes a dense
   // weight; aten's mkldnn_reorder_conv2d_weight only an mkldnn one. Where it fails, an
@@ -304,7 +326,8 @@ bool PreparedWeights::matmul_f32(const float* lhs, int64_t lda, const at::Tensor
 
 int64_t PreparedWeights::packed_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  int64_t count = static_cast<int64_t>(packs_.size() + winograd_.size());
+  int64_t count =
+      static_cast<int64_t>(packs_.size() + winograd_.size() + bf16_matrices_.size());
   for (const auto& entry : onednn_) {
     count += entry.second.defined() ? 1 : 0;
   }

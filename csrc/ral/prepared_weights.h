@@ -19,6 +19,13 @@
 // MKL's packed layout depends on the number of rows, so each weight keeps packs for a few
 // row counts (a dynamic engine's other batches run unpacked). Where libtorch has no MKL
 // (mkl_functions.h), nothing is packed and matmuls run as before.
+//
+// An engine built with precision='bf16' multiplies and convolves by its weights in
+// bfloat16 with float32 accumulation (oneDNN's avx512_bf16 kernels, about twice float32's
+// throughput): each weight gets one bfloat16 copy (`bf16_matrix`, or `onednn_weight` with
+// `bf16`), the float32 rows or NHWC input are rounded to bfloat16 on each call, and the
+// result (rounded to bfloat16 by oneDNN, as autocast's is) is widened into the engine's
+// float32 buffer. Everything else the engine computes stays float32.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -42,7 +49,7 @@ int64_t prepared_weights_bytes();
 
 class PreparedWeights {
  public:
-  explicit PreparedWeights(const std::vector<at::Tensor>& params);
+  PreparedWeights(const std::vector<at::Tensor>& params, bool bf16);
   ~PreparedWeights();
   PreparedWeights(const PreparedWeights&) = delete;
   PreparedWeights& operator=(const PreparedWeights&) = delete;
@@ -53,16 +60,27 @@ class PreparedWeights {
   bool matmul_f32(const float* lhs, int64_t lda, const at::Tensor& rhs, bool transposed,
                   float* out, int64_t ldc, int64_t m);
 
+  // Whether the engine's GEMMs and convolutions by its params run in bfloat16.
+  bool bf16() const { return bf16_; }
+
+  // A 2-d param as the [N, K] bfloat16 matrix a linear layer multiplies by (`weight` is
+  // [N, K] when `transposed`, else [K, N]), made once; an undefined tensor when `weight` is
+  // not a float32 param or the copy would pass the limit.
+  at::Tensor bf16_matrix(const at::Tensor& weight, bool transposed);
+
   // A param reordered into oneDNN's layout for convolving an input of `input_size`
   // ([N, C, H, W]): a convolution weight [O, I/groups, kh, kw], or a GEMM's 2-d rhs as the
   // 1x1 convolution weight [N, K, 1, 1] (rhs is [N, K] when `transposed`, else [K, N]).
   // Made once per input size, for at most a few; an undefined tensor when `weight` is not
-  // a param or has all its copies (the caller then uses the weight as it is).
+  // a param or has all its copies (the caller then uses the weight as it is). With `bf16`
+  // the copy is bfloat16, for a bfloat16 input (a bf16 engine asks for bfloat16 copies of
+  // exactly the convolution weights it convolves in bfloat16, so the key needs no dtype).
   at::Tensor onednn_weight(const at::Tensor& weight, bool transposed,
                            const std::vector<int64_t>& input_size,
                            const std::vector<int64_t>& padding,
                            const std::vector<int64_t>& stride,
-                           const std::vector<int64_t>& dilation, int64_t groups);
+                           const std::vector<int64_t>& dilation, int64_t groups,
+                           bool bf16 = false);
 
   // A convolution weight in channels_last layout (what oneDNN reads for NHWC data), made
   // once if `weight` is a param; otherwise `weight` itself.
@@ -128,12 +146,14 @@ class PreparedWeights {
   const float* packed(const at::Tensor& rhs, bool transposed, int64_t m, int64_t n, int64_t k);
 
   std::vector<at::Tensor> params_;
+  bool bf16_;
   mutable std::mutex mutex_;
   int64_t bytes_ = 0;  // of the copies below
   // (weight data, transposed, rows) -> packed bytes
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
   std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
+  std::map<std::pair<const void*, bool>, at::Tensor> bf16_matrices_;  // (data, transposed)
   std::atomic<bool> freed_{false};  // set by release_loser, taken by return_freed_memory
   // oneDNN's copy's key -> the trial of its two kernels
   std::map<TrialKey, KernelTrial> trials_;

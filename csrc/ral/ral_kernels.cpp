@@ -251,6 +251,54 @@ bool gemm_by_weight(const float* lhs, int64_t lda, const at::Tensor& weight, boo
   return true;
 }
 
+// lhs[M, K] @ op(weight) in bfloat16 (a bf16 engine: prepared_weights.h): the rows rounded
+// to bfloat16 and multiplied (float32 accumulation) as oneDNN's 1x1 convolution of
+// [1, K, 1, M] channels_last data by the weight's reordered bfloat16 copy, or, for a row
+// count past the weight's copies, by its plain bfloat16 copy in oneDNN's matmul (which
+// reorders it on every call: 10-20% slower at BERT's sizes); the result widened into the
+// rows of `result`. False when the weight has neither copy.
+bool bf16_matmul(blade::ral::PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
+                 int64_t lda, const at::Tensor& weight, bool transposed,
+                 const at::Tensor& result, int64_t ldc) {
+  static const std::optional<c10::OperatorHandle> conv = c10::Dispatcher::singleton().findOp(
+      c10::OperatorName("mkldnn::_convolution_pointwise", ""));
+  const int64_t k = lhs.size(-1);
+  const int64_t n = result.size(-1);
+  if (rows <= 0 || k <= 0 || n <= 0) {
+    return false;
+  }
+  const at::Tensor a =
+      at::from_blob(lhs.data_ptr(), {rows, k}, {lda, 1}, lhs.options()).to(at::kBFloat16);
+  at::Tensor out = at::from_blob(result.data_ptr(), {rows, n}, {ldc, 1}, result.options());
+  const std::vector<int64_t> input_size{1, k, 1, rows};
+  const at::Tensor reordered =
+      conv.has_value() ? prepared->onednn_weight(weight, transposed, input_size, {0, 0},
+                                                 {1, 1}, {1, 1}, 1, /*bf16=*/true)
+                       : at::Tensor();
+  if (reordered.defined()) {
+    torch::jit::Stack stack{a.as_strided(input_size, {rows * k, 1, rows * k, k}),
+                            reordered,
+                            c10::IValue(),
+                            std::vector<int64_t>{0, 0},
+                            std::vector<int64_t>{1, 1},
+                            std::vector<int64_t>{1, 1},
+                            int64_t{1},
+                            std::string("none"),
+                            c10::List<std::optional<at::Scalar>>(),
+                            c10::IValue()};
+    conv->callBoxed(&stack);
+    // [1, N, 1, M] channels_last: the [M, N] rows, densely.
+    out.copy_(stack.at(0).toTensor().permute({0, 3, 2, 1}).reshape({rows, n}));
+    return true;
+  }
+  const at::Tensor matrix = prepared->bf16_matrix(weight, transposed);  // [N, K]
+  if (!matrix.defined()) {
+    return false;
+  }
+  out.copy_(at::linear(a, matrix));
+  return true;
+}
+
 // lhs @ weight through the engine's packed copy of the weight, when `weight` is a param of
 // the running engine and both row operands fold to 2-d (see prepared_weights.h).
 bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transposed,
@@ -263,6 +311,9 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
   if (prepared == nullptr || lhs.scalar_type() != at::kFloat || weight.dim() != 2 ||
       !as_rows(lhs, &rows, &lda) || !as_rows(result, &out_rows, &ldc) || rows != out_rows) {
     return false;
+  }
+  if (prepared->bf16() && bf16_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
+    return true;
   }
   // oneDNN's 1x1 convolution or MKL's sgemm on the weight as it is, whichever the
   // engine's first calls find faster (PreparedWeights::next_kernel); MKL's packed GEMM
@@ -395,6 +446,43 @@ bool convolve_winograd(blade::ral::PreparedWeights* prepared, const at::Tensor& 
       target.data_ptr<float>());
 }
 
+// The convolution in bfloat16 (a bf16 engine: prepared_weights.h) into `target`: the input
+// rounded to bfloat16, convolved by the weight's bfloat16 oneDNN copy with the float32 bias
+// (float32 accumulation), the result widened into `target`, then the ReLU keeping NaN.
+// False when oneDNN's convolution is unavailable or the weight has no copy.
+bool convolve_bf16(blade::ral::PreparedWeights* prepared, const at::Tensor& x,
+                   const at::Tensor& w, at::Tensor& target, const std::optional<at::Tensor>& bias,
+                   bool relu, const std::vector<int64_t>& padding,
+                   const std::vector<int64_t>& stride, const std::vector<int64_t>& dilation) {
+  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(
+      c10::OperatorName("mkldnn::_convolution_pointwise", ""));
+  if (!op.has_value() || x.scalar_type() != at::kFloat || x.numel() == 0 ||
+      target.numel() == 0) {
+    return false;
+  }
+  const at::Tensor reordered = prepared->onednn_weight(w, false, x.sizes().vec(), padding,
+                                                       stride, dilation, 1, /*bf16=*/true);
+  if (!reordered.defined()) {
+    return false;
+  }
+  torch::jit::Stack stack{x.to(at::kBFloat16),
+                          reordered,
+                          bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
+                          padding,
+                          stride,
+                          dilation,
+                          int64_t{1},
+                          std::string("none"),
+                          c10::List<std::optional<at::Scalar>>(),
+                          c10::IValue()};
+  op->callBoxed(&stack);
+  target.copy_(stack.at(0).toTensor());
+  if (relu) {
+    target.relu_();  // max(x, 0) keeping NaN, as eager
+  }
+  return true;
+}
+
 void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* weight,
             BladeUnrankedMemRef* out, int64_t stride_h, int64_t stride_w, int64_t pad_top,
             int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
@@ -423,6 +511,12 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
                   " values for ", w.size(0), " output channels");
     }
     blade::ral::PreparedWeights* prepared = blade::ral::active_prepared_weights();
+    // A bf16 engine's convolutions by its params (depthwise and grouped ones excepted:
+    // memory-bound, they ran slower in bfloat16 with the conversions) run in bfloat16.
+    if (channels_last && prepared != nullptr && prepared->bf16() && groups == 1 &&
+        convolve_bf16(prepared, x, w, target, bias, relu, padding, stride, dilation)) {
+      return;
+    }
     // A second kernel where one applies (Winograd's algorithm, MKL's sgemm), timed
     // against oneDNN's on the engine's first calls (PreparedWeights::next_kernel).
     using Kernel = blade::ral::PreparedWeights::Kernel;

@@ -31,7 +31,8 @@ bool guard_admits(const c10::intrusive_ptr<Guard>& guard,
 TORCH_LIBRARY(blade, m) {
   m.class_<Engine>("Engine")
       .def(torch::init<std::string, at::Tensor, std::string, std::string, std::string,
-                       std::vector<at::Tensor>, std::string, std::string, std::string>())
+                       std::vector<at::Tensor>, std::string, std::string, std::string,
+                       std::string>())
       .def("execute", &Engine::execute)
       .def("run_subgraph", &Engine::run_subgraph)
       .def("run_code", &Engine::run_code)
@@ -41,6 +42,7 @@ TORCH_LIBRARY(blade, m) {
       .def("fallback_ir", [](const c10::intrusive_ptr<Engine>& e) { return e->fallback_ir(); })
       .def("cpu_features", [](const c10::intrusive_ptr<Engine>& e) { return e->cpu_features(); })
       .def("signature", [](const c10::intrusive_ptr<Engine>& e) { return e->signature(); })
+      .def("precision", [](const c10::intrusive_ptr<Engine>& e) { return e->precision(); })
       .def("is_compiled", &Engine::is_compiled)
       .def("load_error", [](const c10::intrusive_ptr<Engine>& e) { return e->load_error(); })
       .def("calls", [](const c10::intrusive_ptr<Engine>& e) { return e->stats().calls; })

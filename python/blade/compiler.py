@@ -317,10 +317,10 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
         compiled, code, origin = finish_code()
         signature = _C.sign_engine(name, code, input_specs, output_specs, fallback_ir,
                                    params, config.fallback, cpu_features,
-                                   config.signing_key or "")
+                                   config.signing_key or "", config.precision)
         engine = torch.classes.blade.Engine(
             name, code, input_specs, output_specs, fallback_ir, params, config.fallback,
-            cpu_features, signature)
+            cpu_features, signature, config.precision)
         if not engine.is_compiled():
             raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
         return compiled, engine, origin
@@ -517,6 +517,12 @@ def _required_forward_arguments(model) -> int:
 
 def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
                             progress: Progress) -> torch.jit.ScriptModule:
+    if config.precision == "bf16" and \
+            "avx512_bf16" not in native.host_cpu_features().split(","):
+        raise ValueError("blade.optimize: Config(precision='bf16') runs GEMMs and "
+                         "convolutions with avx512_bf16 instructions, which this CPU lacks "
+                         f"(it has: {native.host_cpu_features() or 'none of those Blade uses'}); "
+                         "use precision='float32'")
     if is_exported_program(model):
         progress.stage("tracing the exported program")
         scripted, args, config = exported_program.to_torchscript(model, args, kwargs, config)

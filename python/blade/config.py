@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Union
 import torch
 
 FALLBACK_MODES = ("fallback", "error")
+PRECISIONS = ("float32", "bf16")
 
 
 @dataclass
@@ -67,6 +68,15 @@ class Config:
             compare them (tolerances per dtype in `blade.self_check`); an engine that
             disagrees is not used, and the node whose compiled result first disagrees stays
             in TorchScript, named in the report. ``False`` skips the check.
+        precision: ``"float32"`` (the default) computes as the model does. ``"bf16"`` runs
+            the GEMMs and convolutions by the model's weights (linear layers, attention
+            projections, convolutions other than depthwise and grouped ones) in bfloat16
+            with float32 accumulation, about twice as fast, on CPUs with avx512_bf16:
+            optimize refuses it elsewhere, and a saved bf16 engine loaded on such a CPU
+            runs its TorchScript subgraph instead, the report saying why. Each weight gets
+            one bfloat16 copy; inputs, outputs and everything else stay float32. Results
+            move away from float32 eager by about bfloat16's rounding (docs/user_guide.md
+            gives the measured errors).
     """
 
     allow_tracing: bool = False
@@ -86,8 +96,12 @@ class Config:
     cache_max_bytes: int = 1 << 30
     compile_workers: Optional[int] = None
     check_engines: bool = True
+    precision: str = "float32"
 
     def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"Config.precision must be one of {PRECISIONS}, got "
+                             f"{self.precision!r}")
         if self.fallback not in FALLBACK_MODES:
             raise ValueError(
                 f"Config.fallback must be one of {FALLBACK_MODES}, got {self.fallback!r}"

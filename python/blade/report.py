@@ -34,6 +34,8 @@ class ClusterReport(CodeStatistics):
     prepared_bytes: int = 0  # the memory those copies take beside the weights (read live)
     # Where the code came from: "compiled", "compile cache", or "same code as <engine>".
     code: str = ""
+    # "float32", or "bf16": its GEMMs and convolutions by weights run in bfloat16 (read live).
+    precision: str = "float32"
 
 
 @dataclass
@@ -165,6 +167,11 @@ class Report:
                          f"{self.checked_engines}"
                          + (f" (and {sharing} running the same code)" if sharing else "")
                          + f", in {self.check_seconds:.2f} s")
+        bf16 = [c.name for c in self.clusters if c.precision == "bf16"]
+        if bf16:
+            lines.append(f"  precision: bf16 (GEMMs and convolutions by weights in bfloat16 "
+                         f"with float32 accumulation) in {len(bf16)} of "
+                         f"{len(self.clusters)} engines")
         copies = sum(c.packed_weights for c in self.clusters)
         if copies:
             lines.append(f"  prepared weight copies: {copies}, "
@@ -221,5 +228,6 @@ def report(module: torch.jit.ScriptModule) -> Report:
         cluster.fallbacks = engine.fallbacks()
         cluster.packed_weights = engine.packed_weights()
         cluster.prepared_bytes = engine.prepared_bytes()
+        cluster.precision = engine.precision()
         cluster.status = engine.load_error() or engine.last_fallback_reason()
     return result

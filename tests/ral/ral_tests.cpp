@@ -406,7 +406,7 @@ void test_matmul_library_call() {
 
 void test_matmul_by_a_param_uses_its_packed_copy() {
   at::Tensor weight = at::randn({48, 32});  // a linear layer's [out, in] weight
-  blade::ral::PreparedWeights prepared({weight});
+  blade::ral::PreparedWeights prepared({weight}, /*bf16=*/false);
   at::Tensor x = at::randn({2, 10, 32});
   at::Tensor out = at::empty({2, 10, 48});
   auto dx = describe<3>(x);
@@ -457,7 +457,7 @@ void test_matmul_by_a_param_uses_its_packed_copy() {
 
 void test_matmul_by_an_untransposed_param_prepares_its_transpose() {
   at::Tensor weight = at::randn({32, 24});  // x @ w: [in, out]
-  blade::ral::PreparedWeights prepared({weight});
+  blade::ral::PreparedWeights prepared({weight}, /*bf16=*/false);
   at::Tensor x = at::randn({16, 32});
   at::Tensor out = at::full({16, 24}, std::numeric_limits<float>::quiet_NaN());
   auto dx = describe<2>(x);

@@ -133,7 +133,7 @@ def test_engine_refuses_unloadable_code_and_falls_back():
     def signed(mode):  # signed, so that the loader itself gets to refuse the bytes
         fields = ("broken", garbage, engine.input_specs(), engine.output_specs(),
                   engine.fallback_ir(), [], mode, "")
-        return fields + (_C.sign_engine(*fields, ""),)
+        return fields + (_C.sign_engine(*fields, ""), "float32")
 
     broken = torch.classes.blade.Engine(*signed("fallback"))
     assert not broken.is_compiled()

@@ -391,7 +391,8 @@ def test_constructor_reachable_from_torchscript_refuses_unsigned_code(tmp_path):
     evil = evil_library(tmp_path, marker)
     engine = torch.classes.blade.Engine(
         "evil", torch.frombuffer(bytearray(evil), dtype=torch.uint8), "float32[4]",
-        "float32[4]", "graph(%x : Tensor):\n  return (%x)\n", [], "fallback", "", "")
+        "float32[4]", "graph(%x : Tensor):\n  return (%x)\n", [], "fallback", "", "",
+        "float32")
     assert not engine.is_compiled() and "not signed" in engine.load_error()
     assert not marker.exists()
     assert not hasattr(torch.ops.blade, "trust_public_key")

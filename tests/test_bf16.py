@@ -1,0 +1,135 @@
+"""Config(precision="bf16"): the GEMMs and convolutions by an engine's weights run in
+bfloat16 with float32 accumulation on CPUs with avx512_bf16; everything else stays float32,
+the mode is signed into the engine, and a CPU without avx512_bf16 refuses it."""
+import zipfile
+
+import pytest
+import torch
+
+import blade
+from blade import _C
+from blade.codegen.llvm.native import host_cpu_features
+from helpers import assert_ran_compiled
+
+HAS_BF16 = "avx512_bf16" in host_cpu_features().split(",")
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU lacks avx512_bf16")
+
+
+class ConvHead(torch.nn.Module):
+    """A 3x3 and a 1x1 convolution with a residual, a depthwise one (stays float32), then two
+    linear layers: every kind of GEMM and convolution the bf16 mode changes or keeps."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.pointwise = torch.nn.Conv2d(32, 32, 1)
+        self.depthwise = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.fc1 = torch.nn.Linear(32 * 8 * 8, 64)
+        self.fc2 = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        y = self.depthwise(y + self.pointwise(y))
+        return self.fc2(torch.nn.functional.gelu(self.fc1(y.flatten(1))))
+
+
+def example():
+    torch.manual_seed(0)
+    return ConvHead().eval(), torch.randn(2, 16, 8, 8)
+
+
+def test_precision_must_be_known():
+    with pytest.raises(ValueError, match="Config.precision must be one of"):
+        blade.Config(precision="fp16")
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has avx512_bf16")
+def test_cpu_without_avx512_bf16_refuses_bf16_at_compile_time():
+    model, x = example()
+    with pytest.raises(ValueError, match="avx512_bf16"):
+        blade.optimize(model, (x,), blade.Config(precision="bf16"))
+
+
+@needs_bf16
+def test_bf16_engine_multiplies_in_bfloat16_and_stays_close_to_eager():
+    model, x = example()
+    full = blade.optimize(model, (x,))
+    half = blade.optimize(model, (x,), blade.Config(precision="bf16"))
+    with torch.no_grad():
+        want = model.double()(x.double())
+        model.float()
+        got_full, got_half = full(x), half(x)
+    assert got_half.dtype == torch.float32 and got_half.shape == want.shape
+    report = assert_ran_compiled(half)
+    assert not report.compile_errors, str(report)
+    assert [c.precision for c in report.clusters] == ["bf16"], str(report)
+    assert "precision: bf16" in str(report)
+    assert [c.precision for c in blade.report(full).clusters] == ["float32"]
+    # Every weight the engine multiplies or convolves by in bfloat16 has a prepared copy:
+    # conv, pointwise, fc1 and fc2 (the depthwise one runs as float32).
+    assert report.clusters[0].packed_weights >= 4, str(report)
+    scale = float(want.abs().max())
+    error_half = float((got_half.double() - want).abs().max())
+    error_full = float((got_full.double() - want).abs().max())
+    # bfloat16 keeps 8 significant bits: the result moves by about 2^-8 of its scale, far
+    # more than float32's rounding (so bfloat16 really ran) and far less than a wrong
+    # kernel would.
+    assert error_half < 2e-2 * scale, (error_half, scale)
+    assert error_half > 20 * error_full, (error_half, error_full)
+
+
+@needs_bf16
+def test_bf16_engine_saves_loads_and_its_precision_is_signed(tmp_path):
+    model, x = example()
+    half = blade.optimize(model, (x,), blade.Config(precision="bf16"))
+    with torch.no_grad():
+        expected = half(x)
+    path = tmp_path / "bf16.pt"
+    torch.jit.save(half, str(path))
+    loaded = torch.jit.load(str(path))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), expected, rtol=0, atol=0)
+    report = assert_ran_compiled(loaded)
+    assert [c.precision for c in report.clusters] == ["bf16"], str(report)
+
+    # The precision is signed with the code: an engine whose fields claim another precision
+    # than was signed is refused, and one claiming an unknown precision too.
+    engine = getattr(half, report.clusters[0].name)
+    state = engine.__getstate__()[0]
+    meta = dict(line.split("=", 1) for line in state[7].splitlines())
+    assert meta["precision"] == "bf16"
+    fields = (state[1], state[8], state[5], state[6], state[3], state[4], state[2],
+              meta["cpu_features"], meta["signature"])
+    assert torch.classes.blade.Engine(*fields, "bf16").is_compiled()
+    relabelled = torch.classes.blade.Engine(*fields, "float32")
+    assert not relabelled.is_compiled() and "signature" in relabelled.load_error()
+    unknown = torch.classes.blade.Engine(*fields, "fp8")
+    assert not unknown.is_compiled()
+    assert "precision 'fp8' is neither 'float32' nor 'bf16'" in unknown.load_error()
+    with torch.no_grad():  # the refused engines still give the subgraph's results
+        torch.testing.assert_close(relabelled.execute([x]), [model(x)], rtol=1e-5,
+                                   atol=1e-5)
+
+
+@needs_bf16
+def test_tampered_precision_line_in_a_saved_file_is_refused(tmp_path):
+    model, x = example()
+    path = tmp_path / "bf16.pt"
+    torch.jit.save(blade.optimize(model, (x,), blade.Config(precision="bf16")), str(path))
+    tampered = tmp_path / "tampered.pt"
+    changed = 0
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename.endswith("data.pkl") and b"precision=bf16" in data:
+                data = data.replace(b"precision=bf16", b"precision=bf32")  # same length
+                changed += 1
+            dst.writestr(item, data)
+    assert changed == 1
+    loaded = torch.jit.load(str(tampered))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-5)
+    report = blade.report(loaded)
+    assert "bf32" in report.clusters[0].status, str(report)
+    assert report.runtime_fallbacks > 0, str(report)
+
