@@ -87,11 +87,18 @@ def max_diff(a, b):
 
 
 def matmul_flops(model, inputs) -> int:
-    """FLOPs of the GEMMs, convolutions and attention of one eager call."""
+    """FLOPs of the GEMMs, convolutions and attention of one eager call. Counted with
+    nn.MultiheadAttention's and the encoder layer's fused fast path off: the counter does
+    not see inside those ops, and the same GEMMs run either way."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(*inputs)
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(*inputs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
     return counter.get_total_flops()
 
 

@@ -147,3 +147,14 @@ def test_decompositions_that_do_not_fit_the_op_are_refused_with_the_reason():
                                                  "returns int"):
         blade.register_decomposition("blade_test_decomp::softplus2")(wrong_result)
     assert "blade_test_decomp::softplus2" not in active()
+
+
+def test_every_builtin_decomposition_scripts_and_fits_its_op():
+    """Blade's own are scripted on first use (optimize scripts only those its graph needs):
+    each must still script and match its op's schema."""
+    from blade.frontend.decompositions import _BUILTIN, _BUILTIN_DYNAMIC
+
+    assert len(_BUILTIN) + len(_BUILTIN_DYNAMIC) > 40
+    for overload, decomposition in {**_BUILTIN, **_BUILTIN_DYNAMIC}.items():
+        assert decomposition.builtin
+        assert isinstance(decomposition.graph, torch._C.Graph), overload

@@ -3,8 +3,8 @@ user's are kept, and how one is checked against its op and scripted. The decompo
 themselves live in decompositions.py and the *_decompositions.py modules of op families,
 which register with `builtin`.
 """
-from dataclasses import dataclass
-from typing import Callable, Dict
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -17,11 +17,22 @@ class DecompositionError(ValueError):
 
 @dataclass
 class Decomposition:
+    """One decomposition. A user's is scripted and checked when registered, so that a bad
+    one fails there; Blade's own are scripted on first use (`graph`), since scripting all
+    of them took a quarter of a second of every process's first optimize and a model uses
+    a few (tests/passes/test_decompose.py scripts and checks every one)."""
+
     overload: str      # "aten::logsumexp", "mylib::op.overload"
     fn: Callable
-    graph: torch._C.Graph
     builtin: bool = False
     static_only: bool = False  # not applied with Config.dynamic
+    scripted_graph: Optional[torch._C.Graph] = field(default=None, repr=False)
+
+    @property
+    def graph(self) -> torch._C.Graph:
+        if self.scripted_graph is None:
+            self.scripted_graph = _script(self.overload, self.fn)
+        return self.scripted_graph
 
 
 # Blade's own; those for dynamic shapes replace them with Config.dynamic. A user's
@@ -75,8 +86,8 @@ def _check_fits(overload: str, schema, scripted) -> None:
             f"({', '.join(str(r) for r in returns)}), the function returns {declared}")
 
 
-def _make(overload: str, fn: Callable, builtin: bool,
-          static_only: bool = False) -> Decomposition:
+def _script(overload: str, fn: Callable) -> torch._C.Graph:
+    """`fn` scripted and checked against the op's schema: its graph."""
     schema = _op_schema(overload)
     try:
         with quiet_torchscript():
@@ -85,7 +96,14 @@ def _make(overload: str, fn: Callable, builtin: bool,
         raise DecompositionError(f"register_decomposition({overload}): TorchScript cannot "
                                  f"script {getattr(fn, '__name__', fn)}: {e}") from e
     _check_fits(overload, schema, scripted)
-    return Decomposition(overload, fn, scripted.graph, builtin, static_only)
+    return scripted.graph
+
+
+def _make(overload: str, fn: Callable, builtin: bool,
+          static_only: bool = False) -> Decomposition:
+    """A user's decomposition (scripted now) or Blade's own (`builtin`: on first use)."""
+    graph = None if builtin else _script(overload, fn)
+    return Decomposition(overload, fn, builtin, static_only, graph)
 
 
 def builtin(overload: str, shapes: str = "any"):

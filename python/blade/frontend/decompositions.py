@@ -51,9 +51,12 @@ def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
     With `dynamic`, those for dynamic shapes."""
     counts = {}
     for overload, decomposition in active(dynamic).items():
-        if overload in excluded_ops or overload.split(".")[0] in excluded_ops:
+        kind = overload.split(".")[0]
+        if overload in excluded_ops or kind in excluded_ops:
             continue
         if decomposition.static_only and dynamic:
+            continue
+        if graph.findNode(kind, True) is None:  # none to rewrite: not scripted for nothing
             continue
         count = _C.decompose(graph, overload, decomposition.graph)
         if count:
