@@ -7,10 +7,11 @@ from helpers import assert_every_op_accounted_for, run_compiled
 
 
 class AttentionBlock(torch.nn.Module):
-    """nn.MultiheadAttention between two linear layers. In eval mode, batch_first, without
-    attention weights and under no_grad it takes PyTorch's fast path, one
-    `aten::_native_multi_head_attention` node (as torchvision's vit_b_16 does), whose
-    attention-weights result is left undefined."""
+    """nn.MultiheadAttention with a key padding mask between two linear layers. In eval
+    mode, batch_first, without attention weights and under no_grad it takes PyTorch's fast
+    path, one `aten::_native_multi_head_attention` node, whose attention-weights result is
+    left undefined; with a mask Blade does not decompose it (without one it does:
+    tests/test_attention_fast_path.py)."""
 
     def __init__(self, dim=16, heads=2):
         super().__init__()
@@ -18,17 +19,20 @@ class AttentionBlock(torch.nn.Module):
         self.attention = torch.nn.MultiheadAttention(dim, heads, batch_first=True)
         self.fc_out = torch.nn.Linear(dim, dim)
 
-    def forward(self, x):
+    def forward(self, x, padding):
         h = torch.tanh(self.fc_in(x))
-        h = self.attention(h, h, h, need_weights=False)[0]
+        h = self.attention(h, h, h, key_padding_mask=padding, need_weights=False)[0]
         return self.fc_out(h) + x
 
 
 def test_an_op_that_runs_with_an_untyped_result_is_counted_as_not_compiled():
     torch.manual_seed(0)
     x = torch.randn(2, 5, 16)
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[1, 3:] = True
     with torch.no_grad():
-        optimized, report = run_compiled(AttentionBlock(), (x,), rtol=1e-4, atol=1e-4)
+        optimized, report = run_compiled(AttentionBlock(), (x, padding), rtol=1e-4,
+                                         atol=1e-4)
     op = "aten::_native_multi_head_attention"
     assert op not in report.unreached, str(report)
     assert report.unsupported[op].count == 1, str(report)

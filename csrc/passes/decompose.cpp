@@ -20,25 +20,43 @@ std::string overload_of(const Node* node) {
   return schema->name() + "." + schema->overload_name();
 }
 
-void collect(Block* block, const std::string& overload, std::vector<Node*>& found) {
+bool results_unused(const Node* node, const std::vector<int64_t>& unused_results) {
+  for (int64_t i : unused_results) {
+    if (i < 0 || static_cast<size_t>(i) >= node->outputs().size() ||
+        node->output(static_cast<size_t>(i))->hasUses()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void collect(Block* block, const std::string& overload,
+             const std::vector<int64_t>& unused_results, std::vector<Node*>& found) {
   for (Node* node : block->nodes()) {
     for (Block* sub : node->blocks()) {
-      collect(sub, overload, found);
+      collect(sub, overload, unused_results, found);
     }
-    if (overload_of(node) == overload) {
+    if (overload_of(node) == overload && results_unused(node, unused_results)) {
       found.push_back(node);
     }
   }
 }
 
 // A function returning several values returns one tuple; an op returning several values has
-// one output per value. The body's tuple is taken apart so it matches the op.
+// one output per value. The body's tuple is taken apart so it matches the op: its elements
+// where the body builds it last, else unpacked (a tuple that branches return).
 void flatten_tuple_result(Graph& body, size_t op_results) {
-  if (op_results < 2 || body.outputs().size() != 1) {
+  if (op_results < 2 || body.outputs().size() != 1 ||
+      body.outputs()[0]->type()->cast<c10::TupleType>() == nullptr) {
     return;
   }
   Node* tuple = body.outputs()[0]->node();
   if (tuple->kind() != c10::prim::TupleConstruct) {
+    Node* unpack = body.insertNode(body.createTupleUnpack(body.outputs()[0]));
+    body.eraseOutput(0);
+    for (torch::jit::Value* element : unpack->outputs()) {
+      body.registerOutput(element);
+    }
     return;
   }
   body.eraseOutput(0);
@@ -53,12 +71,12 @@ void flatten_tuple_result(Graph& body, size_t op_results) {
 }  // namespace
 
 int decompose(const std::shared_ptr<Graph>& graph, const std::string& overload,
-              const std::shared_ptr<Graph>& body) {
+              const std::shared_ptr<Graph>& body, const std::vector<int64_t>& unused_results) {
   auto inlined = body->copy();
   torch::jit::Inline(*inlined);
 
   std::vector<Node*> found;
-  collect(graph->block(), overload, found);
+  collect(graph->block(), overload, unused_results, found);
   if (found.empty()) {
     return 0;
   }

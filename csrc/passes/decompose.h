@@ -18,9 +18,13 @@
 namespace blade::passes {
 
 // `overload` is "ns::name" or "ns::name.overload", as `schema_name` in Python spells it.
-// `body` takes the op's arguments in schema order and returns its results. Returns how
+// `body` takes the op's arguments in schema order and returns its results. Only the nodes
+// whose results at `unused_results` have no uses are rewritten (a body may return a
+// stand-in for a result nobody reads: nn.MultiheadAttention's fast path leaves its
+// attention weights undefined, which a TorchScript function cannot return). Returns how
 // many nodes were rewritten. Throws, rewriting nothing, when `body` does not fit the op.
 int decompose(const std::shared_ptr<torch::jit::Graph>& graph, const std::string& overload,
-              const std::shared_ptr<torch::jit::Graph>& body);
+              const std::shared_ptr<torch::jit::Graph>& body,
+              const std::vector<int64_t>& unused_results = {});
 
 }  // namespace blade::passes

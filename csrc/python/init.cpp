@@ -96,7 +96,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("split_to_slices", &passes::split_to_slices, py::arg("graph"),
         "Splits unpacked right away become slices; returns how many were rewritten.");
   m.def("decompose", &passes::decompose, py::arg("graph"), py::arg("overload"), py::arg("body"),
-        "Inlines `body` in place of every call of `overload`; returns how many were rewritten.");
+        py::arg("unused_results") = std::vector<int64_t>{},
+        "Inlines `body` in place of every call of `overload` whose `unused_results` have no "
+        "uses; returns how many were rewritten.");
   m.def("detach_inlined_functions", &passes::detach_inlined_functions, py::arg("graph"),
         "Inlined call stacks point to placeholder functions of the same names that live as "
         "long as the process; returns how many nodes' stacks were rebuilt.");

@@ -4,7 +4,7 @@ themselves live in decompositions.py and the *_decompositions.py modules of op f
 which register with `builtin`.
 """
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -26,6 +26,9 @@ class Decomposition:
     fn: Callable
     builtin: bool = False
     static_only: bool = False  # not applied with Config.dynamic
+    # Results that must have no uses for a node to be rewritten (the body returns a
+    # stand-in for them; see csrc/passes/decompose.h).
+    unused_results: Tuple[int, ...] = ()
     scripted_graph: Optional[torch._C.Graph] = field(default=None, repr=False)
 
     @property
@@ -99,19 +102,20 @@ def _script(overload: str, fn: Callable) -> torch._C.Graph:
     return scripted.graph
 
 
-def _make(overload: str, fn: Callable, builtin: bool,
-          static_only: bool = False) -> Decomposition:
+def _make(overload: str, fn: Callable, builtin: bool, static_only: bool = False,
+          unused_results: Tuple[int, ...] = ()) -> Decomposition:
     """A user's decomposition (scripted now) or Blade's own (`builtin`: on first use)."""
     graph = None if builtin else _script(overload, fn)
-    return Decomposition(overload, fn, builtin, static_only, graph)
+    return Decomposition(overload, fn, builtin, static_only, unused_results, graph)
 
 
-def builtin(overload: str, shapes: str = "any"):
+def builtin(overload: str, shapes: str = "any", unused_results: Tuple[int, ...] = ()):
     """Registers one of Blade's decompositions, for `shapes` "any", "static" (not applied
     with Config.dynamic) or "dynamic" (applied with Config.dynamic only, in place of any
-    other for the overload)."""
+    other for the overload), applied only where the op's `unused_results` are unused."""
     def wrap(fn):
-        decomposition = _make(overload, fn, builtin=True, static_only=shapes == "static")
+        decomposition = _make(overload, fn, builtin=True, static_only=shapes == "static",
+                              unused_results=tuple(unused_results))
         (_BUILTIN_DYNAMIC if shapes == "dynamic" else _BUILTIN)[overload] = decomposition
         return fn
     return wrap

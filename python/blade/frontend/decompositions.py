@@ -45,10 +45,30 @@ def active(dynamic: bool = False) -> Dict[str, Decomposition]:
     return {**_BUILTIN, **(_BUILTIN_DYNAMIC if dynamic else {}), **_USER}
 
 
+def _undefined_attention_weights(graph: torch._C.Graph) -> None:
+    """nn.MultiheadAttention's fast path asked for no weights, with no mask, returns them
+    undefined (None in Python), through the branches and tuples of its forward: their
+    readers read an undefined tensor of their own instead (`prim::AutogradZero`, which the
+    interpreter runs as one), so that the op's result is unread and its decomposition
+    applies."""
+    for node in graph.findAllNodes("aten::_native_multi_head_attention", True):
+        mask, need_weights = node.inputsAt(9), node.inputsAt(10)
+        weights = node.outputsAt(1)
+        if not weights.uses() or need_weights.node().kind() != "prim::Constant" or \
+                need_weights.toIValue() is not False or \
+                mask.node().kind() != "prim::Constant" or mask.toIValue() is not None:
+            continue
+        undefined = graph.create("prim::AutogradZero")
+        undefined.insertBefore(node)
+        undefined.output().setType(weights.type())
+        weights.replaceAllUsesWith(undefined.output())
+
+
 def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
               dynamic: bool = False) -> Dict[str, int]:
     """Applies every active decomposition to `graph`; returns overload -> nodes rewritten.
     With `dynamic`, those for dynamic shapes."""
+    _undefined_attention_weights(graph)
     counts = {}
     for overload, decomposition in active(dynamic).items():
         kind = overload.split(".")[0]
@@ -58,7 +78,8 @@ def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
             continue
         if graph.findNode(kind, True) is None:  # none to rewrite: not scripted for nothing
             continue
-        count = _C.decompose(graph, overload, decomposition.graph)
+        count = _C.decompose(graph, overload, decomposition.graph,
+                             list(decomposition.unused_results))
         if count:
             counts[overload] = count
     return counts
@@ -250,6 +271,41 @@ def _int_to_float_power(a: int, b: float) -> float:
     if b == 1.0:
         return float(a)
     return a ** b
+
+
+# Registered before scaled_dot_product_attention's decomposition, which then rewrites the
+# one this inserts in the same pass (they run in registration order).
+@_builtin("aten::_native_multi_head_attention", unused_results=(1,))
+def _native_multi_head_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, embed_dim: int,
+        num_head: int, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor,
+        proj_weight: torch.Tensor, proj_bias: torch.Tensor,
+        mask: Optional[torch.Tensor] = None, need_weights: bool = True,
+        average_attn_weights: bool = True,
+        mask_type: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    # nn.MultiheadAttention's fused fast path (batch_first, eval, as torchvision's ViT
+    # calls it): the in-projection, attention and out-projection as ops the compiler fuses
+    # (three GEMMs by the weight's row blocks, scaled_dot_product_attention, one GEMM),
+    # where the weights are unread: the op leaves them undefined when they are not asked
+    # for (see _undefined_attention_weights), which a TorchScript function cannot return,
+    # so this body returns an empty stand-in and is applied only where nothing reads it
+    # (csrc/passes/decompose.h). With a mask (its merged key-padding and attention masks
+    # follow rules of their own) the op stays.
+    if mask is not None:
+        return torch._native_multi_head_attention(
+            query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
+            proj_bias, mask, need_weights, average_attn_weights, mask_type)
+    head_dim = embed_dim // num_head
+    projected: List[torch.Tensor] = []
+    for i, x in enumerate([query, key, value]):
+        rows = torch.nn.functional.linear(x, qkv_weight.narrow(0, i * embed_dim, embed_dim),
+                                          qkv_bias.narrow(0, i * embed_dim, embed_dim))
+        projected.append(rows.view(x.size(0), x.size(1), num_head, head_dim).transpose(1, 2))
+    attended = torch.nn.functional.scaled_dot_product_attention(
+        projected[0], projected[1], projected[2])
+    merged = attended.transpose(1, 2).reshape(query.size(0), query.size(1), embed_dim)
+    output = torch.nn.functional.linear(merged, proj_weight, proj_bias)
+    return output, torch.empty([0], dtype=output.dtype, device=output.device)
 
 
 @_builtin("aten::scaled_dot_product_attention")
