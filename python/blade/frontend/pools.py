@@ -21,6 +21,7 @@ from blade.partition.registry import constant_arguments, schema_name
 # Spatial dims per op.
 _MAX_POOLS = {"aten::max_pool1d": 1, "aten::max_pool2d": 2, "aten::max_pool3d": 3}
 _AVG_POOLS = {"aten::avg_pool1d": 1, "aten::avg_pool2d": 2, "aten::avg_pool3d": 3}
+POOLING_OVERLOADS = tuple(_MAX_POOLS) + tuple(_AVG_POOLS)  # what explicit_pool_windows rewrites
 
 
 def _per_dim(value, dims: int, default: Optional[int]) -> List[Optional[int]]:
