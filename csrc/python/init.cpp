@@ -155,6 +155,26 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>(),
         "The signature an Engine with these fields verifies, made with the key at "
         "`key_path` (this machine's key when empty).");
+  m.def(
+      "create_signed_engine",
+      [](std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
+         std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
+         std::string cpu_features, std::string precision, const std::string& key_path) {
+        c10::intrusive_ptr<ral::Engine> engine;
+        {
+          py::gil_scoped_release released;
+          engine = ral::Engine::create_signed(
+              std::move(name), std::move(code), std::move(input_specs), std::move(output_specs),
+              std::move(fallback_ir), std::move(params), std::move(fallback_mode),
+              std::move(cpu_features), std::move(precision), key_path);
+        }
+        return torch::jit::toPyObject(c10::IValue(std::move(engine)));
+      },
+      py::arg("name"), py::arg("code"), py::arg("input_specs"), py::arg("output_specs"),
+      py::arg("fallback_ir"), py::arg("params"), py::arg("fallback_mode"),
+      py::arg("cpu_features"), py::arg("precision"), py::arg("key_path"),
+      "A torch.classes.blade.Engine of these fields, signed with the key at `key_path` (this "
+      "machine's key when empty), its digest computed once for signing and verifying.");
   m.def("signing_public_key", &ral::signing_public_key, py::arg("key_path"),
         "The public key (hex) of the signing key at `key_path` (this machine's key, created "
         "on first use, when empty).");

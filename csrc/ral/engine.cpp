@@ -131,7 +131,7 @@ std::string missing_cpu_features(const std::string& required) {
 Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
                std::string output_specs, std::string fallback_ir, std::vector<at::Tensor> params,
                std::string fallback_mode, std::string cpu_features, std::string signature,
-               std::string precision)
+               std::string precision, const Digest* computed_digest)
     : name_(std::move(name)),
       code_bytes_(code.defined() ? code.contiguous() : at::empty({0}, at::kByte)),
       fallback_ir_(std::move(fallback_ir)),
@@ -170,7 +170,7 @@ Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
                 "does not parse, so neither it nor the compiled code can run (the saved file "
                 "is corrupted): ", e.what());
   }
-  load_code();
+  load_code(computed_digest);
 }
 
 Engine::~Engine() = default;
@@ -272,7 +272,24 @@ std::string sign_engine(const std::string& name, const at::Tensor& code,
                      key_path);
 }
 
-void Engine::load_code() {
+c10::intrusive_ptr<Engine> Engine::create_signed(
+    std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
+    std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
+    std::string cpu_features, std::string precision, const std::string& key_path) {
+  TORCH_CHECK(code.scalar_type() == at::kByte && code.dim() == 1,
+              "blade: engine code to sign must be a 1-D uint8 tensor");
+  const Digest digest = engine_digest(name, parse_fallback_mode(fallback_mode), fallback_ir,
+                                      parse_specs(input_specs), parse_specs(output_specs),
+                                      cpu_features, precision, params, code_digest(code));
+  std::string signature = sign_digest(digest, key_path);
+  return c10::make_intrusive<Engine>(std::move(name), std::move(code), std::move(input_specs),
+                                     std::move(output_specs), std::move(fallback_ir),
+                                     std::move(params), std::move(fallback_mode),
+                                     std::move(cpu_features), std::move(signature),
+                                     std::move(precision), &digest);
+}
+
+void Engine::load_code(const Digest* computed_digest) {
   if (load_error_.empty()) {
     load_error_ = validation_error();
   }
@@ -280,7 +297,9 @@ void Engine::load_code() {
   Digest code{};
   if (load_error_.empty()) {
     code = code_digest(code_bytes_);
-    load_error_ = verify_digest(signed_digest(code), signature_, &untrusted_key);
+    load_error_ = verify_digest(computed_digest != nullptr ? *computed_digest
+                                                           : signed_digest(code),
+                                signature_, &untrusted_key);
   }
   if (load_error_.empty()) {
     if (auto missing = missing_cpu_features(cpu_features_); !missing.empty()) {

@@ -315,12 +315,9 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
 
     def finish():
         compiled, code, origin = finish_code()
-        signature = _C.sign_engine(name, code, input_specs, output_specs, fallback_ir,
-                                   params, config.fallback, cpu_features,
-                                   config.signing_key or "", config.precision)
-        engine = torch.classes.blade.Engine(
-            name, code, input_specs, output_specs, fallback_ir, params, config.fallback,
-            cpu_features, signature, config.precision)
+        engine = _C.create_signed_engine(name, code, input_specs, output_specs, fallback_ir,
+                                         params, config.fallback, cpu_features,
+                                         config.precision, config.signing_key or "")
         if not engine.is_compiled():
             raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
         return compiled, engine, origin
