@@ -133,3 +133,25 @@ def test_tampered_precision_line_in_a_saved_file_is_refused(tmp_path):
     assert "bf32" in report.clusters[0].status, str(report)
     assert report.runtime_fallbacks > 0, str(report)
 
+
+
+@needs_bf16
+def test_dynamic_bf16_engine_serves_other_batch_sizes():
+    """A dynamic engine multiplies by each weight's reordered bfloat16 copy for a few row
+    counts and by its plain bfloat16 copy past them: every batch size stays close."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 32)).eval()
+    half = blade.optimize(model, (torch.randn(4, 64),),
+                          blade.Config(precision="bf16", dynamic=True))
+    with torch.no_grad():
+        for rows in (1, 3, 4, 7, 16, 33, 64):
+            x = torch.randn(rows, 64)
+            want = model.double()(x.double())
+            model.float()
+            got = half(x)
+            assert got.shape == (rows, 32)
+            assert float((got.double() - want).abs().max()) < 2e-2 * float(want.abs().max())
+    report = assert_ran_compiled(half)
+    assert [c.precision for c in report.clusters] == ["bf16"], str(report)
+    assert report.clusters[0].calls == 7
