@@ -155,3 +155,24 @@ def test_dynamic_bf16_engine_serves_other_batch_sizes():
     report = assert_ran_compiled(half)
     assert [c.precision for c in report.clusters] == ["bf16"], str(report)
     assert report.clusters[0].calls == 7
+
+
+def test_a_bfloat16_model_convolves_and_multiplies_by_reordered_weight_copies():
+    """A model cast to bfloat16 by its user (no precision mode): where oneDNN takes
+    bfloat16 on this CPU, its convolutions and linear layers run oneDNN's kernels by
+    reordered weight copies into the engine's buffers, as float32 ones do."""
+    model, x = example()
+    model = model.bfloat16()
+    x = x.bfloat16()
+    optimized = blade.optimize(model, (x,))
+    with torch.no_grad():
+        got, want = optimized(x), model(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    report = assert_ran_compiled(optimized)
+    assert [c.precision for c in report.clusters] == ["float32"], str(report)
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo")
+                  if line.startswith("flags")), [])
+    takes_bf16 = {"avx512bw", "avx512vl", "avx512dq"} <= set(flags) or \
+        "avx_ne_convert" in flags
+    assert (report.clusters[0].packed_weights >= 4) == takes_bf16, str(report)

@@ -230,7 +230,8 @@ at::Tensor PreparedWeights::onednn_weight(const at::Tensor& weight, bool transpo
                                           const std::vector<int64_t>& stride,
                                           const std::vector<int64_t>& dilation,
                                           int64_t groups, bool bf16) {
-  if ((weight.dim() != 2 && weight.dim() != 4) || weight.scalar_type() != at::kFloat ||
+  if ((weight.dim() != 2 && weight.dim() != 4) ||
+      (weight.scalar_type() != at::kFloat && weight.scalar_type() != at::kBFloat16) ||
       !is_param(weight)) {
     return at::Tensor();
   }

@@ -1,5 +1,6 @@
 #include "ral/ral_kernels.h"
 
+#include "ral/engine.h"
 #include "ral/fused_attention.h"
 #include "ral/mkl_functions.h"
 #include "ral/prepared_weights.h"
@@ -164,11 +165,21 @@ bool as_rows(const at::Tensor& t, int64_t* rows, int64_t* row_stride) {
   return true;
 }
 
+// Whether PyTorch's oneDNN kernels take bfloat16 data on this CPU (elsewhere they raise, and
+// a bfloat16 model's GEMMs and convolutions take ATen's own route).
+bool onednn_takes_bf16() {
+  static const bool takes =
+      blade::ral::missing_cpu_features("avx512bw,avx512vl,avx512dq").empty() ||
+      blade::ral::missing_cpu_features("avx_ne_convert").empty();
+  return takes;
+}
+
 // oneDNN's convolution that adds its result into an existing channels_last tensor (what
 // Inductor uses for conv + add): with `target` (already of the result's shape) zeroed it
 // convolves straight into the engine's buffer, where at::conv2d would allocate a fresh
-// output (page faults on every call) that then had to be copied. False when it does not
-// apply or is unavailable, and the caller convolves as usual.
+// output (page faults on every call) that then had to be copied. float32 data, or a
+// bfloat16 model's. False when it does not apply or is unavailable, and the caller
+// convolves as usual.
 bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
                    const std::optional<at::Tensor>& bias, bool relu,
                    const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
@@ -177,7 +188,11 @@ bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
       c10::OperatorName("mkldnn::_convolution_pointwise_", "binary"));
   const auto cl = at::MemoryFormat::ChannelsLast;
   // A oneDNN weight (PreparedWeights::onednn_weight) has no strides to check.
-  if (!op.has_value() || target.scalar_type() != at::kFloat || !x.is_contiguous(cl) ||
+  const auto dtype = target.scalar_type();
+  const bool takes_dtype =
+      dtype == at::kFloat || (dtype == at::kBFloat16 && onednn_takes_bf16());
+  if (!op.has_value() || !takes_dtype ||
+      x.scalar_type() != dtype || !x.is_contiguous(cl) ||
       (!w.is_mkldnn() && !w.is_contiguous(cl)) || !target.is_contiguous(cl)) {
     return false;
   }
@@ -308,8 +323,15 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
   int64_t lda = 0;
   int64_t out_rows = 0;
   int64_t ldc = 0;
-  if (prepared == nullptr || lhs.scalar_type() != at::kFloat || weight.dim() != 2 ||
-      !as_rows(lhs, &rows, &lda) || !as_rows(result, &out_rows, &ldc) || rows != out_rows) {
+  if (prepared == nullptr || weight.dim() != 2 || !as_rows(lhs, &rows, &lda) ||
+      !as_rows(result, &out_rows, &ldc) || rows != out_rows) {
+    return false;
+  }
+  // A model in bfloat16 itself: oneDNN's 1x1 convolution by the weight's reordered copy.
+  if (lhs.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16) {
+    return onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc);
+  }
+  if (lhs.scalar_type() != at::kFloat) {
     return false;
   }
   if (prepared->bf16() && bf16_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
