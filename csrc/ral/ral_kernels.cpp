@@ -329,7 +329,8 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
   }
   // A model in bfloat16 itself: oneDNN's 1x1 convolution by the weight's reordered copy.
   if (lhs.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16) {
-    return onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc);
+    return onednn_takes_bf16() &&
+           onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc);
   }
   if (lhs.scalar_type() != at::kFloat) {
     return false;
@@ -563,8 +564,10 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     }  // else declined (Winograd: inf or NaN in the input): oneDNN's, and not a sample
     at::Tensor reordered;  // oneDNN's copy, for convolve_into only
     if (channels_last && prepared != nullptr) {
-      reordered = prepared->onednn_weight(w, false, input_size, padding, stride, dilation,
-                                          groups);
+      if (w.scalar_type() != at::kBFloat16 || onednn_takes_bf16()) {
+        reordered = prepared->onednn_weight(w, false, input_size, padding, stride, dilation,
+                                            groups);
+      }
       // Without oneDNN's copy, a channels_last one (with it, no second copy is kept; the
       // plain weight serves the rare call convolve_into declines).
       if (!reordered.defined()) {
