@@ -176,3 +176,18 @@ def test_a_bfloat16_model_convolves_and_multiplies_by_reordered_weight_copies():
     takes_bf16 = {"avx512bw", "avx512vl", "avx512dq"} <= set(flags) or \
         "avx_ne_convert" in flags
     assert (report.clusters[0].packed_weights >= 4) == takes_bf16, str(report)
+
+
+@needs_bf16
+def test_bf16_relu_after_a_convolution_keeps_nan_as_eager():
+    """The bfloat16 result is widened and rectified in one pass; NaN stays NaN there (a
+    max(x, 0) that turned it into 0 would make every output finite below)."""
+    model, x = example()
+    half = blade.optimize(model, (x,), blade.Config(precision="bf16"))
+    x = x.clone()
+    x[0, 3, 4, 4] = float("nan")
+    with torch.no_grad():
+        got, want = half(x), model(x)
+    assert want[0].isnan().all() and not want[1].isnan().any()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert_ran_compiled(half)
