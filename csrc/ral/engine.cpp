@@ -259,16 +259,30 @@ Digest Engine::signed_digest(const Digest& code) const {
                        cpu_features_, precision_, params_, code);
 }
 
+namespace {
+
+// The digest an engine of these fields (as the constructor takes them) is signed over.
+Digest digest_to_sign(const std::string& name, const at::Tensor& code,
+                      const std::string& input_specs, const std::string& output_specs,
+                      const std::string& fallback_ir, const std::vector<at::Tensor>& params,
+                      const std::string& fallback_mode, const std::string& cpu_features,
+                      const std::string& precision) {
+  TORCH_CHECK(code.scalar_type() == at::kByte && code.dim() == 1,
+              "blade: engine code to sign must be a 1-D uint8 tensor");
+  return engine_digest(name, parse_fallback_mode(fallback_mode), fallback_ir,
+                       parse_specs(input_specs), parse_specs(output_specs), cpu_features,
+                       precision, params, code_digest(code));
+}
+
+}  // namespace
+
 std::string sign_engine(const std::string& name, const at::Tensor& code,
                         const std::string& input_specs, const std::string& output_specs,
                         const std::string& fallback_ir, const std::vector<at::Tensor>& params,
                         const std::string& fallback_mode, const std::string& cpu_features,
                         const std::string& key_path, const std::string& precision) {
-  TORCH_CHECK(code.scalar_type() == at::kByte && code.dim() == 1,
-              "blade: engine code to sign must be a 1-D uint8 tensor");
-  return sign_digest(engine_digest(name, parse_fallback_mode(fallback_mode), fallback_ir,
-                                   parse_specs(input_specs), parse_specs(output_specs),
-                                   cpu_features, precision, params, code_digest(code)),
+  return sign_digest(digest_to_sign(name, code, input_specs, output_specs, fallback_ir, params,
+                                    fallback_mode, cpu_features, precision),
                      key_path);
 }
 
@@ -276,11 +290,8 @@ c10::intrusive_ptr<Engine> Engine::create_signed(
     std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
     std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
     std::string cpu_features, std::string precision, const std::string& key_path) {
-  TORCH_CHECK(code.scalar_type() == at::kByte && code.dim() == 1,
-              "blade: engine code to sign must be a 1-D uint8 tensor");
-  const Digest digest = engine_digest(name, parse_fallback_mode(fallback_mode), fallback_ir,
-                                      parse_specs(input_specs), parse_specs(output_specs),
-                                      cpu_features, precision, params, code_digest(code));
+  const Digest digest = digest_to_sign(name, code, input_specs, output_specs, fallback_ir,
+                                       params, fallback_mode, cpu_features, precision);
   std::string signature = sign_digest(digest, key_path);
   return c10::make_intrusive<Engine>(std::move(name), std::move(code), std::move(input_specs),
                                      std::move(output_specs), std::move(fallback_ir),

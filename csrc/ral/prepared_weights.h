@@ -91,14 +91,15 @@ class PreparedWeights {
   at::Tensor winograd(const at::Tensor& weight);
   // Kernels with a second way to compute them: 3x3 convolutions (Winograd's algorithm or
   // oneDNN's direct one), 1x1 convolutions and GEMMs by a weight (MKL's sgemm on the weight
-  // as it is, or oneDNN's convolution by its reordered copy). Which is faster depends on the CPU as much as on the sizes: at 2
-  // threads on an AVX2 host, batch 1, Winograd took 0.8x of direct's time at 64 channels
-  // on 56 x 56 but 1.1x at 256 on 14 x 14 and 2.1x at 512 on 7 x 7 (an AVX-512 host with
-  // twice the L2 favoured it at 256 on 14 x 14), and MKL's sgemm took 0.3-0.9x of the
-  // time of oneDNN's 1x1 convolution there, where oneDNN's AVX-512 kernels beat MKL's AVX2
-  // ones on AVX-512 hosts. (MKL's packed copies are no alternative: 5.8 MB at least, 2-4x
-  // a BERT weight, where its sgemm needs no copy and was as fast here.) So the engine's own calls decide, per weight and oneDNN input size:
-  // the first calls alternate between the two (the first of each, which prepares its
+  // as it is, or oneDNN's convolution by its reordered copy). Which is faster depends on
+  // the CPU as much as on the sizes: at 2 threads on an AVX2 host, batch 1, Winograd took
+  // 0.8x of direct's time at 64 channels on 56 x 56 but 1.1x at 256 on 14 x 14 and 2.1x at
+  // 512 on 7 x 7 (an AVX-512 host with twice the L2 favoured it at 256 on 14 x 14), and
+  // MKL's sgemm took 0.3-0.9x of the time of oneDNN's 1x1 convolution there, where
+  // oneDNN's AVX-512 kernels beat MKL's AVX2 ones on AVX-512 hosts. (MKL's packed copies
+  // are no alternative: 5.8 MB at least, 2-4x a BERT weight, where its sgemm needs no copy
+  // and was as fast here.) So the engine's own calls decide, per weight and oneDNN input
+  // size: the first calls alternate between the two (the first of each, which prepares its
   // weight copy, untimed), then the one with the better best time stays and the other's
   // copy is freed. Both give the result within float32 rounding.
   enum class Kernel { kOneDnn, kWinograd, kGemm };
@@ -157,8 +158,7 @@ class PreparedWeights {
   std::atomic<bool> freed_{false};  // set by release_loser, taken by return_freed_memory
   // oneDNN's copy's key -> the trial of its two kernels
   std::map<TrialKey, KernelTrial> trials_;
-  // (weight data, transposed, input size) -> oneDNN's copy
-  std::map<std::tuple<const void*, bool, std::vector<int64_t>>, at::Tensor> onednn_;
+  std::map<TrialKey, at::Tensor> onednn_;  // oneDNN's copies, by the same key
 };
 
 // The prepared weights of the engine whose code runs on this thread (null outside a call);

@@ -266,51 +266,99 @@ bool gemm_by_weight(const float* lhs, int64_t lda, const at::Tensor& weight, boo
   return true;
 }
 
-// lhs[M, K] @ op(weight) in bfloat16 (a bf16 engine: prepared_weights.h): the rows rounded
-// to bfloat16 and multiplied (float32 accumulation) as oneDNN's 1x1 convolution of
-// [1, K, 1, M] channels_last data by the weight's reordered bfloat16 copy, or, for a row
-// count past the weight's copies, by its plain bfloat16 copy in oneDNN's matmul (which
-// reorders it on every call: 10-20% slower at BERT's sizes); the result widened into the
-// rows of `result`. False when the weight has neither copy.
+// `result` (bfloat16) widened into `target` (float32, of the same shape and strides, both
+// dense), then max(x, 0) keeping NaN where `relu`: one pass over the memory where a copy
+// and a ReLU took two (ResNet-50's convolutions are mostly followed by one).
+void widen_bf16(const at::Tensor& result, const at::Tensor& target, bool relu) {
+  if (result.strides() != target.strides() || !result.is_non_overlapping_and_dense() ||
+      result.sizes() != target.sizes()) {
+    target.copy_(result);
+    if (relu) {
+      target.relu_();  // max(x, 0) keeping NaN, as eager
+    }
+    return;
+  }
+  const auto* source = static_cast<const uint16_t*>(result.data_ptr());
+  auto* destination = static_cast<float*>(target.data_ptr());
+  at::parallel_for(0, result.numel(), 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(source[i]) << 16;  // bfloat16's bits
+      float value = 0.0F;
+      std::memcpy(&value, &bits, sizeof(value));
+      // NaN < 0 is false: NaN stays, as torch.relu keeps it.
+      destination[i] = relu && value < 0.0F ? 0.0F : value;
+    }
+  });
+}
+
+// The convolution in bfloat16 (a bf16 engine: prepared_weights.h) into `target`: the input
+// rounded to bfloat16, convolved by the weight's bfloat16 oneDNN copy with the float32 bias
+// (float32 accumulation), the result widened into `target`, then the ReLU keeping NaN. `w`
+// is a convolution weight, or a GEMM's 2-d rhs convolved as 1x1 (`transposed` as for
+// PreparedWeights::onednn_weight). False when oneDNN's convolution is unavailable or the
+// weight has no copy.
+bool convolve_bf16(blade::ral::PreparedWeights* prepared, const at::Tensor& x,
+                   const at::Tensor& w, bool transposed, const at::Tensor& target,
+                   const std::optional<at::Tensor>& bias, bool relu,
+                   const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                   const std::vector<int64_t>& dilation) {
+  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(
+      c10::OperatorName("mkldnn::_convolution_pointwise", ""));
+  if (!op.has_value() || x.scalar_type() != at::kFloat || x.numel() == 0 ||
+      target.numel() == 0) {
+    return false;
+  }
+  const at::Tensor reordered = prepared->onednn_weight(w, transposed, x.sizes().vec(), padding,
+                                                       stride, dilation, 1, /*bf16=*/true);
+  if (!reordered.defined()) {
+    return false;
+  }
+  torch::jit::Stack stack{x.to(at::kBFloat16),
+                          reordered,
+                          bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
+                          padding,
+                          stride,
+                          dilation,
+                          int64_t{1},
+                          std::string("none"),
+                          c10::List<std::optional<at::Scalar>>(),
+                          c10::IValue()};
+  op->callBoxed(&stack);
+  widen_bf16(stack.at(0).toTensor(), target, relu);
+  return true;
+}
+
+// lhs[M, K] @ op(weight) in bfloat16 (a bf16 engine): oneDNN's 1x1 convolution of the rows
+// as [1, K, 1, M] channels_last data (convolve_bf16), or, for a row count past the weight's
+// reordered copies, its plain bfloat16 copy in oneDNN's matmul (which reorders it on every
+// call: 10-20% slower at BERT's sizes), the result widened into the rows of `result`. False
+// when the weight has neither copy.
 bool bf16_matmul(blade::ral::PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
                  int64_t lda, const at::Tensor& weight, bool transposed,
                  const at::Tensor& result, int64_t ldc) {
-  static const std::optional<c10::OperatorHandle> conv = c10::Dispatcher::singleton().findOp(
-      c10::OperatorName("mkldnn::_convolution_pointwise", ""));
   const int64_t k = lhs.size(-1);
   const int64_t n = result.size(-1);
   if (rows <= 0 || k <= 0 || n <= 0) {
     return false;
   }
-  const at::Tensor a =
-      at::from_blob(lhs.data_ptr(), {rows, k}, {lda, 1}, lhs.options()).to(at::kBFloat16);
-  at::Tensor out = at::from_blob(result.data_ptr(), {rows, n}, {ldc, 1}, result.options());
-  const std::vector<int64_t> input_size{1, k, 1, rows};
-  const at::Tensor reordered =
-      conv.has_value() ? prepared->onednn_weight(weight, transposed, input_size, {0, 0},
-                                                 {1, 1}, {1, 1}, 1, /*bf16=*/true)
-                       : at::Tensor();
-  if (reordered.defined()) {
-    torch::jit::Stack stack{a.as_strided(input_size, {rows * k, 1, rows * k, k}),
-                            reordered,
-                            c10::IValue(),
-                            std::vector<int64_t>{0, 0},
-                            std::vector<int64_t>{1, 1},
-                            std::vector<int64_t>{1, 1},
-                            int64_t{1},
-                            std::string("none"),
-                            c10::List<std::optional<at::Scalar>>(),
-                            c10::IValue()};
-    conv->callBoxed(&stack);
-    // [1, N, 1, M] channels_last: the [M, N] rows, densely.
-    out.copy_(stack.at(0).toTensor().permute({0, 3, 2, 1}).reshape({rows, n}));
+  const at::Tensor x =
+      at::from_blob(lhs.data_ptr(), {1, k, 1, rows}, {rows * lda, 1, rows * lda, lda},
+                    lhs.options());
+  const at::Tensor target =
+      at::from_blob(result.data_ptr(), {1, n, 1, rows}, {rows * ldc, 1, rows * ldc, ldc},
+                    result.options());
+  if (convolve_bf16(prepared, x, weight, transposed, target, std::nullopt, false, {0, 0},
+                    {1, 1}, {1, 1})) {
     return true;
   }
   const at::Tensor matrix = prepared->bf16_matrix(weight, transposed);  // [N, K]
   if (!matrix.defined()) {
     return false;
   }
-  out.copy_(at::linear(a, matrix));
+  const at::Tensor a =
+      at::from_blob(lhs.data_ptr(), {rows, k}, {lda, 1}, lhs.options()).to(at::kBFloat16);
+  at::from_blob(result.data_ptr(), {rows, n}, {ldc, 1}, result.options())
+      .copy_(at::linear(a, matrix));
   return true;
 }
 
@@ -469,65 +517,6 @@ bool convolve_winograd(blade::ral::PreparedWeights* prepared, const at::Tensor& 
       target.data_ptr<float>());
 }
 
-// `result` (bfloat16) widened into `target` (float32, of the same shape and strides, both
-// dense), then max(x, 0) keeping NaN where `relu`: one pass over the memory where a copy
-// and a ReLU took two (ResNet-50's convolutions are mostly followed by one).
-void widen_bf16(const at::Tensor& result, const at::Tensor& target, bool relu) {
-  if (result.strides() != target.strides() || !result.is_non_overlapping_and_dense() ||
-      result.sizes() != target.sizes()) {
-    target.copy_(result);
-    if (relu) {
-      target.relu_();  // max(x, 0) keeping NaN, as eager
-    }
-    return;
-  }
-  const auto* source = static_cast<const uint16_t*>(result.data_ptr());
-  auto* destination = static_cast<float*>(target.data_ptr());
-  at::parallel_for(0, result.numel(), 16384, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint32_t bits = static_cast<uint32_t>(source[i]) << 16;  // bfloat16's bits
-      float value = 0.0F;
-      std::memcpy(&value, &bits, sizeof(value));
-      // NaN < 0 is false: NaN stays, as torch.relu keeps it.
-      destination[i] = relu && value < 0.0F ? 0.0F : value;
-    }
-  });
-}
-
-// The convolution in bfloat16 (a bf16 engine: prepared_weights.h) into `target`: the input
-// rounded to bfloat16, convolved by the weight's bfloat16 oneDNN copy with the float32 bias
-// (float32 accumulation), the result widened into `target`, then the ReLU keeping NaN.
-// False when oneDNN's convolution is unavailable or the weight has no copy.
-bool convolve_bf16(blade::ral::PreparedWeights* prepared, const at::Tensor& x,
-                   const at::Tensor& w, at::Tensor& target, const std::optional<at::Tensor>& bias,
-                   bool relu, const std::vector<int64_t>& padding,
-                   const std::vector<int64_t>& stride, const std::vector<int64_t>& dilation) {
-  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(
-      c10::OperatorName("mkldnn::_convolution_pointwise", ""));
-  if (!op.has_value() || x.scalar_type() != at::kFloat || x.numel() == 0 ||
-      target.numel() == 0) {
-    return false;
-  }
-  const at::Tensor reordered = prepared->onednn_weight(w, false, x.sizes().vec(), padding,
-                                                       stride, dilation, 1, /*bf16=*/true);
-  if (!reordered.defined()) {
-    return false;
-  }
-  torch::jit::Stack stack{x.to(at::kBFloat16),
-                          reordered,
-                          bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
-                          padding,
-                          stride,
-                          dilation,
-                          int64_t{1},
-                          std::string("none"),
-                          c10::List<std::optional<at::Scalar>>(),
-                          c10::IValue()};
-  op->callBoxed(&stack);
-  widen_bf16(stack.at(0).toTensor(), target, relu);
-  return true;
-}
-
 void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* weight,
             BladeUnrankedMemRef* out, int64_t stride_h, int64_t stride_w, int64_t pad_top,
             int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
@@ -559,7 +548,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     // A bf16 engine's convolutions by its params (depthwise and grouped ones excepted:
     // memory-bound, they ran slower in bfloat16 with the conversions) run in bfloat16.
     if (channels_last && prepared != nullptr && prepared->bf16() && groups == 1 &&
-        convolve_bf16(prepared, x, w, target, bias, relu, padding, stride, dilation)) {
+        convolve_bf16(prepared, x, w, false, target, bias, relu, padding, stride, dilation)) {
       return;
     }
     // A second kernel where one applies (Winograd's algorithm, MKL's sgemm), timed

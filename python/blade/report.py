@@ -167,11 +167,11 @@ class Report:
                          f"{self.checked_engines}"
                          + (f" (and {sharing} running the same code)" if sharing else "")
                          + f", in {self.check_seconds:.2f} s")
-        bf16 = [c.name for c in self.clusters if c.precision == "bf16"]
+        bf16 = sum(c.precision == "bf16" for c in self.clusters)
         if bf16:
             lines.append(f"  precision: bf16 (GEMMs and convolutions by weights in bfloat16 "
-                         f"with float32 accumulation) in {len(bf16)} of "
-                         f"{len(self.clusters)} engines")
+                         f"with float32 accumulation) in {bf16} of {len(self.clusters)} "
+                         "engines")
         copies = sum(c.packed_weights for c in self.clusters)
         if copies:
             lines.append(f"  prepared weight copies: {copies}, "
