@@ -55,7 +55,6 @@ int fold_sizes(const std::shared_ptr<torch::jit::Graph>& graph) {
       node->destroy();
       ++rewritten;
     } else if (node->matches(kSizes)) {
-      bool all_static = true;
       std::vector<torch::jit::Value*> items;
       for (int64_t d = 0; d < rank; ++d) {
         const auto& symbol = (*dims)[static_cast<size_t>(d)];
@@ -63,19 +62,17 @@ int fold_sizes(const std::shared_ptr<torch::jit::Graph>& graph) {
           items.push_back(graph->insertConstant(symbol.static_size()));
           continue;
         }
-        all_static = false;
         Node* size = graph->create(c10::aten::size, {node->input(0), graph->insertConstant(d)});
         size->output()->setType(c10::IntType::get());
         graph->insertNode(size);
         items.push_back(size->output());
       }
-      if (all_static) {
-        // PyTorch's peephole folds it to one list constant; nothing to gain here.
-        for (auto* item : items) {
-          item->node()->destroy();
-        }
-        continue;
-      }
+      // With every dim known too: PyTorch's shape peephole would fold the list to one list
+      // constant without asking whether the list is written, so `s = x.shape; s[3] = 5`
+      // would write into the constant (the run still right, the constant wrong for the
+      // importer). A list of constants is folded further only where nothing writes it
+      // (constant propagation asks), and a written one has its writes removed
+      // (remove_mutation).
       Node* list = graph->insertNode(graph->createList(c10::IntType::get(), items));
       node->output()->replaceAllUsesWith(list->output());
       node->destroy();

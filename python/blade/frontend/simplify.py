@@ -196,13 +196,15 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
         lambda: explicit_pool_windows(graph, nodes_of(graph, POOLING_OVERLOADS)))
     # With shapes known: size()/dim() fold, splits of known sizes become slices, which
     # opens more of the above.
+    # fold_sizes before the peephole: it folds a size list that is written into a list the
+    # writes can be removed from, where the peephole makes a constant they would write.
     to_fixed_point([
         ("split_to_slices", lambda: _C.split_to_slices(graph)),
+        ("fold_sizes", lambda: _C.fold_sizes(graph)),
         ("peephole", lambda: torch._C._jit_pass_peephole(graph, False)),
         ("fold_numel", lambda: _C.fold_numel(graph)),
-        ("fold_sizes", lambda: _C.fold_sizes(graph)),
     ] + structure)
-    return still_decomposed(decomposed, graph), unspecialized
+    return still_decomposed(decomposed, graph), unspecialized, example_outputs
 
 
 # The casts (self, dtype, ...) by overload: the positions of their non_blocking, copy and
