@@ -46,6 +46,9 @@ def test_a_wrong_converter_is_caught_and_only_its_op_falls_back(wrong_relu):
         str(report)
     assert report.runtime_fallbacks == 0, str(report)
     assert report.checked_engines >= 2 and report.check_seconds > 0, str(report)
+    # The first engine, of the whole model, was compared with the results of the run that
+    # recorded the types; the disagreement was caught there.
+    assert report.examples_from_type_run >= 1, str(report)
 
 
 def test_without_the_check_the_wrong_code_would_run(wrong_relu):
@@ -65,7 +68,29 @@ def test_engines_that_agree_are_all_checked_and_kept():
     assert report.coverage == 1.0 and not report.compile_errors, str(report)
     assert report.checked_engines == len(report.clusters) == 1, str(report)
     assert "engines checked against TorchScript" in str(report)
+    # Compiled whole: its example is the run that recorded the types, not a run of its own.
+    assert report.examples_from_type_run == 1, str(report)
+    assert "compared with the results of the run that recorded the types" in str(report)
     assert_same(optimized(x), chain(x))
+
+
+def test_a_cluster_reading_an_input_written_before_it_has_an_example_run_of_its_own():
+    """The model writes into its input before the cluster reads it: the cluster's inputs are
+    not the example inputs, so its example comes from the capture run, and the engine
+    agrees (an example taken from the example inputs would have refused it)."""
+    class WritesFirst(torch.nn.Module):
+        def forward(self, x):
+            # Scripted: the ops below read the same value, %x, that add_ wrote.
+            x.add_(1.0)
+            return torch.tanh(x) * 2.0 + x
+
+    x = torch.randn(16, 32)
+    model = WritesFirst()
+    optimized = blade.optimize(model, (x.clone(),))
+    report = blade.report(optimized)
+    assert not report.compile_errors and report.checked_engines == 1, str(report)
+    assert report.examples_from_type_run == 0, str(report)
+    assert_same(optimized(x.clone()), model(x.clone()))
 
 
 @pytest.mark.parametrize("got, want, agrees", [

@@ -157,7 +157,8 @@ torch::jit::RegisterOperators observe_op({torch::jit::Operator(
 }  // namespace
 
 int64_t materialize_types(const std::shared_ptr<torch::jit::Graph>& graph,
-                          const std::vector<std::vector<c10::IValue>>& runs, bool static_shapes) {
+                          const std::vector<std::vector<c10::IValue>>& runs, bool static_shapes,
+                          std::vector<c10::IValue>* first_outputs) {
   TORCH_CHECK(!runs.empty(), "blade: materialize_types needs at least one set of inputs");
   for (const auto& inputs : runs) {
     TORCH_CHECK(inputs.size() == graph->inputs().size(), "blade: the graph takes ",
@@ -173,6 +174,9 @@ int64_t materialize_types(const std::shared_ptr<torch::jit::Graph>& graph,
       torch::jit::InterpreterState state(code);
       torch::jit::Stack stack(inputs.begin(), inputs.end());
       state.run(stack);
+      if (first_outputs != nullptr && &inputs == &runs.front()) {
+        *first_outputs = std::move(stack);
+      }
     }
     active_recorder = nullptr;
   } catch (...) {

@@ -23,8 +23,12 @@
 namespace blade::passes {
 
 // Each of `runs` is one set of the graph's inputs, the module itself first for a method
-// graph. Returns the number of tensor values whose type was materialized.
+// graph. Returns the number of tensor values whose type was materialized. When
+// `first_outputs` is given, it receives what the graph returned on `runs[0]` (the engine
+// check compares engines that compute the graph's results with them: see
+// blade/self_check.py).
 int64_t materialize_types(const std::shared_ptr<torch::jit::Graph>& graph,
-                          const std::vector<std::vector<c10::IValue>>& runs, bool static_shapes);
+                          const std::vector<std::vector<c10::IValue>>& runs, bool static_shapes,
+                          std::vector<c10::IValue>* first_outputs = nullptr);
 
 }  // namespace blade::passes

@@ -63,13 +63,23 @@ PYBIND11_MODULE(_C, m) {
         for (const auto& more : more_inputs) {
           runs.push_back(to_ivalues(graph, more.cast<py::tuple>()));
         }
-        py::gil_scoped_release no_gil;
-        return passes::materialize_types(graph, runs, static_shapes);
+        std::vector<c10::IValue> outputs;
+        int64_t typed = 0;
+        {
+          py::gil_scoped_release no_gil;
+          typed = passes::materialize_types(graph, runs, static_shapes, &outputs);
+        }
+        py::list returned;
+        for (const auto& output : outputs) {
+          returned.append(torch::jit::toPyObject(output));
+        }
+        return py::make_tuple(typed, returned);
       },
       py::arg("graph"), py::arg("inputs"), py::arg("static_shapes"),
       py::arg("more_inputs") = py::list(),
       "Types every tensor value as it was seen running on `inputs` (and on each tuple of "
-      "`more_inputs`: dimensions whose sizes differ become shape symbols).");
+      "`more_inputs`: dimensions whose sizes differ become shape symbols). Returns the "
+      "number of values typed and the list of what the graph returned on `inputs`.");
 
   py::class_<passes::DissolvedCluster>(m, "DissolvedCluster")
       .def_readonly("node_kinds", &passes::DissolvedCluster::node_kinds)

@@ -32,7 +32,8 @@ from blade.quiet import quiet_torchscript
 from blade.partition.registry import REGISTRY, Verdict, argument_name, ran, schema_name
 from blade.report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 from blade.self_check import (CheckTime, EngineCheckError, Example, capture_cluster_examples,
-                              compare_engine, draws_random_numbers, find_disagreeing_node)
+                              compare_engine, draws_random_numbers, examples_from_results,
+                              find_disagreeing_node)
 
 ENGINE_PREFIX = "blade_engine_"
 # If-branches of more nodes than this become functions (csrc/passes/outline_branches.h).
@@ -61,7 +62,7 @@ def _specs(*groups, unnamed_dtype: Optional[str] = None) -> List[List[str]]:
 
 
 def _compile_clusters(module, graph, clusters: List, config: Config, report: Report,
-                      dump: Dumper, progress: Progress, inputs: Tuple) -> None:
+                      dump: Dumper, progress: Progress, inputs: Tuple, results: List) -> None:
     """Swaps each cluster for an engine, or dissolves it back into TorchScript when it
     fails to compile. In rounds: when a failure names its node, the nodes of the clusters
     that failed so are clustered again without those nodes once the round is over (when
@@ -78,12 +79,13 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
     # start at the first cluster that is compiled and stop when all are done.
     with CompilerPool(default_workers(config.compile_workers), str(RUNTIME_LIBRARY)) as pool:
         _compile_in_rounds(module, graph, clusters, config, report, dump, progress,
-                           cpu_features, code_cache, pool, inputs)
+                           cpu_features, code_cache, pool, inputs, results)
 
 
 def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Report,
                        dump: Dumper, progress: Progress, cpu_features: str,
-                       code_cache: CodeCache, pool: CompilerPool, inputs: Tuple) -> None:
+                       code_cache: CodeCache, pool: CompilerPool, inputs: Tuple,
+                       results: List) -> None:
     index = 0
     check_time = CheckTime()
     for rounds in range(MAX_RECLUSTER_ROUNDS + 1):
@@ -98,15 +100,21 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             retry.update(dissolve_failed(cluster, error, message, ops, config, report,
                                           may_retry=rounds < MAX_RECLUSTER_ROUNDS))
 
-        # The example run that the engine check compares with runs on a thread of its own
-        # while the clusters compile (it is a TorchScript run of the whole model: a good
-        # part of a small model's compile time).
+        # The engine check's examples: those of clusters that take the graph's inputs and
+        # give its results come from the run that recorded the types; for the others, an
+        # example run runs on a thread of its own while the clusters compile (it is a
+        # TorchScript run of the whole model: a good part of a small model's compile time).
         capture = checker = None
+        known, captured = {}, []
         if config.check_engines and clusters and not config.dry_run:
             start = time.perf_counter()
-            run_example = capture_cluster_examples(module, graph, clusters, inputs)
-            checker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blade-check")
-            capture = checker.submit(run_example)
+            known = examples_from_results(graph, clusters, inputs, results)
+            captured = [c for c in clusters if c not in known]
+            if captured:
+                run_example = capture_cluster_examples(module, graph, captured, inputs)
+                checker = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="blade-check")
+                capture = checker.submit(run_example)
             check_time.capture += time.perf_counter() - start
         # Each cluster's compilation is begun (MLIR's stages here, LLVM's handed to the
         # pool), then each is finished in turn: the workers compile one cluster's code
@@ -134,15 +142,15 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
                 progress.step(entry.name)
                 continue
             begun.append((entry, cluster, ops, cluster_dump, start, finish))
-        examples = [None] * len(begun)
+        by_cluster = dict(known)
         if capture is not None:
             start = time.perf_counter()  # what the compiles did not hide of the run
             try:
-                by_cluster = dict(zip(clusters, capture.result()))
+                by_cluster.update(zip(captured, capture.result()))
             finally:
                 checker.shutdown()
-            examples = [by_cluster[b[1]] for b in begun]
             check_time.capture += time.perf_counter() - start
+        examples = [by_cluster.get(b[1]) for b in begun]
         for (entry, cluster, ops, cluster_dump, start, finish), example in zip(begun, examples):
             try:
                 compiled, entry.code = finish(example)
@@ -156,6 +164,7 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             progress.step(entry.name)
         report.checked_engines = check_time.engines
         report.engines_sharing_checked_code = check_time.sharing
+        report.examples_from_type_run += len(known)
         report.check_seconds = round(check_time.total, 3)
         if not retry:
             return
@@ -546,8 +555,9 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
     groups, resized_inputs = _dynamic_groups(module, inputs, config)
     none_inputs = _none_inputs(graph, inputs)
     progress.stage("simplifying, recording types")
-    decomposed, unspecialized = simplify(graph, module, inputs, config.excluded_ops, dump,
-                                         resized_inputs, config.dynamic, none_inputs)
+    decomposed, unspecialized, results = simplify(graph, module, inputs, config.excluded_ops,
+                                                  dump, resized_inputs, config.dynamic,
+                                                  none_inputs)
     if config.dynamic:
         _C.duplicate_shape_arithmetic(graph)
         dump.graph("duplicate_shape_arithmetic", graph)
@@ -573,7 +583,8 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
     del verdicts
     dump.graph("clustered", graph, always=True)
 
-    _compile_clusters(module, graph, clusters, config, report, dump, progress, inputs)
+    _compile_clusters(module, graph, clusters, config, report, dump, progress, inputs,
+                      results)
     torch._C._jit_pass_dce(graph)
     if not config.dry_run:
         _account_for_ops_outside_engines(graph, report)

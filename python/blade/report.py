@@ -78,6 +78,9 @@ class Report:
     check_seconds: float = 0.0
     # Engines not run by the check: their code is byte-identical to a checked engine's.
     engines_sharing_checked_code: int = 0
+    # Clusters whose example came from the run that recorded the types (they take the
+    # graph's inputs and give its results), not from a run of its own (blade.self_check).
+    examples_from_type_run: int = 0
 
     @property
     def coverage(self) -> float:
@@ -122,7 +125,8 @@ class Report:
                         checked_engines=data.get("checked_engines", 0),
                         check_seconds=data.get("check_seconds", 0.0),
                         engines_sharing_checked_code=data.get(
-                            "engines_sharing_checked_code", 0))
+                            "engines_sharing_checked_code", 0),
+                        examples_from_type_run=data.get("examples_from_type_run", 0))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
         report.unreached = {k: UnsupportedOp(**v) for k, v in data.get("unreached", {}).items()}
@@ -166,7 +170,10 @@ class Report:
             lines.append(f"  engines checked against TorchScript on the example inputs: "
                          f"{self.checked_engines}"
                          + (f" (and {sharing} running the same code)" if sharing else "")
-                         + f", in {self.check_seconds:.2f} s")
+                         + f", in {self.check_seconds:.2f} s"
+                         + (f"; {self.examples_from_type_run} compared with the results of "
+                            f"the run that recorded the types" if self.examples_from_type_run
+                            else ""))
         bf16 = sum(c.precision == "bf16" for c in self.clusters)
         if bf16:
             lines.append(f"  precision: bf16 (GEMMs and convolutions by weights in bfloat16 "

@@ -1,9 +1,13 @@
 """Every engine proves itself before it replaces its cluster (`Config.check_engines`, on by
 default), so that a wrong lowering becomes a fallback, never a wrong answer.
 
-Before a round of clusters is compiled, the model's graph runs once on copies of the
-example inputs, every cluster's nodes as TorchScript, with each cluster's inputs and outputs
-recorded (`capture_cluster_examples`). Each engine, once compiled and loaded, runs its code
+Each engine is compared on an example: its cluster's inputs and outputs when the graph ran
+on copies of the example inputs. A cluster that takes the graph's inputs and gives its
+results (a model compiled whole) has its example already: the run that recorded the types
+(blade.frontend.simplify) returned those results (`examples_from_results`). For the other
+clusters, before a round of clusters is compiled, the model's graph runs once more, every
+cluster's nodes as TorchScript, with each cluster's inputs and outputs recorded
+(`capture_cluster_examples`). Each engine, once compiled and loaded, runs its code
 on copies of its cluster's inputs (`Engine.run_code`), and its outputs must agree with the
 recorded ones (`disagreement`): the same shape and dtype, NaN and +-inf at the same places, and the
 finite values within the tolerance of their dtype, `|got - want| <= atol * scale + rtol *
@@ -25,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from blade import _C
+from blade.frontend.simplify import may_be_written
 
 # dtype -> (rtol, atol relative to the output's scale)
 TOLERANCES: Dict[torch.dtype, tuple] = {
@@ -91,6 +96,43 @@ class Example:
 
     inputs: List[torch.Tensor]
     outputs: List[torch.Tensor]
+
+
+def examples_from_results(graph, clusters: Sequence, inputs: Sequence,
+                          results: Sequence) -> Dict[torch._C.Node, Example]:
+    """The examples of the clusters that the example run of the type recording already
+    gives: a cluster whose inputs are all inputs of the graph and whose outputs are all
+    results of the graph (or elements of a tuple or list it returns), with nothing in the
+    graph writing to any of them, ran on copies of the example inputs `inputs` and gave
+    what the graph returned, `results` (blade.frontend.simplify). The other clusters are
+    left to the capture run. A cluster compiled whole is the common case: its check then
+    costs no second TorchScript run of the model."""
+    # Values by their unique number: the graph input's position, the tensor returned.
+    position = {v.unique(): p for p, v in enumerate(list(graph.inputs())[1:])}
+    graph_outputs = list(graph.outputs())
+    if len(graph_outputs) != len(results) or len(position) != len(inputs):
+        return {}
+    returned = {}
+    for value, result in zip(graph_outputs, results):
+        returned[value.unique()] = result
+        node = value.node()
+        if node.kind() in ("prim::TupleConstruct", "prim::ListConstruct") and \
+                isinstance(result, (tuple, list)) and len(result) == node.inputsSize():
+            returned.update((v.unique(), r) for v, r in zip(node.inputs(), result))
+    # Engines run in the graph's block; the return node only hands results to the caller.
+    readers = ("prim::FunctionalGraph", "prim::Return")
+    found = {}
+    for cluster in clusters:
+        ins, outs = list(cluster.inputs()), list(cluster.outputs())
+        if not all(v.unique() in position and
+                   isinstance(inputs[position[v.unique()]], torch.Tensor) for v in ins) or \
+                not all(isinstance(returned.get(v.unique()), torch.Tensor) for v in outs) or \
+                any(may_be_written(v, readers) for v in ins + outs):
+            continue
+        # Not copied: the comparisons run the engine on copies of their own.
+        found[cluster] = Example([inputs[position[v.unique()]] for v in ins],
+                                 [returned[v.unique()] for v in outs])
+    return found
 
 
 def capture_cluster_examples(module, graph, clusters: Sequence,

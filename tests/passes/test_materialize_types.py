@@ -26,8 +26,12 @@ def test_records_dtype_and_sizes_and_leaves_unreached_values_alone():
     module = frozen(Branchy())
     graph = module.graph
     FileCheck().check("Tensor = aten::relu").run(str(graph))
-    count = _C.materialize_types(graph, (module._c, torch.randn(4, 8), True), True)
+    x = torch.randn(4, 8)
+    count, returned = _C.materialize_types(graph, (module._c, x, True), True)
     assert count >= 3
+    # What the graph returned on the inputs comes back too (the engine check's example).
+    assert len(returned) == 1
+    torch.testing.assert_close(returned[0], Branchy()(x, True), rtol=0, atol=0)
     text = str(graph)
     FileCheck().check("Float(4, 8").check("aten::relu").check("block0").check(
         "Float(4, 8").check("aten::mul").check("block1").check("Tensor = aten::to").run(text)

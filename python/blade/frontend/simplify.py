@@ -45,18 +45,19 @@ def is_tensor_op(node: torch._C.Node) -> bool:
     return any(isinstance(v.type(), torch._C.TensorType) for v in node.outputs())
 
 
-def _writes(value: torch._C.Value) -> bool:
+def may_be_written(value: torch._C.Value, also_reading: Sequence[str] = ()) -> bool:
     """Whether some node may write to `value`: an op whose schema marks the argument as
     written, or one that writes a view of it or a container holding it (followed through
     every op whose schema says its result may alias the argument). A node without a
-    schema counts as a writer, except list/tuple plumbing and the reads below."""
+    schema counts as a writer, except list/tuple plumbing, the reads below and the kinds
+    `also_reading`."""
     for use in value.uses():
         node = use.user
         if node.kind() in _CONTAINER_PLUMBING:
-            if any(_writes(output) for output in node.outputs()):
+            if any(may_be_written(output, also_reading) for output in node.outputs()):
                 return True
             continue
-        if node.kind() in _READS_WITHOUT_SCHEMA:
+        if node.kind() in _READS_WITHOUT_SCHEMA or node.kind() in also_reading:
             continue
         schema = node.schema()
         if schema == "(no schema)":
@@ -65,8 +66,8 @@ def _writes(value: torch._C.Value) -> bool:
         if not arguments:
             return True
         alias = arguments[min(use.offset, len(arguments) - 1)].alias_info
-        if alias is not None and (alias.is_write or
-                                  any(_writes(output) for output in node.outputs())):
+        if alias is not None and (alias.is_write or any(may_be_written(output, also_reading)
+                                                        for output in node.outputs())):
             return True
     return False
 
@@ -103,7 +104,7 @@ def fold_tensor_attributes(graph: torch._C.Graph, module: torch.jit.ScriptModule
                 isinstance(node.output().type(), torch._C.TensorType):
             path = _attribute_path(node, self_value)
             reads.append((node, path))
-            if _writes(node.output()):
+            if may_be_written(node.output()):
                 written.add(path)
     folded = 0
     for node, path in reads:
@@ -124,13 +125,15 @@ def fold_tensor_attributes(graph: torch._C.Graph, module: torch.jit.ScriptModule
 def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple,
              excluded_ops=(), dump: Optional[Dumper] = None,
              resized_inputs: Sequence[Tuple] = (), dynamic: bool = False,
-             none_inputs: Sequence[int] = ()) -> Tuple[Dict[str, int], torch._C.Graph]:
+             none_inputs: Sequence[int] = ()) -> Tuple[Dict[str, int], torch._C.Graph, List]:
     """Cleans the frozen graph, applies the decompositions and materializes its types from
     the example inputs (and `resized_inputs`: dims that differ there become dynamic).
     Optional tensor inputs at `none_inputs` (graph positions) are taken to be None.
-    Returns how many nodes of each op were decomposed, and a copy of the graph from before
-    the decompositions and the example inputs were used (the model for any input). `dump` gets the graph
-    after every pass that changed it."""
+    Returns how many nodes of each op were decomposed, a copy of the graph from before the
+    decompositions and the example inputs were used (the model for any input), and what the
+    graph returned when it ran on the example inputs to record the types (the passes after
+    that run keep what the graph computes). `dump` gets the graph after every pass that
+    changed it."""
     from blade.frontend.decompositions import decompose
 
     dump = dump or Dumper(None)
@@ -182,10 +185,9 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     # model takes only when autograd is on (nn.TransformerEncoderLayer's slow path) are
     # not the ones compiled.
     with torch.no_grad():
-        run("materialize_types",
-            lambda: _C.materialize_types(
-                graph, (module._c,) + private_copy(inputs), True,
-                [(module._c,) + private_copy(more) for more in resized_inputs]))
+        _, example_outputs = run("materialize_types", lambda: _C.materialize_types(
+            graph, (module._c,) + private_copy(inputs), True,
+            [(module._c,) + private_copy(more) for more in resized_inputs]))
     run("fresh_casts", lambda: fresh_casts(graph))
     run("float_comparison_scalars", lambda: float_comparison_scalars(graph))
     run("tensor_divisors", lambda: tensor_divisors(graph))
