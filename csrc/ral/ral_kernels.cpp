@@ -460,6 +460,31 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
   });
 }
 
+void sort_along(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* values,
+                BladeUnrankedMemRef* indices, int64_t dimension, bool descending,
+                bool stable, int64_t k) noexcept {
+  guarded("blade_ral_sort", [&] {
+    const at::Tensor x = view_of(input, dtype);
+    at::Tensor sorted = view_of(values, dtype);
+    at::Tensor order = view_of(indices, at::kLong);
+    TORCH_CHECK(x.dim() == 0 ? dimension == 0 : dimension >= 0 && dimension < x.dim(),
+                "blade_ral_sort: dimension ", dimension, " of a tensor of rank ", x.dim());
+    std::vector<int64_t> expected(x.sizes().begin(), x.sizes().end());
+    if (k > 0) {
+      TORCH_CHECK(x.dim() > 0 && k <= x.size(dimension), "blade_ral_sort: the first ", k,
+                  " of ", x.sizes(), " along dim ", dimension);
+      expected[static_cast<size_t>(dimension)] = k;
+    }
+    check_result_shape("blade_ral_sort", sorted, expected);
+    check_result_shape("blade_ral_sort", order, expected);
+    if (k > 0) {
+      at::topk_out(sorted, order, x, k, dimension, /*largest=*/descending, /*sorted=*/true);
+    } else {
+      at::sort_out(sorted, order, x, stable, dimension, descending);
+    }
+  });
+}
+
 // The [N, O, H, W] sizes of conv2d(x, w) with symmetric `padding`.
 std::vector<int64_t> conv_output_sizes(const at::Tensor& x, const at::Tensor& w,
                                        const std::vector<int64_t>& padding,
@@ -811,5 +836,21 @@ BLADE_RAL_DEFINE_KERNELS(f64, c10::ScalarType::Double)
 BLADE_RAL_DEFINE_KERNELS(f16, c10::ScalarType::Half)
 BLADE_RAL_DEFINE_KERNELS(bf16, c10::ScalarType::BFloat16)
 #undef BLADE_RAL_DEFINE_KERNELS
+
+#define BLADE_RAL_DEFINE_SORT(suffix, scalar_type)                                           \
+  void blade_ral_sort_##suffix(BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(values),            \
+                               BLADE_RAL_MEMREF(indices), int64_t dimension,                 \
+                               int64_t descending, int64_t stable, int64_t k) {              \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), v = BLADE_RAL_UNRANKED(values),       \
+                        i = BLADE_RAL_UNRANKED(indices);                                     \
+    sort_along(scalar_type, &x, &v, &i, dimension, descending != 0, stable != 0, k);         \
+  }
+BLADE_RAL_DEFINE_SORT(f32, c10::ScalarType::Float)
+BLADE_RAL_DEFINE_SORT(f64, c10::ScalarType::Double)
+BLADE_RAL_DEFINE_SORT(f16, c10::ScalarType::Half)
+BLADE_RAL_DEFINE_SORT(bf16, c10::ScalarType::BFloat16)
+BLADE_RAL_DEFINE_SORT(i32, c10::ScalarType::Int)
+BLADE_RAL_DEFINE_SORT(i64, c10::ScalarType::Long)
+#undef BLADE_RAL_DEFINE_SORT
 #undef BLADE_RAL_UNRANKED
 }

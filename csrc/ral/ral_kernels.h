@@ -103,4 +103,21 @@ BLADE_RAL_DECLARE_KERNELS(f64)
 BLADE_RAL_DECLARE_KERNELS(f16)
 BLADE_RAL_DECLARE_KERNELS(bf16)
 #undef BLADE_RAL_DECLARE_KERNELS
+
+// sort: `values` and `indices` (int64) of `input` sorted along `dimension`, ascending or
+// descending, by PyTorch's own sort (stable when `stable`), so ties and NaN come out in
+// eager's order; with `k` > 0, only the first k along the dim, by PyTorch's topk (sorted).
+// aten::sort, argsort and topk lower to it. One symbol per element type of `input`: f32,
+// f64, f16, bf16, i32, i64.
+#define BLADE_RAL_DECLARE_SORT(suffix)                                                       \
+  void blade_ral_sort_##suffix(BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(values),            \
+                               BLADE_RAL_MEMREF(indices), int64_t dimension,                 \
+                               int64_t descending, int64_t stable, int64_t k);
+BLADE_RAL_DECLARE_SORT(f32)
+BLADE_RAL_DECLARE_SORT(f64)
+BLADE_RAL_DECLARE_SORT(f16)
+BLADE_RAL_DECLARE_SORT(bf16)
+BLADE_RAL_DECLARE_SORT(i32)
+BLADE_RAL_DECLARE_SORT(i64)
+#undef BLADE_RAL_DECLARE_SORT
 }

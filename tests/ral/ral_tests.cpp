@@ -404,6 +404,36 @@ void test_matmul_library_call() {
   EXPECT(blade::ral::take_kernel_error().empty());  // taking it clears it
 }
 
+void test_sort_library_call() {
+  // Ties everywhere: the kernel is PyTorch's sort and topk, so indices match eager's.
+  at::Tensor x = at::randint(-2, 3, {4, 9}, at::kInt);
+  at::Tensor values = at::empty({4, 9}, at::kInt);
+  at::Tensor indices = at::empty({4, 9}, at::kLong);
+  auto dx = describe<2>(x);
+  auto dv = describe<2>(values);
+  auto di = describe<2>(indices);
+  blade_ral_sort_i32(2, &dx, 2, &dv, 2, &di, /*dimension=*/1, /*descending=*/1, 0, 0);
+  EXPECT(blade::ral::take_kernel_error().empty());
+  auto [want_values, want_indices] = at::sort(x, 1, /*descending=*/true);
+  EXPECT(at::equal(values, want_values) && at::equal(indices, want_indices));
+
+  at::Tensor top = at::empty({4, 3}, at::kInt);
+  at::Tensor top_indices = at::empty({4, 3}, at::kLong);
+  auto dt = describe<2>(top);
+  auto dti = describe<2>(top_indices);
+  blade_ral_sort_i32(2, &dx, 2, &dt, 2, &dti, 1, /*descending=*/0, 0, /*k=*/3);
+  EXPECT(blade::ral::take_kernel_error().empty());
+  auto [top_values, top_want] = at::topk(x, 3, 1, /*largest=*/false);
+  EXPECT(at::equal(top, top_values) && at::equal(top_indices, top_want));
+
+  // Buffers of another shape: an error for this thread, nothing written.
+  blade_ral_sort_i32(2, &dx, 2, &dv, 2, &di, 1, 0, 0, /*k=*/3);
+  EXPECT(contains(blade::ral::take_kernel_error(),
+                  "the output buffer has shape [4, 9], the result has shape [4, 3]"));
+  blade_ral_sort_i32(2, &dx, 2, &dt, 2, &dti, /*dimension=*/2, 0, 0, 0);
+  EXPECT(contains(blade::ral::take_kernel_error(), "dimension 2 of a tensor of rank 2"));
+}
+
 void test_matmul_by_a_param_uses_its_packed_copy() {
   at::Tensor weight = at::randn({48, 32});  // a linear layer's [out, in] weight
   blade::ral::PreparedWeights prepared({weight}, /*bf16=*/false);
@@ -825,6 +855,7 @@ int main(int argc, char** argv) {
       {"winograd_convolution_keeps_inf_and_nan_where_direct_does",
        test_winograd_convolution_keeps_inf_and_nan_where_direct_does},
       {"matmul_library_call", test_matmul_library_call},
+      {"sort_library_call", test_sort_library_call},
       {"matmul_by_a_param_uses_its_packed_copy", test_matmul_by_a_param_uses_its_packed_copy},
       {"matmul_by_an_untransposed_param_prepares_its_transpose",
        test_matmul_by_an_untransposed_param_prepares_its_transpose},

@@ -57,3 +57,62 @@ def test_elementwise_code_is_left_alone():
     }
     """, "outline-library-calls")
     assert "blade_library_call" not in result and compilation.statistics.library_calls == 0
+
+
+SORT_DESCENDING = """
+func.func @main(%arg0: tensor<3x5xf32>) -> (tensor<3x5xf32>, tensor<3x5xi64>) {
+  %0 = stablehlo.iota dim = 1 : tensor<3x5xi64>
+  %1:2 = "stablehlo.sort"(%arg0, %0) <{dimension = 1 : i64, is_stable = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<i64>, %d: tensor<i64>):
+    %2 = stablehlo.compare GT, %a, %b, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %2 : tensor<i1>
+  }) : (tensor<3x5xf32>, tensor<3x5xi64>) -> (tensor<3x5xf32>, tensor<3x5xi64>)
+  return %1#0, %1#1 : tensor<3x5xf32>, tensor<3x5xi64>
+}
+"""
+
+
+def test_a_sort_as_torch_mlir_lowers_it_becomes_a_call_of_the_sort_kernel():
+    compilation = check_pass(SORT_DESCENDING + """
+    // CHECK: [[S:%[0-9]+]]:2 = call @blade_library_call_0(%arg0)
+    // CHECK-NOT: stablehlo.sort
+    // CHECK-NOT: stablehlo.iota
+    // CHECK: return [[S]]#0, [[S]]#1
+    // CHECK: func.func private @blade_library_call_0
+    // CHECK-SAME: blade.descending = 1
+    // CHECK-SAME: blade.dimension = 1
+    // CHECK-SAME: blade.k = 0
+    // CHECK-SAME: blade.library_call = "sort"
+    // CHECK-SAME: blade.stable = 0
+    // CHECK: bufferization.alloc_tensor() : tensor<3x5xf32>
+    // CHECK: bufferization.alloc_tensor() : tensor<3x5xi64>
+    """, "outline-library-calls")
+    assert compilation.statistics.library_calls == 1
+
+
+def test_a_sort_of_another_comparator_stays():
+    # Comparing the indices too (a lexicographic sort) is not PyTorch's sort.
+    other = SORT_DESCENDING.replace("%2 = stablehlo.compare GT, %a, %b",
+                                    "%2 = stablehlo.compare GT, %c, %d").replace(
+        "(tensor<f32>, tensor<f32>) -> tensor<i1>", "(tensor<i64>, tensor<i64>) -> tensor<i1>")
+    result, compilation = run_pass(other, "outline-library-calls")
+    assert "stablehlo.sort" in result and compilation.statistics.library_calls == 0
+
+
+def test_a_sort_whose_results_are_only_sliced_to_their_first_k_is_a_topk():
+    # aten::topk(x, 2, largest=True) as Torch-MLIR lowers it.
+    topk = SORT_DESCENDING.replace(
+        "return %1#0, %1#1 : tensor<3x5xf32>, tensor<3x5xi64>",
+        "%3 = stablehlo.slice %1#0 [0:3, 0:2] : (tensor<3x5xf32>) -> tensor<3x2xf32>\n"
+        "  %4 = stablehlo.slice %1#1 [0:3, 0:2] : (tensor<3x5xi64>) -> tensor<3x2xi64>\n"
+        "  return %3, %4 : tensor<3x2xf32>, tensor<3x2xi64>").replace(
+        "-> (tensor<3x5xf32>, tensor<3x5xi64>) {", "-> (tensor<3x2xf32>, tensor<3x2xi64>) {")
+    check_pass(topk + """
+    // CHECK: [[S:%[0-9]+]]:2 = call @blade_library_call_0(%arg0) : (tensor<3x5xf32>) -> (tensor<3x2xf32>, tensor<3x2xi64>)
+    // CHECK-NOT: stablehlo.slice
+    // CHECK: return [[S]]#0, [[S]]#1
+    // CHECK: blade.k = 2
+    """, "outline-library-calls")
+    # A slice of another part (the last two) keeps the whole sort.
+    result, _ = run_pass(topk.replace("[0:3, 0:2]", "[0:3, 3:5]"), "outline-library-calls")
+    assert "blade.k = 0" in result and "stablehlo.slice" in result

@@ -93,6 +93,21 @@ def test_lower_library_calls_replaces_the_body_with_one_kernel_call():
     """, "lower-library-calls")
 
 
+def test_a_sorts_values_and_indices_reach_the_kernel_with_their_own_element_types():
+    check_pass("""
+    func.func @main(%arg0: memref<3x5xi32>, %arg1: memref<3x5xi32>, %arg2: memref<3x5xi64>) {
+      call @blade_library_call_0(%arg0, %arg1, %arg2) : (memref<3x5xi32>, memref<3x5xi32>, memref<3x5xi64>) -> ()
+      return
+    }
+    func.func private @blade_library_call_0(%arg0: memref<3x5xi32>, %arg1: memref<3x5xi32>, %arg2: memref<3x5xi64>) attributes {blade.library_call = "sort", blade.dimension = 1 : i64, blade.descending = 0 : i64, blade.stable = 1 : i64, blade.k = 0 : i64} {
+      return
+    }
+    // CHECK: func.func private @blade_ral_sort_i32(memref<*xi32>, memref<*xi32>, memref<*xi64>, i64, i64, i64, i64)
+    // CHECK: memref.cast %arg2 : memref<3x5xi64> to memref<*xi64>
+    // CHECK: call @blade_ral_sort_i32(
+    """, "lower-library-calls")
+
+
 def test_emit_c_interface_marks_main():
     check_pass(EXP_LOOP + """
     // CHECK: func.func @main({{.*}}) attributes {llvm.emit_c_interface}

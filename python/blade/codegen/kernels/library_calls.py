@@ -1,6 +1,7 @@
-"""Matmuls and convolutions as calls into PyTorch's own CPU kernels (through the RAL).
+"""Matmuls, convolutions and sorts as calls into PyTorch's own CPU kernels (through the RAL).
 
-Loops generated from linalg cannot match MKL or oneDNN, so these ops never become loops:
+Loops generated from linalg cannot match MKL or oneDNN, so these ops never become loops
+(and nothing else in the pipeline lowers a sort: see `_outline_sort`):
 
 1. `outline` (on StableHLO, before linalg): each `stablehlo.dot_general` and
    `stablehlo.convolution` of a supported form moves into a private function of its own,
@@ -20,11 +21,11 @@ from typing import Dict, List, Optional, Tuple
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
-from torch_mlir.dialects import arith, func, memref, tensor
+from torch_mlir.dialects import arith, bufferization, func, memref, tensor
 
 from blade.codegen.kernels import attention
-from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, only_data_user, producer,
-                                      strides_of)
+from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, defining_op, only_data_user,
+                                      producer, strides_of)
 
 LIBRARY_CALL = "blade.library_call"
 # Element types the kernels take, each with its kernel symbols' suffix.
@@ -227,6 +228,9 @@ KERNEL_ARGUMENTS["conv2d_nhwc_bias"] = KERNEL_ARGUMENTS["conv2d"] + ["relu"]
 KERNEL_ARGUMENTS["attention"] = ["transpose_k", "transpose_v", "scale",  # scale: f64
                                   "zero_masked_rows"]
 KERNEL_ARGUMENTS["attention_masked"] = KERNEL_ARGUMENTS["attention"]
+KERNEL_ARGUMENTS["sort"] = ["dimension", "descending", "stable", "k"]  # k: 0, or topk's
+# The element types sort takes (its values' type names the kernel, as for the others).
+SORT_ELEMENT_TYPES = ("f32", "f64", "f16", "bf16", "i32", "i64")
 # A kernel that writes its result through strides (attention) may take the transpose that
 # follows it into its function: the function returns the transposed tensor, and `lower`
 # hands the kernel a view of that buffer in the kernel's own dim order (see
@@ -407,6 +411,122 @@ def _in_block_order(main, ops) -> List:
             if any(o == m for m in listed)]
 
 
+def _sort_form(op) -> Optional[dict]:
+    """The kernel's attributes when `op` is a stablehlo.sort as Torch-MLIR lowers
+    aten::sort (argsort and topk too): the values and an iota along the sorted dim, the
+    comparator one `compare LT` (ascending) or `GT` (descending) of the values; else None.
+    The kernel is PyTorch's own sort, so ties and NaN come out as eager orders them."""
+    if len(op.operands) != 2 or len(op.results) != 2:
+        return None
+    dimension = ir.IntegerAttr(op.attributes["dimension"]).value
+    iota = producer(op.operands[1], "stablehlo.iota") or \
+        producer(op.operands[1], "stablehlo.dynamic_iota")
+    values = ir.ShapedType(op.operands[0].type)
+    indices = ir.ShapedType(op.operands[1].type)
+    if iota is None or ir.IntegerAttr(iota.attributes["iota_dimension"]).value != dimension \
+            or str(values.element_type) not in SORT_ELEMENT_TYPES \
+            or str(indices.element_type) != "i64":
+        return None
+    block = op.regions[0].blocks[0]
+    body = list(block.operations)
+    if len(body) != 2 or body[0].name != "stablehlo.compare" or \
+            body[1].name != "stablehlo.return" or \
+            list(body[0].operands) != list(block.arguments)[:2] or \
+            list(body[1].operands) != [body[0].result]:
+        return None
+    direction = str(body[0].attributes["comparison_direction"])
+    if direction.endswith("LT>"):
+        descending = 0
+    elif direction.endswith("GT>"):
+        descending = 1
+    else:
+        return None
+    stable = "is_stable" in op.attributes and ir.BoolAttr(op.attributes["is_stable"]).value
+    return {"kind": "sort", "dimension": dimension, "descending": descending,
+            "stable": int(stable), "k": _top_k(op, dimension) if not stable else 0}
+
+
+def _top_k(sort, dimension: int) -> int:
+    """k when every use of the sort's results is a slice of its first k along the sorted
+    dim (aten::topk, as Torch-MLIR lowers it), else 0. The kernel then runs PyTorch's
+    topk, which picks among equal values as eager's topk does (an unstable sort may order
+    them any way)."""
+    shape = ir.RankedTensorType(sort.operands[0].type)
+    if not shape.has_static_shape:
+        return 0
+    found = set()
+    for result in sort.results:
+        for use in result.uses:
+            user = as_operation(use.owner)
+            if user.name != "stablehlo.slice":
+                return 0
+            start = _i64s(user.attributes["start_indices"])
+            limit = _i64s(user.attributes["limit_indices"])
+            strides = _i64s(user.attributes["strides"])
+            if any(start) or any(s != 1 for s in strides) or \
+                    any(limit[d] != shape.shape[d] for d in range(shape.rank) if d != dimension):
+                return 0
+            found.add(limit[dimension])
+    if len(found) != 1:
+        return 0
+    k = found.pop()
+    return k if 0 < k < shape.shape[dimension] else 0
+
+
+def _outline_sort(module, main, op, attributes, index: int) -> None:
+    """Replaces the sort `op` (and a topk's slices) with a call of a function of its own,
+    marked as a library call, whose body only allocates the values and indices (nothing
+    else in the pipeline lowers a sort; `lower` replaces the body with the kernel's call).
+    Results of dynamic size keep the function public, as `_outline_one` does, sized like
+    the input."""
+    name = f"blade_library_call_{index}"
+    source = op.operands[0]
+    result_types = [r.type for r in op.results]
+    if attributes["k"]:
+        # topk's: the call gives what the slices took (the first k along the dim).
+        result_types = []
+        for r in op.results:
+            t = ir.RankedTensorType(r.type)
+            sizes = list(t.shape)
+            sizes[attributes["dimension"]] = attributes["k"]
+            result_types.append(ir.RankedTensorType.get(sizes, t.element_type))
+    dynamic = not ir.ShapedType(source.type).has_static_shape
+    with ir.InsertionPoint(module.body):
+        function = func.FuncOp(name, ([source.type], result_types),
+                               visibility="public" if dynamic else "private")
+    function.operation.move_after(main)
+    block = function.add_entry_block()
+    with ir.InsertionPoint(block):
+        index_type = ir.IndexType.get()
+        # Allocations, not tensor.empty: CSE would make one of two empty tensors of one
+        # type (int64 values and their indices), and the two results one buffer.
+        allocations = []
+        for t in result_types:
+            result = ir.RankedTensorType(t)
+            sizes = [tensor.DimOp(block.arguments[0], arith.ConstantOp(index_type, d).result
+                                  ).result
+                     for d in range(result.rank) if result.is_dynamic_dim(d)]
+            allocations.append(bufferization.AllocTensorOp(result, sizes).result)
+        func.ReturnOp(allocations)
+    i64 = ir.IntegerType.get_signless(64)
+    function.attributes[LIBRARY_CALL] = ir.StringAttr.get("sort")
+    for key in KERNEL_ARGUMENTS["sort"]:
+        function.attributes[f"blade.{key}"] = ir.IntegerAttr.get(i64, attributes[key])
+    with ir.InsertionPoint(op):
+        call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), [source])
+    iota = defining_op(op.operands[1])
+    for result, replacement in zip(op.results, call.results):
+        if attributes["k"]:
+            for user in [as_operation(u.owner) for u in result.uses]:
+                user.results[0].replace_all_uses_with(replacement)
+                user.erase()
+        else:
+            result.replace_all_uses_with(replacement)
+    op.erase()
+    if not list(iota.results[0].uses):
+        iota.erase()
+
+
 def outline(module, main) -> Dict[str, int]:
     """Step 1 (see the module docstring); returns how many ops were outlined, by kind."""
     counts: Dict[str, int] = {}
@@ -463,6 +583,11 @@ def outline(module, main) -> Dict[str, int]:
                 attributes = _conv_form(op)
                 if attributes is not None:
                     take(op, list(op.operands), [], attributes)
+            elif op.name == "stablehlo.sort":
+                attributes = _sort_form(op)
+                if attributes is not None:
+                    _outline_sort(module, main, op, attributes, sum(counts.values()))
+                    counts["sort"] = counts.get("sort", 0) + 1
     return counts
 
 
@@ -500,9 +625,10 @@ def lower(module) -> None:
                 for op in reversed(list(block.operations)):
                     op.erase()
             arguments = list(block.arguments) + returned
+            # The kernel's symbol is named by its first operand's element type (a sort's
+            # indices are i64 whatever the values are).
             element = ir.ShapedType(arguments[0].type).element_type
             callee = f"blade_ral_{kind}_{element}"
-            unranked = ir.UnrankedMemRefType.get(element, None)
             with ir.InsertionPoint(block):
                 if OUT_PERMUTATION in function.attributes:
                     arguments[-1] = _transposed_view(
@@ -512,7 +638,8 @@ def lower(module) -> None:
                     scale = _run_time_scale(
                         arguments.pop(ir.IntegerAttr(function.attributes[SCALE_OPERAND]).value),
                         ir.IntegerAttr(function.attributes[SCALE_DIVIDES]).value == 1)
-                operands = [memref.CastOp(unranked, a).result for a in arguments]
+                operands = [memref.CastOp(ir.UnrankedMemRefType.get(
+                    ir.ShapedType(a.type).element_type, None), a).result for a in arguments]
                 for key in KERNEL_ARGUMENTS[kind]:
                     attr = function.attributes[f"blade.{key}"]
                     operands.append(scale if key == "scale" and scale is not None else
