@@ -16,7 +16,8 @@ from helpers import Lambda, assert_same, run_compiled
 
 
 class MixedModel(torch.nn.Module):
-    """Elementwise chains around linear layers, and a topk that Blade does not compile."""
+    """Elementwise chains around linear layers, and a topk that Blade does not compile (an
+    unsorted one: Torch-MLIR lowers only sorted ones)."""
 
     def __init__(self):
         super().__init__()
@@ -28,7 +29,7 @@ class MixedModel(torch.nn.Module):
         h = self.fc1(x)
         h = torch.nn.functional.gelu(h * self.scale + 1.0) * torch.sigmoid(h)
         h = h.masked_fill(mask, 0.0)
-        values, _ = torch.topk(h, 4, dim=-1)
+        values, _ = torch.topk(h, 4, dim=-1, sorted=False)
         out = self.fc2(h)
         out = torch.softmax(out - out.amax(dim=-1, keepdim=True), dim=-1)
         return out, values.sum(dim=-1)
@@ -36,7 +37,7 @@ class MixedModel(torch.nn.Module):
 
 class Unsupported(torch.nn.Module):
     def forward(self, x):
-        return torch.topk(x, 2).values.cumprod(dim=0)
+        return torch.topk(x, 2, sorted=False).values.cumprod(dim=0)
 
 
 def test_mixed_model_compiles_clusters_and_matches_eager():
