@@ -34,6 +34,7 @@ from blade.codegen.linalg.pooling import lower_reduce_windows
 from blade.codegen.llvm import abi, launchers
 from blade.codegen.loops import approximations, loop_order, parallel, tiled_transpose
 from blade.codegen.stablehlo import folding, layouts, slices
+from blade.codegen.stablehlo.unsigned import signless_boundaries
 from blade.codegen.stablehlo.degenerate_reductions import simplify_degenerate_reductions
 from blade.codegen.stablehlo.shape_assumptions import (annotate_broadcasts, divide_out_sizes,
                                                        drop_identity_broadcasts,
@@ -142,6 +143,7 @@ def build(options: Options) -> List[Pass]:
         *torch_to_stablehlo(),
 
         # -- StableHLO: Blade's rewrites --------------------------------------------------
+        Pass("signless-boundaries", lambda c: signless_boundaries(c.module, c.main)),
         *([Pass("inline-user-converters",
                 lambda c: _inline_user_converters(c.module, c.options.user_calls))]
           if options.user_calls else []),

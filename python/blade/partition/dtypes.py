@@ -51,7 +51,10 @@ BY_NAME = {name: d.torch for d in DTYPES for name in (d.name, *d.aliases)}
 F32 = ("float32",)
 BOOL = ("bool",)
 FLOATS = ("float32", "float64", "float16", "bfloat16")
-INTS = ("int64", "int32")
+# What PyTorch takes as indices (gather, scatter, embedding).
+INDICES = ("int64", "int32")
+# uint8 is unsigned in the compiled code too (codegen/stablehlo/unsigned.py).
+INTS = INDICES + ("int16", "int8", "uint8")
 NUMERIC = FLOATS + INTS
 ALL = NUMERIC + BOOL
 

@@ -18,7 +18,7 @@ from typing import List, Optional
 
 import torch
 
-from blade.partition.dtypes import INTS, NUMERIC, DtypeRule, define
+from blade.partition.dtypes import INDICES, NUMERIC, DtypeRule, define
 from blade.partition.registry import BUILTIN_PRIORITY, REGISTRY, Converter
 
 # Update computations by reduction name (scatter_reduce's and scatter's).
@@ -183,7 +183,7 @@ def _lower_scatter_value_reduce(ctx):
                            ctx.arguments["reduce"], True)
 
 
-_RULE = DtypeRule(args={"self": NUMERIC, "src": NUMERIC, "index": INTS})
+_RULE = DtypeRule(args={"self": NUMERIC, "src": NUMERIC, "index": INDICES})
 define(["aten::scatter_reduce.two", "aten::scatter.reduce", "aten::scatter.value_reduce"],
        _RULE)
 for _schema, _lower, _validator in (

@@ -2,7 +2,7 @@
 
 Pure views move no data by themselves, so they do not count as compute ops.
 """
-from blade.partition.dtypes import ALL, ANY_RESULT, DtypeRule, INTS
+from blade.partition.dtypes import ALL, ANY_RESULT, DtypeRule, INDICES
 from blade.partition.converters.registration import builtin
 
 ANY_DTYPE = DtypeRule(args={"*": ALL})
@@ -38,8 +38,8 @@ builtin(["aten::cat", "aten::stack", "aten::repeat", "aten::split.Tensor",
          "aten::split_with_sizes", "aten::chunk", "aten::unbind.int", "aten::clone",
          "aten::flip", "aten::roll", "aten::tril", "aten::triu", "aten::slice_scatter",
          "aten::select_scatter"], ANY_DTYPE)
-builtin(["aten::index_select", "aten::gather"], DtypeRule(args={"index": INTS, "*": ALL}))
-builtin(["aten::embedding"], DtypeRule(args={"indices": INTS, "*": ALL}))
+builtin(["aten::index_select", "aten::gather"], DtypeRule(args={"index": INDICES, "*": ALL}))
+builtin(["aten::embedding"], DtypeRule(args={"indices": INDICES, "*": ALL}))
 
 # Factories: no tensor operands, the dtype is an argument.
 builtin(["aten::arange", "aten::arange.start", "aten::arange.start_step", "aten::full",
