@@ -34,7 +34,7 @@ from blade.codegen.linalg.pooling import lower_reduce_windows
 from blade.codegen.llvm import abi, launchers
 from blade.codegen.loops import approximations, loop_order, parallel, tiled_transpose
 from blade.codegen.stablehlo import folding, layouts, slices
-from blade.codegen.stablehlo.unsigned import signless_boundaries
+from blade.codegen.stablehlo.unsigned import signless_boundaries, unsigned_reduction_identities
 from blade.codegen.stablehlo.degenerate_reductions import simplify_degenerate_reductions
 from blade.codegen.stablehlo.shape_assumptions import (annotate_broadcasts, divide_out_sizes,
                                                        drop_identity_broadcasts,
@@ -144,6 +144,7 @@ def build(options: Options) -> List[Pass]:
 
         # -- StableHLO: Blade's rewrites --------------------------------------------------
         Pass("signless-boundaries", lambda c: signless_boundaries(c.module, c.main)),
+        Pass("unsigned-reduction-identities", lambda c: unsigned_reduction_identities(c.module)),
         *([Pass("inline-user-converters",
                 lambda c: _inline_user_converters(c.module, c.options.user_calls))]
           if options.user_calls else []),

@@ -16,6 +16,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from blade.partition.dtypes import SCALAR_TYPE_NAMES
 from blade.partition.node_types import type_key
 
 # What the registry reports for a node the probe accepted.
@@ -24,11 +25,27 @@ ORIGIN = "torch-mlir"
 _ANSWERS: Dict[Tuple, Optional[str]] = {}
 
 
+# Cases whose conversion crashes Torch-MLIR (a segmentation fault in
+# convert-torch-to-stablehlo, which would take the process with it): op -> the dtypes of its
+# first operand it crashes on. Never asked.
+_CRASHES_TORCH_MLIR = {
+    "aten::max_pool2d": ("Char", "Byte"),
+    "aten::max_pool3d": ("Char", "Byte"),
+}
+
+
 def probe_refusal(node: torch._C.Node) -> Optional[str]:
     """Why `node` is not even asked (None when it may be): the probe takes aten ops with
-    tensor results that neither write into their operands nor draw random numbers."""
+    tensor results that neither write into their operands nor draw random numbers, and
+    none that crashes Torch-MLIR."""
     if not node.kind().startswith("aten::") or node.schema() == "(no schema)":
         return "not an aten op with a schema"
+    crashing = _CRASHES_TORCH_MLIR.get(node.kind(), ())
+    first = next(iter(node.inputs()), None)
+    if first is not None and isinstance(first.type(), torch._C.TensorType) and \
+            first.type().scalarType() in crashing:
+        return (f"Torch-MLIR's StableHLO conversion crashes on {node.kind()} of "
+                f"{SCALAR_TYPE_NAMES[first.type().scalarType()]} tensors")
     schema = torch._C.parse_schema(node.schema())
     if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
         return "it writes into an operand"

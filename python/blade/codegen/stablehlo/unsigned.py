@@ -1,4 +1,4 @@
-"""Unsigned integers (uint8 images) at main's boundary.
+"""Unsigned integers (uint8 images): main's boundary, and the identities of max and min.
 
 Torch-MLIR gives a uint8 tensor the element type `ui8`, and StableHLO's ops compute on it
 with unsigned semantics (a convert to float is `uitofp`, a compare unsigned).
@@ -9,6 +9,11 @@ casts that nothing removes, and bufferization fails on them. `signless_boundarie
 main signless arguments and results instead, each converted to and from the unsigned type
 by a `stablehlo.bitcast_convert` (the same bits), which the lowering drops; inside, every
 op keeps its unsigned type until the lowering.
+
+Torch-MLIR starts a max reduction (amax, max.dim, max pooling) of unsigned integers from the
+signed minimum and a min reduction from the signed maximum, as bits: 128 and 127 for uint8,
+so the max of a row of values under 128 came out 128. `unsigned_reduction_identities` starts
+them from 0 and from the type's largest value instead.
 """
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo  # noqa: F401  (the dialect's Python types)
@@ -71,3 +76,59 @@ def signless_boundaries(module, main) -> int:
             main.attributes["function_type"] = ir.TypeAttr.get(
                 ir.FunctionType.get(inputs, results))
     return rewritten
+
+
+def _unsigned_element(value):
+    element = ir.ShapedType(value.type).element_type
+    return element if isinstance(element, ir.IntegerType) and element.is_unsigned else None
+
+
+def _splat_integer(value):
+    """The value of a splat integer `stablehlo.constant`, or None."""
+    op = value.owner
+    if isinstance(op, ir.Block) or as_operation(op).name != "stablehlo.constant":
+        return None
+    attr = ir.DenseIntElementsAttr(as_operation(op).attributes["value"])
+    return attr[0] if attr.is_splat else None
+
+
+def unsigned_reduction_identities(module) -> int:
+    """Gives each max or min reduction (`stablehlo.reduce`, `reduce_window`) of unsigned
+    integers that starts from the signed extreme the identity of its type (see the module
+    docstring); returns how many initial values were replaced."""
+    found = []
+
+    def visit(op):
+        if op.name in ("stablehlo.reduce", "stablehlo.reduce_window"):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    replaced = 0
+    with module.context, ir.Location.unknown():
+        module.operation.walk(visit)
+        for op in found:
+            body = list(op.regions[0].blocks[0].operations)
+            if len(body) != 2 or body[0].name not in ("stablehlo.maximum", "stablehlo.minimum"):
+                continue
+            count = len(op.operands) // 2    # the inputs, then their initial values
+            for init in list(op.operands)[count:]:
+                element = _unsigned_element(init)
+                if element is None:
+                    continue
+                width = element.width
+                signed_extreme, identity = (2 ** (width - 1), 0) \
+                    if body[0].name == "stablehlo.maximum" else (2 ** (width - 1) - 1,
+                                                                   2 ** width - 1)
+                start = _splat_integer(init)
+                # The attribute reads the bits back as a signed or an unsigned number.
+                if start is None or start % 2 ** width != signed_extreme:
+                    continue
+                with ir.InsertionPoint(op):
+                    constant = ir.Operation.create(
+                        "stablehlo.constant", results=[init.type],
+                        attributes={"value": ir.DenseElementsAttr.get_splat(
+                            init.type, ir.IntegerAttr.get(element, identity))}).result
+                index = list(op.operands).index(init)
+                op.operands[index] = constant
+                replaced += 1
+    return replaced
