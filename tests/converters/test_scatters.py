@@ -98,3 +98,41 @@ def test_an_index_outside_the_operand_runs_the_fallback():
             optimized(x, torch.tensor([1, 5]), values)
     report = blade.report(optimized)
     assert report.runtime_fallbacks == 2, str(report)
+
+
+class MaskedWrites(torch.nn.Module):
+    """`x[mask] = v` in a scripted model (index_put_ on a fresh tensor): one value, one
+    per column for a row mask, and an accumulating index_put by an element mask."""
+
+    def forward(self, x, mask, rows, column_values):
+        y = x * 2.0
+        y[mask] = -1.0
+        z = x + 1.0
+        z[rows] = column_values
+        w = torch.index_put(x * 1.0, (mask,), torch.tensor(0.5), accumulate=True)
+        return y, z, w
+
+
+def test_writes_by_a_boolean_mask_compile_as_selects():
+    model = MaskedWrites()
+    x = torch.randn(5, 6)
+    x[0, 0] = -0.0   # unselected (x > 0.2 is false there): w's -0.0 must stay -0.0
+    inputs = (x, x > 0.2, torch.tensor([True, False, True, True, False]), torch.randn(6))
+    optimized, report = run_compiled(model, inputs, rtol=0, atol=0)
+    assert report.compiled_ops == report.total_ops and not report.unsupported, str(report)
+    for _ in range(3):   # other masks through the same engine
+        x = torch.randn(5, 6)
+        other = (x, x < 0, torch.rand(5) > 0.5, torch.randn(6))
+        for got, want in zip(optimized(*other), model(*other)):
+            assert_same_values(got, want, 0, 0)
+            assert torch.equal(torch.signbit(got), torch.signbit(want))
+
+
+def test_a_value_per_selected_row_keeps_index_put():
+    # The values' shape follows the count of true rows: no select can take it.
+    def fn(x, mask, values):
+        return torch.index_put(x * 2.0, (mask,), values) + 1.0
+
+    x, mask = torch.randn(5, 6), torch.tensor([True, False, True, True, False])
+    optimized, report = run_compiled(Lambda(fn), (x, mask, torch.randn(3, 6)), TRACE)
+    assert "aten::index_put" in report.unsupported, str(report)

@@ -205,7 +205,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
         ("fold_sizes", lambda: _C.fold_sizes(graph)),
         ("peephole", lambda: torch._C._jit_pass_peephole(graph, False)),
         ("fold_numel", lambda: _C.fold_numel(graph)),
-    ] + structure)
+    ] + structure + [("bool_mask_writes", lambda: bool_mask_writes(graph))])
     return still_decomposed(decomposed, graph), unspecialized, example_outputs
 
 
@@ -259,6 +259,63 @@ def _replace(graph: torch._C.Graph, node: torch._C.Node, kind: str, inputs) -> N
 
 
 _COMPARISONS = {f"aten::{name}.Scalar" for name in ("lt", "le", "gt", "ge", "eq", "ne")}
+
+
+def _static_sizes(value: torch._C.Value) -> Optional[List[int]]:
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType) or t.scalarType() is None:
+        return None
+    sizes = t.sizes() if t.symbolic_sizes() is not None else None
+    return list(sizes) if sizes is not None and all(s is not None for s in sizes) else None
+
+
+def bool_mask_writes(graph: torch._C.Graph) -> int:
+    """`x[mask] = v`, once remove_mutation has made it `aten::index_put(x, [mask], v, acc)`,
+    selects where the mask, a bool over x's leading dims, is true: `where(mask, v, x)`
+    (`where(mask, x + v, x)` accumulating), when v is one value or one per trailing
+    position (broadcast alike to every selected row), with static shapes. Neither Blade nor
+    Torch-MLIR compiles index_put by a mask (its general case, a value per selected row,
+    has a shape that depends on the data). Returns how many were rewritten."""
+    count = 0
+    for node in nodes_of(graph, ("aten::index_put",)):
+        if schema_name(node) != "aten::index_put":
+            continue
+        target, indices, values, accumulate = node.inputs()
+        listed = indices.node()
+        if listed.kind() != "prim::ListConstruct" or len(list(listed.inputs())) != 1 or \
+                not isinstance(accumulate.toIValue(), bool):
+            continue
+        mask = next(listed.inputs())
+        shapes = [_static_sizes(v) for v in (target, mask, values)]
+        if any(s is None for s in shapes) or mask.type().scalarType() != "Bool" or \
+                values.type().scalarType() != target.type().scalarType():
+            continue
+        size, mask_size, value_size = shapes
+        trailing = size[len(mask_size):]
+        if not 0 < len(mask_size) <= len(size) or size[:len(mask_size)] != mask_size or \
+                len(value_size) > len(trailing) or \
+                any(v not in (1, t) for v, t in zip(reversed(value_size), reversed(trailing))):
+            continue
+        kept_size = mask_size + [1] * len(trailing)
+        with graph.insert_point_guard(node):
+            keep = graph.insertNode(graph.create("aten::reshape",
+                                                 [mask, graph.insertConstant(kept_size)]))
+            keep.output().setType(torch._C.TensorType.create_from_tensor(
+                torch.empty(kept_size, dtype=torch.bool)))
+            chosen = values
+            if accumulate.toIValue():
+                add = graph.insertNode(graph.create("aten::add", [target, values,
+                                                                  graph.insertConstant(1)]))
+                add.output().setType(target.type())
+                chosen = add.output()
+            where = graph.insertNode(graph.create("aten::where", [keep.output(), chosen,
+                                                                  target]))
+            where.output().setType(target.type())
+            where.copyMetadata(node)
+        node.output().replaceAllUsesWith(where.output())
+        node.destroy()
+        count += 1
+    return count
 
 
 def float_comparison_scalars(graph: torch._C.Graph) -> int:
