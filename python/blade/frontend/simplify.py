@@ -8,7 +8,7 @@ import torch
 from blade import _C
 from blade.frontend.inputs import private_copy
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
-from blade.partition.registry import schema_name
+from blade.partition.registry import is_materialized, schema_name
 from blade.tools.dump import Dumper
 
 
@@ -262,11 +262,10 @@ _COMPARISONS = {f"aten::{name}.Scalar" for name in ("lt", "le", "gt", "ge", "eq"
 
 
 def _static_sizes(value: torch._C.Value) -> Optional[List[int]]:
-    t = value.type()
-    if not isinstance(t, torch._C.TensorType) or t.scalarType() is None:
+    """The sizes of a tensor value whose type was materialized with static shapes."""
+    if not isinstance(value.type(), torch._C.TensorType) or not is_materialized(value):
         return None
-    sizes = t.sizes() if t.symbolic_sizes() is not None else None
-    return list(sizes) if sizes is not None and all(s is not None for s in sizes) else None
+    return list(value.type().symbolic_sizes())
 
 
 def bool_mask_writes(graph: torch._C.Graph) -> int:
@@ -308,12 +307,7 @@ def bool_mask_writes(graph: torch._C.Graph) -> int:
                                                                   graph.insertConstant(1)]))
                 add.output().setType(target.type())
                 chosen = add.output()
-            where = graph.insertNode(graph.create("aten::where", [keep.output(), chosen,
-                                                                  target]))
-            where.output().setType(target.type())
-            where.copyMetadata(node)
-        node.output().replaceAllUsesWith(where.output())
-        node.destroy()
+            _replace(graph, node, "aten::where", [keep.output(), chosen, target])
         count += 1
     return count
 

@@ -43,7 +43,8 @@ def _converted(value, element):
     return converted if low <= converted <= high else None
 
 
-def _splat_value(attr):
+def splat_value(attr):
+    """The number every element of a splat dense attribute holds, or None."""
     dense = ir.DenseElementsAttr(attr)
     if not dense.is_splat:
         return None
@@ -55,10 +56,14 @@ def _splat_value(attr):
     return None
 
 
-def _scalar_attr(element, value):
-    if isinstance(element, ir.FloatType):
-        return ir.FloatAttr.get(element, value)
-    return ir.IntegerAttr.get(element, int(value))
+def splat_constant(result_type, value):
+    """A `stablehlo.constant` of `result_type` (a static shape) holding `value` in every
+    element, built at the current insertion point."""
+    element = ir.RankedTensorType(result_type).element_type
+    scalar = ir.FloatAttr.get(element, value) if isinstance(element, ir.FloatType) else \
+        ir.IntegerAttr.get(element, int(value))
+    return ir.Operation.create("stablehlo.constant", results=[result_type], attributes={
+        "value": ir.DenseElementsAttr.get_splat(result_type, scalar)})
 
 
 # Ops whose result, given a splat operand, is a splat of the same value (converted).
@@ -93,16 +98,13 @@ def fold_splat_constants(module) -> int:
             result = ir.RankedTensorType(op.results[0].type)
             if source.name not in _CONSTANTS or not result.has_static_shape:
                 continue
-            value = _splat_value(source.attributes["value"])
+            value = splat_value(source.attributes["value"])
             element = result.element_type
             converted = None if value is None else _converted(value, element)
             if converted is None:
                 continue
             with ir.InsertionPoint(op), op.location:
-                constant = ir.Operation.create(
-                    "stablehlo.constant", results=[result],
-                    attributes={"value": ir.DenseElementsAttr.get_splat(
-                        result, _scalar_attr(element, converted))})
+                constant = splat_constant(result, converted)
             op.results[0].replace_all_uses_with(constant.results[0])
             op.erase()
             folded += 1

@@ -16,10 +16,9 @@ so the max of a row of values under 128 came out 128. `unsigned_reduction_identi
 them from 0 and from the type's largest value instead.
 """
 from torch_mlir import ir
-from torch_mlir._mlir_libs import _stablehlo  # noqa: F401  (the dialect's Python types)
-from torch_mlir.dialects import func
 
-from blade.codegen.ir_queries import as_operation
+from blade.codegen.ir_queries import as_operation, producer
+from blade.codegen.stablehlo.folding import splat_constant, splat_value
 
 
 def _signless(t):
@@ -83,15 +82,6 @@ def _unsigned_element(value):
     return element if isinstance(element, ir.IntegerType) and element.is_unsigned else None
 
 
-def _splat_integer(value):
-    """The value of a splat integer `stablehlo.constant`, or None."""
-    op = value.owner
-    if isinstance(op, ir.Block) or as_operation(op).name != "stablehlo.constant":
-        return None
-    attr = ir.DenseIntElementsAttr(as_operation(op).attributes["value"])
-    return attr[0] if attr.is_splat else None
-
-
 def unsigned_reduction_identities(module) -> int:
     """Gives each max or min reduction (`stablehlo.reduce`, `reduce_window`) of unsigned
     integers that starts from the signed extreme the identity of its type (see the module
@@ -111,24 +101,21 @@ def unsigned_reduction_identities(module) -> int:
             if len(body) != 2 or body[0].name not in ("stablehlo.maximum", "stablehlo.minimum"):
                 continue
             count = len(op.operands) // 2    # the inputs, then their initial values
-            for init in list(op.operands)[count:]:
+            for index in range(count, len(op.operands)):
+                init = op.operands[index]
                 element = _unsigned_element(init)
-                if element is None:
+                constant = producer(init, "stablehlo.constant")
+                if element is None or constant is None:
                     continue
                 width = element.width
                 signed_extreme, identity = (2 ** (width - 1), 0) \
                     if body[0].name == "stablehlo.maximum" else (2 ** (width - 1) - 1,
                                                                    2 ** width - 1)
-                start = _splat_integer(init)
+                start = splat_value(constant.attributes["value"])
                 # The attribute reads the bits back as a signed or an unsigned number.
                 if start is None or start % 2 ** width != signed_extreme:
                     continue
                 with ir.InsertionPoint(op):
-                    constant = ir.Operation.create(
-                        "stablehlo.constant", results=[init.type],
-                        attributes={"value": ir.DenseElementsAttr.get_splat(
-                            init.type, ir.IntegerAttr.get(element, identity))}).result
-                index = list(op.operands).index(init)
-                op.operands[index] = constant
+                    op.operands[index] = splat_constant(init.type, identity).result
                 replaced += 1
     return replaced
