@@ -5,6 +5,11 @@ import torch
 
 import blade
 
+# Tests that cut clusters apart with an op nothing lowers (an unsorted topk) keep it in
+# TorchScript: by default it would be a kernel call inside the engine
+# (blade/partition/kernel_calls.py).
+NO_KERNEL_CALLS = dict(kernel_calls=False)
+
 
 def run_compiled(model, inputs, config=None, rtol=1e-5, atol=1e-5, min_compiled_ops=1,
                  allow_compile_errors=False):
@@ -136,7 +141,8 @@ class GeluMlp(torch.nn.Module):
 
 
 class TwoClusters(torch.nn.Module):
-    """A Linear/tanh cluster and a sigmoid cluster, cut apart by erfinv (no converter)."""
+    """A Linear/tanh cluster and a sigmoid cluster, cut apart by erfinv (no converter) when
+    it stays TorchScript (Config(kernel_calls=False); else it is a kernel call between them)."""
 
     def __init__(self):
         super().__init__()

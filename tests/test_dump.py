@@ -47,7 +47,7 @@ def check_dump(root, clusters):
 def test_dump_dir_has_every_stage_of_every_cluster(tmp_path):
     model = TwoClusters().eval()
     optimized = blade.optimize(model, (torch.randn(4, 8),),
-                               blade.Config(dump_dir=str(tmp_path / "dump")))
+                               blade.Config(dump_dir=str(tmp_path / "dump"), kernel_calls=False))
     clusters = [c.name for c in blade.report(optimized).clusters]
     assert len(clusters) == 2
     check_dump(tmp_path / "dump", clusters)
@@ -58,7 +58,8 @@ def test_dump_dir_from_the_environment(tmp_path):
         "import torch, blade, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "from helpers import TwoClusters\n"
-        "blade.optimize(TwoClusters().eval(), (torch.randn(4, 8),))\n"
+        "blade.optimize(TwoClusters().eval(), (torch.randn(4, 8),),\n"
+        "               blade.Config(kernel_calls=False))\n"
     )
     env = dict(os.environ, BLADE_DUMP_DIR=str(tmp_path / "env_dump"))
     run = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__)],
@@ -74,7 +75,8 @@ def test_a_failing_cluster_leaves_its_ir_and_the_error(tmp_path):
     converter = blade.register_converter("aten::erfinv")(broken)
     try:
         model = TwoClusters().eval()
-        blade.optimize(model, (torch.randn(4, 8),), blade.Config(dump_dir=str(tmp_path)))
+        blade.optimize(model, (torch.randn(4, 8),),
+                       blade.Config(dump_dir=str(tmp_path), kernel_calls=False))
     finally:
         blade.unregister_converter(converter)
     failed = [d for d in tmp_path.iterdir() if (d / "error.txt").exists()]

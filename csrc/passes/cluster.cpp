@@ -62,12 +62,37 @@ void clear_compute_markers(Block* block) {
   }
 }
 
+// Whether `n` draws random numbers, itself or through a block or subgraph it holds.
+bool draws_random_numbers(const Node* n) {
+  if (n->isNondeterministic()) {
+    return true;
+  }
+  for (const Block* block : n->blocks()) {
+    for (const Node* inner : block->nodes()) {
+      if (draws_random_numbers(inner)) {
+        return true;
+      }
+    }
+  }
+  if (n->hasAttribute(c10::attr::Subgraph)) {
+    for (const Node* inner : n->g(c10::attr::Subgraph)->nodes()) {
+      if (draws_random_numbers(inner)) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 class Clusterer {
  public:
   Clusterer(const std::shared_ptr<torch::jit::Graph>& graph, const ClusterOptions& options)
       : graph_(graph), options_(options), alias_db_(std::make_unique<AliasDb>(graph)) {
     for (Node* n : options_.compute) {
       n->i_(compute_marker(), 1);
+    }
+    for (const Node* n : graph->nodes()) {
+      random_ = random_ || draws_random_numbers(n);
     }
   }
 
@@ -130,7 +155,7 @@ class Clusterer {
     std::sort(producers.begin(), producers.end(),
               [](Node* a, Node* b) { return b->isBefore(a); });
     for (Node* producer : producers) {
-      if (!only_tensors_escape(producer, consumer)) {
+      if (!only_tensors_escape(producer, consumer) || !keeps_random_order(producer, consumer)) {
         continue;
       }
       if (!alias_db_->moveBeforeTopologicallyValid(producer, consumer)) {
@@ -140,6 +165,21 @@ class Clusterer {
       return {consumer->reverseIterator(), true};
     }
     return {++consumer->reverseIterator(), false};
+  }
+
+  // Merging moves `producer`, and what uses it before `consumer`, down to `consumer`. With
+  // two nodes that draw random numbers from there to `consumer`, their order could change,
+  // and with it which numbers each draws: kernel calls draw from PyTorch's generator as
+  // eager does (python/blade/partition/kernel_calls.py), so the graph's order is kept.
+  bool keeps_random_order(Node* producer, Node* consumer) const {
+    if (!random_) {
+      return true;
+    }
+    int drawing = 0;
+    for (Node* n = producer; n != consumer && drawing < 2; n = n->next()) {
+      drawing += draws_random_numbers(n) ? 1 : 0;
+    }
+    return drawing < 2;
   }
 
   // A producer whose non-tensor outputs are used outside `consumer` would make a
@@ -195,8 +235,8 @@ class Clusterer {
       std::string reason = check_boundary(cluster);
       if (reason.empty() && compute_ops < options_.min_compute_ops) {
         reason = compute_ops == 0
-                     ? "its cluster has no compute op (only views, constants or size "
-                       "arithmetic); an engine would only copy its inputs"
+                     ? "its cluster has no compute op (only views, constants, size arithmetic or "
+                       "kernel calls); an engine would only copy its inputs"
                      : "its cluster has " + std::to_string(compute_ops) +
                            " compute ops, fewer than min_cluster_size=" +
                            std::to_string(options_.min_compute_ops);
@@ -299,6 +339,7 @@ class Clusterer {
   std::shared_ptr<torch::jit::Graph> graph_;
   const ClusterOptions& options_;
   std::unique_ptr<AliasDb> alias_db_;
+  bool random_ = false;  // some node of the graph draws random numbers
 };
 
 }  // namespace

@@ -57,6 +57,19 @@ CompiledCode::CompiledCode(const uint8_t* data, size_t size, const std::string& 
     TORCH_CHECK(false, "blade: engine '", name, "': compiled code has no '", kEntrySymbol,
                 "' symbol");
   }
+  if (auto table = reinterpret_cast<KernelCallsFn>(::dlsym(handle_, kKernelCallsSymbol))) {
+    try {
+      kernel_calls_ = std::make_unique<KernelCallTable>(table());
+    } catch (const c10::Error& e) {
+      ::dlclose(handle_);
+      handle_ = nullptr;
+      TORCH_CHECK(false, "blade: engine '", name, "': ", e.msg());
+    } catch (const std::exception& e) {
+      ::dlclose(handle_);
+      handle_ = nullptr;
+      TORCH_CHECK(false, "blade: engine '", name, "': its kernel calls: ", e.what());
+    }
+  }
   closer.fd = -1;  // loaded: the descriptor now lives as long as this object
 }
 

@@ -6,6 +6,7 @@
 // The library stays loaded as long as this object lives; the destructor unloads it.
 #pragma once
 
+#include "ral/kernel_calls.h"
 #include "ral/signing.h"
 
 #include <cstdint>
@@ -18,6 +19,10 @@ namespace blade::ral {
 // descriptor, inputs first, then outputs (which the runtime allocates).
 using EntryFn = void (*)(void** args);
 constexpr const char* kEntrySymbol = "blade_entry";
+// A function that returns the table of the code's kernel calls, a NUL-terminated string
+// (kernel_calls.h); code that makes none has no such function.
+using KernelCallsFn = const char* (*)();
+constexpr const char* kKernelCallsSymbol = "blade_kernel_calls";
 
 class CompiledCode {
  public:
@@ -28,6 +33,8 @@ class CompiledCode {
   CompiledCode& operator=(const CompiledCode&) = delete;
 
   EntryFn entry() const { return entry_; }
+  // The PyTorch ops the code calls (kernel_calls.h); nullptr when it calls none.
+  const KernelCallTable* kernel_calls() const { return kernel_calls_.get(); }
 
   // The loaded code of these bytes (whose SHA-256 is `digest`), shared with every other
   // engine of this process that loaded the same bytes and still holds them: identical
@@ -41,6 +48,7 @@ class CompiledCode {
   int fd_ = -1;
   void* handle_ = nullptr;
   EntryFn entry_ = nullptr;
+  std::unique_ptr<KernelCallTable> kernel_calls_;
 };
 
 }  // namespace blade::ral

@@ -1,5 +1,8 @@
 #include "ral/engine.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <optional>
+
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
 
@@ -194,8 +197,9 @@ std::string Engine::validation_error() const {
     return "the engine's precision '" + precision_.substr(0, 40) +
            "' is neither 'float32' nor 'bf16'";
   }
-  if (input_specs_.empty() || output_specs_.empty()) {
-    return "the engine's signature has no inputs or no outputs";
+  // No inputs is fine: a cluster that draws random numbers may take none.
+  if (output_specs_.empty()) {
+    return "the engine's signature has no outputs";
   }
   if (input_specs_.size() + params_.size() != fallback_fn_->num_inputs()) {
     return "the engine's signature has " + std::to_string(input_specs_.size()) +
@@ -380,9 +384,23 @@ std::vector<at::Tensor> Engine::run_code(const std::vector<at::Tensor>& inputs) 
 
 std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inputs) {
   std::string kernel_error;
+  // Kernel calls that draw random numbers advance PyTorch's generator: a fallback after a
+  // failed call starts from where the call started, so it draws what eager would.
+  const KernelCallTable* calls = code_->kernel_calls();
+  std::optional<at::Tensor> generator_state;
+  if (calls != nullptr && calls->draws_random_numbers()) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator_state = generator.get_state();
+  }
   auto outputs = call_code(inputs, &kernel_error);
   // A library call that failed (see ral_kernels.h) left the outputs unspecified.
   if (!kernel_error.empty()) {
+    if (generator_state.has_value()) {
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(*generator_state);
+    }
     return run_fallback(inputs, "the compiled code reported an error: " + kernel_error);
   }
   return outputs;
@@ -443,6 +461,7 @@ std::vector<at::Tensor> Engine::call_code(const std::vector<at::Tensor>& inputs,
   }
   {
     ActivePreparedWeights weights(prepared_weights_.get());
+    ActiveKernelCalls calls(code_->kernel_calls());
     code_->entry()(pointers.data());
   }
   prepared_weights_->return_freed_memory();

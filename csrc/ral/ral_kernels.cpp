@@ -2,6 +2,7 @@
 
 #include "ral/engine.h"
 #include "ral/fused_attention.h"
+#include "ral/kernel_calls.h"
 #include "ral/mkl_functions.h"
 #include "ral/prepared_weights.h"
 #include "ral/winograd.h"
@@ -721,6 +722,10 @@ void attention(c10::ScalarType dtype, BladeUnrankedMemRef* q, BladeUnrankedMemRe
 
 namespace blade::ral {
 
+at::Tensor buffer_view(const BladeUnrankedMemRef* memref, c10::ScalarType scalar_type) {
+  return view_of(memref, scalar_type);
+}
+
 std::string take_kernel_error() {
   std::string error;
   error.swap(kernel_error);
@@ -731,6 +736,14 @@ ErrorSink* set_error_sink(ErrorSink* sink) {
   ErrorSink* previous = error_sink;
   error_sink = sink;
   return previous;
+}
+
+bool kernel_error_pending() {
+  if (error_sink != nullptr) {
+    std::lock_guard<std::mutex> lock(error_sink->mutex);
+    return !error_sink->message.empty();
+  }
+  return !kernel_error.empty();
 }
 
 void record_kernel_error(const std::string& message) {

@@ -31,6 +31,9 @@ ErrorSink* set_error_sink(ErrorSink* sink);
 // Records `message` for the engine call in progress, unless an error is recorded already.
 void record_kernel_error(const std::string& message);
 
+// Whether an error is recorded for the engine call in progress on this thread.
+bool kernel_error_pending();
+
 }  // namespace blade::ral
 
 extern "C" {

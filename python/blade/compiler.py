@@ -232,10 +232,11 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
             origin[len("same code as "):] in check_time.agreed
         if shares_checked_code:
             check_time.sharing += 1
-        elif example is not None and config.check_engines and \
-                not draws_random_numbers(cluster.g("Subgraph")):
+        elif example is not None and config.check_engines:
             start = time.perf_counter()
-            problem = compare_engine(engine, example.inputs, example.outputs)
+            random = draws_random_numbers(cluster.g("Subgraph"))
+            problem = compare_engine(engine, example.inputs,
+                                     None if random else example.outputs)
             check_time.compare += time.perf_counter() - start
             check_time.engines += 1
             if problem is not None:
@@ -280,11 +281,11 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
 
     def converter_for(node):
         # The clusterer's verdicts died with the node handles; re-check only the ops that a
-        # converter with its own lowering may take.
-        if not REGISTRY.has_lowering(schema_name(node)):
+        # converter with its own lowering, or a kernel call, may take.
+        if not REGISTRY.has_lowering(schema_name(node)) and not REGISTRY.may_call_kernel(node):
             return None
-        return REGISTRY.check(node, config.excluded_ops,
-                              static_shapes=not config.dynamic).converter
+        return REGISTRY.check(node, config.excluded_ops, static_shapes=not config.dynamic,
+                              kernel_calls=config.kernel_calls).converter
 
     imported = import_subgraph(subgraph, converter_for=converter_for, params=params,
                                node_indices=node_indices)

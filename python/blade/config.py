@@ -68,6 +68,10 @@ class Config:
             compare them (tolerances per dtype in `blade.self_check`); an engine that
             disagrees is not used, and the node whose compiled result first disagrees stays
             in TorchScript, named in the report. ``False`` skips the check.
+        kernel_calls: an aten op that nothing lowers (no converter, and Torch-MLIR does not
+            lower it) or that draws random numbers is compiled as a call of PyTorch's own
+            kernel from the engine's code, so its cluster stays whole
+            (`blade.partition.kernel_calls`). ``False`` leaves such ops to TorchScript.
         precision: ``"float32"`` (the default) computes as the model does. ``"bf16"`` runs
             the GEMMs and convolutions by the model's weights (linear layers, attention
             projections, convolutions other than depthwise and grouped ones) in bfloat16
@@ -96,6 +100,7 @@ class Config:
     cache_max_bytes: int = 1 << 30
     compile_workers: Optional[int] = None
     check_engines: bool = True
+    kernel_calls: bool = True
     precision: str = "float32"
 
     def __post_init__(self):

@@ -101,6 +101,7 @@ class _Emitter:
         self.lines: List[str] = []
         self.declarations: List[str] = []
         self.user_calls: List = []
+        self.kernel_calls = 0
         self.names: Dict[torch._C.Value, str] = {}
         self.counter = 0
         self.converter_for = converter_for
@@ -165,6 +166,14 @@ class _Emitter:
         the converter reads from the node."""
         from blade.partition.registry import constant_arguments
         function = f"blade_user_{len(self.user_calls)}"
+        self.call_of_declaration(node, function)
+        self.user_calls.append(UserCall(function, converter, node, constant_arguments(node),
+                                        self.node_index))
+
+    def call_of_declaration(self, node: torch._C.Node, function: str,
+                            attributes: str = "") -> None:
+        """The node as a call of private function `function`, declared with the node's
+        tensor operands and results (and `attributes`, MLIR attribute text)."""
         tensors = [v for v in node.inputs() if isinstance(v.type(), torch._C.TensorType)]
         operand_types = [value_type(v.type()) for v in tensors]
         result_types = [value_type(v.type()) for v in node.outputs()]
@@ -173,11 +182,17 @@ class _Emitter:
                   result_types, f" {{callee = @{function}}}")
         self.declarations.append(
             f"  func.func private @{function}({', '.join(operand_types)}) -> "
-            f"({', '.join(result_types)})")
-        self.user_calls.append(UserCall(function, converter, node, constant_arguments(node),
-                                        self.node_index))
+            f"({', '.join(result_types)}){' attributes ' + attributes if attributes else ''}")
         for value, name in zip(node.outputs(), results):
             self.names[value] = name
+
+    def kernel_call(self, node: torch._C.Node) -> None:
+        """A call of a private declaration that carries the call of PyTorch's kernel for the
+        node (blade.partition.kernel_calls.spec): the code generator makes the call."""
+        from blade.partition.kernel_calls import SPEC_ATTRIBUTE, spec
+        self.call_of_declaration(node, f"blade_kernel_{self.kernel_calls}",
+                                 f"{{{SPEC_ATTRIBUTE} = {_string_literal(spec(node))}}}")
+        self.kernel_calls += 1
 
     def factory_of_computed_size(self, node: torch._C.Node) -> None:
         """`ones/zeros/full(size, ...)` with a size computed at run time (dynamic shapes):
@@ -247,6 +262,9 @@ class _Emitter:
         converter = self.converter_for(node) if self.converter_for else None
         if converter is not None and converter.lower is not None:
             self.user_call(node, converter)
+            return
+        if converter is not None and converter.kernel_call:
+            self.kernel_call(node)
             return
         if kind in _FACTORIES and _computed_size(node):
             self.factory_of_computed_size(node)

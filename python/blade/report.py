@@ -19,7 +19,7 @@ GUARD_ATTRIBUTE = "blade_guard"   # the optimized graph's input guard (csrc/ral/
 @dataclass(kw_only=True)
 class ClusterReport(CodeStatistics):
     """One engine: its ops, signature, counters and what its code is made of (the
-    CodeStatistics fields: library_calls, fused_attention, parallel_loops,
+    CodeStatistics fields: library_calls, fused_attention, kernel_calls, parallel_loops,
     tiled_transposes)."""
 
     name: str

@@ -19,7 +19,8 @@ An engine that disagrees is not used. The node to blame is found by bisection
 own and compared the same way; the node whose addition makes a prefix disagree is refused,
 with the nodes of the same op on the same types, as a node that fails to compile is
 (blade.partition.clustering), and the rest of the cluster is clustered, compiled and checked
-again. Clusters whose nodes draw random numbers are not compared.
+again. A cluster whose nodes draw random numbers is compared by running its subgraph and then its
+code from one saved state of the generator (`compare_engine`).
 """
 import contextlib
 import itertools
@@ -79,7 +80,8 @@ class CheckTime:
 
 def draws_random_numbers(subgraph) -> bool:
     """Whether a cluster's nodes draw random numbers: its results differ from run to run,
-    so no comparison can tell right from wrong."""
+    so the example run's cannot tell right from wrong (`compare_engine` runs the subgraph
+    and the code from one state of the generator instead)."""
     def visit(block) -> bool:
         for node in block.nodes():
             if node.isNondeterministic() or any(visit(inner) for inner in node.blocks()):
@@ -103,8 +105,9 @@ def examples_from_results(graph, clusters: Sequence, inputs: Sequence,
     """The examples of the clusters that the example run of the type recording already
     gives: a cluster whose inputs are all inputs of the graph and whose outputs are all
     results of the graph (or elements of a tuple or list it returns), with nothing in the
-    graph writing to any of them, ran on copies of the example inputs `inputs` and gave
-    what the graph returned, `results` (blade.frontend.simplify). The other clusters are
+    graph writing to any of them and none of its nodes drawing random numbers, ran on
+    copies of the example inputs `inputs` and gave what the graph returned, `results`
+    (blade.frontend.simplify). The other clusters are
     left to the capture run. A cluster compiled whole is the common case: its check then
     costs no second TorchScript run of the model."""
     # Values by their unique number: the graph input's position, the tensor returned.
@@ -127,7 +130,8 @@ def examples_from_results(graph, clusters: Sequence, inputs: Sequence,
         if not all(v.unique() in position and
                    isinstance(inputs[position[v.unique()]], torch.Tensor) for v in ins) or \
                 not all(isinstance(returned.get(v.unique()), torch.Tensor) for v in outs) or \
-                any(may_be_written(v, readers) for v in ins + outs):
+                any(may_be_written(v, readers) for v in ins + outs) or \
+                draws_random_numbers(cluster.g("Subgraph")):
             continue
         # Not copied: the comparisons run the engine on copies of their own.
         found[cluster] = Example([inputs[position[v.unique()]] for v in ins],
@@ -312,11 +316,15 @@ _CHUNK = 1 << 22
 def compare_engine(engine, inputs: Sequence[torch.Tensor],
                    want: Optional[Sequence[torch.Tensor]] = None) -> Optional[str]:
     """Runs `engine`'s code on copies of `inputs` and compares it with `want`, what the
-    TorchScript nodes gave (by default its subgraph, run on other copies); what differs,
-    or None. An error of the code (a kernel's) is a disagreement too."""
+    TorchScript nodes gave (by default its subgraph, run on other copies, and then the code
+    from the same state of the random generator, so that nodes drawing random numbers draw
+    the same ones in both); what differs, or None. An error of the code (a kernel's) is a
+    disagreement too."""
     with torch.no_grad():
+        state = torch.get_rng_state()
         if want is None:
             want = engine.run_subgraph([t.clone() for t in inputs])
+            torch.set_rng_state(state)
         try:
             got = engine.run_code([t.clone() for t in inputs])
         except RuntimeError as e:

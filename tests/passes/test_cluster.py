@@ -5,7 +5,8 @@ import torch
 from torch.testing import FileCheck
 
 import blade
-from helpers import Lambda, assert_every_op_accounted_for, assert_same, run_compiled
+from helpers import (NO_KERNEL_CALLS, Lambda, assert_every_op_accounted_for, assert_same,
+                     run_compiled)
 
 
 class CycleProne(torch.nn.Module):
@@ -32,7 +33,7 @@ class Chain3(torch.nn.Module):
 
 def test_cycle_prone_graph_clusters_without_cycles():
     x = torch.randn(4, 8)
-    optimized, report = run_compiled(CycleProne(), (x,))
+    optimized, report = run_compiled(CycleProne(), (x,), blade.Config(**NO_KERNEL_CALLS))
     assert len(report.clusters) == 2
     FileCheck().check("blade::execute").check("aten::topk").check("blade::execute").run(
         str(optimized.graph))
@@ -72,7 +73,7 @@ def test_failing_cluster_falls_back_and_model_runs(monkeypatch):
 
     monkeypatch.setattr(codegen, "start_compiling", broken)
     x = torch.randn(4, 8)
-    optimized = blade.optimize(CycleProne(), (x,))
+    optimized = blade.optimize(CycleProne(), (x,), blade.Config(**NO_KERNEL_CALLS))
     report = blade.report(optimized)
     assert not report.clusters and report.compiled_ops == 0
     assert len(report.compile_errors) == 2
@@ -91,7 +92,8 @@ def test_dry_run_reports_clusters_without_compiling(monkeypatch):
 
     monkeypatch.setattr(codegen, "start_compiling", must_not_run)
     x = torch.randn(4, 8)
-    optimized = blade.optimize(CycleProne(), (x,), blade.Config(dry_run=True))
+    optimized = blade.optimize(CycleProne(), (x,),
+                               blade.Config(dry_run=True, **NO_KERNEL_CALLS))
     report = blade.report(optimized)
     assert report.dry_run and len(report.clusters) == 2
     assert report.compiled_ops == 0 and not any(c.compiled for c in report.clusters)
@@ -238,6 +240,7 @@ def test_a_failure_in_one_cluster_leaves_the_others_alone():
     try:
         x = torch.randn(3, 4, 4)
         optimized, report = run_compiled(DeterminantBeforeTopk(), (x,),
+                                         blade.Config(**NO_KERNEL_CALLS),
                                          allow_compile_errors=True)
         # The exp cluster compiled first time; the failed one came back as two clusters.
         assert len(report.clusters) == 3 and len(report.compile_errors) == 1, str(report)

@@ -7,6 +7,7 @@
 #include "ral/compiled_code.h"
 #include "ral/engine.h"
 #include "ral/guard.h"
+#include "ral/kernel_calls.h"
 #include "ral/prepared_weights.h"
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
@@ -434,6 +435,53 @@ void test_sort_library_call() {
   EXPECT(contains(blade::ral::take_kernel_error(), "dimension 2 of a tensor of rank 2"));
 }
 
+void test_kernel_calls_run_pytorch_ops_from_a_table() {
+  using blade::ral::KernelCallTable;
+  // kthvalue(x, k=2, dim=1, keepdim=False), then cumprod(x, dim=0, dtype=None).
+  KernelCallTable table(
+      "aten::kthvalue Float Float,Long T0 i2 i1 b0\n"
+      "aten::cumprod Float Float T0 i0 N");
+  EXPECT(table.size() == 2);
+  at::Tensor x = at::randn({4, 6});
+  at::Tensor values = at::empty({4});
+  at::Tensor indices = at::empty({4}, at::kLong);
+  at::Tensor products = at::empty({4, 6});
+  auto dx = describe<2>(x);
+  auto dv = describe<1>(values);
+  auto di = describe<1>(indices);
+  auto dp = describe<2>(products);
+  {
+    blade::ral::ActiveKernelCalls active(&table);
+    blade_ral_kernel_call_3(0, 2, &dx, 1, &dv, 1, &di);
+    EXPECT(blade::ral::take_kernel_error().empty());
+    blade_ral_kernel_call_2(1, 2, &dx, 2, &dp);
+    EXPECT(blade::ral::take_kernel_error().empty());
+    // A result buffer of another size: an error for this thread, the fallback runs.
+    blade_ral_kernel_call_2(0, 2, &dx, 1, &dv);
+    EXPECT(contains(blade::ral::take_kernel_error(), "the call takes 1 + 2"));
+    blade_ral_kernel_call_2(1, 2, &dx, 1, &dv);
+    EXPECT(contains(blade::ral::take_kernel_error(), "the engine was compiled for"));
+    blade_ral_kernel_call_2(7, 2, &dx, 2, &dp);
+    EXPECT(contains(blade::ral::take_kernel_error(), "call 7 of a table of 2"));
+  }
+  auto [want_values, want_indices] = at::kthvalue(x, 2, 1);
+  EXPECT(at::equal(values, want_values) && at::equal(indices, want_indices));
+  EXPECT(at::equal(products, at::cumprod(x, 0)));
+  // Outside an engine call no table is active.
+  blade_ral_kernel_call_2(1, 2, &dx, 2, &dp);
+  EXPECT(contains(blade::ral::take_kernel_error(), "no kernel call table is active"));
+
+  // Malformed tables are refused whole, naming the line.
+  EXPECT_THROWS_WITH(KernelCallTable("aten::no_such_op Float Float T0"), "has no op");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod Float Float T0 i0"), "takes 3 arguments");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod Float Float T1 i0 N"), "tensor operand 1");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod Float Float T0 ix N"), "not an integer");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod Complex7 Float T0 i0 N"), "not a dtype");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::add_.Tensor Float Float T0 T0 i1"), "writes into");
+  EXPECT_THROWS_WITH(KernelCallTable("prim::Print Float Float T0"), "not an aten op");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod"), "kernel call 0");
+}
+
 void test_matmul_by_a_param_uses_its_packed_copy() {
   at::Tensor weight = at::randn({48, 32});  // a linear layer's [out, in] weight
   blade::ral::PreparedWeights prepared({weight}, /*bf16=*/false);
@@ -856,6 +904,8 @@ int main(int argc, char** argv) {
        test_winograd_convolution_keeps_inf_and_nan_where_direct_does},
       {"matmul_library_call", test_matmul_library_call},
       {"sort_library_call", test_sort_library_call},
+      {"kernel_calls_run_pytorch_ops_from_a_table",
+       test_kernel_calls_run_pytorch_ops_from_a_table},
       {"matmul_by_a_param_uses_its_packed_copy", test_matmul_by_a_param_uses_its_packed_copy},
       {"matmul_by_an_untransposed_param_prepares_its_transpose",
        test_matmul_by_an_untransposed_param_prepares_its_transpose},

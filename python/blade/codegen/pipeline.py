@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from torch_mlir import ir, passmanager
+from torch_mlir.dialects import func
 
 from blade.codegen.buffers import arguments
 from blade.codegen.errors import CodegenError
-from blade.codegen.kernels import library_calls
+from blade.codegen.kernels import kernel_calls, library_calls
 from blade.codegen.linalg.concatenations import lower_concatenations, write_slices_in_place
 from blade.codegen.linalg.gathers import lower_dynamic_reverses, lower_gathers
 from blade.codegen.linalg.integer_division import lower_integer_divisions
@@ -127,13 +128,45 @@ def torch_to_stablehlo() -> List[Pass]:
         "func.func(canonicalize)",
         "func.func(torch-finalizing-backend-type-conversion-for-stablehlo)",
         "func.func(stablehlo-canonicalize-dynamism)",
-        "func.func(canonicalize)",
-        "stablehlo-refine-shapes",
-        "func.func(canonicalize)",
-        "func.func(stablehlo-canonicalize-dynamism)",
-        "func.func(canonicalize)",
-        "func.func(stablehlo-legalize-deprecated-ops)",
-        "canonicalize")
+        "func.func(canonicalize)") + [
+        Pass("stablehlo-refine-shapes", _refine_shapes_around_declarations, upstream=True),
+        *_upstream_passes(
+            "func.func(canonicalize)",
+            "func.func(stablehlo-canonicalize-dynamism)",
+            "func.func(canonicalize)",
+            "func.func(stablehlo-legalize-deprecated-ops)",
+            "canonicalize")]
+
+
+def _refine_shapes_around_declarations(c: Compilation) -> None:
+    """StableHLO's stablehlo-refine-shapes, which refines the functions main calls too and
+    crashes on a call of a declaration (a user converter's or a kernel call's, whose body
+    comes later) in some modules: each declaration gets a stand-in body for the pass (one
+    that returns poison values of its result types), removed after it."""
+    from torch_mlir.dialects import ub
+
+    stand_ins = []
+    for op in c.module.body.operations:
+        if op.operation.name == "func.func" and len(op.regions[0].blocks) == 0:
+            function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+            block = op.regions[0].blocks.append(*function_type.inputs)
+            with ir.InsertionPoint(block):
+                func.ReturnOp([ub.PoisonOp(t).result for t in function_type.results])
+            stand_ins.append(op)
+    try:
+        upstream("stablehlo-refine-shapes")(c)
+    finally:
+        for op in stand_ins:
+            # A declaration again: a new one, with the stand-in's (refined) type and its
+            # attributes, in its place.
+            with ir.InsertionPoint(op):
+                declaration = func.FuncOp(ir.StringAttr(op.attributes["sym_name"]).value,
+                                          ir.TypeAttr(op.attributes["function_type"]).value,
+                                          visibility="private")
+            for name in op.attributes:
+                if name not in ("sym_name", "function_type", "sym_visibility"):
+                    declaration.attributes[name] = op.attributes[name]
+            op.erase()
 
 
 def build(options: Options) -> List[Pass]:
@@ -362,6 +395,7 @@ def _outline_library_calls(c: Compilation) -> None:
     c.statistics.library_calls = sum(calls.values())
     c.statistics.fused_attention = sum(count for kind, count in calls.items()
                                        if kind.startswith("attention"))
+    c.statistics.kernel_calls = calls.get(kernel_calls.KIND, 0)
 
 
 def _outline_parallel_loops(c: Compilation) -> None:

@@ -15,6 +15,7 @@ class CodeStatistics:
 
     library_calls: int = 0     # ops outlined as RAL kernel calls
     fused_attention: int = 0   # of those, attention chains run as one kernel
+    kernel_calls: int = 0      # of those, ops run by PyTorch's dispatcher (kernel calls)
     parallel_loops: int = 0    # loop nests run on PyTorch's intra-op threads
     tiled_transposes: int = 0  # transposing loop nests rewritten as vector tiles
 

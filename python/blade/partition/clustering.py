@@ -26,7 +26,8 @@ def registry_verdicts(nodes: Sequence[torch._C.Node], config: Config,
             verdicts[node] = Verdict(None, "conversion_failed", failed[node])
             continue
         verdicts[node] = REGISTRY.check(node, config.excluded_ops,
-                                        static_shapes=not config.dynamic)
+                                        static_shapes=not config.dynamic,
+                                        kernel_calls=config.kernel_calls)
     # List plumbing joins a cluster only with its users, so it needs every user supported.
     for node in nodes:
         v = verdicts.get(node)
@@ -68,11 +69,18 @@ def form_clusters(graph, verdicts: Dict[torch._C.Node, Verdict], config: Config,
     this: clustering moves nodes into subgraphs."""
     supported = [n for n, v in verdicts.items() if v.supported]
     compute = [n for n in supported if verdicts[n].converter.compute]
+    # Why an op would be only a kernel call (blade.partition.kernel_calls), by overload.
+    kernel_calls = {schema_name(n): v.reason for n, v in verdicts.items()
+                    if v.supported and v.converter.kernel_call}
     clusters, dissolved = _C.cluster_supported_nodes(graph, supported, compute,
                                                      config.min_cluster_size)
     for d in dissolved:
         for op in d.node_kinds:  # overloads, like the registry's verdicts
-            report.add_unsupported(op, f"supported, but not compiled: {d.reason}")
+            why = f"supported, but not compiled: {d.reason}"
+            if op in kernel_calls:
+                why += (f"; it would only be a call of PyTorch's own kernel "
+                        f"({kernel_calls[op]})")
+            report.add_unsupported(op, why)
     return clusters
 
 

@@ -34,6 +34,7 @@ class Converter:
     compute: bool = True  # counts towards Config.min_cluster_size
     dtype_rule: Optional[dtypes.DtypeRule] = None
     origin: str = "builtin"
+    kernel_call: bool = False  # the engine calls PyTorch's kernel (partition/kernel_calls)
 
 
 @dataclass
@@ -114,6 +115,7 @@ class ConverterRegistry:
     def __init__(self):
         self._entries: Dict[str, List[Converter]] = {}
         self._unknown_ops: Optional[Tuple[Callable, Callable, str]] = None
+        self._kernel_calls: Optional[Tuple[Callable, Callable, str]] = None
 
     def ask_about_unknown_ops(self, excluded: Callable, refusal: Callable, origin: str) -> None:
         """How a node that no converter covers is decided: `excluded(node)` says why it
@@ -121,6 +123,18 @@ class ConverterRegistry:
         types are known and its non-tensor arguments constant, and says why it cannot be
         compiled (None: it can, as `origin`; see blade.partition.torch_mlir_probe)."""
         self._unknown_ops = (excluded, refusal, origin)
+
+    def call_kernels_of_unlowered_ops(self, excluded: Callable, refusal: Callable,
+                                      origin: str) -> None:
+        """How a node that nothing lowers may still be compiled: as a call of PyTorch's
+        kernel from the engine's code, when `refusal(node, static_shapes)` is None
+        (`excluded(node)`, None or why not, answers the same from the op's schema alone;
+        see blade.partition.kernel_calls)."""
+        self._kernel_calls = (excluded, refusal, origin)
+
+    def may_call_kernel(self, node: torch._C.Node) -> bool:
+        """Whether `node`'s op may be compiled as a kernel call (its types not asked)."""
+        return self._kernel_calls is not None and self._kernel_calls[0](node) is None
 
     def register(self, converter: Converter) -> Converter:
         entries = self._entries.setdefault(converter.schema, [])
@@ -144,8 +158,9 @@ class ConverterRegistry:
         return sorted(k for k, v in self._entries.items() if v)
 
     def check(self, node: torch._C.Node, excluded_ops: Sequence[str] = (),
-              static_shapes: bool = True) -> Verdict:
-        """Whether `node` can be compiled, by which converter, or why not."""
+              static_shapes: bool = True, kernel_calls: bool = True) -> Verdict:
+        """Whether `node` can be compiled, by which converter, or why not; as a kernel call
+        only when `kernel_calls` (Config.kernel_calls)."""
         name = schema_name(node)
         if name in excluded_ops or node.kind() in excluded_ops:
             return Verdict(None, "excluded", f"{name} is in Config.excluded_ops")
@@ -163,8 +178,9 @@ class ConverterRegistry:
             return Verdict(None, "not_materialized",
                            f"{name}: the type of %{unknown.debugName()} is not known (the "
                            "example inputs never reached this node)")
-        if not candidates and (self._unknown_ops is None or
-                               self._unknown_ops[0](node) is not None):
+        not_probed = None if candidates else \
+            ("no probe" if self._unknown_ops is None else self._unknown_ops[0](node))
+        if not_probed is not None and not (kernel_calls and self.may_call_kernel(node)):
             return Verdict(None, "no_converter", f"no converter is registered for {name}")
         if unknown is not None:
             return Verdict(None, "unknown_type", _unknown_type_reason(name, unknown))
@@ -175,11 +191,15 @@ class ConverterRegistry:
                                f"{name}: argument '{arg}' {_origin(value)} is not a "
                                "compile-time constant")
         if not candidates:
-            # No converter of Blade's: compilable when Torch-MLIR lowers it as it is.
+            # No converter of Blade's: compilable when Torch-MLIR lowers it as it is, or
+            # else as a kernel call.
+            if not_probed is not None:
+                return self._kernel_call_or(node, static_shapes, kernel_calls, "no_converter",
+                                            f"no converter is registered for {name}")
             why = self._torch_mlir_refusal(node, static_shapes)
             if why is not None:
-                return Verdict(None, "no_converter",
-                               f"no converter is registered for {name}, and {why}")
+                return self._kernel_call_or(node, static_shapes, kernel_calls, "no_converter",
+                                            f"no converter is registered for {name}, and {why}")
             return Verdict(Converter(name, origin=self._unknown_ops[2]))
         refusals = []
         for converter in candidates:
@@ -202,6 +222,8 @@ class ConverterRegistry:
                     continue
             return Verdict(converter)
         category, reason = refusals[0]
+        if category == "non_constant_argument":
+            return Verdict(None, category, reason)
         if category == "dtype" and self._unknown_ops is not None and \
                 self._unknown_ops[0](node) is None:
             # Blade's table does not cover these dtypes: Torch-MLIR may still lower the op
@@ -210,7 +232,31 @@ class ConverterRegistry:
             if why is None:
                 return Verdict(Converter(name, origin=self._unknown_ops[2]))
             reason = f"{reason}; {why}"
-        return Verdict(None, category, reason)
+        return self._kernel_call_or(node, static_shapes, kernel_calls, category, reason)
+
+    def kernel_call_of(self, node: torch._C.Node, static_shapes: bool) -> Optional[Converter]:
+        """The converter that compiles `node` as a kernel call, or None when it cannot be
+        one."""
+        if not self.may_call_kernel(node) or \
+                self._kernel_calls[1](node, static_shapes) is not None:
+            return None
+        # Not a compute op of its own: an engine of kernel calls alone would only add a copy
+        # of their results to what TorchScript does.
+        return Converter(schema_name(node), origin=self._kernel_calls[2], compute=False,
+                         kernel_call=True)
+
+    def _kernel_call_or(self, node, static_shapes: bool, kernel_calls: bool, category: str,
+                        reason: str) -> Verdict:
+        """A kernel call of `node` when it may be one, else the refusal given (and why it
+        cannot be a kernel call, when its op could be one)."""
+        if not kernel_calls or not self.may_call_kernel(node):
+            return Verdict(None, category, reason)
+        why = self._kernel_calls[1](node, static_shapes)
+        if why is not None:
+            return Verdict(None, category, f"{reason}; nor can it be a kernel call: {why}")
+        # The reason it is no more than a kernel call goes with it, for the report of a
+        # cluster dissolved for that.
+        return Verdict(self.kernel_call_of(node, static_shapes), "kernel_call", reason)
 
     def _torch_mlir_refusal(self, node, static_shapes: bool) -> Optional[str]:
         """Why Torch-MLIR's lowering of `node` as it is cannot be compiled (None: it can),

@@ -94,17 +94,38 @@ def test_lower_library_calls_replaces_the_body_with_one_kernel_call():
 
 
 def test_a_sorts_values_and_indices_reach_the_kernel_with_their_own_element_types():
+    # A sort stays a declaration through bufferization; lowering defines it on results it
+    # allocates (a dynamic size from the same dim of its operand) and returns.
     check_pass("""
-    func.func @main(%arg0: memref<3x5xi32>, %arg1: memref<3x5xi32>, %arg2: memref<3x5xi64>) {
-      call @blade_library_call_0(%arg0, %arg1, %arg2) : (memref<3x5xi32>, memref<3x5xi32>, memref<3x5xi64>) -> ()
-      return
+    func.func @main(%arg0: memref<?x5xi32>) -> (memref<?x5xi32>, memref<?x5xi64>) {
+      %0:2 = call @blade_library_call_0(%arg0) : (memref<?x5xi32>) -> (memref<?x5xi32>, memref<?x5xi64>)
+      return %0#0, %0#1 : memref<?x5xi32>, memref<?x5xi64>
     }
-    func.func private @blade_library_call_0(%arg0: memref<3x5xi32>, %arg1: memref<3x5xi32>, %arg2: memref<3x5xi64>) attributes {blade.library_call = "sort", blade.dimension = 1 : i64, blade.descending = 0 : i64, blade.stable = 1 : i64, blade.k = 0 : i64} {
-      return
-    }
+    func.func private @blade_library_call_0(memref<?x5xi32> {bufferization.access = "read"}) -> (memref<?x5xi32>, memref<?x5xi64>) attributes {blade.library_call = "sort", blade.dimension = 1 : i64, blade.descending = 0 : i64, blade.stable = 1 : i64, blade.k = 0 : i64}
     // CHECK: func.func private @blade_ral_sort_i32(memref<*xi32>, memref<*xi32>, memref<*xi64>, i64, i64, i64, i64)
-    // CHECK: memref.cast %arg2 : memref<3x5xi64> to memref<*xi64>
+    // CHECK: func.func private @blade_library_call_0(%arg0: memref<?x5xi32>
+    // CHECK: [[ROWS:%.+]] = memref.dim %arg0, %c0
+    // CHECK: [[VALUES:%.+]] = memref.alloc([[ROWS]]) : memref<?x5xi32>
+    // CHECK: [[INDICES:%.+]] = memref.alloc({{.*}}) : memref<?x5xi64>
+    // CHECK: memref.cast [[INDICES]] : memref<?x5xi64> to memref<*xi64>
     // CHECK: call @blade_ral_sort_i32(
+    // CHECK: return [[VALUES]], [[INDICES]]
+    """, "lower-library-calls")
+
+
+def test_a_kernel_call_is_defined_with_its_number_and_the_table_embedded():
+    check_pass("""
+    func.func @main(%arg0: memref<4xf32>) -> memref<4xf32> {
+      %0 = call @blade_kernel_0(%arg0) : (memref<4xf32>) -> memref<4xf32>
+      return %0 : memref<4xf32>
+    }
+    func.func private @blade_kernel_0(memref<4xf32> {bufferization.access = "read"}) -> memref<4xf32> attributes {blade.call = 0 : i64, blade.kernel_call = "aten::cumprod Float Float T0 i0 N", blade.library_call = "kernel_call"}
+    // CHECK: func.func private @blade_ral_kernel_call_2(i64, memref<*xf32>, memref<*xf32>)
+    // CHECK: [[RESULT:%.+]] = memref.alloc() : memref<4xf32>
+    // CHECK: call @blade_ral_kernel_call_2(%c0_i64,
+    // CHECK: return [[RESULT]]
+    // CHECK: llvm.mlir.global internal constant @blade_kernel_calls_text("aten::cumprod Float Float T0 i0 N\\00")
+    // CHECK: llvm.func @blade_kernel_calls() -> !llvm.ptr
     """, "lower-library-calls")
 
 

@@ -15,6 +15,12 @@ Loops generated from linalg cannot match MKL or oneDNN, so these ops never becom
    (csrc/ral/ral_kernels.h), which writes all of `out`. Memrefs are passed unranked, which
    the LLVM lowering turns into a (rank, descriptor pointer) pair of arguments.
 
+A sort, and a kernel call (codegen/kernels/kernel_calls.py), has no computation of its own
+to stand in until step 2: it is outlined as a declaration whose operands are marked as only
+read (`declarations.read_only`), bufferized as such (its results are memrefs it returns),
+and `lower` defines it as the kernel's call on results it allocates
+(`declarations.define_returning`).
+
 Ops of any other form stay in the module and are compiled to loops.
 """
 from typing import Dict, List, Optional, Tuple
@@ -23,7 +29,8 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import arith, bufferization, func, memref, tensor
 
-from blade.codegen.kernels import attention
+from blade.codegen.kernels import attention, kernel_calls
+from blade.codegen.kernels.declarations import define_returning, read_only
 from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, defining_op, only_data_user,
                                       producer, strides_of)
 
@@ -474,11 +481,9 @@ def _top_k(sort, dimension: int) -> int:
 
 
 def _outline_sort(module, main, op, attributes, index: int) -> None:
-    """Replaces the sort `op` (and a topk's slices) with a call of a function of its own,
-    marked as a library call, whose body only allocates the values and indices (nothing
-    else in the pipeline lowers a sort; `lower` replaces the body with the kernel's call).
-    Results of dynamic size keep the function public, as `_outline_one` does, sized like
-    the input."""
+    """Replaces the sort `op` (and a topk's slices) with a call of a declaration of its own,
+    marked as a library call, that only reads its operand (nothing else in the pipeline
+    lowers a sort; `lower` defines it as the kernel's call, see `define_returning`)."""
     name = f"blade_library_call_{index}"
     source = op.operands[0]
     result_types = [r.type for r in op.results]
@@ -490,24 +495,10 @@ def _outline_sort(module, main, op, attributes, index: int) -> None:
             sizes = list(t.shape)
             sizes[attributes["dimension"]] = attributes["k"]
             result_types.append(ir.RankedTensorType.get(sizes, t.element_type))
-    dynamic = not ir.ShapedType(source.type).has_static_shape
     with ir.InsertionPoint(module.body):
-        function = func.FuncOp(name, ([source.type], result_types),
-                               visibility="public" if dynamic else "private")
+        function = func.FuncOp(name, ([source.type], result_types), visibility="private")
     function.operation.move_after(main)
-    block = function.add_entry_block()
-    with ir.InsertionPoint(block):
-        index_type = ir.IndexType.get()
-        # Allocations, not tensor.empty: CSE would make one of two empty tensors of one
-        # type (int64 values and their indices), and the two results one buffer.
-        allocations = []
-        for t in result_types:
-            result = ir.RankedTensorType(t)
-            sizes = [tensor.DimOp(block.arguments[0], arith.ConstantOp(index_type, d).result
-                                  ).result
-                     for d in range(result.rank) if result.is_dynamic_dim(d)]
-            allocations.append(bufferization.AllocTensorOp(result, sizes).result)
-        func.ReturnOp(allocations)
+    read_only(function)
     i64 = ir.IntegerType.get_signless(64)
     function.attributes[LIBRARY_CALL] = ir.StringAttr.get("sort")
     for key in KERNEL_ARGUMENTS["sort"]:
@@ -588,6 +579,9 @@ def outline(module, main) -> Dict[str, int]:
                 if attributes is not None:
                     _outline_sort(module, main, op, attributes, sum(counts.values()))
                     counts["sort"] = counts.get("sort", 0) + 1
+        calls = kernel_calls.outline(module, LIBRARY_CALL)
+        if calls:
+            counts[kernel_calls.KIND] = calls
     return counts
 
 
@@ -610,12 +604,25 @@ def lower(module) -> None:
     A function of static size has become `(inputs..., out)`; one of dynamic size only
     allocates and returns its result, which is handed to the kernel as `out`."""
     declared = set()
+    calls = []
     with module.context, ir.Location.unknown():
         for function in list(module.body.operations):
             if function.operation.name != "func.func" or \
                     LIBRARY_CALL not in function.attributes:
                 continue
             kind = ir.StringAttr(function.attributes[LIBRARY_CALL]).value
+            if kind == kernel_calls.KIND:
+                calls.append(function)
+                _declare(module, declared, *kernel_calls.define(function))
+                continue
+            if len(function.regions[0].blocks) == 0:  # a declaration: a sort's
+                operands = ir.FunctionType(ir.TypeAttr(
+                    function.attributes["function_type"]).value).inputs
+                callee = f"blade_ral_{kind}_{ir.ShapedType(operands[0]).element_type}"
+                _declare(module, declared, callee, define_returning(
+                    function, callee, trailing=[function.attributes[f"blade.{key}"]
+                                                for key in KERNEL_ARGUMENTS[kind]]))
+                continue
             block = function.regions[0].blocks[0]
             terminator = block.operations[len(block.operations) - 1]
             returned = list(terminator.operands)
@@ -646,7 +653,13 @@ def lower(module) -> None:
                                     arith.ConstantOp(attr.type, attr).result)
                 func.CallOp([], ir.FlatSymbolRefAttr.get(callee), operands)
                 func.ReturnOp(returned)
-            if callee not in declared:
-                declared.add(callee)
-                with ir.InsertionPoint.at_block_begin(module.body):
-                    func.FuncOp(callee, ([o.type for o in operands], []), visibility="private")
+            _declare(module, declared, callee, operands)
+        kernel_calls.embed_table(module, calls)
+
+
+def _declare(module, declared: set, callee: str, operands) -> None:
+    """Declares the RAL function `callee` once per module."""
+    if callee not in declared:
+        declared.add(callee)
+        with ir.InsertionPoint.at_block_begin(module.body):
+            func.FuncOp(callee, ([o.type for o in operands], []), visibility="private")

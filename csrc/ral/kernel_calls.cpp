@@ -1,0 +1,279 @@
+#include "ral/kernel_calls.h"
+
+#include <c10/util/Exception.h>
+
+#include <ATen/core/enum_tag.h>
+
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <exception>
+#include <limits>
+#include <system_error>
+
+namespace blade::ral {
+namespace {
+
+thread_local const KernelCallTable* active_table = nullptr;
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t end = text.find(separator, start);
+    parts.push_back(text.substr(start, end == std::string::npos ? std::string::npos
+                                                                 : end - start));
+    if (end == std::string::npos) {
+      return parts;
+    }
+    start = end + 1;
+  }
+}
+
+int64_t parse_int(const std::string& text) {
+  TORCH_CHECK(!text.empty(), "an empty integer");
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  TORCH_CHECK(errno == 0 && end == text.c_str() + text.size(), "'", text,
+              "' is not an integer");
+  return static_cast<int64_t>(value);
+}
+
+// A float as Python's float.hex() writes it ("-0x1.8p+1", "inf", "nan"), whatever the
+// process's locale.
+double parse_float(const std::string& text) {
+  const bool negative = !text.empty() && text[0] == '-';
+  const std::string magnitude = text.substr(negative ? 1 : 0);
+  double value = 0.0;
+  if (magnitude == "inf") {
+    value = std::numeric_limits<double>::infinity();
+  } else if (magnitude == "nan") {
+    value = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    TORCH_CHECK(magnitude.rfind("0x", 0) == 0, "'", text, "' is not a float");
+    const char* first = magnitude.data() + 2;
+    const char* last = magnitude.data() + magnitude.size();
+    const auto [end, error] = std::from_chars(first, last, value, std::chars_format::hex);
+    TORCH_CHECK(error == std::errc() && end == last && first != last, "'", text,
+                "' is not a float");
+  }
+  return negative ? -value : value;
+}
+
+bool parse_bool(const std::string& text) {
+  TORCH_CHECK(text == "0" || text == "1", "'", text, "' is not a bool (0 or 1)");
+  return text == "1";
+}
+
+std::string parse_hex(const std::string& text) {
+  TORCH_CHECK(text.size() % 2 == 0, "'", text, "' is not hex bytes");
+  std::string bytes;
+  for (size_t i = 0; i < text.size(); i += 2) {
+    TORCH_CHECK(std::isxdigit(static_cast<unsigned char>(text[i])) &&
+                    std::isxdigit(static_cast<unsigned char>(text[i + 1])),
+                "'", text, "' is not hex bytes");
+    bytes.push_back(static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16)));
+  }
+  return bytes;
+}
+
+std::vector<c10::ScalarType> parse_dtypes(const std::string& text) {
+  std::vector<c10::ScalarType> types;
+  if (text == "-") {
+    return types;
+  }
+  for (const auto& name : split(text, ',')) {
+    bool found = false;
+    for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions) && !found; ++i) {
+      const auto type = static_cast<c10::ScalarType>(i);
+      if (name == c10::toString(type)) {
+        types.push_back(type);
+        found = true;
+      }
+    }
+    TORCH_CHECK(found, "'", name, "' is not a dtype");
+  }
+  return types;
+}
+
+template <typename T, typename Parse>
+std::vector<T> parse_list(const std::string& items, Parse parse) {
+  std::vector<T> values;
+  if (!items.empty()) {
+    for (const auto& item : split(items, ',')) {
+      values.push_back(parse(item));
+    }
+  }
+  return values;
+}
+
+// One argument of a call (see the header); a tensor operand sets `*tensor_operand`.
+c10::IValue parse_argument(const std::string& text, size_t operands, int64_t* tensor_operand) {
+  TORCH_CHECK(!text.empty(), "an empty argument");
+  const std::string rest = text.substr(1);
+  *tensor_operand = -1;
+  switch (text[0]) {
+    case 'T': {
+      const int64_t index = parse_int(rest);
+      TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < operands, "tensor operand ",
+                  index, " of a call with ", operands);
+      *tensor_operand = index;
+      return c10::IValue();
+    }
+    case 'N':
+      TORCH_CHECK(rest.empty(), "'", text, "' is not None");
+      return c10::IValue();
+    case 'b':
+      return c10::IValue(parse_bool(rest));
+    case 'i':
+      return c10::IValue(parse_int(rest));
+    case 'f':
+      return c10::IValue(parse_float(rest));
+    case 's':
+      return c10::IValue(parse_hex(rest));
+    case 'D':
+      return c10::IValue(c10::Device(parse_hex(rest)));
+    case 'I':
+      return c10::IValue(parse_list<int64_t>(rest, parse_int));
+    case 'F':
+      return c10::IValue(parse_list<double>(rest, parse_float));
+    case 'B': {
+      c10::List<bool> values;
+      for (bool value : parse_list<bool>(rest, parse_bool)) {
+        values.push_back(value);
+      }
+      return c10::IValue(values);
+    }
+    default:
+      TORCH_CHECK(false, "'", text, "' is not an argument");
+  }
+}
+
+KernelCall parse_call(const std::string& line) {
+  const auto fields = split(line, ' ');
+  TORCH_CHECK(fields.size() >= 3, "a call needs an op and two dtype lists");
+  KernelCall call;
+  call.name = fields[0];
+  const size_t dot = call.name.find('.');
+  const std::string op_name = call.name.substr(0, dot);
+  const std::string overload = dot == std::string::npos ? "" : call.name.substr(dot + 1);
+  TORCH_CHECK(op_name.rfind("aten::", 0) == 0, "'", call.name, "' is not an aten op");
+  call.op = c10::Dispatcher::singleton().findSchema({op_name, overload});
+  TORCH_CHECK(call.op.has_value(), "this PyTorch has no op '", call.name, "'");
+  call.operand_types = parse_dtypes(fields[1]);
+  call.result_types = parse_dtypes(fields[2]);
+  const auto& schema = call.op->schema();
+  TORCH_CHECK(fields.size() - 3 == schema.arguments().size(), call.name, " takes ",
+              schema.arguments().size(), " arguments, the call gives ", fields.size() - 3);
+  TORCH_CHECK(schema.returns().size() == call.result_types.size(), call.name, " returns ",
+              schema.returns().size(), " values, the call expects ",
+              call.result_types.size());
+  // The op must be a function of its operands: nothing written, nothing aliased.
+  for (const auto& argument : schema.arguments()) {
+    TORCH_CHECK(argument.alias_info() == nullptr, call.name,
+                " writes into or returns a view of argument '", argument.name(), "'");
+  }
+  for (const auto& result : schema.returns()) {
+    TORCH_CHECK(result.alias_info() == nullptr, call.name, " returns a view of an argument");
+  }
+  for (size_t i = 3; i < fields.size(); ++i) {
+    int64_t operand = -1;
+    call.constants.push_back(parse_argument(fields[i], call.operand_types.size(), &operand));
+    call.tensor_operand.push_back(operand);
+  }
+  return call;
+}
+
+}  // namespace
+
+KernelCallTable::KernelCallTable(const std::string& text) {
+  const auto lines = split(text, '\n');
+  for (size_t i = 0; i < lines.size(); ++i) {
+    try {
+      calls_.push_back(parse_call(lines[i]));
+      draws_random_numbers_ = draws_random_numbers_ ||
+                              calls_.back().op->hasTag(at::Tag::nondeterministic_seeded);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "kernel call ", i, " ('", lines[i].substr(0, 200),
+                  "') is malformed: ", e.msg());
+    }
+  }
+}
+
+ActiveKernelCalls::ActiveKernelCalls(const KernelCallTable* table) : previous_(active_table) {
+  active_table = table;
+}
+
+ActiveKernelCalls::~ActiveKernelCalls() { active_table = previous_; }
+
+void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t count) {
+  if (kernel_error_pending()) {
+    return;  // the results are discarded: no more random numbers drawn, nothing run
+  }
+  try {
+    TORCH_CHECK(active_table != nullptr, "no kernel call table is active on this thread");
+    TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < active_table->size(), "call ",
+                index, " of a table of ", active_table->size());
+    const KernelCall& call = active_table->at(static_cast<size_t>(index));
+    const size_t operands = call.operand_types.size();
+    TORCH_CHECK(static_cast<size_t>(count) == operands + call.result_types.size(), call.name,
+                ": the code passes ", count, " buffers, the call takes ", operands, " + ",
+                call.result_types.size());
+    torch::jit::Stack stack;
+    stack.reserve(call.constants.size());
+    for (size_t a = 0; a < call.constants.size(); ++a) {
+      const int64_t operand = call.tensor_operand[a];
+      stack.push_back(operand < 0 ? call.constants[a]
+                                  : c10::IValue(buffer_view(&buffers[operand],
+                                                            call.operand_types[operand])));
+    }
+    call.op->callBoxed(stack);
+    TORCH_CHECK(stack.size() == call.result_types.size(), call.name, " returned ",
+                stack.size(), " values, the call expects ", call.result_types.size());
+    for (size_t r = 0; r < stack.size(); ++r) {
+      TORCH_CHECK(stack[r].isTensor(), call.name, " returned a ", stack[r].tagKind(),
+                  " as result ", r);
+      const at::Tensor& result = stack[r].toTensor();
+      TORCH_CHECK(result.layout() == at::kStrided && result.device().is_cpu(), call.name,
+                  " gave result ", r, " with layout ", result.layout(), " on ",
+                  result.device(), ", the engine takes dense CPU tensors");
+      at::Tensor out = buffer_view(&buffers[operands + r], call.result_types[r]);
+      TORCH_CHECK(result.scalar_type() == out.scalar_type() && result.sizes() == out.sizes(),
+                  call.name, " gave result ", r, " of ", result.scalar_type(), result.sizes(),
+                  ", the engine was compiled for ", out.scalar_type(), out.sizes());
+      out.copy_(result);
+    }
+  } catch (const std::exception& e) {
+    record_kernel_error(std::string("blade_ral_kernel_call: ") + e.what());
+  } catch (...) {
+    record_kernel_error("blade_ral_kernel_call: unknown error");
+  }
+}
+
+}  // namespace blade::ral
+
+// Each unpacks its memref arguments (BLADE_RAL_BUFFERS_<n>) into an array.
+#define BLADE_RAL_UNPACK_1 {m0_rank, m0_descriptor}
+#define BLADE_RAL_UNPACK_2 BLADE_RAL_UNPACK_1, {m1_rank, m1_descriptor}
+#define BLADE_RAL_UNPACK_3 BLADE_RAL_UNPACK_2, {m2_rank, m2_descriptor}
+#define BLADE_RAL_UNPACK_4 BLADE_RAL_UNPACK_3, {m3_rank, m3_descriptor}
+#define BLADE_RAL_UNPACK_5 BLADE_RAL_UNPACK_4, {m4_rank, m4_descriptor}
+#define BLADE_RAL_UNPACK_6 BLADE_RAL_UNPACK_5, {m5_rank, m5_descriptor}
+#define BLADE_RAL_UNPACK_7 BLADE_RAL_UNPACK_6, {m6_rank, m6_descriptor}
+#define BLADE_RAL_UNPACK_8 BLADE_RAL_UNPACK_7, {m7_rank, m7_descriptor}
+#define BLADE_RAL_UNPACK_9 BLADE_RAL_UNPACK_8, {m8_rank, m8_descriptor}
+#define BLADE_RAL_UNPACK_10 BLADE_RAL_UNPACK_9, {m9_rank, m9_descriptor}
+#define BLADE_RAL_UNPACK_11 BLADE_RAL_UNPACK_10, {m10_rank, m10_descriptor}
+#define BLADE_RAL_UNPACK_12 BLADE_RAL_UNPACK_11, {m11_rank, m11_descriptor}
+
+extern "C" {
+#define BLADE_RAL_DEFINE_KERNEL_CALL(n)                                      \
+  void blade_ral_kernel_call_##n(int64_t call, BLADE_RAL_BUFFERS_##n) noexcept { \
+    const BladeUnrankedMemRef buffers[] = {BLADE_RAL_UNPACK_##n};            \
+    blade::ral::run_kernel_call(call, buffers, n);                           \
+  }
+BLADE_RAL_FOR_EACH_BUFFER_COUNT(BLADE_RAL_DEFINE_KERNEL_CALL)
+#undef BLADE_RAL_DEFINE_KERNEL_CALL
+}

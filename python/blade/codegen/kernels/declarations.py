@@ -1,0 +1,45 @@
+"""Library calls kept as declarations through bufferization (a sort, a kernel call): they
+have no computation of their own to stand in for them until library calls are lowered, and
+a body that only allocated their results would tell bufferization their operands are not
+read (see codegen/kernels/library_calls.py)."""
+from typing import List
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, func, memref
+
+
+def read_only(function) -> None:
+    """Marks the arguments of the declaration `function` as only read: bufferization then
+    keeps their buffers unwritten until the call (a declaration's are read and written as
+    far as it knows, and a body that only allocates results would say they are not read,
+    letting a later write into an operand's buffer happen before the call)."""
+    arguments = len(ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)
+                    .inputs)
+    access = ir.DictAttr.get({"bufferization.access": ir.StringAttr.get("read")})
+    function.attributes["arg_attrs"] = ir.ArrayAttr.get([access] * arguments)
+
+
+def define_returning(function, callee: str, leading=(), trailing=()) -> List:
+    """Defines the bufferized declaration `function`, `(memrefs...) -> (memrefs...)`, as a
+    call of the RAL function `callee` with the constants `leading` (attributes), its
+    operands and its results as unranked memrefs, then the constants `trailing`; the
+    results are allocated here (a dynamic size is that of the same dim of the first
+    operand) and returned. Returns the call's operands (for its declaration)."""
+    function_type = ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)
+    block = function.regions[0].blocks.append(*function_type.inputs)
+    with ir.InsertionPoint(block):
+        index = ir.IndexType.get()
+        results = []
+        for t in function_type.results:
+            result = ir.MemRefType(t)
+            sizes = [memref.DimOp(block.arguments[0], arith.ConstantOp(index, d).result).result
+                     for d in range(result.rank) if result.is_dynamic_dim(d)]
+            results.append(memref.AllocOp(result, sizes, []).result)
+        buffers = [memref.CastOp(ir.UnrankedMemRefType.get(
+            ir.ShapedType(b.type).element_type, None), b).result
+            for b in list(block.arguments) + results]
+        operands = [arith.ConstantOp(a.type, a).result for a in leading] + buffers + \
+            [arith.ConstantOp(a.type, a).result for a in trailing]
+        func.CallOp([], ir.FlatSymbolRefAttr.get(callee), operands)
+        func.ReturnOp(results)
+    return operands

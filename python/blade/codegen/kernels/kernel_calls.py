@@ -1,0 +1,90 @@
+"""Kernel calls (blade.partition.kernel_calls) in the generated code.
+
+The importer declares each call as a private function `@blade_kernel_N` whose attribute
+holds the call's spec, and main calls it; Torch-MLIR's passes convert the declaration's
+types with main's. Then:
+
+1. `outline` (with the other library calls, on StableHLO) marks each declaration as a
+   library call of kind "kernel_call", numbers it, in module order, and marks its
+   arguments as only read (`bufferization.access`). It stays a declaration through
+   bufferization, which then knows the call reads its operands (no write into one of
+   their buffers is moved before it) and gives it memref results it returns.
+2. `define` (from `library_calls.lower`) gives it its body: the results allocated, one
+   call of `blade_ral_kernel_call_<n>(call, memrefs...)` (csrc/ral/kernel_calls.h), `n`
+   the number of its operands and results, and the results returned; `embed_table` writes
+   the specs, one line per call in their numbers' order, into the library as the string
+   its function `blade_kernel_calls()` returns, which the engine parses when it loads the
+   code.
+"""
+from torch_mlir import ir
+from torch_mlir.dialects import func
+
+from blade.codegen.errors import CodegenError
+from blade.codegen.kernels.declarations import define_returning, read_only
+from blade.partition.kernel_calls import SPEC_ATTRIBUTE
+
+KIND = "kernel_call"
+# The call's number: its line in the table.
+CALL_INDEX = "blade.call"
+TABLE_SYMBOL = "blade_kernel_calls"
+# The RAL defines blade_ral_kernel_call_1 ... _MAX_BUFFERS.
+MAX_BUFFERS = 12
+
+
+def outline(module, library_call_attribute: str) -> int:
+    """Step 1; returns how many calls there are."""
+
+    count = 0
+    for op in module.body.operations:
+        if op.operation.name != "func.func" or SPEC_ATTRIBUTE not in op.attributes or \
+                len(op.regions[0].blocks) > 0:
+            continue
+        function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+        results = [ir.RankedTensorType(t) for t in function_type.results]
+        what = ir.StringAttr(op.attributes[SPEC_ATTRIBUTE]).value.split(" ", 1)[0]
+        if not all(t.has_static_shape for t in results):
+            raise CodegenError(f"the kernel call of {what} has a result of dynamic size")
+        buffers = len(function_type.inputs) + len(results)
+        if buffers > MAX_BUFFERS:
+            raise CodegenError(f"the kernel call of {what} takes {buffers} tensors; kernel "
+                               f"calls take at most {MAX_BUFFERS}")
+        read_only(op)
+        op.attributes[library_call_attribute] = ir.StringAttr.get(KIND)
+        op.attributes[CALL_INDEX] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), count)
+        count += 1
+    return count
+
+
+def define(function):
+    """Step 2 for one bufferized declaration `(memrefs...) -> (memrefs...)`, through
+    `declarations.define_returning`. Returns the RAL function it calls and the operands of
+    that call, for the caller to declare it."""
+    function_type = ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)
+    callee = f"blade_ral_{KIND}_{len(function_type.inputs) + len(function_type.results)}"
+    return callee, define_returning(function, callee, leading=[function.attributes[CALL_INDEX]])
+
+
+def embed_table(module, functions) -> None:
+    """Step 2's table: the specs of the kernel-call `functions`, by their numbers, as an
+    internal string and the exported function `blade_kernel_calls()` that returns it (a
+    function, not an exported global, so that the module still splits into parts that
+    compile side by side: codegen/llvm/native.partition)."""
+    by_index = {ir.IntegerAttr(f.attributes[CALL_INDEX]).value:
+                ir.StringAttr(f.attributes[SPEC_ATTRIBUTE]).value for f in functions}
+    if not by_index:
+        return
+    if sorted(by_index) != list(range(len(by_index))):
+        raise CodegenError(f"kernel calls numbered {sorted(by_index)}: a call was lost")
+    text = "\n".join(by_index[i] for i in range(len(by_index))).encode()
+    escaped = "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\' else f"\\{b:02X}"
+                      for b in text)
+    size = len(text) + 1
+    # Parsed together (the function names the string), then moved into the module.
+    parsed = ir.Module.parse(
+        f'llvm.mlir.global internal constant @{TABLE_SYMBOL}_text("{escaped}\\00") '
+        f'{{addr_space = 0 : i32}} : !llvm.array<{size} x i8>\n'
+        f'llvm.func @{TABLE_SYMBOL}() -> !llvm.ptr {{\n'
+        f'  %0 = llvm.mlir.addressof @{TABLE_SYMBOL}_text : !llvm.ptr\n'
+        f'  llvm.return %0 : !llvm.ptr\n}}')
+    for op in list(parsed.body.operations):
+        module.body.append(op.operation)
