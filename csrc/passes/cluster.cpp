@@ -67,15 +67,12 @@ bool draws_random_numbers(const Node* n) {
   if (n->isNondeterministic()) {
     return true;
   }
-  for (const Block* block : n->blocks()) {
-    for (const Node* inner : block->nodes()) {
-      if (draws_random_numbers(inner)) {
-        return true;
-      }
-    }
-  }
+  std::vector<const Block*> blocks(n->blocks().begin(), n->blocks().end());
   if (n->hasAttribute(c10::attr::Subgraph)) {
-    for (const Node* inner : n->g(c10::attr::Subgraph)->nodes()) {
+    blocks.push_back(n->g(c10::attr::Subgraph)->block());
+  }
+  for (const Block* block : blocks) {
+    for (const Node* inner : block->nodes()) {
       if (draws_random_numbers(inner)) {
         return true;
       }

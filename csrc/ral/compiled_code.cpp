@@ -58,16 +58,18 @@ CompiledCode::CompiledCode(const uint8_t* data, size_t size, const std::string& 
                 "' symbol");
   }
   if (auto table = reinterpret_cast<KernelCallsFn>(::dlsym(handle_, kKernelCallsSymbol))) {
+    std::string error;
     try {
       kernel_calls_ = std::make_unique<KernelCallTable>(table());
     } catch (const c10::Error& e) {
-      ::dlclose(handle_);
-      handle_ = nullptr;
-      TORCH_CHECK(false, "blade: engine '", name, "': ", e.msg());
+      error = e.msg();
     } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (!error.empty()) {
       ::dlclose(handle_);
       handle_ = nullptr;
-      TORCH_CHECK(false, "blade: engine '", name, "': its kernel calls: ", e.what());
+      TORCH_CHECK(false, "blade: engine '", name, "': its kernel calls: ", error);
     }
   }
   closer.fd = -1;  // loaded: the descriptor now lives as long as this object

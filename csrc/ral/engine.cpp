@@ -387,9 +387,9 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
   // Kernel calls that draw random numbers advance PyTorch's generator: a fallback after a
   // failed call starts from where the call started, so it draws what eager would.
   const KernelCallTable* calls = code_->kernel_calls();
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
   std::optional<at::Tensor> generator_state;
   if (calls != nullptr && calls->draws_random_numbers()) {
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator_state = generator.get_state();
   }
@@ -397,7 +397,6 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
   // A library call that failed (see ral_kernels.h) left the outputs unspecified.
   if (!kernel_error.empty()) {
     if (generator_state.has_value()) {
-      at::Generator generator = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(*generator_state);
     }

@@ -1,10 +1,12 @@
 #include "ral/kernel_calls.h"
 
+#include "ral/signing.h"
+#include "ral/tensor_spec.h"
+
 #include <c10/util/Exception.h>
 
 #include <ATen/core/enum_tag.h>
 
-#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -67,16 +69,10 @@ bool parse_bool(const std::string& text) {
   return text == "1";
 }
 
-std::string parse_hex(const std::string& text) {
-  TORCH_CHECK(text.size() % 2 == 0, "'", text, "' is not hex bytes");
-  std::string bytes;
-  for (size_t i = 0; i < text.size(); i += 2) {
-    TORCH_CHECK(std::isxdigit(static_cast<unsigned char>(text[i])) &&
-                    std::isxdigit(static_cast<unsigned char>(text[i + 1])),
-                "'", text, "' is not hex bytes");
-    bytes.push_back(static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16)));
-  }
-  return bytes;
+std::string parse_text(const std::string& hex) {
+  std::vector<uint8_t> bytes;
+  TORCH_CHECK(parse_hex(hex, hex.size() / 2, &bytes), "'", hex, "' is not hex bytes");
+  return std::string(bytes.begin(), bytes.end());
 }
 
 std::vector<c10::ScalarType> parse_dtypes(const std::string& text) {
@@ -85,15 +81,7 @@ std::vector<c10::ScalarType> parse_dtypes(const std::string& text) {
     return types;
   }
   for (const auto& name : split(text, ',')) {
-    bool found = false;
-    for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions) && !found; ++i) {
-      const auto type = static_cast<c10::ScalarType>(i);
-      if (name == c10::toString(type)) {
-        types.push_back(type);
-        found = true;
-      }
-    }
-    TORCH_CHECK(found, "'", name, "' is not a dtype");
+    types.push_back(dtype_from_name(name));
   }
   return types;
 }
@@ -132,9 +120,9 @@ c10::IValue parse_argument(const std::string& text, size_t operands, int64_t* te
     case 'f':
       return c10::IValue(parse_float(rest));
     case 's':
-      return c10::IValue(parse_hex(rest));
+      return c10::IValue(parse_text(rest));
     case 'D':
-      return c10::IValue(c10::Device(parse_hex(rest)));
+      return c10::IValue(c10::Device(parse_text(rest)));
     case 'I':
       return c10::IValue(parse_list<int64_t>(rest, parse_int));
     case 'F':

@@ -7,8 +7,8 @@
 //
 //   <overload> <operand dtypes> <result dtypes> <argument>...
 //
-// e.g. `aten::bernoulli.p Float Float T0 f0x1.0000000000000p-1 N`. Dtypes are ScalarType
-// names joined by commas (`-` for none). Each argument, in schema order, is `T<k>` (the
+// e.g. `aten::bernoulli.p float32 float32 T0 f0x1.0000000000000p-1 N`. Dtypes are Blade's
+// names (tensor_spec.h's, as in engine signatures) joined by commas (`-` for none). Each argument, in schema order, is `T<k>` (the
 // call's k-th tensor operand), `N` (None), `b0`/`b1`, `i<int>`, `f<C99 hex float>`,
 // `s<UTF-8 bytes in hex>` (a string), `D<device name in hex>`, or a list of ints, floats
 // or bools: `I`, `F`, `B` followed by its items joined by commas.

@@ -57,29 +57,6 @@ std::string openssl_error() {
   return text;
 }
 
-bool parse_hex(const std::string& hex, size_t bytes, std::vector<uint8_t>* out) {
-  if (hex.size() != 2 * bytes) {
-    return false;
-  }
-  out->resize(bytes);
-  for (size_t i = 0; i < bytes; ++i) {
-    int value = 0;
-    for (size_t k = 0; k < 2; ++k) {
-      char c = hex[2 * i + k];
-      int digit = c >= '0' && c <= '9'   ? c - '0'
-                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                         : -1;
-      if (digit < 0) {
-        return false;
-      }
-      value = value * 16 + digit;
-    }
-    (*out)[i] = static_cast<uint8_t>(value);
-  }
-  return true;
-}
-
 std::string lower(std::string text) {
   for (char& c : text) {
     if (c >= 'A' && c <= 'Z') {
@@ -247,6 +224,29 @@ Digest sha256(const uint8_t* data, size_t size) {
 }
 
 }  // namespace
+
+bool parse_hex(const std::string& hex, size_t bytes, std::vector<uint8_t>* out) {
+  if (hex.size() != 2 * bytes) {
+    return false;
+  }
+  out->resize(bytes);
+  for (size_t i = 0; i < bytes; ++i) {
+    int value = 0;
+    for (size_t k = 0; k < 2; ++k) {
+      char c = hex[2 * i + k];
+      int digit = c >= '0' && c <= '9'   ? c - '0'
+                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                         : -1;
+      if (digit < 0) {
+        return false;
+      }
+      value = value * 16 + digit;
+    }
+    (*out)[i] = static_cast<uint8_t>(value);
+  }
+  return true;
+}
 
 FieldHasher::FieldHasher() : ctx_(EVP_MD_CTX_new()) {
   auto* ctx = static_cast<EVP_MD_CTX*>(ctx_);

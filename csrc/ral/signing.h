@@ -52,6 +52,9 @@ class FieldHasher {
 Digest chunked_sha256(const uint8_t* data, size_t size);
 
 std::string to_hex(const uint8_t* data, size_t size);
+// Reads exactly `bytes` bytes written as 2 * `bytes` hex digits (either case) into `*out`;
+// false when `hex` is anything else.
+bool parse_hex(const std::string& hex, size_t bytes, std::vector<uint8_t>* out);
 
 // The default location of this machine's signing key (see above).
 std::string default_signing_key_path();

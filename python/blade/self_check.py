@@ -321,8 +321,8 @@ def compare_engine(engine, inputs: Sequence[torch.Tensor],
     the same ones in both); what differs, or None. An error of the code (a kernel's) is a
     disagreement too."""
     with torch.no_grad():
-        state = torch.get_rng_state()
         if want is None:
+            state = torch.get_rng_state()
             want = engine.run_subgraph([t.clone() for t in inputs])
             torch.set_rng_state(state)
         try:

@@ -439,8 +439,8 @@ void test_kernel_calls_run_pytorch_ops_from_a_table() {
   using blade::ral::KernelCallTable;
   // kthvalue(x, k=2, dim=1, keepdim=False), then cumprod(x, dim=0, dtype=None).
   KernelCallTable table(
-      "aten::kthvalue Float Float,Long T0 i2 i1 b0\n"
-      "aten::cumprod Float Float T0 i0 N");
+      "aten::kthvalue float32 float32,int64 T0 i2 i1 b0\n"
+      "aten::cumprod float32 float32 T0 i0 N");
   EXPECT(table.size() == 2);
   at::Tensor x = at::randn({4, 6});
   at::Tensor values = at::empty({4});
@@ -472,13 +472,13 @@ void test_kernel_calls_run_pytorch_ops_from_a_table() {
   EXPECT(contains(blade::ral::take_kernel_error(), "no kernel call table is active"));
 
   // Malformed tables are refused whole, naming the line.
-  EXPECT_THROWS_WITH(KernelCallTable("aten::no_such_op Float Float T0"), "has no op");
-  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod Float Float T0 i0"), "takes 3 arguments");
-  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod Float Float T1 i0 N"), "tensor operand 1");
-  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod Float Float T0 ix N"), "not an integer");
-  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod Complex7 Float T0 i0 N"), "not a dtype");
-  EXPECT_THROWS_WITH(KernelCallTable("aten::add_.Tensor Float Float T0 T0 i1"), "writes into");
-  EXPECT_THROWS_WITH(KernelCallTable("prim::Print Float Float T0"), "not an aten op");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::no_such_op float32 float32 T0"), "has no op");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod float32 float32 T0 i0"), "takes 3 arguments");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod float32 float32 T1 i0 N"), "tensor operand 1");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod float32 float32 T0 ix N"), "not an integer");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod complex7 float32 T0 i0 N"), "unknown dtype");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::add_.Tensor float32 float32 T0 T0 i1"), "writes into");
+  EXPECT_THROWS_WITH(KernelCallTable("prim::Print float32 float32 T0"), "not an aten op");
   EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod"), "kernel call 0");
 }
 

@@ -22,6 +22,7 @@ A node is called this way when
 importer attaches to the call's declaration (so it is part of the code's cache key) and
 the code generator embeds in the engine's library (codegen/kernels/library_calls.py).
 """
+import functools
 from typing import List, Optional
 
 import torch
@@ -32,6 +33,8 @@ from blade.partition.dtypes import SCALAR_TYPE_NAMES
 ORIGIN = "pytorch kernel"
 # The attribute of the call's declaration in the imported module that holds its `spec`.
 SPEC_ATTRIBUTE = "blade.kernel_call"
+# Operands and results together: the RAL defines blade_ral_kernel_call_1 ... _12.
+MAX_TENSORS = 12
 
 # Ops whose result sizes depend on the values of their operands, not only on their sizes.
 _VALUE_SIZED = frozenset((
@@ -56,19 +59,27 @@ def schema_refusal(node: torch._C.Node) -> Optional[str]:
         return "its result sizes depend on the values of its operands"
     if node.kind() in _NOT_FUNCTIONS:
         return "its result is not a function of its operands' values"
-    schema = torch._C.parse_schema(node.schema())
-    if any(a.alias_info is not None for a in list(schema.arguments) + list(schema.returns)):
+    if _aliases(node.schema()):
         return "it writes into or returns a view of an operand"
     if not all(isinstance(v.type(), torch._C.TensorType) for v in node.outputs()):
         return "it has a result that is not a tensor"
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _aliases(schema: str) -> bool:
+    # Parsed once per schema: the registry asks of most nodes.
+    parsed = torch._C.parse_schema(schema)
+    return any(a.alias_info is not None for a in list(parsed.arguments) + list(parsed.returns))
+
+
 def refusal(node: torch._C.Node, static_shapes: bool) -> Optional[str]:
-    """Why `node` cannot be compiled as a call of PyTorch's kernel (None: it can)."""
-    why = schema_refusal(node)
-    if why is not None:
-        return why
+    """Why `node`, whose op `schema_refusal` accepts, cannot be compiled as a call of
+    PyTorch's kernel (None: it can)."""
+    tensors = [v for v in list(node.inputs()) + list(node.outputs())
+               if isinstance(v.type(), torch._C.TensorType)]
+    if len(tensors) > MAX_TENSORS:
+        return f"it has {len(tensors)} tensors, and a kernel call takes at most {MAX_TENSORS}"
     if not static_shapes:
         return "a kernel call needs the static sizes of its results (Config.dynamic is on)"
     for value in list(node.inputs()) + list(node.outputs()):
@@ -98,7 +109,7 @@ def _tensor_refusal(value: torch._C.Value) -> Optional[str]:
 
 def spec(node: torch._C.Node) -> str:
     """The call as the RAL reads it (csrc/ral/kernel_calls.h): the overload, the dtypes of
-    its tensor operands and of its results, then each argument in schema order, separated
+    its tensor operands and of its results (Blade's names), then each argument in schema order, separated
     by spaces. An argument is `T<k>` (the k-th tensor operand), `N` (None), `b0`/`b1`,
     `i<int>`, `f<float.hex()>`, `s<UTF-8 bytes in hex>`, `D<device name in hex>`, or a list:
     `I`, `F` or `B` and its items joined by commas."""
@@ -117,7 +128,7 @@ def spec(node: torch._C.Node) -> str:
             arguments.append(encoded)
 
     def dtypes(values) -> str:
-        return ",".join(v.type().scalarType() for v in values) or "-"
+        return ",".join(SCALAR_TYPE_NAMES[v.type().scalarType()] for v in values) or "-"
 
     return " ".join([schema_name(node), dtypes(tensors), dtypes(node.outputs()), *arguments])
 

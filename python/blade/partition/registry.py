@@ -127,9 +127,9 @@ class ConverterRegistry:
     def call_kernels_of_unlowered_ops(self, excluded: Callable, refusal: Callable,
                                       origin: str) -> None:
         """How a node that nothing lowers may still be compiled: as a call of PyTorch's
-        kernel from the engine's code, when `refusal(node, static_shapes)` is None
-        (`excluded(node)`, None or why not, answers the same from the op's schema alone;
-        see blade.partition.kernel_calls)."""
+        kernel from the engine's code, when `excluded(node)` (asked of the op's schema
+        alone) and then `refusal(node, static_shapes)` are None; see
+        blade.partition.kernel_calls."""
         self._kernel_calls = (excluded, refusal, origin)
 
     def may_call_kernel(self, node: torch._C.Node) -> bool:
@@ -178,9 +178,10 @@ class ConverterRegistry:
             return Verdict(None, "not_materialized",
                            f"{name}: the type of %{unknown.debugName()} is not known (the "
                            "example inputs never reached this node)")
-        not_probed = None if candidates else \
-            ("no probe" if self._unknown_ops is None else self._unknown_ops[0](node))
-        if not_probed is not None and not (kernel_calls and self.may_call_kernel(node)):
+        # An op with no converter that Torch-MLIR is not even asked about.
+        unprobed = not candidates and (self._unknown_ops is None or
+                                       self._unknown_ops[0](node) is not None)
+        if unprobed and not (kernel_calls and self.may_call_kernel(node)):
             return Verdict(None, "no_converter", f"no converter is registered for {name}")
         if unknown is not None:
             return Verdict(None, "unknown_type", _unknown_type_reason(name, unknown))
@@ -193,7 +194,7 @@ class ConverterRegistry:
         if not candidates:
             # No converter of Blade's: compilable when Torch-MLIR lowers it as it is, or
             # else as a kernel call.
-            if not_probed is not None:
+            if unprobed:
                 return self._kernel_call_or(node, static_shapes, kernel_calls, "no_converter",
                                             f"no converter is registered for {name}")
             why = self._torch_mlir_refusal(node, static_shapes)
@@ -234,17 +235,6 @@ class ConverterRegistry:
             reason = f"{reason}; {why}"
         return self._kernel_call_or(node, static_shapes, kernel_calls, category, reason)
 
-    def kernel_call_of(self, node: torch._C.Node, static_shapes: bool) -> Optional[Converter]:
-        """The converter that compiles `node` as a kernel call, or None when it cannot be
-        one."""
-        if not self.may_call_kernel(node) or \
-                self._kernel_calls[1](node, static_shapes) is not None:
-            return None
-        # Not a compute op of its own: an engine of kernel calls alone would only add a copy
-        # of their results to what TorchScript does.
-        return Converter(schema_name(node), origin=self._kernel_calls[2], compute=False,
-                         kernel_call=True)
-
     def _kernel_call_or(self, node, static_shapes: bool, kernel_calls: bool, category: str,
                         reason: str) -> Verdict:
         """A kernel call of `node` when it may be one, else the refusal given (and why it
@@ -254,9 +244,11 @@ class ConverterRegistry:
         why = self._kernel_calls[1](node, static_shapes)
         if why is not None:
             return Verdict(None, category, f"{reason}; nor can it be a kernel call: {why}")
-        # The reason it is no more than a kernel call goes with it, for the report of a
-        # cluster dissolved for that.
-        return Verdict(self.kernel_call_of(node, static_shapes), "kernel_call", reason)
+        # Not a compute op of its own: an engine of kernel calls alone would only add a copy
+        # of their results to what TorchScript does. The reason it is no more than a kernel
+        # call goes with it, for the report of a cluster dissolved for that.
+        return Verdict(Converter(schema_name(node), origin=self._kernel_calls[2], compute=False,
+                                 kernel_call=True), "kernel_call", reason)
 
     def _torch_mlir_refusal(self, node, static_shapes: bool) -> Optional[str]:
         """Why Torch-MLIR's lowering of `node` as it is cannot be compiled (None: it can),

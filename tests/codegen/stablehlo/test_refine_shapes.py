@@ -53,8 +53,8 @@ CORRELATION = """
     %38 = stablehlo.select %35, %36, %37 : tensor<i1>, tensor<i64>
     return %38 : tensor<i64>
   }
-  func.func private @blade_kernel_0(tensor<1000xf64>) -> tensor<1000xf64> attributes {blade.kernel_call = "aten::uniform Double Double T0 f0x0.0p+0 f0x1.0p+0 N"}
-  func.func private @blade_kernel_1(tensor<1000xf64>) -> tensor<1000xf64> attributes {blade.kernel_call = "aten::uniform Double Double T0 f0x0.0p+0 f0x1.0p+0 N"}
+  func.func private @blade_kernel_0(tensor<1000xf64>) -> tensor<1000xf64> attributes {blade.kernel_call = "aten::uniform float64 float64 T0 f0x0.0p+0 f0x1.0p+0 N"}
+  func.func private @blade_kernel_1(tensor<1000xf64>) -> tensor<1000xf64> attributes {blade.kernel_call = "aten::uniform float64 float64 T0 f0x0.0p+0 f0x1.0p+0 N"}
 """
 
 

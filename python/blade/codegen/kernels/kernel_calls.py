@@ -9,7 +9,7 @@ types with main's. Then:
    arguments as only read (`bufferization.access`). It stays a declaration through
    bufferization, which then knows the call reads its operands (no write into one of
    their buffers is moved before it) and gives it memref results it returns.
-2. `define` (from `library_calls.lower`) gives it its body: the results allocated, one
+2. `library_calls.lower` gives it its body (`callee_of`): the results allocated, one
    call of `blade_ral_kernel_call_<n>(call, memrefs...)` (csrc/ral/kernel_calls.h), `n`
    the number of its operands and results, and the results returned; `embed_table` writes
    the specs, one line per call in their numbers' order, into the library as the string
@@ -20,20 +20,17 @@ from torch_mlir import ir
 from torch_mlir.dialects import func
 
 from blade.codegen.errors import CodegenError
-from blade.codegen.kernels.declarations import define_returning, read_only
-from blade.partition.kernel_calls import SPEC_ATTRIBUTE
+from blade.codegen.kernels.declarations import read_only
+from blade.partition.kernel_calls import MAX_TENSORS, SPEC_ATTRIBUTE
 
 KIND = "kernel_call"
 # The call's number: its line in the table.
 CALL_INDEX = "blade.call"
 TABLE_SYMBOL = "blade_kernel_calls"
-# The RAL defines blade_ral_kernel_call_1 ... _MAX_BUFFERS.
-MAX_BUFFERS = 12
 
 
 def outline(module, library_call_attribute: str) -> int:
     """Step 1; returns how many calls there are."""
-
     count = 0
     for op in module.body.operations:
         if op.operation.name != "func.func" or SPEC_ATTRIBUTE not in op.attributes or \
@@ -45,9 +42,9 @@ def outline(module, library_call_attribute: str) -> int:
         if not all(t.has_static_shape for t in results):
             raise CodegenError(f"the kernel call of {what} has a result of dynamic size")
         buffers = len(function_type.inputs) + len(results)
-        if buffers > MAX_BUFFERS:
+        if buffers > MAX_TENSORS:  # blade.partition.kernel_calls refuses such nodes
             raise CodegenError(f"the kernel call of {what} takes {buffers} tensors; kernel "
-                               f"calls take at most {MAX_BUFFERS}")
+                               f"calls take at most {MAX_TENSORS}")
         read_only(op)
         op.attributes[library_call_attribute] = ir.StringAttr.get(KIND)
         op.attributes[CALL_INDEX] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), count)
@@ -55,13 +52,13 @@ def outline(module, library_call_attribute: str) -> int:
     return count
 
 
-def define(function):
-    """Step 2 for one bufferized declaration `(memrefs...) -> (memrefs...)`, through
-    `declarations.define_returning`. Returns the RAL function it calls and the operands of
-    that call, for the caller to declare it."""
+def callee_of(function):
+    """Step 2 for one kernel call's declaration: the RAL function its definition calls
+    (`declarations.define_returning`, from `library_calls.lower`) and the attributes passed
+    before its buffers (its number)."""
     function_type = ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)
     callee = f"blade_ral_{KIND}_{len(function_type.inputs) + len(function_type.results)}"
-    return callee, define_returning(function, callee, leading=[function.attributes[CALL_INDEX]])
+    return callee, [function.attributes[CALL_INDEX]]
 
 
 def embed_table(module, functions) -> None:

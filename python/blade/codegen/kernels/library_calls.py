@@ -611,17 +611,20 @@ def lower(module) -> None:
                     LIBRARY_CALL not in function.attributes:
                 continue
             kind = ir.StringAttr(function.attributes[LIBRARY_CALL]).value
-            if kind == kernel_calls.KIND:
-                calls.append(function)
-                _declare(module, declared, *kernel_calls.define(function))
-                continue
-            if len(function.regions[0].blocks) == 0:  # a declaration: a sort's
-                operands = ir.FunctionType(ir.TypeAttr(
-                    function.attributes["function_type"]).value).inputs
-                callee = f"blade_ral_{kind}_{ir.ShapedType(operands[0]).element_type}"
-                _declare(module, declared, callee, define_returning(
-                    function, callee, trailing=[function.attributes[f"blade.{key}"]
-                                                for key in KERNEL_ARGUMENTS[kind]]))
+            if len(function.regions[0].blocks) == 0:  # a declaration: a sort or kernel call
+                if kind == kernel_calls.KIND:
+                    calls.append(function)
+                    callee, leading = kernel_calls.callee_of(function)
+                    trailing = []
+                else:
+                    operands = ir.FunctionType(ir.TypeAttr(
+                        function.attributes["function_type"]).value).inputs
+                    callee = f"blade_ral_{kind}_{ir.ShapedType(operands[0]).element_type}"
+                    leading = []
+                    trailing = [function.attributes[f"blade.{key}"]
+                                for key in KERNEL_ARGUMENTS[kind]]
+                _declare(module, declared, callee,
+                         define_returning(function, callee, leading, trailing))
                 continue
             block = function.regions[0].blocks[0]
             terminator = block.operations[len(block.operations) - 1]
