@@ -7,10 +7,8 @@
 #include <optional>
 
 namespace blade::passes {
-namespace {
+namespace view_writes {
 
-using torch::jit::AliasDb;
-using torch::jit::Block;
 using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
@@ -20,7 +18,7 @@ bool is_op(const Node* node, const char* name, const char* overload) {
   return schema != nullptr && schema->name() == name && schema->overload_name() == overload;
 }
 
-bool is_view_step(const Node* node) {
+static bool is_view_step(const Node* node) {
   return is_op(node, "aten::slice", "Tensor") || is_op(node, "aten::select", "int");
 }
 
@@ -31,12 +29,12 @@ bool is_write(const Node* node) {
 
 // Uses that read only a tensor's metadata, never its values (TorchScript reads the dtype
 // and device of `x[...]` to build the scalar it writes there).
-bool reads_metadata_only(const Node* user) {
+static bool reads_metadata_only(const Node* user) {
   return user->kind() == c10::prim::dtype || user->kind() == c10::prim::device ||
          user->kind() == c10::aten::dim || user->kind() == c10::aten::size;
 }
 
-size_t value_uses(Value* v) {
+static size_t value_uses(Value* v) {
   size_t count = 0;
   for (const auto& use : v->uses()) {
     count += reads_metadata_only(use.user) ? 0 : 1;
@@ -59,52 +57,6 @@ std::vector<Node*> view_chain(Node* write) {
   return chain;
 }
 
-// The base is a fresh tensor: made in the write's block by a node whose outputs alias
-// none of its inputs, and every other alias of it is dead by the time of the write.
-bool safe_base(Value* base, Node* first_view, Node* write, const AliasDb& alias_db) {
-  Node* producer = base->node();
-  if (producer->kind() == c10::prim::Param || producer->owningBlock() != write->owningBlock() ||
-      !base->type()->cast<c10::TensorType>()) {
-    return false;
-  }
-  for (Value* in : producer->inputs()) {
-    if (alias_db.mayAlias(base, in)) {
-      return false;
-    }
-  }
-  for (const auto& use : base->uses()) {
-    Node* user = use.user;
-    if (user == first_view) {
-      continue;
-    }
-    if (user->owningBlock() != write->owningBlock()) {
-      return false;
-    }
-    for (Value* out : user->outputs()) {
-      if (!alias_db.mayAlias(out, base)) {
-        continue;
-      }
-      // Another view of the base: it must be used up before the write, and not further
-      // aliased.
-      if (!user->isBefore(write)) {
-        return false;
-      }
-      for (const auto& view_use : out->uses()) {
-        if (view_use.user->owningBlock() != write->owningBlock() ||
-            !view_use.user->isBefore(write)) {
-          return false;
-        }
-        for (Value* further : view_use.user->outputs()) {
-          if (alias_db.mayAlias(further, out)) {
-            return false;
-          }
-        }
-      }
-    }
-  }
-  return true;
-}
-
 // The value written, as a tensor of the written view's shape and dtype.
 Value* written_value(Graph& graph, Node* write) {
   Value* view = write->input(0);
@@ -122,7 +74,7 @@ Value* written_value(Graph& graph, Node* write) {
 }
 
 // A bound of the view that the rewrite can use: None, or a constant >= 0.
-std::optional<std::optional<int64_t>> plain_bound(Value* v) {
+static std::optional<std::optional<int64_t>> plain_bound(Value* v) {
   if (v->type()->kind() == c10::TypeKind::NoneType) {
     return std::optional<int64_t>();
   }
@@ -178,6 +130,63 @@ Value* scatter(Graph& graph, Node* view_node, Value* into, Value* src) {
   }
   Node* list = graph.insertNode(graph.createList(c10::TensorType::get(), parts));
   return graph.insert(c10::aten::cat, {list->output(), dim});
+}
+
+}  // namespace view_writes
+
+namespace {
+
+using namespace view_writes;
+using torch::jit::AliasDb;
+using torch::jit::Block;
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+// The base is a fresh tensor: made in the write's block by a node whose outputs alias
+// none of its inputs, and every other alias of it is dead by the time of the write.
+bool safe_base(Value* base, Node* first_view, Node* write, const AliasDb& alias_db) {
+  Node* producer = base->node();
+  if (producer->kind() == c10::prim::Param || producer->owningBlock() != write->owningBlock() ||
+      !base->type()->cast<c10::TensorType>()) {
+    return false;
+  }
+  for (Value* in : producer->inputs()) {
+    if (alias_db.mayAlias(base, in)) {
+      return false;
+    }
+  }
+  for (const auto& use : base->uses()) {
+    Node* user = use.user;
+    if (user == first_view) {
+      continue;
+    }
+    if (user->owningBlock() != write->owningBlock()) {
+      return false;
+    }
+    for (Value* out : user->outputs()) {
+      if (!alias_db.mayAlias(out, base)) {
+        continue;
+      }
+      // Another view of the base: it must be used up before the write, and not further
+      // aliased.
+      if (!user->isBefore(write)) {
+        return false;
+      }
+      for (const auto& view_use : out->uses()) {
+        if (view_use.user->owningBlock() != write->owningBlock() ||
+            !view_use.user->isBefore(write)) {
+          return false;
+        }
+        for (Value* further : view_use.user->outputs()) {
+          if (alias_db.mayAlias(further, out)) {
+            return false;
+          }
+        }
+      }
+    }
+  }
+  return true;
 }
 
 bool rewrite_one(const std::shared_ptr<Graph>& graph, Block* block, const AliasDb& alias_db) {

@@ -37,12 +37,14 @@ struct BranchSize {
 
 void measure(const Block* block, BranchSize* size) {
   static const auto kExecute = c10::Symbol::fromQualString("blade::execute");
+  static const auto kExecuteWriting = c10::Symbol::fromQualString("blade::execute_writing");
   for (const Node* n : block->nodes()) {
     if (n->kind() == c10::prim::Constant) {
       continue;
     }
     size->nodes += 1;
-    size->calls_engine = size->calls_engine || n->kind() == kExecute;
+    size->calls_engine =
+        size->calls_engine || n->kind() == kExecute || n->kind() == kExecuteWriting;
     for (const Block* b : n->blocks()) {
       measure(b, size);
     }

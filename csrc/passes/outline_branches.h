@@ -21,7 +21,8 @@
 // compiled from a small file; TorchScript inlines the call again before running.
 //
 // A branch is outlined when it holds more than `min_nodes` nodes (constants not counted),
-// no blade::execute (the engines' calls stay in the method's graph, where the report and
+// no blade::execute(_writing) (the engines' calls stay in the method's graph, where the
+// report and
 // the debug tools find them), and uses the module only to read attributes that are no
 // modules (engines, the guard): those reads move before the if and their values, like
 // every other value the branch reads from outside, become the function's arguments

@@ -8,6 +8,7 @@
 #include "passes/fold_numel.h"
 #include "passes/fold_sizes.h"
 #include "passes/fold_structures.h"
+#include "passes/functionalize_input_writes.h"
 #include "passes/functionalize_view_writes.h"
 #include "passes/guard_specialization.h"
 #include "passes/materialize_types.h"
@@ -130,12 +131,18 @@ PYBIND11_MODULE(_C, m) {
         "(loading the saved model is then linear in its code); returns how many.");
   m.def("fold_structures", &passes::fold_structures, py::arg("graph"),
         "Folds dicts with constant keys and appended lists that never escape.");
+  m.def("functionalize_input_writes", &passes::functionalize_input_writes, py::arg("graph"),
+        "In-place writes into graph inputs and module attributes become functional values "
+        "and blade::write_back nodes.");
   m.def("functionalize_view_writes", &passes::functionalize_view_writes, py::arg("graph"),
         "Writes into slices/selects of fresh tensors become slice_scatter/select_scatter.");
   m.def("lift_tensor_constants", &passes::lift_tensor_constants, py::arg("subgraph"));
   m.def("fallback_ir", &passes::fallback_ir, py::arg("subgraph"));
+  m.def("absorbable_write_backs", &passes::absorbable_write_backs, py::arg("cluster"),
+        "The (output, input) pairs of the blade::write_back nodes an engine of the cluster "
+        "can do itself, moved to right after it.");
   m.def("replace_cluster_with_engine", &passes::replace_cluster_with_engine, py::arg("cluster"),
-        py::arg("attr_name"));
+        py::arg("attr_name"), py::arg("writes") = std::vector<std::pair<int64_t, int64_t>>());
   m.def("live_allocations", &blade_ral_live_allocations,
         "Buffers allocated by generated code and not yet freed, in this process.");
   m.def("cached_bytes", &blade_ral_cached_bytes,
@@ -161,7 +168,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("sign_engine", &ral::sign_engine, py::arg("name"), py::arg("code"),
         py::arg("input_specs"), py::arg("output_specs"), py::arg("fallback_ir"),
         py::arg("params"), py::arg("fallback_mode"), py::arg("cpu_features"),
-        py::arg("key_path"), py::arg("precision") = "float32",
+        py::arg("key_path"), py::arg("precision") = "float32", py::arg("writes") = "",
         py::call_guard<py::gil_scoped_release>(),
         "The signature an Engine with these fields verifies, made with the key at "
         "`key_path` (this machine's key when empty).");
@@ -169,20 +176,21 @@ PYBIND11_MODULE(_C, m) {
       "create_signed_engine",
       [](std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
          std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
-         std::string cpu_features, std::string precision, const std::string& key_path) {
+         std::string cpu_features, std::string precision, const std::string& key_path,
+         std::string writes) {
         c10::intrusive_ptr<ral::Engine> engine;
         {
           py::gil_scoped_release released;
           engine = ral::Engine::create_signed(
               std::move(name), std::move(code), std::move(input_specs), std::move(output_specs),
               std::move(fallback_ir), std::move(params), std::move(fallback_mode),
-              std::move(cpu_features), std::move(precision), key_path);
+              std::move(cpu_features), std::move(precision), key_path, std::move(writes));
         }
         return torch::jit::toPyObject(c10::IValue(std::move(engine)));
       },
       py::arg("name"), py::arg("code"), py::arg("input_specs"), py::arg("output_specs"),
       py::arg("fallback_ir"), py::arg("params"), py::arg("fallback_mode"),
-      py::arg("cpu_features"), py::arg("precision"), py::arg("key_path"),
+      py::arg("cpu_features"), py::arg("precision"), py::arg("key_path"), py::arg("writes") = "",
       "A torch.classes.blade.Engine of these fields, signed with the key at `key_path` (this "
       "machine's key when empty), its digest computed once for signing and verifying.");
   m.def("signing_public_key", &ral::signing_public_key, py::arg("key_path"),

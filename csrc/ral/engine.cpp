@@ -39,6 +39,15 @@ bool is_identifier(const std::string& name) {
              std::string::npos;
 }
 
+// A decimal index below `bound`, and nothing else.
+bool parse_index(const std::string& text, size_t bound, size_t* index) {
+  if (text.empty() || text.size() > 6 || text.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  *index = static_cast<size_t>(std::stoul(text));
+  return *index < bound;
+}
+
 // One warning per untrusted key and process: a model of 40 engines says it once.
 void warn_untrusted_once(const std::string& key, const std::string& engine) {
   static std::mutex mutex;
@@ -134,7 +143,7 @@ std::string missing_cpu_features(const std::string& required) {
 Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
                std::string output_specs, std::string fallback_ir, std::vector<at::Tensor> params,
                std::string fallback_mode, std::string cpu_features, std::string signature,
-               std::string precision, const Digest* computed_digest)
+               std::string precision, std::string writes, const Digest* computed_digest)
     : name_(std::move(name)),
       code_bytes_(code.defined() ? code.contiguous() : at::empty({0}, at::kByte)),
       fallback_ir_(std::move(fallback_ir)),
@@ -173,10 +182,44 @@ Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
                 "does not parse, so neither it nor the compiled code can run (the saved file "
                 "is corrupted): ", e.what());
   }
+  writes_ = parse_writes(writes);
   load_code(computed_digest);
 }
 
 Engine::~Engine() = default;
+
+std::vector<std::pair<size_t, size_t>> Engine::parse_writes(const std::string& text) const {
+  // What the subgraph takes and returns bounds the indices: the specs may not have parsed.
+  const size_t num_values = fallback_fn_->num_inputs();
+  const size_t num_inputs = num_values > params_.size() ? num_values - params_.size() : 0;
+  // (the function returns the subgraph's outputs as one list)
+  const size_t num_outputs = fallback_fn_->graph()->outputs()[0]->node()->inputs().size();
+  std::vector<std::pair<size_t, size_t>> writes;
+  std::istringstream items(text + (text.empty() ? "" : ";"));
+  std::string item;
+  while (std::getline(items, item, ';')) {
+    const auto colon = item.find(':');
+    size_t output = 0;
+    size_t input = 0;
+    const bool parsed = colon != std::string::npos &&
+                        parse_index(item.substr(0, colon), num_outputs, &output) &&
+                        parse_index(item.substr(colon + 1), num_inputs, &input);
+    // The writes are what the subgraph's caller relies on, like the subgraph itself.
+    TORCH_CHECK(parsed, "blade: engine '", name_.substr(0, 128), "': its write '",
+                item.substr(0, 40), "' is not 'output:input' for one of its ", num_outputs,
+                " outputs and ", num_inputs, " inputs (the saved file is corrupted)");
+    writes.emplace_back(output, input);
+  }
+  return writes;
+}
+
+std::string Engine::writes() const {
+  std::string text;
+  for (const auto& [output, input] : writes_) {
+    text += (text.empty() ? "" : ";") + std::to_string(output) + ":" + std::to_string(input);
+  }
+  return text;
+}
 
 std::string Engine::validation_error() const {
   if (!is_identifier(name_)) {
@@ -206,6 +249,16 @@ std::string Engine::validation_error() const {
            " inputs and " + std::to_string(params_.size()) + " params, but its subgraph takes " +
            std::to_string(fallback_fn_->num_inputs()) + " values";
   }
+  for (const auto& [output, input] : writes_) {
+    const TensorSpec& from = output_specs_.at(output);
+    const TensorSpec& to = input_specs_.at(input);
+    if (!at::canCast(from.dtype, to.dtype) || from.sizes != to.sizes ||
+        from.symbols != to.symbols) {
+      return "the engine writes output " + std::to_string(output) + " (" + from.str() +
+             ") into input " + std::to_string(input) + " (" + to.str() +
+             "), which cannot hold it";
+    }
+  }
   for (const auto* specs : {&input_specs_, &output_specs_}) {
     for (const auto& spec : *specs) {
       if (spec.any || spec.none) {
@@ -223,7 +276,8 @@ Digest engine_digest(const std::string& name, FallbackMode mode, const std::stri
                      const std::vector<TensorSpec>& input_specs,
                      const std::vector<TensorSpec>& output_specs,
                      const std::string& cpu_features, const std::string& precision,
-                     const std::vector<at::Tensor>& params, const Digest& code) {
+                     const std::string& writes, const std::vector<at::Tensor>& params,
+                     const Digest& code) {
   FieldHasher hasher;
   hasher.add(std::string("blade engine"));
   hasher.add(kEngineFormatVersion);
@@ -235,6 +289,9 @@ Digest engine_digest(const std::string& name, FallbackMode mode, const std::stri
   hasher.add(cpu_features);
   if (precision != "float32") {  // engines from before the field keep their digest
     hasher.add(std::string("precision=") + precision);
+  }
+  if (!writes.empty()) {  // likewise
+    hasher.add(std::string("writes=") + writes);
   }
   hasher.add(static_cast<int64_t>(params.size()));
   for (const auto& param : params) {
@@ -260,7 +317,7 @@ Digest code_digest(const at::Tensor& code) {
 
 Digest Engine::signed_digest(const Digest& code) const {
   return engine_digest(name_, fallback_mode_, fallback_ir_, input_specs_, output_specs_,
-                       cpu_features_, precision_, params_, code);
+                       cpu_features_, precision_, writes(), params_, code);
 }
 
 namespace {
@@ -270,12 +327,12 @@ Digest digest_to_sign(const std::string& name, const at::Tensor& code,
                       const std::string& input_specs, const std::string& output_specs,
                       const std::string& fallback_ir, const std::vector<at::Tensor>& params,
                       const std::string& fallback_mode, const std::string& cpu_features,
-                      const std::string& precision) {
+                      const std::string& precision, const std::string& writes) {
   TORCH_CHECK(code.scalar_type() == at::kByte && code.dim() == 1,
               "blade: engine code to sign must be a 1-D uint8 tensor");
   return engine_digest(name, parse_fallback_mode(fallback_mode), fallback_ir,
                        parse_specs(input_specs), parse_specs(output_specs), cpu_features,
-                       precision, params, code_digest(code));
+                       precision, writes, params, code_digest(code));
 }
 
 }  // namespace
@@ -284,24 +341,26 @@ std::string sign_engine(const std::string& name, const at::Tensor& code,
                         const std::string& input_specs, const std::string& output_specs,
                         const std::string& fallback_ir, const std::vector<at::Tensor>& params,
                         const std::string& fallback_mode, const std::string& cpu_features,
-                        const std::string& key_path, const std::string& precision) {
+                        const std::string& key_path, const std::string& precision,
+                        const std::string& writes) {
   return sign_digest(digest_to_sign(name, code, input_specs, output_specs, fallback_ir, params,
-                                    fallback_mode, cpu_features, precision),
+                                    fallback_mode, cpu_features, precision, writes),
                      key_path);
 }
 
 c10::intrusive_ptr<Engine> Engine::create_signed(
     std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
     std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
-    std::string cpu_features, std::string precision, const std::string& key_path) {
+    std::string cpu_features, std::string precision, const std::string& key_path,
+    std::string writes) {
   const Digest digest = digest_to_sign(name, code, input_specs, output_specs, fallback_ir,
-                                       params, fallback_mode, cpu_features, precision);
+                                       params, fallback_mode, cpu_features, precision, writes);
   std::string signature = sign_digest(digest, key_path);
   return c10::make_intrusive<Engine>(std::move(name), std::move(code), std::move(input_specs),
                                      std::move(output_specs), std::move(fallback_ir),
                                      std::move(params), std::move(fallback_mode),
                                      std::move(cpu_features), std::move(signature),
-                                     std::move(precision), &digest);
+                                     std::move(precision), std::move(writes), &digest);
 }
 
 void Engine::load_code(const Digest* computed_digest) {
@@ -347,7 +406,26 @@ void Engine::load_code(const Digest* computed_digest) {
               "subgraph instead.");
 }
 
+void write_back(const at::Tensor& self, const at::Tensor& value) {
+  TORCH_CHECK(at::canCast(value.scalar_type(), self.scalar_type()), "result type ",
+              value.scalar_type(), " can't be cast to the desired output type ",
+              self.scalar_type());
+  TORCH_CHECK(value.sizes() == self.sizes(), "output with shape ", self.sizes(),
+              " doesn't match the broadcast shape ", value.sizes());
+  self.copy_(value);
+}
+
 std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) {
+  auto outputs = compute(inputs);
+  for (const auto& [output, input] : writes_) {
+    TORCH_CHECK(input < inputs.size() && output < outputs.size(), "blade: engine '", name_,
+                "' was given ", inputs.size(), " inputs, but writes into input ", input);
+    write_back(inputs[input], outputs[output]);
+  }
+  return outputs;
+}
+
+std::vector<at::Tensor> Engine::compute(const std::vector<at::Tensor>& inputs) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   if (!code_) {
     return run_fallback(inputs, load_error_);
@@ -566,6 +644,9 @@ Engine::State Engine::serialize() const {
   if (precision_ != "float32") {
     meta << "precision=" << precision_ << "\n";
   }
+  if (!writes_.empty()) {
+    meta << "writes=" << writes() << "\n";
+  }
   return State(kEngineFormatVersion, name_,
                fallback_mode_ == FallbackMode::kError ? "error" : "fallback", fallback_ir_, params_,
                format_specs(input_specs_), format_specs(output_specs_), meta.str(), code_bytes_);
@@ -600,8 +681,11 @@ c10::intrusive_ptr<Engine> Engine::deserialize(State state) {
   if (!problem.empty()) {
     // The code and its ABI are unknown: keep only what every format has. Built in fallback
     // mode, which does not raise on the missing code; the saved mode applies from here.
+    // Its writes still hold: the subgraph computes what they write.
+    const auto writes = fields.find("writes");
     auto engine = c10::make_intrusive<Engine>(name, at::Tensor(), "", "", fallback_ir, params,
-                                              "fallback", "", "", "float32");
+                                              "fallback", "", "", "float32",
+                                              writes == fields.end() ? "" : writes->second);
     engine->load_error_ = problem;
     engine->fallback_mode_ = known_mode ? parse_fallback_mode(mode) : FallbackMode::kFallback;
     TORCH_CHECK(engine->fallback_mode_ != FallbackMode::kError, "blade: engine '", name,
@@ -612,7 +696,8 @@ c10::intrusive_ptr<Engine> Engine::deserialize(State state) {
   const auto precision = fields.find("precision");
   return c10::make_intrusive<Engine>(name, code, input_specs, output_specs, fallback_ir,
                                      params, mode, fields["cpu_features"], fields["signature"],
-                                     precision == fields.end() ? "float32" : precision->second);
+                                     precision == fields.end() ? "float32" : precision->second,
+                                     fields["writes"]);
 }
 
 }  // namespace blade::ral

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch::jit {
@@ -48,7 +49,7 @@ class Engine : public torch::CustomClassHolder {
   Engine(std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
          std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
          std::string cpu_features, std::string signature, std::string precision,
-         const Digest* computed_digest = nullptr);
+         std::string writes = "", const Digest* computed_digest = nullptr);
   // What the compiler makes (blade._C, never TorchScript): the engine signed with the key at
   // `key_path` (this machine's, created on first use, when empty). Its digest is computed
   // once, for the signature and the verification both: hashing a BERT-base encoder's
@@ -56,9 +57,12 @@ class Engine : public torch::CustomClassHolder {
   static c10::intrusive_ptr<Engine> create_signed(
       std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
       std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
-      std::string cpu_features, std::string precision, const std::string& key_path);
+      std::string cpu_features, std::string precision, const std::string& key_path,
+      std::string writes = "");
   ~Engine() override;
 
+  // The outputs on `inputs` (by the code, or by the subgraph when the code cannot take
+  // them), after the write-backs (`writes`) copied outputs into inputs.
   std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs);
   // The cluster's TorchScript subgraph on `inputs`, whatever the fallback mode, without
   // counting a call: what the compiled code is compared with (`blade bisect`).
@@ -78,6 +82,10 @@ class Engine : public torch::CustomClassHolder {
   const std::string& precision() const { return precision_; }
   // "ed25519:<public key>:<signature>", as saved (empty when unsigned).
   const std::string& signature() const { return signature_; }
+  // "o:i;o:i...": after each call, output o is written into input i (a caller's tensor that
+  // an in-place op updated; passes/functionalize_input_writes.h), in this order; empty
+  // when the engine writes into none.
+  std::string writes() const;
   bool is_compiled() const { return code_ != nullptr; }
   // Why the compiled code is not in use (empty when it is).
   const std::string& load_error() const { return load_error_; }
@@ -95,8 +103,8 @@ class Engine : public torch::CustomClassHolder {
   // The pickled form. Its shape never changes between format versions, so that a model saved
   // by a newer Blade still loads here and can fall back to its subgraph: (format version,
   // name, fallback mode, fallback IR, params, input specs, output specs, meta, code), where
-  // meta is "key=value" lines (blade_version, cpu_features, signature, and precision when
-  // not float32) that versions may extend.
+  // meta is "key=value" lines (blade_version, cpu_features, signature, precision when not
+  // float32, writes when any) that versions may extend.
   using State = std::tuple<int64_t, std::string, std::string, std::string, std::vector<at::Tensor>,
                            std::string, std::string, std::string, at::Tensor>;
   State serialize() const;
@@ -104,7 +112,8 @@ class Engine : public torch::CustomClassHolder {
 
  private:
   // What the signature covers: a SHA-256 over the format version, name, fallback mode,
-  // fallback IR, specs (as formatted), CPU features, the precision when not float32, each
+  // fallback IR, specs (as formatted), CPU features, the precision when not float32, the
+  // writes when any, each
   // param's dtype, sizes and bytes, and `code`, the code's own digest (see sign_engine).
   Digest signed_digest(const Digest& code) const;
   // Validates everything the code will rely on, verifies the signature (over
@@ -113,6 +122,9 @@ class Engine : public torch::CustomClassHolder {
   // load_error_.
   void load_code(const Digest* computed_digest);
   std::string validation_error() const;
+  // The writes of the text `writes()` gives, checked against the subgraph's arity (raises:
+  // an engine whose writes cannot hold cannot run its subgraph either).
+  std::vector<std::pair<size_t, size_t>> parse_writes(const std::string& text) const;
   std::vector<at::Tensor> run_compiled(const std::vector<at::Tensor>& inputs);
   // The code's outputs on `inputs`; a kernel's error (the outputs then unspecified) in
   // `kernel_error`.
@@ -122,6 +134,7 @@ class Engine : public torch::CustomClassHolder {
   std::vector<at::Tensor> adopt_results(const std::vector<int64_t>& results) const;
   std::vector<at::Tensor> run_fallback(const std::vector<at::Tensor>& inputs,
                                        const std::string& reason);
+  std::vector<at::Tensor> compute(const std::vector<at::Tensor>& inputs);
 
   std::string name_;
   at::Tensor code_bytes_;  // uint8, the shared library's bytes
@@ -138,6 +151,7 @@ class Engine : public torch::CustomClassHolder {
   std::string cpu_features_;
   std::string signature_;
   std::string precision_;
+  std::vector<std::pair<size_t, size_t>> writes_;  // (output, input)
 
   // Shared by the engines whose code is byte-identical (see CompiledCode::load_shared).
   std::shared_ptr<CompiledCode> code_;
@@ -157,7 +171,13 @@ std::string sign_engine(const std::string& name, const at::Tensor& code,
                         const std::string& input_specs, const std::string& output_specs,
                         const std::string& fallback_ir, const std::vector<at::Tensor>& params,
                         const std::string& fallback_mode, const std::string& cpu_features,
-                        const std::string& key_path, const std::string& precision);
+                        const std::string& key_path, const std::string& precision,
+                        const std::string& writes = "");
+
+// What blade::write_back does, and an engine's write of an output into an input: `value`
+// copied into `self`, raising as eager's in-place ops do when its dtype cannot be cast to
+// self's or its shape is not self's.
+void write_back(const at::Tensor& self, const at::Tensor& value);
 
 // CPU features (as /proc/cpuinfo names them) that `required` lists and this host lacks.
 std::string missing_cpu_features(const std::string& required);

@@ -11,14 +11,82 @@ bool parse_raise(const std::string& mode) {
   return mode == "error";
 }
 
+// The specs without their `!` marks, and which had one.
+std::string unmarked(const std::string& text, std::vector<bool>* written) {
+  std::string specs;
+  size_t start = 0;
+  while (start <= text.size() && !text.empty()) {
+    size_t end = text.find(';', start);
+    std::string spec = text.substr(start, end == std::string::npos ? std::string::npos
+                                                                     : end - start);
+    const bool marked = !spec.empty() && spec[0] == '!';
+    written->push_back(marked);
+    specs += (start == 0 ? "" : ";") + spec.substr(marked ? 1 : 0);
+    if (end == std::string::npos) {
+      break;
+    }
+    start = end + 1;
+  }
+  return specs;
+}
+
+// The bytes of its storage a strided tensor may touch: [first, last).
+std::pair<const char*, const char*> span(const at::Tensor& t) {
+  const char* base = static_cast<const char*>(t.storage().data());
+  const int64_t item = static_cast<int64_t>(t.element_size());
+  int64_t low = t.storage_offset();
+  int64_t high = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? low : high) += reach;
+  }
+  return {base + low * item, base + (high + 1) * item};
+}
+
 }  // namespace
 
 Guard::Guard(std::string input_specs, std::string fallback_mode)
-    : specs_(parse_specs(input_specs)), raise_(parse_raise(fallback_mode)) {}
+    : raise_(parse_raise(fallback_mode)) {
+  specs_ = parse_specs(unmarked(input_specs, &written_));
+  TORCH_CHECK(written_.size() == specs_.size(), "blade: the input guard's specs '",
+              input_specs.substr(0, 80), "' are malformed");
+}
+
+std::string Guard::input_specs() const {
+  std::string text;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    text += (i == 0 ? "" : ";") + std::string(written_[i] ? "!" : "") + specs_[i].str();
+  }
+  return text;
+}
+
+std::string Guard::overlap(const std::vector<at::Tensor>& inputs) const {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!written_[i] || !inputs[i].defined() || inputs[i].numel() == 0) {
+      continue;
+    }
+    const auto [first, last] = span(inputs[i]);
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      if (j == i || !inputs[j].defined() || inputs[j].numel() == 0 ||
+          inputs[j].storage().data() != inputs[i].storage().data()) {
+        continue;
+      }
+      const auto [other_first, other_last] = span(inputs[j]);
+      if (first < other_last && other_first < last) {
+        return "input " + std::to_string(i) + ", which the model writes into, shares memory " +
+               "with input " + std::to_string(j);
+      }
+    }
+  }
+  return "";
+}
 
 bool Guard::admits(const std::vector<at::Tensor>& inputs) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   auto why = signature_mismatch(specs_, inputs);
+  if (why.empty()) {
+    why = overlap(inputs);
+  }
   if (why.empty()) {
     return true;
   }
@@ -40,7 +108,7 @@ std::string Guard::last_fallback_reason() const {
 }
 
 Guard::State Guard::serialize() const {
-  return State(kGuardFormatVersion, format_specs(specs_), raise_ ? "error" : "fallback");
+  return State(kGuardFormatVersion, input_specs(), raise_ ? "error" : "fallback");
 }
 
 c10::intrusive_ptr<Guard> Guard::deserialize(State state) {

@@ -7,7 +7,13 @@
 // fallback subgraph, which were specialized too. So the optimized forward starts with a
 // guard: inputs that match the specs (dtype, rank, device, static dims, and equal sizes
 // for dims that share a symbol) run the optimized graph; anything else runs the model's
-// graph as it was before specialization (or raises, in fallback mode "error"). Counters
+// graph as it was before specialization (or raises, in fallback mode "error").
+//
+// Inputs the optimized graph writes into (in-place ops on the caller's tensors, see
+// passes/functionalize_input_writes.h) are marked `!` in the specs: the optimized graph
+// computes their new values from the values the inputs held when it started, which is
+// eager's result only when no other input shares their memory; the guard admits such
+// inputs only when the bytes they span overlap no other input's. Counters
 // are atomic and the reason is mutex-guarded, so one guard serves many threads.
 #pragma once
 
@@ -24,14 +30,15 @@ namespace blade::ral {
 
 class Guard : public torch::CustomClassHolder {
  public:
-  // `input_specs`: one spec per tensor input of the graph, in order (see tensor_spec.h).
+  // `input_specs`: one spec per tensor input of the graph, in order (see tensor_spec.h),
+  // each that the graph writes into marked with a leading `!`.
   Guard(std::string input_specs, std::string fallback_mode);
 
   // Whether `inputs` may run the specialized graph; counts the call, and the fallback when
   // not. Raises instead, naming what differs, when built with fallback mode "error".
   bool admits(const std::vector<at::Tensor>& inputs);
 
-  std::string input_specs() const { return format_specs(specs_); }
+  std::string input_specs() const;
   int64_t calls() const { return calls_.load(); }
   int64_t fallbacks() const { return fallbacks_.load(); }
   std::string last_fallback_reason() const;
@@ -41,7 +48,11 @@ class Guard : public torch::CustomClassHolder {
   static c10::intrusive_ptr<Guard> deserialize(State state);
 
  private:
+  // Why `inputs` break the assumption of the `!` inputs (empty when they do not).
+  std::string overlap(const std::vector<at::Tensor>& inputs) const;
+
   std::vector<TensorSpec> specs_;
+  std::vector<bool> written_;  // per spec: marked `!`
   bool raise_ = false;
   std::atomic<int64_t> calls_{0};
   std::atomic<int64_t> fallbacks_{0};

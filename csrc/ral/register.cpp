@@ -1,5 +1,6 @@
-// Registers the runtime with TorchScript, in one place: the Engine class and the op that
-// executes one, the Guard class and the op that checks a model's inputs against it.
+// Registers the runtime with TorchScript, in one place: the Engine class and the ops that
+// execute one, the op that writes a computed value into a caller's tensor, the Guard class
+// and the op that checks a model's inputs against it.
 // Loading libblade_ral (Python: `import blade`; C++: linking it with --no-as-needed) is
 // what makes saved optimized models loadable.
 #include "ral/engine.h"
@@ -26,6 +27,11 @@ bool guard_admits(const c10::intrusive_ptr<Guard>& guard,
   return guard->admits(tensors);
 }
 
+at::Tensor write_back_op(at::Tensor self, const at::Tensor& value) {
+  write_back(self, value);
+  return self;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(blade, m) {
@@ -42,6 +48,7 @@ TORCH_LIBRARY(blade, m) {
       .def("fallback_ir", [](const c10::intrusive_ptr<Engine>& e) { return e->fallback_ir(); })
       .def("cpu_features", [](const c10::intrusive_ptr<Engine>& e) { return e->cpu_features(); })
       .def("signature", [](const c10::intrusive_ptr<Engine>& e) { return e->signature(); })
+      .def("writes", &Engine::writes)
       .def("precision", [](const c10::intrusive_ptr<Engine>& e) { return e->precision(); })
       .def("is_compiled", &Engine::is_compiled)
       .def("load_error", [](const c10::intrusive_ptr<Engine>& e) { return e->load_error(); })
@@ -58,6 +65,16 @@ TORCH_LIBRARY(blade, m) {
 
   m.def("execute(__torch__.torch.classes.blade.Engine engine, Tensor[] inputs) -> Tensor[]",
         execute_engine);
+  // An engine that writes into some of its inputs (Engine::writes): AliasDb must see the
+  // writes, so that no read of those tensors moves across the call, and DCE must keep it.
+  m.def(torch::schema("execute_writing(__torch__.torch.classes.blade.Engine engine, "
+                      "Tensor[] inputs) -> Tensor[]",
+                      c10::AliasAnalysisKind::CONSERVATIVE),
+        execute_engine);
+
+  // What an in-place op on a caller's tensor leaves in it, once its value was computed
+  // functionally (passes/functionalize_input_writes.h).
+  m.def("write_back(Tensor(a!) self, Tensor value) -> Tensor(a!)", write_back_op);
 
   m.class_<Guard>("Guard")
       .def(torch::init<std::string, std::string>())

@@ -20,7 +20,8 @@ from blade.config import Config
 from blade.partition.dtypes import SCALAR_TYPE_NAMES, dtype_name
 from blade.tools.dump import Dumper, Progress
 from blade.frontend.exported_program import is_exported_program
-from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preserved_random_state,
+from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preserved_module_state,
+                                   preserved_random_state,
                                    private_copy, split_example_inputs)
 from blade.frontend.scripting import each_method_parsed_once, eval_mode, to_torchscript
 from blade.frontend.simplify import all_nodes, is_tensor_op, simplify
@@ -36,6 +37,8 @@ from blade.self_check import (CheckTime, EngineCheckError, Example, capture_clus
                               find_disagreeing_node)
 
 ENGINE_PREFIX = "blade_engine_"
+# csrc/passes/functionalize_input_writes.h
+WRITE_BACK = "blade::write_back"
 # If-branches of more nodes than this become functions (csrc/passes/outline_branches.h).
 OUTLINED_BRANCH_MIN_NODES = 1
 
@@ -104,6 +107,9 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
         # give its results come from the run that recorded the types; for the others, an
         # example run runs on a thread of its own while the clusters compile (it is a
         # TorchScript run of the whole model: a good part of a small model's compile time).
+        # Writes of their results into the caller's tensors that the engines do themselves
+        # (a cluster may gain an input for one: before its examples are recorded).
+        writes = {c: [] if config.dry_run else _C.absorbable_write_backs(c) for c in clusters}
         capture = checker = None
         known, captured = {}, []
         if config.check_engines and clusters and not config.dry_run:
@@ -136,7 +142,8 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             start = time.perf_counter()
             try:
                 finish = _start_cluster(module, cluster, index - 1, config, cpu_features,
-                                        cluster_dump, code_cache, pool, check_time)
+                                        cluster_dump, code_cache, pool, check_time,
+                                        writes[cluster])
             except Exception as e:
                 failed(entry, cluster, ops, cluster_dump, start, e)
                 progress.step(entry.name)
@@ -153,7 +160,11 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
         examples = [by_cluster.get(b[1]) for b in begun]
         for (entry, cluster, ops, cluster_dump, start, finish), example in zip(begun, examples):
             try:
-                compiled, entry.code = finish(example)
+                compiled, entry.code, written = finish(example)
+                if written:
+                    # The in-place ops' writes into the caller's tensors, done by the engine.
+                    ops[WRITE_BACK] = len(written)
+                    report.total_ops += len(written)
                 entry.take(compiled.statistics)
                 report.compiled_ops += sum(ops.values())
                 report.clusters.append(entry)
@@ -179,6 +190,12 @@ def _account_for_ops_outside_engines(graph, report: Report) -> None:
     here rather than silently lowering the coverage."""
     outside: Dict[str, int] = {}
     for node in all_nodes(graph):
+        if node.kind() == WRITE_BACK:
+            # Not counted with the ops before clustering: the engine may do it (see
+            # _compile_in_rounds).
+            report.total_ops += 1
+            report.add_unsupported(WRITE_BACK, _write_back_reason(node))
+            continue
         if is_tensor_op(node) and ran(node):
             outside[schema_name(node)] = outside.get(schema_name(node), 0) + 1
     for op, count in outside.items():
@@ -186,6 +203,20 @@ def _account_for_ops_outside_engines(graph, report: Report) -> None:
         for _ in range(count - (entry.count if entry else 0)):
             report.add_unsupported(op, "left outside every engine, and Blade recorded no "
                                    "reason (please report this)")
+
+
+def _write_back_reason(node) -> str:
+    target = node.inputsAt(0)
+    producer = node.inputsAt(1).node()
+    what = (f"the write of an in-place op's result into %{argument_name(target)}, a tensor the "
+            "caller passed or a module attribute")
+    if producer.kind() != "prim::ListUnpack" or \
+            producer.input().node().kind() not in ("blade::execute", "blade::execute_writing"):
+        return (f"{what}: no engine computes its value (TorchScript does, or it is another "
+                "tensor copied as it is), so the write stays TorchScript")
+    return (f"{what}: the engine that computes its value could not do it (another read or "
+            "write of that tensor comes between them, or the value's shape or dtype is not "
+            "one the tensor holds)")
 
 
 def _signatures(inputs, outputs) -> Tuple[str, str]:
@@ -207,18 +238,21 @@ def _op_counts(subgraph) -> Dict[str, int]:
 
 
 def _start_cluster(module, cluster, index: int, config: Config, cpu_features: str,
-                   dump, code_cache: CodeCache, pool: CompilerPool, check_time: CheckTime):
+                   dump, code_cache: CodeCache, pool: CompilerPool, check_time: CheckTime,
+                   writes: List[Tuple[int, int]]):
     """Begins compiling one cluster; returns the function that finishes it, checks the
     engine against `example`, what the cluster's nodes made of its inputs in the example run
     (None: not checked; see blade.self_check), and swaps the cluster for an engine call,
     returning the
-    CompiledCluster and where its code came from (compiled, the compile cache, or another
-    engine of this model with the same code). Either raises on any failure, leaving the
+    CompiledCluster, where its code came from (compiled, the compile cache, or another
+    engine of this model with the same code) and `writes`, the (output, input) pairs the
+    engine writes (absorbable_write_backs, csrc/passes/engine_call.h). Either raises on any failure, leaving the
     graph untouched. `dump` (a ClusterDump) receives the IR of every pass."""
     name = f"{ENGINE_PREFIX}{index}"
     subgraph = cluster.g("Subgraph").copy()
     finish_engine = _start_engine(subgraph, name, config, cpu_features, dump, code_cache, pool,
-                                  boundary=(list(cluster.inputs()), list(cluster.outputs())))
+                                  boundary=(list(cluster.inputs()), list(cluster.outputs())),
+                                  writes=writes)
 
     def build_prefix(prefix):
         # The same compilation for a prefix of the cluster (self_check's bisection).
@@ -250,18 +284,20 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
                     f"the compiled code disagrees with TorchScript ({problem})")
             check_time.agreed.add(name)
         module._c._register_attribute(name, engine._type(), engine)
-        _C.replace_cluster_with_engine(cluster, name)
-        return compiled, origin
+        _C.replace_cluster_with_engine(cluster, name, writes)
+        return compiled, origin, writes
 
     return finish
 
 
 def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
-                  code_cache: CodeCache, pool: CompilerPool, boundary=None):
+                  code_cache: CodeCache, pool: CompilerPool, boundary=None,
+                  writes: Sequence[Tuple[int, int]] = ()):
     """Begins compiling `subgraph` (a copy of a cluster's, or of a prefix of it); returns
     the function that finishes it and returns the CompiledCluster, the loaded Engine and
     where its code came from. `boundary` is the (inputs, outputs) whose types the engine's
-    signature names, the subgraph's own by default. `subgraph` is changed (its constants
+    signature names, the subgraph's own by default; `writes`, the engine's (output, input)
+    pairs (Engine::writes). `subgraph` is changed (its constants
     become params)."""
     from blade.importer import import_subgraph
 
@@ -327,7 +363,8 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
         compiled, code, origin = finish_code()
         engine = _C.create_signed_engine(name, code, input_specs, output_specs, fallback_ir,
                                          params, config.fallback, cpu_features,
-                                         config.precision, config.signing_key or "")
+                                         config.precision, config.signing_key or "",
+                                         ";".join(f"{o}:{i}" for o, i in writes))
         if not engine.is_compiled():
             raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
         return compiled, engine, origin
@@ -336,12 +373,14 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
 
 
 def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config,
-           report: Report) -> None:
+           report: Report, written: Sequence[int]) -> None:
     """The optimized graph runs under a guard of its inputs (csrc/ral/guard.h): tensor
     inputs as typed, optional ones specialized to None (`none_inputs`, graph positions)
     must be None; other inputs run `unspecialized`, the graph from before the example
     inputs were used. An input of a dtype the guard cannot name (complex64, uint16,
-    float8_e4m3fn, ...) is checked through a stand-in (see `_dtype_stand_in`)."""
+    float8_e4m3fn, ...) is checked through a stand-in (see `_dtype_stand_in`). Inputs the
+    graph writes into (`written`, graph positions) must share memory with no other input
+    (csrc/ral/guard.h)."""
     inputs = list(graph.inputs())
     tensors = [i for i, v in enumerate(inputs)
                if i > 0 and isinstance(v.type(), torch._C.TensorType)]
@@ -353,7 +392,8 @@ def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Con
                                       unnamed_dtype="bool")[0]))
     guarded = sorted(tensors + list(none_inputs))
     report.guard_inputs = [argument_name(inputs[i]) for i in guarded]
-    text = ";".join("None" if i in none_inputs else specs.get(i, "*") for i in guarded)
+    text = ";".join("None" if i in none_inputs else
+                    ("!" if i in written else "") + specs.get(i, "*") for i in guarded)
     guard = torch.classes.blade.Guard(text, config.fallback)
     module._c._register_attribute(GUARD_ATTRIBUTE, guard._type(), guard)
     _C.guard_specialization(graph, unspecialized, GUARD_ATTRIBUTE, guarded)
@@ -492,7 +532,8 @@ def optimize(model, example_inputs=None, config: Config = None, *,
         >>> torch.jit.save(optimized, "model.pt")
     """
     # No side effects: the model runs on private copies of the example inputs, the random
-    # generators are restored on every exit, and a ScriptModule keeps its training flags.
+    # generators and the buffers forward writes into are restored on every exit, and a
+    # ScriptModule keeps its training flags.
     # TorchScript's deprecation notices are silenced for the whole of it (blade/quiet.py).
     with preserved_random_state(), quiet_torchscript():
         return _optimize(model, example_inputs, example_kwarg_inputs, config or Config())
@@ -546,6 +587,13 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
         inputs = bind_inputs(scripted, args, kwargs)
         config = dynamic_dims_by_position(scripted, config)
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
+    # The attributes freezing kept are those forward writes into (or asked to be kept); they
+    # are the model's own tensors, which the runs below must leave as they were.
+    with preserved_module_state(module):
+        return _compile_frozen(module, inputs, config, progress)
+
+
+def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress):
     graph = module.graph
     # Freezing frees the methods the graph's call stacks point to; an op that raises
     # (probing dynamic dims, a fallback given bad input) would read them for its traceback.
@@ -564,12 +612,15 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
         dump.graph("duplicate_shape_arithmetic", graph)
 
     graph_inputs = list(graph.inputs())
+    # Inputs the graph writes into (an in-place op on the caller's tensor).
+    written = sorted({graph_inputs.index(n.inputsAt(0)) for n in graph.nodes()
+                      if n.kind() == WRITE_BACK and n.inputsAt(0) in graph_inputs})
     report = Report(dry_run=config.dry_run, decomposed=decomposed,
                     dynamic_dims=[[f"input {p} ('{argument_name(graph_inputs[p + 1])}') dim {d}"
                                    for p, d in g.dims] for g in groups])
     verdicts = registry_verdicts(all_nodes(graph), config)
     for node, verdict in verdicts.items():
-        if not is_tensor_op(node):
+        if not is_tensor_op(node) or node.kind() == WRITE_BACK:
             continue
         if verdict.category == "not_materialized":
             # Never ran on the example inputs (an untaken branch): listed, but not counted
@@ -589,7 +640,7 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
     torch._C._jit_pass_dce(graph)
     if not config.dry_run:
         _account_for_ops_outside_engines(graph, report)
-    _guard(module, graph, unspecialized, none_inputs, config, report)
+    _guard(module, graph, unspecialized, none_inputs, config, report, written)
     if not config.dry_run:
         _read_weights_from_engines(module, graph, report)
     # Loading the saved model compiles its code again, at a cost quadratic in the code of

@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from blade import _C
+from blade.frontend.inputs import preserved_module_state
 from blade.frontend.simplify import may_be_written
 
 # dtype -> (rtol, atol relative to the output's scale)
@@ -211,7 +212,7 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
     def examples() -> List[Optional[Example]]:
         # One plain interpreter run: the profiling executor's first run would record
         # shapes for optimizations that a single run never uses.
-        with torch.no_grad(), torch.jit.optimized_execution(False), _state_kept(module):
+        with torch.no_grad(), torch.jit.optimized_execution(False), preserved_module_state(module):
             recorded = run(module._c, *arguments)
         found = []
         for i, (count_in, count_out) in enumerate(counts):
@@ -222,25 +223,6 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
         return found
 
     return examples
-
-
-@contextlib.contextmanager
-def _state_kept(module):
-    """The module's buffers and parameters as they were before the block, whether forward
-    wrote into them or assigned new ones: the check's run of the model leaves no trace."""
-    saved = []
-    for name, tensor in itertools.chain(module.named_buffers(), module.named_parameters()):
-        path, _, attribute = name.rpartition(".")
-        owner = module.get_submodule(path) if path else module
-        saved.append((owner, attribute, tensor, tensor.detach().clone()))
-    try:
-        yield
-    finally:
-        for owner, attribute, tensor, values in saved:
-            if getattr(owner, attribute) is not tensor:
-                setattr(owner, attribute, tensor)
-            with torch.no_grad():
-                tensor.copy_(values)
 
 
 def _inline_clusters(block) -> None:

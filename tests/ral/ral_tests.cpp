@@ -742,6 +742,36 @@ void test_dynamic_engine_serves_every_batch_and_frees_its_outputs() {
   EXPECT(engine->stats().calls == 150);
 }
 
+// An engine that writes into the caches it is given: after each call they hold what eager
+// leaves in them; caches that share memory are refused by the guard.
+void test_engine_writes_into_its_inputs() {
+  auto module = load_model("kv_cache.pt");
+  auto inputs = load_list("kv_inputs.pt");
+  auto expected = load_list("kv_expected.pt");
+  auto engine = engine_of(module);
+  EXPECT(engine->is_compiled());
+  EXPECT(engine->writes().find(';') != std::string::npos);  // both caches
+  std::vector<c10::IValue> mine;
+  for (const auto& input : inputs) {
+    mine.push_back(input.toTensor().clone());
+  }
+  int64_t live = blade_ral_live_allocations();
+  for (int call = 0; call < 2; ++call) {
+    EXPECT(at::allclose(module.forward(mine).toTensor(), expected[call].toTensor(), 1e-5,
+                        1e-5));
+  }
+  for (int cache = 0; cache < 2; ++cache) {
+    EXPECT(at::allclose(mine[cache].toTensor(), expected[2 + cache].toTensor(), 1e-5, 1e-5));
+  }
+  EXPECT(blade_ral_live_allocations() == live);
+  EXPECT(engine->stats().calls == 2 && engine->stats().fallbacks == 0);
+  std::vector<c10::IValue> shared = mine;
+  shared[1] = shared[0];
+  module.forward(shared);
+  EXPECT(contains(guard_of(module)->last_fallback_reason(), "shares memory with input 1"));
+  EXPECT(engine->stats().calls == 2);
+}
+
 void test_wrong_inputs_fall_back_or_raise_per_mode() {
   auto module = load_model("model.pt");
   std::vector<c10::IValue> wrong{at::randn({3, 8}), at::randn({3, 16})};
@@ -913,6 +943,7 @@ int main(int argc, char** argv) {
       {"conv2d_with_bias_and_relu_library_call", test_conv2d_with_bias_and_relu_library_call},
       {"parallel_for_covers_every_row_once", test_parallel_for_covers_every_row_once},
       {"saved_model_runs_compiled_code", test_saved_model_runs_compiled_code},
+      {"engine_writes_into_its_inputs", test_engine_writes_into_its_inputs},
       {"wrong_inputs_fall_back_or_raise_per_mode", test_wrong_inputs_fall_back_or_raise_per_mode},
       {"dynamic_engine_serves_every_batch_and_frees_its_outputs",
        test_dynamic_engine_serves_every_batch_and_frees_its_outputs},

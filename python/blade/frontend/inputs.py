@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
+import itertools
 import random
 import sys
 from typing import Dict, Tuple
@@ -57,6 +58,28 @@ def private_copy(value):
     if isinstance(value, dict):
         return {key: private_copy(item) for key, item in value.items()}
     return value
+
+
+@contextlib.contextmanager
+def preserved_module_state(module):
+    """The module's buffers and parameters as they were before the block, whether forward
+    wrote into them or assigned new ones: the runs of the model that optimize makes (to
+    record types, to check engines) leave no trace in it. Nothing for a model that is no
+    nn.Module."""
+    saved = []
+    if isinstance(module, torch.nn.Module):
+        for name, tensor in itertools.chain(module.named_buffers(), module.named_parameters()):
+            path, _, attribute = name.rpartition(".")
+            owner = module.get_submodule(path) if path else module
+            saved.append((owner, attribute, tensor, tensor.detach().clone()))
+    try:
+        yield
+    finally:
+        for owner, attribute, tensor, values in saved:
+            if getattr(owner, attribute) is not tensor:
+                setattr(owner, attribute, tensor)
+            with torch.no_grad():
+                tensor.copy_(values)
 
 
 @contextlib.contextmanager

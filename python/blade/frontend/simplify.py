@@ -181,6 +181,10 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
             list(graph.inputs())[position].replaceAllUsesWith(none)
         dump.graph("specialize_none_inputs", graph)
         to_fixed_point(structure)
+    # What is left of in-place ops writes into the caller's tensors: functional values, and
+    # write-backs that the engine computing the value can do (csrc/passes/
+    # functionalize_input_writes.h). Before the types are recorded: the new ops get theirs.
+    run("functionalize_input_writes", lambda: _C.functionalize_input_writes(graph))
     # Blade compiles for inference: the types are recorded under no_grad, so branches a
     # model takes only when autograd is on (nn.TransformerEncoderLayer's slow path) are
     # not the ones compiled.

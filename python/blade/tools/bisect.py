@@ -11,7 +11,8 @@ import torch
 
 from blade.report import report as read_report
 
-EXECUTE_KIND = "blade::execute"
+# An engine's call; `_writing` when it writes into some of its inputs (Engine.writes).
+EXECUTE_KINDS = ("blade::execute", "blade::execute_writing")
 
 
 @dataclass
@@ -55,7 +56,7 @@ def _engine_inputs(module: torch.jit.ScriptModule, inputs: Sequence) -> dict:
     graph = _unguarded(module.graph.copy())
     captured = []
     for node in graph.nodes():
-        if node.kind() != EXECUTE_KIND:
+        if node.kind() not in EXECUTE_KINDS:
             continue
         engine = node.inputsAt(0).node()
         if engine.kind() != "prim::GetAttr":
@@ -72,8 +73,9 @@ def _engine_inputs(module: torch.jit.ScriptModule, inputs: Sequence) -> dict:
         graph.eraseOutput(0)
     graph.registerOutput(tuple_node.output())
     function = torch._C._create_function_from_graph("blade_capture", graph)
-    with torch.no_grad():
-        lists = function(module._c, *inputs)
+    with torch.no_grad():  # (on copies: the model may write into its inputs)
+        lists = function(module._c, *[t.clone() if isinstance(t, torch.Tensor) else t
+                                      for t in inputs])
     return {name: list(tensors) for (name, _), tensors in zip(captured, lists)}
 
 

@@ -1,0 +1,389 @@
+#include "passes/functionalize_input_writes.h"
+
+#include "passes/functionalize_view_writes.h"
+#include "passes/uses.h"
+
+#include <torch/csrc/jit/ir/alias_analysis.h>
+#include <torch/csrc/jit/runtime/operator.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace blade::passes {
+namespace {
+
+using torch::jit::AliasDb;
+using torch::jit::Block;
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+// How a write's functional value is made.
+struct Twin {
+  enum class Kind { kWrittenValue, kOp } how = Kind::kOp;
+  c10::Symbol op;          // the functional op (kOp)
+  std::string overload;    // its overload name
+  size_t arity = 0;        // how many of the write's inputs it takes
+};
+
+bool arguments_match(const c10::FunctionSchema& write, const c10::FunctionSchema& twin) {
+  const auto& a = write.arguments();
+  const auto& b = twin.arguments();
+  if (a.size() != b.size() || twin.returns().size() != 1 ||
+      twin.returns()[0].alias_info() != nullptr ||
+      twin.returns()[0].type()->kind() != c10::TypeKind::TensorType) {
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (b[i].alias_info() != nullptr || a[i].type()->str() != b[i].type()->str()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The functional form of an in-place write into its first argument, if it has one.
+std::optional<Twin> functional_twin(const Node* write) {
+  if (write->kind() == write_back_kind() || write->outputs().size() != 1) {
+    return std::nullopt;
+  }
+  if (view_writes::is_write(write)) {
+    return Twin{Twin::Kind::kWrittenValue, c10::Symbol(), "", 0};
+  }
+  const c10::FunctionSchema* schema = write->maybeSchema();
+  if (schema == nullptr || schema->arguments().empty() || schema->returns().size() != 1) {
+    return std::nullopt;
+  }
+  const c10::AliasInfo* self = schema->arguments()[0].alias_info();
+  if (self == nullptr || !self->isWrite()) {
+    return std::nullopt;
+  }
+  for (size_t i = 1; i < schema->arguments().size(); ++i) {
+    if (schema->arguments()[i].alias_info() != nullptr) {
+      return std::nullopt;  // writes into (or keeps) another argument too: an out= form
+    }
+  }
+  const std::string& name = schema->name();
+  if (name == "aten::_index_put_impl_") {
+    return Twin{Twin::Kind::kOp, c10::aten::index_put, "", 4};
+  }
+  if (name.size() < 2 || name.back() != '_' || name.compare(0, 6, "aten::") != 0) {
+    return std::nullopt;
+  }
+  auto op = c10::Symbol::fromQualString(name.substr(0, name.size() - 1));
+  for (const auto& candidate : torch::jit::getAllOperatorsFor(op)) {
+    const c10::FunctionSchema& twin = candidate->schema();
+    if (twin.overload_name() == schema->overload_name() && arguments_match(*schema, twin)) {
+      return Twin{Twin::Kind::kOp, op, twin.overload_name(), schema->arguments().size()};
+    }
+  }
+  return std::nullopt;
+}
+
+// A tensor the caller sees after the call: a graph input, or a module attribute read in
+// the top block.
+bool is_external(Value* v) {
+  Node* producer = v->node();
+  Graph* graph = v->owningGraph();
+  if (producer->owningBlock() != graph->block() ||
+      v->type()->kind() != c10::TypeKind::TensorType) {
+    return false;
+  }
+  return producer->kind() == c10::prim::Param || producer->kind() == c10::prim::GetAttr;
+}
+
+struct Candidate {
+  Node* write = nullptr;
+  std::vector<Node*> chain;  // the views written through, outermost first
+  Value* root = nullptr;     // the external tensor
+  Twin twin;
+};
+
+std::optional<Candidate> as_candidate(Node* node) {
+  auto twin = functional_twin(node);
+  if (!twin) {
+    return std::nullopt;
+  }
+  Candidate c{node, {}, node->input(0), *twin};
+  Node* producer = node->input(0)->node();
+  if (producer->kind() == c10::aten::slice || producer->kind() == c10::aten::select) {
+    c.chain = view_writes::view_chain(node);
+    if (c.chain.empty() || node->output()->hasUses()) {
+      return std::nullopt;
+    }
+    for (Node* view : c.chain) {
+      if (!view_writes::supported_view(view)) {
+        return std::nullopt;
+      }
+    }
+    c.root = c.chain.front()->input(0);
+  }
+  if (!is_external(c.root)) {
+    return std::nullopt;
+  }
+  return c;
+}
+
+std::optional<Candidate> first_candidate(Block* block) {
+  for (Node* node : block->nodes()) {
+    if (auto c = as_candidate(node)) {
+      return c;
+    }
+  }
+  return std::nullopt;
+}
+
+bool is_write_back_of(const Node* node, const Value* root) {
+  return node->kind() == write_back_kind() && node->input(0) == root;
+}
+
+bool is_graph_input(const Value* v) {
+  return v->node()->kind() == c10::prim::Param &&
+         v->node()->owningBlock() == v->owningGraph()->block();
+}
+
+// The value `v` is a view of, through views of views, or `v` itself.
+Value* viewed_base(Value* v) {
+  while (true) {
+    const c10::FunctionSchema* schema = v->node()->maybeSchema();
+    if (schema == nullptr || schema->returns().empty() || schema->arguments().empty() ||
+        schema->returns()[0].alias_info() == nullptr ||
+        schema->returns()[0].alias_info()->isWrite() ||
+        schema->arguments()[0].alias_info() == nullptr) {
+      return v;
+    }
+    v = v->node()->input(0);
+  }
+}
+
+// Graph inputs that the graph writes into share no memory with any other input: the
+// guard admits no others (ral/guard.h), so AliasDb's "graph inputs may alias each other"
+// does not hold between a written input and another input.
+bool other_input(Value* v, Value* root) {
+  Value* base = viewed_base(v);
+  return base != root && is_graph_input(base) && is_graph_input(root);
+}
+
+// Whether `n` may write into %root: AliasDb's answer, less the writes into other inputs.
+bool may_write(Node* n, Value* root, const AliasDb& db) {
+  if (!db.writesToAlias(n, {root})) {
+    return false;
+  }
+  if (n->kind() == write_back_kind()) {
+    return !other_input(n->input(0), root);
+  }
+  auto write = as_candidate(n);
+  return !write || !other_input(write->root, root);
+}
+
+// The value %root holds just before `before`: that of the last write-back into it when
+// nothing may have written to %root since (then also that write-back), else %root.
+std::pair<Value*, Node*> current_value(Value* root, Node* before, const AliasDb& db) {
+  Block* block = before->owningBlock();
+  for (Node* n = before->prev(); n != block->param_node() && n != root->node(); n = n->prev()) {
+    if (is_write_back_of(n, root)) {
+      return {n->input(1), n};
+    }
+    if (may_write(n, root, db)) {
+      break;
+    }
+  }
+  return {root, nullptr};
+}
+
+// Whether `v` may be or hold %root (a list of views of other inputs holds none of it).
+bool may_hold(Value* v, Value* root, const AliasDb& db) {
+  if (v == root || !db.mayContainAlias(v, root)) {
+    return v == root;
+  }
+  if (v->node()->kind() == c10::prim::ListConstruct) {
+    for (Value* item : v->node()->inputs()) {
+      if (may_hold(item, root, db)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  return !other_input(v, root);
+}
+
+// Whether `node` (or a node of its blocks) reads a value that may alias `root`.
+bool may_read(Node* node, Value* root, const AliasDb& db) {
+  for (Value* v : node->inputs()) {
+    if (may_hold(v, root, db)) {
+      return true;
+    }
+  }
+  for (Block* sub : node->blocks()) {
+    for (Node* inner : sub->nodes()) {
+      if (may_read(inner, root, db)) {
+        return true;
+      }
+    }
+    for (Value* v : sub->outputs()) {
+      if (may_hold(v, root, db)) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+bool is_view_of_first_input(const Node* node) {
+  const c10::FunctionSchema* schema = node->maybeSchema();
+  return schema != nullptr && schema->returns().size() == 1 && !schema->arguments().empty() &&
+         schema->returns()[0].alias_info() != nullptr &&
+         !schema->returns()[0].alias_info()->isWrite() &&
+         schema->arguments()[0].alias_info() != nullptr &&
+         !schema->arguments()[0].alias_info()->isWrite();
+}
+
+// Whether `user` only reads the value it takes at input `offset`: an op whose argument
+// carries no alias annotation, a list every user of which only reads, or a view (in the
+// same block) only read in turn: a reference to the value leaves the graph nowhere.
+bool reads_only(Node* user, size_t offset, int depth = 0) {
+  auto all_uses_read = [&](Value* v) {
+    for (const auto& use : v->uses()) {
+      if (use.user->owningBlock() != user->owningBlock() ||
+          !reads_only(use.user, use.offset, depth + 1)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  if (depth > 8) {
+    return false;
+  }
+  if (user->kind() == c10::prim::ListConstruct) {
+    for (const auto& use : user->output()->uses()) {
+      if (!only_reads(use)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  if (offset == 0 && is_view_of_first_input(user)) {
+    return all_uses_read(user->output());
+  }
+  return user->maybeSchema() != nullptr && only_reads(torch::jit::Use(user, offset));
+}
+
+// Reads of %root after the write-back `written` read `value` instead, until a node that
+// may write to %root.
+void redirect_reads(Value* root, Value* value, Node* written, const AliasDb& db) {
+  Block* block = written->owningBlock();
+  for (Node* n = written->next(); n != block->return_node(); n = n->next()) {
+    if (is_write_back_of(n, root)) {
+      break;
+    }
+    bool writes = may_write(n, root, db);
+    if (n->blocks().empty()) {
+      for (size_t i = 0; i < n->inputs().size(); ++i) {
+        if (n->input(i) == root && reads_only(n, i)) {
+          n->replaceInput(i, value);
+        }
+      }
+    }
+    if (writes || !n->blocks().empty()) {
+      break;
+    }
+  }
+}
+
+Value* functional_value(Graph& graph, const Candidate& c, Value* written) {
+  if (c.twin.how == Twin::Kind::kWrittenValue) {
+    return view_writes::written_value(graph, c.write);
+  }
+  std::vector<Value*> inputs{written};
+  for (size_t i = 1; i < c.twin.arity; ++i) {
+    inputs.push_back(c.write->input(i));
+  }
+  Node* node = graph.insertNode(graph.create(c.twin.op, inputs, 1));
+  node->output()->setType(c.write->output()->type());
+  node->copyMetadata(c.write);
+  return node->output();
+}
+
+void rewrite(Graph& graph, const Candidate& c, const AliasDb& db) {
+  auto [current, previous] = current_value(c.root, c.write, db);
+  // The write reads what %root holds now.
+  if (c.chain.empty()) {
+    c.write->replaceInput(0, current);
+  } else {
+    c.chain.front()->replaceInput(0, current);
+  }
+  // The write-back before is redundant when this one follows it with no read of %root
+  // between (asked before any node is added: the new ones are unknown to `db`).
+  bool keep_previous = false;
+  if (previous != nullptr) {
+    for (Node* n = previous->next(); n != c.write && !keep_previous; n = n->next()) {
+      keep_previous = may_read(n, c.root, db);
+    }
+  }
+  torch::jit::WithInsertPoint guard(c.write);
+  Value* value = functional_value(graph, c, c.write->input(0));
+  value->setType(c.write->input(0)->type());
+  for (size_t i = c.chain.size(); i-- > 0;) {
+    Value* into = c.chain[i]->input(0);
+    value = view_writes::scatter(graph, c.chain[i], into, value);
+    value->setType(into->type());
+  }
+  Node* write_back = graph.insertNode(graph.create(write_back_kind(), {c.root, value}, 1));
+  write_back->output()->setType(c.root->type());
+  write_back->copyMetadata(c.write);
+  if (c.chain.empty()) {
+    c.write->output()->replaceAllUsesWith(c.root);
+  }
+  if (previous != nullptr && !keep_previous) {
+    previous->destroy();
+  }
+  c.write->destroy();
+  redirect_reads(c.root, value, write_back, db);
+}
+
+// Each write-back as late as it may go: past the nodes that neither read nor write its
+// tensor, so that the computations between two write-backs can join one cluster.
+void sink_write_backs(const std::shared_ptr<Graph>& graph) {
+  std::vector<Node*> write_backs;
+  for (Node* n : graph->nodes()) {
+    if (n->kind() == write_back_kind()) {
+      write_backs.push_back(n);
+    }
+  }
+  if (write_backs.empty()) {
+    return;
+  }
+  AliasDb db(graph);
+  for (auto it = write_backs.rbegin(); it != write_backs.rend(); ++it) {
+    Node* write_back = *it;
+    Value* root = write_back->input(0);
+    for (Node* next = write_back->next(); next != graph->return_node(); next = write_back->next()) {
+      if (may_read(next, root, db) || may_write(next, root, db)) {
+        break;
+      }
+      write_back->moveAfter(next);
+    }
+  }
+}
+
+}  // namespace
+
+c10::Symbol write_back_kind() {
+  static const c10::Symbol kind = c10::Symbol::fromQualString("blade::write_back");
+  return kind;
+}
+
+int functionalize_input_writes(const std::shared_ptr<Graph>& graph) {
+  int rewritten = 0;
+  // Alias information changes with every rewrite: recomputed each time.
+  while (auto candidate = first_candidate(graph->block())) {
+    AliasDb db(graph);
+    rewrite(*graph, *candidate, db);
+    ++rewritten;
+  }
+  sink_write_backs(graph);
+  return rewritten;
+}
+
+}  // namespace blade::passes
