@@ -133,6 +133,22 @@ def test_inputs_sharing_memory_with_a_written_one_run_the_model_as_it_was():
     assert blade.report(optimized).guard_fallbacks == 2
 
 
+def test_memory_shared_through_another_storage_is_seen_too():
+    import numpy
+
+    model = AddInto()
+    optimized = blade.optimize(model, (torch.randn(6), torch.randn(6)))
+    memory = numpy.random.rand(6).astype(numpy.float32)
+    expected = torch.from_numpy(memory.copy())
+    # two tensors, two storages, one memory
+    x, y = torch.from_numpy(memory), torch.from_numpy(memory)
+    with torch.no_grad():
+        assert_same(optimized(x, y), model(expected, expected))
+    torch.testing.assert_close(x, expected)
+    report = blade.report(optimized)
+    assert report.guard_fallbacks == 1 and "shares memory" in report.guard_status, str(report)
+
+
 def test_result_that_the_input_cannot_hold_raises_as_in_eager():
     class IntoInts(torch.nn.Module):
         def forward(self, x):

@@ -65,6 +65,12 @@ std::optional<Twin> functional_twin(const Node* write) {
     }
   }
   const std::string& name = schema->name();
+  // Twins that give a tensor of other sizes or storage: these writes change what the
+  // tensor is, not only its values.
+  if (name == "aten::resize_" || name == "aten::resize_as_" || name == "aten::set_" ||
+      name == "aten::_resize_output_") {
+    return std::nullopt;
+  }
   if (name == "aten::_index_put_impl_") {
     return Twin{Twin::Kind::kOp, c10::aten::index_put, "", 4};
   }
@@ -162,7 +168,9 @@ Value* viewed_base(Value* v) {
 // does not hold between a written input and another input.
 bool other_input(Value* v, Value* root) {
   Value* base = viewed_base(v);
-  return base != root && is_graph_input(base) && is_graph_input(root);
+  // (tensors only: the guard checks no tensor inside a list or an optional)
+  return base != root && is_graph_input(base) && is_graph_input(root) &&
+         base->type()->kind() == c10::TypeKind::TensorType;
 }
 
 // Whether `n` may write into %root: AliasDb's answer, less the writes into other inputs.
@@ -239,32 +247,25 @@ bool is_view_of_first_input(const Node* node) {
          !schema->arguments()[0].alias_info()->isWrite();
 }
 
-// Whether `user` only reads the value it takes at input `offset`: an op whose argument
-// carries no alias annotation, a list every user of which only reads, or a view (in the
-// same block) only read in turn: a reference to the value leaves the graph nowhere.
-bool reads_only(Node* user, size_t offset, int depth = 0) {
-  auto all_uses_read = [&](Value* v) {
-    for (const auto& use : v->uses()) {
-      if (use.user->owningBlock() != user->owningBlock() ||
-          !reads_only(use.user, use.offset, depth + 1)) {
-        return false;
-      }
-    }
-    return true;
-  };
-  if (depth > 8) {
+// Whether `user` only reads the value it takes at input `offset`, before `limit`: an op
+// whose argument carries no alias annotation, or a list or a view (in the same block) that
+// is only read in turn, by nodes before `limit` (a reference that outlives the next write
+// would see what it writes).
+bool reads_only(Node* user, size_t offset, Node* limit, int depth = 0) {
+  if (depth > 8 || user->owningBlock() != limit->owningBlock() || !user->isBefore(limit)) {
     return false;
   }
-  if (user->kind() == c10::prim::ListConstruct) {
+  if (user->kind() == c10::prim::ListConstruct || (offset == 0 && is_view_of_first_input(user))) {
     for (const auto& use : user->output()->uses()) {
-      if (!only_reads(use)) {
+      bool read = user->kind() == c10::prim::ListConstruct
+                      ? only_reads(use) && use.user->owningBlock() == limit->owningBlock() &&
+                            use.user->isBefore(limit)
+                      : reads_only(use.user, use.offset, limit, depth + 1);
+      if (!read) {
         return false;
       }
     }
     return true;
-  }
-  if (offset == 0 && is_view_of_first_input(user)) {
-    return all_uses_read(user->output());
   }
   return user->maybeSchema() != nullptr && only_reads(torch::jit::Use(user, offset));
 }
@@ -273,6 +274,12 @@ bool reads_only(Node* user, size_t offset, int depth = 0) {
 // may write to %root.
 void redirect_reads(Value* root, Value* value, Node* written, const AliasDb& db) {
   Block* block = written->owningBlock();
+  // Where %root may change next: references to `value` must be read before it.
+  Node* next_write = written->next();
+  while (next_write != block->return_node() && !is_write_back_of(next_write, root) &&
+         !may_write(next_write, root, db)) {
+    next_write = next_write->next();
+  }
   for (Node* n = written->next(); n != block->return_node(); n = n->next()) {
     if (is_write_back_of(n, root)) {
       break;
@@ -280,7 +287,7 @@ void redirect_reads(Value* root, Value* value, Node* written, const AliasDb& db)
     bool writes = may_write(n, root, db);
     if (n->blocks().empty()) {
       for (size_t i = 0; i < n->inputs().size(); ++i) {
-        if (n->input(i) == root && reads_only(n, i)) {
+        if (n->input(i) == root && reads_only(n, i, next_write)) {
           n->replaceInput(i, value);
         }
       }
@@ -291,22 +298,35 @@ void redirect_reads(Value* root, Value* value, Node* written, const AliasDb& db)
   }
 }
 
+// The value `written` holds after the write: a fresh tensor of its dtype.
 Value* functional_value(Graph& graph, const Candidate& c, Value* written) {
   if (c.twin.how == Twin::Kind::kWrittenValue) {
-    return view_writes::written_value(graph, c.write);
+    // expand_as(type_as(src, ...)) may be `src` itself, which may change later: a copy.
+    Value* value = view_writes::written_value(graph, c.write);
+    return graph.insert(c10::aten::clone, {value});
   }
   std::vector<Value*> inputs{written};
   for (size_t i = 1; i < c.twin.arity; ++i) {
     inputs.push_back(c.write->input(i));
   }
   Node* node = graph.insertNode(graph.create(c.twin.op, inputs, 1));
-  node->output()->setType(c.write->output()->type());
   node->copyMetadata(c.write);
-  return node->output();
+  // The twin's dtype may differ (gt gives bool, add promotes): the in-place op's result
+  // has the dtype of what it writes into. Eager raises where that cast is not allowed
+  // (int_x.add_(0.5)): the cast names the op for check_in_place_casts.
+  Value* cast = graph.insert(c10::aten::type_as, {node->output(), written});
+  cast->node()->s_(in_place_cast_attribute(), c.write->kind().toQualString());
+  return cast;
 }
 
 void rewrite(Graph& graph, const Candidate& c, const AliasDb& db) {
   auto [current, previous] = current_value(c.root, c.write, db);
+  if (!c.chain.empty() && current != c.root && c.chain.front()->isBefore(current->node())) {
+    // The view was taken before the last write-back: it reads %root, which that
+    // write-back must then fill.
+    current = c.root;
+    previous = nullptr;
+  }
   // The write reads what %root holds now.
   if (c.chain.empty()) {
     c.write->replaceInput(0, current);
@@ -317,8 +337,12 @@ void rewrite(Graph& graph, const Candidate& c, const AliasDb& db) {
   // between (asked before any node is added: the new ones are unknown to `db`).
   bool keep_previous = false;
   if (previous != nullptr) {
-    for (Node* n = previous->next(); n != c.write && !keep_previous; n = n->next()) {
+    // (the write itself included: its other operands may read %root)
+    for (Node* n = previous->next(); !keep_previous; n = n->next()) {
       keep_previous = may_read(n, c.root, db);
+      if (n == c.write) {
+        break;
+      }
     }
   }
   torch::jit::WithInsertPoint guard(c.write);
@@ -368,6 +392,27 @@ void sink_write_backs(const std::shared_ptr<Graph>& graph) {
 }
 
 }  // namespace
+
+c10::Symbol in_place_cast_attribute() {
+  static const c10::Symbol name = c10::Symbol::attr("blade_in_place_op");
+  return name;
+}
+
+void check_in_place_casts(const std::shared_ptr<Graph>& graph) {
+  for (Node* n : graph->nodes()) {
+    if (n->kind() != c10::aten::type_as || !n->hasAttribute(in_place_cast_attribute())) {
+      continue;
+    }
+    auto from = n->input(0)->type()->cast<c10::TensorType>();
+    auto to = n->input(1)->type()->cast<c10::TensorType>();
+    if (from && to && from->scalarType() && to->scalarType()) {
+      TORCH_CHECK(at::canCast(*from->scalarType(), *to->scalarType()),
+                  n->s(in_place_cast_attribute()), ": result type ", *from->scalarType(),
+                  " can't be cast to the desired output type ", *to->scalarType());
+    }
+    n->removeAttribute(in_place_cast_attribute());
+  }
+}
 
 c10::Symbol write_back_kind() {
   static const c10::Symbol kind = c10::Symbol::fromQualString("blade::write_back");

@@ -45,4 +45,12 @@ c10::Symbol write_back_kind();
 // Returns how many writes were rewritten.
 int functionalize_input_writes(const std::shared_ptr<torch::jit::Graph>& graph);
 
+// Once types are known: raises, as the in-place op would have, where the functional value's
+// dtype cannot be cast to the dtype of the tensor it is written into (int_x.add_(0.5)); the
+// casts the rewrite made (aten::type_as, marked with the op's name) lose their mark.
+void check_in_place_casts(const std::shared_ptr<torch::jit::Graph>& graph);
+
+// The attribute that marks those casts.
+c10::Symbol in_place_cast_attribute();
+
 }  // namespace blade::passes

@@ -134,6 +134,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("functionalize_input_writes", &passes::functionalize_input_writes, py::arg("graph"),
         "In-place writes into graph inputs and module attributes become functional values "
         "and blade::write_back nodes.");
+  m.def("check_in_place_casts", &passes::check_in_place_casts, py::arg("graph"),
+        "Raises where an in-place op's value cannot be cast to its tensor's dtype.");
   m.def("functionalize_view_writes", &passes::functionalize_view_writes, py::arg("graph"),
         "Writes into slices/selects of fresh tensors become slice_scatter/select_scatter.");
   m.def("lift_tensor_constants", &passes::lift_tensor_constants, py::arg("subgraph"));

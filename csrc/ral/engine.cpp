@@ -250,8 +250,12 @@ std::string Engine::validation_error() const {
            std::to_string(fallback_fn_->num_inputs()) + " values";
   }
   for (const auto& [output, input] : writes_) {
-    const TensorSpec& from = output_specs_.at(output);
-    const TensorSpec& to = input_specs_.at(input);
+    if (output >= output_specs_.size() || input >= input_specs_.size()) {
+      return "the engine writes output " + std::to_string(output) + " into input " +
+             std::to_string(input) + ", which its signature does not have";
+    }
+    const TensorSpec& from = output_specs_[output];
+    const TensorSpec& to = input_specs_[input];
     if (!at::canCast(from.dtype, to.dtype) || from.sizes != to.sizes ||
         from.symbols != to.symbols) {
       return "the engine writes output " + std::to_string(output) + " (" + from.str() +

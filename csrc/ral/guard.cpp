@@ -61,14 +61,29 @@ std::string Guard::input_specs() const {
 }
 
 std::string Guard::overlap(const std::vector<at::Tensor>& inputs) const {
+  bool writes = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    writes = writes || written_[i];
+  }
+  if (!writes) {
+    return "";
+  }
+  // Spans are compared as addresses: two storages may hold the same memory (from_numpy).
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (t.defined() && t.numel() > 0 &&
+        (t.layout() != at::kStrided || !t.has_storage() || t.storage().data() == nullptr)) {
+      return "input " + std::to_string(i) + " is not a dense tensor, so whether it shares " +
+             "memory with an input the model writes into cannot be told";
+    }
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!written_[i] || !inputs[i].defined() || inputs[i].numel() == 0) {
       continue;
     }
     const auto [first, last] = span(inputs[i]);
     for (size_t j = 0; j < inputs.size(); ++j) {
-      if (j == i || !inputs[j].defined() || inputs[j].numel() == 0 ||
-          inputs[j].storage().data() != inputs[i].storage().data()) {
+      if (j == i || !inputs[j].defined() || inputs[j].numel() == 0) {
         continue;
       }
       const auto [other_first, other_last] = span(inputs[j]);

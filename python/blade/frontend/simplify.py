@@ -192,6 +192,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
         _, example_outputs = run("materialize_types", lambda: _C.materialize_types(
             graph, (module._c,) + private_copy(inputs), True,
             [(module._c,) + private_copy(more) for more in resized_inputs]))
+    run("check_in_place_casts", lambda: _C.check_in_place_casts(graph))
     run("fresh_casts", lambda: fresh_casts(graph))
     run("float_comparison_scalars", lambda: float_comparison_scalars(graph))
     run("tensor_divisors", lambda: tensor_divisors(graph))
