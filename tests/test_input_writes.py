@@ -1,7 +1,7 @@
-"""Models that write into the caller's tensors (a KV cache, a running statistic): the engine
-computes the new values and writes them itself, so such models compile whole, leave the same
-values in their inputs and buffers as eager, after save and load too, and a corrupted or
-edited write is refused."""
+"""Models that write into the caller's tensors (a recurrent state, a running statistic): the
+engine computes the new values and writes them itself, so such models compile whole, leave the
+same values in their inputs and buffers as eager, after save and load too, and a corrupted or
+edited write is refused. Writes of a few elements (a KV cache's position) stay in place."""
 import copy
 import sys
 from pathlib import Path
@@ -14,6 +14,19 @@ from helpers import assert_ran_compiled, assert_same
 
 sys.path.insert(0, str(Path(__file__).parent / "ral"))
 from saved_state import META, rewrite_engines  # noqa: E402
+
+
+class TwoStates(torch.nn.Module):
+    """A recurrent step that updates the two states it is given in place."""
+
+    def forward(self, h, c, x, w):
+        h.mul_(0.5).add_(torch.tanh(x @ w))
+        c.add_(h * 0.1)
+        return torch.softmax(h + c, dim=-1) @ w.t()
+
+
+def state_inputs():
+    return (torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 6), torch.randn(6, 8))
 
 
 class KvCacheAttention(torch.nn.Module):
@@ -49,15 +62,48 @@ def engine_writes(report) -> int:
     return sum(c.ops.get("blade::write_back", 0) for c in report.clusters)
 
 
-def test_kv_cache_update_compiles_whole_and_the_engine_writes_the_caches():
-    model = KvCacheAttention()
-    inputs = kv_inputs()
+def test_states_updated_in_place_compile_whole_and_the_engine_writes_them():
+    model = TwoStates()
+    inputs = state_inputs()
     optimized = blade.optimize(model, clones(inputs))
     assert_writes_like_eager(model, optimized, inputs)
     report = assert_ran_compiled(optimized)
     assert report.compiled_ops == report.total_ops and not report.unsupported, str(report)
     assert engine_writes(report) == 2, str(report)
     assert len(report.clusters) == 1, str(report)
+
+
+def test_a_kv_cache_written_through_a_slice_keeps_its_write_in_place():
+    """Eager writes one position of each cache; a new cache written back whole would cost
+    more than the attention: the slice write stays TorchScript, the attention compiles."""
+    model = KvCacheAttention()
+    inputs = kv_inputs()
+    optimized = blade.optimize(model, clones(inputs))
+    assert_writes_like_eager(model, optimized, inputs)
+    report = assert_ran_compiled(optimized)
+    assert report.unsupported["aten::copy_"].count == 2, str(report)
+    assert engine_writes(report) == 0 and report.compiled_ops > 0, str(report)
+
+
+class ScatterInto(torch.nn.Module):
+    def forward(self, x, i, v):
+        x.index_put_((i,), v, accumulate=True)
+        return x.relu()
+
+
+def test_scattered_writes_compile_into_small_tensors_only():
+    """A write of a few elements costs a copy of the whole tensor once compiled: small
+    tensors' compile (SMALL_WRITE_ELEMENTS), a large one's stays in place."""
+    from blade.frontend.simplify import SMALL_WRITE_ELEMENTS
+
+    model = ScatterInto()
+    for size, compiled in ((64, True), (SMALL_WRITE_ELEMENTS + 1, False)):
+        inputs = (torch.randn(size), torch.tensor([0, 3, 3]), torch.randn(3))
+        optimized = blade.optimize(model, clones(inputs))
+        assert_writes_like_eager(model, optimized, inputs)
+        report = assert_ran_compiled(optimized)
+        assert (engine_writes(report) == 1) == compiled, str(report)
+        assert ("aten::index_put_" in report.unsupported) != compiled, str(report)
 
 
 class RunningMean(torch.nn.Module):
@@ -90,9 +136,9 @@ def test_buffers_written_by_forward_evolve_as_in_eager_and_optimize_leaves_them_
 
 
 def test_saved_model_writes_into_its_inputs(tmp_path):
-    model = KvCacheAttention()
-    inputs = kv_inputs()
-    path = tmp_path / "kv.pt"
+    model = TwoStates()
+    inputs = state_inputs()
+    path = tmp_path / "states.pt"
     torch.jit.save(blade.optimize(model, clones(inputs)), str(path))
     loaded = torch.jit.load(str(path))
     assert len(loaded.blade_engine_0.writes().split(";")) == 2
@@ -163,9 +209,9 @@ def test_result_that_the_input_cannot_hold_raises_as_in_eager():
 
 
 def test_refused_code_still_writes_through_the_subgraph(tmp_path):
-    model = KvCacheAttention()
-    inputs = kv_inputs()
-    path = tmp_path / "kv.pt"
+    model = TwoStates()
+    inputs = state_inputs()
+    path = tmp_path / "states.pt"
     torch.jit.save(blade.optimize(model, clones(inputs)), str(path))
     edited = tmp_path / "edited.pt"
 
@@ -183,9 +229,9 @@ def test_refused_code_still_writes_through_the_subgraph(tmp_path):
 
 @pytest.mark.parametrize("writes", ["7:0", "0:9", "0", "x:1", "0:-1", "0:1;"])
 def test_edited_writes_are_refused_at_load(tmp_path, writes):
-    model = KvCacheAttention()
-    path = tmp_path / "kv.pt"
-    torch.jit.save(blade.optimize(model, kv_inputs()), str(path))
+    model = TwoStates()
+    path = tmp_path / "states.pt"
+    torch.jit.save(blade.optimize(model, state_inputs()), str(path))
     edited = tmp_path / "edited.pt"
 
     def edit(state, members):
@@ -199,17 +245,17 @@ def test_edited_writes_are_refused_at_load(tmp_path, writes):
 
 
 def test_a_write_moved_to_another_input_is_refused(tmp_path):
-    model = KvCacheAttention()
-    path = tmp_path / "kv.pt"
-    torch.jit.save(blade.optimize(model, kv_inputs()), str(path))
+    model = TwoStates()
+    path = tmp_path / "states.pt"
+    torch.jit.save(blade.optimize(model, state_inputs()), str(path))
     edited = tmp_path / "edited.pt"
-    inputs = kv_inputs()
+    inputs = state_inputs()
 
     def edit(state, members):
         lines = state[META].splitlines()
         writes = next(line for line in lines if line.startswith("writes="))
         pairs = [p.split(":") for p in writes[len("writes="):].split(";")]
-        # the first output written into the other cache instead: valid indices, but not
+        # the first output written into the other state instead: valid indices, but not
         # what was signed
         pairs[0][1] = pairs[1][1]
         moved = "writes=" + ";".join(":".join(p) for p in pairs)

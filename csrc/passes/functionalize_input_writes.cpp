@@ -7,6 +7,7 @@
 #include <torch/csrc/jit/runtime/operator.h>
 
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -43,12 +44,44 @@ bool arguments_match(const c10::FunctionSchema& write, const c10::FunctionSchema
   return true;
 }
 
-// The functional form of an in-place write into its first argument, if it has one.
-std::optional<Twin> functional_twin(const Node* write) {
+// Writes of a few elements (a KV cache's position, scattered indices): in place they cost
+// what they write, as a new value and its write-back twice the whole tensor (a decoding
+// step's cache update would cost more than its attention). Only small tensors' are
+// rewritten.
+bool writes_a_few_elements(const std::string& name) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::index_put_",   "aten::_index_put_impl_", "aten::index_copy_",
+      "aten::index_add_",   "aten::index_fill_",      "aten::index_reduce_",
+      "aten::scatter_",     "aten::scatter_add_",     "aten::scatter_reduce_",
+      "aten::masked_scatter_", "aten::put_"};
+  return ops.count(name) > 0;
+}
+
+// Whether a tensor of this type has known sizes and at most `limit` elements.
+bool at_most(const c10::TypePtr& type, int64_t limit) {
+  auto t = type->cast<c10::TensorType>();
+  const auto sizes = t ? t->sizes().concrete_sizes() : std::nullopt;
+  if (!t || !t->scalarType() || !sizes) {
+    return false;
+  }
+  int64_t elements = 1;
+  for (int64_t size : *sizes) {
+    elements *= size;
+  }
+  return elements <= limit;
+}
+
+// The functional form of an in-place write into its first argument, if it has one. With
+// `small_writes` > 0 (types known), only writes of a few elements into tensors of at most
+// that many elements: their twins keep the tensor's dtype and sizes.
+std::optional<Twin> functional_twin(const Node* write, int64_t small_writes) {
   if (write->kind() == write_back_kind() || write->outputs().size() != 1) {
     return std::nullopt;
   }
   if (view_writes::is_write(write)) {
+    if (small_writes > 0) {
+      return std::nullopt;
+    }
     return Twin{Twin::Kind::kWrittenValue, c10::Symbol(), "", 0};
   }
   const c10::FunctionSchema* schema = write->maybeSchema();
@@ -71,7 +104,12 @@ std::optional<Twin> functional_twin(const Node* write) {
       name == "aten::_resize_output_") {
     return std::nullopt;
   }
-  if (name == "aten::_index_put_impl_") {
+  // (before types are known, none of those; after, those only, into small tensors)
+  const bool few = writes_a_few_elements(name);
+  if (small_writes > 0 ? !few || !at_most(write->input(0)->type(), small_writes) : few) {
+    return std::nullopt;
+  }
+  if (name == "aten::_index_put_impl_") {  // (`unsafe` only skips index checks)
     return Twin{Twin::Kind::kOp, c10::aten::index_put, "", 4};
   }
   if (name.size() < 2 || name.back() != '_' || name.compare(0, 6, "aten::") != 0) {
@@ -101,39 +139,24 @@ bool is_external(Value* v) {
 
 struct Candidate {
   Node* write = nullptr;
-  std::vector<Node*> chain;  // the views written through, outermost first
-  Value* root = nullptr;     // the external tensor
+  Value* root = nullptr;  // the external tensor
   Twin twin;
 };
 
-std::optional<Candidate> as_candidate(Node* node) {
-  auto twin = functional_twin(node);
-  if (!twin) {
+// A write into an external tensor itself. (A write through a view of one, `x[:, t] = v`,
+// stays: its functional form is the whole tensor, written back whole, where eager writes
+// the view.)
+std::optional<Candidate> as_candidate(Node* node, int64_t small_writes) {
+  auto twin = functional_twin(node, small_writes);
+  if (!twin || !is_external(node->input(0))) {
     return std::nullopt;
   }
-  Candidate c{node, {}, node->input(0), *twin};
-  Node* producer = node->input(0)->node();
-  if (producer->kind() == c10::aten::slice || producer->kind() == c10::aten::select) {
-    c.chain = view_writes::view_chain(node);
-    if (c.chain.empty() || node->output()->hasUses()) {
-      return std::nullopt;
-    }
-    for (Node* view : c.chain) {
-      if (!view_writes::supported_view(view)) {
-        return std::nullopt;
-      }
-    }
-    c.root = c.chain.front()->input(0);
-  }
-  if (!is_external(c.root)) {
-    return std::nullopt;
-  }
-  return c;
+  return Candidate{node, node->input(0), *twin};
 }
 
-std::optional<Candidate> first_candidate(Block* block) {
+std::optional<Candidate> first_candidate(Block* block, int64_t small_writes) {
   for (Node* node : block->nodes()) {
-    if (auto c = as_candidate(node)) {
+    if (auto c = as_candidate(node, small_writes)) {
       return c;
     }
   }
@@ -168,8 +191,9 @@ Value* viewed_base(Value* v) {
 // does not hold between a written input and another input.
 bool other_input(Value* v, Value* root) {
   Value* base = viewed_base(v);
+  Value* written = viewed_base(root);  // (a view's write-back writes into its base)
   // (tensors only: the guard checks no tensor inside a list or an optional)
-  return base != root && is_graph_input(base) && is_graph_input(root) &&
+  return base != written && is_graph_input(base) && is_graph_input(written) &&
          base->type()->kind() == c10::TypeKind::TensorType;
 }
 
@@ -178,11 +202,18 @@ bool may_write(Node* n, Value* root, const AliasDb& db) {
   if (!db.writesToAlias(n, {root})) {
     return false;
   }
-  if (n->kind() == write_back_kind()) {
-    return !other_input(n->input(0), root);
+  // A write-back, or an in-place op (no block: nothing else inside), into its first input.
+  const c10::FunctionSchema* schema = n->maybeSchema();
+  bool writes_first_only = n->kind() == write_back_kind() ||
+                           (schema != nullptr && !schema->arguments().empty() &&
+                            schema->arguments()[0].alias_info() != nullptr &&
+                            schema->arguments()[0].alias_info()->isWrite());
+  for (size_t i = 1; writes_first_only && schema != nullptr && i < schema->arguments().size();
+       ++i) {
+    const c10::AliasInfo* info = schema->arguments()[i].alias_info();
+    writes_first_only = info == nullptr || !info->isWrite();
   }
-  auto write = as_candidate(n);
-  return !write || !other_input(write->root, root);
+  return !writes_first_only || !other_input(n->input(0), root);
 }
 
 // The value %root holds just before `before`: that of the last write-back into it when
@@ -299,7 +330,7 @@ void redirect_reads(Value* root, Value* value, Node* written, const AliasDb& db)
 }
 
 // The value `written` holds after the write: a fresh tensor of its dtype.
-Value* functional_value(Graph& graph, const Candidate& c, Value* written) {
+Value* functional_value(Graph& graph, const Candidate& c, Value* written, bool typed) {
   if (c.twin.how == Twin::Kind::kWrittenValue) {
     // expand_as(type_as(src, ...)) may be `src` itself, which may change later: a copy.
     Value* value = view_writes::written_value(graph, c.write);
@@ -311,33 +342,28 @@ Value* functional_value(Graph& graph, const Candidate& c, Value* written) {
   }
   Node* node = graph.insertNode(graph.create(c.twin.op, inputs, 1));
   node->copyMetadata(c.write);
+  if (typed) {  // (writes of a few elements: the twin keeps the tensor's type)
+    node->output()->setType(written->type());
+  }
   // The twin's dtype may differ (gt gives bool, add promotes): the in-place op's result
   // has the dtype of what it writes into. Eager raises where that cast is not allowed
   // (int_x.add_(0.5)): the cast names the op for check_in_place_casts.
   Value* cast = graph.insert(c10::aten::type_as, {node->output(), written});
-  cast->node()->s_(in_place_cast_attribute(), c.write->kind().toQualString());
+  if (!typed) {
+    cast->node()->s_(in_place_cast_attribute(), c.write->kind().toQualString());
+  }
   return cast;
 }
 
-void rewrite(Graph& graph, const Candidate& c, const AliasDb& db) {
+void rewrite(Graph& graph, const Candidate& c, const AliasDb& db, bool typed) {
   auto [current, previous] = current_value(c.root, c.write, db);
-  if (!c.chain.empty() && current != c.root && c.chain.front()->isBefore(current->node())) {
-    // The view was taken before the last write-back: it reads %root, which that
-    // write-back must then fill.
-    current = c.root;
-    previous = nullptr;
-  }
   // The write reads what %root holds now.
-  if (c.chain.empty()) {
-    c.write->replaceInput(0, current);
-  } else {
-    c.chain.front()->replaceInput(0, current);
-  }
+  c.write->replaceInput(0, current);
   // The write-back before is redundant when this one follows it with no read of %root
-  // between (asked before any node is added: the new ones are unknown to `db`).
+  // between, the write's own other operands included (asked before any node is added: the
+  // new ones are unknown to `db`).
   bool keep_previous = false;
   if (previous != nullptr) {
-    // (the write itself included: its other operands may read %root)
     for (Node* n = previous->next(); !keep_previous; n = n->next()) {
       keep_previous = may_read(n, c.root, db);
       if (n == c.write) {
@@ -346,19 +372,12 @@ void rewrite(Graph& graph, const Candidate& c, const AliasDb& db) {
     }
   }
   torch::jit::WithInsertPoint guard(c.write);
-  Value* value = functional_value(graph, c, c.write->input(0));
-  value->setType(c.write->input(0)->type());
-  for (size_t i = c.chain.size(); i-- > 0;) {
-    Value* into = c.chain[i]->input(0);
-    value = view_writes::scatter(graph, c.chain[i], into, value);
-    value->setType(into->type());
-  }
+  Value* value = functional_value(graph, c, current, typed);
+  value->setType(c.root->type());
   Node* write_back = graph.insertNode(graph.create(write_back_kind(), {c.root, value}, 1));
   write_back->output()->setType(c.root->type());
   write_back->copyMetadata(c.write);
-  if (c.chain.empty()) {
-    c.write->output()->replaceAllUsesWith(c.root);
-  }
+  c.write->output()->replaceAllUsesWith(c.root);
   if (previous != nullptr && !keep_previous) {
     previous->destroy();
   }
@@ -419,12 +438,12 @@ c10::Symbol write_back_kind() {
   return kind;
 }
 
-int functionalize_input_writes(const std::shared_ptr<Graph>& graph) {
+int functionalize_input_writes(const std::shared_ptr<Graph>& graph, int64_t small_writes) {
   int rewritten = 0;
   // Alias information changes with every rewrite: recomputed each time.
-  while (auto candidate = first_candidate(graph->block())) {
+  while (auto candidate = first_candidate(graph->block(), small_writes)) {
     AliasDb db(graph);
-    rewrite(*graph, *candidate, db);
+    rewrite(*graph, *candidate, db, small_writes > 0);
     ++rewritten;
   }
   sink_write_backs(graph);

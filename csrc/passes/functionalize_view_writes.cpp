@@ -44,7 +44,7 @@ static size_t value_uses(Value* v) {
 
 // The views from the base down to the written one, outermost first; empty when the chain
 // does not qualify.
-std::vector<Node*> view_chain(Node* write) {
+static std::vector<Node*> view_chain(Node* write) {
   std::vector<Node*> chain;
   Value* v = write->input(0);
   while (is_view_step(v->node())) {
@@ -87,7 +87,7 @@ static std::optional<std::optional<int64_t>> plain_bound(Value* v) {
 
 // Whether the rewrite handles this view: step 1 and plain bounds (start <= end), or a
 // select of a constant index >= 0. Negative or computed bounds are left alone.
-bool supported_view(Node* view_node) {
+static bool supported_view(Node* view_node) {
   if (is_op(view_node, "aten::select", "int")) {
     auto index = torch::jit::constant_as<int64_t>(view_node->input(2));
     return index && *index >= 0;
@@ -104,7 +104,7 @@ bool supported_view(Node* view_node) {
 // `into` with the view `view_node` replaced by `src`: the parts before and after the view
 // along its dim, concatenated around `src`. (aten::slice_scatter would say the same, but
 // Torch-MLIR lowers it to a scatter that does not bufferize; slices and cat fuse.)
-Value* scatter(Graph& graph, Node* view_node, Value* into, Value* src) {
+static Value* scatter(Graph& graph, Node* view_node, Value* into, Value* src) {
   Value* dim = view_node->input(1);
   std::optional<int64_t> start;
   std::optional<int64_t> end;

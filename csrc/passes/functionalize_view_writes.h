@@ -20,8 +20,6 @@
 
 #include <torch/csrc/jit/ir/ir.h>
 
-#include <vector>
-
 namespace blade::passes {
 
 // Returns how many writes were rewritten.
@@ -34,20 +32,9 @@ namespace view_writes {
 bool is_op(const torch::jit::Node* node, const char* name, const char* overload);
 // aten::copy_, aten::fill_.Scalar or aten::fill_.Tensor.
 bool is_write(const torch::jit::Node* node);
-// The aten::slice / aten::select views from the written tensor's base down to the tensor
-// `write` writes into (its first input), outermost first, each used once (metadata reads
-// aside); empty when the written tensor is no such view or a view has other uses.
-std::vector<torch::jit::Node*> view_chain(torch::jit::Node* write);
-// Whether `scatter` handles this view: a slice of step 1 with None or constant bounds
-// >= 0 (start <= end), or a select of a constant index >= 0.
-bool supported_view(torch::jit::Node* view_node);
 // What copy_/fill_ `write` writes, as a tensor of its destination's shape and dtype
 // (inserted at the insertion point).
 torch::jit::Value* written_value(torch::jit::Graph& graph, torch::jit::Node* write);
-// `into` with the part `view_node` views replaced by `src` (inserted at the insertion
-// point).
-torch::jit::Value* scatter(torch::jit::Graph& graph, torch::jit::Node* view_node,
-                           torch::jit::Value* into, torch::jit::Value* src);
 
 }  // namespace view_writes
 

@@ -132,6 +132,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("fold_structures", &passes::fold_structures, py::arg("graph"),
         "Folds dicts with constant keys and appended lists that never escape.");
   m.def("functionalize_input_writes", &passes::functionalize_input_writes, py::arg("graph"),
+        py::arg("small_writes") = 0,
         "In-place writes into graph inputs and module attributes become functional values "
         "and blade::write_back nodes.");
   m.def("check_in_place_casts", &passes::check_in_place_casts, py::arg("graph"),

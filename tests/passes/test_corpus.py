@@ -38,15 +38,15 @@ class WritesItsInput(torch.nn.Module):
         return y
 
 
-def test_a_write_into_an_input_is_compiled_and_the_caller_sees_it():
+def test_a_write_into_an_input_stays_and_the_caller_sees_it():
     torch.manual_seed(0)
     module = WritesItsInput()
     x = torch.randn(4, 5)
     optimized = blade.optimize(module, (x.clone(),))
     report = blade.report(optimized)
-    # the engine computes x's new value and writes it (tests/test_input_writes.py)
-    assert not report.unsupported and report.compiled_ops == report.total_ops, str(report)
-    assert sum(c.ops.get("blade::write_back", 0) for c in report.clusters) == 1, str(report)
+    # the write into a slice of x stays in place (csrc/passes/functionalize_input_writes.h)
+    assert "aten::copy_" in report.unsupported, str(report)
+    assert report.clusters and report.compiled_ops >= 4, str(report)
     mine, theirs = x.clone(), x.clone()
     assert_same(optimized(mine), module(theirs))
     assert_same(mine, theirs)         # the input was written the same way

@@ -27,13 +27,13 @@ def add_then_read(x, y):
     return x * 2.0
 
 
-def slice_copy(cache, new):
-    cache[:, 2:4] = new
-    return cache.sum(1)
+def copy_into(x, y):
+    x.copy_(y * 2.0)
+    return x.sum(1)
 
 
-def select_fill_and_twice(x):
-    x[0].fill_(1.5)
+def fill_and_twice(x):
+    x.fill_(1.5)
     x.mul_(3.0)
     return torch.tanh(x)
 
@@ -43,8 +43,8 @@ def returns_the_write(x):
 
 
 def test_writes_into_inputs_become_write_backs():
-    for fn, shapes in ((add_then_read, [(4, 5), (4, 5)]), (slice_copy, [(3, 6), (3, 2)]),
-                       (select_fill_and_twice, [(3, 4)]), (returns_the_write, [(6,)])):
+    for fn, shapes in ((add_then_read, [(4, 5), (4, 5)]), (copy_into, [(3, 6), (3, 6)]),
+                       (fill_and_twice, [(3, 4)]), (returns_the_write, [(6,)])):
         scripted, graph = scripted_graph(fn)
         assert _C.functionalize_input_writes(graph) >= 1, fn.__name__
         FileCheck().check("blade::write_back").check_not("aten::add_") \
@@ -64,7 +64,7 @@ def test_later_reads_take_the_new_value():
 
 
 def test_a_second_write_reads_the_first_and_replaces_its_write_back():
-    scripted, graph = scripted_graph(select_fill_and_twice)
+    scripted, graph = scripted_graph(fill_and_twice)
     _C.functionalize_input_writes(graph)
     FileCheck().check_count("blade::write_back", 1, exactly=True).run(str(graph))
     check_same_writes(scripted, graph, (3, 4))
@@ -127,9 +127,20 @@ def write_into_a_list_element(xs: List[torch.Tensor]):
     return xs[0]
 
 
+def slice_write(cache, new):
+    cache[:, 2:4] = new              # eager writes two columns: a functional copy writes all
+    return cache.sum(1)
+
+
+def index_put_write(x, i, v):
+    x.index_put_((i,), v)            # likewise: a few elements
+    return x.sum()
+
+
 def test_writes_it_does_not_handle_stay():
     for fn, op in ((metadata_write, "aten::unsqueeze_"), (write_in_branch, "aten::add_"),
-                   (write_into_a_list_element, "aten::add_")):
+                   (write_into_a_list_element, "aten::add_"), (slice_write, "aten::copy_"),
+                   (index_put_write, "aten::index_put_")):
         scripted, graph = scripted_graph(fn)
         assert _C.functionalize_input_writes(graph) == 0, fn.__name__
         FileCheck().check(op).check_not("blade::write_back").run(str(graph))

@@ -77,34 +77,34 @@ def main(out: Path) -> None:
         torch.save([tanh_input], str(out / "tanh_input.pt"))
         torch.save([TanhChain()(tanh_input)], str(out / "tanh_expected.pt"))
         write_hostile_fixtures(out, out / "tanh.pt", tanh_input)
-        write_kv_cache_fixtures(out)
+        write_state_fixtures(out)
     print(f"fixtures written to {out}")
 
 
-class KvCacheStep(torch.nn.Module):
-    """A decoding step that writes its key and value into the caches it is given."""
+class TwoStates(torch.nn.Module):
+    """A recurrent step that updates the two states it is given in place."""
 
-    def forward(self, k_cache, v_cache, k, v, q):
-        k_cache[:, 3:4] = k
-        v_cache[:, 3:4] = v
-        return torch.softmax(q @ k_cache.transpose(-1, -2), dim=-1) @ v_cache
+    def forward(self, h, c, x, w):
+        h.mul_(0.5).add_(torch.tanh(x @ w))
+        c.add_(h * 0.1)
+        return torch.softmax(h + c, dim=-1) @ w.t()
 
 
-def write_kv_cache_fixtures(out: Path) -> None:
-    """kv_cache.pt (one engine that writes both caches), kv_inputs.pt, and kv_expected.pt:
-    eager's results of two calls on the same caches and the caches after them."""
-    model = KvCacheStep()
-    inputs = [torch.randn(2, 6, 4), torch.randn(2, 6, 4), torch.randn(2, 1, 4),
-              torch.randn(2, 1, 4), torch.randn(2, 1, 4)]
+def write_state_fixtures(out: Path) -> None:
+    """states.pt (one engine that writes both states), states_inputs.pt, and
+    states_expected.pt: eager's results of two calls on the same states and the states
+    after them."""
+    model = TwoStates()
+    inputs = [torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 6), torch.randn(6, 8)]
     optimized = blade.optimize(model, [t.clone() for t in inputs])
     report = blade.report(optimized)
     assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
-    torch.jit.save(optimized, str(out / "kv_cache.pt"))
-    torch.save(inputs, str(out / "kv_inputs.pt"))
-    caches = [t.clone() for t in inputs]
+    torch.jit.save(optimized, str(out / "states.pt"))
+    torch.save(inputs, str(out / "states_inputs.pt"))
+    states = [t.clone() for t in inputs]
     with torch.no_grad():
-        results = [model(*caches) for _ in range(2)]
-    torch.save(results + caches[:2], str(out / "kv_expected.pt"))
+        results = [model(*states) for _ in range(2)]
+    torch.save(results + states[:2], str(out / "states_expected.pt"))
 
 
 def another_machines_key(out: Path) -> Path:

@@ -742,15 +742,15 @@ void test_dynamic_engine_serves_every_batch_and_frees_its_outputs() {
   EXPECT(engine->stats().calls == 150);
 }
 
-// An engine that writes into the caches it is given: after each call they hold what eager
-// leaves in them; caches that share memory are refused by the guard.
+// An engine that writes into the states it is given: after each call they hold what eager
+// leaves in them; states that share memory are refused by the guard.
 void test_engine_writes_into_its_inputs() {
-  auto module = load_model("kv_cache.pt");
-  auto inputs = load_list("kv_inputs.pt");
-  auto expected = load_list("kv_expected.pt");
+  auto module = load_model("states.pt");
+  auto inputs = load_list("states_inputs.pt");
+  auto expected = load_list("states_expected.pt");
   auto engine = engine_of(module);
   EXPECT(engine->is_compiled());
-  EXPECT(engine->writes().find(';') != std::string::npos);  // both caches
+  EXPECT(engine->writes().find(';') != std::string::npos);  // both states
   std::vector<c10::IValue> mine;
   for (const auto& input : inputs) {
     mine.push_back(input.toTensor().clone());
@@ -760,8 +760,8 @@ void test_engine_writes_into_its_inputs() {
     EXPECT(at::allclose(module.forward(mine).toTensor(), expected[call].toTensor(), 1e-5,
                         1e-5));
   }
-  for (int cache = 0; cache < 2; ++cache) {
-    EXPECT(at::allclose(mine[cache].toTensor(), expected[2 + cache].toTensor(), 1e-5, 1e-5));
+  for (int state = 0; state < 2; ++state) {
+    EXPECT(at::allclose(mine[state].toTensor(), expected[2 + state].toTensor(), 1e-5, 1e-5));
   }
   EXPECT(blade_ral_live_allocations() == live);
   EXPECT(engine->stats().calls == 2 && engine->stats().fallbacks == 0);

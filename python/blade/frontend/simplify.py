@@ -193,6 +193,8 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
             graph, (module._c,) + private_copy(inputs), True,
             [(module._c,) + private_copy(more) for more in resized_inputs]))
     run("check_in_place_casts", lambda: _C.check_in_place_casts(graph))
+    run("functionalize_small_writes",
+        lambda: _C.functionalize_input_writes(graph, SMALL_WRITE_ELEMENTS))
     run("fresh_casts", lambda: fresh_casts(graph))
     run("float_comparison_scalars", lambda: float_comparison_scalars(graph))
     run("tensor_divisors", lambda: tensor_divisors(graph))
@@ -218,6 +220,13 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
 # memory_format arguments. Those between dtype and non_blocking (layout, device,
 # pin_memory) must be None.
 _CASTS = {"aten::to.dtype": (2, 3, 4), "aten::to.dtype_layout": (5, 6, 7)}
+
+
+# A write of a few elements (index_put_, scatter_, ...) into a caller's tensor of at most this
+# many elements compiles as a new value written back whole (csrc/passes/
+# functionalize_input_writes.h): about 256 KB of float32, a few microseconds to copy. Larger
+# tensors (a KV cache) keep the write in place.
+SMALL_WRITE_ELEMENTS = 1 << 16
 
 
 def fresh_casts(graph: torch._C.Graph) -> int:
