@@ -23,9 +23,8 @@ using torch::jit::Value;
 // How a write's functional value is made.
 struct Twin {
   enum class Kind { kWrittenValue, kOp } how = Kind::kOp;
-  c10::Symbol op;          // the functional op (kOp)
-  std::string overload;    // its overload name
-  size_t arity = 0;        // how many of the write's inputs it takes
+  c10::Symbol op;    // the functional op (kOp)
+  size_t arity = 0;  // how many of the write's inputs it takes
 };
 
 bool arguments_match(const c10::FunctionSchema& write, const c10::FunctionSchema& twin) {
@@ -57,6 +56,24 @@ bool writes_a_few_elements(const std::string& name) {
   return ops.count(name) > 0;
 }
 
+// An in-place op on its first argument alone: that argument written, no other annotated
+// (not an out= form, nothing else kept or written).
+bool in_place_on_first(const c10::FunctionSchema* schema) {
+  if (schema == nullptr || schema->arguments().empty() || schema->returns().size() != 1) {
+    return false;
+  }
+  const c10::AliasInfo* self = schema->arguments()[0].alias_info();
+  if (self == nullptr || !self->isWrite()) {
+    return false;
+  }
+  for (size_t i = 1; i < schema->arguments().size(); ++i) {
+    if (schema->arguments()[i].alias_info() != nullptr) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // Whether a tensor of this type has known sizes and at most `limit` elements.
 bool at_most(const c10::TypePtr& type, int64_t limit) {
   auto t = type->cast<c10::TensorType>();
@@ -82,20 +99,11 @@ std::optional<Twin> functional_twin(const Node* write, int64_t small_writes) {
     if (small_writes > 0) {
       return std::nullopt;
     }
-    return Twin{Twin::Kind::kWrittenValue, c10::Symbol(), "", 0};
+    return Twin{Twin::Kind::kWrittenValue, c10::Symbol(), 0};
   }
   const c10::FunctionSchema* schema = write->maybeSchema();
-  if (schema == nullptr || schema->arguments().empty() || schema->returns().size() != 1) {
+  if (!in_place_on_first(schema)) {
     return std::nullopt;
-  }
-  const c10::AliasInfo* self = schema->arguments()[0].alias_info();
-  if (self == nullptr || !self->isWrite()) {
-    return std::nullopt;
-  }
-  for (size_t i = 1; i < schema->arguments().size(); ++i) {
-    if (schema->arguments()[i].alias_info() != nullptr) {
-      return std::nullopt;  // writes into (or keeps) another argument too: an out= form
-    }
   }
   const std::string& name = schema->name();
   // Twins that give a tensor of other sizes or storage: these writes change what the
@@ -110,7 +118,7 @@ std::optional<Twin> functional_twin(const Node* write, int64_t small_writes) {
     return std::nullopt;
   }
   if (name == "aten::_index_put_impl_") {  // (`unsafe` only skips index checks)
-    return Twin{Twin::Kind::kOp, c10::aten::index_put, "", 4};
+    return Twin{Twin::Kind::kOp, c10::aten::index_put, 4};
   }
   if (name.size() < 2 || name.back() != '_' || name.compare(0, 6, "aten::") != 0) {
     return std::nullopt;
@@ -119,7 +127,7 @@ std::optional<Twin> functional_twin(const Node* write, int64_t small_writes) {
   for (const auto& candidate : torch::jit::getAllOperatorsFor(op)) {
     const c10::FunctionSchema& twin = candidate->schema();
     if (twin.overload_name() == schema->overload_name() && arguments_match(*schema, twin)) {
-      return Twin{Twin::Kind::kOp, op, twin.overload_name(), schema->arguments().size()};
+      return Twin{Twin::Kind::kOp, op, schema->arguments().size()};
     }
   }
   return std::nullopt;
@@ -172,18 +180,21 @@ bool is_graph_input(const Value* v) {
          v->node()->owningBlock() == v->owningGraph()->block();
 }
 
+bool is_view_of_first_input(const Node* node) {
+  const c10::FunctionSchema* schema = node->maybeSchema();
+  return schema != nullptr && schema->returns().size() == 1 && !schema->arguments().empty() &&
+         schema->returns()[0].alias_info() != nullptr &&
+         !schema->returns()[0].alias_info()->isWrite() &&
+         schema->arguments()[0].alias_info() != nullptr &&
+         !schema->arguments()[0].alias_info()->isWrite();
+}
+
 // The value `v` is a view of, through views of views, or `v` itself.
 Value* viewed_base(Value* v) {
-  while (true) {
-    const c10::FunctionSchema* schema = v->node()->maybeSchema();
-    if (schema == nullptr || schema->returns().empty() || schema->arguments().empty() ||
-        schema->returns()[0].alias_info() == nullptr ||
-        schema->returns()[0].alias_info()->isWrite() ||
-        schema->arguments()[0].alias_info() == nullptr) {
-      return v;
-    }
+  while (is_view_of_first_input(v->node())) {
     v = v->node()->input(0);
   }
+  return v;
 }
 
 // Graph inputs that the graph writes into share no memory with any other input: the
@@ -202,18 +213,8 @@ bool may_write(Node* n, Value* root, const AliasDb& db) {
   if (!db.writesToAlias(n, {root})) {
     return false;
   }
-  // A write-back, or an in-place op (no block: nothing else inside), into its first input.
-  const c10::FunctionSchema* schema = n->maybeSchema();
-  bool writes_first_only = n->kind() == write_back_kind() ||
-                           (schema != nullptr && !schema->arguments().empty() &&
-                            schema->arguments()[0].alias_info() != nullptr &&
-                            schema->arguments()[0].alias_info()->isWrite());
-  for (size_t i = 1; writes_first_only && schema != nullptr && i < schema->arguments().size();
-       ++i) {
-    const c10::AliasInfo* info = schema->arguments()[i].alias_info();
-    writes_first_only = info == nullptr || !info->isWrite();
-  }
-  return !writes_first_only || !other_input(n->input(0), root);
+  // A write-back or an in-place op (no block: nothing else inside) writes its first input.
+  return !in_place_on_first(n->maybeSchema()) || !other_input(n->input(0), root);
 }
 
 // The value %root holds just before `before`: that of the last write-back into it when
@@ -269,15 +270,6 @@ bool may_read(Node* node, Value* root, const AliasDb& db) {
   return false;
 }
 
-bool is_view_of_first_input(const Node* node) {
-  const c10::FunctionSchema* schema = node->maybeSchema();
-  return schema != nullptr && schema->returns().size() == 1 && !schema->arguments().empty() &&
-         schema->returns()[0].alias_info() != nullptr &&
-         !schema->returns()[0].alias_info()->isWrite() &&
-         schema->arguments()[0].alias_info() != nullptr &&
-         !schema->arguments()[0].alias_info()->isWrite();
-}
-
 // Whether `user` only reads the value it takes at input `offset`, before `limit`: an op
 // whose argument carries no alias annotation, or a list or a view (in the same block) that
 // is only read in turn, by nodes before `limit` (a reference that outlives the next write
@@ -311,20 +303,12 @@ void redirect_reads(Value* root, Value* value, Node* written, const AliasDb& db)
          !may_write(next_write, root, db)) {
     next_write = next_write->next();
   }
-  for (Node* n = written->next(); n != block->return_node(); n = n->next()) {
-    if (is_write_back_of(n, root)) {
-      break;
-    }
-    bool writes = may_write(n, root, db);
-    if (n->blocks().empty()) {
-      for (size_t i = 0; i < n->inputs().size(); ++i) {
-        if (n->input(i) == root && reads_only(n, i, next_write)) {
-          n->replaceInput(i, value);
-        }
+  // (up to a node with blocks: reads inside them are not redirected, nor those after it)
+  for (Node* n = written->next(); n != next_write && n->blocks().empty(); n = n->next()) {
+    for (size_t i = 0; i < n->inputs().size(); ++i) {
+      if (n->input(i) == root && reads_only(n, i, next_write)) {
+        n->replaceInput(i, value);
       }
-    }
-    if (writes || !n->blocks().empty()) {
-      break;
     }
   }
 }

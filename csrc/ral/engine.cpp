@@ -5,6 +5,7 @@
 
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
+#include "ral/text.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/grad_mode.h>
@@ -195,9 +196,7 @@ std::vector<std::pair<size_t, size_t>> Engine::parse_writes(const std::string& t
   // (the function returns the subgraph's outputs as one list)
   const size_t num_outputs = fallback_fn_->graph()->outputs()[0]->node()->inputs().size();
   std::vector<std::pair<size_t, size_t>> writes;
-  std::istringstream items(text + (text.empty() ? "" : ";"));
-  std::string item;
-  while (std::getline(items, item, ';')) {
+  for (const std::string& item : text.empty() ? std::vector<std::string>() : split(text, ';')) {
     const auto colon = item.find(':');
     size_t output = 0;
     size_t input = 0;

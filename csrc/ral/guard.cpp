@@ -1,5 +1,7 @@
 #include "ral/guard.h"
 
+#include "ral/text.h"
+
 namespace blade::ral {
 namespace {
 
@@ -14,18 +16,10 @@ bool parse_raise(const std::string& mode) {
 // The specs without their `!` marks, and which had one.
 std::string unmarked(const std::string& text, std::vector<bool>* written) {
   std::string specs;
-  size_t start = 0;
-  while (start <= text.size() && !text.empty()) {
-    size_t end = text.find(';', start);
-    std::string spec = text.substr(start, end == std::string::npos ? std::string::npos
-                                                                     : end - start);
+  for (const std::string& spec : text.empty() ? std::vector<std::string>() : split(text, ';')) {
     const bool marked = !spec.empty() && spec[0] == '!';
     written->push_back(marked);
-    specs += (start == 0 ? "" : ";") + spec.substr(marked ? 1 : 0);
-    if (end == std::string::npos) {
-      break;
-    }
-    start = end + 1;
+    specs += (written->size() == 1 ? "" : ";") + spec.substr(marked ? 1 : 0);
   }
   return specs;
 }

@@ -2,6 +2,7 @@
 
 #include "ral/signing.h"
 #include "ral/tensor_spec.h"
+#include "ral/text.h"
 
 #include <c10/util/Exception.h>
 
@@ -18,20 +19,6 @@ namespace blade::ral {
 namespace {
 
 thread_local const KernelCallTable* active_table = nullptr;
-
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    const size_t end = text.find(separator, start);
-    parts.push_back(text.substr(start, end == std::string::npos ? std::string::npos
-                                                                 : end - start));
-    if (end == std::string::npos) {
-      return parts;
-    }
-    start = end + 1;
-  }
-}
 
 int64_t parse_int(const std::string& text) {
   TORCH_CHECK(!text.empty(), "an empty integer");
