@@ -502,4 +502,4 @@ def _isfinite(self: torch.Tensor) -> torch.Tensor:
 
 # The op families written in modules of their own register on import.
 from blade.frontend import (gradient_decompositions, layout_decompositions,  # noqa: E402,F401
-                            pooling_decompositions)
+                            pooling_decompositions, scan_decompositions)

@@ -148,6 +148,26 @@ def _channel_shuffle(self: torch.Tensor, groups: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(shape).clone()
 
 
+@_builtin("aten::im2col", shapes="static")
+def _im2col(self: torch.Tensor, kernel_size: List[int], dilation: List[int],
+            padding: List[int], stride: List[int]) -> torch.Tensor:
+    # nn.Unfold: every kernel offset's strided slice of the padded image, stacked after the
+    # channels: [N, C * kh * kw, blocks].
+    x = self if self.dim() == 4 else self.unsqueeze(0)
+    x = torch.constant_pad_nd(x, [padding[1], padding[1], padding[0], padding[0]], 0)
+    rows = (x.size(2) - dilation[0] * (kernel_size[0] - 1) - 1) // stride[0] + 1
+    cols = (x.size(3) - dilation[1] * (kernel_size[1] - 1) - 1) // stride[1] + 1
+    offsets: List[torch.Tensor] = []
+    for i in range(kernel_size[0]):
+        for j in range(kernel_size[1]):
+            top, left = i * dilation[0], j * dilation[1]
+            offsets.append(x[:, :, top:top + stride[0] * (rows - 1) + 1:stride[0],
+                             left:left + stride[1] * (cols - 1) + 1:stride[1]])
+    blocks = torch.stack(offsets, 2).reshape(
+        [x.size(0), x.size(1) * kernel_size[0] * kernel_size[1], rows * cols])
+    return blocks if self.dim() == 4 else blocks.squeeze(0)
+
+
 @_builtin("prims::collapse")
 def _collapse(a: torch.Tensor, start: int, end: int) -> torch.Tensor:
     # prims' reshape of dims start..end into one; a new tensor, as the prim returns.

@@ -214,3 +214,31 @@ def _adaptive_max_pool3d(self: torch.Tensor,
                          output_size: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     values, indices = _adaptive_max(self, output_size)
     return values, indices
+
+
+def _max_unpool(x: torch.Tensor, indices: torch.Tensor, output_size: List[int],
+                dims: int) -> torch.Tensor:
+    """Each value written at its flat position in its plane of the output: a scatter over
+    the flattened spatial dims, zeros elsewhere. (Eager raises for a position outside the
+    output; the scatter would skip it: the example run has raised by then.)"""
+    lead = x.shape[:-dims]
+    plane = 1
+    for size in output_size:
+        plane = plane * size
+    values = x.flatten(x.dim() - dims)
+    positions = indices.flatten(indices.dim() - dims)
+    out = torch.zeros(lead + [plane], dtype=x.dtype, device=x.device)
+    return out.scatter(-1, positions, values).reshape(lead + output_size)
+
+
+@_builtin("aten::max_unpool2d")
+def _max_unpool2d(self: torch.Tensor, indices: torch.Tensor,
+                  output_size: List[int]) -> torch.Tensor:
+    return _max_unpool(self, indices, output_size, 2)
+
+
+@_builtin("aten::max_unpool3d")
+def _max_unpool3d(self: torch.Tensor, indices: torch.Tensor, output_size: List[int],
+                  stride: List[int], padding: List[int]) -> torch.Tensor:
+    # stride and padding only check the sizes in eager; the positions are the indices'.
+    return _max_unpool(self, indices, output_size, 3)

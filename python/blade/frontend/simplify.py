@@ -135,6 +135,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     that run keep what the graph computes). `dump` gets the graph after every pass that
     changed it."""
     from blade.frontend.decompositions import decompose
+    from blade.frontend.typed_rewrites import typed_rewrites
 
     dump = dump or Dumper(None)
     dump.graph("frozen", graph, always=True)
@@ -199,6 +200,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     run("float_comparison_scalars", lambda: float_comparison_scalars(graph))
     run("tensor_divisors", lambda: tensor_divisors(graph))
     run("reduction_dtypes", lambda: reduction_dtypes(graph))
+    run("typed_rewrites", lambda: typed_rewrites(graph))
     run("scalar_reductions", lambda: scalar_reductions(graph))
     run("batched_images", lambda: batched_images(graph))
     run("explicit_pool_windows",

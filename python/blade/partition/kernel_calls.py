@@ -1,7 +1,7 @@
 """Ops that nothing lowers to StableHLO, compiled as calls of PyTorch's own kernel.
 
 An aten op that neither a converter of Blade's nor Torch-MLIR's lowering covers (random
-numbers, kthvalue, linalg_det, max_unpool2d, ...) would split its cluster in two and leave
+numbers, median, histc, embedding_bag, ...) would split its cluster in two and leave
 the op to TorchScript. Instead the engine's code calls the op itself, through the RAL
 (csrc/ral/kernel_calls.h): the op's operands are passed without copies, PyTorch's
 dispatcher runs the op's CPU kernel with the node's constant arguments, and the result is
