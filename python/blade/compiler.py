@@ -24,7 +24,8 @@ from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preser
                                    preserved_random_state,
                                    private_copy, split_example_inputs)
 from blade.frontend.scripting import each_method_parsed_once, eval_mode, to_torchscript
-from blade.frontend.simplify import all_nodes, is_tensor_op, simplify
+from blade.frontend.graph_walk import all_nodes
+from blade.frontend.simplify import is_tensor_op, simplify
 from blade.partition.clustering import (MAX_RECLUSTER_ROUNDS, dissolve_failed, form_clusters,
                                         registry_verdicts)
 from blade.codegen.llvm.native import CompilerPool, default_workers

@@ -43,17 +43,15 @@ def test_reduction(name, dtype, shape):
                  rtol=rtol, atol=atol)
 
 
-def test_reduction_to_a_narrow_integer_dtype_is_refused_by_the_validator():
-    # A float or int64 dtype becomes a cast before the reduction (simplify.reduction_dtypes);
-    # a sum to int32 would widen to int64 without it, so it stays.
-    model = Lambda(lambda x: torch.sum(x * 2, dim=0, dtype=torch.int32))
-    x = torch.randint(0, 9, (3, 4))
-    config = blade.Config(allow_tracing=True, kernel_calls=False)
-    report = blade.report(blade.optimize(model, (x,), config))
-    reasons = report.unsupported["aten::sum.dim_IntList"].reasons
-    assert any("dtype argument is" in r for r in reasons), reasons
-    # By default it is a call of PyTorch's own kernel, inside the engine of the product.
-    compiled_whole(lambda t: torch.sum(t * 2, dim=0, dtype=torch.int32), (x,), rtol=0, atol=0)
+def test_reduction_to_a_narrow_integer_dtype_sums_in_int64_and_casts():
+    # A float or int64 dtype becomes a cast before the reduction (typed_rewrites.
+    # reduction_dtypes); a sum of integers to int32 sums in int64 and casts the sum
+    # (narrow_integer_reductions: the same bits), compiled without a kernel call.
+    x = torch.randint(-2 ** 30, 2 ** 30, (3, 4))
+    fn = lambda t: (torch.sum(t * 2, dim=0, dtype=torch.int32),  # noqa: E731
+                    torch.cumsum(t, 1, dtype=torch.int16), torch.prod(t, 1, dtype=torch.int8))
+    _, report = compiled_whole(fn, (x,), rtol=0, atol=0)
+    assert not any(c.kernel_calls for c in report.clusters), str(report)
 
 
 def test_reductions_with_a_dtype_argument_compile_as_a_cast_and_the_reduction():
@@ -106,7 +104,7 @@ def test_max_min_and_arg_reductions_give_the_first_index_and_nan_as_eager():
 
 
 def test_reductions_of_scalars_and_of_empty_tensors_compile():
-    # A 0-d reduction is a copy (simplify.scalar_reductions: Torch-MLIR's lowering of
+    # A 0-d reduction is a copy (typed_rewrites.scalar_reductions: Torch-MLIR's lowering of
     # mean(x, 0, keepdim=True) of a 0-d x crashed the process); a reduce over an empty dim
     # or to an empty result is its init (codegen simplify-degenerate-reductions).
     x, ints, empty = torch.tensor(3.0), torch.tensor(4, dtype=torch.int32), torch.zeros(0, 3)

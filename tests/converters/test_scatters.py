@@ -9,6 +9,8 @@ import torch
 import blade
 from helpers import Lambda, assert_ran_compiled, assert_same, assert_same_values, run_compiled
 
+aten = torch.ops.aten
+
 TRACE = blade.Config(allow_tracing=True, cache_dir="off")
 ROWS = torch.tensor([0, 4, 2, 4])  # row 4 twice: accumulation must see both
 
@@ -128,11 +130,51 @@ def test_writes_by_a_boolean_mask_compile_as_selects():
             assert torch.equal(torch.signbit(got), torch.signbit(want))
 
 
-def test_a_value_per_selected_row_keeps_index_put():
-    # The values' shape follows the count of true rows: no select can take it.
-    def fn(x, mask, values):
-        return torch.index_put(x * 2.0, (mask,), values) + 1.0
+class MaskedRows(torch.nn.Module):
+    def __init__(self, accumulate=False):
+        super().__init__()
+        self.accumulate = accumulate
 
-    x, mask = torch.randn(5, 6), torch.tensor([True, False, True, True, False])
-    optimized, report = run_compiled(Lambda(fn), (x, mask, torch.randn(3, 6)), TRACE)
-    assert "aten::index_put" in report.unsupported, str(report)
+    def forward(self, x, mask, values):
+        return aten.index_put(x * 1.0, [mask], values, self.accumulate) + 1
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_a_row_per_selected_position_compiles_and_a_wrong_count_raises(accumulate):
+    model = MaskedRows(accumulate)
+    x = torch.rand(5, 4)
+    mask = torch.tensor([True, False, True, True, False])
+    values = torch.rand(3, 4)
+    optimized = blade.optimize(model, (x, mask, values))
+    other = torch.tensor([False, True, True, False, True])
+    for call in ((x, mask, values), (torch.rand(5, 4), other, torch.rand(3, 4))):
+        assert_same_values(optimized(*call), model(*call), 0, 0)
+    report = assert_ran_compiled(optimized)
+    assert report.compiled_ops == report.total_ops, str(report)
+    four = torch.tensor([True, True, True, True, False])
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        model(x, four, values)
+    # TorchScript's raise: torch.jit.Error, with the shapes in its message.
+    with pytest.raises(torch.jit.Error, match=r"shape mismatch.*\[3, 4\].*select 3 positions"):
+        optimized(x, four, values)
+
+
+def test_a_mask_over_every_dim_takes_one_value_per_selected_element():
+    model = MaskedRows()
+    x = torch.rand(2, 3, 4, 5)
+    mask = torch.zeros(2, 3, 4, 5, dtype=torch.bool)
+    mask[0, 1, 2, 3] = mask[1, 0, 1, 2] = mask[1, 2, 3, 4] = True
+    values = torch.tensor([1.0, 2.0, 3.0])
+    optimized = blade.optimize(model, (x, mask, values))
+    assert_same_values(optimized(x, mask, values), model(x, mask, values), 0, 0)
+    report = assert_ran_compiled(optimized)
+    assert report.compiled_ops == report.total_ops, str(report)
+
+
+def test_one_row_of_values_goes_to_every_selected_position():
+    model = MaskedRows()
+    x, values = torch.rand(5, 4), torch.rand(1, 4)
+    optimized = blade.optimize(model, (x, torch.tensor([True, False, True, True, False]),
+                                       values))
+    for mask in (torch.tensor([True, False, True, True, False]), torch.ones(5, dtype=torch.bool)):
+        assert_same_values(optimized(x, mask, values), model(x, mask, values), 0, 0)

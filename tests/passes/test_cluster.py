@@ -281,7 +281,7 @@ def test_no_engine_is_made_without_a_compute_op():
     assert "may be a view of its input" in report.unsupported["aten::to.dtype"].reasons[0]
     assert "excluded_ops" in report.unsupported["aten::max.dim"].reasons[0]
     # A cast to the dtype its input has returns the input: no engine. A cast to another
-    # dtype computes a new tensor (aten::_to_copy, see simplify.fresh_casts): an engine.
+    # dtype computes a new tensor (aten::_to_copy, see typed_rewrites.fresh_casts): an engine.
     x = torch.arange(6, dtype=torch.int64)
     optimized = blade.optimize(CastOnly(), (x,))
     report = blade.report(optimized)

@@ -72,17 +72,21 @@ def test_embedding_with_gradient_flags_compiles_the_lookup():
 
 
 class ScatterRuntimeValue(torch.nn.Module):
-    def forward(self, x, index, value, count):
-        return (aten.scatter(x, 2, index, float(value)), aten.scatter(x, 1, index, int(count)))
+    def forward(self, x, y, index, value, count):
+        return (aten.scatter(y, 2, index, float(value)), aten.scatter(x, 1, index, int(count)))
+
+
+def _scatter_inputs(value, count, x_dtype=torch.float32):
+    torch.manual_seed(0)
+    return (torch.rand(10, 8, 6).to(x_dtype), torch.rand(10, 8, 6, dtype=torch.float64),
+            torch.randint(0, 4, (2, 4, 3)), value, count)
 
 
 def test_scatter_of_a_value_read_at_run_time():
-    torch.manual_seed(0)
     model = ScatterRuntimeValue()
-    inputs = (torch.rand(10, 8, 6), torch.randint(0, 4, (2, 4, 3)),
-              torch.rand((), dtype=torch.float64), torch.tensor(7))
+    inputs = _scatter_inputs(torch.rand((), dtype=torch.float64), torch.tensor(7))
     optimized = blade.optimize(model, inputs)
-    others = (inputs[0], inputs[1], torch.tensor(0.25, dtype=torch.float64), torch.tensor(-3))
+    others = _scatter_inputs(torch.tensor(0.25, dtype=torch.float64), torch.tensor(-3))
     for call in (inputs, others):
         for got, want in zip(optimized(*call), model(*call)):
             assert_same_values(got, want, 0, 0)
@@ -93,10 +97,21 @@ def test_scatter_of_a_value_read_at_run_time():
 @pytest.mark.parametrize("value", [torch.tensor(2.7), torch.tensor(-1.5, dtype=torch.float64)])
 def test_scatter_of_int_of_a_float_tensor_truncates_as_in_eager(value):
     model = ScatterRuntimeValue()
-    inputs = (torch.rand(10, 8, 6), torch.randint(0, 4, (2, 4, 3)), value, value)
+    inputs = _scatter_inputs(value, value)
     optimized = blade.optimize(model, inputs)
     for got, want in zip(optimized(*inputs), model(*inputs)):
         assert_same_values(got, want, 0, 0)
+
+
+def test_a_scattered_value_that_may_overflow_the_dtype_raises_as_in_eager():
+    # int() into int8 may not fit: the scatter stays TorchScript, with eager's check.
+    model = ScatterRuntimeValue()
+    optimized = blade.optimize(model, _scatter_inputs(torch.tensor(0.5), torch.tensor(3),
+                                                      torch.int8))
+    with pytest.raises(RuntimeError, match="overflow"):
+        model(*_scatter_inputs(torch.tensor(0.5), torch.tensor(300), torch.int8))
+    with pytest.raises(RuntimeError, match="overflow"):
+        optimized(*_scatter_inputs(torch.tensor(0.5), torch.tensor(300), torch.int8))
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -112,3 +127,24 @@ def test_negative_indices_first_seen_after_optimize_count_from_the_end(dynamic):
         assert_same_values(optimized(*call), model(*call), 0, 0)
     report = assert_ran_compiled(optimized)
     assert report.compiled_ops == report.total_ops, str(report)
+
+
+def test_shifts_by_a_constant_within_the_width():
+    torch.manual_seed(0)
+    _exact(lambda x, y: (x >> 1, x >> 7, y >> 40),
+           torch.randint(-100, 100, (3, 4), dtype=torch.int8),
+           torch.randint(-2 ** 50, 2 ** 50, (5,)))
+    # Bools (promoted to int64) and shifts past the width are eager's: left to the op.
+    for fn, x in ((lambda t: t >> 1, torch.tensor([True, False])),
+                  (lambda t: t >> 300, torch.tensor([-5, 5], dtype=torch.int8))):
+        model = Lambda(fn)
+        optimized = blade.optimize(model, (x,), blade.Config(allow_tracing=True))
+        assert torch.equal(optimized(x), model(x))
+
+
+def test_floor_division_by_a_constant_outside_the_dtype_wraps_as_in_eager():
+    for fn, x in ((lambda t: t // 200, torch.tensor([-128, -7, 1, 127], dtype=torch.int8)),
+                  (lambda t: t // -3, torch.tensor([1, 7, 200, 255], dtype=torch.uint8))):
+        model = Lambda(fn)
+        optimized = blade.optimize(model, (x,), blade.Config(allow_tracing=True))
+        assert torch.equal(optimized(x), model(x))

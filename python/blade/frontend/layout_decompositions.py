@@ -152,7 +152,10 @@ def _channel_shuffle(self: torch.Tensor, groups: int) -> torch.Tensor:
 def _im2col(self: torch.Tensor, kernel_size: List[int], dilation: List[int],
             padding: List[int], stride: List[int]) -> torch.Tensor:
     # nn.Unfold: every kernel offset's strided slice of the padded image, stacked after the
-    # channels: [N, C * kh * kw, blocks].
+    # channels: [N, C * kh * kw, blocks]. Up to 64 offsets: larger kernels call the op (a
+    # slice each would make a long graph to compile).
+    if kernel_size[0] * kernel_size[1] > 64:
+        return torch.ops.aten.im2col(self, kernel_size, dilation, padding, stride)
     x = self if self.dim() == 4 else self.unsqueeze(0)
     x = torch.constant_pad_nd(x, [padding[1], padding[1], padding[0], padding[0]], 0)
     rows = (x.size(2) - dilation[0] * (kernel_size[0] - 1) - 1) // stride[0] + 1

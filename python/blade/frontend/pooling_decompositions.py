@@ -220,7 +220,8 @@ def _max_unpool(x: torch.Tensor, indices: torch.Tensor, output_size: List[int],
                 dims: int) -> torch.Tensor:
     """Each value written at its flat position in its plane of the output: a scatter over
     the flattened spatial dims, zeros elsewhere. (Eager raises for a position outside the
-    output; the scatter would skip it: the example run has raised by then.)"""
+    output, and so does the example run, with the scatter's message; compiled code given
+    one later skips it, as it does for any scatter.)"""
     lead = x.shape[:-dims]
     plane = 1
     for size in output_size:

@@ -1,11 +1,12 @@
 """Decompositions of scans, order statistics, norms and products that neither Blade nor
-Torch-MLIR lowers to StableHLO: cumprod, kthvalue, norm.Scalar, _weight_norm_interface,
-conv_tbc, prims' reductions and casts, and a shift by a Scalar.
+Torch-MLIR lowers to StableHLO: cumprod, kthvalue, norm.Scalar, conv_tbc, and prims'
+reductions and casts.
 
-A cumulative product is a scan: log2(n) steps, each multiplying every element by the one
-`step` positions before it (ones before the start), so that after the steps each holds the
-product of its whole prefix. The steps are unrolled for the dim's size, known once the
-shapes are (static shapes only). The k-th smallest value is the k-th of a sort.
+A cumulative product of up to 16 elements is eager's running product, step by step in its
+order and accumulation type, unrolled for the dim's size once the shapes are known (static
+shapes only). The k-th smallest of up to 256 values is the k-th of a sort. Longer ones call
+the op itself (PyTorch's kernel, a kernel call inside an engine): the unrolled scan and the
+sort would cost more than eager's single pass.
 Imported by blade.frontend.decompositions.
 """
 from typing import List, Optional, Tuple, Union
@@ -16,26 +17,33 @@ from blade.frontend.decomposition_registry import builtin as _builtin
 
 @_builtin("aten::cumprod", shapes="static")
 def _cumprod(self: torch.Tensor, dim: int, dtype: Optional[int] = None) -> torch.Tensor:
-    # As eager: a given dtype is cast to first; integers and bools multiply in int64.
+    # Eager's running product, in its order and its accumulation type (double for float,
+    # float for half and bfloat16), each prefix cast to the result's dtype: integers and
+    # bools multiply in int64, a given dtype is cast to first.
     if dtype is not None:
         y = self.to(dtype)
     elif self.is_floating_point() or self.is_complex():
         y = self
     else:
         y = self.to(torch.int64)
-    if y.dim() == 0:
+    if y.dim() == 0 or y.size(dim) == 0:
         return y.clone()
     n = y.size(dim)
-    if n <= 1:
-        return y.clone()
-    # More steps than any dim has doublings: those past the dim's size fold away.
-    for k in range(40):
-        step = 1 << k
-        if step < n:
-            before = torch.cat([torch.ones_like(y.narrow(dim, 0, step)),
-                                y.narrow(dim, 0, n - step)], dim)
-            y = y * before
-    return y
+    # Up to 16 steps, unrolled (a longer scan calls the op itself, PyTorch's kernel).
+    if n > 16 or y.is_complex():
+        return torch.cumprod(y, dim)
+    accumulated = y
+    if y.dtype == torch.float32:
+        accumulated = y.to(torch.float64)
+    elif y.dtype == torch.float16 or y.dtype == torch.bfloat16:
+        accumulated = y.to(torch.float32)
+    running = accumulated.narrow(dim, 0, 1)
+    prefixes: List[torch.Tensor] = [running.to(y.dtype)]
+    for k in range(1, 16):
+        if k < n:
+            running = running * accumulated.narrow(dim, k, 1)
+            prefixes.append(running.to(y.dtype))
+    return torch.cat(prefixes, dim)
 
 
 @_builtin("aten::kthvalue")
@@ -46,11 +54,16 @@ def _kthvalue(self: torch.Tensor, k: int, dim: int = -1,
             raise RuntimeError("kthvalue(): selected number k out of range for dimension 0")
         return self.clone(), torch.zeros_like(self, dtype=torch.int64)
     size = self.size(dim)
+    if size > 256:
+        # A sort costs n log n where eager's selection costs n: longer rows call the op.
+        values, indices = torch.kthvalue(self, k, dim, keepdim)
+        return values, indices
     if k < 1 or k > size:
         raise RuntimeError("kthvalue(): selected number k out of range for dimension " +
                            str(dim))
     # NaN sorts last, as it counts largest in eager's selection. Among equal values eager
-    # names no particular position, nor does the sort.
+    # names no particular position (its quickselect's), nor does the sort: the value is
+    # eager's, the position one that holds it.
     values, indices = torch.sort(self, dim)
     values, indices = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
     if not keepdim:
@@ -63,32 +76,15 @@ def _norm(self: torch.Tensor, p: Union[int, float, complex] = 2) -> torch.Tensor
     return torch.linalg.vector_norm(self, p)
 
 
-@_builtin("aten::_weight_norm_interface")
-def _weight_norm_interface(v: torch.Tensor, g: torch.Tensor,
-                           dim: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
-    # v * g / ||v||, the norm over every dim but `dim` (over all of them for dim -1), kept
-    # with size 1 in the dims it reduces, as eager returns it.
-    if dim < -1:
-        dim = dim + v.dim()
-    reduced: List[int] = []
-    for d in range(v.dim()):
-        if d != dim:
-            reduced.append(d)
-    norm = torch.linalg.vector_norm(v, 2, reduced, True)
-    return v * (g / norm), norm
-
-
 @_builtin("aten::conv_tbc")
 def _conv_tbc(self: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
               pad: int = 0) -> torch.Tensor:
-    # Time x batch x channels in, weight [kernel, in, out]: conv1d of batch x channels x time.
+    # Time x batch x channels in, weight [kernel, in, out]: conv1d of batch x channels x time
+    # (shorter than the kernel, eager gives an empty result, which conv1d refuses).
+    if self.size(0) + 2 * pad < weight.size(0):
+        return torch.conv_tbc(self, weight, bias, pad)
     out = torch.conv1d(self.permute(1, 2, 0), weight.permute(2, 1, 0), bias, 1, [pad])
     return out.permute(2, 0, 1).contiguous()
-
-
-@_builtin("aten::__rshift__.Scalar")
-def _rshift_scalar(self: torch.Tensor, other: Union[int, float, complex]) -> torch.Tensor:
-    return torch.bitwise_right_shift(self, torch.full_like(self, other))
 
 
 @_builtin("prims::convert_element_type")
@@ -99,94 +95,29 @@ def _convert_element_type(a: torch.Tensor, dtype: int) -> torch.Tensor:
 @_builtin("prims::sum")
 def _prims_sum(inp: torch.Tensor, dims: Optional[List[int]],
                output_dtype: Optional[int] = None) -> torch.Tensor:
-    # Over `dims` only (no dims: none), in the input's dtype unless another is given.
-    if output_dtype is not None:
-        inp = inp.to(output_dtype)
+    # Eager runs torch.sum's kernel: no dims (or none given) sums everything, integers to
+    # int64.
     if dims is None:
-        total = torch.sum(inp)
-    elif len(dims) == 0:
-        return inp.clone()
-    else:
-        total = torch.sum(inp, dims)
-    if not inp.is_floating_point() and not inp.is_complex():
-        total = total.to(inp.dtype)
-    return total
+        return torch.sum(inp, dtype=output_dtype)
+    return torch.sum(inp, dims, dtype=output_dtype)
 
 
 @_builtin("prims::prod")
 def _prims_prod(inp: torch.Tensor, dims: Optional[List[int]],
                 output_dtype: Optional[int] = None) -> torch.Tensor:
+    # Eager: the product over `dims` (no dims: a copy), integers to int64.
     if output_dtype is not None:
         inp = inp.to(output_dtype)
     if dims is None:
-        total = torch.prod(inp)
-    elif len(dims) == 0:
+        return torch.prod(inp)
+    if len(dims) == 0:
         return inp.clone()
-    else:
-        # The reduced dims moved last and flattened into one, which prod reduces.
-        order: List[int] = []
-        for d in range(inp.dim()):
-            if d not in dims:
-                order.append(d)
-        for d in range(inp.dim()):
-            if d in dims:
-                order.append(d)
-        total = torch.prod(inp.permute(order).flatten(inp.dim() - len(dims)), -1)
-    if not inp.is_floating_point() and not inp.is_complex():
-        total = total.to(inp.dtype)
-    return total
-
-
-def _pivots(a: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Gaussian elimination of the matrices [..., n, n] with partial pivoting, as LAPACK's
-    getrf orders it: whether each matrix's rows were swapped an odd number of times, and
-    its pivots [..., n] (the diagonal of U; their product is the determinant up to sign).
-    A zero pivot (a singular matrix) eliminates nothing below it."""
-    n = a.size(-1)
-    m = a
-    odd = torch.zeros(a.shape[:-2], dtype=torch.bool, device=a.device)
-    rows = torch.arange(n, device=a.device)
-    pivots: List[torch.Tensor] = []
-    # A constant count of steps (the callers eliminate up to 16 rows), unrolled before the
-    # types are recorded: each step's sizes are its own.
-    for k in range(16):
-        if k < n:
-            # The row at or below k with the largest magnitude in column k swaps with row k.
-            chosen = torch.argmax(m.narrow(-2, k, n - k).select(-1, k).abs(), -1) + k
-            chosen_row = chosen.unsqueeze(-1)
-            order = torch.where(rows == k, chosen_row, torch.where(rows == chosen_row, k, rows))
-            m = torch.gather(m, -2, order.unsqueeze(-1).expand(m.shape))
-            odd = odd ^ (chosen != k)
-            pivot = m.select(-2, k).select(-1, k)
-            pivots.append(pivot)
-            if k + 1 < n:
-                lower = m.narrow(-2, k + 1, n - k - 1)
-                divisor = pivot.unsqueeze(-1)
-                factor = torch.where(divisor == 0, torch.zeros_like(divisor),
-                                     lower.select(-1, k) / divisor)
-                lower = lower - factor.unsqueeze(-1) * m.select(-2, k).unsqueeze(-2)
-                m = torch.cat([m.narrow(-2, 0, k + 1), lower], -2)
-    return odd, torch.stack(pivots, -1)
-
-
-@_builtin("aten::linalg_det", shapes="static")
-def _linalg_det(A: torch.Tensor) -> torch.Tensor:
-    n = A.size(-1)
-    # Matrices of up to 16 rows are eliminated in unrolled steps, one per row; larger ones
-    # (and integers, and no rows) call the op itself: LAPACK, in TorchScript.
-    if n > 16 or n == 0 or not A.is_floating_point():
-        return torch.linalg.det(A)
-    odd, pivots = _pivots(A)
-    determinant = torch.prod(pivots, -1)
-    return torch.where(odd, -determinant, determinant)
-
-
-@_builtin("aten::linalg_slogdet", shapes="static")
-def _linalg_slogdet(A: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    n = A.size(-1)
-    if n > 16 or n == 0 or not A.is_floating_point():  # as for the determinant
-        sign, logabsdet = torch.linalg.slogdet(A)
-        return sign, logabsdet
-    odd, pivots = _pivots(A)
-    sign = torch.prod(torch.sign(pivots), -1)
-    return torch.where(odd, -sign, sign), torch.sum(torch.log(pivots.abs()), -1)
+    # The reduced dims moved last and flattened into one, which prod reduces.
+    order: List[int] = []
+    for d in range(inp.dim()):
+        if d not in dims:
+            order.append(d)
+    for d in range(inp.dim()):
+        if d in dims:
+            order.append(d)
+    return torch.prod(inp.permute(order).flatten(inp.dim() - len(dims)), -1)

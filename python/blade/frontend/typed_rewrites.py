@@ -1,7 +1,12 @@
-"""Rewrites that need the graph's types, run once they are materialized: each writes a node
-that neither Blade nor Torch-MLIR lowers as it is (or that Torch-MLIR lowers wrongly) as
-the ops eager computes it with, for the dtypes and ranks where that differs.
+"""Rewrites that need the graph's types, run once they are materialized (blade.frontend.
+simplify, in the order of REWRITES): each writes a node that neither Blade nor Torch-MLIR
+lowers as it is, that Torch-MLIR lowers wrongly, or that clustering would keep out of an
+engine, as the ops eager computes it with, for the dtypes and ranks where that differs.
 
+- `x.to(dtype)` to another dtype as `_to_copy`, which says it gives a new tensor;
+- a float tensor compared with an int constant compares with the float;
+- `fmod(x, 3)` as `fmod(x, tensor(3))`;
+- a reduction given a float or int64 `dtype=` as a cast and the reduction without it;
 - float math of integers (`erf`, `reciprocal`, `clamp` by float bounds, ...): the integer
   operand is cast to the result's dtype first, which is what eager computes in;
 - integer sums and products into a narrower integer dtype: reduced in int64, then cast
@@ -10,20 +15,371 @@ the ops eager computes it with, for the dtypes and ranks where that differs.
 - a vector norm of a 0-d tensor: its absolute value;
 - `x[..., idx]` (index.Tensor) with positions that may be negative: counted from the end
   first;
-- integer floor division by a constant: the truncating division, corrected by the
-  remainder's sign (exact for all int64);
+- integer floor division by a constant (in x's dtype's range): the truncating division,
+  corrected by the remainder's sign (exact for every value of x);
 - `matmul` of batches that broadcast (a batch of one against several): the batch of one as
   a matrix, other batches expanded to the common one;
 - `scatter(x, dim, index, value)` with a value computed at run time: scattered from that
   value as a tensor, expanded to the index's shape;
-- `embedding` with flags that shape only its gradient: without them.
+- `x >> 3` of integers: a shift by a 0-d tensor;
+- `embedding` with flags that shape only its gradient: without them;
+- a reduction of a 0-d tensor as a copy or a cast;
+- an unbatched image given to a 2-d pooling or conv2d as a batch of one;
+- and, with the graph's structure passes, `x[mask] = v` as a `where` (bool_mask_writes),
+  v one value, a value per trailing position, or a row per selected position gathered in
+  order (with eager's check of their count).
 """
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
-from blade.frontend.simplify import _replace, _static_sizes, nodes_of
-from blade.partition.registry import schema_name
+from blade.frontend.graph_walk import nodes_of
+from blade.partition.registry import is_materialized, schema_name
+
+
+# The casts (self, dtype, ...) by overload: the positions of their non_blocking, copy and
+# memory_format arguments. Those between dtype and non_blocking (layout, device,
+# pin_memory) must be None.
+_CASTS = {"aten::to.dtype": (2, 3, 4), "aten::to.dtype_layout": (5, 6, 7)}
+
+
+def fresh_casts(graph: torch._C.Graph) -> int:
+    """`x.to(dtype)` returns x itself when x has that dtype already, so its schema says the
+    result may alias x, and clustering keeps it out of engines (which return fresh
+    tensors). With the types materialized, a cast to another dtype is known to give a new
+    tensor: it becomes `aten::_to_copy`, which eager runs for it anyway and whose schema
+    says so. Returns how many were rewritten."""
+    count = 0
+    for node in nodes_of(graph, _CASTS):
+        shape = _CASTS.get(schema_name(node))
+        if shape is None:
+            continue
+        non_blocking, copy_flag, memory_format = shape
+        inputs = list(node.inputs())
+        source, result = inputs[0], node.output()
+        if not all(isinstance(v.type(), torch._C.TensorType) and v.type().scalarType()
+                   for v in (source, result)):
+            continue
+        if source.type().scalarType() == result.type().scalarType():
+            continue
+        if any(not isinstance(v.type(), torch._C.NoneType) for v in inputs[2:non_blocking]):
+            continue  # a layout, device or pin_memory given
+        if not isinstance(inputs[copy_flag].toIValue(), bool):
+            continue  # copy= is not a constant
+        with graph.insert_point_guard(node):
+            none = graph.insertConstant(None)
+            _replace(graph, node, "aten::_to_copy", [source, inputs[1], none, none, none,
+                                                      inputs[non_blocking],
+                                                      inputs[memory_format]])
+        count += 1
+    return count
+
+
+def _replace(graph: torch._C.Graph, node: torch._C.Node, kind: str, inputs) -> None:
+    """Puts a `kind` node of `inputs` at the insertion point in place of `node` (one
+    result, of the same type)."""
+    replacement = graph.create(kind, inputs)
+    graph.insertNode(replacement)
+    replacement.output().setType(node.output().type())
+    replacement.copyMetadata(node)
+    node.output().replaceAllUsesWith(replacement.output())
+    node.destroy()
+
+
+_COMPARISONS = {f"aten::{name}.Scalar" for name in ("lt", "le", "gt", "ge", "eq", "ne")}
+
+
+def _static_sizes(value: torch._C.Value) -> Optional[List[int]]:
+    """The sizes of a tensor value whose type was materialized with static shapes."""
+    if not isinstance(value.type(), torch._C.TensorType) or not is_materialized(value):
+        return None
+    return list(value.type().symbolic_sizes())
+
+
+def _tensor_type(sizes: List[int], dtype: torch.dtype) -> torch._C.TensorType:
+    return torch._C.TensorType.create_from_tensor(torch.empty(sizes, dtype=dtype))
+
+
+def _rows_for_mask(graph: torch._C.Graph, node: torch._C.Node, mask: torch._C.Value,
+                   values: torch._C.Value, mask_size: List[int],
+                   value_size: List[int]) -> torch._C.Value:
+    """Values [R, ...], one row per position the mask selects, in order, laid out over the
+    mask's positions: row `cumsum(mask) - 1` at each (clamped at the positions not
+    selected, which the `where` does not read). Adds the check that the mask selects R
+    positions, which eager makes (raising a shape mismatch) and the gather cannot."""
+    positions = 1
+    for size in mask_size:
+        positions *= size
+    rows = value_size[0]
+    flat = _insert(graph, "aten::reshape", [mask, graph.insertConstant([positions])],
+                   _tensor_type([positions], torch.bool), node)
+    none = graph.insertConstant(None)
+    ordinal = _insert(graph, "aten::cumsum", [flat, graph.insertConstant(0), none],
+                      _tensor_type([positions], torch.int64), node)
+    index = _insert(graph, "aten::sub", [ordinal, graph.insertConstant(1),
+                                         graph.insertConstant(1)],
+                    _tensor_type([positions], torch.int64), node)
+    index = _insert(graph, "aten::clamp", [index, graph.insertConstant(0),
+                                           graph.insertConstant(rows - 1)],
+                    _tensor_type([positions], torch.int64), node)
+    dtype = values.type().dtype()
+    gathered = _insert(graph, "aten::index_select", [values, graph.insertConstant(0), index],
+                       _tensor_type([positions] + value_size[1:], dtype), node)
+    laid_out = _insert(graph, "aten::reshape",
+                       [gathered, graph.insertConstant(mask_size + value_size[1:])],
+                       _tensor_type(mask_size + value_size[1:], dtype), node)
+    selected = _insert(graph, "aten::sum", [mask, none], _tensor_type([], torch.int64), node)
+    selected_count = graph.insertNode(graph.create("aten::Int", [selected]))
+    selected_count.output().setType(torch._C.IntType.get())
+    differs = graph.insertNode(graph.create("aten::ne", [selected_count.output(),
+                                                         graph.insertConstant(rows)]))
+    differs.output().setType(torch._C.BoolType.get())
+    check = graph.insertNode(graph.create("prim::If", [differs.output()], 0))
+    message = graph.insertConstant(
+        f"shape mismatch: index_put of a value tensor of shape {value_size} by a bool mask "
+        f"of shape {mask_size}: the mask must select {rows} positions, one per row")
+    kind = graph.insertConstant("builtins.RuntimeError")
+    for position in (message, kind):
+        position.node().moveBefore(check)
+    raising = check.addBlock()
+    check.addBlock()
+    graph.create("prim::RaiseException", [message, kind], 0).insertBefore(raising.returnNode())
+    return laid_out
+
+
+# index_put by Tensor?[] indices, and by Tensor[] (the overload TorchScript resolves
+# `torch.ops.aten.index_put(x, [mask], v)` to).
+_INDEX_PUTS = ("aten::index_put", "aten::index_put.hacked_twin")
+
+
+def bool_mask_writes(graph: torch._C.Graph) -> int:
+    """`x[mask] = v`, once remove_mutation has made it `aten::index_put(x, [mask], v, acc)`,
+    selects where the mask, a bool over x's leading dims, is true: `where(mask, v, x)`
+    (`where(mask, x + v, x)` accumulating), with static shapes, where v is
+    - one value, or one per trailing position (broadcast alike to every selected row), or
+    - one row per selected position ([R, ...]): row i goes to the i-th selected position,
+      gathered at `cumsum(mask) - 1` (_rows_for_mask), with eager's check that the mask
+      selects R positions.
+    Neither Blade nor Torch-MLIR compiles index_put by a mask (the number of positions it
+    selects depends on the data). Returns how many were rewritten."""
+    count = 0
+    for node in nodes_of(graph, _INDEX_PUTS):
+        if schema_name(node) not in _INDEX_PUTS:
+            continue
+        target, indices, values, accumulate = node.inputs()
+        listed = indices.node()
+        if listed.kind() != "prim::ListConstruct" or len(list(listed.inputs())) != 1 or \
+                not isinstance(accumulate.toIValue(), bool):
+            continue
+        mask = next(listed.inputs())
+        shapes = [_static_sizes(v) for v in (target, mask, values)]
+        if any(s is None for s in shapes) or mask.type().scalarType() != "Bool" or \
+                values.type().scalarType() != target.type().scalarType():
+            continue
+        size, mask_size, value_size = shapes
+        trailing = size[len(mask_size):]
+        if not 0 < len(mask_size) <= len(size) or size[:len(mask_size)] != mask_size:
+            continue
+        per_row = len(value_size) == len(trailing) + 1
+        if per_row and value_size[0] == 1:
+            per_row, value_size = False, value_size[1:]  # one row: broadcast to every one
+        if per_row and value_size[0] == 0 or len(value_size) - per_row > len(trailing) or \
+                any(v not in (1, t) for v, t in zip(reversed(value_size[per_row:]),
+                                                     reversed(trailing))):
+            continue
+        kept_size = mask_size + [1] * len(trailing)
+        with graph.insert_point_guard(node):
+            keep = _insert(graph, "aten::reshape", [mask, graph.insertConstant(kept_size)],
+                           _tensor_type(kept_size, torch.bool), node)
+            if per_row:
+                chosen = _rows_for_mask(graph, node, mask, values, mask_size, value_size)
+            elif value_size != _static_sizes(values):
+                chosen = _insert(graph, "aten::reshape",
+                                 [values, graph.insertConstant(value_size)],
+                                 _tensor_type(value_size, values.type().dtype()), node)
+            else:
+                chosen = values
+            if accumulate.toIValue():
+                chosen = _insert(graph, "aten::add", [target, chosen, graph.insertConstant(1)],
+                                 target.type(), node)
+            _replace(graph, node, "aten::where", [keep, chosen, target])
+        count += 1
+    return count
+
+
+def float_comparison_scalars(graph: torch._C.Graph) -> int:
+    """`x < 0` with a float x compares with 0.0 (PyTorch promotes the int to x's dtype).
+    Written so: Torch-MLIR's constant folder of a comparison of a float constant tensor
+    (a `full_like`, once folded) with an int reads the floats' bits as integers and gives
+    a wrong mask (`full_like(x, 2.5) < 0` folds to all true). Returns how many int
+    constants were made floats."""
+    count = 0
+    for node in nodes_of(graph, _COMPARISONS):
+        if schema_name(node) not in _COMPARISONS:
+            continue
+        tensor, scalar = list(node.inputs())[:2]
+        if not isinstance(tensor.type(), torch._C.TensorType) or \
+                tensor.type().scalarType() not in _FLOAT_DTYPES:
+            continue
+        value = scalar.toIValue() if scalar.node().kind() == "prim::Constant" else None
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        with graph.insert_point_guard(node):
+            node.replaceInput(1, graph.insertConstant(float(value)))
+        count += 1
+    return count
+
+
+_FLOAT_DTYPES = ("Float", "Double", "Half", "BFloat16")
+
+# Ops with a Scalar divisor Torch-MLIR does not lower, and their Tensor overload, which it
+# does.
+_SCALAR_DIVISORS = {"aten::fmod.Scalar": "aten::fmod"}
+
+
+def tensor_divisors(graph: torch._C.Graph) -> int:
+    """`fmod(x, 3)` as `fmod(x, tensor(3))`, the constant a 0-dim tensor of the result's
+    dtype (so type promotion gives that dtype again, and the scalar is converted to it as
+    the Scalar overload does). Returns how many were rewritten."""
+    count = 0
+    for node in nodes_of(graph, _SCALAR_DIVISORS):
+        kind = _SCALAR_DIVISORS.get(schema_name(node))
+        if kind is None:
+            continue
+        source, scalar = list(node.inputs())
+        result = node.output()
+        dtype = result.type().dtype() if isinstance(result.type(), torch._C.TensorType) \
+            else None
+        value = scalar.toIValue() if scalar.node().kind() == "prim::Constant" else None
+        if dtype is None or not isinstance(value, (int, float)):
+            continue
+        with graph.insert_point_guard(node):
+            _replace(graph, node, kind,
+                     [source, graph.insertConstant(torch.tensor(value, dtype=dtype))])
+        count += 1
+    return count
+
+
+# Reductions that take an optional dtype: the input is cast to it before reducing.
+_DTYPE_REDUCTIONS = {"aten::sum.dim_IntList", "aten::sum", "aten::mean.dim", "aten::mean",
+                     "aten::softmax.int", "aten::log_softmax.int", "aten::cumsum",
+                     "aten::prod", "aten::prod.dim_int", "aten::cumprod"}
+
+
+def reduction_dtypes(graph: torch._C.Graph) -> int:
+    """`x.sum(dtype=torch.float64)` casts x before it sums; written as that cast
+    (`_to_copy`) and the reduction without a dtype, both of which compile. Only for a
+    floating dtype or int64, which the reduction without a dtype keeps (integers narrower
+    than int64 would sum to int64). Returns how many were rewritten."""
+    count = 0
+    for node in nodes_of(graph, _DTYPE_REDUCTIONS):
+        if schema_name(node) not in _DTYPE_REDUCTIONS:
+            continue
+        names = [a.name for a in torch._C.parse_schema(node.schema()).arguments]
+        if "dtype" not in names:
+            continue
+        position = names.index("dtype")
+        source = node.inputsAt(0)
+        dtype = node.inputsAt(position).toIValue()
+        if dtype is None or not isinstance(source.type(), torch._C.TensorType) or \
+                source.type().scalarType() is None:
+            continue
+        target = _DTYPE_BY_CODE.get(dtype)
+        if target is None or not (target.is_floating_point or target == torch.int64):
+            continue
+        with graph.insert_point_guard(node):
+            none = graph.insertConstant(None)
+            if source.type().dtype() != target:
+                false = graph.insertConstant(False)
+                cast = graph.create("aten::_to_copy", [source, node.inputsAt(position), none,
+                                                       none, none, false, none])
+                graph.insertNode(cast)
+                cast.output().setType(source.type().with_dtype(target))
+                cast.copyMetadata(node)
+                node.replaceInput(0, cast.output())
+            node.replaceInput(position, none)
+        count += 1
+    return count
+
+
+def _dtype_codes() -> Dict[int, torch.dtype]:
+    """The dtypes by the int a graph's ScalarType constant holds, as TorchScript writes them."""
+    graph = torch._C.Graph()
+    return {graph.insertConstant(d).toIValue(): d
+            for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                      torch.int64)}
+
+
+_DTYPE_BY_CODE = _dtype_codes()
+
+
+# Reductions over dims: on a 0-d tensor (whose one "dim" is itself) each returns its input,
+# in the result's dtype.
+_DIM_REDUCTIONS = {"aten::sum.dim_IntList", "aten::mean.dim", "aten::amax", "aten::amin",
+                   "aten::prod.dim_int", "aten::sum", "aten::mean", "aten::prod"}
+
+
+def scalar_reductions(graph: torch._C.Graph) -> int:
+    """A reduction of a 0-d tensor is a copy of it (a cast where the result's dtype
+    differs, an integer sum's int64): Torch-MLIR's StableHLO lowering reduces over no dims,
+    which StableHLO's linalg lowering leaves unconverted, and with keepdim it crashed the
+    process. Returns how many were rewritten."""
+    count = 0
+    for node in nodes_of(graph, _DIM_REDUCTIONS):
+        if schema_name(node) not in _DIM_REDUCTIONS:
+            continue
+        source, result = node.inputsAt(0), node.output()
+        if not all(isinstance(v.type(), torch._C.TensorType) and v.type().dim() == 0 and
+                   v.type().dtype() is not None for v in (source, result)):
+            continue
+        with graph.insert_point_guard(node):
+            none = graph.insertConstant(None)
+            if source.type().dtype() == result.type().dtype():
+                _replace(graph, node, "aten::clone", [source, none])
+            else:
+                false = graph.insertConstant(False)
+                dtype = graph.insertConstant(result.type().dtype())
+                _replace(graph, node, "aten::_to_copy",
+                         [source, dtype, none, none, none, false, none])
+        count += 1
+    return count
+
+
+# Ops compiled for batched NCHW input that PyTorch also takes unbatched (CHW).
+_IMAGE_OPS = {"aten::avg_pool2d", "aten::max_pool2d", "aten::adaptive_avg_pool2d",
+              "aten::conv2d"}
+
+
+def batched_images(graph: torch._C.Graph) -> int:
+    """An unbatched image (rank 3, CHW) given to a pooling or a conv2d becomes a batch of
+    one: `op(x.unsqueeze(0)).squeeze(0)`, which is what PyTorch computes. Returns how many
+    were rewritten."""
+    count = 0
+    for node in nodes_of(graph, _IMAGE_OPS):
+        if schema_name(node) not in _IMAGE_OPS:
+            continue
+        image, result = node.inputsAt(0), node.output()
+        if not all(isinstance(v.type(), torch._C.TensorType) and v.type().dim() == 3
+                   for v in (image, result)):
+            continue
+        with graph.insert_point_guard(node):
+            zero = graph.insertConstant(0)
+            batch = graph.create("aten::unsqueeze", [image, zero])
+            graph.insertNode(batch)
+        batch.output().setType(image.type().with_sizes([1] + image.type().varyingSizes()))
+        batch.copyMetadata(node)
+        node.replaceInput(0, batch.output())
+        unbatched_type = result.type()
+        unbatch = graph.create("aten::squeeze", [result, zero])
+        unbatch.insertAfter(node)
+        unbatch.output().setType(unbatched_type)
+        unbatch.copyMetadata(node)
+        result.replaceAllUsesWith(unbatch.output())
+        unbatch.replaceInput(0, result)
+        result.setType(unbatched_type.with_sizes([1] + unbatched_type.varyingSizes()))
+        count += 1
+    return count
+
 
 # Ops computing in floating point whatever their operand: eager casts an integer operand to
 # the result's dtype (the default float dtype) before the math.
@@ -83,7 +439,7 @@ _WRAPPING_REDUCTIONS = {"aten::sum.dim_IntList", "aten::sum", "aten::cumsum", "a
 
 def narrow_integer_reductions(graph: torch._C.Graph) -> int:
     """`x.sum(dtype=torch.int32)` of integers: summed without a dtype (in int64), then cast.
-    (Floating dtypes and int64 are blade.frontend.simplify.reduction_dtypes'.) Returns how
+    (Floating dtypes and int64 are reduction_dtypes'.) Returns how
     many were rewritten."""
     count = 0
     for node in nodes_of(graph, _WRAPPING_REDUCTIONS):
@@ -227,6 +583,9 @@ def integer_floor_divisions(graph: torch._C.Graph) -> int:
         if divisor is None or divisor == 0 or _scalar_type(source) not in _INTEGERS[:-1] or \
                 _scalar_type(result) != _scalar_type(source):
             continue
+        limits = torch.iinfo(source.type().dtype())
+        if not limits.min <= divisor <= limits.max:
+            continue  # eager wraps it into x's dtype first
         with graph.insert_point_guard(node):
             c = graph.insertConstant(divisor)
             quotient = _insert(graph, "aten::div", [source, c, graph.insertConstant("trunc")],
@@ -284,6 +643,15 @@ def broadcast_batch_matmuls(graph: torch._C.Graph) -> int:
 
 
 _SCATTER_VALUES = {"aten::scatter.value": "aten::scatter"}
+# The dtypes that hold every value of a dtype: what a scalar of it may be cast to without
+# eager's overflow check ever raising.
+_HOLDS = {"Double": ("Double",), "Float": ("Float", "Double"),
+          "Long": ("Long", "Float", "Double"), "Int": ("Int", "Long", "Float", "Double"),
+          "Short": ("Short", "Int", "Long", "Float", "Double"),
+          "Char": ("Char", "Short", "Int", "Long", "Float", "Double", "Half", "BFloat16"),
+          "Byte": ("Byte", "Short", "Int", "Long", "Float", "Double", "Half", "BFloat16"),
+          "Bool": ("Bool", "Byte", "Char", "Short", "Int", "Long", "Float", "Double", "Half",
+                   "BFloat16")}
 
 
 def computed_scatter_values(graph: torch._C.Graph) -> int:
@@ -307,9 +675,12 @@ def computed_scatter_values(graph: torch._C.Graph) -> int:
                 _scalar_type(tensor) is None:
             continue
         # The scalar eager scatters: float() a double, int() an int64 (of integers only:
-        # int() of a float truncates), item() the tensor's own value; then x's dtype.
+        # int() of a float truncates), item() the tensor's own value; then x's dtype, which
+        # must hold every such value (eager raises for one that overflows it).
         through = {"aten::Float": "Double", "aten::Int": "Long"}.get(producer.kind())
         if producer.kind() == "aten::Int" and _scalar_type(tensor) not in _INTEGERS:
+            continue
+        if _scalar_type(target) not in _HOLDS.get(through or _scalar_type(tensor), ()):
             continue
         dtype = target.type().dtype()
         with graph.insert_point_guard(node):
@@ -322,6 +693,28 @@ def computed_scatter_values(graph: torch._C.Graph) -> int:
                              [source, graph.insertConstant(sizes), graph.insertConstant(False)],
                              target.type().with_sizes(sizes).with_dtype(dtype), node)
             _replace(graph, node, kind, [target, dim, index, source])
+        count += 1
+    return count
+
+
+def shifts_by_scalars(graph: torch._C.Graph) -> int:
+    """`x >> 3` of an integer tensor (not bool, which eager promotes) by a constant within
+    its width: a shift by a tensor of x's dtype, which Torch-MLIR lowers (it refuses the
+    Scalar overload). Returns how many were rewritten."""
+    count = 0
+    for node in nodes_of(graph, ("aten::__rshift__",)):
+        if schema_name(node) != "aten::__rshift__.Scalar":
+            continue
+        source, amount = node.inputsAt(0), node.inputsAt(1)
+        shift = amount.toIValue() if amount.node().kind() == "prim::Constant" else None
+        if _scalar_type(source) not in _INTEGERS[:-1] or not isinstance(shift, int) or \
+                isinstance(shift, bool) or _scalar_type(node.output()) != _scalar_type(source):
+            continue
+        if not 0 <= shift < torch.iinfo(source.type().dtype()).bits:
+            continue
+        with graph.insert_point_guard(node):
+            by = graph.insertConstant(torch.tensor(shift, dtype=source.type().dtype()))
+            _replace(graph, node, "aten::bitwise_right_shift", [source, by])
         count += 1
     return count
 
@@ -345,9 +738,10 @@ def embedding_training_flags(graph: torch._C.Graph) -> int:
     return count
 
 
-def typed_rewrites(graph: torch._C.Graph) -> List[int]:
-    """Every rewrite above, in order; how many nodes each rewrote."""
-    return [rewrite(graph) for rewrite in (
-        float_math_of_integers, narrow_integer_reductions, scalar_index_selects,
-        scalar_vector_norms, negative_tensor_indices, integer_floor_divisions,
-        broadcast_batch_matmuls, computed_scatter_values, embedding_training_flags)]
+# In order: the casts first (later rewrites read the dtypes they leave), reduction_dtypes
+# before narrow_integer_reductions (each takes the dtypes the other leaves).
+REWRITES = (fresh_casts, float_comparison_scalars, tensor_divisors, reduction_dtypes,
+            float_math_of_integers, narrow_integer_reductions, scalar_index_selects,
+            scalar_vector_norms, negative_tensor_indices, integer_floor_divisions,
+            broadcast_batch_matmuls, computed_scatter_values, shifts_by_scalars,
+            embedding_training_flags, scalar_reductions, batched_images)

@@ -45,7 +45,7 @@ builtin(["aten::logical_not"], DtypeRule(args={"*": ALL}, result="bool"))
 builtin(["aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor", "aten::bitwise_xor.Tensor",
          "aten::bitwise_not", "aten::__and__.Tensor", "aten::__or__.Tensor"], BOOL_SAME)
 
-# Casts (a cast to another dtype is `_to_copy` once types are known: simplify.fresh_casts).
+# Casts (a cast to another dtype is `_to_copy` once types are known: typed_rewrites.fresh_casts).
 builtin(["aten::to.dtype", "aten::to.other", "aten::type_as", "aten::to.dtype_layout",
          "aten::_to_copy"], ANY_RESULT)
 
