@@ -178,3 +178,32 @@ def test_one_row_of_values_goes_to_every_selected_position():
                                        values))
     for mask in (torch.tensor([True, False, True, True, False]), torch.ones(5, dtype=torch.bool)):
         assert_same_values(optimized(x, mask, values), model(x, mask, values), 0, 0)
+
+
+class MaskedCopy(torch.nn.Module):
+    """Rows whose count is the mask's own: `y[m] = x[m] * 2` takes as many as m selects."""
+
+    def forward(self, x, m):
+        y = x * 1.0
+        y[m] = x[m] * 2
+        return y + 1
+
+
+@pytest.mark.parametrize("example", [[1, 0, 1, 1, 0], [0, 0, 1, 0, 0]])
+def test_rows_selected_by_the_same_mask_follow_its_count(example):
+    model = torch.jit.script(MaskedCopy())
+    x = torch.rand(5, 4)
+    optimized = blade.optimize(model, (x, torch.tensor(example).bool()))
+    for mask in ([1, 1, 1, 1, 0], [0, 0, 0, 0, 0], example):
+        m = torch.tensor(mask).bool()
+        assert_same_values(optimized(x, m), model(x, m), 0, 0)
+
+
+def test_a_large_mask_keeps_index_put():
+    # The rows' order is a cumsum over the positions: quadratic beyond small masks.
+    model = MaskedRows()
+    x, mask = torch.rand(2048, 4), torch.rand(2048) > 0.5
+    values = torch.rand(int(mask.sum()), 4)
+    optimized = blade.optimize(model, (x, mask, values))
+    assert_same_values(optimized(x, mask, values), model(x, mask, values), 0, 0)
+    assert "aten::index_put.hacked_twin" in blade.report(optimized).unsupported

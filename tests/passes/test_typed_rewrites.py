@@ -103,6 +103,21 @@ def test_scatter_of_int_of_a_float_tensor_truncates_as_in_eager(value):
         assert_same_values(got, want, 0, 0)
 
 
+class ScatterFloatOfFloat(torch.nn.Module):
+    def forward(self, x, index, value):
+        return aten.scatter(x, 1, index, float(value)) + 1
+
+
+def test_float_of_a_float32_tensor_scatters_into_float32_compiled():
+    # The value is a float32's: it fits whatever float() passes it through.
+    model = ScatterFloatOfFloat()
+    inputs = (torch.rand(4, 6), torch.randint(0, 6, (4, 2)), torch.tensor(3e38))
+    optimized = blade.optimize(model, inputs)
+    assert_same_values(optimized(*inputs), model(*inputs), 0, 0)
+    report = assert_ran_compiled(optimized)
+    assert report.compiled_ops == report.total_ops, str(report)
+
+
 def test_a_scattered_value_that_may_overflow_the_dtype_raises_as_in_eager():
     # int() into int8 may not fit: the scatter stays TorchScript, with eager's check.
     model = ScatterRuntimeValue()

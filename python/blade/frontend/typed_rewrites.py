@@ -34,6 +34,7 @@ from typing import Dict, List, Optional
 import torch
 
 from blade.frontend.graph_walk import nodes_of
+from blade.partition.kernel_calls import VALUE_SIZED
 from blade.partition.registry import is_materialized, schema_name
 
 
@@ -107,9 +108,7 @@ def _rows_for_mask(graph: torch._C.Graph, node: torch._C.Node, mask: torch._C.Va
     mask's positions: row `cumsum(mask) - 1` at each (clamped at the positions not
     selected, which the `where` does not read). Adds the check that the mask selects R
     positions, which eager makes (raising a shape mismatch) and the gather cannot."""
-    positions = 1
-    for size in mask_size:
-        positions *= size
+    positions = _positions(mask_size)
     rows = value_size[0]
     flat = _insert(graph, "aten::reshape", [mask, graph.insertConstant([positions])],
                    _tensor_type([positions], torch.bool), node)
@@ -135,6 +134,8 @@ def _rows_for_mask(graph: torch._C.Graph, node: torch._C.Node, mask: torch._C.Va
                                                          graph.insertConstant(rows)]))
     differs.output().setType(torch._C.BoolType.get())
     check = graph.insertNode(graph.create("prim::If", [differs.output()], 0))
+    for made in (selected_count, differs, check):
+        made.copyMetadata(node)
     message = graph.insertConstant(
         f"shape mismatch: index_put of a value tensor of shape {value_size} by a bool mask "
         f"of shape {mask_size}: the mask must select {rows} positions, one per row")
@@ -143,13 +144,42 @@ def _rows_for_mask(graph: torch._C.Graph, node: torch._C.Node, mask: torch._C.Va
         position.node().moveBefore(check)
     raising = check.addBlock()
     check.addBlock()
-    graph.create("prim::RaiseException", [message, kind], 0).insertBefore(raising.returnNode())
+    raise_node = graph.create("prim::RaiseException", [message, kind], 0)
+    raise_node.insertBefore(raising.returnNode())
+    raise_node.copyMetadata(node)
     return laid_out
 
 
 # index_put by Tensor?[] indices, and by Tensor[] (the overload TorchScript resolves
 # `torch.ops.aten.index_put(x, [mask], v)` to).
 _INDEX_PUTS = ("aten::index_put", "aten::index_put.hacked_twin")
+# Masks of at most this many positions take a row per selected position: the rows'
+# order is a cumsum over the positions, which compiles in time quadratic in their count
+# (1024 positions: about eager's index_put; 32768: 90 ms against 0.5 ms).
+_LARGEST_ROW_MASK = 1024
+
+
+def _positions(sizes: List[int]) -> int:
+    count = 1
+    for size in sizes:
+        count *= size
+    return count
+
+
+def _fixed_sizes(value: torch._C.Value) -> bool:
+    """Whether `value`'s sizes follow from the sizes of the graph's inputs alone (which the
+    input guard fixes), not from data: no op of its making selects by value (`x[m]`,
+    `nonzero`, ...; blade.partition.kernel_calls) or comes out of an `if` or a loop."""
+    pending, seen = [value.node()], set()
+    while pending:
+        node = pending.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.kind() in VALUE_SIZED or node.kind() in ("prim::If", "prim::Loop"):
+            return False
+        pending.extend(v.node() for v in node.inputs())
+    return True
 
 
 def bool_mask_writes(graph: torch._C.Graph) -> int:
@@ -159,7 +189,8 @@ def bool_mask_writes(graph: torch._C.Graph) -> int:
     - one value, or one per trailing position (broadcast alike to every selected row), or
     - one row per selected position ([R, ...]): row i goes to the i-th selected position,
       gathered at `cumsum(mask) - 1` (_rows_for_mask), with eager's check that the mask
-      selects R positions.
+      selects R positions; only where R cannot follow the data (the rows of `x[m]` number
+      what m selects, in each call) and the mask has at most _LARGEST_ROW_MASK positions.
     Neither Blade nor Torch-MLIR compiles index_put by a mask (the number of positions it
     selects depends on the data). Returns how many were rewritten."""
     count = 0
@@ -181,9 +212,12 @@ def bool_mask_writes(graph: torch._C.Graph) -> int:
         if not 0 < len(mask_size) <= len(size) or size[:len(mask_size)] != mask_size:
             continue
         per_row = len(value_size) == len(trailing) + 1
+        if per_row and not (0 < value_size[0] and _fixed_sizes(values) and
+                            _positions(mask_size) <= _LARGEST_ROW_MASK):
+            continue
         if per_row and value_size[0] == 1:
             per_row, value_size = False, value_size[1:]  # one row: broadcast to every one
-        if per_row and value_size[0] == 0 or len(value_size) - per_row > len(trailing) or \
+        if len(value_size) - per_row > len(trailing) or \
                 any(v not in (1, t) for v, t in zip(reversed(value_size[per_row:]),
                                                      reversed(trailing))):
             continue
@@ -676,12 +710,12 @@ def computed_scatter_values(graph: torch._C.Graph) -> int:
             continue
         # The scalar eager scatters: float() a double, int() an int64 (of integers only:
         # int() of a float truncates), item() the tensor's own value; then x's dtype, which
-        # must hold every such value (eager raises for one that overflows it).
+        # must hold every value of the tensor's dtype (eager raises for one that overflows).
         through = {"aten::Float": "Double", "aten::Int": "Long"}.get(producer.kind())
         if producer.kind() == "aten::Int" and _scalar_type(tensor) not in _INTEGERS:
             continue
-        if _scalar_type(target) not in _HOLDS.get(through or _scalar_type(tensor), ()):
-            continue
+        if _scalar_type(target) not in _HOLDS.get(_scalar_type(tensor), ()):
+            continue  # the values the tensor can hold, whatever the scalar passes through
         dtype = target.type().dtype()
         with graph.insert_point_guard(node):
             source = tensor

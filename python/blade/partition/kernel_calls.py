@@ -37,7 +37,7 @@ SPEC_ATTRIBUTE = "blade.kernel_call"
 MAX_TENSORS = 12
 
 # Ops whose result sizes depend on the values of their operands, not only on their sizes.
-_VALUE_SIZED = frozenset((
+VALUE_SIZED = frozenset((
     "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::bincount",
     "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim",
     "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::masked_select",
@@ -55,7 +55,7 @@ def schema_refusal(node: torch._C.Node) -> Optional[str]:
     """Why the op of `node` cannot be a kernel call whatever its types (None: it may)."""
     if not node.kind().startswith("aten::") or node.schema() == "(no schema)":
         return "it is not an aten op with a schema"
-    if node.kind() in _VALUE_SIZED:
+    if node.kind() in VALUE_SIZED:
         return "its result sizes depend on the values of its operands"
     if node.kind() in _NOT_FUNCTIONS:
         return "its result is not a function of its operands' values"
