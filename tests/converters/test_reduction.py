@@ -123,3 +123,12 @@ def test_max_and_argmax_of_a_scalar_along_its_dim():
     x = torch.tensor(3.0)
     compiled_whole(lambda x: (*torch.max(x * 2, 0), torch.argmax(x * 2, 0),
                               torch.argmin(x * 2, 0, True)), (x,))
+
+
+@pytest.mark.parametrize("length,calls", [(256, 0), (1024, 1)])
+def test_a_long_cumsum_calls_the_kernel(length, calls):
+    # Compiled, a scan takes time quadratic in its length: beyond 256 PyTorch's kernel runs
+    # it, inside the engine.
+    x = torch.randint(-5, 6, (3, length)).to(torch.float32)
+    _, report = compiled_whole(lambda t: torch.cumsum(t * 2, 1) + 1, (x,), rtol=0, atol=0)
+    assert sum(c.kernel_calls for c in report.clusters) == calls, str(report)
