@@ -46,7 +46,7 @@ def test_reduction(name, dtype, shape):
 def test_reduction_to_a_narrow_integer_dtype_sums_in_int64_and_casts():
     # A float or int64 dtype becomes a cast before the reduction (typed_rewrites.
     # reduction_dtypes); a sum of integers to int32 sums in int64 and casts the sum
-    # (narrow_integer_reductions: the same bits), compiled without a kernel call.
+    # (the same bits), compiled without a kernel call.
     x = torch.randint(-2 ** 30, 2 ** 30, (3, 4))
     fn = lambda t: (torch.sum(t * 2, dim=0, dtype=torch.int32),  # noqa: E731
                     torch.cumsum(t, 1, dtype=torch.int16), torch.prod(t, 1, dtype=torch.int8))

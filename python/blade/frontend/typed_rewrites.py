@@ -297,11 +297,18 @@ _DTYPE_REDUCTIONS = {"aten::sum.dim_IntList", "aten::sum", "aten::mean.dim", "at
                      "aten::prod", "aten::prod.dim_int", "aten::cumprod"}
 
 
+# Those whose integer results wrap: reducing in int64 and casting gives the same bits.
+_WRAPPING_REDUCTIONS = {"aten::sum.dim_IntList", "aten::sum", "aten::cumsum", "aten::prod",
+                        "aten::prod.dim_int", "aten::cumprod"}
+
+
 def reduction_dtypes(graph: torch._C.Graph) -> int:
     """`x.sum(dtype=torch.float64)` casts x before it sums; written as that cast
-    (`_to_copy`) and the reduction without a dtype, both of which compile. Only for a
-    floating dtype or int64, which the reduction without a dtype keeps (integers narrower
-    than int64 would sum to int64). Returns how many were rewritten."""
+    (`_to_copy`) and the reduction without a dtype, both of which compile, for a floating
+    dtype or int64, which the reduction without a dtype keeps. Integers reduced to a
+    narrower integer dtype (`x.sum(dtype=torch.int32)`; without one they would reduce to
+    int64) are reduced without it, in int64, and the result cast: the same bits, where the
+    reduction wraps. Returns how many were rewritten."""
     count = 0
     for node in nodes_of(graph, _DTYPE_REDUCTIONS):
         if schema_name(node) not in _DTYPE_REDUCTIONS:
@@ -310,25 +317,30 @@ def reduction_dtypes(graph: torch._C.Graph) -> int:
         if "dtype" not in names:
             continue
         position = names.index("dtype")
-        source = node.inputsAt(0)
-        dtype = node.inputsAt(position).toIValue()
-        if dtype is None or not isinstance(source.type(), torch._C.TensorType) or \
-                source.type().scalarType() is None:
+        source, result = node.inputsAt(0), node.output()
+        target = node.inputsAt(position).toIValue()
+        if target is None or _scalar_type(source) is None:
             continue
-        target = _DTYPE_BY_CODE.get(dtype)
-        if target is None or not (target.is_floating_point or target == torch.int64):
+        cast_first = _DTYPE_BY_CODE.get(target)
+        if cast_first is not None and (cast_first.is_floating_point or
+                                       cast_first == torch.int64):
+            with graph.insert_point_guard(node):
+                if source.type().dtype() != cast_first:
+                    node.replaceInput(0, _cast(graph, source, cast_first, node))
+                node.replaceInput(position, graph.insertConstant(None))
+        elif schema_name(node) in _WRAPPING_REDUCTIONS and _scalar_type(source) in _INTEGERS \
+                and _scalar_type(result) in _INTEGERS[:-1] and _scalar_type(result) != "Long":
+            narrow = result.type()
+            with graph.insert_point_guard(node):
+                node.replaceInput(position, graph.insertConstant(None))
+            result.setType(narrow.with_dtype(torch.int64))
+            with graph.insert_point_guard(node):
+                cast = _cast(graph, result, narrow.dtype(), node)
+            cast.node().moveAfter(node)
+            result.replaceAllUsesWith(cast)
+            cast.node().replaceInput(0, result)
+        else:
             continue
-        with graph.insert_point_guard(node):
-            none = graph.insertConstant(None)
-            if source.type().dtype() != target:
-                false = graph.insertConstant(False)
-                cast = graph.create("aten::_to_copy", [source, node.inputsAt(position), none,
-                                                       none, none, false, none])
-                graph.insertNode(cast)
-                cast.output().setType(source.type().with_dtype(target))
-                cast.copyMetadata(node)
-                node.replaceInput(0, cast.output())
-            node.replaceInput(position, none)
         count += 1
     return count
 
@@ -459,41 +471,6 @@ def float_math_of_integers(graph: torch._C.Graph) -> int:
             continue
         with graph.insert_point_guard(node):
             node.replaceInput(0, _cast(graph, operand, result.type().dtype(), node))
-        count += 1
-    return count
-
-
-# Reductions whose integer results wrap: reducing in int64 and casting gives the same bits.
-_WRAPPING_REDUCTIONS = {"aten::sum.dim_IntList", "aten::sum", "aten::cumsum", "aten::prod",
-                        "aten::prod.dim_int", "aten::cumprod"}
-
-
-def narrow_integer_reductions(graph: torch._C.Graph) -> int:
-    """`x.sum(dtype=torch.int32)` of integers: summed without a dtype (in int64), then cast.
-    (Floating dtypes and int64 are reduction_dtypes'.) Returns how
-    many were rewritten."""
-    count = 0
-    for node in nodes_of(graph, _WRAPPING_REDUCTIONS):
-        if schema_name(node) not in _WRAPPING_REDUCTIONS:
-            continue
-        names = [a.name for a in torch._C.parse_schema(node.schema()).arguments]
-        if "dtype" not in names:
-            continue
-        position = names.index("dtype")
-        source, result = node.inputsAt(0), node.output()
-        if node.inputsAt(position).toIValue() is None or \
-                _scalar_type(source) not in _INTEGERS or \
-                _scalar_type(result) not in _INTEGERS[:-1] or _scalar_type(result) == "Long":
-            continue
-        narrow = result.type()
-        with graph.insert_point_guard(node):
-            node.replaceInput(position, graph.insertConstant(None))
-        result.setType(narrow.with_dtype(torch.int64))
-        with graph.insert_point_guard(node):
-            cast = _cast(graph, result, narrow.dtype(), node)
-        cast.node().moveAfter(node)
-        result.replaceAllUsesWith(cast)
-        cast.node().replaceInput(0, result)
         count += 1
     return count
 
@@ -769,10 +746,9 @@ def embedding_training_flags(graph: torch._C.Graph) -> int:
     return count
 
 
-# In order: the casts first (later rewrites read the dtypes they leave), reduction_dtypes
-# before narrow_integer_reductions (each takes the dtypes the other leaves).
+# In order: the casts first (later rewrites read the dtypes they leave).
 REWRITES = (fresh_casts, float_comparison_scalars, tensor_divisors, reduction_dtypes,
-            float_math_of_integers, narrow_integer_reductions, scalar_index_selects,
-            scalar_vector_norms, negative_tensor_indices, integer_floor_divisions,
+            float_math_of_integers, scalar_index_selects, scalar_vector_norms,
+            negative_tensor_indices, integer_floor_divisions,
             broadcast_batch_matmuls, computed_scatter_values, shifts_by_scalars,
             embedding_training_flags, scalar_reductions, batched_images)
