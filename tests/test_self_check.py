@@ -151,3 +151,72 @@ def test_engines_running_checked_code_are_not_run_again():
         str(report)
     assert "(and 2 running the same code)" in str(report)
     assert_same(optimized(x), blocks(x))
+
+
+def _recording_captures(monkeypatch):
+    """Wraps the compiler's capture_cluster_examples: records, per capture prepared, how
+    many clusters it records and whether it ran."""
+    import blade.compiler
+
+    captures = []
+    real = blade.compiler.capture_cluster_examples
+
+    def capture(module, graph, clusters, inputs):
+        run = real(module, graph, clusters, inputs)
+        entry = {"clusters": len(clusters), "ran": False}
+        captures.append(entry)
+
+        def recorded():
+            entry["ran"] = True
+            return run()
+        return recorded
+
+    monkeypatch.setattr(blade.compiler, "capture_cluster_examples", capture)
+    return captures
+
+
+def test_repeated_clusters_are_recorded_only_when_their_code_is_new(monkeypatch):
+    """The example run records the first of three repeated clusters and stops there; the
+    other two run checked code, so the run prepared for them never runs."""
+    captures = _recording_captures(monkeypatch)
+
+    def blocks(x):
+        x = torch.cos(x)   # the first cluster reads no graph input: it needs a capture
+        for _ in range(3):
+            x = torch.sin(torch.tanh(x * 1.5) + 1.0)
+        return x
+
+    x = torch.randn(8, 16)
+    config = blade.Config(allow_tracing=True, excluded_ops=["aten::sin", "aten::cos"])
+    optimized = blade.optimize(Lambda(blocks), (x,), config)
+    report = blade.report(optimized)
+    assert len(report.clusters) == 3 and not report.compile_errors, str(report)
+    assert report.checked_engines == 1 and report.engines_sharing_checked_code == 2, \
+        str(report)
+    assert captures == [{"clusters": 1, "ran": True}, {"clusters": 2, "ran": False}]
+    assert_same(optimized(x), blocks(x))
+
+
+def test_a_cluster_taken_for_a_repeat_is_still_checked_when_its_code_differs(
+        monkeypatch, wrong_relu):
+    """Every cluster is taken for a repeat of the first (its record deferred); the second
+    compiles to other code, so the deferred run records it and the check catches the wrong
+    relu there."""
+    import blade.compiler
+
+    monkeypatch.setattr(blade.compiler, "repetition_key", lambda cluster: "same")
+    captures = _recording_captures(monkeypatch)
+
+    def two(x):
+        x = torch.tanh(torch.cos(x) * 1.5) + 1.0
+        return torch.relu(torch.sin(x) - 0.5) * 2.0
+
+    x = torch.randn(8, 16)
+    config = blade.Config(allow_tracing=True, excluded_ops=["aten::sin", "aten::cos"])
+    optimized = blade.optimize(Lambda(two), (x,), config)
+    assert_same(optimized(x), two(x))
+    report = blade.report(optimized)
+    assert captures[:2] == [{"clusters": 1, "ran": True}, {"clusters": 1, "ran": True}], \
+        captures
+    assert set(report.unsupported) == {"aten::relu", "aten::sin", "aten::cos"}, str(report)
+    assert "disagrees with TorchScript" in report.unsupported["aten::relu"].reasons[0]

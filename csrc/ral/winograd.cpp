@@ -226,25 +226,30 @@ at::Tensor winograd_weight(const at::Tensor& weight) {
   at::Tensor u = at::empty({kTiles, c, k}, weight.options().dtype(at::kFloat));
   const double* gp = g.data_ptr<double>();
   float* up = u.data_ptr<float>();
-  for (int64_t o = 0; o < k; ++o) {
-    for (int64_t i = 0; i < c; ++i) {
-      const double* f = gp + (o * c + i) * 9;
-      double a[4][3];  // G g
-      for (int64_t j = 0; j < 3; ++j) {
-        a[0][j] = f[j];
-        a[1][j] = 0.5 * (f[j] + f[3 + j] + f[6 + j]);
-        a[2][j] = 0.5 * (f[j] - f[3 + j] + f[6 + j]);
-        a[3][j] = f[6 + j];
-      }
-      for (int64_t r = 0; r < 4; ++r) {  // (G g) G^T
-        const double row[4] = {a[r][0], 0.5 * (a[r][0] + a[r][1] + a[r][2]),
-                               0.5 * (a[r][0] - a[r][1] + a[r][2]), a[r][2]};
-        for (int64_t s = 0; s < 4; ++s) {
-          up[((4 * r + s) * c + i) * k + o] = static_cast<float>(row[s]);
+  // Made on an engine's first calls (ResNet-50's 3x3 weights: tens of milliseconds on one
+  // thread), so on the intra-op threads, a range of input channels each; the filters of
+  // one channel are written side by side (u's innermost dimension is k).
+  at::parallel_for(0, c, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t o = 0; o < k; ++o) {
+        const double* f = gp + (o * c + i) * 9;
+        double a[4][3];  // G g
+        for (int64_t j = 0; j < 3; ++j) {
+          a[0][j] = f[j];
+          a[1][j] = 0.5 * (f[j] + f[3 + j] + f[6 + j]);
+          a[2][j] = 0.5 * (f[j] - f[3 + j] + f[6 + j]);
+          a[3][j] = f[6 + j];
+        }
+        for (int64_t r = 0; r < 4; ++r) {  // (G g) G^T
+          const double row[4] = {a[r][0], 0.5 * (a[r][0] + a[r][1] + a[r][2]),
+                                 0.5 * (a[r][0] - a[r][1] + a[r][2]), a[r][2]};
+          for (int64_t s = 0; s < 4; ++s) {
+            up[((4 * r + s) * c + i) * k + o] = static_cast<float>(row[s]);
+          }
         }
       }
     }
-  }
+  });
   return u;
 }
 

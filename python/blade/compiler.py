@@ -7,7 +7,7 @@ import concurrent.futures
 import functools
 import inspect
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,7 +35,7 @@ from blade.partition.registry import REGISTRY, Verdict, argument_name, ran, sche
 from blade.report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
 from blade.self_check import (CheckTime, EngineCheckError, Example, capture_cluster_examples,
                               compare_engine, draws_random_numbers, examples_from_results,
-                              find_disagreeing_node)
+                              find_disagreeing_node, repetition_key)
 
 ENGINE_PREFIX = "blade_engine_"
 # csrc/passes/functionalize_input_writes.h
@@ -110,18 +110,30 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
         # TorchScript run of the whole model: a good part of a small model's compile time).
         # Writes of their results into the caller's tensors that the engines do themselves
         # (a cluster may gain an input for one: before its examples are recorded).
+        # A cluster that repeats an earlier one (a model's repeated layers: the same nodes,
+        # constants and types, other weights) will most likely compile to the same code,
+        # which is checked once (CheckTime.agreed): its example is recorded only if its
+        # code turns out to differ, by a second run prepared now and run then (`deferred`),
+        # so the example run stops after the last cluster of a kind not seen before.
         writes = {c: [] if config.dry_run else _C.absorbable_write_backs(c) for c in clusters}
-        capture = checker = None
-        known, captured = {}, []
+        capture = checker = run_deferred = None
+        known, captured, deferred = {}, [], []
         if config.check_engines and clusters and not config.dry_run:
             start = time.perf_counter()
             known = examples_from_results(graph, clusters, inputs, results)
-            captured = [c for c in clusters if c not in known]
+            kinds = set()
+            for c in clusters:
+                if c not in known:
+                    kind = repetition_key(c)
+                    (deferred if kind in kinds else captured).append(c)
+                    kinds.add(kind)
             if captured:
                 run_example = capture_cluster_examples(module, graph, captured, inputs)
                 checker = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="blade-check")
                 capture = checker.submit(run_example)
+            if deferred:
+                run_deferred = capture_cluster_examples(module, graph, deferred, inputs)
             check_time.capture += time.perf_counter() - start
         # Each cluster's compilation is begun (MLIR's stages here, LLVM's handed to the
         # pool), then each is finished in turn: the workers compile one cluster's code
@@ -158,10 +170,19 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             finally:
                 checker.shutdown()
             check_time.capture += time.perf_counter() - start
-        examples = [by_cluster.get(b[1]) for b in begun]
-        for (entry, cluster, ops, cluster_dump, start, finish), example in zip(begun, examples):
+
+        def example_of(cluster) -> Optional[Example]:
+            nonlocal run_deferred
+            if cluster in deferred and run_deferred is not None:
+                start = time.perf_counter()
+                by_cluster.update(zip(deferred, run_deferred()))
+                run_deferred = None
+                check_time.capture += time.perf_counter() - start
+            return by_cluster.get(cluster)
+
+        for entry, cluster, ops, cluster_dump, start, finish in begun:
             try:
-                compiled, entry.code, written = finish(example)
+                compiled, entry.code, written = finish(functools.partial(example_of, cluster))
                 if written:
                     # The in-place ops' writes into the caller's tensors, done by the engine.
                     ops[WRITE_BACK] = len(written)
@@ -242,8 +263,9 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
                    dump, code_cache: CodeCache, pool: CompilerPool, check_time: CheckTime,
                    writes: List[Tuple[int, int]]):
     """Begins compiling one cluster; returns the function that finishes it, checks the
-    engine against `example`, what the cluster's nodes made of its inputs in the example run
-    (None: not checked; see blade.self_check), and swaps the cluster for an engine call,
+    engine against the example that its argument gives (called only when the engine's code
+    is not that of an engine already checked): what the cluster's nodes made of its inputs
+    in the example run (None: not checked; see blade.self_check), and swaps the cluster for an engine call,
     returning the
     CompiledCluster, where its code came from (compiled, the compile cache, or another
     engine of this model with the same code) and `writes`, the (output, input) pairs the
@@ -261,13 +283,16 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
                                             Dumper(None).cluster(name), code_cache, pool)()
         return engine
 
-    def finish(example: Optional[Example]):
+    def finish(example_of: Callable[[], Optional[Example]]):
         compiled, engine, origin = finish_engine()
         shares_checked_code = origin.startswith("same code as ") and \
             origin[len("same code as "):] in check_time.agreed
+        example = None
         if shares_checked_code:
             check_time.sharing += 1
-        elif example is not None and config.check_engines:
+        elif config.check_engines:
+            example = example_of()
+        if example is not None:
             start = time.perf_counter()
             random = draws_random_numbers(cluster.g("Subgraph"))
             problem = compare_engine(engine, example.inputs,

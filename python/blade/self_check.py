@@ -7,7 +7,9 @@ results (a model compiled whole) has its example already: the run that recorded 
 (blade.frontend.simplify) returned those results (`examples_from_results`). For the other
 clusters, before a round of clusters is compiled, the model's graph runs once more, every
 cluster's nodes as TorchScript, with each cluster's inputs and outputs recorded
-(`capture_cluster_examples`). Each engine, once compiled and loaded, runs its code
+(`capture_cluster_examples`), up to the last cluster that is no repeat of an earlier one
+(`repetition_key`; a repeat most likely compiles to code already checked, and is recorded
+by a second run only if it does not). Each engine, once compiled and loaded, runs its code
 on copies of its cluster's inputs (`Engine.run_code`), and its outputs must agree with the
 recorded ones (`disagreement`): the same shape and dtype, NaN and +-inf at the same places, and the
 finite values within the tolerance of their dtype, `|got - want| <= atol * scale + rtol *
@@ -22,8 +24,6 @@ with the nodes of the same op on the same types, as a node that fails to compile
 again. A cluster whose nodes draw random numbers is compared by running its subgraph and then its
 code from one saved state of the generator (`compare_engine`).
 """
-import contextlib
-import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -177,6 +177,9 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
         added.extend((copy, node))
         return node
 
+    # The graph's own node after which the last cluster's outputs are recorded.
+    order = {node: k for k, node in enumerate(graph.nodes())}
+    last = None
     for cluster in clusters:
         ins, outs = (graph.create("prim::ListConstruct") for _ in range(2))
         for lst in (ins, outs):
@@ -188,9 +191,16 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
         anchor = cluster
         for value in cluster.outputs():
             anchor = append(outs, value, after=anchor)
+        top = cluster
+        while top.owningBlock() != graph.block():
+            top = top.owningBlock().owningNode()
+        if last is None or order[last[0]] < order[top]:
+            # A top-level cluster's record ends with its appends; a nested one's with the
+            # node that holds it.
+            last = (top, anchor if top == cluster else top)
     record = graph.create("prim::TupleConstruct", [lst.output() for lst in lists])
     record.output().setType(torch._C.TupleType([list_type] * len(lists)))
-    record.insertBefore(graph.return_node())
+    record.insertAfter(last[1])
     graph.registerOutput(record.output())
     try:
         copy = graph.copy()
@@ -205,6 +215,13 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
     _inline_clusters(copy.block())
     while len(list(copy.outputs())) > 1:
         copy.eraseOutput(0)
+    # The run stops after the last of `clusters`: the rest of the graph only made the
+    # results, which are not wanted (nor its checks, which DCE would keep).
+    record = next(copy.outputs()).node()
+    for node in reversed(list(copy.nodes())):
+        if node == record:
+            break
+        node.destroy()
     run = torch._C._create_function_from_graph("blade_capture_cluster_examples", copy)
     counts = [(len(list(c.inputs())), len(list(c.outputs()))) for c in clusters]
     arguments = private_copy(tuple(inputs))
@@ -223,6 +240,14 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
         return found
 
     return examples
+
+
+def repetition_key(cluster) -> str:
+    """The cluster's subgraph as text, values renumbered: equal for clusters of the same
+    nodes, types and printed constants (a tensor constant prints as its type, not its
+    values), such as a model's repeated layers, whose engines then most likely share
+    their code (CheckTime.agreed)."""
+    return torch._C._jit_pass_canonicalize(cluster.g("Subgraph").copy(), False).str(False)
 
 
 def _inline_clusters(block) -> None:
