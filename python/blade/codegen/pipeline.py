@@ -32,7 +32,7 @@ from blade.codegen.linalg.gathers import lower_dynamic_reverses, lower_gathers
 from blade.codegen.linalg.integer_division import lower_integer_divisions
 from blade.codegen.linalg.scatters import lower_scatters
 from blade.codegen.linalg.pooling import lower_reduce_windows
-from blade.codegen.llvm import abi, launchers
+from blade.codegen.llvm import abi, identical, launchers
 from blade.codegen.loops import approximations, loop_order, parallel, tiled_transpose
 from blade.codegen.stablehlo import folding, layouts, slices
 from blade.codegen.stablehlo.unsigned import signless_boundaries, unsigned_reduction_identities
@@ -297,6 +297,8 @@ def build(options: Options) -> List[Pass]:
         Pass("define-entry-point", lambda c: abi.define_entry_point(
             c.module, c.options.num_buffers, c.options.returns_outputs)),
         Pass("tune-for-host", lambda c: abi.tune_for_host(c.module, c.options.avx512)),
+        Pass("merge-identical-functions",
+             lambda c: identical.merge_identical_functions(c.module)),
     ]
 
 

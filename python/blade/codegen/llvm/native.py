@@ -204,7 +204,7 @@ def _local_linkages(context) -> List:
 _TASK_PREFIXES = ("blade_task_", "blade_launch_", "blade_trampoline_")
 
 
-def _group_of(name: str) -> str:
+def function_group(name: str) -> str:
     """Functions of one group stay in one partition: a task with its launcher and
     trampoline; the library-call wrappers together; main with the rest."""
     for prefix in _TASK_PREFIXES:
@@ -217,7 +217,7 @@ def _group_of(name: str) -> str:
 
 def partition(module, count: int) -> List[Dict]:
     """Splits an LLVM-dialect module into at most `count` partitions of whole function
-    groups (see `_group_of`), balanced by size, the largest first: each a dict with its
+    groups (see `function_group`), balanced by size, the largest first: each a dict with its
     module as MLIR `bytecode` and the functions it declares that another defines
     (`elsewhere`). The module itself is left as it was.
 
@@ -240,7 +240,7 @@ def partition(module, count: int) -> List[Dict]:
                 # declared there: the module stays whole.
                 return [{"bytecode": _bytecode(module), "elsewhere": []}]
             name = _function_name(op)
-            group = _group_of(name)
+            group = function_group(name)
             defined[name] = group
             size = sum(len(block.operations) for block in op.regions[0].blocks)
             sizes[group] = sizes.get(group, 0) + size

@@ -1,0 +1,71 @@
+"""`merge-identical-functions`: one copy of each function group that the module defines
+more than once.
+
+Outlining makes a function per parallel task (with its launcher and trampoline: a group,
+see native.function_group) and per library call, and a model's repeated layers make many
+of them alike: ResNet-50's one cluster has 54 library-call wrappers of 7 distinct bodies
+and 16 tasks of 6, and LLVM compiled each copy again (the wrappers alone took 0.43 s of
+its 1.6 s of code generation). Two groups are identical when their functions' text is,
+once the group's own symbols are named by their role (`blade_task_#`, ...): same
+operations, types, attributes and constants, same callees outside the group. Every use of
+a repeat's symbols (main's calls, a launcher's address of its trampoline) is then made a
+use of the first group's, and the repeat's functions are erased. What the code computes
+is unchanged: each call reaches a function of the same text.
+
+Example:
+    >>> merge_identical_functions(module)   # returns the number of functions erased
+"""
+import re
+from typing import Dict, List
+
+from torch_mlir import ir
+
+from blade.codegen.llvm.native import function_group
+
+
+def _groups(module) -> Dict[str, List]:
+    """The defined functions of each group other than main's, in module order."""
+    found: Dict[str, List] = {}
+    for op in module.body.operations:
+        if op.operation.name != "llvm.func" or len(op.regions[0].blocks) == 0:
+            continue
+        name = ir.StringAttr(op.attributes["sym_name"]).value
+        group = function_group(name)
+        if group == "main":
+            continue
+        # Library-call wrappers share a group for partitioning, but each one is a unit.
+        found.setdefault(name if group == "library calls" else group, []).append(op)
+    return found
+
+
+def _key(functions: List) -> str:
+    """The group's text with its own symbols named by role (the name with its number
+    replaced), so that two groups of the same code have the same key."""
+    names = {ir.StringAttr(op.attributes["sym_name"]).value for op in functions}
+    pattern = re.compile("@(" + "|".join(re.escape(n) for n in
+                                         sorted(names, key=len, reverse=True)) + r")(?![\w$.])")
+    texts = []
+    for op in functions:
+        texts.append(pattern.sub(lambda m: "@" + re.sub(r"\d+$", "#", m.group(1)), str(op)))
+    return "\n".join(sorted(texts))
+
+
+def merge_identical_functions(module) -> int:
+    """Erases each function group identical to an earlier one, its uses redirected to
+    that one's; returns how many functions were erased."""
+    first: Dict[str, Dict[str, str]] = {}  # key -> role name -> the kept function's name
+    erased = 0
+    for functions in _groups(module).values():
+        key = _key(functions)
+        roles = {re.sub(r"\d+$", "#", ir.StringAttr(op.attributes["sym_name"]).value):
+                 ir.StringAttr(op.attributes["sym_name"]).value for op in functions}
+        kept = first.get(key)
+        if kept is None:
+            first[key] = roles
+            continue
+        for role, name in roles.items():
+            ir.SymbolTable.replace_all_symbol_uses(name, kept[role], module.operation)
+        for op in functions:
+            op.operation.erase()
+            erased += 1
+    return erased
