@@ -193,7 +193,8 @@ def test_repeated_clusters_are_recorded_only_when_their_code_is_new(monkeypatch)
     assert len(report.clusters) == 3 and not report.compile_errors, str(report)
     assert report.checked_engines == 1 and report.engines_sharing_checked_code == 2, \
         str(report)
-    assert captures == [{"clusters": 1, "ran": True}, {"clusters": 2, "ran": False}]
+    # The deferred run is prepared first, then the one of the new kinds.
+    assert captures == [{"clusters": 2, "ran": False}, {"clusters": 1, "ran": True}]
     assert_same(optimized(x), blocks(x))
 
 
@@ -217,6 +218,70 @@ def test_a_cluster_taken_for_a_repeat_is_still_checked_when_its_code_differs(
     assert_same(optimized(x), two(x))
     report = blade.report(optimized)
     assert captures[:2] == [{"clusters": 1, "ran": True}, {"clusters": 1, "ran": True}], \
-        captures
+        captures   # the deferred run (of the second cluster) ran too
     assert set(report.unsupported) == {"aten::relu", "aten::sin", "aten::cos"}, str(report)
     assert "disagrees with TorchScript" in report.unsupported["aten::relu"].reasons[0]
+
+
+def test_repeated_layers_of_a_traced_model_with_small_weights_are_repeats(monkeypatch):
+    """The key of a repeat is blind to the scopes of tracing and to the values of a tensor
+    constant, however few (a bias of 8 prints its values in TorchScript's text)."""
+    captures = _recording_captures(monkeypatch)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.sin(torch.tanh(self.linear(x)))   # sin stays TorchScript below
+
+    model = torch.nn.Sequential(Layer(), Layer(), Layer()).eval()
+    x = torch.randn(4, 8)
+    config = blade.Config(allow_tracing=True, excluded_ops=["aten::sin"])
+    optimized = blade.optimize(model, (x,), config)
+    report = blade.report(optimized)
+    assert len(report.clusters) == 3 and not report.compile_errors, str(report)
+    assert report.checked_engines == 1 and report.engines_sharing_checked_code == 2, \
+        str(report)
+    assert sorted(c["clusters"] for c in captures) == [1, 2], captures
+    assert not any(c["ran"] for c in captures if c["clusters"] == 2), captures
+    with torch.no_grad():
+        assert_same(optimized(x), model(x))
+
+
+def test_a_failing_deferred_run_leaves_its_clusters_in_torchscript(monkeypatch):
+    """The second run fails once: every cluster that needed it stays TorchScript with that
+    error, none runs unchecked, and the run is not tried again."""
+    import blade.compiler
+
+    monkeypatch.setattr(blade.compiler, "repetition_key", lambda cluster: "same")
+    real = blade.compiler.capture_cluster_examples
+    runs = []
+
+    def capture(module, graph, clusters, inputs):
+        run = real(module, graph, clusters, inputs)
+        if len(clusters) == 1:
+            return run
+
+        def failing():
+            runs.append(len(clusters))
+            raise RuntimeError("the example run failed")
+        return failing
+
+    monkeypatch.setattr(blade.compiler, "capture_cluster_examples", capture)
+
+    def three(x):
+        x = torch.tanh(torch.cos(x) * 1.5) + 1.0
+        x = torch.relu(torch.sin(x) - 0.5) * 2.0
+        return torch.sigmoid(torch.cos(x)) * 3.0
+
+    x = torch.randn(8, 16)
+    config = blade.Config(allow_tracing=True, excluded_ops=["aten::sin", "aten::cos"])
+    optimized = blade.optimize(Lambda(three), (x,), config)
+    assert_same(optimized(x), three(x))
+    report = blade.report(optimized)
+    assert runs == [2], runs
+    failed = [e for e in report.compile_errors if "the example run failed" in e]
+    assert len(failed) == 2, str(report)
+    assert report.checked_engines == 1, str(report)

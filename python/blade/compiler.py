@@ -106,15 +106,15 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
 
         # The engine check's examples: those of clusters that take the graph's inputs and
         # give its results come from the run that recorded the types; for the others, an
-        # example run runs on a thread of its own while the clusters compile (it is a
-        # TorchScript run of the whole model: a good part of a small model's compile time).
-        # Writes of their results into the caller's tensors that the engines do themselves
-        # (a cluster may gain an input for one: before its examples are recorded).
-        # A cluster that repeats an earlier one (a model's repeated layers: the same nodes,
-        # constants and types, other weights) will most likely compile to the same code,
-        # which is checked once (CheckTime.agreed): its example is recorded only if its
-        # code turns out to differ, by a second run prepared now and run then (`deferred`),
-        # so the example run stops after the last cluster of a kind not seen before.
+        # example run runs on a thread of its own while the clusters compile (a TorchScript
+        # run of the model up to its last such cluster: a good part of a small model's
+        # compile time). A cluster that repeats an earlier one (a model's repeated layers:
+        # the same nodes, constants and types, other weights) most likely compiles to the
+        # same code, which is checked once (CheckTime.agreed): it is recorded only when its
+        # engine runs code not yet checked, by a second run (`deferred`), prepared now (the
+        # graph changes as engines replace clusters) and run on this thread then, once per
+        # round. Writes of their results into the caller's tensors that the engines do
+        # themselves (a cluster may gain an input for one: before its examples are recorded).
         writes = {c: [] if config.dry_run else _C.absorbable_write_backs(c) for c in clusters}
         capture = checker = run_deferred = None
         known, captured, deferred = {}, [], []
@@ -127,13 +127,13 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
                     kind = repetition_key(c)
                     (deferred if kind in kinds else captured).append(c)
                     kinds.add(kind)
+            if deferred:
+                run_deferred = capture_cluster_examples(module, graph, deferred, inputs)
             if captured:
                 run_example = capture_cluster_examples(module, graph, captured, inputs)
                 checker = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="blade-check")
                 capture = checker.submit(run_example)
-            if deferred:
-                run_deferred = capture_cluster_examples(module, graph, deferred, inputs)
             check_time.capture += time.perf_counter() - start
         # Each cluster's compilation is begun (MLIR's stages here, LLVM's handed to the
         # pool), then each is finished in turn: the workers compile one cluster's code
@@ -175,9 +175,17 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             nonlocal run_deferred
             if cluster in deferred and run_deferred is not None:
                 start = time.perf_counter()
-                by_cluster.update(zip(deferred, run_deferred()))
-                run_deferred = None
-                check_time.capture += time.perf_counter() - start
+                recorded, run_deferred = run_deferred, None
+                try:
+                    by_cluster.update(zip(deferred, recorded()))
+                except Exception as e:
+                    # Run once: each cluster that needed it fails with its error (and
+                    # stays TorchScript), none runs unchecked.
+                    def run_deferred(error=e):
+                        raise error
+                    raise
+                finally:
+                    check_time.capture += time.perf_counter() - start
             return by_cluster.get(cluster)
 
         for entry, cluster, ops, cluster_dump, start, finish in begun:
@@ -263,14 +271,14 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
                    dump, code_cache: CodeCache, pool: CompilerPool, check_time: CheckTime,
                    writes: List[Tuple[int, int]]):
     """Begins compiling one cluster; returns the function that finishes it, checks the
-    engine against the example that its argument gives (called only when the engine's code
-    is not that of an engine already checked): what the cluster's nodes made of its inputs
-    in the example run (None: not checked; see blade.self_check), and swaps the cluster for an engine call,
-    returning the
-    CompiledCluster, where its code came from (compiled, the compile cache, or another
-    engine of this model with the same code) and `writes`, the (output, input) pairs the
-    engine writes (absorbable_write_backs, csrc/passes/engine_call.h). Either raises on any failure, leaving the
-    graph untouched. `dump` (a ClusterDump) receives the IR of every pass."""
+    engine against the example that its argument gives (called only when the engine's
+    code is not that of an engine already checked): what the cluster's nodes made of its
+    inputs in the example run (None: not checked; see blade.self_check), and swaps the
+    cluster for an engine call, returning the CompiledCluster, where its code came from
+    (compiled, the compile cache, or another engine of this model with the same code) and
+    `writes`, the (output, input) pairs the engine writes (absorbable_write_backs,
+    csrc/passes/engine_call.h). Either raises on any failure, leaving the graph untouched.
+    `dump` (a ClusterDump) receives the IR of every pass."""
     name = f"{ENGINE_PREFIX}{index}"
     subgraph = cluster.g("Subgraph").copy()
     finish_engine = _start_engine(subgraph, name, config, cpu_features, dump, code_cache, pool,

@@ -148,9 +148,10 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
 
     A copy of the graph runs once: each cluster's inputs are appended to a list of its own
     just before it and its outputs just after it, the clusters are inlined again (so their
-    nodes run as TorchScript), and the lists are the copy's only output. The copy is made
-    here; the run, when the function is called, touches neither the graph (which may change
-    meanwhile) nor, once it returns, the module's state: it may run on another thread while
+    nodes run as TorchScript), and the lists are the copy's only output; the copy ends
+    where the last of `clusters` has been recorded (the nodes after it are dropped). The
+    copy is made here; the run, when the function is called, touches neither the graph
+    (which may change meanwhile) nor, once it returns, the module's state: it may run on another thread while
     the clusters compile."""
     from blade.frontend.inputs import private_copy
 
@@ -243,11 +244,45 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
 
 
 def repetition_key(cluster) -> str:
-    """The cluster's subgraph as text, values renumbered: equal for clusters of the same
-    nodes, types and printed constants (a tensor constant prints as its type, not its
-    values), such as a model's repeated layers, whose engines then most likely share
+    """The cluster's subgraph as text of its own: values numbered in order, each node its
+    kind, attributes and types, a tensor constant its dtype and sizes only (not its values,
+    however few), no scopes or source locations. Equal for a model's repeated layers (the
+    same nodes, types and constants but the weights), whose engines then most likely share
     their code (CheckTime.agreed)."""
-    return torch._C._jit_pass_canonicalize(cluster.g("Subgraph").copy(), False).str(False)
+    names: Dict = {}
+    lines: List[str] = []
+
+    def name(value) -> str:
+        return names.setdefault(value.unique(), f"%{len(names)}")
+
+    def attribute(node, key: str) -> str:
+        kind = node.kindOf(key)
+        value = getattr(node, kind)(key)
+        if kind == "t" or isinstance(value, torch.Tensor):
+            return f"{key}=<{value.dtype} {list(value.shape)}>"
+        if kind == "ts":
+            return f"{key}=[" + ", ".join(f"<{t.dtype} {list(t.shape)}>" for t in value) + "]"
+        if kind in ("g", "gs"):  # a subgraph: printed by the same rules
+            graphs = value if kind == "gs" else [value]
+            return f"{key}=(" + "; ".join(print_block(g.block()) for g in graphs) + ")"
+        return f"{key}={value!r}"
+
+    def print_block(block) -> str:
+        start = len(lines)
+        params = ", ".join(f"{name(v)}: {v.type()}" for v in block.inputs())
+        lines.append(f"block({params})")
+        for node in block.nodes():
+            attributes = ", ".join(attribute(node, k) for k in sorted(node.attributeNames()))
+            outputs = ", ".join(f"{name(v)}: {v.type()}" for v in node.outputs())
+            inputs = ", ".join(name(v) for v in node.inputs())
+            lines.append(f"{outputs} = {node.kind()}[{attributes}]({inputs})")
+            for inner in node.blocks():
+                print_block(inner)
+        lines.append("return " + ", ".join(name(v) for v in block.outputs()))
+        return f"lines {start}-{len(lines)}"
+
+    print_block(cluster.g("Subgraph").block())
+    return "\n".join(lines)
 
 
 def _inline_clusters(block) -> None:

@@ -82,14 +82,21 @@ def _string_ref(text: str) -> _StringRef:
 # merging of adjacent stores is quadratic in the stores of a block, and `main` stores the
 # fields of a memref descriptor for every call it makes (ResNet-50's `main`: 0.96 s of
 # code generation, 0.70 s without); measured side by side on the benchmark workloads, the
-# code runs as fast without it.
+# code runs as fast without it. LLVM's C API parses them without an error stream: a name
+# this LLVM does not know is ignored.
 LLVM_OPTIONS = ("-combiner-store-merging=0",)
+_C_API_LOCK = threading.Lock()  # LLVM's option parser is not thread-safe
 
 
-@functools.lru_cache(maxsize=None)
 def mlir_c_api():
     """MLIR's C API from the torch-mlir wheel. The Python ExecutionEngine binding creates
     engines without object dumping, so the object file is obtained through the C API."""
+    with _C_API_LOCK:
+        return _load_c_api()
+
+
+@functools.lru_cache(maxsize=None)
+def _load_c_api():
     from torch_mlir import _mlir_libs
 
     lib = ctypes.CDLL(str(Path(_mlir_libs.__file__).parent / "libTorchMLIRAggregateCAPI.so"))
