@@ -151,8 +151,8 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
     nodes run as TorchScript), and the lists are the copy's only output; the copy ends
     where the last of `clusters` has been recorded (the nodes after it are dropped). The
     copy is made here; the run, when the function is called, touches neither the graph
-    (which may change meanwhile) nor, once it returns, the module's state: it may run on another thread while
-    the clusters compile."""
+    (which may change meanwhile) nor, once it returns, the module's state: it may run on
+    another thread while the clusters compile."""
     from blade.frontend.inputs import private_copy
 
     if not clusters:
