@@ -38,32 +38,31 @@ def _groups(module) -> Dict[str, List]:
     return found
 
 
+# A symbol of a task group or library-call wrapper: its role and its number.
+_NUMBERED = re.compile(r"@(blade_(?:task|launch|trampoline|library_call)_)(\d+)(?![\w$.])")
+
+
 def _key(functions: List) -> str:
     """The group's text with its own symbols named by role (the name with its number
     replaced), so that two groups of the same code have the same key."""
     names = {ir.StringAttr(op.attributes["sym_name"]).value for op in functions}
-    pattern = re.compile("@(" + "|".join(re.escape(n) for n in
-                                         sorted(names, key=len, reverse=True)) + r")(?![\w$.])")
-    texts = []
-    for op in functions:
-        # Printed in its own scope: printing an op nested in a module otherwise numbers
-        # the values of the whole module first (70 functions of ResNet-50's: 1.2 s).
-        text = op.operation.get_asm(use_local_scope=True)
-        texts.append(pattern.sub(lambda m: "@" + re.sub(r"\d+$", "#", m.group(1)), text))
-    return "\n".join(sorted(texts))
+
+    def by_role(match):
+        own = match.group(1) + match.group(2) in names
+        return "@" + match.group(1) + "#" if own else match.group(0)
+
+    # Printed in its own scope: printing an op nested in a module otherwise numbers the
+    # values of the whole module first (70 functions of ResNet-50's: 1.2 s).
+    return "\n".join(sorted(_NUMBERED.sub(by_role, op.operation.get_asm(use_local_scope=True))
+                             for op in functions))
 
 
 def merge_identical_functions(module) -> int:
     """Erases each function group identical to an earlier one, its uses redirected to
     that one's; returns how many functions were erased."""
     first: Dict[str, Dict[str, str]] = {}  # key -> role name -> the kept function's name
-    erased = 0
-    # A group's symbols are used by its own functions and by main's group (its calls of the
-    # launchers and wrappers): only those are searched for uses, not the whole module once
-    # per symbol.
-    callers = [op for op in module.body.operations if op.operation.name == "llvm.func" and
-               len(op.regions[0].blocks) > 0 and
-               function_group(ir.StringAttr(op.attributes["sym_name"]).value) == "main"]
+    renamed: Dict[str, str] = {}  # a repeat's function -> the kept one
+    repeats = []
     for functions in _groups(module).values():
         key = _key(functions)
         roles = {re.sub(r"\d+$", "#", ir.StringAttr(op.attributes["sym_name"]).value):
@@ -72,10 +71,27 @@ def merge_identical_functions(module) -> int:
         if kept is None:
             first[key] = roles
             continue
-        for role, name in roles.items():
-            for caller in callers:
-                ir.SymbolTable.replace_all_symbol_uses(name, kept[role], caller.operation)
-        for op in functions:
-            op.operation.erase()
-            erased += 1
-    return erased
+        renamed.update((name, kept[role]) for role, name in roles.items())
+        repeats.extend(functions)
+    if not repeats:
+        return 0
+    # A group's symbols are used by its own functions and by main's group (its calls of the
+    # launchers and wrappers), whose ops are walked once (an LLVM function's blocks hold no
+    # regions); a use left elsewhere fails the verifier.
+    for op in module.body.operations:
+        if op.operation.name != "llvm.func" or len(op.regions[0].blocks) == 0 or \
+                function_group(ir.StringAttr(op.attributes["sym_name"]).value) != "main":
+            continue
+        for block in op.regions[0].blocks:
+            for inner in block.operations:
+                name = inner.operation.name
+                attribute = "callee" if name == "llvm.call" else \
+                    "global_name" if name == "llvm.mlir.addressof" else None
+                if attribute is None or attribute not in inner.attributes:
+                    continue
+                target = ir.FlatSymbolRefAttr(inner.attributes[attribute]).value
+                if target in renamed:
+                    inner.attributes[attribute] = ir.FlatSymbolRefAttr.get(renamed[target])
+    for op in repeats:
+        op.operation.erase()
+    return len(repeats)
