@@ -331,8 +331,16 @@ def serve(inputs, outputs, runtime_library: str) -> None:
     """A worker's loop: (bytecode, runtime_library, elsewhere, opt_level) in, ("object",
     bytes) or ("error", message) out, until its input closes."""
     # Loaded before the first job comes (LLVM's JIT loads it to resolve symbols, and it
-    # brings libtorch: 0.15 s).
+    # brings libtorch: 0.15 s), as are MLIR's bindings and C API (LLVM's options set): a
+    # worker that says it is ready takes a job no slower than the compiling process would
+    # (a first job once paid 0.2-0.3 s of loading, which the parent, had it taken the job
+    # itself, would not have).
     ctypes.CDLL(runtime_library)
+    from torch_mlir import ir
+
+    with ir.Context():
+        pass
+    mlir_c_api()
     # The pipe to the parent carries only messages: whatever else this process writes to
     # its standard output (Python, LLVM, a library's initializer) goes to stderr.
     outputs = os.fdopen(os.dup(outputs.fileno()), "wb")
@@ -448,7 +456,9 @@ class CompilerPool:
             while not job.done.is_set():
                 mine = self._take()
                 if mine is None:
-                    job.done.wait()
+                    # Looked at again now and then: a worker that dies leaves the jobs
+                    # still queued to whoever waits.
+                    job.done.wait(0.05)
                 else:
                     self._run_here(mine)
         for job in jobs:
@@ -509,7 +519,9 @@ class CompilerPool:
                     self._lock.wait()
                 if self._closed:
                     return
-                job = self._queue.pop(0)
+                # The last queued: whoever waits takes the first, the largest partition
+                # of a cluster (partition() orders them), without a pipe's round trip.
+                job = self._queue.pop()
             try:
                 _send(process.stdin, job.arguments)
                 job.arguments = None
