@@ -8,11 +8,13 @@ MODULE = """
 llvm.func @blade_ral_parallel_for(i64, i64, !llvm.ptr, !llvm.ptr)
 llvm.func @blade_ral_matmul(!llvm.ptr, !llvm.ptr)
 {tasks}
-llvm.func @blade_library_call_0(%a: !llvm.ptr, %b: !llvm.ptr) attributes {{sym_visibility = "private"}} {{
+llvm.func @blade_library_call_0(%a: !llvm.ptr, %b: !llvm.ptr)
+    attributes {{sym_visibility = "private"}} {{
   llvm.call @blade_ral_matmul(%a, %b) : (!llvm.ptr, !llvm.ptr) -> ()
   llvm.return
 }}
-llvm.func @blade_library_call_1(%a: !llvm.ptr, %b: !llvm.ptr) attributes {{sym_visibility = "private"}} {{
+llvm.func @blade_library_call_1(%a: !llvm.ptr, %b: !llvm.ptr)
+    attributes {{sym_visibility = "private"}} {{
   llvm.call @blade_ral_matmul(%a, %b) : (!llvm.ptr, !llvm.ptr) -> ()
   llvm.return
 }}
