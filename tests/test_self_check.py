@@ -44,6 +44,8 @@ def test_a_wrong_converter_is_caught_and_only_its_op_falls_back(wrong_relu):
     assert report.compiled_ops == report.total_ops - 1, str(report)
     assert report.clusters and all(c.compiled and c.calls == 1 for c in report.clusters), \
         str(report)
+    # The bisection's prefix engines are none of the model's: no engine shares their code.
+    assert not any("_prefix" in c.code for c in report.clusters), str(report)
     assert report.runtime_fallbacks == 0, str(report)
     assert report.checked_engines >= 2 and report.check_seconds > 0, str(report)
     # The first engine, of the whole model, was compared with the results of the run that

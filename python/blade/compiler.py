@@ -267,6 +267,9 @@ def _op_counts(subgraph) -> Dict[str, int]:
     return counts
 
 
+PREFIX_SUFFIX = "_prefix"  # of the engines a bisection compiles
+
+
 def _start_cluster(module, cluster, index: int, config: Config, cpu_features: str,
                    dump, code_cache: CodeCache, pool: CompilerPool, check_time: CheckTime,
                    writes: List[Tuple[int, int]]):
@@ -287,7 +290,7 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
 
     def build_prefix(prefix):
         # The same compilation for a prefix of the cluster (self_check's bisection).
-        compiled, engine, _ = _start_engine(prefix, f"{name}_prefix", config, cpu_features,
+        compiled, engine, _ = _start_engine(prefix, name + PREFIX_SUFFIX, config, cpu_features,
                                             Dumper(None).cluster(name), code_cache, pool)()
         return engine
 
@@ -385,7 +388,11 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
         key = code_cache.key(torch_ir=imported.text, num_buffers=num_buffers,
                              returns_outputs=returns_outputs, parallel=config.parallel,
                              cpu_features=cpu_features)
-        sharing = code_cache.first_user.setdefault(key, name)
+        # A bisection's prefix engine (self_check) is no engine of the model: the model's
+        # first engine with this code is the one the others share it with.
+        sharing = code_cache.first_user.get(key, name)
+        if not name.endswith(PREFIX_SUFFIX):
+            code_cache.first_user.setdefault(key, name)
         finish_cached = code_cache.start(key, start_build)
 
         def finish_code():
