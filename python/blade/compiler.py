@@ -171,21 +171,22 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
                 checker.shutdown()
             check_time.capture += time.perf_counter() - start
 
+        deferred_error: List[Exception] = []  # the deferred run's, raised for each cluster
+
         def example_of(cluster) -> Optional[Example]:
             nonlocal run_deferred
             if cluster in deferred and run_deferred is not None:
                 start = time.perf_counter()
-                recorded, run_deferred = run_deferred, None
+                recorded, run_deferred = run_deferred, None  # run once
                 try:
                     by_cluster.update(zip(deferred, recorded()))
                 except Exception as e:
-                    # Run once: each cluster that needed it fails with its error (and
-                    # stays TorchScript), none runs unchecked.
-                    def run_deferred(error=e):
-                        raise error
-                    raise
+                    deferred_error.append(e)
                 finally:
                     check_time.capture += time.perf_counter() - start
+            if cluster in deferred and deferred_error:
+                # The cluster fails with it (and stays TorchScript): none runs unchecked.
+                raise deferred_error[0]
             return by_cluster.get(cluster)
 
         for entry, cluster, ops, cluster_dump, start, finish in begun:

@@ -29,6 +29,7 @@ engine, as the ops eager computes it with, for the dtypes and ranks where that d
   v one value, a value per trailing position, or a row per selected position gathered in
   order (with eager's check of their count).
 """
+import math
 from typing import Dict, List, Optional
 
 import torch
@@ -108,7 +109,7 @@ def _rows_for_mask(graph: torch._C.Graph, node: torch._C.Node, mask: torch._C.Va
     mask's positions: row `cumsum(mask) - 1` at each (clamped at the positions not
     selected, which the `where` does not read). Adds the check that the mask selects R
     positions, which eager makes (raising a shape mismatch) and the gather cannot."""
-    positions = _positions(mask_size)
+    positions = math.prod(mask_size)
     rows = value_size[0]
     flat = _insert(graph, "aten::reshape", [mask, graph.insertConstant([positions])],
                    _tensor_type([positions], torch.bool), node)
@@ -155,11 +156,6 @@ def _rows_for_mask(graph: torch._C.Graph, node: torch._C.Node, mask: torch._C.Va
 # index_put by Tensor?[] indices, and by Tensor[] (the overload TorchScript resolves
 # `torch.ops.aten.index_put(x, [mask], v)` to).
 _INDEX_PUTS = ("aten::index_put", "aten::index_put.hacked_twin")
-def _positions(sizes: List[int]) -> int:
-    count = 1
-    for size in sizes:
-        count *= size
-    return count
 
 
 def _fixed_sizes(value: torch._C.Value) -> bool:

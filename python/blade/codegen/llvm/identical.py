@@ -20,7 +20,7 @@ from typing import Dict, List
 
 from torch_mlir import ir
 
-from blade.codegen.llvm.native import function_group
+from blade.codegen.llvm.native import function_group, function_name
 
 
 def _groups(module) -> Dict[str, List]:
@@ -29,7 +29,7 @@ def _groups(module) -> Dict[str, List]:
     for op in module.body.operations:
         if op.operation.name != "llvm.func" or len(op.regions[0].blocks) == 0:
             continue
-        name = ir.StringAttr(op.attributes["sym_name"]).value
+        name = function_name(op)
         group = function_group(name)
         if group == "main":
             continue
@@ -42,14 +42,19 @@ def _groups(module) -> Dict[str, List]:
 _NUMBERED = re.compile(r"@(blade_(?:task|launch|trampoline|library_call)_)(\d+)(?![\w$.])")
 
 
+def _role(name: str) -> str:
+    """`blade_task_3` -> `blade_task_#`: the name a group's own symbol has in its key."""
+    return re.sub(r"\d+$", "#", name)
+
+
 def _key(functions: List) -> str:
-    """The group's text with its own symbols named by role (the name with its number
-    replaced), so that two groups of the same code have the same key."""
-    names = {ir.StringAttr(op.attributes["sym_name"]).value for op in functions}
+    """The group's text with its own symbols named by role, so that two groups of the same
+    code have the same key."""
+    names = {function_name(op) for op in functions}
 
     def by_role(match):
-        own = match.group(1) + match.group(2) in names
-        return "@" + match.group(1) + "#" if own else match.group(0)
+        return "@" + _role(match.group(1) + match.group(2)) \
+            if match.group(1) + match.group(2) in names else match.group(0)
 
     # Printed in its own scope: printing an op nested in a module otherwise numbers the
     # values of the whole module first (70 functions of ResNet-50's: 1.2 s).
@@ -65,8 +70,7 @@ def merge_identical_functions(module) -> int:
     repeats = []
     for functions in _groups(module).values():
         key = _key(functions)
-        roles = {re.sub(r"\d+$", "#", ir.StringAttr(op.attributes["sym_name"]).value):
-                 ir.StringAttr(op.attributes["sym_name"]).value for op in functions}
+        roles = {_role(function_name(op)): function_name(op) for op in functions}
         kept = first.get(key)
         if kept is None:
             first[key] = roles
@@ -80,7 +84,7 @@ def merge_identical_functions(module) -> int:
     # regions); a use left elsewhere fails the verifier.
     for op in module.body.operations:
         if op.operation.name != "llvm.func" or len(op.regions[0].blocks) == 0 or \
-                function_group(ir.StringAttr(op.attributes["sym_name"]).value) != "main":
+                function_group(function_name(op)) != "main":
             continue
         for block in op.regions[0].blocks:
             for inner in block.operations:

@@ -186,7 +186,7 @@ def _bytecode(module) -> bytes:
 # --- partitions ------------------------------------------------------------------------
 
 
-def _function_name(op) -> str:
+def function_name(op) -> str:
     from torch_mlir import ir
 
     return ir.StringAttr(op.attributes["sym_name"]).value
@@ -246,7 +246,7 @@ def partition(module, count: int) -> List[Dict]:
                 # An internal function called from another partition could not be
                 # declared there: the module stays whole.
                 return [{"bytecode": _bytecode(module), "elsewhere": []}]
-            name = _function_name(op)
+            name = function_name(op)
             group = function_group(name)
             defined[name] = group
             size = sum(len(block.operations) for block in op.regions[0].blocks)
@@ -266,7 +266,7 @@ def partition(module, count: int) -> List[Dict]:
             elsewhere = []
             with ir.InsertionPoint(part.body):
                 for op in module.body.operations:
-                    name = _function_name(op) if op.operation.name == "llvm.func" else None
+                    name = function_name(op) if op.operation.name == "llvm.func" else None
                     if name in defined and defined[name] not in keep:
                         # Another partition's function: declared here.
                         attributes = {a: op.attributes[a] for a in op.attributes}
