@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from torch_mlir import ir
-from torch_mlir.dialects import torch as torch_dialect
+from torch_mlir._mlir_libs._torchMlir import register_dialect as register_torch_dialect
 
 from blade._runtime import RUNTIME_LIBRARY
 from blade.codegen import pipeline
@@ -64,7 +64,7 @@ def start_compiling(text: str, num_buffers: int, user_calls=(), dump=None,
     dumping = dump is not None and dump.enabled
     register_passes()
     context = ir.Context()
-    torch_dialect.register_dialect(context)
+    register_torch_dialect(context)
     with context:
         try:
             module = ir.Module.parse(text)

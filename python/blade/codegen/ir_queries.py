@@ -5,7 +5,8 @@ iterators) and the strides of a memref type; and the cloning of ops those steps 
 from typing import List, Optional
 
 from torch_mlir import ir
-from torch_mlir.dialects import linalg as linalg_dialect
+
+from blade.codegen.linalg_ops import IteratorType, iterator_attribute
 
 
 def as_operation(op):
@@ -46,14 +47,11 @@ def output_count(op) -> int:
     return list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[-1]
 
 
-def iterator_attribute(kind, context):
-    """The `#linalg.iterator_type<...>` attribute of `kind` (linalg.IteratorType)."""
-    return linalg_dialect._iteratortypeenum(kind, context)
 
 
 def parallel_loops(op) -> List[bool]:
     """Per loop of a linalg structured op, whether it is parallel (else it reduces)."""
-    parallel = iterator_attribute(linalg_dialect.IteratorType.parallel, op.context)
+    parallel = iterator_attribute(IteratorType.parallel, op.context)
     return [a == parallel for a in ir.ArrayAttr(op.attributes["iterator_types"])]
 
 

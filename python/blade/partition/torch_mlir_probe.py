@@ -136,13 +136,13 @@ def _lower_alone(node: torch._C.Node) -> Optional[str]:
 
 def _compiles(text: str, num_buffers: int, returns_outputs: bool) -> Optional[str]:
     from torch_mlir import ir
-    from torch_mlir.dialects import torch as torch_dialect
+    from torch_mlir._mlir_libs._torchMlir import register_dialect as register_torch_dialect
 
     from blade.codegen import driver, pipeline
 
     driver.register_passes()
     context = ir.Context()
-    torch_dialect.register_dialect(context)
+    register_torch_dialect(context)
     options = pipeline.Options(num_buffers, returns_outputs=returns_outputs)
     steps = pipeline.build(options)
     to_stablehlo = len(pipeline.torch_to_stablehlo())

@@ -15,7 +15,9 @@ computes itself in a loop nest is written straight into its part: bufferization'
 tensor elimination gives that loop nest the slice as its output, so it is not copied at all.
 """
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg, tensor
+from torch_mlir.dialects import arith, tensor
+
+from blade.codegen import linalg_ops as linalg
 
 from blade.codegen.ir_queries import all_parallel, clone_ops, ops_named, producer
 

@@ -25,9 +25,11 @@ from typing import Optional
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
-from torch_mlir.dialects import arith, func, linalg, scf, tensor
+from torch_mlir.dialects import arith, func, scf, tensor
 
-from blade.codegen.ir_queries import defining_op, iterator_attribute, ops_named
+from blade.codegen import linalg_ops as linalg
+
+from blade.codegen.ir_queries import defining_op, ops_named
 
 
 # The RAL function a gather calls with an index outside its table (csrc/ral/ral_kernels.h):
@@ -124,7 +126,8 @@ def _lower_gather(op) -> bool:
         generic = linalg.GenericOp(
             [result_type], [indices], [empty],
             ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
-            ir.ArrayAttr.get([iterator_attribute(linalg.IteratorType.parallel, op.context)] * rank))
+            ir.ArrayAttr.get([linalg.iterator_attribute(linalg.IteratorType.parallel,
+                                                        op.context)] * rank))
         block = generic.regions[0].blocks.append(indices_type.element_type, element)
         with ir.InsertionPoint(block):
             i = arith.IndexCastOp(index, block.arguments[0]).result
@@ -190,7 +193,8 @@ def _lower_reverse(op) -> bool:
         generic = linalg.GenericOp(
             [t], [], [empty], ir.ArrayAttr.get([ir.AffineMapAttr.get(
                 ir.AffineMap.get_identity(t.rank))]),
-            ir.ArrayAttr.get([iterator_attribute(linalg.IteratorType.parallel, op.context)] * t.rank))
+            ir.ArrayAttr.get([linalg.iterator_attribute(linalg.IteratorType.parallel,
+                                                        op.context)] * t.rank))
         block = generic.regions[0].blocks.append(t.element_type)
         with ir.InsertionPoint(block):
             reads = []

@@ -28,9 +28,11 @@ that it gives PyTorch's exact integer floor division.
 from typing import Optional, Tuple
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, func, linalg, scf, tensor
+from torch_mlir.dialects import arith, func, scf, tensor
 
-from blade.codegen.ir_queries import defining_op, iterator_attribute, ops_named
+from blade.codegen import linalg_ops as linalg
+
+from blade.codegen.ir_queries import defining_op, ops_named
 
 # The RAL function a zero divisor calls (csrc/ral/ral_kernels.h).
 DIVISION_BY_ZERO = "blade_ral_division_by_zero"
@@ -78,7 +80,7 @@ def _elementwise(kind: str, a, b, result, location) -> None:
         identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(t.rank))
         generic = linalg.GenericOp(
             [t], [a, b], [empty], ir.ArrayAttr.get([identity] * 3),
-            ir.ArrayAttr.get([iterator_attribute(linalg.IteratorType.parallel,
+            ir.ArrayAttr.get([linalg.iterator_attribute(linalg.IteratorType.parallel,
                                                  location.context)] * t.rank))
         block = generic.regions[0].blocks.append(element, element, element)
         with ir.InsertionPoint(block):

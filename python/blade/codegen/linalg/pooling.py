@@ -22,9 +22,11 @@ loops their bounds, as in linalg's pooling ops).
 from typing import List, Optional
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg, tensor
+from torch_mlir.dialects import arith, tensor
 
-from blade.codegen.ir_queries import iterator_attribute, ops_named
+from blade.codegen import linalg_ops as linalg
+
+from blade.codegen.ir_queries import ops_named
 
 # The combiners a window body may apply, as the arith op that applies them to floats.
 _COMBINERS = {"stablehlo.maximum": "arith.maximumf", "stablehlo.minimum": "arith.minimumf",
@@ -133,7 +135,7 @@ def _lower(op) -> bool:
         generic = linalg.GenericOp(
             [result], [padded, window_tensor], [filled],
             ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
-            ir.ArrayAttr.get([iterator_attribute(i, op.context) for i in iterators]))
+            ir.ArrayAttr.get([linalg.iterator_attribute(i, op.context) for i in iterators]))
         block = generic.regions[0].blocks.append(element, element, element)
         with ir.InsertionPoint(block):
             combined = ir.Operation.create(combiner, results=[element],

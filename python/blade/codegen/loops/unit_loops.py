@@ -23,7 +23,9 @@ through a [?, 12, 64] view with strides [?, 64, 1]).
 from typing import List
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg, memref
+from torch_mlir.dialects import arith, memref
+
+from blade.codegen import linalg_ops as linalg
 
 from blade.codegen.ir_queries import (clone_ops, identity_layout, loop_bounds, ops_named,
                                       output_count, parallel_loops, strides_of)
