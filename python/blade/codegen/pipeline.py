@@ -33,7 +33,7 @@ from blade.codegen.linalg.integer_division import lower_integer_divisions
 from blade.codegen.linalg.scatters import lower_scatters
 from blade.codegen.linalg.pooling import lower_reduce_windows
 from blade.codegen.llvm import abi, identical, launchers
-from blade.codegen.loops import approximations, loop_order, parallel, tiled_transpose
+from blade.codegen.loops import approximations, loop_order, parallel, serial, tiled_transpose
 from blade.codegen.stablehlo import folding, layouts, slices
 from blade.codegen.stablehlo.unsigned import signless_boundaries, unsigned_reduction_identities
 from blade.codegen.stablehlo.degenerate_reductions import simplify_degenerate_reductions
@@ -265,6 +265,9 @@ def build(options: Options) -> List[Pass]:
           if options.parallel_loops else []),
         Pass("lower-library-calls", lambda c: library_calls.lower(c.module)),
         Pass("tile-transposes", _tile_transposes),
+        # What main still loops over becomes functions of their own: main, then only
+        # calls, is compiled at -O0 (codegen/loops/serial.py, blade.codegen.llvm.native).
+        Pass("outline-serial-loops", lambda c: serial.outline(c.module, c.main)),
         Pass("emit-c-interface", _emit_c_interface),
         Pass("record-noalias-arguments", _record_noalias_arguments),
 
@@ -297,6 +300,8 @@ def build(options: Options) -> List[Pass]:
         Pass("define-entry-point", lambda c: abi.define_entry_point(
             c.module, c.options.num_buffers, c.options.returns_outputs)),
         Pass("tune-for-host", lambda c: abi.tune_for_host(c.module, c.options.avx512)),
+        Pass("compile-main-unoptimized",
+             lambda c: serial.compile_straight_line_main_unoptimized(c.module)),
         Pass("merge-identical-functions",
              lambda c: identical.merge_identical_functions(c.module)),
     ]

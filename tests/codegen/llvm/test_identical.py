@@ -91,3 +91,29 @@ def test_groups_differing_in_a_constant_are_kept():
         assert f"llvm.func @blade_task_{n}(" in result
         assert f"llvm.call @blade_launch_{n}(" in result
     assert "llvm.func @blade_library_call_1(" not in result
+
+
+def test_repeated_serial_loops_are_merged_and_other_loops_kept():
+    # codegen/loops/serial.py's functions: each loop a group of its own.
+    loops = "".join(f"""
+llvm.func @blade_loop_{n}(%p: !llvm.ptr) {{
+  %v = llvm.load %p : !llvm.ptr -> f32
+  %r = llvm.{op} %v, %v : f32
+  llvm.store %r, %p : f32, !llvm.ptr
+  llvm.return
+}}""" for n, op in enumerate(("fmul", "fadd", "fmul")))
+    check_pass(loops + """
+llvm.func @main(%p: !llvm.ptr) {
+  llvm.call @blade_loop_0(%p) : (!llvm.ptr) -> ()
+  llvm.call @blade_loop_1(%p) : (!llvm.ptr) -> ()
+  llvm.call @blade_loop_2(%p) : (!llvm.ptr) -> ()
+  llvm.return
+}
+    // CHECK-NOT: @blade_loop_2(
+    // CHECK: llvm.func @blade_loop_0(
+    // CHECK: llvm.func @blade_loop_1(
+    // CHECK: llvm.func @main(
+    // CHECK-NEXT: llvm.call @blade_loop_0(
+    // CHECK-NEXT: llvm.call @blade_loop_1(
+    // CHECK-NEXT: llvm.call @blade_loop_0(
+    """, "merge-identical-functions")

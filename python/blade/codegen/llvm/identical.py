@@ -2,14 +2,15 @@
 more than once.
 
 Outlining makes a function per parallel task (with its launcher and trampoline: a group,
-see native.function_group) and per library call, and a model's repeated layers make many
-of them alike: ResNet-50's one cluster has 54 library-call wrappers of 7 distinct bodies
-and 16 tasks of 6, and LLVM compiled each copy again (the wrappers alone took 0.43 s of
-its 1.6 s of code generation). Two groups are identical when their functions' text is,
-once the group's own symbols are named by their role (`blade_task_#`, ...): same
-operations, types, attributes and constants, same callees outside the group. Every use of
-a repeat's symbols (main's calls, a launcher's address of its trampoline) is then made a
-use of the first group's, and the repeat's functions are erased. What the code computes
+see native.function_group), per library call and per serial loop nest, and a model's
+repeated layers make many of them alike: ResNet-50's one cluster has 54 library-call
+wrappers of 7 distinct bodies and 16 tasks of 6, and LLVM compiled each copy again (the
+wrappers alone took 0.43 s of its 1.6 s of code generation). Two groups are identical
+when their functions' text is, once the group's own symbols are named by their role
+(`blade_task_#`, ...): same operations, types, attributes and constants, same callees
+outside the group. Every use of a repeat's symbols (main's calls, a launcher's address of
+its trampoline) is then made a use of the first group's, and the repeat's functions are
+erased. What the code computes
 is unchanged: each call reaches a function of the same text.
 
 Example:
@@ -38,8 +39,8 @@ def _groups(module) -> Dict[str, List]:
     return found
 
 
-# A symbol of a task group or library-call wrapper: its role and its number.
-_NUMBERED = re.compile(r"@(blade_(?:task|launch|trampoline|library_call)_)(\d+)(?![\w$.])")
+# A symbol of a task group, library-call wrapper or serial loop: its role and its number.
+_NUMBERED = re.compile(r"@(blade_(?:task|launch|trampoline|library_call|loop)_)(\d+)(?![\w$.])")
 
 
 def _role(name: str) -> str:

@@ -42,6 +42,11 @@ from typing import Dict, List, Optional, Sequence
 # at -O3, and a dynamic engine (loops of run-time trip counts) compiles up to 3.4x faster
 # (bert_layer: 7.0 s -> 2.1 s; -O3's extra loop transforms multiply such loops).
 LLVM_OPT_LEVEL = 2
+# main's, where it is straight-line code (codegen/loops/serial.py): calls to the functions
+# that do the work, which optimization makes no faster. ResNet-50's main (190 calls) takes
+# 0.48 s at -O2, 0.42 s at -O1, 0.46 s marked optnone at -O2 (LLVM's greedy register
+# allocator still runs) and 0.23 s at -O0.
+STRAIGHT_LINE_MAIN_OPT_LEVEL = 0
 
 # A cluster whose torch-dialect IR is shorter than this compiles in about the time a
 # worker takes to start (0.3 s): it is compiled in the process, and starts no worker.
@@ -213,53 +218,80 @@ _TASK_PREFIXES = ("blade_task_", "blade_launch_", "blade_trampoline_")
 
 def function_group(name: str) -> str:
     """Functions of one group stay in one partition: a task with its launcher and
-    trampoline; the library-call wrappers together; main with the rest."""
+    trampoline; a serial loop nest (codegen/loops/serial.py); the library-call wrappers
+    together; main with the rest."""
     for prefix in _TASK_PREFIXES:
         if name.startswith(prefix):
             return "task " + name[len(prefix):]
+    if name.startswith("blade_loop_"):
+        return "loop " + name[len("blade_loop_"):]
     if name.startswith("blade_library_call_"):
         return "library calls"
     return "main"
 
 
+def _unoptimized(op) -> bool:
+    """Whether an llvm.func is marked `optnone` (codegen/loops/serial.py marks main)."""
+    from torch_mlir import ir
+
+    if "passthrough" not in op.attributes:
+        return False
+    return any(isinstance(a, ir.StringAttr) and ir.StringAttr(a).value == "optnone"
+               for a in ir.ArrayAttr(op.attributes["passthrough"]))
+
+
 def partition(module, count: int) -> List[Dict]:
     """Splits an LLVM-dialect module into at most `count` partitions of whole function
     groups (see `function_group`), balanced by size, the largest first: each a dict with its
-    module as MLIR `bytecode` and the functions it declares that another defines
-    (`elsewhere`). The module itself is left as it was.
+    module as MLIR `bytecode`, the functions it declares that another defines
+    (`elsewhere`) and the level LLVM compiles it at (`opt_level`). A main marked
+    `optnone` has a partition of its own group, compiled at -O0 (STRAIGHT_LINE_MAIN_OPT_LEVEL),
+    weighed at a quarter of its size. The module itself is left as it was.
 
     Example:
-        >>> parts = partition(module, 2)   # [{"bytecode": ..., "elsewhere": [...]}, ...]
+        >>> parts = partition(module, 2)   # [{"bytecode": ..., "elsewhere": [...], ...}, ...]
     """
     from torch_mlir import ir
 
+    whole = [{"bytecode": None, "elsewhere": [], "opt_level": LLVM_OPT_LEVEL}]
     sizes: Dict[str, int] = {}
     defined: Dict[str, str] = {}  # function -> its group
     local = _local_linkages(module.context)
+    main_unoptimized = False
     for op in module.body.operations:
         if _linked_by_name(op, local) and op.operation.name != "llvm.func":
             # A global that other objects would see: copies in two partitions would
             # clash at the link, so the module stays whole.
-            return [{"bytecode": _bytecode(module), "elsewhere": []}]
+            whole[0]["bytecode"] = _bytecode(module)
+            return whole
         if op.operation.name == "llvm.func" and len(op.regions[0].blocks) > 0:
             if not _linked_by_name(op, local):
                 # An internal function called from another partition could not be
                 # declared there: the module stays whole.
-                return [{"bytecode": _bytecode(module), "elsewhere": []}]
+                whole[0]["bytecode"] = _bytecode(module)
+                return whole
             name = function_name(op)
             group = function_group(name)
             defined[name] = group
             size = sum(len(block.operations) for block in op.regions[0].blocks)
             sizes[group] = sizes.get(group, 0) + size
-    bins: List[List] = [[0, []] for _ in range(max(1, min(count, len(sizes))))]
+            main_unoptimized = main_unoptimized or (name == "main" and _unoptimized(op))
+    # Bins of [weight, groups, opt_level]; main's own first where it is compiled apart.
+    bins: List[List] = []
+    if main_unoptimized and count >= 2 and len(sizes) > 1:
+        bins.append([sizes.pop("main") // 4, ["main"], STRAIGHT_LINE_MAIN_OPT_LEVEL])
+        count -= 1
+    shared = [[0, [], LLVM_OPT_LEVEL] for _ in range(max(1, min(count, len(sizes))))]
     for group in sorted(sizes, key=lambda g: (-sizes[g], g)):
-        lightest = min(bins, key=lambda b: b[0])
+        lightest = min(shared, key=lambda b: b[0])
         lightest[0] += sizes[group]
         lightest[1].append(group)
+    bins += shared
     if len(bins) == 1:
-        return [{"bytecode": _bytecode(module), "elsewhere": []}]
+        whole[0]["bytecode"] = _bytecode(module)
+        return whole
     parts = []
-    for _, groups in sorted(bins, key=lambda b: -b[0]):
+    for _, groups, opt_level in sorted(bins, key=lambda b: -b[0]):
         keep = set(groups)
         with module.context:
             part = ir.Module.create(module.operation.location)
@@ -275,7 +307,8 @@ def partition(module, count: int) -> List[Dict]:
                         elsewhere.append(name)
                     else:
                         op.operation.clone()
-            parts.append({"bytecode": _bytecode(part), "elsewhere": elsewhere})
+            parts.append({"bytecode": _bytecode(part), "elsewhere": elsewhere,
+                          "opt_level": opt_level})
     return parts
 
 
@@ -300,13 +333,16 @@ def default_workers(setting: Optional[int] = None) -> int:
 # The worker: this file loaded by path, under a name of its own (so that neither Blade's
 # package nor torch is imported), serving jobs on stdin/stdout.
 _WORKER = """
-import importlib.util, sys
+import importlib.util, os, sys
 if sys.path and sys.path[0] in ("", "."):
     del sys.path[0]
 spec = importlib.util.spec_from_file_location("blade_native_worker", {path!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 module.serve(sys.stdin.buffer, sys.stdout.buffer, {runtime_library!r})
+# Nothing of this process outlives it: it ends without the interpreter's teardown (MLIR's
+# and libtorch's destructors, 0.1 s that the pool's close waited for).
+os._exit(0)
 """
 
 
@@ -436,14 +472,15 @@ class CompilerPool:
         if self._expected >= MIN_PARALLEL_IR_CHARS:
             self.start()
 
-    def compile(self, parts: Sequence[Dict], opt_level: int = LLVM_OPT_LEVEL) -> List[bytes]:
+    def compile(self, parts: Sequence[Dict]) -> List[bytes]:
         """The objects of `parts`, in order: `wait(submit(parts))`."""
-        return self.wait(self.submit(parts, opt_level))
+        return self.wait(self.submit(parts))
 
-    def submit(self, parts: Sequence[Dict], opt_level: int = LLVM_OPT_LEVEL) -> List[_Job]:
-        """Queues `parts` for the workers (and for whoever waits); returns their jobs."""
-        jobs = [_Job((part["bytecode"], self.runtime_library, part["elsewhere"], opt_level))
-                for part in parts]
+    def submit(self, parts: Sequence[Dict]) -> List[_Job]:
+        """Queues `parts` (`partition`'s) for the workers (and for whoever waits); returns
+        their jobs."""
+        jobs = [_Job((part["bytecode"], self.runtime_library, part["elsewhere"],
+                      part.get("opt_level", LLVM_OPT_LEVEL))) for part in parts]
         with self._lock:
             self._queue.extend(jobs)
             self._lock.notify_all()
