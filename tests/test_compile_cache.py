@@ -2,6 +2,7 @@
 saved file, and a cache directory serves later optimize calls, in any process, only with
 entries that verify (python/blade/codegen/cache.py)."""
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import torch
 
 import blade
 from blade.codegen import driver as codegen
+from blade.codegen.llvm.native import host_cpu_features
 from helpers import assert_same
 
 
@@ -92,6 +94,97 @@ def test_cache_hit_skips_codegen_and_gives_the_same_results(tmp_path, compilatio
 
 def cache_entries(directory: Path):
     return sorted(directory.glob("*/*.code"))
+
+
+@pytest.fixture
+def comparisons(monkeypatch):
+    """Counts the engines the engine check runs (blade.self_check.compare_engine)."""
+    import blade.compiler
+
+    count = {"n": 0}
+    real = blade.compiler.compare_engine
+
+    def counting(*args, **kwargs):
+        count["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(blade.compiler, "compare_engine", counting)
+    return count
+
+
+def entry_header(entry: Path) -> dict:
+    from blade.codegen.cache import _MAGIC
+
+    data = entry.read_bytes()
+    size = int.from_bytes(data[len(_MAGIC):len(_MAGIC) + 8], "little")
+    start = len(_MAGIC) + 16
+    return json.loads(data[start:start + size])
+
+
+def test_code_checked_when_compiled_is_not_run_by_the_check_again(tmp_path, comparisons):
+    config = blade.Config(cache_dir=str(tmp_path / "cache"))
+    x = torch.randn(4, 32)
+    _, report = optimize_checked(layers(seed=0), x, config)
+    assert comparisons["n"] == 1 and report.checked_engines == 1
+    (entry,) = cache_entries(tmp_path / "cache")
+    assert entry_header(entry)["checked"] == ["float32"]
+    # Other weights, the same code: from the cache, checked by the optimize above.
+    _, report = optimize_checked(layers(seed=1), x, config)
+    assert comparisons["n"] == 1, str(report)
+    assert report.checked_engines == 0 and report.engines_checked_before == 1 and \
+        report.engines_sharing_checked_code == 2, str(report)
+    assert "1 running code from the compile cache that was checked" in str(report)
+
+
+def test_code_compiled_unchecked_is_checked_when_next_used(tmp_path, comparisons):
+    config = blade.Config(cache_dir=str(tmp_path / "cache"))
+    x = torch.randn(4, 32)
+    optimize_checked(layers(), x, dataclasses.replace(config, check_engines=False))
+    (entry,) = cache_entries(tmp_path / "cache")
+    assert comparisons["n"] == 0 and entry_header(entry)["checked"] == []
+    _, report = optimize_checked(layers(), x, config)
+    assert comparisons["n"] == 1 and report.checked_engines == 1, str(report)
+    assert report.clusters[0].code == "compile cache"
+    assert entry_header(entry)["checked"] == ["float32"]
+
+
+def test_an_entry_claiming_a_check_it_was_not_signed_with_is_rebuilt(tmp_path, compilations,
+                                                                   comparisons):
+    from blade.codegen.cache import _MAGIC
+
+    config = blade.Config(cache_dir=str(tmp_path / "cache"))
+    x = torch.randn(4, 32)
+    optimize_checked(layers(), x, dataclasses.replace(config, check_engines=False))
+    (entry,) = cache_entries(tmp_path / "cache")
+    data = entry.read_bytes()
+    header = entry_header(entry)
+    old_size = int.from_bytes(data[len(_MAGIC):len(_MAGIC) + 8], "little")
+    library_size = int.from_bytes(data[len(_MAGIC) + 8:len(_MAGIC) + 16], "little")
+    header["checked"] = ["float32"]
+    forged = json.dumps(header).encode()
+    start = len(_MAGIC) + 16
+    entry.write_bytes(_MAGIC + len(forged).to_bytes(8, "little") +
+                      library_size.to_bytes(8, "little") + forged +
+                      data[start + old_size:])  # the library and the old signature
+    _, report = optimize_checked(layers(), x, config)
+    assert compilations["n"] == 2 and report.clusters[0].code == "compiled"
+    assert comparisons["n"] == 1 and report.checked_engines == 1, str(report)
+
+
+@pytest.mark.skipif("avx512_bf16" not in host_cpu_features().split(","),
+                    reason="this CPU lacks avx512_bf16")
+def test_code_checked_in_float32_is_checked_again_in_bf16(tmp_path, comparisons):
+    config = blade.Config(cache_dir=str(tmp_path / "cache"), kernel_calls=False)
+    model, x = layers(), torch.randn(4, 32)
+    blade.optimize(model, (x,), config)
+    assert comparisons["n"] == 1
+    # The same code (the key has no precision): its bf16 engine is checked on its own.
+    optimized = blade.optimize(model, (x,), dataclasses.replace(config, precision="bf16"))
+    report = blade.report(optimized)
+    assert comparisons["n"] == 2 and report.checked_engines == 1, str(report)
+    assert report.clusters[0].code == "compile cache" and not report.compile_errors
+    (entry,) = cache_entries(tmp_path / "cache")
+    assert entry_header(entry)["checked"] == ["float32", "bf16"]
 
 
 @pytest.mark.parametrize("damage", ["flipped", "truncated", "garbage", "empty"])

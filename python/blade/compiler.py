@@ -206,6 +206,7 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             progress.step(entry.name)
         report.checked_engines = check_time.engines
         report.engines_sharing_checked_code = check_time.sharing
+        report.engines_checked_before = check_time.checked_before
         report.examples_from_type_run += len(known)
         report.check_seconds = round(check_time.total, 3)
         if not retry:
@@ -291,17 +292,23 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
 
     def build_prefix(prefix):
         # The same compilation for a prefix of the cluster (self_check's bisection).
-        compiled, engine, _ = _start_engine(prefix, name + PREFIX_SUFFIX, config, cpu_features,
-                                            Dumper(None).cluster(name), code_cache, pool)()
+        compiled, engine, _, _ = _start_engine(prefix, name + PREFIX_SUFFIX, config,
+                                               cpu_features, Dumper(None).cluster(name),
+                                               code_cache, pool)()
         return engine
 
     def finish(example_of: Callable[[], Optional[Example]]):
-        compiled, engine, origin = finish_engine()
+        compiled, engine, origin, key = finish_engine()
         shares_checked_code = origin.startswith("same code as ") and \
             origin[len("same code as "):] in check_time.agreed
         example = None
         if shares_checked_code:
             check_time.sharing += 1
+        elif config.check_engines and origin == "compile cache" and \
+                config.precision in compiled.checked:
+            # Checked by the optimize that compiled it (its entry says so, signed).
+            check_time.checked_before += 1
+            check_time.agreed.add(name)
         elif config.check_engines:
             example = example_of()
         if example is not None:
@@ -321,6 +328,8 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
                     f"{problem}", blamed,
                     f"the compiled code disagrees with TorchScript ({problem})")
             check_time.agreed.add(name)
+            if key is not None:
+                code_cache.mark_checked(key, config.precision)
         module._c._register_attribute(name, engine._type(), engine)
         _C.replace_cluster_with_engine(cluster, name, writes)
         return compiled, origin, writes
@@ -332,8 +341,9 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
                   code_cache: CodeCache, pool: CompilerPool, boundary=None,
                   writes: Sequence[Tuple[int, int]] = ()):
     """Begins compiling `subgraph` (a copy of a cluster's, or of a prefix of it); returns
-    the function that finishes it and returns the CompiledCluster, the loaded Engine and
-    where its code came from. `boundary` is the (inputs, outputs) whose types the engine's
+    the function that finishes it and returns the CompiledCluster, the loaded Engine,
+    where its code came from and its compile cache key (None: compiled apart from the
+    cache). `boundary` is the (inputs, outputs) whose types the engine's
     signature names, the subgraph's own by default; `writes`, the engine's (output, input)
     pairs (Engine::writes). `subgraph` is changed (its constants
     become params)."""
@@ -384,7 +394,7 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
         def finish_code():
             compiled = finish_build()
             code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
-            return compiled, code, "compiled"
+            return compiled, code, "compiled", None
     else:
         key = code_cache.key(torch_ir=imported.text, num_buffers=num_buffers,
                              returns_outputs=returns_outputs, parallel=config.parallel,
@@ -399,17 +409,17 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
         def finish_code():
             compiled = finish_cached()
             origin = code_cache.origin[key] if sharing == name else f"same code as {sharing}"
-            return compiled, code_cache.code_tensor(key), origin
+            return compiled, code_cache.code_tensor(key), origin, key
 
     def finish():
-        compiled, code, origin = finish_code()
+        compiled, code, origin, key = finish_code()
         engine = _C.create_signed_engine(name, code, input_specs, output_specs, fallback_ir,
                                          params, config.fallback, cpu_features,
                                          config.precision, config.signing_key or "",
                                          ";".join(f"{o}:{i}" for o, i in writes))
         if not engine.is_compiled():
             raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
-        return compiled, engine, origin
+        return compiled, engine, origin, key
 
     return finish
 

@@ -76,8 +76,10 @@ class Report:
     # example run, the comparisons, bisections of engines that disagreed).
     checked_engines: int = 0
     check_seconds: float = 0.0
-    # Engines not run by the check: their code is byte-identical to a checked engine's.
+    # Engines not run by the check: their code is byte-identical to a checked engine's,
+    # or came from the compile cache, checked by the optimize that compiled it.
     engines_sharing_checked_code: int = 0
+    engines_checked_before: int = 0
     # Clusters whose example came from the run that recorded the types (they take the
     # graph's inputs and give its results), not from a run of its own (blade.self_check).
     examples_from_type_run: int = 0
@@ -126,6 +128,7 @@ class Report:
                         check_seconds=data.get("check_seconds", 0.0),
                         engines_sharing_checked_code=data.get(
                             "engines_sharing_checked_code", 0),
+                        engines_checked_before=data.get("engines_checked_before", 0),
                         examples_from_type_run=data.get("examples_from_type_run", 0))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
@@ -165,11 +168,13 @@ class Report:
             lines.append(f"  code: {origins.count('compiled')} compiled, "
                          f"{origins.count('compile cache')} from the compile cache, "
                          f"{shared} engines sharing another's")
-        if self.checked_engines:
-            sharing = self.engines_sharing_checked_code
+        if self.checked_engines or self.engines_checked_before:
+            sharing, before = self.engines_sharing_checked_code, self.engines_checked_before
             lines.append(f"  engines checked against TorchScript on the example inputs: "
                          f"{self.checked_engines}"
                          + (f" (and {sharing} running the same code)" if sharing else "")
+                         + (f" (and {before} running code from the compile cache that was "
+                            f"checked when it was compiled)" if before else "")
                          + f", in {self.check_seconds:.2f} s"
                          + (f"; {self.examples_from_type_run} compared with the results of "
                             f"the run that recorded the types" if self.examples_from_type_run

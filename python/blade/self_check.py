@@ -73,6 +73,9 @@ class CheckTime:
     # does); `sharing` counts those.
     agreed: set = field(default_factory=set)
     sharing: int = 0
+    # Engines not run either: their code came from the compile cache, whose entry says
+    # that it agreed in the optimize that compiled it (CodeCache.mark_checked).
+    checked_before: int = 0
 
     @property
     def total(self) -> float:

@@ -16,7 +16,9 @@ version).
   BLADE_CACHE_DIR, moves it, and "off" turns it off). An entry holds native code, so it is
   treated like an engine of a saved file: signed with the compiling key, and used only when
   it verifies against a key this process trusts; a corrupted, truncated or foreign entry is
-  removed and compiled again. Entries are written to a private file and renamed into place,
+  removed and compiled again. An entry also records the precisions under which its code
+  passed the engine check (`mark_checked`), which other processes then trust as they trust
+  the code. Entries are written to a private file and renamed into place,
   so concurrent processes see whole entries or none; the directory is kept under its size
   bound by removing the least recently used entries.
 """
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -38,7 +40,7 @@ from blade.codegen.statistics import CodeStatistics
 
 CACHE_VARIABLE = "BLADE_CACHE_DIR"
 DEFAULT_MAX_BYTES = 1 << 30
-_MAGIC = b"blade compiled code 1\n"
+_MAGIC = b"blade compiled code 2\n"
 
 
 @dataclass
@@ -49,6 +51,11 @@ class CompiledCluster:
     seconds: Dict[str, float] = field(default_factory=dict)  # per pass, and native code
     # What a cache entry carries besides the code.
     statistics: CodeStatistics = field(default_factory=CodeStatistics)
+    # The precisions (Config.precision) under which an engine running this code agreed
+    # with TorchScript in an optimize's engine check (blade.self_check): an engine that
+    # loads it from the cache under one of them is not run by the check again, as an
+    # engine sharing the code of a checked engine in one optimize is not.
+    checked: List[str] = field(default_factory=list)
 
 
 @lru_cache(maxsize=None)
@@ -143,6 +150,15 @@ class CodeCache:
         self._finishing[key] = finish
         return finish
 
+    def mark_checked(self, key: str, precision: str) -> None:
+        """Records that an engine running `key`'s code (compiled or loaded by this cache)
+        agreed with TorchScript under `precision`, in its directory entry too."""
+        compiled = self.compiled[key]
+        if precision in compiled.checked:
+            return
+        compiled.checked.append(precision)
+        self._store(key, compiled)
+
     def code_tensor(self, key: str) -> torch.Tensor:
         """The library of `key` as the uint8 tensor engines hold, one per key."""
         if key not in self.tensors:
@@ -180,7 +196,8 @@ class CodeCache:
     def _store(self, key: str, compiled: CompiledCluster) -> None:
         if self.directory is None:
             return
-        header = json.dumps(compiled.statistics.as_dict()).encode()
+        header = json.dumps({"statistics": compiled.statistics.as_dict(),
+                             "checked": compiled.checked}).encode()
         body = _MAGIC + struct.pack("<QQ", len(header), len(compiled.library)) + header + \
             compiled.library
         signature = _C.sign_digest(_entry_digest(key, body), self.signing_key).encode()
@@ -234,9 +251,13 @@ def _parse_entry(key: str, data: bytes):
     if why:
         return None, why
     try:
-        counters = json.loads(data[fixed:fixed + header_size])
+        header = json.loads(data[fixed:fixed + header_size])
+        checked = header["checked"]
+        if not isinstance(checked, list) or not all(isinstance(p, str) for p in checked):
+            raise ValueError(f"checked is {checked!r}, not a list of precisions")
         compiled = CompiledCluster(data[fixed + header_size:end],
-                                   statistics=CodeStatistics.from_dict(counters))
+                                   statistics=CodeStatistics.from_dict(header["statistics"]),
+                                   checked=checked)
     except (ValueError, KeyError, TypeError) as e:
         return None, f"malformed header: {e}"
     return compiled, ""
