@@ -16,11 +16,14 @@ __all__ = ["GenericOp", "IndexOp", "IteratorType", "YieldOp", "fill", "iterator_
 
 
 def fill(value, outs):
-    """`linalg.fill` of tensor `outs[0]` with scalar `value`; the filled tensor."""
+    """`linalg.fill` of tensor `outs[0]` with scalar `value`, of its element type (no cast
+    is made); the filled tensor."""
     target = outs[0]
+    element = ir.RankedTensorType(target.type).element_type
+    if value.type != element:
+        raise ValueError(f"linalg.fill of a tensor of {element} with a {value.type}")
     op = FillOp([target.type], [value], [target])
-    block = op.regions[0].blocks.append(value.type,
-                                        ir.RankedTensorType(target.type).element_type)
+    block = op.regions[0].blocks.append(value.type, element)
     with ir.InsertionPoint(block):
         YieldOp([block.arguments[0]])
     return op.result

@@ -22,19 +22,24 @@ def eval_mode(model: torch.nn.Module):
 
 @contextlib.contextmanager
 def each_method_parsed_once():
-    """While `torch.jit.script` runs, each method's source is parsed once. Scripting parses
-    the methods of every module instance again (torch.jit._recursive.make_stub, called
-    for every submodule even when its class is compiled already): 152 parses for 12
-    encoder layers, 190 for a ResNet-50, about a third of scripting's time. The parse of
-    a function under one name and `self` type is the same for every instance, so one
-    serves all, for the length of this block only (an edited source is parsed again on
-    the next optimize)."""
-    recursive = torch.jit._recursive
+    """While `torch.jit.script` runs, each method's source is parsed once, and each
+    method's overloads are looked up once per class. Scripting parses the methods of every
+    module instance again (torch.jit._recursive.make_stub, called for every submodule even
+    when its class is compiled already): 152 parses for 12 encoder layers, 190 for a
+    ResNet-50, about a third of scripting's time. And it asks for the overloads of every
+    callable attribute of every instance's class (get_overload_annotations: 22,000 lookups,
+    each naming the function's module and qualified name, for a ResNet-50's 144 modules,
+    a fifth of scripting's time). The parse of a function under one name and `self` type
+    is the same for every instance, as are a function's overloads in one class, so one
+    serves all, for the length of this block only (an edited source is parsed again on the
+    next optimize)."""
+    recursive, internal = torch.jit._recursive, torch._jit_internal
     parse = getattr(recursive, "get_jit_def", None)
-    if parse is None:  # another torch: scripting as it is
+    overloads_of = getattr(internal, "_get_overloaded_methods", None)
+    if parse is None or overloads_of is None:  # another torch: scripting as it is
         yield
         return
-    parsed = {}
+    parsed, overloads = {}, {}
 
     def get_jit_def(fn, def_name, self_name=None, is_classmethod=False):
         key = (getattr(fn, "__func__", fn), def_name, self_name, is_classmethod)
@@ -43,11 +48,22 @@ def each_method_parsed_once():
                                 is_classmethod=is_classmethod)
         return parsed[key]
 
+    def get_overloaded_methods(method, mod_class):
+        key = (getattr(method, "__func__", method), mod_class)
+        try:
+            if key not in overloads:
+                overloads[key] = overloads_of(method, mod_class)
+            return overloads[key]
+        except TypeError:  # an attribute that cannot be a key: looked up as it is
+            return overloads_of(method, mod_class)
+
     recursive.get_jit_def = get_jit_def
+    internal._get_overloaded_methods = get_overloaded_methods
     try:
         yield
     finally:
         recursive.get_jit_def = parse
+        internal._get_overloaded_methods = overloads_of
 
 
 def to_torchscript(model, args: Tuple, kwargs: Dict,

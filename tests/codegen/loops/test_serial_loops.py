@@ -167,3 +167,23 @@ def test_an_unoptimized_main_is_a_partition_of_its_own_at_O0():
     # Not marked: main shares the -O2 partitions like any group.
     parts = _partitions(PARTS.replace("%s", '"noinline"'), 3)
     assert all(level == native.LLVM_OPT_LEVEL for level, _ in parts), parts
+
+
+def test_a_loop_over_a_buffer_of_unknown_origin_stays_in_main():
+    # A transposed view is no view root_buffer sees through: it may alias what the loop
+    # writes, so no function could mark the two noalias.
+    transposed = """
+    #map = affine_map<(d0, d1) -> (d0, d1)>
+    func.func @main(%arg0: memref<4x4xf32> {llvm.noalias}) {
+      %t = memref.transpose %arg0 (d0, d1) -> (d1, d0)
+          : memref<4x4xf32> to memref<4x4xf32, strided<[1, 4]>>
+      linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]}
+          ins(%t : memref<4x4xf32, strided<[1, 4]>>) outs(%arg0 : memref<4x4xf32>) {
+      ^bb0(%in: f32, %out: f32):
+        linalg.yield %in : f32
+      }
+      return
+    }
+    """
+    result, _ = run_pass(transposed, "outline-serial-loops")
+    assert "blade_loop" not in result and "linalg.generic" in result, result

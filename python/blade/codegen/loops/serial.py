@@ -90,12 +90,21 @@ def _uses_from_outside(op):
     return list(constants), list(values)
 
 
+# What a buffer may come from for its root to be known: its own storage (main's argument,
+# an allocation, a global, a callee's result); root_buffer sees through views. A memref
+# made by any other op (a transpose, a select of two buffers, ...) may alias one of these.
+_KNOWN_ROOTS = ("memref.alloc", "memref.alloca", "memref.get_global", "func.call")
+
+
 def _distinct_roots(values) -> bool:
     roots = []
     for value in values:
         if not isinstance(value.type, ir.MemRefType):
             continue
         root = root_buffer(value)
+        owner = root.owner
+        if not isinstance(owner, ir.Block) and as_operation(owner).name not in _KNOWN_ROOTS:
+            return False
         if any(root == r for r in roots):
             return False
         roots.append(root)
