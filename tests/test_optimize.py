@@ -302,8 +302,9 @@ def test_config_checks_excluded_op_names():
 
 
 def test_scripting_parses_each_method_once_and_gives_the_same_module(monkeypatch):
-    """optimize's scripting parses a method's source once for all the instances of its
-    class (torch.jit.script parses it again for each), and scripts what it scripts."""
+    """optimize's scripting parses a method's source, and looks up its overloads, once for
+    all the instances of its class (torch.jit.script does both again for each), and
+    scripts what it scripts."""
     from blade.frontend.scripting import each_method_parsed_once
 
     torch.manual_seed(0)
@@ -320,6 +321,17 @@ def test_scripting_parses_each_method_once_and_gives_the_same_module(monkeypatch
         once = torch.jit.script(model)
     assert len(parsed) == 3  # Sequential's, Linear's and ReLU's forward
     assert torch.jit._recursive.get_jit_def is counting
+    # Overloads: looked up per callable attribute of each instance's class, or once.
+    looked_up = []
+    real_overloads = torch._jit_internal._get_overloaded_methods
+    monkeypatch.setattr(torch._jit_internal, "_get_overloaded_methods",
+                        lambda m, c: looked_up.append((m, c)) or real_overloads(m, c))
+    torch.jit.script(model)
+    every_instance = len(looked_up)
+    looked_up.clear()
+    with each_method_parsed_once():
+        torch.jit.script(model)
+    assert 0 < len(looked_up) < every_instance / 3, (len(looked_up), every_instance)
     assert str(once.inlined_graph) == str(plain.inlined_graph)
     x = torch.randn(2, 8)
     torch.testing.assert_close(once(x), model(x))
