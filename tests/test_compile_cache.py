@@ -121,16 +121,25 @@ def entry_header(entry: Path) -> dict:
     return json.loads(data[start:start + size])
 
 
-def test_code_checked_when_compiled_is_not_run_by_the_check_again(tmp_path, comparisons):
+def test_code_checked_when_compiled_is_not_run_by_the_check_again(tmp_path, comparisons,
+                                                                  monkeypatch):
+    import blade.compiler
+
+    captures = []
+    real_capture = blade.compiler.capture_cluster_examples
+    monkeypatch.setattr(blade.compiler, "capture_cluster_examples",
+                        lambda *args: captures.append(args[2]) or real_capture(*args))
     config = blade.Config(cache_dir=str(tmp_path / "cache"))
     x = torch.randn(4, 32)
     _, report = optimize_checked(layers(seed=0), x, config)
-    assert comparisons["n"] == 1 and report.checked_engines == 1
+    assert comparisons["n"] == 1 and report.checked_engines == 1 and captures
     (entry,) = cache_entries(tmp_path / "cache")
     assert entry_header(entry)["checked"] == ["float32"]
-    # Other weights, the same code: from the cache, checked by the optimize above.
+    # Other weights, the same code: from the cache, checked by the optimize above. No
+    # example run is even prepared.
+    captures.clear()
     _, report = optimize_checked(layers(seed=1), x, config)
-    assert comparisons["n"] == 1, str(report)
+    assert comparisons["n"] == 1 and captures == [], str(report)
     assert report.checked_engines == 0 and report.engines_checked_before == 1 and \
         report.engines_sharing_checked_code == 2, str(report)
     assert "1 running code from the compile cache that was checked" in str(report)

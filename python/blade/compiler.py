@@ -116,29 +116,11 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
         # round. Writes of their results into the caller's tensors that the engines do
         # themselves (a cluster may gain an input for one: before its examples are recorded).
         writes = {c: [] if config.dry_run else _C.absorbable_write_backs(c) for c in clusters}
-        capture = checker = run_deferred = None
-        known, captured, deferred = {}, [], []
-        if config.check_engines and clusters and not config.dry_run:
-            start = time.perf_counter()
-            known = examples_from_results(graph, clusters, inputs, results)
-            kinds = set()
-            for c in clusters:
-                if c not in known:
-                    kind = repetition_key(c)
-                    (deferred if kind in kinds else captured).append(c)
-                    kinds.add(kind)
-            if deferred:
-                run_deferred = capture_cluster_examples(module, graph, deferred, inputs)
-            if captured:
-                run_example = capture_cluster_examples(module, graph, captured, inputs)
-                checker = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="blade-check")
-                capture = checker.submit(run_example)
-            check_time.capture += time.perf_counter() - start
-        # Each cluster's compilation is begun (MLIR's stages here, LLVM's handed to the
-        # pool), then each is finished in turn: the workers compile one cluster's code
-        # while the next goes through MLIR.
-        begun = []
+        # Each cluster is imported first (its compile cache key known, its entry read), and
+        # the compilations are begun once the example runs are under way (MLIR's stages
+        # here, LLVM's handed to the pool), then each is finished in turn: the workers
+        # compile one cluster's code while the next goes through MLIR.
+        imported = []
         for cluster in clusters:
             ops = _op_counts(cluster.g("Subgraph"))
             input_specs, output_specs = _signatures(cluster.inputs(), cluster.outputs())
@@ -154,9 +136,42 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             cluster_dump = dump.cluster(entry.name)
             start = time.perf_counter()
             try:
-                finish = _start_cluster(module, cluster, index - 1, config, cpu_features,
-                                        cluster_dump, code_cache, pool, check_time,
-                                        writes[cluster])
+                key, start_build = _start_cluster(module, cluster, index - 1, config,
+                                                  cpu_features, cluster_dump, code_cache,
+                                                  pool, check_time, writes[cluster])
+            except Exception as e:
+                failed(entry, cluster, ops, cluster_dump, start, e)
+                progress.step(entry.name)
+                continue
+            imported.append((entry, cluster, ops, cluster_dump, start, key, start_build))
+        capture = checker = run_deferred = None
+        known, captured, deferred = {}, [], []
+        if config.check_engines and imported:
+            start = time.perf_counter()
+            # Code that passed the check in the optimize that compiled it (its compile
+            # cache entry says so) needs no example.
+            checked = {c for _, c, _, _, _, key, _ in imported
+                       if code_cache.checked_before(key, config.precision)}
+            unchecked = [c for _, c, _, _, _, _, _ in imported if c not in checked]
+            known = examples_from_results(graph, unchecked, inputs, results)
+            kinds = set()
+            for c in unchecked:
+                if c not in known:
+                    kind = repetition_key(c)
+                    (deferred if kind in kinds else captured).append(c)
+                    kinds.add(kind)
+            if deferred:
+                run_deferred = capture_cluster_examples(module, graph, deferred, inputs)
+            if captured:
+                run_example = capture_cluster_examples(module, graph, captured, inputs)
+                checker = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="blade-check")
+                capture = checker.submit(run_example)
+            check_time.capture += time.perf_counter() - start
+        begun = []
+        for entry, cluster, ops, cluster_dump, start, _, start_build in imported:
+            try:
+                finish = start_build()
             except Exception as e:
                 failed(entry, cluster, ops, cluster_dump, start, e)
                 progress.step(entry.name)
@@ -275,27 +290,27 @@ PREFIX_SUFFIX = "_prefix"  # of the engines a bisection compiles
 def _start_cluster(module, cluster, index: int, config: Config, cpu_features: str,
                    dump, code_cache: CodeCache, pool: CompilerPool, check_time: CheckTime,
                    writes: List[Tuple[int, int]]):
-    """Begins compiling one cluster; returns the function that finishes it, checks the
-    engine against the example that its argument gives (called only when the engine's
-    code is not that of an engine already checked): what the cluster's nodes made of its
-    inputs in the example run (None: not checked; see blade.self_check), and swaps the
-    cluster for an engine call, returning the CompiledCluster, where its code came from
+    """Imports one cluster; returns its compile cache key (see _start_engine) and the
+    function that begins its compilation, which returns the function that finishes it,
+    checks the engine against the example that its argument gives (called only when the
+    engine's code is not that of an engine already checked): what the cluster's nodes made
+    of its inputs in the example run (None: not checked; see blade.self_check), and swaps
+    the cluster for an engine call, returning the CompiledCluster, where its code came from
     (compiled, the compile cache, or another engine of this model with the same code) and
     `writes`, the (output, input) pairs the engine writes (absorbable_write_backs,
-    csrc/passes/engine_call.h). Either raises on any failure, leaving the graph untouched.
+    csrc/passes/engine_call.h). Each raises on any failure, leaving the graph untouched.
     `dump` (a ClusterDump) receives the IR of every pass."""
     name = f"{ENGINE_PREFIX}{index}"
     subgraph = cluster.g("Subgraph").copy()
-    finish_engine = _start_engine(subgraph, name, config, cpu_features, dump, code_cache, pool,
-                                  boundary=(list(cluster.inputs()), list(cluster.outputs())),
-                                  writes=writes)
+    key, start_engine = _start_engine(
+        subgraph, name, config, cpu_features, dump, code_cache, pool,
+        boundary=(list(cluster.inputs()), list(cluster.outputs())), writes=writes)
 
     def build_prefix(prefix):
         # The same compilation for a prefix of the cluster (self_check's bisection).
-        compiled, engine, _, _ = _start_engine(prefix, name + PREFIX_SUFFIX, config,
-                                               cpu_features, Dumper(None).cluster(name),
-                                               code_cache, pool)()
-        return engine
+        _, start_prefix = _start_engine(prefix, name + PREFIX_SUFFIX, config, cpu_features,
+                                        Dumper(None).cluster(name), code_cache, pool)
+        return start_prefix()()[1]
 
     def finish(example_of: Callable[[], Optional[Example]]):
         compiled, engine, origin, key = finish_engine()
@@ -334,19 +349,25 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
         _C.replace_cluster_with_engine(cluster, name, writes)
         return compiled, origin, writes
 
-    return finish
+    def start():
+        nonlocal finish_engine
+        finish_engine = start_engine()
+        return finish
+
+    finish_engine = None
+    return key, start
 
 
 def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
                   code_cache: CodeCache, pool: CompilerPool, boundary=None,
                   writes: Sequence[Tuple[int, int]] = ()):
-    """Begins compiling `subgraph` (a copy of a cluster's, or of a prefix of it); returns
-    the function that finishes it and returns the CompiledCluster, the loaded Engine,
-    where its code came from and its compile cache key (None: compiled apart from the
-    cache). `boundary` is the (inputs, outputs) whose types the engine's
-    signature names, the subgraph's own by default; `writes`, the engine's (output, input)
-    pairs (Engine::writes). `subgraph` is changed (its constants
-    become params)."""
+    """Imports `subgraph` (a copy of a cluster's, or of a prefix of it); returns its compile
+    cache key (None: compiled apart from the cache) and the function that begins its
+    compilation, which returns the function that finishes it and returns the
+    CompiledCluster, the loaded Engine, where its code came from and the key. `boundary` is
+    the (inputs, outputs) whose types the engine's signature names, the subgraph's own by
+    default; `writes`, the engine's (output, input) pairs (Engine::writes). `subgraph` is
+    changed (its constants become params)."""
     from blade.importer import import_subgraph
 
     dump.write("0_torchscript.txt", str(subgraph))
@@ -388,40 +409,46 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
 
     # A user converter's StableHLO comes from Python the key cannot see, and a dump wants
     # every pass's IR: those clusters are always compiled.
-    if imported.user_calls or dump.enabled:
-        finish_build = start_build()
-
-        def finish_code():
-            compiled = finish_build()
-            code = torch.frombuffer(bytearray(compiled.library), dtype=torch.uint8)
-            return compiled, code, "compiled", None
-    else:
+    key = None
+    if not imported.user_calls and not dump.enabled:
         key = code_cache.key(torch_ir=imported.text, num_buffers=num_buffers,
                              returns_outputs=returns_outputs, parallel=config.parallel,
                              cpu_features=cpu_features)
-        # A bisection's prefix engine (self_check) is no engine of the model: the model's
-        # first engine with this code is the one the others share it with.
-        sharing = code_cache.first_user.get(key, name)
-        if not name.endswith(PREFIX_SUFFIX):
-            code_cache.first_user.setdefault(key, name)
-        finish_cached = code_cache.start(key, start_build)
 
-        def finish_code():
-            compiled = finish_cached()
-            origin = code_cache.origin[key] if sharing == name else f"same code as {sharing}"
-            return compiled, code_cache.code_tensor(key), origin, key
+    def start():
+        """Begins the compilation (or takes the code from the compile cache); returns the
+        function that finishes it."""
+        if key is None:
+            finish_build = start_build()
 
-    def finish():
-        compiled, code, origin, key = finish_code()
-        engine = _C.create_signed_engine(name, code, input_specs, output_specs, fallback_ir,
-                                         params, config.fallback, cpu_features,
-                                         config.precision, config.signing_key or "",
-                                         ";".join(f"{o}:{i}" for o, i in writes))
-        if not engine.is_compiled():
-            raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
-        return compiled, engine, origin, key
+            def code_and_origin(compiled):
+                return torch.frombuffer(bytearray(compiled.library),
+                                        dtype=torch.uint8), "compiled"
+        else:
+            # A bisection's prefix engine (self_check) is no engine of the model: the
+            # model's first engine with this code is the one the others share it with.
+            sharing = code_cache.first_user.get(key, name)
+            if not name.endswith(PREFIX_SUFFIX):
+                code_cache.first_user.setdefault(key, name)
+            finish_build = code_cache.start(key, start_build)
 
-    return finish
+            def code_and_origin(compiled):
+                return code_cache.code_tensor(key), code_cache.origin[key] \
+                    if sharing == name else f"same code as {sharing}"
+
+        def finish():
+            compiled = finish_build()
+            code, origin = code_and_origin(compiled)
+            engine = _C.create_signed_engine(name, code, input_specs, output_specs, fallback_ir,
+                                             params, config.fallback, cpu_features,
+                                             config.precision, config.signing_key or "",
+                                             ";".join(f"{o}:{i}" for o, i in writes))
+            if not engine.is_compiled():
+                raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
+            return compiled, engine, origin, key
+        return finish
+
+    return key, start
 
 
 def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config,

@@ -130,11 +130,7 @@ class CodeCache:
         """
         if key in self._finishing:
             return self._finishing[key]
-        if key not in self.compiled:
-            found = self._load(key)
-            if found is not None:
-                self.origin[key] = "compile cache"
-                self.compiled[key] = found
+        self._look_up(key)
         if key in self.compiled:
             return lambda: self.compiled[key]
         finish_build = start_build()
@@ -149,6 +145,23 @@ class CodeCache:
 
         self._finishing[key] = finish
         return finish
+
+    def _look_up(self, key: str) -> None:
+        """Takes `key`'s code from the directory, where it is, unless this optimize has it."""
+        if key not in self.compiled and key not in self._finishing:
+            found = self._load(key)
+            if found is not None:
+                self.origin[key] = "compile cache"
+                self.compiled[key] = found
+
+    def checked_before(self, key: Optional[str], precision: str) -> bool:
+        """Whether `key`'s code comes from the directory and passed the engine check under
+        `precision` in the optimize that compiled it (reads its entry once)."""
+        if key is None:
+            return False
+        self._look_up(key)
+        return self.origin.get(key) == "compile cache" and \
+            precision in self.compiled[key].checked
 
     def mark_checked(self, key: str, precision: str) -> None:
         """Records that an engine running `key`'s code (compiled or loaded by this cache)
