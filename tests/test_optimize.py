@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import blade
-from helpers import Lambda, assert_same, run_compiled
+from helpers import Lambda, assert_ran_compiled, assert_same, run_compiled
 
 
 class MixedModel(torch.nn.Module):
@@ -393,3 +393,28 @@ def test_casts_to_another_dtype_compile_and_a_cast_to_the_same_dtype_keeps_alias
     assert report.unsupported["aten::to.dtype"].count == 1, str(report)  # y.to(float32)
     assert report.compiled_ops == report.total_ops - 1, str(report)
     assert optimized(x, y)[1].data_ptr() == y.data_ptr()
+
+
+def test_optimize_pauses_the_cyclic_garbage_collector_and_restores_it(monkeypatch):
+    import gc
+
+    import blade.compiler
+
+    seen = []
+    real = blade.compiler.simplify
+    monkeypatch.setattr(blade.compiler, "simplify",
+                        lambda *args, **kwargs: seen.append(gc.isenabled()) or
+                        real(*args, **kwargs))
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(), \
+        torch.randn(2, 8)
+    optimized = blade.optimize(model, (x,), blade.Config(cache_dir="off"))
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        blade.optimize(model, (x,), blade.Config(cache_dir="off"))
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
+    with torch.no_grad():
+        torch.testing.assert_close(optimized(x), model(x))
+    assert_ran_compiled(optimized)
