@@ -245,8 +245,9 @@ def partition(module, count: int) -> List[Dict]:
     groups (see `function_group`), balanced by size, the largest first: each a dict with its
     module as MLIR `bytecode`, the functions it declares that another defines
     (`elsewhere`) and the level LLVM compiles it at (`opt_level`). A main marked
-    `optnone` has a partition of its own group, compiled at -O0 (STRAIGHT_LINE_MAIN_OPT_LEVEL),
-    weighed at a quarter of its size. The module itself is left as it was.
+    `optnone` has a partition of its own group besides those, compiled at -O0
+    (STRAIGHT_LINE_MAIN_OPT_LEVEL), weighed at a quarter of its size. The module itself is
+    left as it was.
 
     Example:
         >>> parts = partition(module, 2)   # [{"bytecode": ..., "elsewhere": [...], ...}, ...]
@@ -276,11 +277,12 @@ def partition(module, count: int) -> List[Dict]:
             size = sum(len(block.operations) for block in op.regions[0].blocks)
             sizes[group] = sizes.get(group, 0) + size
             main_unoptimized = main_unoptimized or (name == "main" and _unoptimized(op))
-    # Bins of [weight, groups, opt_level]; main's own first where it is compiled apart.
+    # Bins of [weight, groups, opt_level]; main's own first where it is compiled apart, the
+    # rest still in `count` (main at -O0 is light: with two partitions, one of which main's,
+    # the other did all the -O2 work while main's was long done).
     bins: List[List] = []
     if main_unoptimized and count >= 2 and len(sizes) > 1:
         bins.append([sizes.pop("main") // 4, ["main"], STRAIGHT_LINE_MAIN_OPT_LEVEL])
-        count -= 1
     shared = [[0, [], LLVM_OPT_LEVEL] for _ in range(max(1, min(count, len(sizes))))]
     for group in sorted(sizes, key=lambda g: (-sizes[g], g)):
         lightest = min(shared, key=lambda b: b[0])
