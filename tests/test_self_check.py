@@ -95,6 +95,54 @@ def test_a_cluster_reading_an_input_written_before_it_has_an_example_run_of_its_
     assert_same(optimized(x.clone()), model(x.clone()))
 
 
+class BranchOnValues(torch.nn.Module):
+    """A compiled chain in the branch of a data-dependent `if` that the example takes (as
+    nn.TransformerEncoderLayer leaves its slow path), or in such a branch inside a loop."""
+
+    def __init__(self, loop: bool):
+        super().__init__()
+        self.loop = loop
+
+    def forward(self, x):
+        if self.loop:
+            for _ in range(int(x.abs().sum() > 0) + 1):
+                if x.sum() > -1e9:
+                    x = torch.tanh(x) * 2.0 + x
+                else:
+                    x = x - 1.0
+            return x
+        if x.sum() > -1e9:
+            return torch.tanh(x) * 2.0 + x
+        return x - 1.0
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_a_cluster_in_the_branch_taken_has_its_example_from_the_type_run(monkeypatch, loop):
+    """Returned by an If's branch that the graph returns: the type run's results are the
+    chain's. In a loop's body they are not (the loop returns its last iteration's, and a
+    data-dependent trip count keeps it a loop): the example run records it."""
+    captures = _recording_captures(monkeypatch)
+    x = torch.randn(16, 32)
+    model = BranchOnValues(loop)
+    optimized = blade.optimize(model, (x,), blade.Config(cache_dir="off"))
+    report = assert_ran_compiled_on(optimized, model, x)
+    # The chain and the condition (whose result the graph does not return: it always needs
+    # the example run), and in the loop the trip count's test.
+    assert report.checked_engines == len(report.clusters) == (3 if loop else 2), str(report)
+    assert report.examples_from_type_run == (0 if loop else 1), str(report)
+    assert sum(c["clusters"] for c in captures) == len(report.clusters) - \
+        report.examples_from_type_run, captures
+
+
+def assert_ran_compiled_on(optimized, model, x):
+    with torch.no_grad():
+        assert_same(optimized(x), model(x))
+    report = blade.report(optimized)
+    assert not report.compile_errors and all(c.compiled and c.calls > 0
+                                             for c in report.clusters), str(report)
+    return report
+
+
 @pytest.mark.parametrize("got, want, agrees", [
     (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-5]), True),
     (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.1]), False),

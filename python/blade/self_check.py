@@ -25,7 +25,7 @@ again. A cluster whose nodes draw random numbers is compared by running its subg
 code from one saved state of the generator (`compare_engine`).
 """
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -108,10 +108,12 @@ def examples_from_results(graph, clusters: Sequence, inputs: Sequence,
                           results: Sequence) -> Dict[torch._C.Node, Example]:
     """The examples of the clusters that the example run of the type recording already
     gives: a cluster whose inputs are all inputs of the graph and whose outputs are all
-    results of the graph (or elements of a tuple or list it returns), with nothing in the
-    graph writing to any of them and none of its nodes drawing random numbers, ran on
-    copies of the example inputs `inputs` and gave what the graph returned, `results`
-    (blade.frontend.simplify). The other clusters are
+    results of the graph (or elements of a tuple or list it returns, or returned by the
+    branch of a `prim::If` whose outputs are, as nn.TransformerEncoderLayer's fast-path test
+    leaves its slow path: the branch the cluster is in is the one that ran, since its nodes
+    have types), with nothing in the graph writing to any of them and none of its nodes
+    drawing random numbers, ran on copies of the example inputs `inputs` and gave what the
+    graph returned, `results` (blade.frontend.simplify). The other clusters are
     left to the capture run. A cluster compiled whole is the common case: its check then
     costs no second TorchScript run of the model."""
     # Values by their unique number: the graph input's position, the tensor returned.
@@ -131,16 +133,34 @@ def examples_from_results(graph, clusters: Sequence, inputs: Sequence,
     found = {}
     for cluster in clusters:
         ins, outs = list(cluster.inputs()), list(cluster.outputs())
+        results_of = [returned.get(_as_returned(v, returned)) for v in outs]
         if not all(v.unique() in position and
                    isinstance(inputs[position[v.unique()]], torch.Tensor) for v in ins) or \
-                not all(isinstance(returned.get(v.unique()), torch.Tensor) for v in outs) or \
+                not all(isinstance(r, torch.Tensor) for r in results_of) or \
                 any(may_be_written(v, readers) for v in ins + outs) or \
                 draws_random_numbers(cluster.g("Subgraph")):
             continue
         # Not copied: the comparisons run the engine on copies of their own.
-        found[cluster] = Example([inputs[position[v.unique()]] for v in ins],
-                                 [returned[v.unique()] for v in outs])
+        found[cluster] = Example([inputs[position[v.unique()]] for v in ins], results_of)
     return found
+
+
+def _as_returned(value, returned: Dict[int, Any]) -> Optional[int]:
+    """The unique number of the graph result that `value` is, itself or as what the blocks
+    of `prim::If` nodes return (the If's output at its position), or None. Only If nodes:
+    a loop's block runs many times, and what it returns is not its last iteration's."""
+    while value.unique() not in returned:
+        outer = None
+        for use in value.uses():
+            block = use.user.owningBlock() if use.user.kind() == "prim::Return" else None
+            owner = block.owningNode() if block is not None else None
+            if owner is not None and owner.kind() == "prim::If":
+                outer = owner.outputsAt(use.offset)
+                break
+        if outer is None:
+            return None
+        value = outer
+    return value.unique()
 
 
 def capture_cluster_examples(module, graph, clusters: Sequence,
