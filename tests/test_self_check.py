@@ -134,6 +134,74 @@ def test_a_cluster_in_the_branch_taken_has_its_example_from_the_type_run(monkeyp
         report.examples_from_type_run, captures
 
 
+class ReturnedByOneBranch(torch.nn.Module):
+    """relu(x) is computed before the `if` and returned by the branch the example does not
+    take: the If's result in the type run is x, not the cluster's."""
+
+    def forward(self, x, c):
+        y = torch.relu(x)
+        if bool(c):
+            return y
+        return x
+
+
+def test_a_value_defined_outside_the_branch_that_returns_it_gets_an_example_run(wrong_relu):
+    x = torch.randn(16, 32)
+    model = ReturnedByOneBranch()
+    optimized = blade.optimize(model, (x, torch.tensor(False)), blade.Config(cache_dir="off"))
+    report = blade.report(optimized)
+    assert report.examples_from_type_run == 0, str(report)
+    assert "left in TorchScript: aten::relu" in report.compile_errors[0], str(report)
+    with torch.no_grad():
+        assert_same(optimized(x, torch.tensor(True)), model(x, torch.tensor(True)))
+
+
+class WrittenAfterTheBranch(torch.nn.Module):
+    """The If's result, the chain's, is scaled in place before it is returned: what the
+    graph returned is not what the chain gave."""
+
+    def forward(self, x, c):
+        if bool(c):
+            y = torch.tanh(x) * 2.0 + x
+        else:
+            y = x
+        y.mul_(3.0)
+        return y
+
+
+def test_an_if_result_written_after_the_branch_gets_an_example_run():
+    x = torch.randn(16, 32)
+    model = WrittenAfterTheBranch()
+    optimized = blade.optimize(model, (x, torch.tensor(True)), blade.Config(cache_dir="off"))
+    report = blade.report(optimized)
+    assert not report.compile_errors and report.checked_engines >= 1, str(report)
+    assert report.examples_from_type_run == 0, str(report)
+    with torch.no_grad():
+        assert_same(optimized(x.clone(), torch.tensor(True)), model(x.clone(),
+                                                                    torch.tensor(True)))
+
+
+class BranchOnSize(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[0] > 4:
+            return torch.relu(x) * 2.0   # only the resized inputs of dynamic dims take it
+        return x * 1.0
+
+
+def test_with_dynamic_dims_a_branch_with_types_may_not_have_run():
+    """Resized inputs record types in branches the example did not take: the If's result
+    in the example run is the other branch's, so no example comes from there."""
+    x = torch.randn(4, 8)
+    model = BranchOnSize()
+    optimized = blade.optimize(model, (x,), blade.Config(cache_dir="off", dynamic=True))
+    report = blade.report(optimized)
+    assert not report.compile_errors and report.examples_from_type_run == 0, str(report)
+    with torch.no_grad():
+        for rows in (4, 9):
+            xi = torch.randn(rows, 8)
+            assert_same(optimized(xi), model(xi))
+
+
 def assert_ran_compiled_on(optimized, model, x):
     with torch.no_grad():
         assert_same(optimized(x), model(x))

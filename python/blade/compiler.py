@@ -68,11 +68,14 @@ def _specs(*groups, unnamed_dtype: Optional[str] = None) -> List[List[str]]:
 
 
 def _compile_clusters(module, graph, clusters: List, config: Config, report: Report,
-                      dump: Dumper, progress: Progress, inputs: Tuple, results: List) -> None:
+                      dump: Dumper, progress: Progress, inputs: Tuple, results: List,
+                      resized: bool = False) -> None:
     """Swaps each cluster for an engine, or dissolves it back into TorchScript when it
     fails to compile. In rounds: when a failure names its node, the nodes of the clusters
     that failed so are clustered again without those nodes once the round is over (when
-    no cluster node is left in the graph to merge with), and the new clusters compiled."""
+    no cluster node is left in the graph to merge with), and the new clusters compiled.
+    `results` are what the graph returned in the run that recorded the types; `resized`,
+    whether other runs (of resized inputs, for dynamic dims) recorded types too."""
     cpu_features = ""
     if clusters and not config.dry_run:
         cpu_features = native.host_cpu_features()
@@ -85,13 +88,13 @@ def _compile_clusters(module, graph, clusters: List, config: Config, report: Rep
     # start at the first cluster that is compiled and stop when all are done.
     with CompilerPool(default_workers(config.compile_workers), str(RUNTIME_LIBRARY)) as pool:
         _compile_in_rounds(module, graph, clusters, config, report, dump, progress,
-                           cpu_features, code_cache, pool, inputs, results)
+                           cpu_features, code_cache, pool, inputs, results, resized)
 
 
 def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Report,
                        dump: Dumper, progress: Progress, cpu_features: str,
                        code_cache: CodeCache, pool: CompilerPool, inputs: Tuple,
-                       results: List) -> None:
+                       results: List, resized: bool) -> None:
     index = 0
     check_time = CheckTime()
     for rounds in range(MAX_RECLUSTER_ROUNDS + 1):
@@ -155,7 +158,10 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             checked = {c for _, c, _, _, _, key, _ in imported
                        if code_cache.checked_before(key, config.precision)}
             unchecked = [c for _, c, _, _, _, _, _ in imported if c not in checked]
-            known = examples_from_results(graph, unchecked, inputs, results)
+            # A branch's nodes have types because the example inputs ran it, unless resized
+            # inputs recorded types too.
+            known = examples_from_results(graph, unchecked, inputs, results,
+                                          through_branches=not resized)
             kinds = set()
             for c in unchecked:
                 if c not in known:
@@ -736,7 +742,7 @@ def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress):
     dump.graph("clustered", graph, always=True)
 
     _compile_clusters(module, graph, clusters, config, report, dump, progress, inputs,
-                      results)
+                      results, resized=bool(resized_inputs))
     torch._C._jit_pass_dce(graph)
     if not config.dry_run:
         _account_for_ops_outside_engines(graph, report)

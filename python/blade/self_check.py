@@ -104,16 +104,19 @@ class Example:
     outputs: List[torch.Tensor]
 
 
-def examples_from_results(graph, clusters: Sequence, inputs: Sequence,
-                          results: Sequence) -> Dict[torch._C.Node, Example]:
+def examples_from_results(graph, clusters: Sequence, inputs: Sequence, results: Sequence,
+                          through_branches: bool = True) -> Dict[torch._C.Node, Example]:
     """The examples of the clusters that the example run of the type recording already
     gives: a cluster whose inputs are all inputs of the graph and whose outputs are all
-    results of the graph (or elements of a tuple or list it returns, or returned by the
-    branch of a `prim::If` whose outputs are, as nn.TransformerEncoderLayer's fast-path test
-    leaves its slow path: the branch the cluster is in is the one that ran, since its nodes
-    have types), with nothing in the graph writing to any of them and none of its nodes
+    results of the graph (or elements of a tuple or list it returns, or, with
+    `through_branches`, what the branch of a `prim::If` that holds the cluster returns as
+    the If's outputs, which are: nn.TransformerEncoderLayer's fast-path test leaves its slow
+    path so), with nothing in the graph writing to any of them and none of its nodes
     drawing random numbers, ran on copies of the example inputs `inputs` and gave what the
-    graph returned, `results` (blade.frontend.simplify). The other clusters are
+    graph returned, `results` (blade.frontend.simplify). The branch holding the cluster ran
+    since its nodes have types, which holds when only the example inputs recorded them:
+    not with the resized inputs of dynamic dims, which take branches of their own (then
+    `through_branches` is False). The other clusters are
     left to the capture run. A cluster compiled whole is the common case: its check then
     costs no second TorchScript run of the model."""
     # Values by their unique number: the graph input's position, the tensor returned.
@@ -133,34 +136,44 @@ def examples_from_results(graph, clusters: Sequence, inputs: Sequence,
     found = {}
     for cluster in clusters:
         ins, outs = list(cluster.inputs()), list(cluster.outputs())
-        results_of = [returned.get(_as_returned(v, returned)) for v in outs]
+        paths = [_path_to_result(v, returned, through_branches) for v in outs]
         if not all(v.unique() in position and
                    isinstance(inputs[position[v.unique()]], torch.Tensor) for v in ins) or \
-                not all(isinstance(r, torch.Tensor) for r in results_of) or \
-                any(may_be_written(v, readers) for v in ins + outs) or \
+                not all(p is not None and isinstance(returned[p[-1].unique()], torch.Tensor)
+                        for p in paths) or \
+                any(may_be_written(v, readers) for v in ins) or \
+                any(may_be_written(v, readers) for p in paths for v in p) or \
                 draws_random_numbers(cluster.g("Subgraph")):
             continue
         # Not copied: the comparisons run the engine on copies of their own.
-        found[cluster] = Example([inputs[position[v.unique()]] for v in ins], results_of)
+        found[cluster] = Example([inputs[position[v.unique()]] for v in ins],
+                                 [returned[p[-1].unique()] for p in paths])
     return found
 
 
-def _as_returned(value, returned: Dict[int, Any]) -> Optional[int]:
-    """The unique number of the graph result that `value` is, itself or as what the blocks
-    of `prim::If` nodes return (the If's output at its position), or None. Only If nodes:
-    a loop's block runs many times, and what it returns is not its last iteration's."""
+def _path_to_result(value, returned: Dict[int, Any], through_branches: bool):
+    """The values from `value` to the graph result it is: itself, or with
+    `through_branches` the outputs of the `prim::If` nodes whose branch defines it (or the
+    previous one) and returns it, each the If's output at the position it is returned at;
+    None when it is no result. Only a value the returning branch defines itself: one
+    defined outside the If may be returned by one branch and not by the other, which may
+    be the one that ran. Only If nodes: a loop's block runs many times, and what it returns
+    is not its last iteration's."""
+    path = [value]
     while value.unique() not in returned:
         outer = None
-        for use in value.uses():
+        for use in value.uses() if through_branches else ():
             block = use.user.owningBlock() if use.user.kind() == "prim::Return" else None
             owner = block.owningNode() if block is not None else None
-            if owner is not None and owner.kind() == "prim::If":
+            if owner is not None and owner.kind() == "prim::If" and \
+                    value.node().owningBlock() == block:
                 outer = owner.outputsAt(use.offset)
                 break
         if outer is None:
             return None
         value = outer
-    return value.unique()
+        path.append(value)
+    return path
 
 
 def capture_cluster_examples(module, graph, clusters: Sequence,
