@@ -327,9 +327,9 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
         example = None
         if shares_checked_code:
             check_time.sharing += 1
-        elif config.check_engines and origin == "compile cache" and \
-                config.precision in compiled.checked:
-            # Checked by the optimize that compiled it (its entry says so, signed).
+        elif config.check_engines and code_cache.checked_before(key, config.precision):
+            # Checked by the optimize that compiled it (its entry says so, signed), whether
+            # this engine is its first user here or shares it with one that failed.
             check_time.checked_before += 1
             check_time.agreed.add(name)
         elif config.check_engines:
