@@ -196,6 +196,10 @@ def test_with_dynamic_dims_a_branch_with_types_may_not_have_run():
     optimized = blade.optimize(model, (x,), blade.Config(cache_dir="off", dynamic=True))
     report = blade.report(optimized)
     assert not report.compile_errors and report.examples_from_type_run == 0, str(report)
+    # The branch's engine: the example run never reaches it, so it is not checked, and the
+    # report says so.
+    assert report.engines_not_reached_by_the_check == 1, str(report)
+    assert "engines not checked: 1" in str(report)
     with torch.no_grad():
         for rows in (4, 9):
             xi = torch.randn(rows, 8)

@@ -230,6 +230,7 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
         report.checked_engines = check_time.engines
         report.engines_sharing_checked_code = check_time.sharing
         report.engines_checked_before = check_time.checked_before
+        report.engines_not_reached_by_the_check = check_time.unreached
         report.examples_from_type_run += len(known)
         report.check_seconds = round(check_time.total, 3)
         if not retry:
@@ -334,6 +335,10 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
             check_time.agreed.add(name)
         elif config.check_engines:
             example = example_of()
+            if example is None:
+                # The example run never reached the cluster: a branch that only the
+                # resized inputs of dynamic dims took. Said in the report.
+                check_time.unreached += 1
         if example is not None:
             start = time.perf_counter()
             random = draws_random_numbers(cluster.g("Subgraph"))

@@ -80,6 +80,9 @@ class Report:
     # or came from the compile cache, checked by the optimize that compiled it.
     engines_sharing_checked_code: int = 0
     engines_checked_before: int = 0
+    # Engines the check could not run: the example inputs never reached their cluster
+    # (with dynamic dims, a branch only the resized inputs took); they run unchecked.
+    engines_not_reached_by_the_check: int = 0
     # Clusters whose example came from the run that recorded the types (they take the
     # graph's inputs and give its results), not from a run of its own (blade.self_check).
     examples_from_type_run: int = 0
@@ -129,6 +132,8 @@ class Report:
                         engines_sharing_checked_code=data.get(
                             "engines_sharing_checked_code", 0),
                         engines_checked_before=data.get("engines_checked_before", 0),
+                        engines_not_reached_by_the_check=data.get(
+                            "engines_not_reached_by_the_check", 0),
                         examples_from_type_run=data.get("examples_from_type_run", 0))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
@@ -179,6 +184,10 @@ class Report:
                          + (f"; {self.examples_from_type_run} compared with the results of "
                             f"the run that recorded the types" if self.examples_from_type_run
                             else ""))
+        if self.engines_not_reached_by_the_check:
+            lines.append(f"  engines not checked: {self.engines_not_reached_by_the_check} (the "
+                         "example inputs never reached their cluster: a branch that only the "
+                         "resized inputs of dynamic dims took)")
         bf16 = sum(c.precision == "bf16" for c in self.clusters)
         if bf16:
             lines.append(f"  precision: bf16 (GEMMs and convolutions by weights in bfloat16 "

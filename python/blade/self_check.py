@@ -76,6 +76,9 @@ class CheckTime:
     # Engines not run either: their code came from the compile cache, whose entry says
     # that it agreed in the optimize that compiled it (CodeCache.mark_checked).
     checked_before: int = 0
+    # Engines the check could not run: the example run never reached their cluster (with
+    # dynamic dims, a branch that only the resized inputs took).
+    unreached: int = 0
 
     @property
     def total(self) -> float:
