@@ -155,9 +155,8 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
             start = time.perf_counter()
             # Code that passed the check in the optimize that compiled it (its compile
             # cache entry says so) needs no example.
-            checked = {c for _, c, _, _, _, key, _ in imported
-                       if code_cache.checked_before(key, config.precision)}
-            unchecked = [c for _, c, _, _, _, _, _ in imported if c not in checked]
+            unchecked = [c for _, c, _, _, _, key, _ in imported
+                         if not code_cache.checked_before(key, config.precision)]
             # A branch's nodes have types because the example inputs ran it, unless resized
             # inputs recorded types too.
             known = examples_from_results(graph, unchecked, inputs, results,
