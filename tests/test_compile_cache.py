@@ -270,8 +270,10 @@ def test_a_process_whose_code_all_comes_from_the_cache_never_loads_mlir(tmp_path
         import sys, torch, blade
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()).eval()
+        # (the model cache off: the code cache is what is tested, not the model cache)
         optimized = blade.optimize(model, (torch.randn(4, 32),),
-                                   blade.Config(cache_dir=sys.argv[1], kernel_calls=False))
+                                   blade.Config(cache_dir=sys.argv[1], kernel_calls=False,
+                                                cache_models=False))
         print(blade.report(optimized).clusters[0].code)
         print("torch_mlir" in sys.modules)
     """)
@@ -285,10 +287,11 @@ def test_a_process_whose_code_all_comes_from_the_cache_never_loads_mlir(tmp_path
 def test_cache_directory_stays_under_its_bound(tmp_path):
     cache = tmp_path / "cache"
     x = torch.randn(4, 32)
-    optimize_checked(layers(), x, blade.Config(cache_dir=str(cache)))
+    # (code entries alone: tests/test_model_cache.py bounds model entries)
+    optimize_checked(layers(), x, blade.Config(cache_dir=str(cache), cache_models=False))
     (entry,) = cache_entries(cache)
     bound = entry.stat().st_size * 3 // 2  # room for one entry, not two
-    config = blade.Config(cache_dir=str(cache), cache_max_bytes=bound)
+    config = blade.Config(cache_dir=str(cache), cache_max_bytes=bound, cache_models=False)
 
     class Wider(Layer):
         def __init__(self):

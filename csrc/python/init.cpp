@@ -14,6 +14,7 @@
 #include "passes/materialize_types.h"
 #include "passes/outline_branches.h"
 #include "passes/split_to_slices.h"
+#include "passes/tensor_constants.h"
 #include "python/tolerance.h"
 #include "ral/engine.h"
 #include "ral/ral_abi.h"
@@ -196,10 +197,60 @@ PYBIND11_MODULE(_C, m) {
       py::arg("cpu_features"), py::arg("precision"), py::arg("key_path"), py::arg("writes") = "",
       "A torch.classes.blade.Engine of these fields, signed with the key at `key_path` (this "
       "machine's key when empty), its digest computed once for signing and verifying.");
+  m.def(
+      "create_engine_with_digest",
+      [](std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
+         std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
+         std::string cpu_features, std::string precision, const std::string& key_path,
+         std::string writes, const py::bytes& digest) {
+        const ral::Digest known = to_digest(digest);
+        c10::intrusive_ptr<ral::Engine> engine;
+        {
+          py::gil_scoped_release released;
+          engine = ral::Engine::create_with_digest(
+              std::move(name), std::move(code), std::move(input_specs), std::move(output_specs),
+              std::move(fallback_ir), std::move(params), std::move(fallback_mode),
+              std::move(cpu_features), std::move(precision), key_path, std::move(writes),
+              known);
+        }
+        return torch::jit::toPyObject(c10::IValue(std::move(engine)));
+      },
+      py::arg("name"), py::arg("code"), py::arg("input_specs"), py::arg("output_specs"),
+      py::arg("fallback_ir"), py::arg("params"), py::arg("fallback_mode"),
+      py::arg("cpu_features"), py::arg("precision"), py::arg("key_path"), py::arg("writes"),
+      py::arg("digest"),
+      "create_signed_engine for fields, params and code whose digest (Engine.digest() of an "
+      "engine made of the same ones, as bytes) is known: nothing is hashed.");
   m.def("signing_public_key", &ral::signing_public_key, py::arg("key_path"),
         "The public key (hex) of the signing key at `key_path` (this machine's key, created "
         "on first use, when empty).");
   m.def("default_signing_key_path", &ral::default_signing_key_path);
+  m.def("tensor_constants", &passes::tensor_constants, py::arg("graph"),
+        "The tensors of the graph's tensor constants and of the functions it calls "
+        "(csrc/passes/tensor_constants.h).");
+  m.def("set_tensor_constants", &passes::set_tensor_constants, py::arg("graph"),
+        py::arg("values"), py::arg("retype"),
+        "Gives those constants these tensors, in the same order (with `retype`, their types "
+        "too).");
+  // The model cache (blade.model_cache) keys a model by the bytes of its weights.
+  m.def(
+      "storage_digest",
+      [](const at::Tensor& tensor) {
+        TORCH_CHECK(tensor.device().is_cpu() && tensor.has_storage(),
+                    "blade: storage_digest takes a CPU tensor with storage, got ",
+                    tensor.toString());
+        const c10::Storage& storage = tensor.storage();
+        const auto* data = static_cast<const uint8_t*>(storage.data());
+        ral::Digest digest;
+        {
+          py::gil_scoped_release released;
+          digest = ral::chunked_sha256(data, storage.nbytes());
+        }
+        return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
+      },
+      py::arg("tensor"),
+      "The SHA-256 (hashed in chunks on the intra-op threads) of all the bytes of the "
+      "storage under `tensor`, whatever part of it the tensor views.");
   // The compile cache (blade.codegen.cache) signs and verifies its entries' digests.
   m.def(
       "sign_digest",

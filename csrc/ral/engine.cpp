@@ -358,6 +358,17 @@ c10::intrusive_ptr<Engine> Engine::create_signed(
     std::string writes) {
   const Digest digest = digest_to_sign(name, code, input_specs, output_specs, fallback_ir,
                                        params, fallback_mode, cpu_features, precision, writes);
+  return create_with_digest(std::move(name), std::move(code), std::move(input_specs),
+                            std::move(output_specs), std::move(fallback_ir), std::move(params),
+                            std::move(fallback_mode), std::move(cpu_features),
+                            std::move(precision), key_path, std::move(writes), digest);
+}
+
+c10::intrusive_ptr<Engine> Engine::create_with_digest(
+    std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
+    std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
+    std::string cpu_features, std::string precision, const std::string& key_path,
+    std::string writes, const Digest& digest) {
   std::string signature = sign_digest(digest, key_path);
   return c10::make_intrusive<Engine>(std::move(name), std::move(code), std::move(input_specs),
                                      std::move(output_specs), std::move(fallback_ir),
@@ -374,9 +385,11 @@ void Engine::load_code(const Digest* computed_digest) {
   Digest code{};
   if (load_error_.empty()) {
     code = code_digest(code_bytes_);
-    load_error_ = verify_digest(computed_digest != nullptr ? *computed_digest
-                                                           : signed_digest(code),
-                                signature_, &untrusted_key);
+    const Digest digest = computed_digest != nullptr ? *computed_digest : signed_digest(code);
+    load_error_ = verify_digest(digest, signature_, &untrusted_key);
+    if (load_error_.empty()) {
+      digest_ = digest;
+    }
   }
   if (load_error_.empty()) {
     if (auto missing = missing_cpu_features(cpu_features_); !missing.empty()) {

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,15 @@ class Engine : public torch::CustomClassHolder {
       std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
       std::string cpu_features, std::string precision, const std::string& key_path,
       std::string writes = "");
+  // The same, for fields, params and code whose digest (`digest()` of an engine made of the
+  // same ones) the caller already has: nothing is hashed again. The model cache
+  // (python/blade/model_cache.py) knows it for the engines of a model whose weights it
+  // found unchanged; a wrong digest gives an engine whose saved form does not verify.
+  static c10::intrusive_ptr<Engine> create_with_digest(
+      std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
+      std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
+      std::string cpu_features, std::string precision, const std::string& key_path,
+      std::string writes, const Digest& digest);
   ~Engine() override;
 
   // The outputs on `inputs` (by the code, or by the subgraph when the code cannot take
@@ -82,6 +92,9 @@ class Engine : public torch::CustomClassHolder {
   const std::string& precision() const { return precision_; }
   // "ed25519:<public key>:<signature>", as saved (empty when unsigned).
   const std::string& signature() const { return signature_; }
+  // The digest the signature verified against (signed_digest); nullopt when it did not
+  // verify (or the fields were invalid).
+  const std::optional<Digest>& digest() const { return digest_; }
   // "o:i;o:i...": after each call, output o is written into input i (a caller's tensor that
   // an in-place op updated; passes/functionalize_input_writes.h), in this order; empty
   // when the engine writes into none.
@@ -150,6 +163,7 @@ class Engine : public torch::CustomClassHolder {
   FallbackMode fallback_mode_;
   std::string cpu_features_;
   std::string signature_;
+  std::optional<Digest> digest_;
   std::string precision_;
   std::vector<std::pair<size_t, size_t>> writes_;  // (output, input)
 

@@ -48,6 +48,11 @@ TORCH_LIBRARY(blade, m) {
       .def("fallback_ir", [](const c10::intrusive_ptr<Engine>& e) { return e->fallback_ir(); })
       .def("cpu_features", [](const c10::intrusive_ptr<Engine>& e) { return e->cpu_features(); })
       .def("signature", [](const c10::intrusive_ptr<Engine>& e) { return e->signature(); })
+      .def("digest",
+           [](const c10::intrusive_ptr<Engine>& e) {
+             return e->digest() ? to_hex(e->digest()->data(), e->digest()->size())
+                                : std::string();
+           })
       .def("writes", &Engine::writes)
       .def("precision", [](const c10::intrusive_ptr<Engine>& e) { return e->precision(); })
       .def("is_compiled", &Engine::is_compiled)

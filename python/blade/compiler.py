@@ -18,6 +18,7 @@ from blade.partition import converters  # noqa: F401  (importing it registers th
 from blade.frontend import exported_program
 from blade.codegen.llvm import native
 from blade.codegen.cache import CodeCache
+from blade.model_cache import ModelCache, NotKept
 from blade.config import Config
 from blade.partition.dtypes import SCALAR_TYPE_NAMES, dtype_name
 from blade.tools.dump import Dumper, Progress
@@ -213,7 +214,8 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
 
         for entry, cluster, ops, cluster_dump, start, finish in begun:
             try:
-                compiled, entry.code, written = finish(functools.partial(example_of, cluster))
+                compiled, entry.code, written, entry.code_key = finish(
+                    functools.partial(example_of, cluster))
                 if written:
                     # The in-place ops' writes into the caller's tensors, done by the engine.
                     ops[WRITE_BACK] = len(written)
@@ -306,7 +308,7 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
     the cluster for an engine call, returning the CompiledCluster, where its code came from
     (compiled, the compile cache, or another engine of this model with the same code) and
     `writes`, the (output, input) pairs the engine writes (absorbable_write_backs,
-    csrc/passes/engine_call.h). Each raises on any failure, leaving the graph untouched.
+    csrc/passes/engine_call.h), and the code's compile cache key ("" when none). Each raises on any failure, leaving the graph untouched.
     `dump` (a ClusterDump) receives the IR of every pass."""
     name = f"{ENGINE_PREFIX}{index}"
     subgraph = cluster.g("Subgraph").copy()
@@ -359,7 +361,7 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
                 code_cache.mark_checked(key, config.precision)
         module._c._register_attribute(name, engine._type(), engine)
         _C.replace_cluster_with_engine(cluster, name, writes)
-        return compiled, origin, writes
+        return compiled, origin, writes, key or ""
 
     def start():
         nonlocal finish_engine
@@ -692,15 +694,32 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
         progress.stage("tracing" if config.allow_tracing else "scripting")
         with each_method_parsed_once():
             scripted = to_torchscript(model, args, kwargs, config)
-    progress.stage("freezing")
+    models = ModelCache(CodeCache.for_config(config))
+    key = None
     with eval_mode(scripted):
         inputs = bind_inputs(scripted, args, kwargs)
         config = dynamic_dims_by_position(scripted, config)
+        if models.enabled and config.cache_models:
+            try:
+                key = models.key(scripted, inputs, config)
+            except NotKept:
+                key = None
+            found = models.load(key, config) if key is not None else None
+            if found is not None:
+                progress.stage("taken whole from the model cache")
+                return found
+        progress.stage("freezing")
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     # The attributes freezing kept are those forward writes into (or asked to be kept); they
     # are the model's own tensors, which the runs below must leave as they were.
     with preserved_module_state(module):
-        return _compile_frozen(module, inputs, config, progress)
+        optimized = _compile_frozen(module, inputs, config, progress)
+    if key is not None:
+        try:
+            models.store(key, optimized)
+        except NotKept:
+            pass  # a model the cache cannot hold is compiled each time, as without it
+    return optimized
 
 
 def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress):

@@ -57,6 +57,11 @@ class Config:
             once either way.
         cache_max_bytes: the most bytes the cache directory holds; the least recently used
             entries go first.
+        cache_models: keep whole optimized models in the cache directory too (see
+            `blade.model_cache`): optimizing the same model (code, weights and all) on the
+            same example inputs with the same Config again, in any process, then skips
+            everything after scripting. Models that read what cannot be keyed, or
+            registered converters of the user, are compiled as usual.
         compile_workers: processes that compile the clusters' native code (distinct
             clusters side by side, a large one in parts) alongside optimize's own (see
             `blade.codegen.llvm.native`); they live as long as optimize.
@@ -98,6 +103,7 @@ class Config:
     signing_key: Optional[str] = None
     cache_dir: Optional[str] = None
     cache_max_bytes: int = 1 << 30
+    cache_models: bool = True
     compile_workers: Optional[int] = None
     check_engines: bool = True
     kernel_calls: bool = True

@@ -36,6 +36,8 @@ class ClusterReport(CodeStatistics):
     code: str = ""
     # "float32", or "bf16": its GEMMs and convolutions by weights run in bfloat16 (read live).
     precision: str = "float32"
+    # The compile cache key of its code ("" when compiled apart from the cache).
+    code_key: str = ""
 
 
 @dataclass
@@ -86,6 +88,9 @@ class Report:
     # Clusters whose example came from the run that recorded the types (they take the
     # graph's inputs and give its results), not from a run of its own (blade.self_check).
     examples_from_type_run: int = 0
+    # "hit": this model came whole from the model cache (blade.model_cache), the optimize
+    # that made it said the rest of this report; "" otherwise.
+    model_cache: str = ""
 
     @property
     def coverage(self) -> float:
@@ -134,7 +139,8 @@ class Report:
                         engines_checked_before=data.get("engines_checked_before", 0),
                         engines_not_reached_by_the_check=data.get(
                             "engines_not_reached_by_the_check", 0),
-                        examples_from_type_run=data.get("examples_from_type_run", 0))
+                        examples_from_type_run=data.get("examples_from_type_run", 0),
+                        model_cache=data.get("model_cache", ""))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
         report.unreached = {k: UnsupportedOp(**v) for k, v in data.get("unreached", {}).items()}
@@ -167,6 +173,9 @@ class Report:
         if self.decomposed:
             lines.append("  decomposed: " + ", ".join(
                 f"{op} x{n}" for op, n in sorted(self.decomposed.items())))
+        if self.model_cache == "hit":
+            lines.append("  whole from the model cache: what follows is what the optimize that "
+                         "made it found")
         origins = [c.code for c in self.clusters if c.compiled and c.code]
         if origins:
             shared = sum(o.startswith("same code as") for o in origins)

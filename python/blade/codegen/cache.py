@@ -228,7 +228,8 @@ class CodeCache:
 
     def _evict(self) -> None:
         entries = []
-        for path in self.directory.glob("*/*.code"):
+        # Code entries, and the model entries beside them (blade.model_cache).
+        for path in [*self.directory.glob("*/*.code"), *self.directory.glob("*/*.model")]:
             try:
                 info = path.stat()
             except OSError:

@@ -1,0 +1,73 @@
+#include "passes/tensor_constants.h"
+
+#include <torch/csrc/jit/api/function_impl.h>
+
+#include <functional>
+#include <unordered_set>
+
+namespace blade::passes {
+
+using torch::jit::Block;
+using torch::jit::Graph;
+using torch::jit::Node;
+
+namespace {
+
+// Calls `visit` on each tensor constant node of `graph` and of the functions it calls.
+void for_each_tensor_constant(const std::shared_ptr<Graph>& graph,
+                              const std::function<void(Node*)>& visit) {
+  std::unordered_set<const Graph*> seen;
+  std::function<void(Block*)> walk_block;
+  std::function<void(const std::shared_ptr<Graph>&)> walk_graph =
+      [&](const std::shared_ptr<Graph>& g) {
+        if (seen.insert(g.get()).second) {
+          walk_block(g->block());
+        }
+      };
+  walk_block = [&](Block* block) {
+    for (Node* node : block->nodes()) {
+      if (node->kind() == c10::prim::Constant && node->output()->type()->cast<c10::TensorType>() &&
+          node->hasAttribute(c10::attr::value)) {
+        visit(node);
+      } else if (node->kind() == c10::prim::CallFunction) {
+        auto function_type = node->input(0)->type()->cast<c10::FunctionType>();
+        if (function_type) {
+          if (auto* graph_function =
+                  torch::jit::tryToGraphFunction(*function_type->function())) {
+            walk_graph(graph_function->graph());
+          }
+        }
+      }
+      for (Block* inner : node->blocks()) {
+        walk_block(inner);
+      }
+    }
+  };
+  walk_graph(graph);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> tensor_constants(const std::shared_ptr<Graph>& graph) {
+  std::vector<at::Tensor> values;
+  for_each_tensor_constant(graph, [&](Node* node) { values.push_back(node->t(c10::attr::value)); });
+  return values;
+}
+
+void set_tensor_constants(const std::shared_ptr<Graph>& graph,
+                          const std::vector<at::Tensor>& values, bool retype) {
+  size_t count = 0;
+  for_each_tensor_constant(graph, [&](Node*) { ++count; });
+  TORCH_CHECK(count == values.size(), "blade: set_tensor_constants: the graph holds ", count,
+              " tensor constants, ", values.size(), " values were given");
+  size_t next = 0;
+  for_each_tensor_constant(graph, [&](Node* node) {
+    const at::Tensor& value = values[next++];
+    node->t_(c10::attr::value, value);
+    if (retype) {
+      node->output()->setType(c10::TensorType::create(value));
+    }
+  });
+}
+
+}  // namespace blade::passes
