@@ -1,7 +1,9 @@
 """How long `blade.optimize` takes, and its peak memory, on real-model sizes: cold (a new
 process, an empty compile cache) and warm (another new process, the same model, the cache
-the cold run filled). Each measurement runs in a process of its own, so imports and the
-compile cache are what a user's next process would see.
+the cold run filled: the model comes whole from the model cache, blade/model_cache.py), and
+"code" (the same, with Config(cache_models=False): the compile cache alone spares code
+generation, the front end runs). Each measurement runs in a process of its own, so imports
+and the compile cache are what a user's next process would see.
 
     python benchmarks/compile_time.py [--models bert_base,resnet50,gpt2]
     python benchmarks/compile_time.py --check-cost [--models ew_chain,mlp] [--rounds 3]
@@ -31,7 +33,8 @@ from workloads import build
 model, inputs = build({name!r})
 start = time.perf_counter()
 import blade
-config = blade.Config(cache_dir={cache!r}, dynamic_dims={dynamic_dims!r}, check_engines={check!r})
+config = blade.Config(cache_dir={cache!r}, dynamic_dims={dynamic_dims!r}, check_engines={check!r},
+                      cache_models={cache_models!r})
 optimized = blade.optimize(model, inputs, config)
 seconds = time.perf_counter() - start
 report = blade.report(optimized)
@@ -46,8 +49,9 @@ print(json.dumps({{"seconds": seconds, "peak_mb": resource.getrusage(
 DYNAMIC = {"gpt2": {0: [1]}}
 
 
-def measure(name: str, cache: str, check: bool = True) -> dict:
-    code = CHILD.format(name=name, cache=cache, dynamic_dims=DYNAMIC.get(name), check=check)
+def measure(name: str, cache: str, check: bool = True, cache_models: bool = True) -> dict:
+    code = CHILD.format(name=name, cache=cache, dynamic_dims=DYNAMIC.get(name), check=check,
+                        cache_models=cache_models)
     try:
         output = run_child(code)
     except RuntimeError as e:
@@ -93,8 +97,8 @@ def main() -> int:
           f"{'compiled':>8} {'coverage':>8} {'max diff':>9}")
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory() as cache:
-            for run in ("cold", "warm"):
-                m = measure(name, cache)
+            for run in ("cold", "warm", "code"):
+                m = measure(name, cache, cache_models=run != "code")
                 print(f"{name:<10} {run:<5} {m['seconds']:>10.2f} {m['peak_mb']:>8.0f} "
                       f"{m['engines']:>8} {m['compiled']:>8} {100 * m['coverage']:>7.1f}% "
                       f"{m['max_diff']:>9.1e}", flush=True)

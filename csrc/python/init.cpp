@@ -14,7 +14,7 @@
 #include "passes/materialize_types.h"
 #include "passes/outline_branches.h"
 #include "passes/split_to_slices.h"
-#include "passes/tensor_constants.h"
+#include "passes/graph_contents.h"
 #include "python/tolerance.h"
 #include "ral/engine.h"
 #include "ral/ral_abi.h"
@@ -225,9 +225,12 @@ PYBIND11_MODULE(_C, m) {
         "The public key (hex) of the signing key at `key_path` (this machine's key, created "
         "on first use, when empty).");
   m.def("default_signing_key_path", &ral::default_signing_key_path);
+  m.def("node_kinds", &passes::node_kinds, py::arg("graph"),
+        "The distinct kinds of the graph's nodes, in blocks and subgraphs too, sorted "
+        "(csrc/passes/graph_contents.h).");
   m.def("tensor_constants", &passes::tensor_constants, py::arg("graph"),
         "The tensors of the graph's tensor constants and of the functions it calls "
-        "(csrc/passes/tensor_constants.h).");
+        "(csrc/passes/graph_contents.h).");
   m.def("set_tensor_constants", &passes::set_tensor_constants, py::arg("graph"),
         py::arg("values"), py::arg("retype"),
         "Gives those constants these tensors, in the same order (with `retype`, their types "

@@ -699,11 +699,14 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
     with eval_mode(scripted):
         inputs = bind_inputs(scripted, args, kwargs)
         config = dynamic_dims_by_position(scripted, config)
+        not_kept = ""
         if models.enabled and config.cache_models:
             try:
                 key = models.key(scripted, inputs, config)
-            except NotKept:
-                key = None
+            except NotKept as e:
+                not_kept = str(e)
+            except Exception as e:  # the cache never fails an optimize
+                not_kept = f"{type(e).__name__}: {e}"
             found = models.load(key, config) if key is not None else None
             if found is not None:
                 progress.stage("taken whole from the model cache")
@@ -715,10 +718,19 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
     with preserved_module_state(module):
         optimized = _compile_frozen(module, inputs, config, progress)
     if key is not None:
+        # A model the cache cannot hold is compiled each time, as without it; the report
+        # says why.
         try:
             models.store(key, optimized)
-        except NotKept:
-            pass  # a model the cache cannot hold is compiled each time, as without it
+            not_kept = ""
+        except NotKept as e:
+            not_kept = str(e)
+        except Exception as e:  # the cache never fails an optimize
+            not_kept = f"{type(e).__name__}: {e}"
+    if not_kept:
+        report = Report.from_json(optimized._c.getattr(REPORT_ATTRIBUTE))
+        report.model_cache = f"not kept: {not_kept}"
+        optimized._c.setattr(REPORT_ATTRIBUTE, report.to_json())
     return optimized
 
 

@@ -39,8 +39,10 @@ import hashlib
 import io
 import json
 import os
+import re
 import struct
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -51,6 +53,13 @@ from blade.codegen.cache import CodeCache, compiler_fingerprint
 from blade.report import REPORT_ATTRIBUTE, Report
 
 _MAGIC = b"blade optimized model 1\n"
+# Nodes that run code the inlined graph does not show: a method or function call left (an
+# interface's), a forked or awaited subgraph's calls, an attribute written, Python.
+_UNKEYED_KINDS = ("prim::CallMethod", "prim::CallFunction", "prim::SetAttr", "prim::fork",
+                  "prim::awaitable", "prim::PythonOp", "aten::wait")
+# Ops whose implementation the torch version (in the key) determines; any other namespace
+# is a library's.
+_KEYED_NAMESPACES = ("aten", "prim", "quantized", "prims")
 SUFFIX = ".model"
 # Config fields that do not change what optimize makes (signing_key: the engines are signed
 # again, with the caller's key, on a hit).
@@ -96,15 +105,22 @@ class ModelCache:
     def key(self, scripted, inputs: Tuple, config) -> ModelKey:
         """The key of optimizing `scripted` (in eval mode) on `inputs` under `config`;
         raises NotKept when something it depends on cannot be keyed."""
-        if config.dump_dir or config.dry_run or config.preserved_attributes:
+        from blade.tools.dump import Dumper
+
+        if Dumper.for_config(config.dump_dir).enabled or config.dry_run or \
+                config.preserved_attributes:
             raise NotKept("dumps, dry runs and preserved attributes are not kept")
         keyer = _Keyer()
         keyer.parts.append(_registry_fingerprint())
         graph = scripted._c._get_method("forward").graph.copy()
         torch._C._jit_pass_inline(graph)
-        for kind in ("prim::CallMethod", "prim::CallFunction", "prim::SetAttr"):
-            if graph.findAllNodes(kind, True):
-                raise NotKept(f"forward calls or writes what cannot be inlined ({kind})")
+        for kind in _C.node_kinds(graph):
+            if kind in _UNKEYED_KINDS:
+                raise NotKept(f"forward runs what its graph does not show ({kind})")
+            if kind.split("::")[0] not in _KEYED_NAMESPACES:
+                # Its implementation (a torch.library op's Python, a C++ extension's) is
+                # not in the key, and freezing may fold it into the weights.
+                raise NotKept(f"forward calls {kind}, an op of a library the key cannot see")
         modules = {next(graph.inputs()): ("", scripted._c)}
         for node in graph.findAllNodes("prim::GetAttr", True):
             if node.input() not in modules:
@@ -121,13 +137,15 @@ class ModelCache:
             for use in value.uses():
                 if use.user.kind() != "prim::GetAttr":
                     raise NotKept(f"a module is used by {use.user.kind()}, not only read from")
-        for constant in _C.tensor_constants(graph):
-            keyer.add("constant", constant)
-        keyer.add("inputs", tuple(inputs))
+        for index, constant in enumerate(_C.tensor_constants(graph)):
+            keyer.add("constant", constant, f"constant {index}")
+        keyer.add("inputs", tuple(inputs), None)
         fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_KEYED}
         keyer.parts.append(json.dumps(fields, sort_keys=True, default=repr))
         keyer.parts.append(_environment())
-        keyer.parts.append(str(graph))
+        # Without the numbers TorchScript gives a class it compiles again (a traced or
+        # exported model's, each time), which would make every such key new.
+        keyer.parts.append(re.sub(r"___torch_mangle_\d+\.", "", str(graph)))
         digest = hashlib.sha256("\n".join(keyer.parts).encode()).hexdigest()
         return ModelKey(digest, keyer.tensors)
 
@@ -137,17 +155,21 @@ class ModelCache:
         """The optimized model of `key`, its engines made again from the compile cache's code
         and the model's tensors; None when there is no usable entry (`rejected` says why
         one was not used)."""
+        wait_for_writes()  # an entry this process is writing is read whole
         path = self._path(key)
         try:
             with open(path, "rb") as f:
-                data = bytearray(os.fstat(f.fileno()).st_size)
-                if f.readinto(data) != len(data):
+                # Read into torch's allocation (64-byte aligned), which the tensors the entry
+                # holds then view: they are as aligned as any weight the code reads.
+                data = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
+                if f.readinto(data.numpy()) != data.numel():
                     return None
         except OSError:
             return None
         try:
             meta, module_bytes, tensor_bytes = _parse_entry(key.digest, data)
-            module = self._rebuild(meta, module_bytes, tensor_bytes, key, config)
+            with torch.no_grad():
+                module = self._rebuild(meta, module_bytes, tensor_bytes, key, config)
         except NotKept as e:
             self.rejected = str(e)
             return None
@@ -208,6 +230,9 @@ class ModelCache:
         """Keeps `module`, the result of a cold optimize of `key`'s model, when every engine's
         code is in the compile cache; a model that cannot be kept is not (NotKept)."""
         report = Report.from_json(module._c.getattr(REPORT_ATTRIBUTE))
+        if report.compile_errors:
+            # Maybe a passing failure (a compile worker killed): not kept for good.
+            raise NotKept("some clusters failed to compile")
         by_storage = {}
         for path, tensor in key.tensors.items():
             by_storage.setdefault(_storage_of(tensor), path)
@@ -237,7 +262,8 @@ class ModelCache:
             blanks[cluster.name] = (engine, _C.create_signed_engine(
                 cluster.name, torch.empty(0, dtype=torch.uint8), engine.input_specs(),
                 engine.output_specs(), engine.fallback_ir(), [], "fallback",
-                engine.cpu_features(), engine.precision(), "", engine.writes()))
+                engine.cpu_features(), engine.precision(), self.code_cache.signing_key,
+                engine.writes()))
         if module._c._method_names() != ["forward"]:
             raise NotKept("the optimized module has methods besides forward")
         # Graph constants that view the model's tensors (the unspecialized model's weights
@@ -248,6 +274,8 @@ class ModelCache:
         for constant in constants:
             path = by_storage.get(_storage_of(constant))
             if path is None or key.tensors[path].dtype != constant.dtype:
+                if _is_marker(constant):
+                    raise NotKept("the model has a constant that reads as the entry's marker")
                 written.append(constant)
                 continue
             written.append(_marker(len(constant_refs)))
@@ -283,27 +311,81 @@ class ModelCache:
         meta = json.dumps({"engines": engines, "constants": constant_refs,
                            "stored": stored_meta}).encode()
         module_bytes = buffer.getvalue()
-        head = _MAGIC + struct.pack("<QQQ", len(meta), len(module_bytes), tensor_size) + meta + \
-            module_bytes
-        # One buffer, each storage copied into it once (a ResNet-50's folded weights: 94 MB).
-        body = bytearray(len(head) + tensor_size)
-        body[:len(head)] = head
-        for start, storage in storages:
-            flat = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-            body[len(head) + start:len(head) + start + len(flat)] = memoryview(flat)
-        signature = _C.sign_digest(_entry_digest(key.digest, body),
-                                   self.code_cache.signing_key).encode()
-        path = self._path(key)
+        # Assembled, signed and written behind: the model is returned meanwhile (a
+        # ResNet-50's entry holds its folded weights, 94 MB to copy, hash and write, where
+        # the kernel's writeback throttling made the write alone take up to 0.2 s).
+        writer = threading.Thread(
+            target=_write_entry, name="blade-model-cache-writer",
+            args=(self._path(key), key.digest, meta, module_bytes, storages, tensor_size,
+                  self.code_cache))
+        with _WRITERS_LOCK:
+            _WRITERS.append(writer)
+        writer.start()
+
+
+# Entries being written (non-daemon threads: the interpreter waits for them at exit).
+_WRITERS: List[threading.Thread] = []
+_WRITERS_LOCK = threading.Lock()
+
+
+def wait_for_writes() -> None:
+    """Returns once every entry this process began writing is in place (or failed to be)."""
+    with _WRITERS_LOCK:
+        writers = list(_WRITERS)
+    for writer in writers:
+        writer.join()
+    with _WRITERS_LOCK:
+        _WRITERS[:] = [w for w in _WRITERS if w.is_alive()]
+
+
+def _write_entry(*args) -> None:
+    try:
+        _assemble_and_write(*args)
+    except Exception:  # noqa: BLE001  (a cache that cannot be written only costs time)
+        pass
+
+
+def _assemble_and_write(path: Path, key: str, meta: bytes, module_bytes: bytes,
+                        storages: List, tensor_size: int, code_cache: CodeCache) -> None:
+    """Writes an entry: [magic, sizes, meta][module][tensors], the meta padded with spaces
+    and the module with zeros to whole _ALIGNMENTs, so that the tensors a reader views are
+    aligned; then its signature."""
+    fixed = len(_MAGIC) + 24
+    head_size = _aligned(fixed + len(meta))
+    tensor_start = _aligned(head_size + len(module_bytes))
+    body = torch.empty(tensor_start + tensor_size, dtype=torch.uint8)
+
+    def put(at: int, data: bytes) -> None:
+        body[at:at + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    put(0, _MAGIC + struct.pack("<QQQ", head_size, len(module_bytes), tensor_size))
+    body[fixed:head_size] = ord(" ")
+    put(fixed, meta)
+    body[head_size:tensor_start] = 0
+    put(head_size, module_bytes)
+    # Each storage copied once, and nothing else written there first.
+    end = tensor_start
+    for start, storage in storages:
+        flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+        body[end:tensor_start + start] = 0  # the alignment padding before it
+        body[tensor_start + start:tensor_start + start + flat.numel()] = flat
+        end = tensor_start + start + flat.numel()
+    body[end:] = 0
+    signature = _C.sign_digest(_entry_digest(key, body), code_cache.signing_key).encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
-                f.write(body)
+                f.write(body.numpy())
                 f.write(signature)
             os.replace(temporary, path)
-        except OSError:  # a cache that cannot be written only costs time
-            return
-        self.code_cache._evict()
+        except OSError:
+            os.unlink(temporary)
+            raise
+    except OSError:
+        return
+    code_cache._evict()
 
 
 class _Keyer:
@@ -314,10 +396,16 @@ class _Keyer:
         self.tensors: Dict[str, torch.Tensor] = {}
         self._storages: Dict[Tuple[int, int], int] = {}  # storage -> its number in the key
 
-    def add(self, label: str, value: Any, path: Optional[str] = None) -> None:
+    def add(self, label: str, value: Any, path: Optional[str]) -> None:
+        """Keys `value`; its tensors, and those of its lists, tuples and dicts, are known
+        by `path` (`path[0]`, `path['key']`) unless it is None (an example input's, which
+        no entry may name)."""
         self.parts.append(f"{label}: {self._encode(value, path)}")
 
     def _encode(self, value: Any, path: Optional[str]) -> str:
+        def inner(suffix: str) -> Optional[str]:
+            return None if path is None else f"{path}{suffix}"
+
         if isinstance(value, torch.Tensor):
             return self._tensor(value, path)
         if value is None or isinstance(value, (bool, int, float, str, torch.dtype,
@@ -325,19 +413,20 @@ class _Keyer:
                                                torch.memory_format)):
             return f"{type(value).__name__}({value!r})"
         if isinstance(value, (list, tuple)):
-            items = ", ".join(self._encode(v, None) for v in value)
+            items = ", ".join(self._encode(v, inner(f"[{i}]")) for i, v in enumerate(value))
             return f"{type(value).__name__}[{items}]"
         if isinstance(value, dict):
-            items = ", ".join(f"{self._encode(k, None)}: {self._encode(v, None)}"
+            items = ", ".join(f"{self._encode(k, None)}: {self._encode(v, inner(f'[{k!r}]'))}"
                               for k, v in value.items())
             return f"dict{{{items}}}"
         raise NotKept(f"a value of type {type(value).__name__} cannot be keyed")
 
     def _tensor(self, t: torch.Tensor, path: Optional[str]) -> str:
         if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized or \
-                t.is_nested or type(t) not in (torch.Tensor, torch.nn.Parameter):
+                t.is_nested or t.is_conj() or t.is_neg() or \
+                type(t) not in (torch.Tensor, torch.nn.Parameter):
             raise NotKept(f"a {t.layout} {t.device} tensor of type {type(t).__name__} "
-                          "cannot be keyed")
+                          "(or a lazily conjugated or negated view) cannot be keyed")
         storage = _storage_of(t)
         if storage not in self._storages:
             self._storages[storage] = len(self._storages)
@@ -366,7 +455,11 @@ def _reference(param: torch.Tensor, by_storage: Dict, tensors: Dict[str, torch.T
     return ["stored", len(stored) - 1]
 
 
-_ALIGNMENT = 64  # of each storage in an entry's tensor bytes
+_ALIGNMENT = 64  # of the parts of an entry, and of each storage in its tensor bytes
+
+
+def _aligned(size: int) -> int:
+    return size + (-size % _ALIGNMENT)
 
 
 def _layout(stored: List[torch.Tensor]) -> Tuple[List, List, int]:
@@ -386,35 +479,44 @@ def _layout(stored: List[torch.Tensor]) -> Tuple[List, List, int]:
     return meta, storages, end
 
 
-def _read_tensors(meta: List, data) -> List[torch.Tensor]:
-    """The tensors `_written_tensors` wrote, viewing `data` (an entry's tensor bytes)."""
+def _read_tensors(meta: List, data: torch.Tensor) -> List[torch.Tensor]:
+    """The tensors `_layout` placed, viewing `data` (an entry's tensor bytes, uint8)."""
     tensors = []
     try:
         for dtype_name, sizes, strides, offset, start, nbytes in meta:
             dtype = getattr(torch, dtype_name)
-            if not isinstance(dtype, torch.dtype) or start % _ALIGNMENT or start < 0 or \
-                    nbytes < 0 or start + nbytes > len(data):
+            if not isinstance(dtype, torch.dtype) or not isinstance(start, int) or \
+                    not isinstance(nbytes, int) or start % _ALIGNMENT or start < 0 or \
+                    nbytes < 0 or start + nbytes > data.numel():
                 raise ValueError(f"a stored tensor of {dtype_name} at {start}")
             size = torch.empty((), dtype=dtype).element_size()
-            flat = torch.frombuffer(data, dtype=dtype, count=nbytes // size, offset=start) \
-                if nbytes >= size else torch.empty(0, dtype=dtype)
-            tensors.append(_view(flat, sizes, strides, offset, f"stored tensor {len(tensors)}"))
-    except (TypeError, ValueError, AttributeError) as e:
+            storage = data[start:start + nbytes - nbytes % size].view(dtype)
+            tensors.append(_view(storage, sizes, strides, offset, f"stored tensor {len(tensors)}",
+                                 slice_of_entry=True))
+    except (TypeError, ValueError, AttributeError, RuntimeError) as e:
         raise NotKept(f"malformed entry: {e}")
     return tensors
 
 
-def _view(base: torch.Tensor, sizes, strides, offset: int, what: str) -> torch.Tensor:
-    """base.as_strided(sizes, strides, offset), refused unless it stays inside base's
-    storage."""
-    if len(sizes) != len(strides) or offset < 0 or any(
+def _view(base: torch.Tensor, sizes, strides, offset: int, what: str,
+          slice_of_entry: bool = False) -> torch.Tensor:
+    """A view of the storage under `base`: sizes, strides and an offset counted in elements
+    from the storage's start (a model's tensor) or, with `slice_of_entry`, from base's first
+    element (base: a 1-d slice of the entry's bytes); refused unless it stays within (the
+    whole storage, or the slice). Not a view autograd records: a weight's view requires no
+    grad, as a frozen constant does."""
+    if not isinstance(offset, int) or len(sizes) != len(strides) or offset < 0 or any(
             not isinstance(n, int) or n < 0 for n in [*sizes, *strides]):
         raise NotKept(f"a malformed view of {what}")
+    if slice_of_entry:
+        first, elements = base.storage_offset(), base.numel()
+    else:
+        first, elements = 0, base.untyped_storage().nbytes() // base.element_size()
     if all(n > 0 for n in sizes):
         last = offset + sum((n - 1) * st for n, st in zip(sizes, strides))
-        if (last + 1) * base.element_size() > base.untyped_storage().nbytes():
-            raise NotKept(f"a view past the storage of {what}")
-    return base.as_strided(sizes, strides, offset)
+        if last >= elements:
+            raise NotKept(f"a view past the elements of {what}")
+    return base.detach().as_strided(sizes, strides, first + offset)
 
 
 def _resolve(ref: List, tensors: Dict[str, torch.Tensor], stored: List) -> torch.Tensor:
@@ -435,11 +537,15 @@ def _marker(index: int) -> torch.Tensor:
     return torch.tensor([_MARK, _MARK + 1, index], dtype=torch.int64)
 
 
+def _is_marker(t: torch.Tensor) -> bool:
+    return t.dtype == torch.int64 and tuple(t.shape) == (3,) and \
+        t[0].item() == _MARK and t[1].item() == _MARK + 1
+
+
 def _unmarked(constant: torch.Tensor, refs: List, tensors: Dict[str, torch.Tensor],
               stored: List) -> torch.Tensor:
     """The model's tensor a loaded constant marks, or the constant itself."""
-    if constant.dtype != torch.int64 or tuple(constant.shape) != (3,) or \
-            constant[0].item() != _MARK or constant[1].item() != _MARK + 1:
+    if not _is_marker(constant):
         return constant
     index = constant[2].item()
     if not 0 <= index < len(refs):
@@ -486,41 +592,47 @@ def _environment() -> str:
     for library in sorted(package.glob("*.so")):
         info = library.stat()
         libraries.append(f"{library.name} {info.st_size} {info.st_mtime_ns}")
+    # Global state that changes what scripting, freezing or the runs make.
+    state = (f"threads {torch.get_num_threads()}, default dtype {torch.get_default_dtype()}, "
+             f"deterministic {torch.are_deterministic_algorithms_enabled()}, "
+             f"mkldnn {torch.backends.mkldnn.enabled}")
     return "\n".join([compiler_fingerprint(), torch.__version__, native.host_cpu_features(),
-                      f"threads {torch.get_num_threads()}", *libraries])
+                      state, *libraries])
 
 
-def _entry_digest(key: str, body) -> bytes:
-    """The digest an entry's signature signs: of its key and its body (hashed in chunks on
-    the intra-op threads: a ResNet-50's entry holds its folded weights, 94 MB)."""
-    body_digest = _C.storage_digest(torch.frombuffer(body, dtype=torch.uint8))
+def _entry_digest(key: str, body: torch.Tensor) -> bytes:
+    """The digest an entry's signature signs: of its key and its body (uint8, contiguous,
+    hashed in chunks on the intra-op threads: a ResNet-50's entry holds its folded weights,
+    94 MB)."""
+    body_digest = _C.storage_digest(body.clone() if body.storage_offset() or
+                                    body.untyped_storage().nbytes() != body.numel() else body)
     # A domain of its own: no model entry's digest is a code entry's or an engine's.
     return hashlib.sha256(b"blade model entry\0" + key.encode() + b"\0" + body_digest).digest()
 
 
-def _parse_entry(key: str, data: bytearray):
-    """(meta, module bytes, tensor bytes) of a whole entry signed by a trusted key (views of
-    `data`); raises NotKept otherwise."""
+def _parse_entry(key: str, data: torch.Tensor):
+    """(meta, module bytes, tensor bytes) of a whole entry (`data`, uint8) signed by a
+    trusted key: the module's as bytes, the tensors' as a uint8 tensor viewing `data`;
+    raises NotKept otherwise."""
     fixed = len(_MAGIC) + 24
-    if not data.startswith(_MAGIC) or len(data) < fixed:
+    view = memoryview(data.numpy())
+    if len(view) < fixed or bytes(view[:len(_MAGIC)]) != _MAGIC:
         raise NotKept("not a Blade model entry")
-    sizes = struct.unpack_from("<QQQ", data, len(_MAGIC))
-    end = fixed + sum(sizes)
-    if end > len(data):
+    head, module_size, tensor_size = struct.unpack_from("<QQQ", view, len(_MAGIC))
+    tensor_start = _aligned(head + module_size)
+    end = tensor_start + tensor_size
+    if head < fixed or head % _ALIGNMENT or end > len(view):
         raise NotKept("truncated")
-    view = memoryview(data)
-    why = _C.verify_digest(_entry_digest(key, view[:end]),
+    why = _C.verify_digest(_entry_digest(key, data[:end]),
                            bytes(view[end:]).decode("ascii", "replace"))
     if why:
         raise NotKept(why)
-    meta_end = fixed + sizes[0]
-    module_end = meta_end + sizes[1]
     try:
-        meta = json.loads(bytes(view[fixed:meta_end]))
+        meta = json.loads(bytes(view[fixed:head]).rstrip(b" "))
         if not isinstance(meta.get("engines"), dict) or \
                 not isinstance(meta.get("constants"), list) or \
                 not isinstance(meta.get("stored"), list):
             raise ValueError("no engines, constants or stored tensors")
     except ValueError as e:
         raise NotKept(f"malformed entry: {e}")
-    return meta, view[meta_end:module_end], view[module_end:end]
+    return meta, bytes(view[head:head + module_size]), data[tensor_start:end]

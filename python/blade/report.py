@@ -89,7 +89,8 @@ class Report:
     # graph's inputs and give its results), not from a run of its own (blade.self_check).
     examples_from_type_run: int = 0
     # "hit": this model came whole from the model cache (blade.model_cache), the optimize
-    # that made it said the rest of this report; "" otherwise.
+    # that made it said the rest of this report; "not kept: <why>" when the cache is on and
+    # could not keep it; "" otherwise.
     model_cache: str = ""
 
     @property
@@ -176,6 +177,8 @@ class Report:
         if self.model_cache == "hit":
             lines.append("  whole from the model cache: what follows is what the optimize that "
                          "made it found")
+        elif self.model_cache:
+            lines.append(f"  model cache: {self.model_cache}")
         origins = [c.code for c in self.clusters if c.compiled and c.code]
         if origins:
             shared = sum(o.startswith("same code as") for o in origins)

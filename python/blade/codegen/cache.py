@@ -27,6 +27,7 @@ import json
 import os
 import struct
 import tempfile
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
@@ -227,6 +228,14 @@ class CodeCache:
         self._evict()
 
     def _evict(self) -> None:
+        # A private file an interrupted write left (its process killed between writing and
+        # renaming) goes after an hour; entries being written now are younger.
+        for path in self.directory.glob("*/.tmp-*"):
+            try:
+                if time.time() - path.stat().st_mtime > 3600:
+                    path.unlink()
+            except OSError:
+                pass
         entries = []
         # Code entries, and the model entries beside them (blade.model_cache).
         for path in [*self.directory.glob("*/*.code"), *self.directory.glob("*/*.model")]:

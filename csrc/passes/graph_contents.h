@@ -1,8 +1,11 @@
-// The tensor constants of a method's graph and of the functions it calls (outlined branches,
-// passes/outline_branches.h, hold copies of the constants their branch read), for the
-// model cache (python/blade/model_cache.py), which writes an optimized module without the
-// model's weights and puts them back after loading it.
+// What the model cache (python/blade/model_cache.py) reads of a graph: the kinds of its
+// nodes, to key a model, and the tensor constants of an optimized module's graph and of the
+// functions it calls (outlined branches, passes/outline_branches.h, hold copies of the
+// constants their branch read), which it writes without the model's weights and puts back
+// after loading.
 //
+//   node_kinds: the distinct kinds of the nodes of a graph, its blocks and the subgraphs
+//     its nodes hold (prim::fork's, say), sorted.
 //   tensor_constants: every prim::Constant holding a tensor, in the graph, its blocks and
 //     the graphs of the functions it calls through prim::CallFunction (each function once,
 //     and the functions they call), in that walk's order.
@@ -14,9 +17,12 @@
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace blade::passes {
+
+std::vector<std::string> node_kinds(const std::shared_ptr<torch::jit::Graph>& graph);
 
 std::vector<at::Tensor> tensor_constants(const std::shared_ptr<torch::jit::Graph>& graph);
 

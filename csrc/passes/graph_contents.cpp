@@ -1,8 +1,9 @@
-#include "passes/tensor_constants.h"
+#include "passes/graph_contents.h"
 
 #include <torch/csrc/jit/api/function_impl.h>
 
 #include <functional>
+#include <set>
 #include <unordered_set>
 
 namespace blade::passes {
@@ -46,7 +47,26 @@ void for_each_tensor_constant(const std::shared_ptr<Graph>& graph,
   walk_graph(graph);
 }
 
+void add_kinds(const Block* block, std::set<std::string>& kinds) {
+  for (const Node* node : block->nodes()) {
+    kinds.insert(node->kind().toQualString());
+    for (const Block* inner : node->blocks()) {
+      add_kinds(inner, kinds);
+    }
+    if (node->hasAttribute(c10::attr::Subgraph) &&
+        node->kindOf(c10::attr::Subgraph) == torch::jit::AttributeKind::g) {
+      add_kinds(node->g(c10::attr::Subgraph)->block(), kinds);
+    }
+  }
+}
+
 }  // namespace
+
+std::vector<std::string> node_kinds(const std::shared_ptr<Graph>& graph) {
+  std::set<std::string> kinds;
+  add_kinds(graph->block(), kinds);
+  return {kinds.begin(), kinds.end()};
+}
 
 std::vector<at::Tensor> tensor_constants(const std::shared_ptr<Graph>& graph) {
   std::vector<at::Tensor> values;
