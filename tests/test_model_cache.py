@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import List
 
 import pytest
 import torch
@@ -112,6 +113,29 @@ def test_weights_in_a_list_are_the_model_s_on_a_hit(tmp_path, front_ends):
     assert front_ends["n"] == 1 and report.model_cache == "hit"
     params = getattr(optimized, report.clusters[0].name).params()
     assert model.weights[0].data_ptr() in {p.data_ptr() for p in params}
+
+
+class Experts(torch.nn.Module):
+    """A list of weights indexed by an input: freezing leaves the list a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights: List[torch.Tensor] = [torch.randn(16, 16) for _ in range(3)]
+
+    def forward(self, x, i: int):
+        return torch.tanh(x @ self.weights[i])
+
+
+def test_tensors_in_a_list_constant_are_not_kept(tmp_path, front_ends):
+    # The entry would hold copies of them, where the model's own must be read.
+    config = blade.Config(cache_dir=str(tmp_path))
+    model, x = Experts().eval(), torch.randn(4, 16)
+    for _ in range(2):
+        optimized = blade.optimize(model, (x, 1), config)
+        with torch.no_grad():
+            assert_same(optimized(x, 1), model(x, 1))
+        assert "list, tuple or dict" in blade.report(optimized).model_cache
+    assert front_ends["n"] == 2 and not model_entries(tmp_path)
 
 
 class Forked(torch.nn.Module):
@@ -301,13 +325,20 @@ def test_what_cannot_be_keyed_is_not_kept(tmp_path, front_ends):
 
 def test_model_entries_count_towards_the_cache_bound(tmp_path):
     config = blade.Config(cache_dir=str(tmp_path))
-    model, x = block(), torch.randn(2, 10, 32)
-    optimize_and_compare(model, x, config)
-    (entry,) = model_entries(tmp_path)
+    x = torch.randn(2, 10, 32)
+    for seed in range(4):  # the same code, four entries
+        optimize_and_compare(block(seed), x, config)
+    entries = model_entries(tmp_path)
     total = sum(p.stat().st_size for p in tmp_path.glob("*/*") if p.is_file())
-    # Room for the first model's files, not for a second model's as well.
-    bounded = blade.Config(cache_dir=str(tmp_path), cache_max_bytes=total * 3 // 2)
-    optimize_and_compare(block(seed=1), x, bounded)
-    wait_for_writes()
-    assert sum(p.stat().st_size for p in tmp_path.glob("*/*") if p.is_file()) <= total * 3 // 2
-    assert entry not in model_entries(tmp_path)  # the least recently used went first
+    # Room for what is there and half an entry more: the fifth model's entry evicts one.
+    bound = total + entries[0].stat().st_size // 2
+    bounded = blade.Config(cache_dir=str(tmp_path), cache_max_bytes=bound)
+    oldest = min(entries, key=lambda p: p.stat().st_mtime)
+    optimize_and_compare(block(seed=4), x, bounded)
+    after = model_entries(tmp_path)
+    assert sum(p.stat().st_size for p in tmp_path.glob("*/*") if p.is_file()) <= bound
+    assert len(after) == 4 and oldest not in after  # the least recently used went first
+    # An entry that would take more than a quarter of the bound is not written at all.
+    small = blade.Config(cache_dir=str(tmp_path), cache_max_bytes=bound // 8)
+    _, report = optimize_and_compare(block(seed=5), x, small)
+    assert report.model_cache.startswith("not kept: its entry would take")

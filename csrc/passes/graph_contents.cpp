@@ -14,9 +14,9 @@ using torch::jit::Node;
 
 namespace {
 
-// Calls `visit` on each tensor constant node of `graph` and of the functions it calls.
-void for_each_tensor_constant(const std::shared_ptr<Graph>& graph,
-                              const std::function<void(Node*)>& visit) {
+// Calls `visit` on each constant node of `graph` and of the functions it calls.
+void for_each_constant(const std::shared_ptr<Graph>& graph,
+                       const std::function<void(Node*)>& visit) {
   std::unordered_set<const Graph*> seen;
   std::function<void(Block*)> walk_block;
   std::function<void(const std::shared_ptr<Graph>&)> walk_graph =
@@ -27,8 +27,7 @@ void for_each_tensor_constant(const std::shared_ptr<Graph>& graph,
       };
   walk_block = [&](Block* block) {
     for (Node* node : block->nodes()) {
-      if (node->kind() == c10::prim::Constant && node->output()->type()->cast<c10::TensorType>() &&
-          node->hasAttribute(c10::attr::value)) {
+      if (node->kind() == c10::prim::Constant) {
         visit(node);
       } else if (node->kind() == c10::prim::CallFunction) {
         auto function_type = node->input(0)->type()->cast<c10::FunctionType>();
@@ -45,6 +44,16 @@ void for_each_tensor_constant(const std::shared_ptr<Graph>& graph,
     }
   };
   walk_graph(graph);
+}
+
+// Calls `visit` on each tensor constant node of `graph` and of the functions it calls.
+void for_each_tensor_constant(const std::shared_ptr<Graph>& graph,
+                              const std::function<void(Node*)>& visit) {
+  for_each_constant(graph, [&](Node* node) {
+    if (node->output()->type()->cast<c10::TensorType>() && node->hasAttribute(c10::attr::value)) {
+      visit(node);
+    }
+  });
 }
 
 void add_kinds(const Block* block, std::set<std::string>& kinds) {
@@ -66,6 +75,24 @@ std::vector<std::string> node_kinds(const std::shared_ptr<Graph>& graph) {
   std::set<std::string> kinds;
   add_kinds(graph->block(), kinds);
   return {kinds.begin(), kinds.end()};
+}
+
+int64_t tensors_in_containers(const std::shared_ptr<Graph>& graph) {
+  int64_t count = 0;
+  for_each_constant(graph, [&](Node* node) {
+    if (node->output()->type()->cast<c10::TensorType>()) {
+      return;
+    }
+    auto value = torch::jit::toIValue(node->output());
+    if (!value) {
+      return;
+    }
+    value->visit([&](const c10::IValue& inner) {
+      count += inner.isTensor() ? 1 : 0;
+      return false;  // and go on inside
+    });
+  });
+  return count;
 }
 
 std::vector<at::Tensor> tensor_constants(const std::shared_ptr<Graph>& graph) {

@@ -6,6 +6,9 @@
 //
 //   node_kinds: the distinct kinds of the nodes of a graph, its blocks and the subgraphs
 //     its nodes hold (prim::fork's, say), sorted.
+//   tensors_in_containers: how many tensors the list, tuple, dict and object constants of a
+//     graph and of the functions it calls hold (freezing leaves such a constant where it
+//     cannot fold a read of a list attribute of tensors).
 //   tensor_constants: every prim::Constant holding a tensor, in the graph, its blocks and
 //     the graphs of the functions it calls through prim::CallFunction (each function once,
 //     and the functions they call), in that walk's order.
@@ -23,6 +26,8 @@
 namespace blade::passes {
 
 std::vector<std::string> node_kinds(const std::shared_ptr<torch::jit::Graph>& graph);
+
+int64_t tensors_in_containers(const std::shared_ptr<torch::jit::Graph>& graph);
 
 std::vector<at::Tensor> tensor_constants(const std::shared_ptr<torch::jit::Graph>& graph);
 

@@ -228,6 +228,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("node_kinds", &passes::node_kinds, py::arg("graph"),
         "The distinct kinds of the graph's nodes, in blocks and subgraphs too, sorted "
         "(csrc/passes/graph_contents.h).");
+  m.def("tensors_in_containers", &passes::tensors_in_containers, py::arg("graph"),
+        "How many tensors the graph's non-tensor constants (lists, tuples, ...) hold, in the "
+        "functions it calls too.");
   m.def("tensor_constants", &passes::tensor_constants, py::arg("graph"),
         "The tensors of the graph's tensor constants and of the functions it calls "
         "(csrc/passes/graph_contents.h).");

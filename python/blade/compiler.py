@@ -707,9 +707,15 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
                 not_kept = str(e)
             except Exception as e:  # the cache never fails an optimize
                 not_kept = f"{type(e).__name__}: {e}"
-            found = models.load(key, config) if key is not None else None
+            try:
+                found = models.load(key, config) if key is not None else None
+            except Exception:  # the cache never fails an optimize: a miss
+                found = None
             if found is not None:
                 progress.stage("taken whole from the model cache")
+                if config.verbose:
+                    from blade.report import report as read_report
+                    print(str(read_report(found)))
                 return found
         progress.stage("freezing")
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))

@@ -137,6 +137,8 @@ class ModelCache:
             for use in value.uses():
                 if use.user.kind() != "prim::GetAttr":
                     raise NotKept(f"a module is used by {use.user.kind()}, not only read from")
+        if _C.tensors_in_containers(graph):
+            raise NotKept("forward holds tensors in list, tuple or dict constants")
         for index, constant in enumerate(_C.tensor_constants(graph)):
             keyer.add("constant", constant, f"constant {index}")
         keyer.add("inputs", tuple(inputs), None)
@@ -269,6 +271,10 @@ class ModelCache:
         # Graph constants that view the model's tensors (the unspecialized model's weights
         # under the input guard, read where no engine gives them) are written as markers.
         graph = module.graph
+        if _C.tensors_in_containers(graph):
+            # Freezing left a list (or tuple, dict) of the model's tensors as a constant,
+            # which the saved entry would hold copies of.
+            raise NotKept("the optimized model holds tensors in list, tuple or dict constants")
         constants = _C.tensor_constants(graph)
         written, constant_refs = [], []
         for constant in constants:
@@ -305,22 +311,27 @@ class ModelCache:
             for name, (engine, _) in blanks.items():
                 module._c.setattr(name, engine)
         stored_meta, storages, tensor_size = _layout(stored)
-        if tensor_size > self.code_cache.max_bytes // 8:
-            raise NotKept(f"the tensors optimize made take {tensor_size} bytes, more than an "
-                          "eighth of the cache")
+        module_bytes = buffer.getvalue()
+        if tensor_size + len(module_bytes) > self.code_cache.max_bytes // 4:
+            raise NotKept(f"its entry would take {tensor_size + len(module_bytes)} bytes, more "
+                          "than a quarter of the cache's bound")
         meta = json.dumps({"engines": engines, "constants": constant_refs,
                            "stored": stored_meta}).encode()
-        module_bytes = buffer.getvalue()
         # Assembled, signed and written behind: the model is returned meanwhile (a
         # ResNet-50's entry holds its folded weights, 94 MB to copy, hash and write, where
         # the kernel's writeback throttling made the write alone take up to 0.2 s).
+        # Its directory is made here: one removed after optimize returned stays removed.
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise NotKept(f"the cache directory cannot be written: {e}")
         writer = threading.Thread(
             target=_write_entry, name="blade-model-cache-writer",
-            args=(self._path(key), key.digest, meta, module_bytes, storages, tensor_size,
-                  self.code_cache))
+            args=(path, key.digest, meta, module_bytes, storages, tensor_size, self.code_cache))
+        writer.start()
         with _WRITERS_LOCK:
             _WRITERS.append(writer)
-        writer.start()
 
 
 # Entries being written (non-daemon threads: the interpreter waits for them at exit).
@@ -329,7 +340,14 @@ _WRITERS_LOCK = threading.Lock()
 
 
 def wait_for_writes() -> None:
-    """Returns once every entry this process began writing is in place (or failed to be)."""
+    """Returns once every entry this process began writing is in place (or failed to be).
+    Code that removes a cache directory right after an optimize into it calls it first.
+
+    Example:
+        >>> with tempfile.TemporaryDirectory() as cache:
+        ...     optimized = blade.optimize(model, inputs, blade.Config(cache_dir=cache))
+        ...     blade.model_cache.wait_for_writes()
+    """
     with _WRITERS_LOCK:
         writers = list(_WRITERS)
     for writer in writers:
@@ -373,7 +391,6 @@ def _assemble_and_write(path: Path, key: str, meta: bytes, module_bytes: bytes,
     body[end:] = 0
     signature = _C.sign_digest(_entry_digest(key, body), code_cache.signing_key).encode()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -564,7 +581,20 @@ def _tensor_attributes(root) -> List[Tuple[Any, str, torch.Tensor]]:
                 pending.append(value)
             elif isinstance(value, torch.Tensor):
                 found.append((owner, name, value))
+            elif _holds_tensors(value):
+                raise NotKept(f"the optimized model keeps tensors in its attribute {name}, "
+                              "a list, tuple or dict")
     return found
+
+
+def _holds_tensors(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_tensors(v) for v in value.values())
+    return False
 
 
 def _registry_fingerprint() -> str:
