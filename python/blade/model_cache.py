@@ -7,32 +7,40 @@ took about 1.3 s of a warm optimize of a 12-layer BERT-base encoder. So an optim
 is also kept whole, keyed by everything that determines it:
 
 - the model's code: forward's graph as scripting made it, with every method and function
-  it calls inlined (a model whose forward calls what cannot be inlined, an interface's
-  method, is not kept);
-- every attribute that code reads, by its path from the model: a tensor by its dtype,
-  sizes, strides, offset and the SHA-256 of its storage's bytes, which storage it shares
-  with which other (tied weights), anything else by its value (a value of another kind,
-  a custom class object, say, and the model is not kept);
-- the example inputs the same way, since the run that records types takes the branches
-  their values take;
+  it calls inlined. A model whose forward runs code its graph does not show (an
+  interface's method, a forked function, Python) or calls an op of a library (whose
+  implementation the key cannot see) is not kept;
+- every attribute that code reads, by its path from the model (lists, tuples and dicts
+  element by element): a tensor by its dtype, sizes, strides, offset and the SHA-256 of
+  its storage's bytes, which storage it shares with which other (tied weights), anything
+  else by its value (a value of another kind, a custom class object, say, and the model
+  is not kept);
+- the tensor constants, and the example inputs, the same way (the run that records types
+  takes the branches their values take);
 - the Config fields that change the result, the compiler (Blade's sources, its C++
   libraries, the torch and torch-mlir versions), the host's CPU features, torch's thread
-  count, and which converters are registered (with a user's converter or decomposition
-  registered, models are not kept: their code is the user's Python).
+  count, default dtype and determinism and mkldnn flags, and which converters are
+  registered (with a user's converter or decomposition registered, models are not kept:
+  their code is the user's Python).
 
 An entry holds the optimized module as `torch.jit.save` writes it, but with the engines
-emptied: per engine, its fields, the compile cache key of its code, and where each of its
-params comes from, a view of one of the model's tensors (by path) or, for a tensor
-optimize made (a folded constant), the tensor itself. On a hit the engines are made again
-from the compile cache's code and the model's own tensors, so that the weights are shared
-with the model as on a cold optimize and are stored once, in the model. Graph constants
-that are no engine's param are in the entry itself (the key holds their values).
+emptied: per engine, its fields, the compile cache key and digest of its code, its own
+digest, and where each of its params comes from, a view of one of the model's tensors (by
+path) or, for a tensor optimize made (a folded constant), the tensor itself. Graph
+constants and kept submodule attributes that view the model's tensors are written as
+markers. On a hit the model's tensors take the markers' places and the engines are made
+again from the compile cache's code and the model's tensors, signed over the digest the
+entry recorded, so that the weights are shared with the model as on a cold optimize, are
+stored once, in the model, and are not hashed again. An optimized model that keeps tensors
+in a list, tuple or dict constant is not kept (the entry would hold copies of them), nor
+is one some of whose clusters failed to compile.
 
 Entries live beside the compile cache's (`<cache dir>/<xx>/<key>.model`), are signed like
-them (they hold TorchScript code, and name native code), written whole by a rename, count
-towards the same size bound and are evicted with them; one that does not verify, or whose
-code is gone from the compile cache, is a miss, and the optimize that follows writes it
-again.
+them (they hold TorchScript code, and name native code), written whole by a rename (on a
+thread, while optimize returns: `wait_for_writes`), count towards the same size bound
+(one takes at most a quarter of it) and are evicted with them; one that does not verify,
+or whose code is gone from the compile cache, is a miss, and the optimize that follows
+writes it again. The report says "hit", or why a model was not kept.
 """
 import dataclasses
 import hashlib
