@@ -683,6 +683,7 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
                          "convolutions with avx512_bf16 instructions, which this CPU lacks "
                          f"(it has: {native.host_cpu_features() or 'none of those Blade uses'}); "
                          "use precision='float32'")
+    models = ModelCache(CodeCache.for_config(config))
     if is_exported_program(model):
         progress.stage("tracing the exported program")
         scripted, args, config = exported_program.to_torchscript(model, args, kwargs, config)
@@ -692,9 +693,10 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
             raise TypeError("blade.optimize: example inputs are needed: a tensor, a tuple of "
                             "forward's inputs or a dict of them by argument name")
         progress.stage("tracing" if config.allow_tracing else "scripting")
+        if models.enabled and config.cache_models:
+            models.hash_ahead(model)
         with each_method_parsed_once():
             scripted = to_torchscript(model, args, kwargs, config)
-    models = ModelCache(CodeCache.for_config(config))
     key = None
     with eval_mode(scripted):
         inputs = bind_inputs(scripted, args, kwargs)

@@ -100,6 +100,36 @@ class ModelCache:
     def __init__(self, code_cache: CodeCache):
         self.code_cache = code_cache
         self.rejected = ""  # why the entry found was not used
+        self._hashing: Optional[threading.Thread] = None
+        # storage -> (digest, the tensor hashed, its version then), from `hash_ahead`
+        self._hashed: Dict[Tuple[int, int], Tuple[bytes, torch.Tensor, int]] = {}
+
+    def hash_ahead(self, model) -> None:
+        """Begins hashing the storages of `model`'s parameters and buffers on a thread
+        (the hashing itself runs without the GIL, on the intra-op threads), while the
+        caller scripts it: `key` then takes the digests of the tensors it finds unchanged
+        (the same tensor, the same version). 0.16 s of a BERT-base encoder's key."""
+        if not isinstance(model, torch.nn.Module):
+            return
+        tensors = [t for t in (*model.parameters(), *model.buffers())
+                   if isinstance(t, torch.Tensor) and t.device.type == "cpu" and
+                   t.layout == torch.strided and not t.is_quantized]
+
+        def hash_all():
+            for t in tensors:
+                storage = _storage_of(t)
+                if storage not in self._hashed:
+                    version = t._version
+                    self._hashed[storage] = (_C.storage_digest(t), t, version)
+
+        self._hashing = threading.Thread(target=hash_all, name="blade-model-cache-hashing")
+        self._hashing.start()
+
+    def _digests_hashed_ahead(self) -> Dict[Tuple[int, int], Tuple[bytes, torch.Tensor, int]]:
+        if self._hashing is not None:
+            self._hashing.join()
+            self._hashing = None
+        return self._hashed
 
     @property
     def enabled(self) -> bool:
@@ -118,7 +148,7 @@ class ModelCache:
         if Dumper.for_config(config.dump_dir).enabled or config.dry_run or \
                 config.preserved_attributes:
             raise NotKept("dumps, dry runs and preserved attributes are not kept")
-        keyer = _Keyer()
+        keyer = _Keyer(self._digests_hashed_ahead())
         keyer.parts.append(_registry_fingerprint())
         graph = scripted._c._get_method("forward").graph.copy()
         torch._C._jit_pass_inline(graph)
@@ -416,10 +446,17 @@ def _assemble_and_write(path: Path, key: str, meta: bytes, module_bytes: bytes,
 class _Keyer:
     """Writes values into the key's parts; tensors by metadata and storage digest."""
 
-    def __init__(self):
+    def __init__(self, hashed: Dict[Tuple[int, int], Tuple[bytes, torch.Tensor, int]]):
         self.parts: List[str] = []
         self.tensors: Dict[str, torch.Tensor] = {}
         self._storages: Dict[Tuple[int, int], int] = {}  # storage -> its number in the key
+        self._hashed = hashed  # ModelCache.hash_ahead's
+
+    def _digest(self, t: torch.Tensor, storage: Tuple[int, int]) -> bytes:
+        known = self._hashed.get(storage)
+        if known is not None and known[1]._cdata == t._cdata and known[1]._version == known[2]:
+            return known[0]
+        return _C.storage_digest(t)
 
     def add(self, label: str, value: Any, path: Optional[str]) -> None:
         """Keys `value`; its tensors, and those of its lists, tuples and dicts, are known
@@ -456,7 +493,7 @@ class _Keyer:
         if storage not in self._storages:
             self._storages[storage] = len(self._storages)
             self.parts.append(f"storage {self._storages[storage]}: {storage[1]} bytes "
-                              f"{_C.storage_digest(t).hex()}")
+                              f"{self._digest(t, storage).hex()}")
         if path is not None:
             self.tensors[path] = t
         return (f"tensor(storage {self._storages[storage]}, offset {t.storage_offset()}, "
