@@ -218,3 +218,16 @@ def ir_after_last_pass(dump_root) -> str:
     root = Path(dump_root)
     passes = sorted(root.glob("passes/*.mlir")) or sorted(next(root.glob("*/passes")).glob("*.mlir"))
     return passes[-1].read_text()
+
+
+def count_calls(monkeypatch, owner, name: str) -> dict:
+    """Wraps `owner.name` (for this test) to count its calls in the returned {"n": count}."""
+    count = {"n": 0}
+    real = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        count["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return count

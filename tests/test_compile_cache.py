@@ -16,7 +16,7 @@ import torch
 import blade
 from blade.codegen import driver as codegen
 from blade.codegen.llvm.native import host_cpu_features
-from helpers import assert_same
+from helpers import assert_same, count_calls
 
 
 class Layer(torch.nn.Module):
@@ -37,15 +37,7 @@ def layers(count=3, seed=0):
 @pytest.fixture
 def compilations(monkeypatch):
     """Counts the clusters code generation really compiles."""
-    count = {"n": 0}
-    real = codegen.start_compiling
-
-    def counting(*args, **kwargs):
-        count["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(codegen, "start_compiling", counting)
-    return count
+    return count_calls(monkeypatch, codegen, "start_compiling")
 
 
 def optimize_checked(model, x, config):
@@ -101,15 +93,7 @@ def comparisons(monkeypatch):
     """Counts the engines the engine check runs (blade.self_check.compare_engine)."""
     import blade.compiler
 
-    count = {"n": 0}
-    real = blade.compiler.compare_engine
-
-    def counting(*args, **kwargs):
-        count["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(blade.compiler, "compare_engine", counting)
-    return count
+    return count_calls(monkeypatch, blade.compiler, "compare_engine")
 
 
 def entry_header(entry: Path) -> dict:

@@ -15,7 +15,7 @@ import torch
 import blade
 import blade.compiler
 from blade.model_cache import SUFFIX, wait_for_writes
-from helpers import assert_same
+from helpers import assert_same, count_calls
 
 
 class Block(torch.nn.Module):
@@ -46,15 +46,7 @@ def model_entries(directory):
 @pytest.fixture
 def front_ends(monkeypatch):
     """Counts the optimizes that went past the model cache (froze and compiled)."""
-    count = {"n": 0}
-    real = blade.compiler._compile_frozen
-
-    def counting(*args, **kwargs):
-        count["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(blade.compiler, "_compile_frozen", counting)
-    return count
+    return count_calls(monkeypatch, blade.compiler, "_compile_frozen")
 
 
 def optimize_and_compare(model, x, config):

@@ -181,46 +181,35 @@ PYBIND11_MODULE(_C, m) {
       [](std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
          std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
          std::string cpu_features, std::string precision, const std::string& key_path,
-         std::string writes) {
+         std::string writes, const std::optional<py::bytes>& digest) {
+        const std::optional<ral::Digest> known =
+            digest ? std::optional<ral::Digest>(to_digest(*digest)) : std::nullopt;
         c10::intrusive_ptr<ral::Engine> engine;
         {
           py::gil_scoped_release released;
-          engine = ral::Engine::create_signed(
-              std::move(name), std::move(code), std::move(input_specs), std::move(output_specs),
-              std::move(fallback_ir), std::move(params), std::move(fallback_mode),
-              std::move(cpu_features), std::move(precision), key_path, std::move(writes));
+          engine = known ? ral::Engine::create_with_digest(
+                               std::move(name), std::move(code), std::move(input_specs),
+                               std::move(output_specs), std::move(fallback_ir),
+                               std::move(params), std::move(fallback_mode),
+                               std::move(cpu_features), std::move(precision), key_path,
+                               std::move(writes), *known)
+                         : ral::Engine::create_signed(
+                               std::move(name), std::move(code), std::move(input_specs),
+                               std::move(output_specs), std::move(fallback_ir),
+                               std::move(params), std::move(fallback_mode),
+                               std::move(cpu_features), std::move(precision), key_path,
+                               std::move(writes));
         }
         return torch::jit::toPyObject(c10::IValue(std::move(engine)));
       },
       py::arg("name"), py::arg("code"), py::arg("input_specs"), py::arg("output_specs"),
       py::arg("fallback_ir"), py::arg("params"), py::arg("fallback_mode"),
       py::arg("cpu_features"), py::arg("precision"), py::arg("key_path"), py::arg("writes") = "",
+      py::arg("digest") = std::nullopt,
       "A torch.classes.blade.Engine of these fields, signed with the key at `key_path` (this "
-      "machine's key when empty), its digest computed once for signing and verifying.");
-  m.def(
-      "create_engine_with_digest",
-      [](std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
-         std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,
-         std::string cpu_features, std::string precision, const std::string& key_path,
-         std::string writes, const py::bytes& digest) {
-        const ral::Digest known = to_digest(digest);
-        c10::intrusive_ptr<ral::Engine> engine;
-        {
-          py::gil_scoped_release released;
-          engine = ral::Engine::create_with_digest(
-              std::move(name), std::move(code), std::move(input_specs), std::move(output_specs),
-              std::move(fallback_ir), std::move(params), std::move(fallback_mode),
-              std::move(cpu_features), std::move(precision), key_path, std::move(writes),
-              known);
-        }
-        return torch::jit::toPyObject(c10::IValue(std::move(engine)));
-      },
-      py::arg("name"), py::arg("code"), py::arg("input_specs"), py::arg("output_specs"),
-      py::arg("fallback_ir"), py::arg("params"), py::arg("fallback_mode"),
-      py::arg("cpu_features"), py::arg("precision"), py::arg("key_path"), py::arg("writes"),
-      py::arg("digest"),
-      "create_signed_engine for fields, params and code whose digest (Engine.digest() of an "
-      "engine made of the same ones, as bytes) is known: nothing is hashed.");
+      "machine's key when empty), its digest computed once for signing and verifying; or, "
+      "given `digest` (Engine.digest() of an engine of the same fields, params and code, as "
+      "bytes), signed over it without hashing anything.");
   m.def("signing_public_key", &ral::signing_public_key, py::arg("key_path"),
         "The public key (hex) of the signing key at `key_path` (this machine's key, created "
         "on first use, when empty).");

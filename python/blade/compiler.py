@@ -18,7 +18,7 @@ from blade.partition import converters  # noqa: F401  (importing it registers th
 from blade.frontend import exported_program
 from blade.codegen.llvm import native
 from blade.codegen.cache import CodeCache
-from blade.model_cache import ModelCache, NotKept
+from blade.model_cache import ModelCache
 from blade.config import Config
 from blade.partition.dtypes import SCALAR_TYPE_NAMES, dtype_name
 from blade.tools.dump import Dumper, Progress
@@ -308,7 +308,8 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
     the cluster for an engine call, returning the CompiledCluster, where its code came from
     (compiled, the compile cache, or another engine of this model with the same code) and
     `writes`, the (output, input) pairs the engine writes (absorbable_write_backs,
-    csrc/passes/engine_call.h), and the code's compile cache key ("" when none). Each raises on any failure, leaving the graph untouched.
+    csrc/passes/engine_call.h), and the code's compile cache key ("" when none). Each raises
+    on any failure, leaving the graph untouched.
     `dump` (a ClusterDump) receives the IR of every pass."""
     name = f"{ENGINE_PREFIX}{index}"
     subgraph = cluster.g("Subgraph").copy()
@@ -683,7 +684,7 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
                          "convolutions with avx512_bf16 instructions, which this CPU lacks "
                          f"(it has: {native.host_cpu_features() or 'none of those Blade uses'}); "
                          "use precision='float32'")
-    models = ModelCache(CodeCache.for_config(config))
+    models = ModelCache.for_config(config)
     if is_exported_program(model):
         progress.stage("tracing the exported program")
         scripted, args, config = exported_program.to_torchscript(model, args, kwargs, config)
@@ -693,52 +694,26 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
             raise TypeError("blade.optimize: example inputs are needed: a tensor, a tuple of "
                             "forward's inputs or a dict of them by argument name")
         progress.stage("tracing" if config.allow_tracing else "scripting")
-        if models.enabled and config.cache_models:
-            models.hash_ahead(model)
+        models.hash_ahead(model)
         with each_method_parsed_once():
             scripted = to_torchscript(model, args, kwargs, config)
-    key = None
     with eval_mode(scripted):
         inputs = bind_inputs(scripted, args, kwargs)
         config = dynamic_dims_by_position(scripted, config)
-        not_kept = ""
-        if models.enabled and config.cache_models:
-            try:
-                key = models.key(scripted, inputs, config)
-            except NotKept as e:
-                not_kept = str(e)
-            except Exception as e:  # the cache never fails an optimize
-                not_kept = f"{type(e).__name__}: {e}"
-            try:
-                found = models.load(key, config) if key is not None else None
-            except Exception:  # the cache never fails an optimize: a miss
-                found = None
-            if found is not None:
-                progress.stage("taken whole from the model cache")
-                if config.verbose:
-                    from blade.report import report as read_report
-                    print(str(read_report(found)))
-                return found
+        found = models.look_up(scripted, inputs, config)
+        if found is not None:
+            progress.stage("taken whole from the model cache")
+            if config.verbose:
+                from blade.report import report as read_report
+                print(str(read_report(found)))
+            return found
         progress.stage("freezing")
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     # The attributes freezing kept are those forward writes into (or asked to be kept); they
     # are the model's own tensors, which the runs below must leave as they were.
     with preserved_module_state(module):
         optimized = _compile_frozen(module, inputs, config, progress)
-    if key is not None:
-        # A model the cache cannot hold is compiled each time, as without it; the report
-        # says why.
-        try:
-            models.store(key, optimized)
-            not_kept = ""
-        except NotKept as e:
-            not_kept = str(e)
-        except Exception as e:  # the cache never fails an optimize
-            not_kept = f"{type(e).__name__}: {e}"
-    if not_kept:
-        report = Report.from_json(optimized._c.getattr(REPORT_ATTRIBUTE))
-        report.model_cache = f"not kept: {not_kept}"
-        optimized._c.setattr(REPORT_ATTRIBUTE, report.to_json())
+    models.keep(optimized)
     return optimized
 
 

@@ -49,7 +49,6 @@ import json
 import os
 import re
 import struct
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -57,8 +56,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from blade import _C
-from blade.codegen.cache import CodeCache, compiler_fingerprint
-from blade.report import REPORT_ATTRIBUTE, Report
+from blade.codegen.cache import CodeCache, compiler_fingerprint, write_whole
+from blade.report import REPORT_ATTRIBUTE, Report, amend_report
 
 _MAGIC = b"blade optimized model 1\n"
 # Nodes that run code the inlined graph does not show: a method or function call left (an
@@ -90,16 +89,22 @@ class ModelKey:
 class ModelCache:
     """The model entries of a compile cache directory (see the module's docstring).
 
+    One per optimize. A failure of the cache never fails the optimize: it is a miss, or a
+    model not kept, which the report says.
+
     Example:
-        >>> models = ModelCache(code_cache)
-        >>> key = models.key(scripted, inputs, config)
-        >>> optimized = models.load(key, config)  # None: a miss
-        >>> models.store(key, optimized)           # after a cold optimize
+        >>> models = ModelCache.for_config(config)
+        >>> models.hash_ahead(model)                 # while it is scripted
+        >>> optimized = models.look_up(scripted, inputs, config)  # None: a miss
+        >>> models.keep(optimized)                   # after a cold optimize
     """
 
-    def __init__(self, code_cache: CodeCache):
+    def __init__(self, code_cache: CodeCache, active: bool = True):
         self.code_cache = code_cache
-        self.rejected = ""  # why the entry found was not used
+        # Whether models are kept: the cache directory is on, and Config.cache_models.
+        self.active = active and code_cache.directory is not None
+        self._key: Optional[ModelKey] = None  # look_up's, which keep stores under
+        self._not_kept = ""  # why the model is not kept
         self._hashing: Optional[threading.Thread] = None
         # storage -> (digest, the tensor hashed, its version then), from `hash_ahead`
         self._hashed: Dict[Tuple[int, int], Tuple[bytes, torch.Tensor, int]] = {}
@@ -109,7 +114,7 @@ class ModelCache:
         (the hashing itself runs without the GIL, on the intra-op threads), while the
         caller scripts it: `key` then takes the digests of the tensors it finds unchanged
         (the same tensor, the same version). 0.16 s of a BERT-base encoder's key."""
-        if not isinstance(model, torch.nn.Module):
+        if not self.active or not isinstance(model, torch.nn.Module):
             return
         tensors = [t for t in (*model.parameters(), *model.buffers())
                    if isinstance(t, torch.Tensor) and t.device.type == "cpu" and
@@ -131,9 +136,40 @@ class ModelCache:
             self._hashing = None
         return self._hashed
 
-    @property
-    def enabled(self) -> bool:
-        return self.code_cache.directory is not None
+    @classmethod
+    def for_config(cls, config) -> "ModelCache":
+        return cls(CodeCache.for_config(config), config.cache_models)
+
+    def look_up(self, scripted, inputs: Tuple, config) -> Optional[torch.jit.ScriptModule]:
+        """The optimized model of `scripted` (in eval mode) on `inputs` under `config`, from
+        the cache; None for a miss, when `keep` writes it."""
+        if not self.active:
+            return None
+        try:
+            self._key = self.key(scripted, inputs, config)
+        except NotKept as e:
+            self._not_kept = str(e)
+            return None
+        except Exception as e:  # noqa: BLE001  (the cache never fails an optimize)
+            self._not_kept = f"{type(e).__name__}: {e}"
+            return None
+        try:
+            return self.load(self._key, config)
+        except Exception:  # noqa: BLE001  (an entry that cannot be used: a miss, written again)
+            return None
+
+    def keep(self, optimized) -> None:
+        """Writes the entry of the model `look_up` missed, or says in the report why not."""
+        if self._key is not None:
+            try:
+                self.store(self._key, optimized)
+                self._not_kept = ""
+            except NotKept as e:
+                self._not_kept = str(e)
+            except Exception as e:  # noqa: BLE001  (the cache never fails an optimize)
+                self._not_kept = f"{type(e).__name__}: {e}"
+        if self._not_kept:
+            amend_report(optimized, model_cache=f"not kept: {self._not_kept}")
 
     def _path(self, key: ModelKey) -> Path:
         return self.code_cache.directory / key.digest[:2] / f"{key.digest}{SUFFIX}"
@@ -193,8 +229,8 @@ class ModelCache:
 
     def load(self, key: ModelKey, config) -> Optional[torch.jit.ScriptModule]:
         """The optimized model of `key`, its engines made again from the compile cache's code
-        and the model's tensors; None when there is no usable entry (`rejected` says why
-        one was not used)."""
+        and the model's tensors; None when there is no entry; raises NotKept (or whatever a
+        damaged but verified entry makes fail) when the entry cannot be used."""
         wait_for_writes()  # an entry this process is writing is read whole
         path = self._path(key)
         try:
@@ -206,18 +242,9 @@ class ModelCache:
                     return None
         except OSError:
             return None
-        try:
-            meta, module_bytes, tensor_bytes = _parse_entry(key.digest, data)
-            with torch.no_grad():
-                module = self._rebuild(meta, module_bytes, tensor_bytes, key, config)
-        except NotKept as e:
-            self.rejected = str(e)
-            return None
-        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
-            # A verified entry that still does not make a model (written by a Blade whose
-            # fingerprint collided, say): a miss, never a failed optimize.
-            self.rejected = f"{type(e).__name__}: {e}"
-            return None
+        meta, module_bytes, tensor_bytes = _parse_entry(key.digest, data)
+        with torch.no_grad():
+            module = self._rebuild(meta, module_bytes, tensor_bytes, key, config)
         try:
             os.utime(path)  # least recently used goes first
         except OSError:
@@ -245,17 +272,15 @@ class ModelCache:
             params = [_resolve(ref, key.tensors, stored) for ref in fields["params"]]
             # The key holds the digests of the model's tensors, so each param is the one the
             # entry's engine had, and so is the engine's digest: nothing is hashed again.
-            engine = _C.create_engine_with_digest(
+            engine = _C.create_signed_engine(
                 name, codes[fields["code_key"]], fields["input_specs"], fields["output_specs"],
                 fields["fallback_ir"], params, config.fallback, fields["cpu_features"],
                 config.precision, config.signing_key or "", fields["writes"],
-                bytes.fromhex(fields["digest"]))
+                digest=bytes.fromhex(fields["digest"]))
             if not engine.is_compiled():
                 raise NotKept(f"{name} does not load: {engine.load_error()}")
             module._c.setattr(name, engine)
-        report = Report.from_json(module._c.getattr(REPORT_ATTRIBUTE))
-        report.model_cache = "hit"
-        module._c.setattr(REPORT_ATTRIBUTE, report.to_json())
+        amend_report(module, model_cache="hit")
         return module
 
     def _code_digest(self, code_key: str) -> str:
@@ -429,15 +454,7 @@ def _assemble_and_write(path: Path, key: str, meta: bytes, module_bytes: bytes,
     body[end:] = 0
     signature = _C.sign_digest(_entry_digest(key, body), code_cache.signing_key).encode()
     try:
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(body.numpy())
-                f.write(signature)
-            os.replace(temporary, path)
-        except OSError:
-            os.unlink(temporary)
-            raise
+        write_whole(path, body.numpy(), signature)
     except OSError:
         return
     code_cache._evict()

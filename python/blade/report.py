@@ -236,6 +236,14 @@ def _tally(table: Dict[str, UnsupportedOp], kind: str, reason) -> None:
         entry.reasons.append(reason)
 
 
+def amend_report(module: torch.jit.ScriptModule, **fields) -> None:
+    """Sets these fields of the report an optimized module holds."""
+    stored = Report.from_json(module._c.getattr(REPORT_ATTRIBUTE))
+    for name, value in fields.items():
+        setattr(stored, name, value)
+    module._c.setattr(REPORT_ATTRIBUTE, stored.to_json())
+
+
 def report(module: torch.jit.ScriptModule) -> Report:
     """The report of a module returned by `blade.optimize` (or loaded after saving one).
 

@@ -218,10 +218,7 @@ class CodeCache:
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(body + signature)
-            os.replace(temporary, path)
+            write_whole(path, body, signature)
         except OSError as e:  # a cache that cannot be written only costs time
             self.rejected[key] = f"not stored: {e}"
             return
@@ -253,6 +250,20 @@ class CodeCache:
                 total -= size
             except OSError:
                 pass
+
+
+def write_whole(path: Path, *parts) -> None:
+    """Writes `parts` (bytes-like) to `path` through a private file in its directory, renamed
+    into place: readers see the whole file or none. Raises OSError (the private file gone)."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
+        os.replace(temporary, path)
+    except OSError:
+        os.unlink(temporary)
+        raise
 
 
 def _entry_digest(key: str, body: bytes) -> bytes:
