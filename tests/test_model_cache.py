@@ -78,11 +78,9 @@ def test_the_same_model_again_is_taken_whole_and_shares_the_weights(tmp_path, fr
     params = [p for c in report.clusters for p in getattr(optimized, c.name).params()]
     shared = [p for p in params if p.untyped_storage().data_ptr() in storages]
     assert len(shared) >= len(params) - 2 and len(shared) >= 8, (len(shared), len(params))
-    # Freezing keeps nn.MultiheadAttention as a submodule with its packed weight: the
-    # entry holds a marker there, and the hit the model's tensor.
-    kept = optimized._c.getattr("layer").getattr("self_attn").getattr("in_proj_weight")
-    assert kept.untyped_storage().data_ptr() == \
-        model.layer.self_attn.in_proj_weight.untyped_storage().data_ptr()
+    # Freezing keeps nn.MultiheadAttention's packed weight as an attribute; only the engine
+    # reads it, so neither the cold optimize's module nor the hit's holds it.
+    assert not optimized._c.getattr("layer").getattr("self_attn").hasattr("in_proj_weight")
 
 
 class Listed(torch.nn.Module):

@@ -117,4 +117,25 @@ void set_tensor_constants(const std::shared_ptr<Graph>& graph,
   });
 }
 
+bool remove_attribute(const std::vector<torch::jit::Module>& instances, const std::string& name) {
+  if (instances.empty()) {
+    return false;
+  }
+  const c10::ClassTypePtr type = instances.front().type();
+  if (!type->hasAttribute(name)) {
+    return false;
+  }
+  for (const auto& instance : instances) {
+    if (instance.type() != type) {
+      return false;
+    }
+  }
+  // Each object's slot first (found through the type), then the type's.
+  for (const auto& instance : instances) {
+    instance._ivalue()->unsafeRemoveAttr(name);
+  }
+  type->unsafeRemoveAttribute(name);
+  return true;
+}
+
 }  // namespace blade::passes

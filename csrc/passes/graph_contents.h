@@ -15,8 +15,16 @@
 //   set_tensor_constants: gives those constants, in the same order, the tensors of
 //     `values`; with `retype`, each gets its tensor's complete type (dtype, sizes,
 //     strides), as freezing types a constant, else keeps its type.
+//
+// And what the compiler removes of an optimized module:
+//
+//   remove_attribute: takes the attribute `name` off every module of `instances` (all the
+//     modules of one class type) and off their class type, as freezing removes attributes
+//     no method reads; false when the type has no such attribute or a module of
+//     `instances` is of another type.
 #pragma once
 
+#include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <memory>
@@ -33,5 +41,7 @@ std::vector<at::Tensor> tensor_constants(const std::shared_ptr<torch::jit::Graph
 
 void set_tensor_constants(const std::shared_ptr<torch::jit::Graph>& graph,
                           const std::vector<at::Tensor>& values, bool retype);
+
+bool remove_attribute(const std::vector<torch::jit::Module>& instances, const std::string& name);
 
 }  // namespace blade::passes

@@ -157,6 +157,8 @@ PYBIND11_MODULE(_C, m) {
         "The most bytes of freed buffers the runtime keeps for reuse (0: none).");
   m.def("set_prepared_weights_limit", &ral::set_prepared_weights_limit, py::arg("bytes"),
         "The most bytes prepared weight copies may take, process-wide (negative: no limit).");
+  m.def("set_kernel_trials", &ral::set_kernel_trials, py::arg("enabled"),
+        "Whether engines time a second kernel against oneDNN's (off: oneDNN's always).");
   m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
         "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;
@@ -227,6 +229,18 @@ PYBIND11_MODULE(_C, m) {
         py::arg("values"), py::arg("retype"),
         "Gives those constants these tensors, in the same order (with `retype`, their types "
         "too).");
+  m.def(
+      "remove_attribute",
+      [](const std::vector<py::object>& instances, const std::string& name) {
+        std::vector<torch::jit::Module> modules;
+        for (const auto& instance : instances) {
+          modules.push_back(py::cast<torch::jit::Module>(instance));
+        }
+        return passes::remove_attribute(modules, name);
+      },
+      py::arg("instances"), py::arg("name"),
+      "Removes an attribute from every module of one class type and from the type "
+      "(csrc/passes/graph_contents.h).");
   // The model cache (blade.model_cache) keys a model by the bytes of its weights.
   m.def(
       "storage_digest",

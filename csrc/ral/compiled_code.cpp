@@ -11,6 +11,8 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <sstream>
+#include <string>
 
 namespace blade::ral {
 namespace {
@@ -70,6 +72,22 @@ CompiledCode::CompiledCode(const uint8_t* data, size_t size, const std::string& 
       ::dlclose(handle_);
       handle_ = nullptr;
       TORCH_CHECK(false, "blade: engine '", name, "': its kernel calls: ", error);
+    }
+  }
+  if (auto list = reinterpret_cast<WeightArgumentsFn>(::dlsym(handle_, kWeightArgumentsSymbol))) {
+    std::istringstream words(list());
+    std::string word;
+    while (words >> word) {
+      const bool digits = word.size() <= 9 &&
+          word.find_first_not_of("0123456789") == std::string::npos;
+      const size_t index = digits ? std::stoul(word) : 0;
+      if (!digits || (!weight_arguments_.empty() && index <= weight_arguments_.back())) {
+        ::dlclose(handle_);
+        handle_ = nullptr;
+        TORCH_CHECK(false, "blade: engine '", name, "': its weight arguments '",
+                    std::string(list()).substr(0, 80), "' are not ascending indices");
+      }
+      weight_arguments_.push_back(index);
     }
   }
   closer.fd = -1;  // loaded: the descriptor now lives as long as this object

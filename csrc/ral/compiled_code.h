@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace blade::ral {
 
@@ -23,6 +24,11 @@ constexpr const char* kEntrySymbol = "blade_entry";
 // (kernel_calls.h); code that makes none has no such function.
 using KernelCallsFn = const char* (*)();
 constexpr const char* kKernelCallsSymbol = "blade_kernel_calls";
+// A function that returns the indices (among `args`, in decimal, separated by spaces) of the
+// float32 buffers the code reads only as the weight of its matmul and convolution kernels,
+// never itself (codegen/kernels/library_calls.weight_arguments); absent when there are none.
+using WeightArgumentsFn = const char* (*)();
+constexpr const char* kWeightArgumentsSymbol = "blade_weight_arguments";
 
 class CompiledCode {
  public:
@@ -35,6 +41,8 @@ class CompiledCode {
   EntryFn entry() const { return entry_; }
   // The PyTorch ops the code calls (kernel_calls.h); nullptr when it calls none.
   const KernelCallTable* kernel_calls() const { return kernel_calls_.get(); }
+  // The indices kWeightArgumentsSymbol lists, ascending (empty when the code has none).
+  const std::vector<size_t>& weight_arguments() const { return weight_arguments_; }
 
   // The loaded code of these bytes (whose SHA-256 is `digest`), shared with every other
   // engine of this process that loaded the same bytes and still holds them: identical
@@ -49,6 +57,7 @@ class CompiledCode {
   void* handle_ = nullptr;
   EntryFn entry_ = nullptr;
   std::unique_ptr<KernelCallTable> kernel_calls_;
+  std::vector<size_t> weight_arguments_;
 };
 
 }  // namespace blade::ral

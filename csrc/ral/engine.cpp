@@ -408,6 +408,17 @@ void Engine::load_code(const Digest* computed_digest) {
       load_error_ = e.what_without_backtrace();
     }
   }
+  if (load_error_.empty() && code_) {
+    // The code's weight-only buffers that are params (its buffers are inputs, params,
+    // outputs; an input multiplied by is no param, and is never released).
+    std::vector<size_t> weight_only;
+    for (size_t index : code_->weight_arguments()) {
+      if (index >= input_specs_.size() && index < input_specs_.size() + params_.size()) {
+        weight_only.push_back(index - input_specs_.size());
+      }
+    }
+    prepared_weights_->set_weight_only(weight_only);
+  }
   if (!load_error_.empty() && !untrusted_key.empty()) {
     load_error_ += "; trust it with blade.trust_key(\"" + untrusted_key + "\"), " +
                    kTrustedKeysVariable + "=" + untrusted_key +
@@ -470,6 +481,7 @@ std::vector<at::Tensor> Engine::run_code(const std::vector<at::Tensor>& inputs) 
   const auto why = signature_mismatch(input_specs_, inputs);
   TORCH_CHECK(why.empty(), "blade: engine '", name_, "' cannot run these inputs: ", why);
   std::string kernel_error;
+  const OneKernelPerCall once;  // the check needs results, not kernel timings
   auto outputs = call_code(inputs, &kernel_error);
   TORCH_CHECK(kernel_error.empty(), "blade: engine '", name_,
               "': the compiled code reported an error: ", kernel_error);
@@ -488,6 +500,13 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
     generator_state = generator.get_state();
   }
   auto outputs = call_code(inputs, &kernel_error);
+  if (prepared_weights_->release_due()) {
+    // Not while another call runs (its kernels may be reading a weight as it is).
+    std::unique_lock<std::shared_mutex> alone(code_mutex_, std::try_to_lock);
+    if (alone.owns_lock()) {
+      prepared_weights_->release_plain_weights(params_);
+    }
+  }
   // A library call that failed (see ral_kernels.h) left the outputs unspecified.
   if (!kernel_error.empty()) {
     if (generator_state.has_value()) {
@@ -553,6 +572,7 @@ std::vector<at::Tensor> Engine::call_code(const std::vector<at::Tensor>& inputs,
     at += 3 + 2 * static_cast<size_t>(rank);
   }
   {
+    std::shared_lock<std::shared_mutex> running(code_mutex_);
     ActivePreparedWeights weights(prepared_weights_.get());
     ActiveKernelCalls calls(code_->kernel_calls());
     code_->entry()(pointers.data());
@@ -619,6 +639,7 @@ std::vector<at::Tensor> Engine::run_subgraph(const std::vector<at::Tensor>& inpu
               " values, but it was given ", inputs.size(), " inputs and ", params_.size(),
               " params (the saved file is corrupted, or the engine was called with the wrong "
               "number of inputs)");
+  prepared_weights_->keep_plain();  // the subgraph reads every param as it is
   torch::jit::Stack stack(inputs.begin(), inputs.end());
   stack.insert(stack.end(), params_.begin(), params_.end());
   fallback_fn_->run(stack);
@@ -636,10 +657,16 @@ std::vector<at::Tensor> Engine::run_subgraph(const std::vector<at::Tensor>& inpu
   return outputs;
 }
 
+const std::vector<at::Tensor>& Engine::params() const {
+  prepared_weights_->keep_plain();
+  return params_;
+}
+
 at::Tensor Engine::param(int64_t index) const {
   TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(params_.size()), "blade: engine '",
               name_, "' has ", params_.size(), " params, none at index ", index,
               " (the saved file is corrupted)");
+  prepared_weights_->keep_plain(params_[static_cast<size_t>(index)]);
   return params_[static_cast<size_t>(index)];
 }
 
@@ -653,6 +680,7 @@ std::string Engine::last_fallback_reason() const {
 }
 
 Engine::State Engine::serialize() const {
+  prepared_weights_->keep_plain();  // saved as they are
   std::ostringstream meta;
   meta << "blade_version=" << BLADE_VERSION << "\n"
        << "cpu_features=" << cpu_features_ << "\n"

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -105,8 +106,13 @@ class Engine : public torch::CustomClassHolder {
   EngineStats stats() const;
   // The constant tensors the code reads; the graph around the engine reads its weights
   // from here too, so that a saved model holds each weight once.
-  const std::vector<at::Tensor>& params() const { return params_; }
+  // Reading them puts back any weight the engine released (prepared_weights.h) and keeps
+  // them all plain from then on.
+  const std::vector<at::Tensor>& params() const;
   at::Tensor param(int64_t index) const;
+  // The bytes of param memory given back because only the weights' oneDNN copies are read
+  // (prepared_weights.h).
+  int64_t released_bytes() const { return prepared_weights_->released_bytes(); }
   // Weights the code multiplies by through a packed copy (one per weight and row count).
   int64_t packed_weights() const { return prepared_weights_->packed_count(); }
   // The bytes of those copies (and of channels_last weight copies).
@@ -171,6 +177,10 @@ class Engine : public torch::CustomClassHolder {
   std::shared_ptr<CompiledCode> code_;
   std::string load_error_;
   std::shared_ptr<torch::jit::GraphFunction> fallback_fn_;
+
+  // Calls of the code hold it shared; releasing plain weights holds it alone, so that no
+  // kernel is reading a weight as its memory is given back.
+  mutable std::shared_mutex code_mutex_;
 
   std::atomic<int64_t> calls_{0};
   std::atomic<int64_t> fallbacks_{0};

@@ -5,6 +5,9 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/CPUAllocator.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #ifdef __GLIBC__
@@ -26,19 +29,37 @@ constexpr size_t kRowCountsPerWeight = 4;
 // Timed calls per kernel in a trial (after an untimed first: next_kernel), and the most
 // trials an engine keeps (a dynamic engine sees many input sizes; past this many the others
 // run the alternative kernel untried).
-constexpr int kTimedTrialRuns = 2;
+constexpr int kTimedTrialRuns = 1;
 constexpr size_t kMaxTrials = 256;
 
 const MklFunctions& mkl() { return mkl_functions(); }
 
+// The plain values of a weight from its oneDNN copy (`transposed` as onednn_weight's key),
+// shaped and strided as the weight; undefined when the copy's plain form has other sizes.
+at::Tensor plain_values(const at::Tensor& copy, bool transposed, const at::Tensor& weight) {
+  at::Tensor dense = copy.to_dense();  // oneDNN's reorder back to the plain layout
+  if (weight.dim() == 2) {
+    const int64_t n = transposed ? weight.size(0) : weight.size(1);
+    const int64_t k = transposed ? weight.size(1) : weight.size(0);
+    if (dense.numel() != n * k) {
+      return at::Tensor();
+    }
+    dense = dense.reshape({n, k});  // the [N, K, 1, 1] 1x1 convolution weight's rows
+    return transposed ? dense : dense.t();
+  }
+  return dense.sizes() == weight.sizes() ? dense : at::Tensor();
+}
+
 bool fits_int(int64_t value) { return value > 0 && value <= std::numeric_limits<int>::max(); }
 
 thread_local PreparedWeights* active = nullptr;
+thread_local bool one_kernel_per_call = false;
 
 // Process-wide: the bytes all engines' prepared copies hold, and the most they may hold
 // (no limit unless set: the copies are what makes the GEMMs and convolutions fast).
 std::atomic<int64_t> total_bytes{0};
 std::atomic<int64_t> limit_bytes{-1};
+std::atomic<bool> kernel_trials{true};
 
 // Whether a copy of about `bytes` fits under the limit.
 bool fits_limit(int64_t bytes) {
@@ -53,6 +74,8 @@ void set_prepared_weights_limit(int64_t bytes) {
 }
 
 int64_t prepared_weights_bytes() { return total_bytes.load(std::memory_order_relaxed); }
+
+void set_kernel_trials(bool enabled) { kernel_trials.store(enabled, std::memory_order_relaxed); }
 
 PreparedWeights::PreparedWeights(const std::vector<at::Tensor>& params, bool bf16)
     : params_(params), bf16_(bf16) {}
@@ -74,7 +97,8 @@ void PreparedWeights::uncount(const at::Tensor& copy) {
 PreparedWeights::Kernel PreparedWeights::next_kernel(
     const at::Tensor& weight, bool onednn_transposed,
     const std::vector<int64_t>& onednn_input_size, Kernel alternative) {
-  if (!is_param(weight) || (alternative == Kernel::kGemm && mkl().sgemm == nullptr)) {
+  if (!is_param(weight) || (alternative == Kernel::kGemm && mkl().sgemm == nullptr) ||
+      !kernel_trials.load(std::memory_order_relaxed)) {
     return Kernel::kOneDnn;  // nothing prepared without a param; no sgemm without MKL
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -92,7 +116,23 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
   if (trial.choice.has_value()) {
     return *trial.choice;
   }
-  return (trial.runs[0] + trial.runs[1]) % 2 == 0 ? trial.alternative : Kernel::kOneDnn;
+  // The alternative first (the caller then runs oneDNN's too: onednn_run_pending), then
+  // whichever has run less, oneDNN's on a tie.
+  if (trial.runs[1] == 0) {
+    return trial.alternative;
+  }
+  return trial.runs[0] <= trial.runs[1] ? Kernel::kOneDnn : trial.alternative;
+}
+
+bool PreparedWeights::onednn_run_pending(const at::Tensor& weight, bool onednn_transposed,
+                                         const std::vector<int64_t>& onednn_input_size) {
+  if (one_kernel_per_call || !is_param(weight)) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = trials_.find(TrialKey(weight.data_ptr(), onednn_transposed, onednn_input_size));
+  return it != trials_.end() && !it->second.choice.has_value() && it->second.runs[0] == 0 &&
+         it->second.runs[1] > 0;
 }
 
 void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_transposed,
@@ -112,6 +152,7 @@ void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_t
   if (trial.runs[0] > kTimedTrialRuns && trial.runs[1] > kTimedTrialRuns) {
     trial.choice = trial.best[1] <= trial.best[0] ? trial.alternative : Kernel::kOneDnn;
     release_loser(key, trial);
+    release_due_.store(!keep_all_plain_, std::memory_order_relaxed);
   }
 }
 
@@ -171,6 +212,7 @@ at::Tensor PreparedWeights::channels_last(const at::Tensor& weight) {
     if (!fits_limit(static_cast<int64_t>(weight.nbytes()))) {
       return weight;
     }
+    restore_locked(weight.data_ptr());
     it = channels_last_
              .emplace(weight.data_ptr(), weight.clone(at::MemoryFormat::ChannelsLast))
              .first;
@@ -189,6 +231,7 @@ at::Tensor PreparedWeights::winograd(const at::Tensor& weight) {
     if (!fits_limit(static_cast<int64_t>(weight.nbytes()) * 16 / 9)) {
       return at::Tensor();
     }
+    restore_locked(weight.data_ptr());
     it = winograd_.emplace(weight.data_ptr(), winograd_weight(weight)).first;
     count(it->second);
   }
@@ -206,6 +249,7 @@ at::Tensor PreparedWeights::bf16_matrix(const at::Tensor& weight, bool transpose
     if (!fits_limit(static_cast<int64_t>(weight.nbytes()) / 2)) {
       return at::Tensor();
     }
+    restore_locked(weight.data_ptr());
     const at::Tensor rows = transposed ? weight : weight.t();  // [N, K]
     it = bf16_matrices_.emplace(key, rows.to(at::kBFloat16).contiguous()).first;
     count(it->second);
@@ -245,6 +289,7 @@ at::Tensor PreparedWeights::onednn_weight(const at::Tensor& weight, bool transpo
       !fits_limit(static_cast<int64_t>(weight.nbytes()))) {
     return at::Tensor();
   }
+  restore_locked(weight.data_ptr());
   at::Tensor plain = weight;
   if (weight.dim() == 2) {
     const at::Tensor rows = transposed ? weight : weight.t();  // [N, K]
@@ -272,6 +317,7 @@ at::Tensor PreparedWeights::onednn_weight(const at::Tensor& weight, bool transpo
   }
   onednn_.emplace(key, reordered);
   count(reordered);
+  release_due_.store(!keep_all_plain_ && reordered.defined(), std::memory_order_relaxed);
   return reordered;
 }
 
@@ -295,6 +341,7 @@ const float* PreparedWeights::packed(const at::Tensor& rhs, bool transposed, int
   if (!fits_limit(static_cast<int64_t>(bytes))) {
     return nullptr;
   }
+  restore_locked(data);
   at::Tensor buffer =
       at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
   mkl().pack(kCblasRowMajor, kCblasBMatrix, transposed ? kCblasTrans : kCblasNoTrans,
@@ -325,6 +372,166 @@ bool PreparedWeights::matmul_f32(const float* lhs, int64_t lda, const at::Tensor
   return true;
 }
 
+void PreparedWeights::set_weight_only(const std::vector<size_t>& indices) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  weight_only_.assign(params_.size(), false);
+  for (size_t index : indices) {
+    if (index < weight_only_.size()) {
+      weight_only_[index] = true;
+    }
+  }
+}
+
+at::Tensor PreparedWeights::release_source(const void* data) const {
+  if (released_.count(data) > 0 || kept_plain_.count(data) > 0 ||
+      channels_last_.count(data) > 0 || winograd_.count(data) > 0) {
+    return at::Tensor();
+  }
+  for (const auto& entry : packs_) {
+    if (std::get<0>(entry.first) == data) {
+      return at::Tensor();  // MKL's pack: a kernel that reads the weight as it is ran
+    }
+  }
+  for (const auto& entry : bf16_matrices_) {
+    if (entry.first.first == data) {
+      return at::Tensor();
+    }
+  }
+  for (const auto& [key, trial] : trials_) {
+    if (std::get<0>(key) == data && trial.choice != Kernel::kOneDnn) {
+      return at::Tensor();  // undecided, or the other kernel (which may read it) won
+    }
+  }
+  at::Tensor source;
+  for (const auto& [key, copy] : onednn_) {
+    if (std::get<0>(key) != data) {
+      continue;
+    }
+    if (!copy.defined()) {
+      return at::Tensor();  // a size oneDNN could not take: read as it is
+    }
+    source = copy;
+  }
+  return source;
+}
+
+void PreparedWeights::release_plain_weights(const std::vector<at::Tensor>& engine_params) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_due_.store(false, std::memory_order_relaxed);
+  if (keep_all_plain_ || bf16_ || engine_params.size() != params_.size()) {
+    return;
+  }
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  bool released = false;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& weight = params_[i];
+    if (i >= weight_only_.size() || !weight_only_[i] || weight.scalar_type() != at::kFloat ||
+        !weight.is_contiguous() || weight.storage_offset() != 0 ||
+        weight.nbytes() != weight.storage().nbytes() ||
+        weight.storage().data_ptr().get_deleter() != c10::GetCPUAllocator()->raw_deleter()) {
+      continue;
+    }
+    const void* data = weight.data_ptr();
+    // Held by nothing but this engine: every param that is this tensor is weight-only,
+    // the tensor is held only by the two param vectors, and its storage only by it.
+    size_t occurrences = 0;
+    bool all_weight_only = true;
+    for (size_t j = 0; j < params_.size(); ++j) {
+      if (params_[j].unsafeGetTensorImpl() == weight.unsafeGetTensorImpl()) {
+        ++occurrences;
+        all_weight_only = all_weight_only && j < weight_only_.size() && weight_only_[j];
+      }
+    }
+    if (!all_weight_only || weight.use_count() != 2 * occurrences ||
+        weight.storage().use_count() != 1) {
+      continue;
+    }
+    at::Tensor copy = release_source(data);
+    if (!copy.defined()) {
+      continue;
+    }
+    bool transposed = true;
+    for (const auto& entry : onednn_) {
+      if (std::get<0>(entry.first) == data && entry.second.is_same(copy)) {
+        transposed = std::get<1>(entry.first);
+      }
+    }
+    // Released only when the copy gives back exactly these bits.
+    const at::Tensor values = plain_values(copy, transposed, weight);
+    if (!values.defined() || !at::equal(values.view(at::kInt), weight.view(at::kInt))) {
+      kept_plain_.insert(data);
+      continue;
+    }
+    const auto begin = reinterpret_cast<uintptr_t>(data);
+    const uintptr_t first = (begin + page - 1) / page * page;
+    const uintptr_t last = (begin + weight.nbytes()) / page * page;
+    if (last <= first ||
+        ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) {
+      kept_plain_.insert(data);
+      continue;
+    }
+    released_.emplace(data, Released{weight, copy, transposed,
+                                     static_cast<int64_t>(last - first)});
+    released = true;
+  }
+  if (released) {
+    any_released_.store(true, std::memory_order_release);
+#ifdef __GLIBC__
+    malloc_trim(0);  // the checks' temporary plain copies
+#endif
+  }
+}
+
+void PreparedWeights::restore_locked(const void* data) {
+  if (!any_released_.load(std::memory_order_acquire)) {
+    return;
+  }
+  auto it = released_.find(data);
+  if (it == released_.end()) {
+    return;
+  }
+  const Released& released = it->second;
+  const at::Tensor values = plain_values(released.copy, released.transposed, released.weight);
+  TORCH_CHECK(values.defined(), "blade: a released weight's copy no longer has its sizes");
+  c10::InferenceMode guard;
+  released.weight.detach().copy_(values);
+  kept_plain_.insert(data);
+  released_.erase(it);
+  any_released_.store(!released_.empty(), std::memory_order_release);
+}
+
+void PreparedWeights::ensure_plain(const at::Tensor& weight) {
+  if (!any_released_.load(std::memory_order_acquire) || !weight.defined()) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  restore_locked(weight.data_ptr());
+}
+
+void PreparedWeights::keep_plain() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  keep_all_plain_ = true;
+  release_due_.store(false, std::memory_order_relaxed);
+  while (!released_.empty()) {
+    restore_locked(released_.begin()->first);
+  }
+}
+
+void PreparedWeights::keep_plain(const at::Tensor& weight) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  restore_locked(weight.data_ptr());
+  kept_plain_.insert(weight.data_ptr());
+}
+
+int64_t PreparedWeights::released_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t bytes = 0;
+  for (const auto& entry : released_) {
+    bytes += entry.second.bytes;
+  }
+  return bytes;
+}
+
 int64_t PreparedWeights::packed_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t count =
@@ -341,6 +548,12 @@ int64_t PreparedWeights::prepared_bytes() const {
 }
 
 PreparedWeights* active_prepared_weights() { return active; }
+
+OneKernelPerCall::OneKernelPerCall() : previous_(one_kernel_per_call) {
+  one_kernel_per_call = true;
+}
+
+OneKernelPerCall::~OneKernelPerCall() { one_kernel_per_call = previous_; }
 
 ActivePreparedWeights::ActivePreparedWeights(PreparedWeights* weights) : previous_(active) {
   active = weights;

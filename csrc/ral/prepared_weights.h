@@ -20,6 +20,18 @@
 // row counts (a dynamic engine's other batches run unpacked). Where libtorch has no MKL
 // (mkl_functions.h), nothing is packed and matmuls run as before.
 //
+// A weight whose every use by the engine goes through its oneDNN copy does not need its
+// plain values while the engine runs, only when something reads it as it is: the subgraph
+// (a fallback), `torch.jit.save`, `Engine.params()`, a kernel that takes it plain. Once an
+// engine's kernel trials have chosen oneDNN for such a weight, `release_plain_weights`
+// gives the memory of its values back to the system (madvise(MADV_DONTNEED) over the
+// whole pages it covers: the address stays, reading it would give zeros) when the engine
+// alone holds it (a loaded model; in the optimizing process the user's module holds its
+// parameters) and the code never reads it itself (CompiledCode::weight_arguments), and
+// `ensure_plain` writes the values back from the copy (oneDNN's reorder back to the plain
+// layout: a permutation, exact; checked bit for bit before anything is released) before
+// any of those reads. So a loaded model holds each such weight once, in oneDNN's layout.
+//
 // An engine built with precision='bf16' multiplies and convolves by its weights in
 // bfloat16 with float32 accumulation (oneDNN's avx512_bf16 kernels, about twice float32's
 // throughput): each weight gets one bfloat16 copy (`bf16_matrix`, or `onednn_weight` with
@@ -34,6 +46,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -46,6 +59,10 @@ namespace blade::ral {
 void set_prepared_weights_limit(int64_t bytes);
 // The bytes the prepared copies of all engines in this process hold.
 int64_t prepared_weights_bytes();
+// Whether engines time a second kernel against oneDNN's (PreparedWeights::next_kernel;
+// on by default). Off, every kernel with a second way runs oneDNN's: tests use it to get
+// the same kernels on every CPU.
+void set_kernel_trials(bool enabled);
 
 class PreparedWeights {
  public:
@@ -99,15 +116,21 @@ class PreparedWeights {
   // oneDNN's AVX-512 kernels beat MKL's AVX2 ones on AVX-512 hosts. (MKL's packed copies
   // are no alternative: 5.8 MB at least, 2-4x a BERT weight, where its sgemm needs no copy
   // and was as fast here.) So the engine's own calls decide, per weight and oneDNN input
-  // size: the first calls alternate between the two (the first of each, which prepares its
-  // weight copy, untimed), then the one with the better best time stays and the other's
-  // copy is freed. Both give the result within float32 rounding.
+  // size: the first call runs both, untimed (each prepares its weight copy, and oneDNN
+  // creates its kernel), the second and third time oneDNN's and the alternative, then the
+  // faster stays and the other's copy is freed: from the third call on, a loaded model
+  // holds what it keeps (and gives back what release_plain_weights can). Both give the
+  // result within float32 rounding.
   enum class Kernel { kOneDnn, kWinograd, kGemm };
   // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
   // and `onednn_input_size`) or `alternative` (kWinograd or kGemm). kOneDnn when `weight`
   // is not a param, or for kGemm without MKL.
   Kernel next_kernel(const at::Tensor& weight, bool onednn_transposed,
                      const std::vector<int64_t>& onednn_input_size, Kernel alternative);
+  // Whether this call, which ran the alternative, should also run oneDNN's kernel (the
+  // first call of a trial runs both).
+  bool onednn_run_pending(const at::Tensor& weight, bool onednn_transposed,
+                          const std::vector<int64_t>& onednn_input_size);
   // The time a call took by `kernel` (ignored outside a trial).
   void record_kernel_time(const at::Tensor& weight, bool onednn_transposed,
                           const std::vector<int64_t>& onednn_input_size, Kernel kernel,
@@ -118,6 +141,26 @@ class PreparedWeights {
   // resident memory); the engine calls it after each call, and it costs nothing when no
   // trial has ended since.
   void return_freed_memory();
+
+  // The params (by index) the code reads only as the weight of its kernels (see above).
+  void set_weight_only(const std::vector<size_t>& indices);
+  // Whether release_plain_weights may find something to release since its last run
+  // (cheap: the engine asks after each call).
+  bool release_due() const { return release_due_.load(std::memory_order_relaxed); }
+  // Releases the plain values of the weight-only params that qualify (see above).
+  // `engine_params` is the engine's own vector (its tensors are counted as holders). The
+  // caller guarantees that no call of the engine is running.
+  void release_plain_weights(const std::vector<at::Tensor>& engine_params);
+  // Puts back the values of the released weight at `weight`'s data, if it is one, before
+  // the caller reads it as it is; it is not released again.
+  void ensure_plain(const at::Tensor& weight);
+  // Puts back every released weight and releases none from now on (something outside the
+  // engine's kernels is about to read the params: the subgraph, a save, a caller).
+  void keep_plain();
+  // The same for one param (the graph around the engine reads it: Engine::param).
+  void keep_plain(const at::Tensor& weight);
+  // The bytes of param memory given back (whole pages).
+  int64_t released_bytes() const;
 
   // How many prepared copies exist, oneDNN's, MKL's and Winograd's (tests and the report
   // read it).
@@ -146,7 +189,26 @@ class PreparedWeights {
   // rhs packed for m rows of op(rhs) [k, n]; null when rhs is not a param or has its packs.
   const float* packed(const at::Tensor& rhs, bool transposed, int64_t m, int64_t n, int64_t k);
 
+  // Puts back the released weight at `data` (mutex_ held); nothing when it is not one.
+  void restore_locked(const void* data);
+  // Whether the weight at `data` (a float32 param) may be released now (mutex_ held), and
+  // its oneDNN copy to restore it from.
+  at::Tensor release_source(const void* data) const;
+
+  struct Released {
+    at::Tensor weight;  // the param
+    at::Tensor copy;    // its oneDNN copy (restored from)
+    bool transposed;    // the copy's key: a 2-d weight is [N, K] when transposed, else [K, N]
+    int64_t bytes;      // given back
+  };
+
   std::vector<at::Tensor> params_;
+  std::vector<bool> weight_only_;  // by param index
+  std::map<const void*, Released> released_;
+  std::set<const void*> kept_plain_;  // restored ones, never released again
+  bool keep_all_plain_ = false;
+  std::atomic<bool> any_released_{false};
+  std::atomic<bool> release_due_{false};
   bool bf16_;
   mutable std::mutex mutex_;
   int64_t bytes_ = 0;  // of the copies below
@@ -164,6 +226,19 @@ class PreparedWeights {
 // The prepared weights of the engine whose code runs on this thread (null outside a call);
 // set for the duration of a call by ActivePreparedWeights.
 PreparedWeights* active_prepared_weights();
+
+// While one lives on a thread, its calls run one kernel per trial op (onednn_run_pending
+// is false): the compile-time check (Engine::run_code) needs the result, not the timing.
+class OneKernelPerCall {
+ public:
+  OneKernelPerCall();
+  ~OneKernelPerCall();
+  OneKernelPerCall(const OneKernelPerCall&) = delete;
+  OneKernelPerCall& operator=(const OneKernelPerCall&) = delete;
+
+ private:
+  bool previous_;
+};
 
 class ActivePreparedWeights {
  public:

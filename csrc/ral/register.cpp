@@ -62,6 +62,7 @@ TORCH_LIBRARY(blade, m) {
       .def("last_fallback_reason", &Engine::last_fallback_reason)
       .def("packed_weights", &Engine::packed_weights)
       .def("prepared_bytes", &Engine::prepared_bytes)
+      .def("released_bytes", &Engine::released_bytes)
       .def("param", &Engine::param)
       .def("params", [](const c10::intrusive_ptr<Engine>& e) { return e->params(); })
       .def_pickle(

@@ -28,7 +28,7 @@ from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preser
                                    private_copy, split_example_inputs)
 from blade.frontend.scripting import each_method_parsed_once, eval_mode, to_torchscript
 from blade.frontend.graph_walk import all_nodes
-from blade.frontend.simplify import is_tensor_op, simplify
+from blade.frontend.simplify import _attribute_path, is_tensor_op, simplify
 from blade.partition.clustering import (MAX_RECLUSTER_ROUNDS, dissolve_failed, form_clusters,
                                         registry_verdicts)
 from blade.codegen.llvm.native import CompilerPool, default_workers
@@ -560,22 +560,72 @@ def _read_weights_from_engines(module, graph, report: Report) -> None:
         name, index, param = owners[weight.untyped_storage().data_ptr()]
         if weight.dtype != param.dtype:
             continue
-        with graph.insert_point_guard(node):
-            engine = graph.insertNode(graph.create("prim::GetAttr", [self_value], 1))
-            engine.s_("name", name)
-            engine.output().setType(engines[name]._type())
-            call = graph.insertNode(graph.create(
-                "prim::CallMethod", [engine.output(), graph.insertConstant(index)], 1))
-            call.s_("name", "param")
-            read = call.output().setType(node.output().type())
-            if (weight.shape, weight.stride(), weight.storage_offset()) != \
-                    (param.shape, param.stride(), 0):
-                view = [list(weight.shape), list(weight.stride()), weight.storage_offset()]
-                read = graph.insert("aten::as_strided",
-                                    [read] + [graph.insertConstant(v) for v in view])
-                read.setType(node.output().type())
-        node.output().replaceAllUsesWith(read)
+        # Read where it is used (not where TorchScript hoisted the constant): a weight that
+        # only a rarely taken branch reads (TransformerEncoderLayer's slow path) is then not
+        # read on every call, and an engine that gave back its plain memory keeps it so
+        # (csrc/ral/prepared_weights.h).
+        for use in list(node.output().uses()):
+            with graph.insert_point_guard(use.user):
+                engine = graph.insertNode(graph.create("prim::GetAttr", [self_value], 1))
+                engine.s_("name", name)
+                engine.output().setType(engines[name]._type())
+                call = graph.insertNode(graph.create(
+                    "prim::CallMethod", [engine.output(), graph.insertConstant(index)], 1))
+                call.s_("name", "param")
+                read = call.output().setType(node.output().type())
+                if (weight.shape, weight.stride(), weight.storage_offset()) != \
+                        (param.shape, param.stride(), 0):
+                    view = [list(weight.shape), list(weight.stride()), weight.storage_offset()]
+                    read = graph.insert("aten::as_strided",
+                                        [read] + [graph.insertConstant(v) for v in view])
+                    read.setType(node.output().type())
+            use.user.replaceInput(use.offset, read)
         node.destroy()
+
+
+def _remove_unread_attributes(module, graph) -> int:
+    """Parameters and buffers of submodules that the optimized graph no longer reads are
+    removed from the module, as freezing removes what no method reads. Freezing keeps one
+    that a list or tuple holds (nn.MultiheadAttention's `in_proj_weight`, for its fast path
+    checks); `fold_tensor_attributes` then made it a constant, and an engine holds it as a
+    param: left in the module too, it would be a second holder of the engine's weight
+    (which then cannot give its plain memory back: csrc/ral/prepared_weights.h). A module
+    with methods besides forward keeps everything, and so does a submodule the graph uses
+    other than through GetAttr chains. Returns how many were removed."""
+    if module._c._method_names() != ["forward"]:
+        return 0
+    self_value = next(iter(graph.inputs()))
+    read, escaped = set(), set()
+    for node in all_nodes(graph):
+        if node.kind() != "prim::GetAttr":
+            continue
+        path = _attribute_path(node, self_value)
+        if path is None:
+            return 0  # an attribute of something not reached from self: keep everything
+        read.add(path)
+        if isinstance(node.output().type(), torch._C.ClassType) and \
+                any(use.user.kind() != "prim::GetAttr" for use in node.output().uses()):
+            escaped.add(path)
+    instances: Dict[str, List[Tuple[Tuple[str, ...], Any]]] = {}
+    pending = [((), module._c)]
+    while pending:  # (the Python wrapper of a frozen module lists no submodules)
+        path, obj = pending.pop()
+        for name, sub in torch._C.ModuleDict(obj).items():
+            instances.setdefault(str(sub._type()), []).append((path + (name,), sub))
+            pending.append((path + (name,), sub))
+    removed = 0
+    for modules in instances.values():
+        paths = [path for path, _ in modules]
+        if any(path[:k] in escaped for path in paths for k in range(1, len(path) + 1)):
+            continue
+        first = modules[0][1]
+        names = [n for n, _ in torch._C.ParameterDict(first).items()] + \
+            [n for n, _ in torch._C.BufferDict(first).items()]
+        for name in names:
+            if all(path + (name,) not in read for path in paths) and \
+                    _C.remove_attribute([sub for _, sub in modules], name):
+                removed += 1
+    return removed
 
 
 def _none_inputs(graph, inputs: Tuple) -> List[int]:
@@ -767,6 +817,7 @@ def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress):
     _guard(module, graph, unspecialized, none_inputs, config, report, written)
     if not config.dry_run:
         _read_weights_from_engines(module, graph, report)
+        _remove_unread_attributes(module, graph)
     # Loading the saved model compiles its code again, at a cost quadratic in the code of
     # large branches (csrc/passes/outline_branches.h); as functions they cost what they hold.
     _C.outline_branches(graph, OUTLINED_BRANCH_MIN_NODES)

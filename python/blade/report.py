@@ -32,6 +32,7 @@ class ClusterReport(CodeStatistics):
     status: str = ""     # why the compiled code is not in use, or the last fallback reason
     packed_weights: int = 0  # prepared weight copies, oneDNN's or MKL's packed (read live)
     prepared_bytes: int = 0  # the memory those copies take beside the weights (read live)
+    released_bytes: int = 0  # weight memory given back, read through the copies (read live)
     # Where the code came from: "compiled", "compile cache", or "same code as <engine>".
     code: str = ""
     # "float32", or "bf16": its GEMMs and convolutions by weights run in bfloat16 (read live).
@@ -211,6 +212,10 @@ class Report:
                          f"{sum(c.prepared_bytes for c in self.clusters) / 1e6:.1f} MB "
                          "beside the weights (made on first calls; freed where another "
                          "kernel proved faster)")
+        released = sum(c.released_bytes for c in self.clusters)
+        if released:
+            lines.append(f"  weights given back: {released / 1e6:.1f} MB (read only through "
+                         "their copies; written back before anything reads them as they are)")
         if self.clusters:
             lines.append(f"  {'cluster':<28} {'ops':>4} {'calls':>7} {'fallbk':>7}  inputs -> outputs")
             for c in self.clusters:
@@ -269,6 +274,7 @@ def report(module: torch.jit.ScriptModule) -> Report:
         cluster.fallbacks = engine.fallbacks()
         cluster.packed_weights = engine.packed_weights()
         cluster.prepared_bytes = engine.prepared_bytes()
+        cluster.released_bytes = engine.released_bytes()
         cluster.precision = engine.precision()
         cluster.status = engine.load_error() or engine.last_fallback_reason()
     return result

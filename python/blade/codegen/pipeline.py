@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import func
 
-from blade.codegen.buffers import arguments
+from blade.codegen.buffers import arguments, deallocation
 from blade.codegen.errors import CodegenError
 from blade.codegen.kernels import kernel_calls, library_calls
 from blade.codegen.linalg.concatenations import lower_concatenations, write_slices_in_place
@@ -276,8 +276,9 @@ def build(options: Options) -> List[Pass]:
         # from PyTorch's allocator through the RAL (use-generic-functions). Tiled
         # transposes' vector.transpose becomes element shuffles, which LLVM's x86 backend
         # combines into unpack/permute instructions.
+        *_upstream_passes("buffer-deallocation-pipeline"),
+        Pass("free-after-last-use", lambda c: deallocation.free_after_last_use(c.main)),
         *_upstream_passes(
-            "buffer-deallocation-pipeline",
             "convert-bufferization-to-memref",
             "convert-linalg-to-loops",
             "lower-affine",

@@ -62,26 +62,31 @@ def callee_of(function):
 
 
 def embed_table(module, functions) -> None:
-    """Step 2's table: the specs of the kernel-call `functions`, by their numbers, as an
-    internal string and the exported function `blade_kernel_calls()` that returns it (a
-    function, not an exported global, so that the module still splits into parts that
-    compile side by side: codegen/llvm/native.partition)."""
+    """Step 2's table: the specs of the kernel-call `functions`, by their numbers, as the
+    string the exported function `blade_kernel_calls()` returns (`embed_string`)."""
     by_index = {ir.IntegerAttr(f.attributes[CALL_INDEX]).value:
                 ir.StringAttr(f.attributes[SPEC_ATTRIBUTE]).value for f in functions}
     if not by_index:
         return
     if sorted(by_index) != list(range(len(by_index))):
         raise CodegenError(f"kernel calls numbered {sorted(by_index)}: a call was lost")
-    text = "\n".join(by_index[i] for i in range(len(by_index))).encode()
+    embed_string(module, TABLE_SYMBOL,
+                 "\n".join(by_index[i] for i in range(len(by_index))).encode())
+
+
+def embed_string(module, symbol: str, text: bytes) -> None:
+    """`text` as an internal NUL-terminated string and the exported function `symbol()`
+    that returns it (a function, not an exported global, so that the module still splits
+    into parts that compile side by side: codegen/llvm/native.partition)."""
     escaped = "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\' else f"\\{b:02X}"
                       for b in text)
     size = len(text) + 1
     # Parsed together (the function names the string), then moved into the module.
     parsed = ir.Module.parse(
-        f'llvm.mlir.global internal constant @{TABLE_SYMBOL}_text("{escaped}\\00") '
+        f'llvm.mlir.global internal constant @{symbol}_text("{escaped}\\00") '
         f'{{addr_space = 0 : i32}} : !llvm.array<{size} x i8>\n'
-        f'llvm.func @{TABLE_SYMBOL}() -> !llvm.ptr {{\n'
-        f'  %0 = llvm.mlir.addressof @{TABLE_SYMBOL}_text : !llvm.ptr\n'
+        f'llvm.func @{symbol}() -> !llvm.ptr {{\n'
+        f'  %0 = llvm.mlir.addressof @{symbol}_text : !llvm.ptr\n'
         f'  llvm.return %0 : !llvm.ptr\n}}')
     for op in list(parsed.body.operations):
         module.body.append(op.operation)

@@ -606,6 +606,7 @@ def lower(module) -> None:
     declared = set()
     calls = []
     with module.context, ir.Location.unknown():
+        _embed_weight_arguments(module)
         for function in list(module.body.operations):
             if function.operation.name != "func.func" or \
                     LIBRARY_CALL not in function.attributes:
@@ -658,6 +659,61 @@ def lower(module) -> None:
                 func.ReturnOp(returned)
             _declare(module, declared, callee, operands)
         kernel_calls.embed_table(module, calls)
+
+
+# Library calls whose operand 1 is a float32 weight the RAL kernel may read only through
+# the engine's prepared copy of it (csrc/ral/prepared_weights.h).
+WEIGHT_KINDS = ("matmul", "conv2d", "conv2d_nhwc", "conv2d_nhwc_bias")
+# The exported function that returns main's weight-only arguments, as decimal indices
+# separated by spaces; code that has none has no such function.
+WEIGHT_ARGUMENTS_SYMBOL = "blade_weight_arguments"
+
+
+def weight_arguments(module) -> List[int]:
+    """Main's float32 memref arguments that nothing reads but library calls of
+    WEIGHT_KINDS, each as its operand 1 (the weight): after its first calls, the engine
+    may give back the memory of such a param it alone holds, read from then on through
+    its prepared copy (Engine, csrc/ral/engine.h). Anything else that reads an argument
+    (a loop, a view, another operand, another kind of call) keeps it."""
+    kinds = {}
+    main = None
+    for op in module.body.operations:
+        if op.operation.name != "func.func":
+            continue
+        name = ir.StringAttr(op.attributes["sym_name"]).value
+        if name == "main":
+            main = op
+        elif LIBRARY_CALL in op.attributes:
+            kinds[name] = ir.StringAttr(op.attributes[LIBRARY_CALL]).value
+    if main is None:
+        return []
+    found = []
+    for index, arg in enumerate(main.regions[0].blocks[0].arguments):
+        if not isinstance(arg.type, ir.MemRefType) or \
+                not isinstance(ir.MemRefType(arg.type).element_type, ir.F32Type):
+            continue
+        uses = list(arg.uses)
+        if uses and all(_is_weight_use(use, kinds) for use in uses):
+            found.append(index)
+    return found
+
+
+def _is_weight_use(use, kinds: Dict[str, str]) -> bool:
+    op = use.owner
+    if not isinstance(op, ir.Operation):
+        op = op.operation
+    if op.name != "func.call" or use.operand_number != 1:
+        return False
+    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+    return kinds.get(callee) in WEIGHT_KINDS and \
+        all(operand != op.operands[1] for i, operand in enumerate(op.operands) if i != 1)
+
+
+def _embed_weight_arguments(module) -> None:
+    found = weight_arguments(module)
+    if found:
+        kernel_calls.embed_string(module, WEIGHT_ARGUMENTS_SYMBOL,
+                                  " ".join(str(i) for i in found).encode())
 
 
 def _declare(module, declared: set, callee: str, operands) -> None:
