@@ -4,7 +4,8 @@ memory the loaded model adds (RSS after the load and after 3 calls, less RSS bef
 Every load runs in a fresh process (medians over --runs of them), as a service's would.
 Blade is measured twice: as it runs by default, and with
 `blade.set_prepared_weights_limit(0)` (no prepared weight copies: memory over speed), each
-with the time of a call after those 3.
+with the time of a call after those 3 and the weight memory its engines gave back (read only
+through their oneDNN copies: csrc/ral/prepared_weights.h).
 
     python benchmarks/footprint.py [--models bert_base,resnet50] [--runs 3]
 
@@ -55,11 +56,16 @@ with torch.no_grad():
     for _ in range(3):
         model(*inputs)
     calls_mb = rss_mb() - before
+    released = 0
+    if model._c.hasattr("_blade_report"):
+        released = sum(getattr(model, c.name).released_bytes()
+                       for c in blade.report(model).clusters if c.compiled)
     start = time.perf_counter()
     for _ in range(5):
         model(*inputs)
 print(json.dumps({{"seconds": seconds, "load_mb": after_load - before, "calls_mb": calls_mb,
-                  "call_ms": (time.perf_counter() - start) / 5 * 1e3}}))
+                  "call_ms": (time.perf_counter() - start) / 5 * 1e3,
+                  "given_back_mb": released / 1e6}}))
 """
 
 
@@ -75,7 +81,7 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     print(f"{'model':<27} {'file MB':>14} {'load s':>7} {'RSS after load MB':>20} "
-          f"{'after 3 calls MB':>20} {'ms/call':>8}")
+          f"{'after 3 calls MB':>20} {'ms/call':>8} {'given back MB':>14}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             paths = {kind: Path(tmp) / f"{name}_{kind}.pt" for kind in ("plain", "blade")}
@@ -94,7 +100,7 @@ def main():
                       f" {m['seconds']:7.2f}"
                       f" {m['load_mb']:11.0f} ({m['load_mb'] / plain['load_mb']:.2f}x)"
                       f" {m['calls_mb']:11.0f} ({m['calls_mb'] / plain['calls_mb']:.2f}x)"
-                      f" {m['call_ms']:8.1f}", flush=True)
+                      f" {m['call_ms']:8.1f} {m['given_back_mb']:14.0f}", flush=True)
     return 0
 
 

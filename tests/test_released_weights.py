@@ -194,3 +194,42 @@ def test_intermediates_are_freed_after_their_last_use():
     # What one call freed is what it had live at once: a few intermediates, not all.
     intermediate = 512 * 256 * 4
     assert 0 < _C.cached_bytes() <= 4 * intermediate
+
+
+class Scored(torch.nn.Module):
+    """A submodule method freezing keeps (preserved) reads weights forward does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(16, 16)
+        self.head = Head()
+
+    def forward(self, x):
+        return torch.relu(self.body(x))
+
+
+class Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 4)
+        self.register_buffer("scale", torch.full((4,), 2.0))
+
+    def forward(self, x):
+        return self.proj(x)
+
+    @torch.jit.export
+    def score(self, x):
+        return self.proj(x) * self.scale
+
+
+def test_preserved_attributes_and_the_methods_that_read_them_stay():
+    torch.manual_seed(0)
+    model = Scored().eval()
+    x = torch.randn(8, 16)
+    config = blade.Config(cache_dir="off", preserved_attributes=["head", "body.bias"])
+    optimized = blade.optimize(model, (x,), config)
+    engines(optimized)
+    with torch.no_grad():
+        assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+        assert_same(optimized.head.score(x), model.head.score(x), rtol=1e-4, atol=1e-5)
+    assert torch.equal(optimized.body.bias, model.body.bias)

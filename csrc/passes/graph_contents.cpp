@@ -130,9 +130,13 @@ bool remove_attribute(const std::vector<torch::jit::Module>& instances, const st
       return false;
     }
   }
-  // Each object's slot first (found through the type), then the type's.
+  // Each object's slot first (found through the type), then the type's; an object listed
+  // twice loses its slot once.
+  std::set<const c10::ivalue::Object*> done;
   for (const auto& instance : instances) {
-    instance._ivalue()->unsafeRemoveAttr(name);
+    if (done.insert(instance._ivalue().get()).second) {
+      instance._ivalue()->unsafeRemoveAttr(name);
+    }
   }
   type->unsafeRemoveAttribute(name);
   return true;

@@ -520,6 +520,9 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
 
 std::vector<at::Tensor> Engine::call_code(const std::vector<at::Tensor>& inputs,
                                           std::string* kernel_error) {
+  // Held from before `args` holds the params until after it is gone: releasing plain
+  // weights counts their holders (prepared_weights.h).
+  std::shared_lock<std::shared_mutex> running(code_mutex_);
   // Contiguous views of the inputs: the code reads identity-layout buffers. `contiguous`
   // returns the tensor itself when it already is, so no copy is made in the common case.
   std::vector<at::Tensor> args;
@@ -572,7 +575,6 @@ std::vector<at::Tensor> Engine::call_code(const std::vector<at::Tensor>& inputs,
     at += 3 + 2 * static_cast<size_t>(rank);
   }
   {
-    std::shared_lock<std::shared_mutex> running(code_mutex_);
     ActivePreparedWeights weights(prepared_weights_.get());
     ActiveKernelCalls calls(code_->kernel_calls());
     code_->entry()(pointers.data());

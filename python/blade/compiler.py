@@ -583,46 +583,54 @@ def _read_weights_from_engines(module, graph, report: Report) -> None:
         node.destroy()
 
 
-def _remove_unread_attributes(module, graph) -> int:
-    """Parameters and buffers of submodules that the optimized graph no longer reads are
-    removed from the module, as freezing removes what no method reads. Freezing keeps one
+def _remove_unread_attributes(module, graph, preserved: Sequence[str] = ()) -> int:
+    """Parameters and buffers of submodules that no method of the optimized module reads
+    are removed from it, as freezing removes what no method reads. Freezing keeps one
     that a list or tuple holds (nn.MultiheadAttention's `in_proj_weight`, for its fast path
     checks); `fold_tensor_attributes` then made it a constant, and an engine holds it as a
     param: left in the module too, it would be a second holder of the engine's weight
-    (which then cannot give its plain memory back: csrc/ral/prepared_weights.h). A module
-    with methods besides forward keeps everything, and so does a submodule the graph uses
-    other than through GetAttr chains. Returns how many were removed."""
-    if module._c._method_names() != ["forward"]:
-        return 0
-    self_value = next(iter(graph.inputs()))
-    read, escaped = set(), set()
-    for node in all_nodes(graph):
-        if node.kind() != "prim::GetAttr":
-            continue
-        path = _attribute_path(node, self_value)
-        if path is None:
-            return 0  # an attribute of something not reached from self: keep everything
-        read.add(path)
-        if isinstance(node.output().type(), torch._C.ClassType) and \
-                any(use.user.kind() != "prim::GetAttr" for use in node.output().uses()):
-            escaped.add(path)
+    (which then cannot give its plain memory back: csrc/ral/prepared_weights.h). `graph` is
+    forward's (final) graph; the methods freezing kept (Config.preserved_attributes) are
+    read too. A submodule a method uses other than through GetAttr chains keeps its own,
+    and so does what `preserved` (dotted paths) names, with everything under it. Returns
+    how many were removed."""
+    kept = {tuple(name.split(".")) for name in preserved}
     instances: Dict[str, List[Tuple[Tuple[str, ...], Any]]] = {}
+    methods = [((), graph)] + [((), module._c._get_method(name).graph)
+                               for name in module._c._method_names() if name != "forward"]
     pending = [((), module._c)]
     while pending:  # (the Python wrapper of a frozen module lists no submodules)
         path, obj = pending.pop()
         for name, sub in torch._C.ModuleDict(obj).items():
-            instances.setdefault(str(sub._type()), []).append((path + (name,), sub))
-            pending.append((path + (name,), sub))
+            sub_path = path + (name,)
+            instances.setdefault(str(sub._type()), []).append((sub_path, sub))
+            pending.append((sub_path, sub))
+            methods += [(sub_path, sub._get_method(m).graph) for m in sub._method_names()]
+    read, escaped = set(), set()
+    for owner, method_graph in methods:
+        self_value = next(iter(method_graph.inputs()))
+        for node in all_nodes(method_graph):
+            if node.kind() != "prim::GetAttr":
+                continue
+            path = _attribute_path(node, self_value)
+            if path is None:
+                return 0  # an attribute of something not reached from self: keep everything
+            read.add(owner + path)
+            if isinstance(node.output().type(), torch._C.ClassType) and \
+                    any(use.user.kind() != "prim::GetAttr" for use in node.output().uses()):
+                escaped.add(owner + path)
     removed = 0
     for modules in instances.values():
         paths = [path for path, _ in modules]
-        if any(path[:k] in escaped for path in paths for k in range(1, len(path) + 1)):
+        if any(path[:k] in escaped or path[:k] in kept
+               for path in paths for k in range(1, len(path) + 1)):
             continue
         first = modules[0][1]
         names = [n for n, _ in torch._C.ParameterDict(first).items()] + \
             [n for n, _ in torch._C.BufferDict(first).items()]
         for name in names:
-            if all(path + (name,) not in read for path in paths) and \
+            if all(path + (name,) not in read and path + (name,) not in kept
+                   for path in paths) and \
                     _C.remove_attribute([sub for _, sub in modules], name):
                 removed += 1
     return removed
@@ -817,7 +825,7 @@ def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress):
     _guard(module, graph, unspecialized, none_inputs, config, report, written)
     if not config.dry_run:
         _read_weights_from_engines(module, graph, report)
-        _remove_unread_attributes(module, graph)
+        _remove_unread_attributes(module, graph, config.preserved_attributes)
     # Loading the saved model compiles its code again, at a cost quadratic in the code of
     # large branches (csrc/passes/outline_branches.h); as functions they cost what they hold.
     _C.outline_branches(graph, OUTLINED_BRANCH_MIN_NODES)
