@@ -537,6 +537,56 @@ void test_matmul_by_a_param_uses_its_packed_copy() {
   blade::ral::set_kernel_trials(true);
 }
 
+void test_a_released_weight_is_written_back_before_a_plain_read() {
+  blade::ral::set_kernel_trials(false);  // oneDNN's copy, on any CPU
+  std::vector<at::Tensor> params{at::randn({512, 256})};  // [out, in]: 512 KiB, whole pages
+  const at::Tensor original = params[0].clone();
+  blade::ral::PreparedWeights prepared(params, /*bf16=*/false);
+  prepared.set_weight_only({0});
+  at::Tensor x = at::randn({64, 256});
+  at::Tensor out = at::empty({64, 512});
+  auto dx = describe<2>(x);
+  auto dw = describe<2>(params[0]);
+  auto dout = describe<2>(out);
+  const at::Tensor expected = at::matmul(x, original.t());
+  const auto multiply = [&] {
+    blade::ral::ActivePreparedWeights active(&prepared);
+    out.fill_(std::numeric_limits<float>::quiet_NaN());
+    blade_ral_matmul_f32(2, &dx, 2, &dw, 2, &dout, /*transpose_b=*/1);
+    EXPECT(blade::ral::take_kernel_error().empty());
+    EXPECT(at::allclose(out, expected, 1e-4, 1e-4));
+  };
+  multiply();
+  EXPECT(prepared.release_due());
+  {
+    at::Tensor holder = params[0];  // held by someone else: kept
+    prepared.release_plain_weights(params);
+    EXPECT(prepared.released_bytes() == 0);
+  }
+  prepared.release_plain_weights(params);
+  EXPECT(prepared.released_bytes() >= 512 * 256 * 4 - 2 * 4096);
+  multiply();  // through the copy
+  EXPECT(prepared.released_bytes() > 0);
+  // Rows further apart than they are long: MKL's packed GEMM, whose pack is made from the
+  // weight as it is, which is written back first.
+  at::Tensor padded = at::randn({64, 300});
+  at::Tensor rows = padded.slice(1, 0, 256);
+  at::Tensor out2 = at::empty({64, 512});
+  auto drows = describe<2>(rows);
+  auto dout2 = describe<2>(out2);
+  {
+    blade::ral::ActivePreparedWeights active(&prepared);
+    blade_ral_matmul_f32(2, &drows, 2, &dw, 2, &dout2, 1);
+  }
+  EXPECT(blade::ral::take_kernel_error().empty());
+  EXPECT(prepared.released_bytes() == 0);
+  EXPECT(at::equal(params[0], original));
+  EXPECT(at::allclose(out2, at::matmul(rows, original.t()), 1e-4, 1e-4));
+  prepared.release_plain_weights(params);  // written back once: kept from then on
+  EXPECT(prepared.released_bytes() == 0);
+  blade::ral::set_kernel_trials(true);
+}
+
 void test_matmul_by_an_untransposed_param_prepares_its_transpose() {
   at::Tensor weight = at::randn({32, 24});  // x @ w: [in, out]
   blade::ral::PreparedWeights prepared({weight}, /*bf16=*/false);
@@ -941,6 +991,8 @@ int main(int argc, char** argv) {
       {"kernel_calls_run_pytorch_ops_from_a_table",
        test_kernel_calls_run_pytorch_ops_from_a_table},
       {"matmul_by_a_param_uses_its_packed_copy", test_matmul_by_a_param_uses_its_packed_copy},
+      {"a_released_weight_is_written_back_before_a_plain_read",
+       test_a_released_weight_is_written_back_before_a_plain_read},
       {"matmul_by_an_untransposed_param_prepares_its_transpose",
        test_matmul_by_an_untransposed_param_prepares_its_transpose},
       {"attention_library_call", test_attention_library_call},
