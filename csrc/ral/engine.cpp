@@ -504,7 +504,7 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
     // Not while another call runs (its kernels may be reading a weight as it is).
     std::unique_lock<std::shared_mutex> alone(code_mutex_, std::try_to_lock);
     if (alone.owns_lock()) {
-      prepared_weights_->release_plain_weights(params_);
+      prepared_weights_->release_plain_weights();
     }
   }
   // A library call that failed (see ral_kernels.h) left the outputs unspecified.

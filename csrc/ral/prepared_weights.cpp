@@ -382,43 +382,44 @@ void PreparedWeights::set_weight_only(const std::vector<size_t>& indices) {
   }
 }
 
-at::Tensor PreparedWeights::release_source(const void* data) const {
+const std::pair<const PreparedWeights::TrialKey, at::Tensor>* PreparedWeights::release_source(
+    const void* data) const {
   if (released_.count(data) > 0 || kept_plain_.count(data) > 0 ||
       channels_last_.count(data) > 0 || winograd_.count(data) > 0) {
-    return at::Tensor();
+    return nullptr;
   }
   for (const auto& entry : packs_) {
     if (std::get<0>(entry.first) == data) {
-      return at::Tensor();  // MKL's pack: a kernel that reads the weight as it is ran
+      return nullptr;  // MKL's pack: a kernel that reads the weight as it is ran
     }
   }
   for (const auto& entry : bf16_matrices_) {
     if (entry.first.first == data) {
-      return at::Tensor();
+      return nullptr;
     }
   }
   for (const auto& [key, trial] : trials_) {
     if (std::get<0>(key) == data && trial.choice != Kernel::kOneDnn) {
-      return at::Tensor();  // undecided, or the other kernel (which may read it) won
+      return nullptr;  // undecided, or the other kernel (which may read it) won
     }
   }
-  at::Tensor source;
-  for (const auto& [key, copy] : onednn_) {
-    if (std::get<0>(key) != data) {
+  const std::pair<const TrialKey, at::Tensor>* source = nullptr;
+  for (const auto& entry : onednn_) {
+    if (std::get<0>(entry.first) != data) {
       continue;
     }
-    if (!copy.defined()) {
-      return at::Tensor();  // a size oneDNN could not take: read as it is
+    if (!entry.second.defined()) {
+      return nullptr;  // a size oneDNN could not take: read as it is
     }
-    source = copy;
+    source = &entry;
   }
   return source;
 }
 
-void PreparedWeights::release_plain_weights(const std::vector<at::Tensor>& engine_params) {
+void PreparedWeights::release_plain_weights() {
   std::lock_guard<std::mutex> lock(mutex_);
   release_due_.store(false, std::memory_order_relaxed);
-  if (keep_all_plain_ || bf16_ || engine_params.size() != params_.size()) {
+  if (keep_all_plain_ || bf16_) {
     return;
   }
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
@@ -446,16 +447,12 @@ void PreparedWeights::release_plain_weights(const std::vector<at::Tensor>& engin
         weight.storage().use_count() != 1) {
       continue;
     }
-    at::Tensor copy = release_source(data);
-    if (!copy.defined()) {
+    const auto* source = release_source(data);
+    if (source == nullptr) {
       continue;
     }
-    bool transposed = true;
-    for (const auto& entry : onednn_) {
-      if (std::get<0>(entry.first) == data && entry.second.is_same(copy)) {
-        transposed = std::get<1>(entry.first);
-      }
-    }
+    const at::Tensor& copy = source->second;
+    const bool transposed = std::get<1>(source->first);
     // Released only when the copy gives back exactly these bits.
     const at::Tensor values = plain_values(copy, transposed, weight);
     if (!values.defined() || !at::equal(values.view(at::kInt), weight.view(at::kInt))) {

@@ -147,10 +147,10 @@ class PreparedWeights {
   // Whether release_plain_weights may find something to release since its last run
   // (cheap: the engine asks after each call).
   bool release_due() const { return release_due_.load(std::memory_order_relaxed); }
-  // Releases the plain values of the weight-only params that qualify (see above).
-  // `engine_params` is the engine's own vector (its tensors are counted as holders). The
-  // caller guarantees that no call of the engine is running.
-  void release_plain_weights(const std::vector<at::Tensor>& engine_params);
+  // Releases the plain values of the weight-only params that qualify (see above). The
+  // engine holds the same param vector as this object (both count as holders). The caller
+  // guarantees that no call of the engine is running.
+  void release_plain_weights();
   // Puts back the values of the released weight at `weight`'s data, if it is one, before
   // the caller reads it as it is; it is not released again.
   void ensure_plain(const at::Tensor& weight);
@@ -191,9 +191,9 @@ class PreparedWeights {
 
   // Puts back the released weight at `data` (mutex_ held); nothing when it is not one.
   void restore_locked(const void* data);
-  // Whether the weight at `data` (a float32 param) may be released now (mutex_ held), and
-  // its oneDNN copy to restore it from.
-  at::Tensor release_source(const void* data) const;
+  // The oneDNN copy (with its key) to restore the weight at `data` from, when its kernels
+  // allow releasing it now; null otherwise (mutex_ held).
+  const std::pair<const TrialKey, at::Tensor>* release_source(const void* data) const;
 
   struct Released {
     at::Tensor weight;  // the param

@@ -28,7 +28,7 @@ from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preser
                                    private_copy, split_example_inputs)
 from blade.frontend.scripting import each_method_parsed_once, eval_mode, to_torchscript
 from blade.frontend.graph_walk import all_nodes
-from blade.frontend.simplify import _attribute_path, is_tensor_op, simplify
+from blade.frontend.simplify import attribute_path, is_tensor_op, simplify
 from blade.partition.clustering import (MAX_RECLUSTER_ROUNDS, dissolve_failed, form_clusters,
                                         registry_verdicts)
 from blade.codegen.llvm.native import CompilerPool, default_workers
@@ -612,7 +612,7 @@ def _remove_unread_attributes(module, graph, preserved: Sequence[str] = ()) -> i
         for node in all_nodes(method_graph):
             if node.kind() != "prim::GetAttr":
                 continue
-            path = _attribute_path(node, self_value)
+            path = attribute_path(node, self_value)
             if path is None:
                 return 0  # an attribute of something not reached from self: keep everything
             read.add(owner + path)

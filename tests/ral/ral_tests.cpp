@@ -560,10 +560,10 @@ void test_a_released_weight_is_written_back_before_a_plain_read() {
   EXPECT(prepared.release_due());
   {
     at::Tensor holder = params[0];  // held by someone else: kept
-    prepared.release_plain_weights(params);
+    prepared.release_plain_weights();
     EXPECT(prepared.released_bytes() == 0);
   }
-  prepared.release_plain_weights(params);
+  prepared.release_plain_weights();
   EXPECT(prepared.released_bytes() >= 512 * 256 * 4 - 2 * 4096);
   multiply();  // through the copy
   EXPECT(prepared.released_bytes() > 0);
@@ -582,7 +582,7 @@ void test_a_released_weight_is_written_back_before_a_plain_read() {
   EXPECT(prepared.released_bytes() == 0);
   EXPECT(at::equal(params[0], original));
   EXPECT(at::allclose(out2, at::matmul(rows, original.t()), 1e-4, 1e-4));
-  prepared.release_plain_weights(params);  // written back once: kept from then on
+  prepared.release_plain_weights();  // written back once: kept from then on
   EXPECT(prepared.released_bytes() == 0);
   blade::ral::set_kernel_trials(true);
 }

@@ -55,7 +55,7 @@ _READS_WITHOUT_SCHEMA = ("prim::device", "prim::dtype", "prim::requires_grad", "
                          "aten::__isnot__", "aten::__is__")
 
 
-def _attribute_path(node: torch._C.Node, self_value) -> Optional[Tuple[str, ...]]:
+def attribute_path(node: torch._C.Node, self_value) -> Optional[Tuple[str, ...]]:
     """The attribute names from the module (`self`) to what a GetAttr/SetAttr node names,
     outermost first; None when its owner is not reached through GetAttrs from `self`."""
     path, owner = [node.s("name")], next(iter(node.inputs()))
@@ -75,10 +75,10 @@ def fold_tensor_attributes(graph: torch._C.Graph, module: torch.jit.ScriptModule
     reads, written = [], set()
     for node in nodes_of(graph, ("prim::SetAttr", "prim::GetAttr")):
         if node.kind() == "prim::SetAttr":
-            written.add(_attribute_path(node, self_value))
+            written.add(attribute_path(node, self_value))
         elif node.kind() == "prim::GetAttr" and \
                 isinstance(node.output().type(), torch._C.TensorType):
-            path = _attribute_path(node, self_value)
+            path = attribute_path(node, self_value)
             reads.append((node, path))
             if may_be_written(node.output()):
                 written.add(path)

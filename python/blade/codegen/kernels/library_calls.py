@@ -699,14 +699,11 @@ def weight_arguments(module) -> List[int]:
 
 
 def _is_weight_use(use, kinds: Dict[str, str]) -> bool:
-    op = use.owner
-    if not isinstance(op, ir.Operation):
-        op = op.operation
+    op = use.owner.operation
     if op.name != "func.call" or use.operand_number != 1:
         return False
-    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-    return kinds.get(callee) in WEIGHT_KINDS and \
-        all(operand != op.operands[1] for i, operand in enumerate(op.operands) if i != 1)
+    # (an argument that is also another operand of the call has a use of its own there)
+    return kinds.get(ir.FlatSymbolRefAttr(op.attributes["callee"]).value) in WEIGHT_KINDS
 
 
 def _embed_weight_arguments(module) -> None:
