@@ -156,6 +156,63 @@ def test_a_value_defined_outside_the_branch_that_returns_it_gets_an_example_run(
         assert_same(optimized(x, torch.tensor(True)), model(x, torch.tensor(True)))
 
 
+class ComputedBeforeTheBranch(torch.nn.Module):
+    """The chain is computed before the `if` and returned by one branch; the other branch
+    computes its own result (as nn.TransformerEncoderLayer returns its slow path's result
+    from one branch and its fast path's from the other)."""
+
+    def forward(self, x, c):
+        y = torch.relu(torch.tanh(x) * 2.0 - 0.5)
+        if bool(c):
+            return y
+        return torch.sigmoid(x) * 3.0
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_a_value_returned_by_the_only_branch_that_ran_has_its_example_from_the_type_run(
+        monkeypatch, taken):
+    """The other branch made no tensor in the type run, so the branch returning the chain's
+    value ran and the If's result is the chain's: no example run. When the example takes
+    the other branch, that branch's own engine is compared with the result, and the chain,
+    whose value is no result then, is recorded by an example run."""
+    captures = _recording_captures(monkeypatch)
+    x = torch.randn(16, 32)
+    model = ComputedBeforeTheBranch()
+    optimized = blade.optimize(model, (x, torch.tensor(taken)), blade.Config(cache_dir="off"))
+    report = blade.report(optimized)
+    assert not report.compile_errors and report.examples_from_type_run == 1, str(report)
+    assert report.checked_engines == len(report.clusters) == (1 if taken else 2), str(report)
+    assert sum(c["clusters"] for c in captures if c["ran"]) == (0 if taken else 1), captures
+    with torch.no_grad():
+        for flag in (True, False):
+            assert_same(optimized(x, torch.tensor(flag)), model(x, torch.tensor(flag)))
+
+
+def test_a_wrong_converter_is_caught_against_the_result_of_the_branch_that_ran(wrong_relu):
+    x = torch.randn(16, 32)
+    model = ComputedBeforeTheBranch()
+    optimized = blade.optimize(model, (x, torch.tensor(True)), blade.Config(cache_dir="off"))
+    report = blade.report(optimized)
+    assert report.examples_from_type_run >= 1, str(report)
+    assert "left in TorchScript: aten::relu" in report.compile_errors[0], str(report)
+    with torch.no_grad():
+        for flag in (True, False):
+            assert_same(optimized(x, torch.tensor(flag)), model(x, torch.tensor(flag)))
+
+
+def test_transformer_encoder_layer_is_checked_against_the_type_run(monkeypatch):
+    """Its slow path, compiled whole, is returned by the branch the fast path's test leaves
+    to it: its check needs no TorchScript run of its own."""
+    captures = _recording_captures(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).eval()
+    x = torch.randn(2, 10, 64)
+    optimized = blade.optimize(model, (x,), blade.Config(cache_dir="off"))
+    report = assert_ran_compiled_on(optimized, model, x)
+    assert report.checked_engines == 1 and report.examples_from_type_run == 1, str(report)
+    assert not any(c["ran"] for c in captures), captures
+
+
 class WrittenAfterTheBranch(torch.nn.Module):
     """The If's result, the chain's, is scaled in place before it is returned: what the
     graph returned is not what the chain gave."""

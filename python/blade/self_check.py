@@ -112,16 +112,16 @@ def examples_from_results(graph, clusters: Sequence, inputs: Sequence, results: 
     """The examples of the clusters that the example run of the type recording already
     gives: a cluster whose inputs are all inputs of the graph and whose outputs are all
     results of the graph (or elements of a tuple or list it returns, or, with
-    `through_branches`, what the branch of a `prim::If` that holds the cluster returns as
-    the If's outputs, which are: nn.TransformerEncoderLayer's fast-path test leaves its slow
-    path so), with nothing in the graph writing to any of them and none of its nodes
-    drawing random numbers, ran on copies of the example inputs `inputs` and gave what the
-    graph returned, `results` (blade.frontend.simplify). The branch holding the cluster ran
-    since its nodes have types, which holds when only the example inputs recorded them:
-    not with the resized inputs of dynamic dims, which take branches of their own (then
-    `through_branches` is False). The other clusters are
-    left to the capture run. A cluster compiled whole is the common case: its check then
-    costs no second TorchScript run of the model."""
+    `through_branches`, what a branch of a `prim::If` that ran returns as the If's outputs,
+    which are: nn.TransformerEncoderLayer returns its slow path's result from the branch
+    that its fast path's test leaves to it; see `_path_to_result`), with nothing in the
+    graph writing to any of them and none of its nodes drawing random numbers, ran on
+    copies of the example inputs `inputs` and gave what the graph returned, `results`
+    (blade.frontend.simplify). Which branch ran, the types tell when only the example
+    inputs recorded them: not with the resized inputs of dynamic dims, which take branches
+    of their own (then `through_branches` is False). The other clusters are left to the
+    capture run. A cluster compiled whole is the common case: its check then costs no
+    second TorchScript run of the model."""
     # Values by their unique number: the graph input's position, the tensor returned.
     position = {v.unique(): p for p, v in enumerate(list(graph.inputs())[1:])}
     graph_outputs = list(graph.outputs())
@@ -156,12 +156,14 @@ def examples_from_results(graph, clusters: Sequence, inputs: Sequence, results: 
 
 def _path_to_result(value, returned: Dict[int, Any], through_branches: bool):
     """The values from `value` to the graph result it is: itself, or with
-    `through_branches` the outputs of the `prim::If` nodes whose branch defines it (or the
-    previous one) and returns it, each the If's output at the position it is returned at;
-    None when it is no result. Only a value the returning branch defines itself: one
-    defined outside the If may be returned by one branch and not by the other, which may
-    be the one that ran. Only If nodes: a loop's block runs many times, and what it returns
-    is not its last iteration's."""
+    `through_branches` the outputs of the `prim::If` nodes whose branch returns it (or the
+    previous one) and ran, each the If's output at the position it is returned at; None
+    when it is no result. The branch ran when it defines the value itself (the value was
+    reached), or when the If's other branch did not run (`_did_not_run`): a value defined
+    outside the If is returned by one branch and may not be by the other
+    (nn.TransformerEncoderLayer returns its slow path's result, computed before, from one
+    branch and its fast path's from the other). Only If nodes: a loop's block runs many
+    times, and what it returns is not its last iteration's."""
     path = [value]
     while value.unique() not in returned:
         outer = None
@@ -169,7 +171,9 @@ def _path_to_result(value, returned: Dict[int, Any], through_branches: bool):
             block = use.user.owningBlock() if use.user.kind() == "prim::Return" else None
             owner = block.owningNode() if block is not None else None
             if owner is not None and owner.kind() == "prim::If" and \
-                    value.node().owningBlock() == block:
+                    (value.node().owningBlock() == block or
+                     all(_did_not_run(other.returnNode().inputsAt(use.offset), other)
+                         for other in owner.blocks() if other != block)):
                 outer = owner.outputsAt(use.offset)
                 break
         if outer is None:
@@ -177,6 +181,18 @@ def _path_to_result(value, returned: Dict[int, Any], through_branches: bool):
         value = outer
         path.append(value)
     return path
+
+
+def _did_not_run(value, block) -> bool:
+    """Whether the example run never ran `block`, as `value`, which it returns, tells: a
+    tensor that a node of the block itself makes (no constant) and that has no recorded
+    type. The run records the type of every tensor a node makes (materialize_types); had
+    the block run, the If would have returned that tensor, and the graph's result it leads
+    to is a tensor the run returned, so it was made. Anything else proves nothing."""
+    t = value.type()
+    node = value.node()
+    return isinstance(t, torch._C.TensorType) and t.scalarType() is None and \
+        node.owningBlock() == block and node.kind() != "prim::Constant"
 
 
 def capture_cluster_examples(module, graph, clusters: Sequence,
