@@ -32,6 +32,7 @@ import torch
 from blade import _C
 from blade.frontend.inputs import preserved_module_state
 from blade.frontend.simplify import may_be_written
+from blade.partition.registry import ran
 
 # dtype -> (rtol, atol relative to the output's scale)
 TOLERANCES: Dict[torch.dtype, tuple] = {
@@ -185,14 +186,12 @@ def _path_to_result(value, returned: Dict[int, Any], through_branches: bool):
 
 def _did_not_run(value, block) -> bool:
     """Whether the example run never ran `block`, as `value`, which it returns, tells: a
-    tensor that a node of the block itself makes (no constant) and that has no recorded
-    type. The run records the type of every tensor a node makes (materialize_types); had
-    the block run, the If would have returned that tensor, and the graph's result it leads
-    to is a tensor the run returned, so it was made. Anything else proves nothing."""
-    t = value.type()
-    node = value.node()
-    return isinstance(t, torch._C.TensorType) and t.scalarType() is None and \
-        node.owningBlock() == block and node.kind() != "prim::Constant"
+    tensor that a node of the block itself makes, a node that did not run (`ran`: the run
+    recorded no tensor it made; a constant has its type). Had the block run, the If would
+    have returned that tensor, and the graph's result it leads to is a tensor the run
+    returned, so it was made and recorded. Anything else proves nothing."""
+    return isinstance(value.type(), torch._C.TensorType) and \
+        value.node().owningBlock() == block and not ran(value.node())
 
 
 def capture_cluster_examples(module, graph, clusters: Sequence,
