@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import blade
-from helpers import Lambda, assert_ran_compiled, assert_same_values, compiled_whole
+from helpers import (Lambda, assert_ran_compiled, assert_same_values, compiled_whole,
+                     run_compiled)
 
 aten = torch.ops.aten
 
@@ -163,3 +164,32 @@ def test_floor_division_by_a_constant_outside_the_dtype_wraps_as_in_eager():
         model = Lambda(fn)
         optimized = blade.optimize(model, (x,), blade.Config(allow_tracing=True))
         assert torch.equal(optimized(x), model(x))
+
+
+class ScaledThenCastToItsOwnDtype(torch.nn.Module):
+    """A `quantize_dynamic` Linear ends with `Y.to(torch.float)` of its float result."""
+
+    def forward(self, x):
+        y = torch.tanh(x) * 2
+        return y.to(torch.float32), y.to(torch.float32, memory_format=torch.preserve_format)
+
+
+def test_a_cast_to_its_own_dtype_is_its_input_and_no_view_is_refused():
+    x = torch.randn(4, 6)
+    _, report = run_compiled(ScaledThenCastToItsOwnDtype(), (x,))
+    assert report.compiled_ops == report.total_ops and not report.unsupported, str(report)
+    # Eager's result is `y` itself, twice: an in-place write through one is seen in the other.
+    optimized = blade.optimize(ScaledThenCastToItsOwnDtype(), (x,))
+    first, second = optimized(x)
+    first.add_(1)
+    assert torch.equal(first, second)
+
+
+def test_a_cast_with_copy_or_a_memory_format_still_copies():
+    x = torch.randn(4, 6)
+    model = Lambda(lambda x: (x.to(torch.float32, copy=True),
+                              x.to(torch.float32, memory_format=torch.contiguous_format)))
+    optimized = blade.optimize(model, (x,), blade.Config(allow_tracing=True))
+    copied, contiguous = optimized(x)
+    assert copied.data_ptr() != x.data_ptr() and torch.equal(copied, x)
+    assert torch.equal(contiguous, x)

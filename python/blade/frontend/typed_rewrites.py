@@ -3,7 +3,8 @@ simplify, in the order of REWRITES): each writes a node that neither Blade nor T
 lowers as it is, that Torch-MLIR lowers wrongly, or that clustering would keep out of an
 engine, as the ops eager computes it with, for the dtypes and ranks where that differs.
 
-- `x.to(dtype)` to another dtype as `_to_copy`, which says it gives a new tensor;
+- `x.to(dtype)` to another dtype as `_to_copy`, which says it gives a new tensor, and to
+  x's own dtype as x itself;
 - a float tensor compared with an int constant compares with the float;
 - `fmod(x, 3)` as `fmod(x, tensor(3))`;
 - a reduction given a float or int64 `dtype=` as a cast and the reduction without it;
@@ -43,14 +44,18 @@ from blade.partition.registry import is_materialized, schema_name
 # memory_format arguments. Those between dtype and non_blocking (layout, device,
 # pin_memory) must be None.
 _CASTS = {"aten::to.dtype": (2, 3, 4), "aten::to.dtype_layout": (5, 6, 7)}
+# torch.preserve_format as TorchScript holds it: an int, c10::MemoryFormat::Preserve.
+_PRESERVE_FORMAT = 1
 
 
 def fresh_casts(graph: torch._C.Graph) -> int:
     """`x.to(dtype)` returns x itself when x has that dtype already, so its schema says the
-    result may alias x, and clustering keeps it out of engines (which return fresh
-    tensors). With the types materialized, a cast to another dtype is known to give a new
-    tensor: it becomes `aten::_to_copy`, which eager runs for it anyway and whose schema
-    says so. Returns how many were rewritten."""
+    result may alias x, and clustering would keep it out of engines (which return fresh
+    tensors). With the types materialized both cases are known: a cast to another dtype
+    gives a new tensor and becomes `aten::_to_copy`, which eager runs for it anyway and
+    whose schema says so; a cast to the dtype x has, without `copy=True` or a memory
+    format, is x, and its uses read x directly (eager's aliasing, exactly). Returns how
+    many were rewritten."""
     count = 0
     for node in nodes_of(graph, _CASTS):
         shape = _CASTS.get(schema_name(node))
@@ -62,12 +67,17 @@ def fresh_casts(graph: torch._C.Graph) -> int:
         if not all(isinstance(v.type(), torch._C.TensorType) and v.type().scalarType()
                    for v in (source, result)):
             continue
-        if source.type().scalarType() == result.type().scalarType():
-            continue
         if any(not isinstance(v.type(), torch._C.NoneType) for v in inputs[2:non_blocking]):
             continue  # a layout, device or pin_memory given
-        if not isinstance(inputs[copy_flag].toIValue(), bool):
+        copy = inputs[copy_flag].toIValue()
+        if not isinstance(copy, bool):
             continue  # copy= is not a constant
+        if source.type().scalarType() == result.type().scalarType():
+            if not copy and _preserves_format(inputs[memory_format]):
+                result.replaceAllUsesWith(source)
+                node.destroy()
+                count += 1
+            continue
         with graph.insert_point_guard(node):
             none = graph.insertConstant(None)
             _replace(graph, node, "aten::_to_copy", [source, inputs[1], none, none, none,
@@ -75,6 +85,15 @@ def fresh_casts(graph: torch._C.Graph) -> int:
                                                       inputs[memory_format]])
         count += 1
     return count
+
+
+def _preserves_format(memory_format: torch._C.Value) -> bool:
+    """Whether a cast's memory_format argument is None or torch.preserve_format: then a
+    cast to the tensor's own dtype returns the tensor whatever its strides."""
+    if isinstance(memory_format.type(), torch._C.NoneType):
+        return True
+    return memory_format.node().kind() == "prim::Constant" and \
+        memory_format.toIValue() == _PRESERVE_FORMAT
 
 
 def _replace(graph: torch._C.Graph, node: torch._C.Node, kind: str, inputs) -> None:
