@@ -1,10 +1,13 @@
 #include "passes/cluster.h"
 
 #include <torch/csrc/jit/ir/alias_analysis.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/utils/subgraph_utils.h>
 
 #include <algorithm>
+#include <atomic>
 #include <iterator>
+#include <unordered_map>
 
 namespace blade::passes {
 namespace {
@@ -79,6 +82,63 @@ bool draws_random_numbers(const Node* n) {
     }
   }
   return false;
+}
+
+// Marks a view that runs after an engine call on the engine's result or input (an edge
+// view), with the id of the cluster it belongs to; the cluster node holds its id and the
+// ops of the edge views that no longer run inside it.
+c10::Symbol edge_view_marker() {
+  static const c10::Symbol marker = c10::Symbol::attr("blade_edge_view_of");
+  return marker;
+}
+
+c10::Symbol cluster_id_attr() {
+  static const c10::Symbol id = c10::Symbol::attr("blade_cluster_id");
+  return id;
+}
+
+c10::Symbol edge_ops_attr() {
+  static const c10::Symbol ops = c10::Symbol::attr("blade_edge_ops");
+  return ops;
+}
+
+// Whether `n`'s results may alias its arguments: its schema annotates a return (a view, or
+// an in-place op's self), the op views without saying so, its alias analysis is
+// conservative, or it has no schema (tuple and list plumbing). An op whose schema promises
+// fresh results never aliases, whatever AliasDb infers around it.
+bool may_return_alias(const Node* n) {
+  if (n->kind() == c10::aten::_unsafe_view) {
+    return true;
+  }
+  const auto* op = n->maybeOperator();
+  if (op == nullptr || op->aliasAnalysisKind() == c10::AliasAnalysisKind::CONSERVATIVE) {
+    return true;
+  }
+  const auto& returns = n->schema().returns();
+  return std::any_of(returns.begin(), returns.end(),
+                     [](const c10::Argument& r) { return r.alias_info() != nullptr; });
+}
+
+// A view that can be made again after the engine call from values the outside has: its
+// schema views (reads, never writes) its arguments and it reads no memory layout.
+bool is_pure_view(const Node* n) {
+  if (n->kind() == c10::aten::_unsafe_view) {
+    return true;
+  }
+  const auto* schema = n->maybeSchema();
+  if (schema == nullptr || n->kind() == c10::aten::as_strided || !n->blocks().empty()) {
+    return false;
+  }
+  bool views = false;
+  for (const auto& r : schema->returns()) {
+    if (r.alias_info() != nullptr) {
+      if (r.alias_info()->isWrite()) {
+        return false;
+      }
+      views = true;
+    }
+  }
+  return views && n->outputs().size() == 1;
 }
 
 class Clusterer {
@@ -207,19 +267,18 @@ class Clusterer {
     }
     for (Node* cluster : clusters) {
       // An engine returns fresh tensors: outputs that are views of the cluster's inputs, or
-      // of each other, run outside it so that TorchScript keeps their aliasing.
+      // of each other, become views made after the engine call (move_views_to_edge).
       std::vector<std::string> before = reported_ops(cluster);
-      SubgraphUtils::unmergeOutputsAlisingInputs(cluster);
-      SubgraphUtils::unmergeAliasedOutputs(cluster);
-      unmerge_view_outputs(cluster);
+      std::string alias_reason;
+      std::vector<std::string> edge_ops = move_views_to_edge(cluster, alias_reason);
       std::vector<std::string> after = reported_ops(cluster);
+      after.insert(after.end(), edge_ops.begin(), edge_ops.end());
+      std::sort(after.begin(), after.end());
       DissolvedCluster moved_out;
       std::set_difference(before.begin(), before.end(), after.begin(), after.end(),
                           std::back_inserter(moved_out.node_kinds));
       if (!moved_out.node_kinds.empty()) {
-        moved_out.reason =
-            "its result may be a view of its input or of another result (AliasDb), and an "
-            "engine returns fresh tensors, so it stays outside the engine";
+        moved_out.reason = alias_reason;
         result.dissolved.push_back(std::move(moved_out));
       }
       // Counted after the outputs moved out: an engine without a compute op would only
@@ -243,7 +302,7 @@ class Clusterer {
         continue;
       }
       DissolvedCluster dissolved;
-      dissolved.node_kinds = std::move(after);
+      dissolved.node_kinds = std::move(after);  // the edge views' ops too
       dissolved.reason = reason;
       result.dissolved.push_back(std::move(dissolved));
       dissolve_cluster(cluster);
@@ -262,43 +321,192 @@ class Clusterer {
     return names;
   }
 
-  // Two outputs that alias (`y = x * 2` and the view `y[:, :2]` both leaving the cluster)
-  // would come back as separate fresh tensors, so a write through the view outside would
-  // not reach `y`. The view node, and what uses it inside, moves out after the cluster;
-  // its source is an output already. To a fixed point, since the source may be a view too.
-  // (A view whose source stays inside may be returned as a fresh tensor: nothing outside
-  // can observe the difference.)
-  static void unmerge_view_outputs(Node* cluster) {
-    for (bool moved = true; moved;) {
-      moved = false;
-      auto subgraph = cluster->g(c10::attr::Subgraph);
+  // Outputs that must alias a value outside the engine (an input, or another output) as
+  // they do in eager: the engine returns fresh tensors. For a view (by its schema), the
+  // engine returns the view's base instead, and a clone of the view runs right after the
+  // engine call on it, metadata only (`y = x * 2` and `y[:, :2]` both leaving: the slice is
+  // made of the engine's `y`, so a write through it is seen in `y`). The view stays inside
+  // for its users there; the ops of views no longer inside are returned (they count as
+  // the engine's). An aliasing producer that cannot be made again outside (no schema,
+  // layout-reading views, sizes computed from values the outside lacks) moves out with
+  // its users. A producer whose schema promises a fresh result never moves.
+  // To a fixed point: a view's base may be a view too.
+  std::vector<std::string> move_views_to_edge(Node* cluster, std::string& reason) {
+    auto subgraph = cluster->g(c10::attr::Subgraph);
+    std::vector<std::string> edge_ops;
+    for (bool changed = true; changed;) {
+      changed = false;
       AliasDb alias_db(subgraph);
-      for (Value* out : subgraph->outputs()) {
+      const auto outputs = subgraph->outputs();
+      for (size_t k = 0; k < outputs.size() && !changed; ++k) {
+        Value* out = outputs[k];
         Node* producer = out->node();
-        if (producer->kind() == c10::prim::Constant || producer->kind() == c10::prim::Param) {
+        if (!is_tensor(out) || producer->kind() == c10::prim::Constant) {
           continue;
         }
-        bool is_view = false;
-        for (Value* in : producer->inputs()) {
-          if (is_tensor(in) && alias_db.mayAlias(out, in)) {
-            is_view = true;
-            break;
+        if (producer->kind() == c10::prim::Param || repeats_an_output(subgraph, k)) {
+          // The input itself, or an output listed twice: the outside reads that value.
+          Value* same = producer->kind() == c10::prim::Param
+                            ? cluster->input(out->offset())
+                            : cluster->output(first_index_of(subgraph, out));
+          cluster->output(k)->replaceAllUsesWith(same);
+          subgraph->eraseOutput(k);
+          cluster->eraseOutput(k);
+          changed = true;
+          continue;
+        }
+        if (!may_return_alias(producer) || !must_alias(alias_db, subgraph, k)) {
+          continue;
+        }
+        if (is_pure_view(producer) && remake_after(producer, cluster, k)) {
+          if (!producer->hasUses()) {
+            edge_ops.push_back(op_name(producer));
+            producer->destroy();
           }
+          changed = true;
+          continue;
         }
-        bool aliases_an_output = false;
-        for (Value* other : subgraph->outputs()) {
-          if (other != out && alias_db.mayAlias(out, other)) {
-            aliases_an_output = true;
-            break;
-          }
-        }
-        if (is_view && aliases_an_output) {
-          SubgraphUtils::unmergeNode(producer, cluster);
-          moved = true;
-          break;
-        }
+        reason = "its result may be a view of its input or of another result (" +
+                        std::string(producer->kind().toQualString()) +
+                        " may return an alias, AliasDb), and an engine returns fresh tensors, "
+                        "so it stays outside the engine";
+        SubgraphUtils::unmergeNode(producer, cluster);
+        changed = true;
       }
     }
+    torch::jit::EliminateDeadCode(subgraph);
+    if (!edge_ops.empty()) {
+      std::vector<std::string> held = cluster->hasAttribute(edge_ops_attr())
+                                           ? cluster->ss(edge_ops_attr())
+                                           : std::vector<std::string>{};
+      held.insert(held.end(), edge_ops.begin(), edge_ops.end());
+      cluster->ss_(edge_ops_attr(), held);
+    }
+    return edge_ops;
+  }
+
+  static size_t first_index_of(const std::shared_ptr<torch::jit::Graph>& subgraph,
+                               const Value* v) {
+    const auto outputs = subgraph->outputs();
+    return std::find(outputs.begin(), outputs.end(), v) - outputs.begin();
+  }
+
+  static bool repeats_an_output(const std::shared_ptr<torch::jit::Graph>& subgraph,
+                                size_t k) {
+    return first_index_of(subgraph, subgraph->outputs()[k]) < k;
+  }
+
+  // Whether output k may alias an input or another output.
+  static bool must_alias(const AliasDb& alias_db,
+                         const std::shared_ptr<torch::jit::Graph>& subgraph, size_t k) {
+    Value* out = subgraph->outputs()[k];
+    for (Value* in : subgraph->inputs()) {
+      if (is_tensor(in) && alias_db.mayAlias(out, in)) {
+        return true;
+      }
+    }
+    const auto outputs = subgraph->outputs();
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      if (j != k && alias_db.mayAlias(out, outputs[j])) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Makes output k's view (`view`) again right after the cluster node from the values the
+  // outside has, and the outside's uses read it; the view's tensors become outputs where
+  // they are not inputs, and the non-tensor arguments are made again outside (constants,
+  // sizes and the int arithmetic on them). Returns false, changing nothing, when an
+  // argument cannot be made outside.
+  bool remake_after(Node* view, Node* cluster, size_t k) {
+    auto subgraph = cluster->g(c10::attr::Subgraph);
+    std::vector<Node*> chain;  // the non-tensor producers to make again, in graph order
+    std::unordered_set<Node*> seen;
+    for (Value* in : view->inputs()) {
+      if (!collect_remakeable(in, chain, seen)) {
+        return false;
+      }
+    }
+    std::sort(chain.begin(), chain.end(), [](Node* a, Node* b) { return a->isBefore(b); });
+    std::unordered_map<Value*, Value*> outside;
+    auto outer = [&](Value* v) -> Value* {
+      if (auto it = outside.find(v); it != outside.end()) {
+        return it->second;
+      }
+      Value* mapped = nullptr;
+      if (v->node()->kind() == c10::prim::Param) {
+        mapped = cluster->input(v->offset());
+      } else {
+        size_t index = first_index_of(subgraph, v);
+        if (index == subgraph->outputs().size()) {
+          subgraph->registerOutput(v);
+          cluster->addOutput()->setType(v->type());
+        }
+        mapped = cluster->output(index);
+      }
+      outside[v] = mapped;
+      return mapped;
+    };
+    int64_t id = cluster_id(cluster);
+    torch::jit::WithInsertPoint guard(cluster->next());
+    auto clone = [&](Node* n) {
+      Node* copy = graph_->createClone(n, outer);
+      graph_->insertNode(copy);
+      for (size_t i = 0; i < n->outputs().size(); ++i) {
+        outside[n->output(i)] = copy->output(i);
+      }
+      return copy;
+    };
+    for (Node* n : chain) {
+      clone(n);
+    }
+    Node* copy = clone(view);
+    copy->i_(edge_view_marker(), id);
+    copy->output()->copyMetadata(view->output());
+    cluster->output(k)->replaceAllUsesWith(copy->output());
+    subgraph->eraseOutput(k);
+    cluster->eraseOutput(k);
+    return true;
+  }
+
+  // Whether `v` can be had outside: a tensor (an input, or made an output), or a
+  // non-tensor made by constants, size reads and pure arithmetic on such values, whose
+  // producers are added to `chain`.
+  static bool collect_remakeable(Value* v, std::vector<Node*>& chain,
+                                 std::unordered_set<Node*>& seen) {
+    Node* producer = v->node();
+    if (is_tensor(v) || producer->kind() == c10::prim::Param || seen.count(producer) > 0) {
+      return true;
+    }
+    const auto outputs = producer->outputs();
+    bool pure = producer->blocks().empty() && !producer->isNondeterministic() &&
+                !producer->hasSideEffects() &&
+                std::none_of(outputs.begin(), outputs.end(), is_tensor) &&
+                (producer->kind() == c10::prim::Constant ||
+                 producer->kind() == c10::prim::ListConstruct ||
+                 (producer->maybeSchema() != nullptr && !may_return_alias(producer)));
+    if (!pure) {
+      return false;
+    }
+    seen.insert(producer);
+    for (Value* in : producer->inputs()) {
+      if (!collect_remakeable(in, chain, seen)) {
+        return false;
+      }
+    }
+    chain.push_back(producer);
+    return true;
+  }
+
+  // Unique in the process: clusters of later rounds (after a compile failure) share the
+  // graph with the edge views of earlier ones.
+  static int64_t cluster_id(Node* cluster) {
+    static std::atomic<int64_t> next_id{0};
+    if (!cluster->hasAttribute(cluster_id_attr())) {
+      cluster->i_(cluster_id_attr(), next_id++);
+    }
+    return cluster->i(cluster_id_attr());
   }
 
   // Constants computed outside become constants inside, so they never cross the boundary.
@@ -346,7 +554,18 @@ c10::Symbol cluster_kind() {
 }
 
 std::vector<Node*> dissolve_cluster(Node* cluster) {
-  // The subgraph is inlined right before the cluster node, one clone per node in order.
+  // The subgraph is inlined right before the cluster node, one clone per node in order;
+  // the cluster's edge views follow it in its block, and become plain nodes again.
+  std::vector<Node*> edge_views;
+  if (cluster->hasAttribute(cluster_id_attr())) {
+    const int64_t id = cluster->i(cluster_id_attr());
+    for (Node* n = cluster->next(); n != cluster->owningBlock()->return_node(); n = n->next()) {
+      if (n->hasAttribute(edge_view_marker()) && n->i(edge_view_marker()) == id) {
+        n->removeAttribute(edge_view_marker());
+        edge_views.push_back(n);
+      }
+    }
+  }
   Node* before = cluster->prev();
   Node* after = cluster->next();
   SubgraphUtils::unmergeSubgraph(cluster);
@@ -354,6 +573,7 @@ std::vector<Node*> dissolve_cluster(Node* cluster) {
   for (Node* n = before->next(); n != after; n = n->next()) {
     moved.push_back(n);
   }
+  moved.insert(moved.end(), edge_views.begin(), edge_views.end());
   return moved;
 }
 

@@ -8,6 +8,13 @@
 //    never spans blocks;
 //  - only tensors cross a cluster's boundary: non-tensor constants used inside are cloned
 //    into it, and a cluster that would still take or give a non-tensor is dissolved;
+//  - an output that is a view (by its op's schema) of an input or of another output is
+//    made again after the cluster node, from the engine's results and inputs, by a clone
+//    of the view (an edge view, carrying the attribute `blade_edge_view_of` = the
+//    cluster's `blade_cluster_id`), so eager's aliasing is kept and the work around the
+//    view stays inside; the ops of views that no longer run inside are listed in the
+//    cluster's `blade_edge_ops` (they count as the engine's). Other producers that may
+//    alias move out with their users; one whose schema promises a fresh result never does;
 //  - clusters with fewer than `min_compute_ops` compute nodes, counted after the outputs
 //    that alias an input or each other moved out, are dissolved; one with none never
 //    stays (it would only copy its inputs);
@@ -49,7 +56,8 @@ c10::Symbol cluster_kind();
 
 // Moves a cluster's nodes back into the graph and removes the cluster node. Returns the
 // moved nodes in the order of the cluster's subgraph (constants included), so the k-th
-// node of the subgraph is the k-th one returned.
+// node of the subgraph is the k-th one returned, followed by the cluster's edge views
+// (plain nodes again).
 std::vector<torch::jit::Node*> dissolve_cluster(torch::jit::Node* cluster);
 
 }  // namespace blade::passes

@@ -29,7 +29,8 @@ from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preser
 from blade.frontend.scripting import each_method_parsed_once, eval_mode, to_torchscript
 from blade.frontend.graph_walk import all_nodes
 from blade.frontend.simplify import attribute_path, is_tensor_op, simplify
-from blade.partition.clustering import (MAX_RECLUSTER_ROUNDS, dissolve_failed, form_clusters,
+from blade.partition.clustering import (MAX_RECLUSTER_ROUNDS, dissolve_failed, edge_ops,
+                                       form_clusters, is_edge_view, release_edge_views,
                                         registry_verdicts)
 from blade.codegen.llvm.native import CompilerPool, default_workers
 from blade._runtime import RUNTIME_LIBRARY
@@ -128,7 +129,7 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
         # compile one cluster's code while the next goes through MLIR.
         imported = []
         for cluster in clusters:
-            ops = _op_counts(cluster.g("Subgraph"))
+            ops = _op_counts(cluster)
             input_specs, output_specs = _signatures(cluster.inputs(), cluster.outputs())
             entry = ClusterReport(name=f"{ENGINE_PREFIX}{index}", ops=ops,
                                   inputs=input_specs, outputs=output_specs)
@@ -247,6 +248,8 @@ def _account_for_ops_outside_engines(graph, report: Report) -> None:
     here rather than silently lowering the coverage."""
     outside: Dict[str, int] = {}
     for node in all_nodes(graph):
+        if is_edge_view(node):
+            continue  # counted with its engine
         if node.kind() == WRITE_BACK:
             # Not counted with the ops before clustering: the engine may do it (see
             # _compile_in_rounds).
@@ -286,11 +289,14 @@ def _has_dynamic_dims(values) -> bool:
     return any(s < 0 for v in values for s in v.type().symbolic_sizes())
 
 
-def _op_counts(subgraph) -> Dict[str, int]:
+def _op_counts(cluster) -> Dict[str, int]:
+    """The cluster's ops by overload: its subgraph's and those of its edge views."""
     counts: Dict[str, int] = {}
-    for node in all_nodes(subgraph):
+    for node in all_nodes(cluster.g("Subgraph")):
         if is_tensor_op(node):
             counts[schema_name(node)] = counts.get(schema_name(node), 0) + 1
+    for name in edge_ops(cluster):
+        counts[name] = counts.get(name, 0) + 1
     return counts
 
 
@@ -822,6 +828,7 @@ def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress):
     torch._C._jit_pass_dce(graph)
     if not config.dry_run:
         _account_for_ops_outside_engines(graph, report)
+    report.edge_views = release_edge_views(graph)
     _guard(module, graph, unspecialized, none_inputs, config, report, written)
     if not config.dry_run:
         _read_weights_from_engines(module, graph, report)

@@ -93,6 +93,9 @@ class Report:
     # that made it said the rest of this report; "not kept: <why>" when the cache is on and
     # could not keep it; "" otherwise.
     model_cache: str = ""
+    # Views made after an engine call on its results or inputs, so that they alias as in
+    # eager (metadata only; counted with their engine's ops).
+    edge_views: int = 0
 
     @property
     def coverage(self) -> float:
@@ -142,7 +145,8 @@ class Report:
                         engines_not_reached_by_the_check=data.get(
                             "engines_not_reached_by_the_check", 0),
                         examples_from_type_run=data.get("examples_from_type_run", 0),
-                        model_cache=data.get("model_cache", ""))
+                        model_cache=data.get("model_cache", ""),
+                        edge_views=data.get("edge_views", 0))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
         report.unreached = {k: UnsupportedOp(**v) for k, v in data.get("unreached", {}).items()}
@@ -172,6 +176,9 @@ class Report:
         if self.dynamic_dims:
             lines.append("  dynamic dims (each group varies together): " + "; ".join(
                 ", ".join(group) for group in self.dynamic_dims))
+        if self.edge_views:
+            lines.append(f"  views made after the engine call, to alias as in eager: "
+                         f"{self.edge_views} (metadata only, counted with their engine)")
         if self.decomposed:
             lines.append("  decomposed: " + ", ".join(
                 f"{op} x{n}" for op, n in sorted(self.decomposed.items())))

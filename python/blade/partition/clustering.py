@@ -51,8 +51,9 @@ def failed_nodes(moved: Sequence[torch._C.Node], size: int,
                   node_index: Optional[int]) -> List[torch._C.Node]:
     """The dissolved cluster's node that a compile error named, followed by the nodes of the
     same op on inputs of the same types and constants (which would fail alike); empty when
-    the error names no compute node."""
-    if node_index is None or len(moved) != size or not 0 <= node_index < size:
+    the error names no compute node. `moved` holds the subgraph's `size` nodes in order,
+    then the cluster's edge views."""
+    if node_index is None or len(moved) < size or not 0 <= node_index < size:
         return []
     node = moved[node_index]
     if not is_tensor_op(node) or node.kind() == "prim::ListConstruct":
@@ -108,3 +109,34 @@ def dissolve_failed(cluster, error: Exception, message: str, ops: Dict[str, int]
     for node in failed:
         report.add_unsupported(schema_name(node), reason)
     return registry_verdicts(moved, config, {n: reason for n in failed})
+
+
+# Set by csrc/passes/cluster on a view made again after its cluster's engine call (an edge
+# view) and on the cluster node: its id, and the ops of edge views no longer inside it.
+EDGE_VIEW_OF = "blade_edge_view_of"
+EDGE_OPS = "blade_edge_ops"
+
+
+def is_edge_view(node: torch._C.Node) -> bool:
+    """Whether `node` is a view made after an engine call on the engine's results or
+    inputs, so that they alias as in eager (its op counts as the engine's)."""
+    return node.hasAttribute(EDGE_VIEW_OF)
+
+
+def edge_ops(cluster: torch._C.Node) -> List[str]:
+    """The ops, by overload, of the cluster's edge views that no longer run inside it."""
+    return list(cluster.ss(EDGE_OPS)) if cluster.hasAttribute(EDGE_OPS) else []
+
+
+def release_edge_views(graph: torch._C.Graph) -> int:
+    """Removes the edge views' markers once the engines are made (a dissolved cluster's
+    views lost theirs then); returns how many views run at engines' edges."""
+    count = 0
+    pending = [graph.block()]
+    while pending:
+        for node in pending.pop().nodes():
+            pending.extend(node.blocks())
+            if is_edge_view(node):
+                node.removeAttribute(EDGE_VIEW_OF)
+                count += 1
+    return count
