@@ -455,21 +455,23 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) {
 std::vector<at::Tensor> Engine::compute(const std::vector<at::Tensor>& inputs) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   if (!code_) {
-    return run_fallback(inputs, load_error_);
+    return run_fallback(inputs, load_error_, SlowPathKind::kNotLoaded);
   }
-  auto why = signature_mismatch(input_specs_, inputs);
-  if (!why.empty()) {
-    return run_fallback(inputs, why);
+  auto mismatch = check_signature(input_specs_, inputs);
+  if (!mismatch.why.empty()) {
+    return run_fallback(inputs, mismatch.why, mismatch.kind, mismatch.input);
   }
   // The compiled code records nothing for autograd: its outputs would come back silently
   // detached. The subgraph's ops, run through the dispatcher, are what autograd follows.
   if (at::GradMode::is_enabled()) {
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (inputs[i].defined() && inputs[i].requires_grad()) {
-        return run_fallback(inputs, "input " + std::to_string(i) +
-                                        " requires grad under grad mode, and the compiled "
-                                        "code computes no gradients (run inference under "
-                                        "torch.no_grad() or torch.inference_mode())");
+        return run_fallback(inputs,
+                            "input " + std::to_string(i) +
+                                " requires grad under grad mode, and the compiled code "
+                                "computes no gradients (run inference under "
+                                "torch.no_grad() or torch.inference_mode())",
+                            SlowPathKind::kGradMode, static_cast<int64_t>(i));
       }
     }
   }
@@ -513,8 +515,10 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(*generator_state);
     }
-    return run_fallback(inputs, "the compiled code reported an error: " + kernel_error);
+    return run_fallback(inputs, "the compiled code reported an error: " + kernel_error,
+                        SlowPathKind::kCodeError);
   }
+  slow_path_.note_compiled();
   return outputs;
 }
 
@@ -620,7 +624,8 @@ std::vector<at::Tensor> Engine::adopt_results(const std::vector<int64_t>& result
 }
 
 std::vector<at::Tensor> Engine::run_fallback(const std::vector<at::Tensor>& inputs,
-                                             const std::string& reason) {
+                                             const std::string& reason, SlowPathKind kind,
+                                             int64_t input) {
   TORCH_CHECK(fallback_mode_ != FallbackMode::kError, "blade: engine '", name_,
               "' cannot run these inputs: ", reason, ". Expected signature (",
               format_specs(input_specs_), "), got (", describe_tensors(inputs),
@@ -631,6 +636,7 @@ std::vector<at::Tensor> Engine::run_fallback(const std::vector<at::Tensor>& inpu
     std::lock_guard<std::mutex> guard(reason_mutex_);
     last_fallback_reason_ = reason;
   }
+  slow_path_.note("engine '" + name_ + "'", "its TorchScript subgraph", kind, input, reason);
   return run_subgraph(inputs);
 }
 

@@ -14,6 +14,7 @@
 #include "ral/compiled_code.h"
 #include "ral/prepared_weights.h"
 #include "ral/signing.h"
+#include "ral/slow_path.h"
 #include "ral/tensor_spec.h"
 
 #include <ATen/ATen.h>
@@ -118,6 +119,12 @@ class Engine : public torch::CustomClassHolder {
   // The bytes of those copies (and of channels_last weight copies).
   int64_t prepared_bytes() const { return prepared_weights_->prepared_bytes(); }
   std::string last_fallback_reason() const;
+  // The calls that ran the subgraph, by kind of reason (the first reason of each kind).
+  std::vector<std::pair<std::string, int64_t>> fallback_reasons() const {
+    return slow_path_.counts();
+  }
+  // Whether the latest call ran the compiled code (true before any call).
+  bool last_call_compiled() const { return code_ != nullptr && slow_path_.last_call_compiled(); }
 
   // The pickled form. Its shape never changes between format versions, so that a model saved
   // by a newer Blade still loads here and can fall back to its subgraph: (format version,
@@ -151,8 +158,11 @@ class Engine : public torch::CustomClassHolder {
                                     std::string* kernel_error);
   // The outputs the code returned (dynamic engines), as tensors that own their memory.
   std::vector<at::Tensor> adopt_results(const std::vector<int64_t>& results) const;
+  // Runs the subgraph (or raises, in fallback mode "error"), counting the call and saying
+  // it once per kind of reason (slow_path.h).
   std::vector<at::Tensor> run_fallback(const std::vector<at::Tensor>& inputs,
-                                       const std::string& reason);
+                                       const std::string& reason, SlowPathKind kind,
+                                       int64_t input = -1);
   std::vector<at::Tensor> compute(const std::vector<at::Tensor>& inputs);
 
   std::string name_;
@@ -186,6 +196,7 @@ class Engine : public torch::CustomClassHolder {
   std::atomic<int64_t> fallbacks_{0};
   mutable std::mutex reason_mutex_;
   std::string last_fallback_reason_;
+  SlowPathLog slow_path_;
 };
 
 // The signature Engine's constructor verifies for these fields, made with the private key at

@@ -92,11 +92,13 @@ std::string Guard::overlap(const std::vector<at::Tensor>& inputs) const {
 
 bool Guard::admits(const std::vector<at::Tensor>& inputs) {
   calls_.fetch_add(1, std::memory_order_relaxed);
-  auto why = signature_mismatch(specs_, inputs);
-  if (why.empty()) {
-    why = overlap(inputs);
+  auto mismatch = check_signature(specs_, inputs);
+  if (mismatch.why.empty()) {
+    mismatch = {overlap(inputs), SlowPathKind::kMemoryOverlap, -1};
   }
+  const std::string& why = mismatch.why;
   if (why.empty()) {
+    slow_path_.note_compiled();
     return true;
   }
   TORCH_CHECK(!raise_, "blade: the optimized model cannot run these inputs: ", why,
@@ -106,8 +108,13 @@ bool Guard::admits(const std::vector<at::Tensor>& inputs) {
               "Config(dynamic=True) for sizes that vary, or with Config(fallback='fallback') "
               "to run the unoptimized model for such inputs.");
   fallbacks_.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(reason_mutex_);
-  last_fallback_reason_ = why;
+  {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    last_fallback_reason_ = why;
+  }
+  slow_path_.note("the optimized model's input guard",
+                  "the model as it was before optimization", mismatch.kind, mismatch.input,
+                  why + " (optimized for " + format_specs(specs_) + ")");
   return false;
 }
 

@@ -17,6 +17,7 @@
 // are atomic and the reason is mutex-guarded, so one guard serves many threads.
 #pragma once
 
+#include "ral/slow_path.h"
 #include "ral/tensor_spec.h"
 
 #include <torch/custom_class.h>
@@ -42,6 +43,12 @@ class Guard : public torch::CustomClassHolder {
   int64_t calls() const { return calls_.load(); }
   int64_t fallbacks() const { return fallbacks_.load(); }
   std::string last_fallback_reason() const;
+  // The refused calls by kind of reason (the first reason of each kind), and whether the
+  // latest call was admitted (true before any call).
+  std::vector<std::pair<std::string, int64_t>> fallback_reasons() const {
+    return slow_path_.counts();
+  }
+  bool last_call_admitted() const { return slow_path_.last_call_compiled(); }
 
   using State = std::tuple<int64_t, std::string, std::string>;  // (version, specs, mode)
   State serialize() const;
@@ -58,6 +65,7 @@ class Guard : public torch::CustomClassHolder {
   std::atomic<int64_t> fallbacks_{0};
   mutable std::mutex reason_mutex_;
   std::string last_fallback_reason_;
+  SlowPathLog slow_path_;
 };
 
 }  // namespace blade::ral

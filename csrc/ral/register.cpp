@@ -27,6 +27,16 @@ bool guard_admits(const c10::intrusive_ptr<Guard>& guard,
   return guard->admits(tensors);
 }
 
+// A slow-path log's counts as TorchScript sees them: reason -> calls.
+c10::Dict<std::string, int64_t> reasons_dict(
+    const std::vector<std::pair<std::string, int64_t>>& counts) {
+  c10::Dict<std::string, int64_t> result;
+  for (const auto& [reason, calls] : counts) {
+    result.insert_or_assign(reason, calls);
+  }
+  return result;
+}
+
 at::Tensor write_back_op(at::Tensor self, const at::Tensor& value) {
   write_back(self, value);
   return self;
@@ -60,6 +70,9 @@ TORCH_LIBRARY(blade, m) {
       .def("calls", [](const c10::intrusive_ptr<Engine>& e) { return e->stats().calls; })
       .def("fallbacks", [](const c10::intrusive_ptr<Engine>& e) { return e->stats().fallbacks; })
       .def("last_fallback_reason", &Engine::last_fallback_reason)
+      .def("fallback_reasons",
+           [](const c10::intrusive_ptr<Engine>& e) { return reasons_dict(e->fallback_reasons()); })
+      .def("last_call_compiled", &Engine::last_call_compiled)
       .def("packed_weights", &Engine::packed_weights)
       .def("prepared_bytes", &Engine::prepared_bytes)
       .def("released_bytes", &Engine::released_bytes)
@@ -88,6 +101,9 @@ TORCH_LIBRARY(blade, m) {
       .def("calls", &Guard::calls)
       .def("fallbacks", &Guard::fallbacks)
       .def("last_fallback_reason", &Guard::last_fallback_reason)
+      .def("fallback_reasons",
+           [](const c10::intrusive_ptr<Guard>& g) { return reasons_dict(g->fallback_reasons()); })
+      .def("last_call_admitted", &Guard::last_call_admitted)
       .def_pickle(
           [](const c10::intrusive_ptr<Guard>& g) { return g->serialize(); },
           [](Guard::State state) { return Guard::deserialize(std::move(state)); });

@@ -87,22 +87,29 @@ std::string TensorSpec::str() const {
   return out.str();
 }
 
-std::string TensorSpec::mismatch(const at::Tensor& t) const {
+std::string TensorSpec::mismatch(const at::Tensor& t, SlowPathKind* kind) const {
+  SlowPathKind found = SlowPathKind::kSize;
+  std::ostringstream why;
   if (any) {
     return "";
   }
   if (none) {
-    return t.defined() ? "is a tensor, expected None" : "";
-  }
-  if (!t.defined()) {
-    return "the tensor is undefined";
-  }
-  std::ostringstream why;
-  if (!t.device().is_cpu()) {
+    if (!t.defined()) {
+      return "";
+    }
+    found = SlowPathKind::kUndefined;
+    why << "is a tensor, expected None";
+  } else if (!t.defined()) {
+    found = SlowPathKind::kUndefined;
+    why << "the tensor is undefined";
+  } else if (!t.device().is_cpu()) {
+    found = SlowPathKind::kDevice;
     why << "device is " << t.device() << ", expected cpu";
   } else if (t.scalar_type() != dtype) {
+    found = SlowPathKind::kDtype;
     why << "dtype is " << dtype_name(t.scalar_type()) << ", expected " << dtype_name(dtype);
   } else if (t.dim() != static_cast<int64_t>(sizes.size())) {
+    found = SlowPathKind::kRank;
     why << "rank is " << t.dim() << ", expected " << sizes.size();
   } else {
     for (size_t d = 0; d < sizes.size(); ++d) {
@@ -112,6 +119,9 @@ std::string TensorSpec::mismatch(const at::Tensor& t) const {
         break;
       }
     }
+  }
+  if (kind != nullptr) {
+    *kind = found;
   }
   return why.str();
 }
@@ -160,19 +170,26 @@ std::string symbol_mismatch(const std::vector<TensorSpec>& specs,
 
 }  // namespace
 
-std::string signature_mismatch(const std::vector<TensorSpec>& specs,
-                               const std::vector<at::Tensor>& tensors) {
+SignatureMismatch check_signature(const std::vector<TensorSpec>& specs,
+                                  const std::vector<at::Tensor>& tensors) {
   if (tensors.size() != specs.size()) {
-    return "expected " + std::to_string(specs.size()) + " inputs, got " +
-           std::to_string(tensors.size());
+    return {"expected " + std::to_string(specs.size()) + " inputs, got " +
+                std::to_string(tensors.size()),
+            SlowPathKind::kInputCount, -1};
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
-    auto why = specs[i].mismatch(tensors[i]);
+    SlowPathKind kind = SlowPathKind::kSize;
+    auto why = specs[i].mismatch(tensors[i], &kind);
     if (!why.empty()) {
-      return "input " + std::to_string(i) + ": " + why;
+      return {"input " + std::to_string(i) + ": " + why, kind, static_cast<int64_t>(i)};
     }
   }
-  return symbol_mismatch(specs, tensors);
+  return {symbol_mismatch(specs, tensors), SlowPathKind::kSharedSize, -1};
+}
+
+std::string signature_mismatch(const std::vector<TensorSpec>& specs,
+                               const std::vector<at::Tensor>& tensors) {
+  return check_signature(specs, tensors).why;
 }
 
 std::vector<TensorSpec> parse_specs(const std::string& text) {

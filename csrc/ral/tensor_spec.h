@@ -7,6 +7,8 @@
 // compiled code relies on it (two dims that meet in a broadcast, say).
 #pragma once
 
+#include "ral/slow_path.h"
+
 #include <ATen/ATen.h>
 
 #include <string>
@@ -30,8 +32,9 @@ struct TensorSpec {
 
   static constexpr int64_t kNoSymbol = -1;
 
-  // Empty when `t` satisfies the spec, otherwise a sentence saying what differs.
-  std::string mismatch(const at::Tensor& t) const;
+  // Empty when `t` satisfies the spec, otherwise a sentence saying what differs (and, in
+  // `kind`, what kind of difference it is).
+  std::string mismatch(const at::Tensor& t, SlowPathKind* kind = nullptr) const;
   std::string str() const;
   bool is_static() const;
 };
@@ -42,6 +45,16 @@ std::vector<TensorSpec> parse_specs(const std::string& text);
 // differs (the first input that does not match, or two dimensions that differ).
 std::string signature_mismatch(const std::vector<TensorSpec>& specs,
                                const std::vector<at::Tensor>& tensors);
+
+// signature_mismatch's sentence, with the kind of difference and the input it is in (-1
+// for the number of inputs), for the slow-path warnings.
+struct SignatureMismatch {
+  std::string why;  // empty when the tensors match
+  SlowPathKind kind = SlowPathKind::kSize;
+  int64_t input = -1;
+};
+SignatureMismatch check_signature(const std::vector<TensorSpec>& specs,
+                                  const std::vector<at::Tensor>& tensors);
 std::string format_specs(const std::vector<TensorSpec>& specs);
 // The signature of actual tensors, in the same notation, for error messages.
 std::string describe_tensors(const std::vector<at::Tensor>& tensors);

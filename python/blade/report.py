@@ -39,6 +39,11 @@ class ClusterReport(CodeStatistics):
     precision: str = "float32"
     # The compile cache key of its code ("" when compiled apart from the cache).
     code_key: str = ""
+    # Whether its latest call ran the compiled code (true before any call; read live).
+    running_compiled: bool = True
+    # The CPU features its code was compiled for, comma-separated (read live): a machine
+    # without one of them runs its subgraph instead.
+    cpu_features: str = ""
 
 
 @dataclass
@@ -96,10 +101,19 @@ class Report:
     # Views made after an engine call on its results or inputs, so that they alias as in
     # eager (metadata only; counted with their engine's ops).
     edge_views: int = 0
+    # Read live: the calls that ran TorchScript instead of compiled code, by their first
+    # reason of each kind ("input guard: ..." or "<engine>: ..."), and the tensor ops whose
+    # engines ran compiled on the latest calls (none when the guard refused the latest).
+    fallback_reasons: Dict[str, int] = field(default_factory=dict)
+    running_ops: int = 0
 
     @property
     def coverage(self) -> float:
         return self.compiled_ops / self.total_ops if self.total_ops else 0.0
+
+    @property
+    def running_coverage(self) -> float:
+        return self.running_ops / self.total_ops if self.total_ops else 0.0
 
     @property
     def runtime_fallbacks(self) -> int:
@@ -156,9 +170,16 @@ class Report:
         lines = [
             f"Blade report{' (dry run: nothing compiled)' if self.dry_run else ''}",
             f"  tensor ops: {self.total_ops}, compiled: {self.compiled_ops} "
-            f"({100 * self.coverage:.1f}%), clusters: {len(self.clusters)}, "
-            f"run-time fallbacks: {self.runtime_fallbacks}",
+            f"({100 * self.coverage:.1f}%)"
+            + ("" if self.dry_run else f", running compiled now: {self.running_ops} "
+               f"({100 * self.running_coverage:.1f}%)")
+            + f", clusters: {len(self.clusters)}, run-time fallbacks: "
+            f"{self.runtime_fallbacks}",
         ]
+        if self.fallback_reasons:
+            lines.append("  calls that ran TorchScript instead of compiled code, by reason:")
+            lines.extend(f"    {calls:>6}  {reason}" for reason, calls in sorted(
+                self.fallback_reasons.items(), key=lambda kv: -kv[1]))
         if self.unreached_ops:
             lines.append(f"  not reached by the example inputs (not counted): "
                          f"{self.unreached_ops} tensor ops, e.g. " + ", ".join(
@@ -208,6 +229,11 @@ class Report:
             lines.append(f"  engines not checked: {self.engines_not_reached_by_the_check} (the "
                          "example inputs never reached their cluster: a branch that only the "
                          "resized inputs of dynamic dims took)")
+        features = sorted({c.cpu_features for c in self.clusters if c.cpu_features})
+        for needed in features:
+            lines.append(f"  code compiled for CPU features: {needed}" +
+                         (f" ({sum(c.cpu_features == needed for c in self.clusters)} engines)"
+                          if len(features) > 1 else ""))
         bf16 = sum(c.precision == "bf16" for c in self.clusters)
         if bf16:
             lines.append(f"  precision: bf16 (GEMMs and convolutions by weights in bfloat16 "
@@ -268,20 +294,30 @@ def report(module: torch.jit.ScriptModule) -> Report:
                          f"(it has no {REPORT_ATTRIBUTE} attribute)")
     result = Report.from_json(getattr(module, REPORT_ATTRIBUTE))
     guard = getattr(module, GUARD_ATTRIBUTE, None)
+    admitted = True
     if guard is not None:
         result.guard_specs = guard.input_specs()
         result.guard_calls = guard.calls()
         result.guard_fallbacks = guard.fallbacks()
         result.guard_status = guard.last_fallback_reason()
+        admitted = guard.last_call_admitted()
+        for reason, calls in guard.fallback_reasons().items():
+            result.fallback_reasons[f"input guard: {result.with_input_names(reason)}"] = calls
     for cluster in result.clusters:
         if not cluster.compiled or result.dry_run:
             continue
         engine = getattr(module, cluster.name)
         cluster.calls = engine.calls()
         cluster.fallbacks = engine.fallbacks()
+        cluster.running_compiled = engine.last_call_compiled()
+        for reason, calls in engine.fallback_reasons().items():
+            result.fallback_reasons[f"{cluster.name}: {reason}"] = calls
+        if admitted and cluster.running_compiled:
+            result.running_ops += sum(cluster.ops.values())
         cluster.packed_weights = engine.packed_weights()
         cluster.prepared_bytes = engine.prepared_bytes()
         cluster.released_bytes = engine.released_bytes()
         cluster.precision = engine.precision()
+        cluster.cpu_features = engine.cpu_features()
         cluster.status = engine.load_error() or engine.last_fallback_reason()
     return result
