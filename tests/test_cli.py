@@ -179,6 +179,12 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(command):
     assert set(NOT_FLAGS) < {f.name for f in dataclasses.fields(blade.Config)}
     for action in _subcommand(command)._actions:
         assert action.help, action.option_strings
+    # Every option with a fixed set of values lists them in the help.
+    from blade.config import CHOICES
+    help_text = _subcommand(command).format_help()
+    for name, values in CHOICES.items():
+        assert tuple(actions[name].choices) == values
+        assert f"--{name} {{{','.join(values)}}}" in help_text
 
 
 def test_flags_set_their_config_fields():

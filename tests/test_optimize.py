@@ -293,6 +293,8 @@ def test_optimize_works_under_warnings_as_errors():
 def test_config_checks_excluded_op_names():
     with pytest.raises(ValueError, match="did you mean 'aten::linear'"):
         blade.Config(excluded_ops=["aten::Linear"])
+    with pytest.raises(ValueError, match="did you mean 'aten::gelu'"):
+        blade.Config(excluded_ops=["gelu"])  # the namespace left out
     with pytest.raises(ValueError, match="must be a list of op names"):
         blade.Config(excluded_ops="aten::linear")
     with pytest.raises(ValueError, match="not a registered op name"):
@@ -419,3 +421,11 @@ def test_optimize_pauses_the_cyclic_garbage_collector_and_restores_it(monkeypatc
     with torch.no_grad():
         torch.testing.assert_close(optimized(x), model(x))
     assert_ran_compiled(optimized)
+
+
+def test_an_unknown_config_option_names_the_closest_one():
+    with pytest.raises(TypeError, match=r"no option 'dynamc' \(did you mean 'dynamic'\?\)"):
+        blade.Config(dynamc=True)
+    with pytest.raises(TypeError, match="no option 'colour'. The options are: allow_tracing"):
+        blade.Config(colour="blue")
+    assert blade.Config(dynamic=True).dynamic and blade.Config(True).allow_tracing

@@ -1,4 +1,5 @@
 """The one object that controls how Blade compiles a model."""
+import dataclasses
 import difflib
 import functools
 import os
@@ -9,6 +10,8 @@ import torch
 
 FALLBACK_MODES = ("fallback", "error")
 PRECISIONS = ("float32", "bf16")
+# The string options with a fixed set of values (the command line lists them).
+CHOICES = {"fallback": FALLBACK_MODES, "precision": PRECISIONS}
 
 
 @dataclass
@@ -155,6 +158,25 @@ class Config:
             raise ValueError(f"Config.min_cluster_size must be >= 1, got {self.min_cluster_size}")
 
 
+def _refuse_unknown_options(init):
+    """Config's generated __init__, refusing an unknown keyword with the closest option
+    (`Config(dynamc=True)`) instead of Python's bare "unexpected keyword argument"."""
+    @functools.wraps(init)
+    def checked_init(self, *args, **kwargs):
+        options = [f.name for f in dataclasses.fields(Config)]
+        for name in kwargs:
+            if name not in options:
+                close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise TypeError(f"Config has no option {name!r}{hint}. The options are: "
+                                f"{', '.join(options)}.")
+        init(self, *args, **kwargs)
+    return checked_init
+
+
+Config.__init__ = _refuse_unknown_options(Config.__init__)
+
+
 @functools.lru_cache(maxsize=1)
 def _known_op_names() -> frozenset:
     """Every registered op, as an overload (`aten::add.Tensor`) and as a name (`aten::add`)."""
@@ -175,6 +197,9 @@ def _check_op_name(op: str) -> None:
         return
     close = difflib.get_close_matches(op, _known_op_names(), n=3, cutoff=0.6)
     close += [name for name in _known_op_names() if name.lower() == op.lower()]
+    if "::" not in op:  # `gelu` for `aten::gelu`: ops are named with their namespace
+        named = sorted(n for n in _known_op_names() if n.split("::", 1)[-1] == op)
+        close = sorted(named, key=lambda n: not n.startswith("aten::")) + close
     hint = f"; did you mean {' or '.join(repr(c) for c in dict.fromkeys(close))}?" if close \
         else " (register custom ops before creating the Config)"
     raise ValueError(f"Config.excluded_ops: {op!r} is not a registered op name or "

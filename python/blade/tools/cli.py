@@ -158,7 +158,7 @@ def _dynamic_dims(text: str):
 def config_flags(p: argparse.ArgumentParser) -> None:
     """One flag per Config field (but NOT_FLAGS), named after it, typed after it, with
     its docstring entry as help: the command line cannot drift from Config."""
-    from blade.config import FALLBACK_MODES, Config
+    from blade.config import CHOICES, Config
 
     helps = config_help()
     hints = typing.get_type_hints(Config)
@@ -180,7 +180,7 @@ def config_flags(p: argparse.ArgumentParser) -> None:
                            help=help_text + (f" (default: {default})" if default is not None
                                              else ""))
         elif hint in (str, Optional[str]):
-            choices = FALLBACK_MODES if field.name == "fallback" else None
+            choices = CHOICES.get(field.name)
             p.add_argument(flag, default=default, choices=choices,
                            metavar=None if choices else field.name.split("_")[-1].upper(),
                            help=help_text + (f" (default: {default})" if default is not None
