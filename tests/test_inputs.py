@@ -161,3 +161,27 @@ def test_an_exported_program_with_other_input_layout_is_refused():
 def test_no_example_inputs_for_a_module_is_an_error():
     with pytest.raises(TypeError, match="example inputs are needed"):
         blade.optimize(Masked().eval())
+
+
+class TakesEight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x, mask):
+        return self.fc(x) * mask
+
+
+def test_a_model_that_raises_on_its_example_inputs_is_one_clear_error():
+    with pytest.raises(blade.ExampleInputsError) as caught:
+        blade.optimize(TakesEight().eval(), (torch.randn(2, 5), torch.ones(2, 4)))
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1, message
+    # The inputs by name, eager's message, the op's line and the model's line that called it.
+    assert "example inputs (x: float32[2,5]; mask: float32[2,4])" in message
+    assert "mat1 and mat2 shapes cannot be multiplied (2x5 and 8x4)" in message
+    assert "F.linear(input, self.weight, self.bias), called from" in message
+    assert "test_inputs.py" in message and "return self.fc(x) * mask" in message
+    assert "blade_materialize_types" not in message
+    assert "Traceback of TorchScript" in caught.value.torchscript_error
+    assert isinstance(caught.value, RuntimeError)

@@ -17,6 +17,7 @@ from blade._runtime import load_runtime
 load_runtime()
 
 from blade.config import Config  # noqa: E402
+from blade.frontend.inputs import ExampleInputsError  # noqa: E402
 from blade.report import Report, report  # noqa: E402
 from blade.frontend import torch_compile  # noqa: E402
 from blade.frontend.torch_compile import dynamo_graphs, dynamo_reports  # noqa: E402

@@ -171,3 +171,53 @@ def keyword_trace_inputs(model: torch.nn.Module, args: Tuple, kwargs: Dict) -> D
                         f"parameters; {type(model).__name__}.forward takes "
                         f"'{variadic[0]}' as *args/**kwargs")
     return {name: value for name, value in bound.arguments.items() if value is not None}
+
+
+class ExampleInputsError(RuntimeError):
+    """The model raised when it ran on its example inputs: a user's mistake in the model or
+    the inputs, told in one error (`torchscript_error` keeps the interpreter's text)."""
+
+    def __init__(self, message: str, torchscript_error: str = ""):
+        super().__init__(message)
+        self.torchscript_error = torchscript_error
+
+
+def describe_inputs(inputs, names=()) -> str:
+    """`x: float32[2,8]; mask: bool[2,8]` (names where known, values other than tensors by
+    their type)."""
+    parts = []
+    for i, value in enumerate(inputs):
+        name = names[i] if i < len(names) else f"input {i}"
+        if isinstance(value, torch.Tensor):
+            spec = f"{str(value.dtype).replace('torch.', '')}[{','.join(map(str, value.shape))}]"
+        else:
+            spec = type(value).__name__
+        parts.append(f"{name}: {spec}")
+    return "; ".join(parts)
+
+
+def failure_summary(error: BaseException) -> str:
+    """An interpreter error in one line: its message, and where in the model it came from
+    (`message (at file:line: source)`); a Python error's first line."""
+    text = str(error).strip()
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    if "Traceback of TorchScript" not in text:
+        return lines[0].strip()
+    message = lines[-1].strip()
+    frames = [i for i, line in enumerate(lines) if line.strip().startswith("File \"")]
+    places = [_frame_place(lines, i) for i in dict.fromkeys([frames[0], frames[-1]])] \
+        if frames else []
+    return message + (f" (at {', called from '.join(reversed(places))})" if places else "")
+
+
+def _frame_place(lines, index: int) -> str:
+    """`file:line: source` of the interpreter frame whose `File "..."` line is at index."""
+    where = lines[index].strip()[len("File "):].split(", in ")[0]
+    where = where.replace('"', "").replace(", line ", ":")
+    end = next((i for i in range(index + 1, len(lines))
+                if lines[i].strip().startswith("File \"")), len(lines))
+    marked = [i for i in range(index + 1, end) if "<--- HERE" in lines[i]]
+    source = lines[marked[0] - 1].strip() if marked and marked[0] - 1 > index else ""
+    return f"{where}: {source}" if source else where

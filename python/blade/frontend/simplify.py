@@ -9,9 +9,10 @@ import torch
 from blade import _C
 from blade.frontend import typed_rewrites
 from blade.frontend.graph_walk import nodes_of
-from blade.frontend.inputs import private_copy
+from blade.frontend.inputs import (ExampleInputsError, describe_inputs, failure_summary,
+                                   private_copy)
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
-from blade.partition.registry import schema_name
+from blade.partition.registry import argument_name, schema_name
 from blade.tools.dump import Dumper
 
 def is_tensor_op(node: torch._C.Node) -> bool:
@@ -164,10 +165,20 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     # Blade compiles for inference: the types are recorded under no_grad, so branches a
     # model takes only when autograd is on (nn.TransformerEncoderLayer's slow path) are
     # not the ones compiled.
-    with torch.no_grad():
-        _, example_outputs = run("materialize_types", lambda: _C.materialize_types(
-            graph, (module._c,) + private_copy(inputs), True,
-            [(module._c,) + private_copy(more) for more in resized_inputs]))
+    try:
+        with torch.no_grad():
+            _, example_outputs = run("materialize_types", lambda: _C.materialize_types(
+                graph, (module._c,) + private_copy(inputs), True,
+                [(module._c,) + private_copy(more) for more in resized_inputs]))
+    except RuntimeError as e:
+        # The model raised on its example inputs: the user's model or inputs, said in one
+        # error, not as the interpreter's traceback through Blade's instrumented graph.
+        names = [argument_name(v) for v in list(graph.inputs())[1:]]
+        raise ExampleInputsError(
+            f"blade.optimize: the model raised when run on its example inputs "
+            f"({describe_inputs(inputs, names)}): {failure_summary(e)}. Check that the "
+            "example inputs are what forward takes (their shapes and dtypes), and that the "
+            "model runs on them in eager mode.", str(e)) from None
     run("check_in_place_casts", lambda: _C.check_in_place_casts(graph))
     run("functionalize_small_writes",
         lambda: _C.functionalize_input_writes(graph, SMALL_WRITE_ELEMENTS))

@@ -231,19 +231,14 @@ def optimize_saved(args):
 def check_model_runs(path: str, model, inputs: tuple) -> None:
     """A model that does not take the inputs given is the user's mistake: one line, not the
     interpreter's traceback from inside optimize."""
-    from blade.frontend.inputs import private_copy
+    from blade.frontend.inputs import describe_inputs, failure_summary, private_copy
 
     try:
         with torch.no_grad():
             model(*private_copy(inputs))
     except (RuntimeError, TypeError, ValueError) as e:
-        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-        # TorchScript's own errors end with the message; Python's start with it.
-        message = lines[-1] if "Traceback of TorchScript" in str(e) else lines[0]
-        given = "; ".join(f"{str(t.dtype).replace('torch.', '')}"
-                          f"[{','.join(str(d) for d in t.shape)}]" for t in inputs)
-        raise CliError(f"{path} does not run on the inputs given ({given}): {message}") \
-            from None
+        raise CliError(f"{path} does not run on the inputs given ({describe_inputs(inputs)}): "
+                       f"{failure_summary(e)}") from None
 
 
 def cmd_optimize(args) -> int:
