@@ -111,6 +111,9 @@ def test_blade_serve_shares_one_model_between_threads(tmp_path, built):
     key = blade.signing_public_key()
     assert "blade_engine_0: calls=6 fallbacks=6 (last: the engine is signed by key " \
            f"{key}, which this process does not trust" in stderr, stderr
+    # A C++ service is told what to do in C++ terms.
+    assert f'blade::ral::trust_public_key("{key}")' in stderr, stderr
+    assert "blade.trust_key" not in stderr, stderr
     with torch.no_grad():
         for request, output in zip(requests, outputs):
             torch.testing.assert_close(output, layer(request), rtol=1e-4, atol=1e-4)

@@ -59,11 +59,10 @@ void warn_untrusted_once(const std::string& key, const std::string& engine) {
       return;
     }
   }
-  TORCH_WARN("blade: engine '", engine, "' (and any other signed by the same key) is signed "
-             "by key ", key, ", which this process does not trust: its compiled code is not "
-             "loaded and its TorchScript subgraph runs instead (slower). If you trust who "
-             "compiled this model, call blade.trust_key(\"", key, "\") before loading it, or "
-             "set ", kTrustedKeysVariable, "=", key, " (C++: blade::ral::trust_public_key).");
+  warn_user("blade: engine '" + engine + "' (and any other signed by the same key) is signed "
+            "by key " + key + ", which this process does not trust: its compiled code is not "
+            "loaded and its TorchScript subgraph runs instead (slower); " + trust_advice(key) +
+            ".");
 }
 
 // The subgraph, typed only as far as any input would be, returning its outputs as one list
@@ -382,55 +381,81 @@ void Engine::load_code(const Digest* computed_digest) {
     load_error_ = validation_error();
   }
   std::string untrusted_key;
-  Digest code{};
   if (load_error_.empty()) {
-    code = code_digest(code_bytes_);
-    const Digest digest = computed_digest != nullptr ? *computed_digest : signed_digest(code);
+    const Digest digest =
+        computed_digest != nullptr ? *computed_digest : signed_digest(code_digest(code_bytes_));
     load_error_ = verify_digest(digest, signature_, &untrusted_key);
     if (load_error_.empty()) {
       digest_ = digest;
+      load_error_ = load_verified_code();
     }
-  }
-  if (load_error_.empty()) {
-    if (auto missing = missing_cpu_features(cpu_features_); !missing.empty()) {
-      load_error_ = "the compiled code needs CPU features this machine lacks: " + missing;
-    }
-  }
-  if (load_error_.empty() && precision_ == "bf16" && !missing_cpu_features("avx512_bf16").empty()) {
-    load_error_ = "the engine runs its GEMMs and convolutions in bfloat16 (precision='bf16'), "
-                  "which needs a CPU with avx512_bf16; this one lacks it";
-  }
-  if (load_error_.empty()) {
-    try {
-      code_ = CompiledCode::load_shared(code_bytes_.data_ptr<uint8_t>(),
-                                        static_cast<size_t>(code_bytes_.numel()), code, name_);
-    } catch (const c10::Error& e) {
-      load_error_ = e.what_without_backtrace();
-    }
-  }
-  if (load_error_.empty() && code_) {
-    // The code's weight-only buffers that are params (its buffers are inputs, params,
-    // outputs; an input multiplied by is no param, and is never released).
-    std::vector<size_t> weight_only;
-    for (size_t index : code_->weight_arguments()) {
-      if (index >= input_specs_.size() && index < input_specs_.size() + params_.size()) {
-        weight_only.push_back(index - input_specs_.size());
-      }
-    }
-    prepared_weights_->set_weight_only(weight_only);
   }
   if (!load_error_.empty() && !untrusted_key.empty()) {
-    load_error_ += "; trust it with blade.trust_key(\"" + untrusted_key + "\"), " +
-                   kTrustedKeysVariable + "=" + untrusted_key +
-                   " or blade::ral::trust_public_key before loading, if you trust who compiled "
-                   "this model";
+    untrusted_key_ = untrusted_key;
+    trust_version_seen_ = trust_version();
+    load_error_ += "; " + trust_advice(untrusted_key);
     warn_untrusted_once(untrusted_key, name_);
   }
+  code_ready_.store(code_ != nullptr, std::memory_order_release);
   TORCH_CHECK(load_error_.empty() || fallback_mode_ != FallbackMode::kError, "blade: engine '",
               name_, "' cannot run its compiled code: ", load_error_,
               ". It was built with fallback='error'; rebuild the model with blade.optimize on "
               "this machine, or with Config(fallback='fallback') to run its TorchScript "
               "subgraph instead.");
+}
+
+std::string Engine::load_verified_code() {
+  if (auto missing = missing_cpu_features(cpu_features_); !missing.empty()) {
+    return "the compiled code needs CPU features this machine lacks: " + missing;
+  }
+  if (precision_ == "bf16" && !missing_cpu_features("avx512_bf16").empty()) {
+    return "the engine runs its GEMMs and convolutions in bfloat16 (precision='bf16'), "
+           "which needs a CPU with avx512_bf16; this one lacks it";
+  }
+  try {
+    code_ = CompiledCode::load_shared(code_bytes_.data_ptr<uint8_t>(),
+                                      static_cast<size_t>(code_bytes_.numel()),
+                                      code_digest(code_bytes_), name_);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  // The code's weight-only buffers that are params (its buffers are inputs, params,
+  // outputs; an input multiplied by is no param, and is never released).
+  std::vector<size_t> weight_only;
+  for (size_t index : code_->weight_arguments()) {
+    if (index >= input_specs_.size() && index < input_specs_.size() + params_.size()) {
+      weight_only.push_back(index - input_specs_.size());
+    }
+  }
+  prepared_weights_->set_weight_only(weight_only);
+  return "";
+}
+
+bool Engine::load_now_trusted() {
+  if (untrusted_key_.empty() || trust_version() == trust_version_seen_.load()) {
+    return false;  // the common case: one atomic read
+  }
+  std::lock_guard<std::mutex> lock(late_load_mutex_);
+  if (code_ready_.load(std::memory_order_acquire)) {
+    return true;
+  }
+  trust_version_seen_ = trust_version();
+  std::string untrusted;
+  if (!verify_digest(signed_digest(code_digest(code_bytes_)), signature_, &untrusted).empty()) {
+    return false;  // still untrusted (another key was trusted)
+  }
+  std::string error = load_verified_code();
+  {
+    std::lock_guard<std::mutex> reason(reason_mutex_);
+    load_error_ = error;
+  }
+  code_ready_.store(code_ != nullptr, std::memory_order_release);
+  return code_ != nullptr;
+}
+
+std::string Engine::load_error() const {
+  std::lock_guard<std::mutex> lock(reason_mutex_);
+  return load_error_;
 }
 
 void write_back(const at::Tensor& self, const at::Tensor& value) {
@@ -454,8 +479,8 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) {
 
 std::vector<at::Tensor> Engine::compute(const std::vector<at::Tensor>& inputs) {
   calls_.fetch_add(1, std::memory_order_relaxed);
-  if (!code_) {
-    return run_fallback(inputs, load_error_, SlowPathKind::kNotLoaded);
+  if (!code_ready_.load(std::memory_order_acquire) && !load_now_trusted()) {
+    return run_fallback(inputs, load_error(), SlowPathKind::kNotLoaded);
   }
   auto mismatch = check_signature(input_specs_, inputs);
   if (!mismatch.why.empty()) {
@@ -479,7 +504,8 @@ std::vector<at::Tensor> Engine::compute(const std::vector<at::Tensor>& inputs) {
 }
 
 std::vector<at::Tensor> Engine::run_code(const std::vector<at::Tensor>& inputs) {
-  TORCH_CHECK(code_, "blade: engine '", name_, "' has no compiled code: ", load_error_);
+  TORCH_CHECK(code_ready_.load(std::memory_order_acquire), "blade: engine '", name_,
+              "' has no compiled code: ", load_error());
   const auto why = signature_mismatch(input_specs_, inputs);
   TORCH_CHECK(why.empty(), "blade: engine '", name_, "' cannot run these inputs: ", why);
   std::string kernel_error;

@@ -101,9 +101,9 @@ class Engine : public torch::CustomClassHolder {
   // an in-place op updated; passes/functionalize_input_writes.h), in this order; empty
   // when the engine writes into none.
   std::string writes() const;
-  bool is_compiled() const { return code_ != nullptr; }
+  bool is_compiled() const { return code_ready_.load(std::memory_order_acquire); }
   // Why the compiled code is not in use (empty when it is).
-  const std::string& load_error() const { return load_error_; }
+  std::string load_error() const;
   EngineStats stats() const;
   // The constant tensors the code reads; the graph around the engine reads its weights
   // from here too, so that a saved model holds each weight once.
@@ -147,6 +147,12 @@ class Engine : public torch::CustomClassHolder {
   // computed here), checks the CPU, and only then maps the code; records why not in
   // load_error_.
   void load_code(const Digest* computed_digest);
+  // Checks the CPU and maps the code whose signature verified; why not, or empty.
+  std::string load_verified_code();
+  // An engine whose key was not trusted when it loaded loads its code on the first call
+  // after the key is trusted (blade.trust_key, blade::ral::trust_public_key): whether the
+  // code is now in use. One atomic read while the key set has not changed.
+  bool load_now_trusted();
   std::string validation_error() const;
   // The writes of the text `writes()` gives, checked against the subgraph's arity (raises:
   // an engine whose writes cannot hold cannot run its subgraph either).
@@ -185,7 +191,13 @@ class Engine : public torch::CustomClassHolder {
 
   // Shared by the engines whose code is byte-identical (see CompiledCode::load_shared).
   std::shared_ptr<CompiledCode> code_;
-  std::string load_error_;
+  // Set (release) once code_ is in place; code_ never changes after. Calls read this
+  // first, so that code loaded late, on another thread, is seen whole.
+  std::atomic<bool> code_ready_{false};
+  std::string load_error_;  // guarded by reason_mutex_ once the engine is shared
+  std::string untrusted_key_;  // the signing key, when that alone kept the code out
+  std::atomic<uint64_t> trust_version_seen_{0};
+  std::mutex late_load_mutex_;
   std::shared_ptr<torch::jit::GraphFunction> fallback_fn_;
 
   // Calls of the code hold it shared; releasing plain weights holds it alone, so that no

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -336,12 +337,37 @@ std::string sign_digest(const Digest& digest, const std::string& path) {
   return std::string(kSignatureScheme) + ":" + public_key + ":" + to_hex(signature, size);
 }
 
+namespace {
+std::atomic<uint64_t> trusted_keys_version{0};
+std::atomic<bool> python_host{false};
+}  // namespace
+
 void trust_public_key(const std::string& hex) {
   std::vector<uint8_t> raw;
   TORCH_CHECK(parse_hex(hex, kPublicKeyBytes, &raw), "blade: a trusted key must be an Ed25519 "
               "public key written as 64 hex digits (as `python -m blade key` prints it), got '",
               hex.substr(0, 80), "'");
   trust_store().add(lower(hex));
+  trusted_keys_version.fetch_add(1);
+}
+
+uint64_t trust_version() {
+  return trusted_keys_version.load();
+}
+
+void set_python_host() {
+  python_host.store(true);
+}
+
+std::string trust_advice(const std::string& key) {
+  if (python_host.load()) {
+    return "if you trust who compiled this model, call blade.trust_key(\"" + key +
+           "\") (its engines load their code on their next call) or set " +
+           kTrustedKeysVariable + "=" + key + " in the environment";
+  }
+  return "if you trust who compiled this model, call blade::ral::trust_public_key(\"" + key +
+         "\") (its engines load their code on their next call) or set " +
+         kTrustedKeysVariable + "=" + key + " in the service's environment";
 }
 
 std::vector<std::string> trusted_public_keys() {
@@ -388,3 +414,8 @@ std::string verify_digest(const Digest& digest, const std::string& signature,
 }
 
 }  // namespace blade::ral
+
+// For Blade's Python module, through ctypes, once it has loaded the runtime.
+extern "C" __attribute__((visibility("default"))) void blade_ral_set_python_host() {
+  blade::ral::set_python_host();
+}

@@ -70,6 +70,13 @@ std::string sign_digest(const Digest& digest, const std::string& path);
 // blade.trust_key does.
 void trust_public_key(const std::string& hex);
 std::vector<std::string> trusted_public_keys();
+// Changes each time a key is trusted: an engine loaded before its key was trusted compares
+// it with the version it saw.
+uint64_t trust_version();
+// How to trust `key`, in the terms of the process: Python's blade.trust_key once Blade's
+// Python module is loaded (set_python_host), else the C++ call and the variable.
+std::string trust_advice(const std::string& key);
+void set_python_host();
 
 // Empty when `signature` is a well-formed signature of `digest` by a trusted key; otherwise
 // why not, in a sentence (unsigned, malformed, untrusted key, or wrong signature).

@@ -36,6 +36,10 @@ const char* slow_path_fix(SlowPathKind kind) {
   return "";
 }
 
+void warn_user(const std::string& message) {
+  TORCH_WARN(message);
+}
+
 void SlowPathLog::note(const std::string& who, const std::string& path, SlowPathKind kind,
                        int64_t input, const std::string& reason) {
   last_compiled_.store(false);
@@ -47,9 +51,9 @@ void SlowPathLog::note(const std::string& who, const std::string& path, SlowPath
       return;
     }
   }
-  TORCH_WARN("blade: ", who, " ran ", path, " (slower) for a call: ", reason, ". ",
-             slow_path_fix(kind), " (Said once per kind of reason; blade.report counts "
-             "every such call.)");
+  warn_user("blade: " + who + " ran " + path + " (slower) for a call: " + reason + ". " +
+            slow_path_fix(kind) +
+            " (Said once per kind of reason; blade.report counts every such call.)");
 }
 
 std::vector<std::pair<std::string, int64_t>> SlowPathLog::counts() const {

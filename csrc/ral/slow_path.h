@@ -35,6 +35,9 @@ enum class SlowPathKind {
 // The one-line fix for a kind of reason.
 const char* slow_path_fix(SlowPathKind kind);
 
+// A UserWarning (TORCH_WARN): under Python it points at the model's call.
+void warn_user(const std::string& message);
+
 // What one guard or engine says of its slow calls: how many, by kind of reason, and the
 // first reason of each kind. Thread-safe.
 class SlowPathLog {

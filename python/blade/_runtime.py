@@ -1,5 +1,6 @@
 """Loads Blade's runtime library, which registers torch.classes.blade.Engine and
 torch.ops.blade.execute. This is all a saved optimized model needs: no MLIR, no compiler."""
+import ctypes
 from pathlib import Path
 
 import torch
@@ -14,4 +15,6 @@ def load_runtime() -> None:
             "`make build` (or `pip install --no-build-isolation -e .`)"
         )
     torch.ops.load_library(str(RUNTIME_LIBRARY))
+    # The runtime's advice (how to trust a key) then names Python's API, not the C++ one.
+    ctypes.CDLL(str(RUNTIME_LIBRARY)).blade_ral_set_python_host()
 

@@ -184,8 +184,18 @@ def test_model_signed_elsewhere_runs_once_its_key_is_trusted(saved, tmp_path):
                          text=True, check=True)
     assert run.stdout.split()[-2:] == ["compiled", "0"], run.stdout + run.stderr
     assert "lists 'not-a-key', which is neither a public key" in run.stderr
-    # Trusted through the API, in this process.
+    # Trusted through the API, in this process, after the model was loaded: its engine
+    # loads its code on its next call.
+    loaded = torch.jit.load(str(target))
+    with torch.no_grad():
+        assert_same(loaded(x), expected)
+    assert blade.report(loaded).runtime_fallbacks == 1
     blade.trust_key(key)
+    with torch.no_grad():
+        assert_same(loaded(x), expected)
+    report = blade.report(loaded)
+    assert report.runtime_fallbacks == 1 and report.running_ops == report.total_ops, str(report)
+    assert loaded.blade_engine_0.load_error() == "" and loaded.blade_engine_0.is_compiled()
     loaded = torch.jit.load(str(target))
     with torch.no_grad():
         assert_same(loaded(x), expected)
