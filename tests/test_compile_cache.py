@@ -63,7 +63,8 @@ def test_identical_clusters_share_one_compilation_and_one_saved_library(tmp_path
     assert compilations["n"] == 1
     assert [c.code for c in report.clusters] == [
         "compiled", "same code as blade_engine_0", "same code as blade_engine_0"]
-    assert "code: 1 compiled, 0 from the compile cache, 2 engines sharing" in str(report)
+    assert "code: 1 compiled now, 0 from the compile cache; 2 engines of identical " \
+        "clusters run another engine's code" in str(report)
     path = tmp_path / "model.pt"
     torch.jit.save(optimized, str(path))
     assert libraries_in(path) == 1
@@ -126,7 +127,7 @@ def test_code_checked_when_compiled_is_not_run_by_the_check_again(tmp_path, comp
     assert comparisons["n"] == 1 and captures == [], str(report)
     assert report.checked_engines == 0 and report.engines_checked_before == 1 and \
         report.engines_sharing_checked_code == 2, str(report)
-    assert "1 running code from the compile cache that was checked" in str(report)
+    assert "1 engine runs cached code that was checked when it was compiled" in str(report)
 
 
 def test_code_compiled_unchecked_is_checked_when_next_used(tmp_path, comparisons):

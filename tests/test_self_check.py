@@ -328,7 +328,7 @@ def test_engines_running_checked_code_are_not_run_again():
     assert len(report.clusters) == 3 and not report.compile_errors, str(report)
     assert report.checked_engines == 1 and report.engines_sharing_checked_code == 2, \
         str(report)
-    assert "(and 2 running the same code)" in str(report)
+    assert "; 2 more engines run code already checked in this optimize" in str(report)
     assert_same(optimized(x), blocks(x))
 
 

@@ -227,3 +227,18 @@ def test_an_int_dynamo_made_dynamic_runs_eagerly_with_the_reason():
     first, second = new_graphs(before)
     assert first.modules and first.eager_reason is None
     assert not second.modules and "dynamic=False" in second.eager_reason
+
+
+class BreaksOnce(torch.nn.Module):
+    def forward(self, x):
+        y = torch.tanh(x) * 2
+        torch._dynamo.graph_break()
+        return torch.sigmoid(y) + 1
+
+
+def test_each_graph_names_the_line_it_starts_at():
+    graphs = compile_and_check(BreaksOnce(), (torch.randn(4, 8),), graphs=2)
+    # A graph break splits forward in two: each graph says where its code starts.
+    origins = [graph.origin for graph in graphs]
+    assert origins[0].startswith("test_torch_compile.py:") and origins[0].endswith(" in forward")
+    assert origins[0] != origins[1] and all(o in repr(g) for o, g in zip(origins, graphs))

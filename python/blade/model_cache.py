@@ -311,7 +311,8 @@ class ModelCache:
             refs = []
             for param in engine.params():
                 if not isinstance(param, torch.Tensor):
-                    raise NotKept(f"{cluster.name} has a param that is no tensor")
+                    raise NotKept(f"{cluster.name} reads a weight that is not a plain tensor, "
+                                  "which the cache cannot store")
                 refs.append(_reference(param, by_storage, key.tensors, stored))
             if not engine.digest():
                 raise NotKept(f"{cluster.name} was not verified")
@@ -498,7 +499,8 @@ class _Keyer:
             items = ", ".join(f"{self._encode(k, None)}: {self._encode(v, inner(f'[{k!r}]'))}"
                               for k, v in value.items())
             return f"dict{{{items}}}"
-        raise NotKept(f"a value of type {type(value).__name__} cannot be keyed")
+        raise NotKept(f"the model holds a {type(value).__name__} (a packed quantized weight, "
+                      "say), which the cache cannot tell apart from another's")
 
     def _tensor(self, t: torch.Tensor, path: Optional[str]) -> str:
         if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized or \

@@ -181,8 +181,9 @@ class Report:
             lines.extend(f"    {calls:>6}  {reason}" for reason, calls in sorted(
                 self.fallback_reasons.items(), key=lambda kv: -kv[1]))
         if self.unreached_ops:
-            lines.append(f"  not reached by the example inputs (not counted): "
-                         f"{self.unreached_ops} tensor ops, e.g. " + ", ".join(
+            lines.append(f"  {self.unreached_ops} more tensor ops are in branches the example "
+                         "inputs never took (not counted above; they run as TorchScript when "
+                         "a call takes them), e.g. " + ", ".join(
                              f"{k} x{v.count}" for k, v in sorted(
                                  self.unreached.items(), key=lambda kv: -kv[1].count)[:4]))
         if self.guard_specs or self.guard_calls:
@@ -207,21 +208,24 @@ class Report:
             lines.append("  whole from the model cache: what follows is what the optimize that "
                          "made it found")
         elif self.model_cache:
-            lines.append(f"  model cache: {self.model_cache}")
+            lines.append(f"  model cache: {self.model_cache} (so a later optimize of this "
+                         "model compiles it again)")
         origins = [c.code for c in self.clusters if c.compiled and c.code]
         if origins:
             shared = sum(o.startswith("same code as") for o in origins)
-            lines.append(f"  code: {origins.count('compiled')} compiled, "
-                         f"{origins.count('compile cache')} from the compile cache, "
-                         f"{shared} engines sharing another's")
+            lines.append(f"  code: {origins.count('compiled')} compiled now, "
+                         f"{origins.count('compile cache')} from the compile cache"
+                         + (f"; {_engines(shared)} of identical clusters "
+                            f"{'runs' if shared == 1 else 'run'} another engine's code"
+                            if shared else ""))
         if self.checked_engines or self.engines_checked_before:
             sharing, before = self.engines_sharing_checked_code, self.engines_checked_before
             lines.append(f"  engines checked against TorchScript on the example inputs: "
-                         f"{self.checked_engines}"
-                         + (f" (and {sharing} running the same code)" if sharing else "")
-                         + (f" (and {before} running code from the compile cache that was "
-                            f"checked when it was compiled)" if before else "")
-                         + f", in {self.check_seconds:.2f} s"
+                         f"{self.checked_engines}, in {self.check_seconds:.2f} s"
+                         + (f"; {sharing} more {'engine runs' if sharing == 1 else 'engines run'}"
+                            " code already checked in this optimize" if sharing else "")
+                         + (f"; {_engines(before)} {'runs' if before == 1 else 'run'} cached "
+                            "code that was checked when it was compiled" if before else "")
                          + (f"; {self.examples_from_type_run} compared with the results of "
                             f"the run that recorded the types" if self.examples_from_type_run
                             else ""))
@@ -251,11 +255,14 @@ class Report:
                          "their copies; written back before anything reads them as they are)")
         if self.clusters:
             lines.append(f"  {'cluster':<28} {'ops':>4} {'calls':>7} {'fallbk':>7}  inputs -> outputs")
+            first_with = {}  # a status shared by many engines (an untrusted key) said once
             for c in self.clusters:
                 lines.append(f"  {c.name:<28} {sum(c.ops.values()):>4} {c.calls:>7} "
                              f"{c.fallbacks:>7}  {c.inputs} -> {c.outputs}")
                 if c.status:
-                    lines.append(f"  {'':<28} {c.status}")
+                    first = first_with.setdefault(c.status, c.name)
+                    lines.append(f"  {'':<28} " + (c.status if first == c.name
+                                                   else f"(the same as {first})"))
         if self.unsupported:
             lines.append(f"  {'not compiled':<28} {'count':>5}  reason")
             for kind, entry in sorted(self.unsupported.items(), key=lambda kv: -kv[1].count):
@@ -265,6 +272,10 @@ class Report:
         for error in self.compile_errors:
             lines.append(f"  compile-time fallback: {error}")
         return "\n".join(lines)
+
+
+def _engines(count: int) -> str:
+    return f"{count} engine{'' if count == 1 else 's'}"
 
 
 def _tally(table: Dict[str, UnsupportedOp], kind: str, reason) -> None:

@@ -29,6 +29,8 @@ This module imports neither the compiler nor torch-mlir nor torch._dynamo at imp
 import dataclasses
 import importlib.abc
 import importlib.machinery
+import os
+import re
 import sys
 import threading
 import warnings
@@ -144,10 +146,24 @@ class DynamoGraph:
             return self.graph_module(*args)
         return variant.module(*[args[i] for i in self._runtime_positions])
 
+    @property
+    def origin(self) -> str:
+        """Where the graph starts in the user's code, `file.py:line in function`, from the
+        stack Dynamo recorded for its first op ("" when it recorded none): graph breaks
+        split a function into graphs that start at different lines."""
+        for node in self.graph_module.graph.nodes:
+            trace = node.meta.get("stack_trace") if node.op.startswith("call_") else None
+            frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', trace or "")
+            if frames:
+                file, line, function = frames[-1]
+                return f"{os.path.basename(file)}:{line} in {function}"
+        return ""
+
     def __repr__(self):
         what = (f"eager: {self.eager_reason}" if self.eager_reason is not None else
                 f"compiled by Blade for {len(self._variants)} set(s) of parameters")
-        return f"DynamoGraph({self.index}, {what})"
+        origin = f" from {self.origin}" if self.origin else ""
+        return f"DynamoGraph({self.index}{origin}, {what})"
 
 
 def dynamo_graphs() -> List[DynamoGraph]:
