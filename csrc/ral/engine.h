@@ -124,7 +124,7 @@ class Engine : public torch::CustomClassHolder {
     return slow_path_.counts();
   }
   // Whether the latest call ran the compiled code (true before any call).
-  bool last_call_compiled() const { return code_ != nullptr && slow_path_.last_call_compiled(); }
+  bool last_call_compiled() const { return is_compiled() && slow_path_.last_call_compiled(); }
 
   // The pickled form. Its shape never changes between format versions, so that a model saved
   // by a newer Blade still loads here and can fall back to its subgraph: (format version,
