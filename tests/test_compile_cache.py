@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import blade
+from blade.report import CodeOrigin
 from blade.codegen import driver as codegen
 from blade.codegen.llvm.native import host_cpu_features
 from helpers import assert_same, count_calls
@@ -61,8 +62,9 @@ def test_identical_clusters_share_one_compilation_and_one_saved_library(tmp_path
     model, x = layers(), torch.randn(4, 32)
     optimized, report = optimize_checked(model, x, blade.Config(cache_dir="off"))
     assert compilations["n"] == 1
-    assert [c.code for c in report.clusters] == [
-        "compiled", "same code as blade_engine_0", "same code as blade_engine_0"]
+    assert [(c.code, c.code_shared_with) for c in report.clusters] == [
+        ("compiled", ""), ("shared", "blade_engine_0"), ("shared", "blade_engine_0")]
+    assert report.clusters[1].code == CodeOrigin.SHARED
     assert "code: 1 compiled now, 0 from the compile cache; 2 engines of identical " \
         "clusters run another engine's code" in str(report)
     path = tmp_path / "model.pt"

@@ -36,7 +36,8 @@ from blade.codegen.llvm.native import CompilerPool, default_workers
 from blade._runtime import RUNTIME_LIBRARY
 from blade.quiet import quiet_torchscript
 from blade.partition.registry import REGISTRY, Verdict, argument_name, ran, schema_name
-from blade.report import GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, Report
+from blade.report import (GUARD_ATTRIBUTE, REPORT_ATTRIBUTE, ClusterReport, CodeOrigin,
+                          Report)
 from blade.self_check import (CheckTime, EngineCheckError, Example, capture_cluster_examples,
                               compare_engine, draws_random_numbers, examples_from_results,
                               find_disagreeing_node, repetition_key)
@@ -215,8 +216,9 @@ def _compile_in_rounds(module, graph, clusters: List, config: Config, report: Re
 
         for entry, cluster, ops, cluster_dump, start, finish in begun:
             try:
-                compiled, entry.code, written, entry.code_key = finish(
+                compiled, origin, written, entry.code_key = finish(
                     functools.partial(example_of, cluster))
+                entry.code, entry.code_shared_with = origin
                 if written:
                     # The in-place ops' writes into the caller's tensors, done by the engine.
                     ops[WRITE_BACK] = len(written)
@@ -331,8 +333,7 @@ def _start_cluster(module, cluster, index: int, config: Config, cpu_features: st
 
     def finish(example_of: Callable[[], Optional[Example]]):
         compiled, engine, origin, key = finish_engine()
-        shares_checked_code = origin.startswith("same code as ") and \
-            origin[len("same code as "):] in check_time.agreed
+        shares_checked_code = origin[0] == CodeOrigin.SHARED and origin[1] in check_time.agreed
         example = None
         if shares_checked_code:
             check_time.sharing += 1
@@ -444,7 +445,7 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
 
             def code_and_origin(compiled):
                 return torch.frombuffer(bytearray(compiled.library),
-                                        dtype=torch.uint8), "compiled"
+                                        dtype=torch.uint8), (CodeOrigin.COMPILED, "")
         else:
             # A bisection's prefix engine (self_check) is no engine of the model: the
             # model's first engine with this code is the one the others share it with.
@@ -454,8 +455,8 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
             finish_build = code_cache.start(key, start_build)
 
             def code_and_origin(compiled):
-                return code_cache.code_tensor(key), code_cache.origin[key] \
-                    if sharing == name else f"same code as {sharing}"
+                return code_cache.code_tensor(key), (code_cache.origin[key], "") \
+                    if sharing == name else (CodeOrigin.SHARED, sharing)
 
         def finish():
             compiled = finish_build()

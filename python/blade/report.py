@@ -3,6 +3,7 @@
 The analysis done by `blade.optimize` is stored on the optimized module as JSON (so it is
 saved and loaded with it); run-time counters are read live from the module's engines.
 """
+import enum
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -14,6 +15,14 @@ from blade.codegen.statistics import CodeStatistics
 
 REPORT_ATTRIBUTE = "_blade_report"
 GUARD_ATTRIBUTE = "blade_guard"   # the optimized graph's input guard (csrc/ral/guard.h)
+
+
+class CodeOrigin(str, enum.Enum):
+    """Where an engine's code came from (ClusterReport.code); the report's text says it in
+    words."""
+    COMPILED = "compiled"            # by this optimize
+    COMPILE_CACHE = "compile cache"  # the compile cache's directory
+    SHARED = "shared"                # another engine's of this optimize (identical cluster)
 
 
 @dataclass(kw_only=True)
@@ -33,8 +42,10 @@ class ClusterReport(CodeStatistics):
     packed_weights: int = 0  # prepared weight copies, oneDNN's or MKL's packed (read live)
     prepared_bytes: int = 0  # the memory those copies take beside the weights (read live)
     released_bytes: int = 0  # weight memory given back, read through the copies (read live)
-    # Where the code came from: "compiled", "compile cache", or "same code as <engine>".
+    # Where the code came from (a CodeOrigin; "" for an engine that failed), and for
+    # CodeOrigin.SHARED the engine of this optimize whose code it runs.
     code: str = ""
+    code_shared_with: str = ""
     # "float32", or "bf16": its GEMMs and convolutions by weights run in bfloat16 (read live).
     precision: str = "float32"
     # The compile cache key of its code ("" when compiled apart from the cache).
@@ -212,9 +223,9 @@ class Report:
                          "model compiles it again)")
         origins = [c.code for c in self.clusters if c.compiled and c.code]
         if origins:
-            shared = sum(o.startswith("same code as") for o in origins)
-            lines.append(f"  code: {origins.count('compiled')} compiled now, "
-                         f"{origins.count('compile cache')} from the compile cache"
+            shared = origins.count(CodeOrigin.SHARED)
+            lines.append(f"  code: {origins.count(CodeOrigin.COMPILED)} compiled now, "
+                         f"{origins.count(CodeOrigin.COMPILE_CACHE)} from the compile cache"
                          + (f"; {_engines(shared)} of identical clusters "
                             f"{'runs' if shared == 1 else 'run'} another engine's code"
                             if shared else ""))

@@ -38,6 +38,7 @@ import torch
 
 from blade import _C
 from blade.codegen.statistics import CodeStatistics
+from blade.report import CodeOrigin
 
 CACHE_VARIABLE = "BLADE_CACHE_DIR"
 DEFAULT_MAX_BYTES = 1 << 30
@@ -87,8 +88,8 @@ class CodeCache:
     signing_key: str = ""
     max_bytes: int = DEFAULT_MAX_BYTES
     compiled: Dict[str, CompiledCluster] = field(default_factory=dict)
-    # How each key's code was had: "compiled", or "compile cache" (the directory).
-    origin: Dict[str, str] = field(default_factory=dict)
+    # How each key's code was had: compiled, or from the directory.
+    origin: Dict[str, CodeOrigin] = field(default_factory=dict)
     # Why directory entries were not used (corrupted, untrusted), for the report.
     rejected: Dict[str, str] = field(default_factory=dict)
     # One code tensor per key: engines sharing code share it, and the saved file holds it once.
@@ -139,7 +140,7 @@ class CodeCache:
         def finish() -> CompiledCluster:
             if key not in self.compiled:
                 compiled = finish_build()
-                self.origin[key] = "compiled"
+                self.origin[key] = CodeOrigin.COMPILED
                 self._store(key, compiled)
                 self.compiled[key] = compiled
             return self.compiled[key]
@@ -152,7 +153,7 @@ class CodeCache:
         if key not in self.compiled and key not in self._finishing:
             found = self._load(key)
             if found is not None:
-                self.origin[key] = "compile cache"
+                self.origin[key] = CodeOrigin.COMPILE_CACHE
                 self.compiled[key] = found
 
     def checked_before(self, key: Optional[str], precision: str) -> bool:
@@ -161,7 +162,7 @@ class CodeCache:
         if key is None:
             return False
         self._look_up(key)
-        return self.origin.get(key) == "compile cache" and \
+        return self.origin.get(key) == CodeOrigin.COMPILE_CACHE and \
             precision in self.compiled[key].checked
 
     def mark_checked(self, key: str, precision: str) -> None:
