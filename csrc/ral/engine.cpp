@@ -382,12 +382,12 @@ void Engine::load_code(const Digest* computed_digest) {
   }
   std::string untrusted_key;
   if (load_error_.empty()) {
-    const Digest digest =
-        computed_digest != nullptr ? *computed_digest : signed_digest(code_digest(code_bytes_));
+    const Digest code = code_digest(code_bytes_);
+    const Digest digest = computed_digest != nullptr ? *computed_digest : signed_digest(code);
     load_error_ = verify_digest(digest, signature_, &untrusted_key);
     if (load_error_.empty()) {
       digest_ = digest;
-      load_error_ = load_verified_code();
+      load_error_ = load_verified_code(code);
     }
   }
   if (!load_error_.empty() && !untrusted_key.empty()) {
@@ -404,7 +404,7 @@ void Engine::load_code(const Digest* computed_digest) {
               "subgraph instead.");
 }
 
-std::string Engine::load_verified_code() {
+std::string Engine::load_verified_code(const Digest& code) {
   if (auto missing = missing_cpu_features(cpu_features_); !missing.empty()) {
     return "the compiled code needs CPU features this machine lacks: " + missing;
   }
@@ -414,8 +414,7 @@ std::string Engine::load_verified_code() {
   }
   try {
     code_ = CompiledCode::load_shared(code_bytes_.data_ptr<uint8_t>(),
-                                      static_cast<size_t>(code_bytes_.numel()),
-                                      code_digest(code_bytes_), name_);
+                                      static_cast<size_t>(code_bytes_.numel()), code, name_);
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
   }
@@ -441,10 +440,11 @@ bool Engine::load_now_trusted() {
   }
   trust_version_seen_ = trust_version();
   std::string untrusted;
-  if (!verify_digest(signed_digest(code_digest(code_bytes_)), signature_, &untrusted).empty()) {
+  const Digest code = code_digest(code_bytes_);
+  if (!verify_digest(signed_digest(code), signature_, &untrusted).empty()) {
     return false;  // still untrusted (another key was trusted)
   }
-  std::string error = load_verified_code();
+  std::string error = load_verified_code(code);
   {
     std::lock_guard<std::mutex> reason(reason_mutex_);
     load_error_ = error;

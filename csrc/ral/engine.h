@@ -147,8 +147,9 @@ class Engine : public torch::CustomClassHolder {
   // computed here), checks the CPU, and only then maps the code; records why not in
   // load_error_.
   void load_code(const Digest* computed_digest);
-  // Checks the CPU and maps the code whose signature verified; why not, or empty.
-  std::string load_verified_code();
+  // Checks the CPU and maps the code (of digest `code`) whose signature verified; why
+  // not, or empty.
+  std::string load_verified_code(const Digest& code);
   // An engine whose key was not trusted when it loaded loads its code on the first call
   // after the key is trusted (blade.trust_key, blade::ral::trust_public_key): whether the
   // code is now in use. One atomic read while the key set has not changed.

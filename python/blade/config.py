@@ -161,15 +161,16 @@ class Config:
 def _refuse_unknown_options(init):
     """Config's generated __init__, refusing an unknown keyword with the closest option
     (`Config(dynamc=True)`) instead of Python's bare "unexpected keyword argument"."""
+    options = [f.name for f in dataclasses.fields(Config)]
+    known = frozenset(options)
+
     @functools.wraps(init)
     def checked_init(self, *args, **kwargs):
-        options = [f.name for f in dataclasses.fields(Config)]
-        for name in kwargs:
-            if name not in options:
-                close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise TypeError(f"Config has no option {name!r}{hint}. The options are: "
-                                f"{', '.join(options)}.")
+        for name in kwargs.keys() - known:
+            close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"Config has no option {name!r}{hint}. The options are: "
+                            f"{', '.join(options)}.")
         init(self, *args, **kwargs)
     return checked_init
 
