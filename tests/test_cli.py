@@ -220,8 +220,30 @@ def test_dynamic_dims_on_the_command_line(saved_model, tmp_path):
     assert all(c.compiled and c.calls == 2 for c in report.clusters), str(report)
 
 
+@pytest.mark.skipif(not blade.int8_supported(), reason="this CPU lacks VNNI, AVX-VNNI and AMX")
+def test_int8_on_the_command_line(saved_model, tmp_path):
+    path, model = saved_model
+    calibration = tmp_path / "calibration.pt"
+    torch.save([torch.randn(4, 8) for _ in range(4)], str(calibration))
+    out = tmp_path / "int8.pt"
+    assert main(["optimize", str(path), "-o", str(out), "--input", "float32[4,8]", "--quiet",
+                 "--precision", "int8", "--calibration", str(calibration),
+                 "--float-layers", "no_such_layer"]) == 0
+    loaded = torch.jit.load(str(out))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        got, want = loaded(x), model(x)
+    assert float(torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(),
+                                                       dim=0)) > 0.99
+    report = blade.report(loaded)
+    assert report.int8 is not None and report.int8["calibration_inputs"] == 4, str(report)
+    assert report.int8["layers"], str(report)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--input", "int64[2,8]"], "integer inputs need a bound, int64[2,8]:HIGH"),
+    (["--input", "float32[4,8]", "--precision", "int8", "--calibration", "no-such.pt"],
+     "no-such.pt: no such file"),
     (["--input", "float32[4,8]", "--exclude", "aten::Linear"],
      "'aten::Linear' is not a registered op name or overload; did you mean"),
     (["--input", "float32[4,8]", "--dynamic-dims", "0-1"], "expected INPUT:DIM[,DIM...]"),

@@ -17,6 +17,7 @@
 #include "passes/graph_contents.h"
 #include "python/tolerance.h"
 #include "ral/engine.h"
+#include "ral/int8_kernels.h"
 #include "ral/ral_abi.h"
 #include "ral/signing.h"
 #include "ral/tensor_spec.h"
@@ -159,6 +160,11 @@ PYBIND11_MODULE(_C, m) {
         "The most bytes prepared weight copies may take, process-wide (negative: no limit).");
   m.def("set_kernel_trials", &ral::set_kernel_trials, py::arg("enabled"),
         "Whether engines time a second kernel against oneDNN's (off: oneDNN's always).");
+  m.def("has_int8_dot_product", &ral::has_int8_dot_product,
+        "Whether int8 engines run here: the CPU has VNNI, AVX-VNNI or AMX-INT8.");
+  m.def("set_int8_dot_product_allowed", &ral::set_int8_dot_product_allowed,
+        py::arg("allowed"),
+        "False makes this CPU behave as one without int8 dot products (tests).");
   m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
         "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;

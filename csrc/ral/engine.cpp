@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <optional>
 
+#include "ral/int8_kernels.h"
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
 #include "ral/text.h"
@@ -234,9 +235,9 @@ std::string Engine::validation_error() const {
       std::string::npos) {
     return "the engine's CPU features are not a list of feature names";
   }
-  if (precision_ != "float32" && precision_ != "bf16") {
+  if (precision_ != "float32" && precision_ != "bf16" && precision_ != "int8") {
     return "the engine's precision '" + precision_.substr(0, 40) +
-           "' is neither 'float32' nor 'bf16'";
+           "' is not 'float32', 'bf16' or 'int8'";
   }
   // No inputs is fine: a cluster that draws random numbers may take none.
   if (output_specs_.empty()) {
@@ -411,6 +412,11 @@ std::string Engine::load_verified_code(const Digest& code) {
   if (precision_ == "bf16" && !missing_cpu_features("avx512_bf16").empty()) {
     return "the engine runs its GEMMs and convolutions in bfloat16 (precision='bf16'), "
            "which needs a CPU with avx512_bf16; this one lacks it";
+  }
+  if (precision_ == "int8" && !has_int8_dot_product()) {
+    return std::string("the engine runs int8 GEMMs (precision='int8'), which need a CPU "
+                       "with ") +
+           int8_features_needed() + "; this one has none of them";
   }
   try {
     code_ = CompiledCode::load_shared(code_bytes_.data_ptr<uint8_t>(),

@@ -1,5 +1,6 @@
 #include "ral/kernel_calls.h"
 
+#include "ral/int8_kernels.h"
 #include "ral/signing.h"
 #include "ral/tensor_spec.h"
 #include "ral/text.h"
@@ -134,7 +135,12 @@ KernelCall parse_call(const std::string& line) {
   const size_t dot = call.name.find('.');
   const std::string op_name = call.name.substr(0, dot);
   const std::string overload = dot == std::string::npos ? "" : call.name.substr(dot + 1);
-  TORCH_CHECK(op_name.rfind("aten::", 0) == 0, "'", call.name, "' is not an aten op");
+  TORCH_CHECK(op_name.rfind("aten::", 0) == 0 || op_name == "blade::quantized_linear", "'",
+              call.name, "' is neither an aten op nor one of Blade's int8 ops");
+  // Checked here, where the code is loaded: an engine with int8 calls is refused on a CPU
+  // that would run them slowly (the fallback runs them in float32, int8_kernels.h).
+  TORCH_CHECK(op_name.rfind("blade::", 0) != 0 || has_int8_dot_product(), call.name,
+              " needs a CPU with ", int8_features_needed(), "; this one has none of them");
   call.op = c10::Dispatcher::singleton().findSchema({op_name, overload});
   TORCH_CHECK(call.op.has_value(), "this PyTorch has no op '", call.name, "'");
   call.operand_types = parse_dtypes(fields[1]);
@@ -172,7 +178,7 @@ KernelCallTable::KernelCallTable(const std::string& text) {
                               calls_.back().op->hasTag(at::Tag::nondeterministic_seeded);
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "kernel call ", i, " ('", lines[i].substr(0, 200),
-                  "') is malformed: ", e.msg());
+                  "') is refused: ", e.msg());
     }
   }
 }

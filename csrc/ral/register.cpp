@@ -1,10 +1,11 @@
 // Registers the runtime with TorchScript, in one place: the Engine class and the ops that
 // execute one, the op that writes a computed value into a caller's tensor, the Guard class
-// and the op that checks a model's inputs against it.
+// and the op that checks a model's inputs against it, and the int8 ops quantized models run.
 // Loading libblade_ral (Python: `import blade`; C++: linking it with --no-as-needed) is
 // what makes saved optimized models loadable.
 #include "ral/engine.h"
 #include "ral/guard.h"
+#include "ral/int8_kernels.h"
 
 #include <torch/library.h>
 
@@ -107,6 +108,11 @@ TORCH_LIBRARY(blade, m) {
       .def_pickle(
           [](const c10::intrusive_ptr<Guard>& g) { return g->serialize(); },
           [](Guard::State state) { return Guard::deserialize(std::move(state)); });
+
+  // An int8 linear layer (int8_kernels.h); engines call it as a kernel call.
+  m.def("quantized_linear(Tensor input, Tensor weight, Tensor weight_scale, Tensor? bias, "
+        "Tensor input_range) -> Tensor",
+        quantized_linear);
 
   m.def("guard_admits(__torch__.torch.classes.blade.Guard guard, Tensor?[] inputs) -> bool",
         guard_admits);

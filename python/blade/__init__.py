@@ -65,6 +65,18 @@ def release_cached_memory():
     _C.release_cached_memory()
 
 
+def int8_supported() -> bool:
+    """Whether this CPU runs `Config(precision="int8")` engines: it has VNNI, AVX-VNNI or
+    AMX-INT8 instructions.
+
+    Example:
+        >>> config = blade.Config(precision="int8" if blade.int8_supported() else "float32")
+    """
+    from blade import _C
+
+    return _C.has_int8_dot_product()
+
+
 def set_cached_memory_limit(num_bytes: int):
     """The most memory (bytes, process-wide) of freed intermediate buffers the runtime
     keeps for compiled code's next calls; 1 GiB by default, 0 keeps none. A C++ service
@@ -185,7 +197,7 @@ def unregister_decomposition(overload):
     _unregister(overload)
 
 
-__all__ = ["Config", "Report", "dynamo_graphs", "dynamo_reports", "optimize",
+__all__ = ["Config", "Report", "dynamo_graphs", "dynamo_reports", "int8_supported", "optimize",
            "register_converter", "register_decomposition", "report", "signing_public_key",
            "trust_key", "trusted_keys", "unregister_converter", "unregister_decomposition",
            "__version__"]

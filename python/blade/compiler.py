@@ -28,6 +28,7 @@ from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preser
                                    private_copy, split_example_inputs)
 from blade.frontend.scripting import each_method_parsed_once, eval_mode, to_torchscript
 from blade.frontend.graph_walk import all_nodes
+from blade.frontend.quantize import QUANTIZED_LINEAR, int8_readers, quantize
 from blade.frontend.simplify import attribute_path, is_tensor_op, simplify
 from blade.partition.clustering import (MAX_RECLUSTER_ROUNDS, dissolve_failed, edge_ops,
                                        form_clusters, is_edge_view, release_edge_views,
@@ -399,6 +400,7 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
     node_indices = {node: k for k, node in enumerate(subgraph.nodes())}
     inputs, outputs = boundary or (list(subgraph.inputs()), list(subgraph.outputs()))
     input_specs, output_specs = _signatures(inputs, outputs)
+    precision = _engine_precision(subgraph, config)
     params = _C.lift_tensor_constants(subgraph)
     fallback_ir = _C.fallback_ir(subgraph)
     # Outputs of dynamic size are allocated and returned by the code, not passed to it.
@@ -463,7 +465,7 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
             code, origin = code_and_origin(compiled)
             engine = _C.create_signed_engine(name, code, input_specs, output_specs, fallback_ir,
                                              params, config.fallback, cpu_features,
-                                             config.precision, config.signing_key or "",
+                                             precision, config.signing_key or "",
                                              ";".join(f"{o}:{i}" for o, i in writes))
             if not engine.is_compiled():
                 raise RuntimeError(f"the compiled code does not load: {engine.load_error()}")
@@ -471,6 +473,16 @@ def _start_engine(subgraph, name: str, config: Config, cpu_features: str, dump,
         return finish
 
     return key, start
+
+
+def _engine_precision(subgraph, config: Config) -> str:
+    """An engine's precision (Engine::precision): "int8" when it runs int8 layers, whatever
+    made them (Config.precision="int8", or a model quantized before); otherwise
+    Config.precision, "float32" for the float engines of an int8 model."""
+    if config.precision != "bf16" and \
+            any(n.kind() == QUANTIZED_LINEAR for n in subgraph.nodes()):
+        return "int8"
+    return "float32" if config.precision == "int8" else config.precision
 
 
 def _guard(module, graph, unspecialized, none_inputs: Sequence[int], config: Config,
@@ -749,6 +761,11 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
                          "convolutions with avx512_bf16 instructions, which this CPU lacks "
                          f"(it has: {native.host_cpu_features() or 'none of those Blade uses'}); "
                          "use precision='float32'")
+    if config.precision == "int8" and not _C.has_int8_dot_product():
+        raise ValueError("blade.optimize: Config(precision='int8') runs int8 GEMMs with "
+                         "VNNI, AVX-VNNI or AMX-INT8 instructions, which this CPU lacks "
+                         f"(it has: {native.host_cpu_features() or 'none of those Blade uses'}); "
+                         "use precision='float32'")
     models = ModelCache.for_config(config)
     if is_exported_program(model):
         progress.stage("tracing the exported program")
@@ -772,22 +789,34 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
                 from blade.report import report as read_report
                 print(str(read_report(found)))
             return found
+        calibration = [bind_inputs(scripted, *split_example_inputs(c, None))
+                       for c in config.calibration or [inputs]] \
+            if config.precision == "int8" else []
         progress.stage("freezing")
         module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
     # The attributes freezing kept are those forward writes into (or asked to be kept); they
     # are the model's own tensors, which the runs below must leave as they were.
     with preserved_module_state(module):
-        optimized = _compile_frozen(module, inputs, config, progress)
+        optimized = _compile_frozen(module, inputs, config, progress, calibration)
     models.keep(optimized)
     return optimized
 
 
-def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress):
+def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress,
+                    calibration: Sequence[Tuple] = ()):
     graph = module.graph
     # Freezing frees the methods the graph's call stacks point to; an op that raises
     # (probing dynamic dims, a fallback given bad input) would read them for its traceback.
     _C.detach_inlined_functions(graph)
     dump = Dumper.for_config(config.dump_dir)
+    int8 = []
+
+    def quantize_int8(decomposed_graph):
+        # After the decompositions, which turn fused layers (nn.TransformerEncoderLayer's
+        # fast path) into the linears quantized here.
+        progress.stage("calibrating int8 ranges")
+        int8.append(quantize(module, decomposed_graph, [private_copy(c) for c in calibration],
+                             config.excluded_ops, config.float_layers))
     if config.dynamic:
         progress.stage("finding dynamic dims")
     groups, resized_inputs = _dynamic_groups(module, inputs, config)
@@ -795,7 +824,8 @@ def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress):
     progress.stage("simplifying, recording types")
     decomposed, unspecialized, results = simplify(graph, module, inputs, config.excluded_ops,
                                                   dump, resized_inputs, config.dynamic,
-                                                  none_inputs)
+                                                  none_inputs, quantize_int8
+                                                  if config.precision == "int8" else None)
     if config.dynamic:
         _C.duplicate_shape_arithmetic(graph)
         dump.graph("duplicate_shape_arithmetic", graph)
@@ -807,6 +837,8 @@ def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress):
     report = Report(dry_run=config.dry_run, decomposed=decomposed,
                     dynamic_dims=[[f"input {p} ('{argument_name(graph_inputs[p + 1])}') dim {d}"
                                    for p, d in g.dims] for g in groups])
+    if int8:
+        report.int8 = int8[0].to_dict()
     verdicts = registry_verdicts(all_nodes(graph), config)
     for node, verdict in verdicts.items():
         if not is_tensor_op(node) or node.kind() == WRITE_BACK:
@@ -830,6 +862,12 @@ def _compile_frozen(module, inputs: Tuple, config: Config, progress: Progress):
     if not config.dry_run:
         _account_for_ops_outside_engines(graph, report)
     report.edge_views = release_edge_views(graph)
+    if int8:
+        # The readers of quantized weights that no calibrated layer covers (branches the
+        # example never took, the model for any input) read the int8 copies too.
+        int8[0].uncalibrated = int8_readers(graph, int8[0].weights)[0]
+        int8_readers(unspecialized, int8[0].weights)
+        report.int8 = int8[0].to_dict()
     _guard(module, graph, unspecialized, none_inputs, config, report, written)
     if not config.dry_run:
         _read_weights_from_engines(module, graph, report)

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Union
 import torch
 
 FALLBACK_MODES = ("fallback", "error")
-PRECISIONS = ("float32", "bf16")
+PRECISIONS = ("float32", "bf16", "int8")
 # The string options with a fixed set of values (the command line lists them).
 CHOICES = {"fallback": FALLBACK_MODES, "precision": PRECISIONS}
 
@@ -88,7 +88,19 @@ class Config:
             runs its TorchScript subgraph instead, the report saying why. Each weight gets
             one bfloat16 copy; inputs, outputs and everything else stay float32. Results
             move away from float32 eager by about bfloat16's rounding (docs/user_guide.md
-            gives the measured errors).
+            gives the measured errors). ``"int8"`` quantizes the model's linear layers
+            after freezing (`blade.frontend.quantize`): int8 weights with one scale per
+            output channel, uint8 activations with one scale per tensor from the
+            `calibration` runs, multiplied by oneDNN's VNNI/AMX kernels; everything else
+            stays float32. optimize refuses it on a CPU without VNNI, AVX-VNNI or AMX, and
+            a saved int8 engine loaded on one runs its TorchScript subgraph (the same int8
+            math, in float32) instead, the report saying why.
+        calibration: with ``precision="int8"``, the inputs that set the activations'
+            ranges: a list of example inputs, each in the form of `example_inputs` (a
+            tensor, a tuple or a dict). ``None`` calibrates on the example inputs alone;
+            a few hundred real samples give ranges that hold in production.
+        float_layers: with ``precision="int8"``, linear layers that stay float32, by
+            module path (``"classifier"``, ``"encoder.layer.11"`` and everything under it).
     """
 
     allow_tracing: bool = False
@@ -111,11 +123,25 @@ class Config:
     check_engines: bool = True
     kernel_calls: bool = True
     precision: str = "float32"
+    calibration: Optional[List] = None
+    float_layers: List[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
             raise ValueError(f"Config.precision must be one of {PRECISIONS}, got "
                              f"{self.precision!r}")
+        if self.calibration is not None:
+            if self.precision != "int8":
+                raise ValueError("Config.calibration sets the ranges of int8 activations; "
+                                 "it needs precision='int8', got precision="
+                                 f"{self.precision!r}")
+            if not isinstance(self.calibration, (list, tuple)) or not self.calibration:
+                raise ValueError("Config.calibration must be a non-empty list of example "
+                                 "inputs (each a tensor, a tuple or a dict), got "
+                                 f"{type(self.calibration).__name__}")
+        if self.float_layers and self.precision != "int8":
+            raise ValueError("Config.float_layers names layers kept out of int8; it needs "
+                             f"precision='int8', got precision={self.precision!r}")
         if self.fallback not in FALLBACK_MODES:
             raise ValueError(
                 f"Config.fallback must be one of {FALLBACK_MODES}, got {self.fallback!r}"

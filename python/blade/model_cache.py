@@ -71,7 +71,7 @@ SUFFIX = ".model"
 # Config fields that do not change what optimize makes (signing_key: the engines are signed
 # again, with the caller's key, on a hit).
 _NOT_KEYED = ("verbose", "progress", "cache_dir", "cache_max_bytes", "cache_models",
-              "compile_workers", "signing_key")
+              "compile_workers", "signing_key", "calibration")
 
 
 class NotKept(Exception):
@@ -216,6 +216,8 @@ class ModelCache:
         for index, constant in enumerate(_C.tensor_constants(graph)):
             keyer.add("constant", constant, f"constant {index}")
         keyer.add("inputs", tuple(inputs), None)
+        if config.calibration is not None:  # by content: its repr would hide the values
+            keyer.add("calibration", list(config.calibration), None)
         fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_KEYED}
         keyer.parts.append(json.dumps(fields, sort_keys=True, default=repr))
         keyer.parts.append(_environment())

@@ -7,7 +7,7 @@ import enum
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -117,6 +117,10 @@ class Report:
     # engines ran compiled on the latest calls (none when the guard refused the latest).
     fallback_reasons: Dict[str, int] = field(default_factory=dict)
     running_ops: int = 0
+    # Config.precision="int8": blade.frontend.quantize.Int8Summary.to_dict() (the layers
+    # quantized, those kept float and why, the output's agreement with the float model on
+    # the calibration inputs); None otherwise.
+    int8: Optional[Dict] = None
 
     @property
     def coverage(self) -> float:
@@ -150,6 +154,26 @@ class Report:
             return f"{match.group(0)} ('{self.guard_inputs[position]}')"
         return re.sub(r"\binput (\d+)\b", named, message)
 
+    def _int8_lines(self, engines: int) -> List[str]:
+        q = self.int8
+        lines = [f"  precision: int8 ({len(q['layers'])} linear layers, in {engines} of "
+                 f"{len(self.clusters)} engines; calibrated on {q['calibration_inputs']} "
+                 f"inputs): output vs the float model on them: cosine {q['cosine']:.5f}, "
+                 f"max abs error {q['max_abs_error']:.3g}"]
+        for name, why in sorted(q["float_layers"].items()):
+            lines.append(f"    kept float32: {name}: {why}")
+        if q.get("uncalibrated"):
+            lines.append(f"    {q['uncalibrated']} more linear layers, in branches the "
+                         "calibration inputs never took, read those int8 weights (activation "
+                         "scales measured on each call)")
+        if q.get("unreached", 0) > q.get("uncalibrated", 0):
+            lines.append(f"    kept float32: {q['unreached'] - q['uncalibrated']} linear "
+                         "layers in branches the calibration inputs never took")
+        if q.get("computed_weights"):
+            lines.append(f"    kept float32: {q['computed_weights']} linear layers whose weight "
+                         "is computed, not a weight of the model")
+        return lines
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
@@ -171,7 +195,8 @@ class Report:
                             "engines_not_reached_by_the_check", 0),
                         examples_from_type_run=data.get("examples_from_type_run", 0),
                         model_cache=data.get("model_cache", ""),
-                        edge_views=data.get("edge_views", 0))
+                        edge_views=data.get("edge_views", 0),
+                        int8=data.get("int8"))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
         report.unreached = {k: UnsupportedOp(**v) for k, v in data.get("unreached", {}).items()}
@@ -254,6 +279,12 @@ class Report:
             lines.append(f"  precision: bf16 (GEMMs and convolutions by weights in bfloat16 "
                          f"with float32 accumulation) in {bf16} of {len(self.clusters)} "
                          "engines")
+        int8 = sum(c.precision == "int8" for c in self.clusters)
+        if self.int8 is not None:
+            lines.extend(self._int8_lines(int8))
+        elif int8:
+            lines.append(f"  precision: int8 layers (quantized before optimize) in {int8} of "
+                         f"{len(self.clusters)} engines")
         copies = sum(c.packed_weights for c in self.clusters)
         if copies:
             lines.append(f"  prepared weight copies: {copies}, "

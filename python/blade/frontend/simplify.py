@@ -2,7 +2,7 @@
 Blade's graph passes (csrc/passes) to a fixed point, decompositions, and every tensor's type
 materialized from a run on the example inputs."""
 import functools
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -102,15 +102,18 @@ def fold_tensor_attributes(graph: torch._C.Graph, module: torch.jit.ScriptModule
 def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tuple,
              excluded_ops=(), dump: Optional[Dumper] = None,
              resized_inputs: Sequence[Tuple] = (), dynamic: bool = False,
-             none_inputs: Sequence[int] = ()) -> Tuple[Dict[str, int], torch._C.Graph, List]:
+             none_inputs: Sequence[int] = (),
+             before_types: Optional[Callable[[torch._C.Graph], None]] = None
+             ) -> Tuple[Dict[str, int], torch._C.Graph, List]:
     """Cleans the frozen graph, applies the decompositions and materializes its types from
     the example inputs (and `resized_inputs`: dims that differ there become dynamic).
     Optional tensor inputs at `none_inputs` (graph positions) are taken to be None.
     Returns how many nodes of each op were decomposed, a copy of the graph from before the
     decompositions and the example inputs were used (the model for any input), and what the
     graph returned when it ran on the example inputs to record the types (the passes after
-    that run keep what the graph computes). `dump` gets the graph after every pass that
-    changed it."""
+    that run keep what the graph computes). `before_types` rewrites the decomposed graph
+    before its types are recorded (int8 quantization). `dump` gets the graph after every
+    pass that changed it."""
     from blade.frontend.decompositions import decompose
 
     dump = dump or Dumper(None)
@@ -162,6 +165,8 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     # write-backs that the engine computing the value can do (csrc/passes/
     # functionalize_input_writes.h). Before the types are recorded: the new ops get theirs.
     run("functionalize_input_writes", lambda: _C.functionalize_input_writes(graph))
+    if before_types is not None:
+        run("quantize_int8", lambda: before_types(graph))
     # Blade compiles for inference: the types are recorded under no_grad, so branches a
     # model takes only when autograd is on (nn.TransformerEncoderLayer's slow path) are
     # not the ones compiled.

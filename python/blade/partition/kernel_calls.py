@@ -11,8 +11,8 @@ the graph's order (blade.partition.clustering keeps nodes that draw random numbe
 
 A node is called this way when
 
-- it is an aten op with a schema that neither writes into nor returns a view of an
-  operand;
+- it is an aten op (or one of Blade's int8 ops, BLADE_OPS) with a schema that neither
+  writes into nor returns a view of an operand;
 - its results are tensors whose sizes follow from its operands' sizes (not `nonzero`,
   `bincount`, ...) and whose values are defined (not `empty`);
 - its tensors have static shapes and dtypes Blade compiles (uint8 aside), and its other
@@ -51,9 +51,14 @@ _NOT_FUNCTIONS = frozenset((
     "aten::new_empty", "aten::new_empty_strided", "aten::_unsafe_view"))
 
 
+# Blade's own ops that engines call this way (csrc/ral/int8_kernels.h).
+BLADE_OPS = frozenset(("blade::quantized_linear",))
+
+
 def schema_refusal(node: torch._C.Node) -> Optional[str]:
     """Why the op of `node` cannot be a kernel call whatever its types (None: it may)."""
-    if not node.kind().startswith("aten::") or node.schema() == "(no schema)":
+    if not (node.kind().startswith("aten::") or node.kind() in BLADE_OPS) or \
+            node.schema() == "(no schema)":
         return "it is not an aten op with a schema"
     if node.kind() in VALUE_SIZED:
         return "its result sizes depend on the values of its operands"

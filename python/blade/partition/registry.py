@@ -246,8 +246,10 @@ class ConverterRegistry:
             return Verdict(None, category, f"{reason}; nor can it be a kernel call: {why}")
         # Not a compute op of its own: an engine of kernel calls alone would only add a copy
         # of their results to what TorchScript does. The reason it is no more than a kernel
-        # call goes with it, for the report of a cluster dissolved for that.
-        return Verdict(Converter(schema_name(node), origin=self._kernel_calls[2], compute=False,
+        # call goes with it, for the report of a cluster dissolved for that. Blade's own
+        # int8 ops are the exception: an engine holds their weights packed.
+        return Verdict(Converter(schema_name(node), origin=self._kernel_calls[2],
+                                 compute=node.kind().startswith("blade::"),
                                  kernel_call=True), "kernel_call", reason)
 
     def _torch_mlir_refusal(self, node, static_shapes: bool) -> Optional[str]:

@@ -155,6 +155,34 @@ def _dynamic_dims(text: str):
     return int(key) if key.isdigit() else key, [int(d) for d in dims.split(",")]
 
 
+def _calibration(path: str) -> list:
+    """`--calibration FILE`: `torch.save([inputs, ...], FILE)`, each entry a tensor or a
+    list of tensors (one model call's inputs)."""
+    if not Path(path).exists():
+        raise argparse.ArgumentTypeError(f"{path}: no such file")
+    try:
+        loaded = torch.load(path)
+    except Exception as e:
+        raise argparse.ArgumentTypeError(
+            f"{path} is not a file written by torch.save: "
+            f"{str(e).strip().splitlines()[0]}") from None
+
+    def entry(item):
+        if isinstance(item, torch.Tensor):
+            return item
+        if isinstance(item, (list, tuple)) and item and \
+                all(isinstance(t, torch.Tensor) for t in item):
+            return tuple(item)
+        return None
+
+    entries = [entry(item) for item in loaded] if isinstance(loaded, (list, tuple)) else []
+    if not entries or any(e is None for e in entries):
+        raise argparse.ArgumentTypeError(
+            f"{path}: expected a non-empty list of calibration inputs, each a tensor or a "
+            "list of tensors (torch.save([x1, x2, ...], path))")
+    return entries
+
+
 def config_flags(p: argparse.ArgumentParser) -> None:
     """One flag per Config field (but NOT_FLAGS), named after it, typed after it, with
     its docstring entry as help: the command line cannot drift from Config."""
@@ -195,6 +223,11 @@ def config_flags(p: argparse.ArgumentParser) -> None:
                            metavar="INPUT:DIMS",
                            help=f"{help_text} On the command line: INPUT:DIM[,DIM...], "
                                 "repeatable, like 0:0,1 or mask:1.")
+        elif field.name == "calibration":
+            p.add_argument(flag, type=_calibration, default=None, metavar="FILE",
+                           help=f"{help_text} On the command line: a file written by "
+                                "torch.save([inputs, ...], FILE), each entry a tensor or a "
+                                "list of tensors.")
         else:
             raise TypeError(f"Config.{field.name} ({hint}) has no command-line form; add "
                             "one to blade.tools.cli.config_flags or a reason to NOT_FLAGS")

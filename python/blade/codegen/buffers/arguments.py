@@ -92,6 +92,13 @@ def distinct_results(main) -> None:
 _REUSABLE_PRODUCERS = ("linalg.generic", "func.call")
 
 
+def _declarations(main) -> set:
+    """The names of the functions of main's module that have no body."""
+    module_body = main.operation.parent.regions[0].blocks[0]
+    return {ir.StringAttr(op.attributes["sym_name"]).value for op in module_body.operations
+            if op.operation.name == "func.func" and len(op.regions[0].blocks) == 0}
+
+
 def reuse_dead_inputs(main) -> int:
     """An elementwise loop nest whose input dies there writes its result over that input
     (the bias and activation after a matmul overwrite the matmul's output) instead of into
@@ -108,6 +115,7 @@ def reuse_dead_inputs(main) -> int:
         1
     """
     rewritten = 0
+    declared = _declarations(main)
     for op in main.regions[0].blocks[0].operations:
         if op.name != "linalg.generic":
             continue
@@ -127,6 +135,12 @@ def reuse_dead_inputs(main) -> int:
             if isinstance(owner, ir.Block) or owner.name not in _REUSABLE_PRODUCERS or \
                     value.type != init.type or maps[i] != maps[inputs] or \
                     len(list(value.uses)) != 1:
+                continue
+            if owner.name == "func.call" and \
+                    ir.FlatSymbolRefAttr(owner.attributes["callee"]).value in declared:
+                # A declaration's results may alias its operands as far as bufferization
+                # knows, so writing into one would make it copy every operand (a kernel
+                # call's weights) before the call.
                 continue
             op.operands[inputs] = value
             rewritten += 1

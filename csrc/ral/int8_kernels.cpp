@@ -1,0 +1,260 @@
+#include "ral/int8_kernels.h"
+
+#include "ral/engine.h"
+#include "ral/prepared_weights.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <cmath>
+
+namespace blade::ral {
+namespace {
+
+c10::OperatorHandle onednn_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+}
+
+// The activation's (scale, zero point) from the op's `input_range` operand.
+std::pair<double, int64_t> read_input_range(const at::Tensor& input_range) {
+  constexpr const char* op = "blade::quantized_linear";
+  TORCH_CHECK(input_range.scalar_type() == at::kFloat && input_range.dim() == 1 &&
+                  input_range.size(0) == 2,
+              op, ": input_range must be float32 [2] (scale, zero point), got ",
+              input_range.scalar_type(), input_range.sizes());
+  const at::Tensor values = input_range.contiguous();
+  const double scale = values.data_ptr<float>()[0];
+  const double zero_point = values.data_ptr<float>()[1];
+  TORCH_CHECK(zero_point >= 0 && zero_point <= 255 && zero_point == std::floor(zero_point), op,
+              ": the input's zero point must be an integer in [0, 255] (uint8), got ",
+              zero_point);
+  TORCH_CHECK(std::isfinite(scale), op, ": the input's scale must be finite, got ", scale);
+  return {scale, static_cast<int64_t>(zero_point)};
+}
+
+void check_operands(const at::Tensor& input, const at::Tensor& weight,
+                    const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "blade::quantized_linear";
+  TORCH_CHECK(input.scalar_type() == at::kFloat && input.dim() >= 1, op,
+              ": the input must be a float32 tensor of at least 1 dim, got ",
+              input.scalar_type(), " of ", input.dim(), " dims");
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2, op,
+              ": the weight must be a 2-d int8 tensor [out_features, in_features], got ",
+              weight.scalar_type(), weight.sizes());
+  const int64_t n = weight.size(0);
+  TORCH_CHECK(input.size(-1) == weight.size(1), op, ": the input's last dim is ",
+              input.size(-1), ", the weight takes ", weight.size(1), " features");
+  TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.dim() == 1 &&
+                  weight_scale.size(0) == n,
+              op, ": weight_scale must be float32 [", n, "], got ",
+              weight_scale.scalar_type(), weight_scale.sizes());
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == n,
+                op, ": the bias must be float32 [", n, "], got ", bias->scalar_type(),
+                bias->sizes());
+  }
+}
+
+// The same product in float32 from the dequantized operands (CPUs without VNNI or AMX).
+at::Tensor float_reference(const at::Tensor& rows, const at::Tensor& weight,
+                           const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                           double scale, int64_t zero_point) {
+  const at::Tensor x = (quantize_uint8(rows, scale, zero_point).to(at::kFloat) -
+                        static_cast<double>(zero_point)) *
+                       scale;
+  const at::Tensor w = weight.to(at::kFloat) * weight_scale.unsqueeze(1);
+  return at::linear(x, w, bias);
+}
+
+std::atomic<bool> int8_dot_product_allowed{true};
+
+// oneDNN's packed copies of the weights quantized_linear ran on outside an engine (in
+// TorchScript: a fallback, a layer left out of every cluster), so that such a call does not
+// pack its weight each time. Keyed by the weight's storage, which the entry's weak
+// reference keeps from being reused for another; an entry serves while that storage lives
+// and the weight's version is unchanged.
+struct OutsidePack {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  uint32_t version;
+  at::Tensor packed;
+};
+using OutsideKey = std::tuple<const c10::StorageImpl*, int64_t, int64_t, int64_t>;
+std::mutex outside_mutex;
+std::map<OutsideKey, OutsidePack> outside_packs;
+// Entries kept before the ones of freed weights are dropped.
+constexpr size_t kOutsidePacksSwept = 64;
+
+at::Tensor pack(const at::Tensor& weight) {
+  static const auto prepack = onednn_op("onednn::qlinear_prepack");
+  torch::jit::Stack stack{weight.contiguous(), c10::IValue()};
+  prepack.callBoxed(stack);
+  return stack.at(0).toTensor();
+}
+
+at::Tensor outside_pack(const at::Tensor& weight) {
+  c10::StorageImpl* storage = weight.storage().unsafeGetStorageImpl();
+  const OutsideKey key(storage, weight.storage_offset(), weight.size(0), weight.size(1));
+  const uint32_t version = weight.unsafeGetTensorImpl()->version_counter().current_version();
+  std::lock_guard<std::mutex> lock(outside_mutex);
+  auto it = outside_packs.find(key);
+  if (it != outside_packs.end() && it->second.storage.lock().get() == storage &&
+      it->second.version == version) {
+    return it->second.packed;
+  }
+  if (outside_packs.size() >= kOutsidePacksSwept) {
+    for (auto entry = outside_packs.begin(); entry != outside_packs.end();) {
+      entry = entry->second.storage.expired() ? outside_packs.erase(entry) : std::next(entry);
+    }
+  }
+  OutsidePack entry{c10::weak_intrusive_ptr<c10::StorageImpl>(
+                        weight.storage().getWeakStorageImpl()),
+                    version, pack(weight)};
+  return outside_packs.insert_or_assign(key, std::move(entry)).first->second.packed;
+}
+
+}  // namespace
+
+bool has_int8_dot_product() {
+  static const bool has = missing_cpu_features("avx512_vnni").empty() ||
+                          missing_cpu_features("avx_vnni").empty() ||
+                          missing_cpu_features("amx_int8").empty();
+  return has && int8_dot_product_allowed.load(std::memory_order_relaxed);
+}
+
+void set_int8_dot_product_allowed(bool allowed) {
+  int8_dot_product_allowed.store(allowed, std::memory_order_relaxed);
+}
+
+const char* int8_features_needed() { return "avx512_vnni, avx_vnni or amx_int8"; }
+
+std::pair<double, int64_t> uint8_range(double low, double high) {
+  low = std::min(low, 0.0);
+  high = std::max(high, 0.0);
+  if (!(high > low) || !std::isfinite(high - low)) {
+    return {1.0, 0};  // all zeros (any scale serves), or a range no scale holds
+  }
+  const double scale = (high - low) / 255.0;
+  const int64_t zero_point =
+      std::clamp<int64_t>(static_cast<int64_t>(std::nearbyint(-low / scale)), 0, 255);
+  return {scale, zero_point};
+}
+
+namespace {
+
+// src * inverse + zero, clamped to [0, 255] and rounded to the nearest integer, ties to even
+// (NaN gives 0).
+void quantize_scalar(const float* src, uint8_t* dst, int64_t n, float inverse, float zero) {
+  // Adding and subtracting 1.5 * 2^23 rounds a float below 2^22 in magnitude to an
+  // integer, ties to even, under the default rounding mode.
+  constexpr float kRound = 12582912.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    float v = src[i] * inverse + zero;
+    v = v > 0.0f ? v : 0.0f;
+    v = v < 255.0f ? v : 255.0f;
+    dst[i] = static_cast<uint8_t>((v + kRound) - kRound);
+  }
+}
+
+// The same, 16 values at a time (the runtime is compiled for any x86-64, so the AVX-512
+// path is chosen at run time). GCC 12 warns inside its own intrinsics' headers here
+// (`__Y` may be used uninitialized: their _mm512_undefined), not about this code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) void quantize_avx512(const float* src, uint8_t* dst,
+                                                         int64_t n, float inverse, float zero) {
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512 offset = _mm512_set1_ps(zero);
+  const __m512 low = _mm512_setzero_ps();
+  const __m512 high = _mm512_set1_ps(255.0f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    // max(v, 0) gives 0 for NaN (its second operand), as the scalar loop does.
+    __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(src + i), scale), offset);
+    v = _mm512_min_ps(_mm512_max_ps(v, low), high);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+  quantize_scalar(src + i, dst + i, n - i, inverse, zero);
+}
+#pragma GCC diagnostic pop
+
+}  // namespace
+
+at::Tensor quantize_uint8(const at::Tensor& input, double scale, int64_t zero_point) {
+  TORCH_CHECK(scale > 0 && std::isfinite(scale),
+              "quantize_uint8: the scale must be positive, got ", scale);
+  const at::Tensor x = input.contiguous();
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kByte));
+  const float* src = x.data_ptr<float>();
+  uint8_t* dst = q.data_ptr<uint8_t>();
+  const float inverse = static_cast<float>(1.0 / scale);
+  const float zero = static_cast<float>(zero_point);
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  at::parallel_for(0, x.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+    (avx512 ? quantize_avx512 : quantize_scalar)(src + begin, dst + begin, end - begin,
+                                                  inverse, zero);
+  });
+  return q;
+}
+
+at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                            const at::Tensor& input_range) {
+  check_operands(input, weight, weight_scale, bias);
+  auto [scale, zero_point] = read_input_range(input_range);
+  const int64_t k = weight.size(1);
+  const int64_t n = weight.size(0);
+  const at::Tensor rows = input.reshape({-1, k}).contiguous();
+  if (!(scale > 0)) {  // dynamic: this input's own range
+    if (rows.numel() == 0) {
+      std::tie(scale, zero_point) = uint8_range(0.0, 0.0);
+    } else {
+      const auto [low, high] = at::aminmax(rows);
+      std::tie(scale, zero_point) =
+          uint8_range(low.item<float>(), high.item<float>());
+    }
+  }
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes.back() = n;
+  if (rows.size(0) == 0) {
+    return at::empty(sizes, input.options());
+  }
+  if (!has_int8_dot_product()) {
+    return float_reference(rows, weight, weight_scale, bias, scale, zero_point).reshape(sizes);
+  }
+  at::Tensor packed;
+  if (PreparedWeights* prepared = active_prepared_weights()) {
+    packed = prepared->int8_linear_weight(weight);
+  }
+  if (!packed.defined()) {
+    packed = outside_pack(weight);
+  }
+  static const auto linear = onednn_op("onednn::qlinear_pointwise");
+  torch::jit::Stack stack;
+  stack.reserve(13);
+  stack.emplace_back(quantize_uint8(rows, scale, zero_point));
+  stack.emplace_back(scale);
+  stack.emplace_back(zero_point);
+  stack.emplace_back(packed);
+  stack.emplace_back(weight_scale.contiguous());
+  stack.emplace_back(at::zeros({n}, weight_scale.options().dtype(at::kInt)));
+  stack.emplace_back(bias.has_value() ? c10::IValue(bias->contiguous()) : c10::IValue());
+  stack.emplace_back(1.0);
+  stack.emplace_back(static_cast<int64_t>(0));
+  stack.emplace_back(static_cast<int64_t>(at::kFloat));
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+  stack.emplace_back(std::string(""));
+  linear.callBoxed(stack);
+  return stack.at(0).toTensor().reshape(sizes);
+}
+
+}  // namespace blade::ral

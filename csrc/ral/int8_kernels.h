@@ -1,0 +1,45 @@
+// int8 GEMMs by weights quantized per output channel: what `blade::quantized_linear`
+// computes, in a compiled engine (as a kernel call, kernel_calls.h) and in TorchScript alike.
+//
+// The activation is quantized per tensor to uint8 with a zero point (given, from
+// calibration, or measured on each call when the scale is not positive), the weight is
+// int8 with one symmetric scale per output channel, and the product is oneDNN's u8 x s8
+// -> s32 GEMM (PyTorch's onednn::qlinear_pointwise: VNNI or AMX instructions), its result
+// scaled back to float32 with the bias added. oneDNN's packed copy of a param weight is
+// made once per engine (PreparedWeights::int8_linear_weight).
+//
+// Without VNNI or AMX, x86's u8 x s8 multiply-add saturates its 16-bit pair sums, so the
+// same math runs in float32 instead (dequantized operands): slower, never wrong.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <utility>
+
+namespace blade::ral {
+
+// Whether this CPU has u8 x s8 dot-product instructions that do not saturate (VNNI, AVX-VNNI
+// or AMX-INT8).
+bool has_int8_dot_product();
+// Tests make a CPU with them behave as one without (false), to check the refusal and the
+// float32 path.
+void set_int8_dot_product_allowed(bool allowed);
+// The feature names int8 engines need, for messages.
+const char* int8_features_needed();
+
+// input [..., K] float32, weight [N, K] int8, weight_scale [N] float32, bias [N] float32
+// or None, input_range float32 [2]: the input's scale and zero point (a scale <= 0
+// measures both on each input). The range is a tensor, not two constants, so that layers
+// alike but for their ranges compile to the same engine code (an engine param each).
+at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                            const at::Tensor& input_range);
+
+// The activation's uint8 values, rounded half to even as PyTorch's quantize_per_tensor.
+at::Tensor quantize_uint8(const at::Tensor& input, double scale, int64_t zero_point);
+
+// The scale and zero point that cover [min(x, 0), max(x, 0)] with 256 levels.
+std::pair<double, int64_t> uint8_range(double low, double high);
+
+}  // namespace blade::ral

@@ -1,0 +1,297 @@
+"""Config(precision="int8"): Blade's own post-training quantization of linear layers
+(blade/frontend/quantize.py) and the int8 kernel engines call (csrc/ral/int8_kernels.h)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import blade
+from blade import _C
+from blade.frontend import quantize as q
+from helpers import assert_ran_compiled
+
+HAS_INT8 = _C.has_int8_dot_product()
+needs_int8 = pytest.mark.skipif(not HAS_INT8, reason="this CPU lacks VNNI, AVX-VNNI and AMX")
+
+
+@pytest.fixture
+def without_int8_dot_product():
+    """The process behaves as on a CPU without VNNI and AMX."""
+    _C.set_int8_dot_product_allowed(False)
+    try:
+        yield
+    finally:
+        _C.set_int8_dot_product_allowed(True)
+
+
+def reference_linear(x, weight_q, weight_scale, bias, scale, zero_point):
+    """The op's definition in float64: uint8 activations (ties to even), int8 weights."""
+    xq = torch.clamp(torch.round(x.double() / scale) + zero_point, 0, 255)
+    w = weight_q.double() * weight_scale.double().unsqueeze(1)
+    y = torch.nn.functional.linear((xq - zero_point) * scale, w)
+    return y + bias.double() if bias is not None else y
+
+
+def quantized_weight(n, k):
+    torch.manual_seed(1)
+    return q.quantize_weight(torch.randn(n, k) * 0.1)
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                               torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 10)).eval()
+
+
+def calibration(n=8, shape=(32, 64)):
+    torch.manual_seed(2)
+    return [torch.randn(*shape) for _ in range(n)]
+
+
+# --- the op --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scale, zero_point", [(0.02, 128), (0.05, 0), (-1.0, 0)])
+def test_quantized_linear_matches_its_definition(scale, zero_point):
+    weight_q, weight_scale = quantized_weight(48, 96)
+    bias = torch.randn(48)
+    x = torch.randn(2, 5, 96)
+    got = torch.ops.blade.quantized_linear(x, weight_q, weight_scale, bias,
+                                           torch.tensor([scale, zero_point]))
+    if scale <= 0:  # measured on this input: its range in 255 steps
+        scale, zero_point = q.uint8_range(float(x.min()), float(x.max()))
+    want = reference_linear(x, weight_q, weight_scale, bias, scale, zero_point)
+    assert got.shape == (2, 5, 48) and got.dtype == torch.float32
+    # Integer products are exact; what is left is float32 rounding of the scaled sums.
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_linear_without_dot_product_instructions_gives_the_same_answer(
+        without_int8_dot_product):
+    weight_q, weight_scale = quantized_weight(32, 64)
+    x = torch.randn(7, 64)
+    got = torch.ops.blade.quantized_linear(x, weight_q, weight_scale, None,
+                                           torch.tensor([0.03, 120.0]))
+    want = reference_linear(x, weight_q, weight_scale, None, 0.03, 120)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_linear_names_what_is_wrong():
+    weight_q, weight_scale = quantized_weight(8, 16)
+    in_range = torch.tensor([0.1, 0.0])
+    with pytest.raises(RuntimeError, match=r"quantized_linear: the input's last dim is 12, "
+                                           r"the weight takes 16"):
+        torch.ops.blade.quantized_linear(torch.randn(3, 12), weight_q, weight_scale, None,
+                                         in_range)
+    with pytest.raises(RuntimeError, match="the weight must be a 2-d int8 tensor"):
+        torch.ops.blade.quantized_linear(torch.randn(3, 16), weight_q.float(), weight_scale,
+                                         None, in_range)
+    with pytest.raises(RuntimeError, match=r"zero point must be an integer in \[0, 255\]"):
+        torch.ops.blade.quantized_linear(torch.randn(3, 16), weight_q, weight_scale, None,
+                                         torch.tensor([0.1, 300.0]))
+    with pytest.raises(RuntimeError, match=r"input_range must be float32 \[2\]"):
+        torch.ops.blade.quantized_linear(torch.randn(3, 16), weight_q, weight_scale, None,
+                                         torch.tensor([0.1]))
+
+
+def test_weights_are_symmetric_per_output_channel():
+    weight = torch.randn(16, 32)
+    weight[3] = 0.0  # an all-zero row keeps a usable scale
+    values, scales = q.quantize_weight(weight)
+    assert values.dtype == torch.int8 and int(values.abs().max()) == 127
+    assert scales.shape == (16,) and bool((scales > 0).all())
+    assert bool((values[3] == 0).all())
+    error = (values.float() * scales.unsqueeze(1) - weight).abs()
+    assert bool((error <= scales.unsqueeze(1) / 2 + 1e-7).all())
+
+
+def test_range_search_clips_an_outlier_that_min_max_would_keep():
+    torch.manual_seed(0)
+    values = torch.randn(50000)
+    values[0] = 80.0  # one outlier stretches min/max's steps 20-fold
+    layer = q.LinearLayer(node=None, name="fc", low=float(values.min()),
+                          high=float(values.max()), samples=[values])
+    q.choose_range(layer)
+    min_max_scale, _ = q.uint8_range(float(values.min()), float(values.max()))
+    assert layer.scale < min_max_scale
+    assert 0 <= layer.zero_point <= 255
+
+
+# --- Config(precision="int8") --------------------------------------------------------------
+
+def test_config_checks_the_int8_options():
+    with pytest.raises(ValueError, match="calibration.*needs precision='int8'"):
+        blade.Config(calibration=[torch.randn(2)])
+    with pytest.raises(ValueError, match="non-empty list of example inputs"):
+        blade.Config(precision="int8", calibration=[])
+    with pytest.raises(ValueError, match="float_layers.*needs precision='int8'"):
+        blade.Config(float_layers=["fc"])
+
+
+@pytest.mark.skipif(HAS_INT8, reason="this CPU has int8 dot products")
+def test_cpu_without_int8_dot_products_refuses_int8_at_compile_time():
+    with pytest.raises(ValueError, match="VNNI"):
+        blade.optimize(mlp(), (torch.randn(32, 64),), blade.Config(precision="int8"))
+
+
+def test_optimize_refuses_int8_where_the_cpu_lacks_it(without_int8_dot_product):
+    with pytest.raises(ValueError, match="precision='int8'.*VNNI"):
+        blade.optimize(mlp(), (torch.randn(32, 64),), blade.Config(precision="int8"))
+
+
+@needs_int8
+def test_int8_engine_runs_quantized_layers_close_to_eager():
+    model, cal = mlp(), calibration()
+    x = torch.randn(32, 64)
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    with torch.no_grad():
+        got, want = optimized(x), model(x)
+    report = assert_ran_compiled(optimized)
+    assert [c.precision for c in report.clusters] == ["int8"], str(report)
+    assert report.coverage == 1.0, str(report)
+    assert len(report.int8["layers"]) == 3, str(report)
+    assert report.int8["calibration_inputs"] == 8
+    assert report.int8["cosine"] > 0.999, str(report)
+    assert "precision: int8 (3 linear layers" in str(report)
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert float(cosine) > 0.999
+    # int8 really ran: the answer moved by about a quantization step, not float rounding.
+    assert float((got - want).abs().max()) > 1e-4
+    # The engine agrees with its TorchScript subgraph, which runs the same int8 layers.
+    engine = getattr(optimized, report.clusters[0].name)
+    with torch.no_grad():
+        torch.testing.assert_close(engine.run_code([x]), engine.run_subgraph([x]),
+                                   rtol=1e-4, atol=1e-4)
+
+
+@needs_int8
+def test_float_layers_and_excluded_ops_keep_layers_float():
+    model, cal = mlp(), calibration(2)
+    x = torch.randn(32, 64)
+    kept = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal,
+                                                     float_layers=["2"]))
+    report = blade.report(kept)
+    assert report.int8["float_layers"] == {"2": "it is in Config.float_layers"}, str(report)
+    assert "2" not in report.int8["layers"]
+    assert "kept float32: 2: it is in Config.float_layers" in str(report)
+    none = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal,
+                                                     excluded_ops=["aten::linear"]))
+    assert blade.report(none).int8["layers"] == []
+
+
+@needs_int8
+def test_an_end_layer_that_int8_would_spoil_stays_float():
+    """The first layer reads one feature 1000 times larger than the others (and weighs it
+    1000 times less): one uint8 scale for all of them rounds the small ones away, so the
+    calibration run measures the cost and keeps the layer float."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 8)).eval()
+    with torch.no_grad():
+        model[0].weight[:, 0] *= 1e-3
+
+    def sample():
+        x = torch.randn(64, 16)
+        x[:, 0] *= 1000.0
+        return x
+
+    cal = [sample() for _ in range(4)]
+    optimized = blade.optimize(model, (cal[0],), blade.Config(precision="int8",
+                                                               calibration=cal))
+    report = blade.report(optimized)
+    assert "0" in report.int8["float_layers"], str(report)
+    assert "lowered the output's cosine similarity" in report.int8["float_layers"]["0"]
+    assert report.int8["layers"] == ["2", "4"], str(report)
+    x = sample()
+    with torch.no_grad():
+        cosine = torch.nn.functional.cosine_similarity(optimized(x).flatten(),
+                                                       model(x).flatten(), dim=0)
+    assert float(cosine) > 0.999
+
+
+@needs_int8
+def test_int8_classifier_agrees_with_its_float_model():
+    """A small classifier trained here on synthetic data: int8 must pick the same class as
+    the float model on at least 99% of held-out samples."""
+    torch.manual_seed(0)
+    centers = torch.randn(10, 32) * 2.0
+
+    def data(n):
+        labels = torch.randint(0, 10, (n,))
+        return centers[labels] + torch.randn(n, 32), labels
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        x, y = data(256)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    cal = [data(128)[0] for _ in range(8)]
+    test_x, test_y = data(2000)
+    optimized = blade.optimize(model, (test_x,), blade.Config(precision="int8",
+                                                               calibration=cal))
+    with torch.no_grad():
+        float_top1 = model(test_x).argmax(1)
+        int8_top1 = optimized(test_x).argmax(1)
+    assert float((float_top1 == test_y).float().mean()) > 0.9  # the model learned
+    agreement = float((int8_top1 == float_top1).float().mean())
+    assert agreement >= 0.99, agreement
+    assert_ran_compiled(optimized)
+
+
+# --- saved int8 models ---------------------------------------------------------------------
+
+LOAD_AND_RUN = textwrap.dedent("""
+    import sys, torch, blade
+    from blade import _C
+    if sys.argv[3] == "without":
+        _C.set_int8_dot_product_allowed(False)
+    model = torch.jit.load(sys.argv[1])
+    x, expected = torch.load(sys.argv[2])
+    with torch.no_grad():
+        got = model(x)
+    report = blade.report(model)
+    print("compiled", all(c.running_compiled for c in report.clusters))
+    print("status", report.clusters[0].status)
+    print("maxdiff", float((got - expected).abs().max()))
+""")
+
+
+@needs_int8
+@pytest.mark.parametrize("cpu", ["with", "without"])
+def test_saved_int8_model_runs_in_a_fresh_process(tmp_path, cpu):
+    model, cal = mlp(), calibration(4)
+    x = torch.randn(32, 64)
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    with torch.no_grad():
+        expected = optimized(x)
+    path = tmp_path / "int8.pt"
+    torch.jit.save(optimized, str(path))
+    float_path = tmp_path / "float.pt"
+    torch.jit.save(blade.optimize(model, (x,)), str(float_path))
+    # int8 weights: the file holds a quarter of the float weights' bytes, and some code.
+    assert os.path.getsize(path) < 0.5 * os.path.getsize(float_path)
+    torch.save((x, expected), str(tmp_path / "io.pt"))
+    script = tmp_path / "run.py"
+    script.write_text(LOAD_AND_RUN)
+    result = subprocess.run([sys.executable, str(script), str(path), str(tmp_path / "io.pt"),
+                             cpu], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    if cpu == "with":
+        assert lines["compiled"] == "True", result.stdout
+        assert float(lines["maxdiff"]) < 1e-5, result.stdout
+    else:
+        # Refused at load with the reason; the fallback runs the same int8 math in float32.
+        assert lines["compiled"] == "False", result.stdout
+        assert "int8" in lines["status"] and "avx512_vnni" in lines["status"], result.stdout
+        assert float(lines["maxdiff"]) < 1e-3, result.stdout
