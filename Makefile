@@ -41,10 +41,12 @@ test: build $(SERVE_STAMP)
 serve-example: build $(SERVE_STAMP)
 	$(PY) examples/serve/ray_serve.py
 
-# The peers (ONNX Runtime, OpenVINO, onnx for the export), for benchmarks/peers.py.
+# The peers (ONNX Runtime, OpenVINO, onnx for the export, NNCF and torchao for their int8),
+# for benchmarks/peers.py. torchao depends on torch: --no-deps keeps the CPU build.
 BENCH_STAMP := $(VENV)/.bench-deps-installed
 $(BENCH_STAMP): benchmarks/requirements.txt $(DEPS_STAMP)
 	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
+	$(PY) -m pip install --quiet --no-deps torchao==0.18.0
 	touch $@
 
 bench: build $(BENCH_STAMP)

@@ -3,7 +3,10 @@ fused multiply-adds on the widest vectors this CPU has (AVX-512, else AVX2+FMA),
 here with `cc`, run on every benchmark thread at once. What GEMMs and convolutions reach is
 quoted as a share of it. On CPUs with avx512_bf16, the bfloat16 dot-product peak too
 (`vdpbf16ps`: 16 lanes of two multiply-adds each, into float32), the limit of GEMMs run in
-bfloat16 (Blade's Config(precision="bf16"), OpenVINO's default there).
+bfloat16 (Blade's Config(precision="bf16"), OpenVINO's default there). On CPUs with
+avx512_vnni, the int8 dot-product peak (`vpdpbusd`: 16 lanes of four u8 x s8 products
+added into int32, counted as 2 ops each), and the rate of oneDNN's own u8 x s8 GEMM on a
+large square problem, which reaches past it on CPUs with AMX: the limits of int8 engines.
 
     python benchmarks/peak.py      # prints the peak in GFLOP/s and what it was built for
 """
@@ -80,6 +83,24 @@ float dpbf16_loop(int64_t iterations) {
   return out[0];
 }
 #endif
+
+#if defined(__AVX512VNNI__)
+/* 2 * 64 * 16 * iterations int8 ops (each lane: four u8 x s8 products added into int32). */
+float vnni_loop(int64_t iterations) {
+  __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(1);
+  __m512i acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_epi32(i);
+  for (int64_t n = 0; n < iterations; ++n) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+  }
+  __m512i sum = acc[0];
+  for (int i = 1; i < 16; ++i) sum = _mm512_add_epi32(sum, acc[i]);
+  int out[16];
+  _mm512_storeu_si512(out, sum);
+  return (float)out[0];
+}
+#endif
 """
 
 
@@ -93,10 +114,12 @@ def _cpu_flags():
 def build_kernel(directory: Path):
     """The kernel as a loaded library, and the instruction set it was compiled for."""
     flags = _cpu_flags()
-    if "avx512f" in flags and "avx512_bf16" in flags:
-        isa, cflags = "avx512f", ["-mavx512f", "-mfma", "-mavx512bf16"]
-    elif "avx512f" in flags:
+    if "avx512f" in flags:
         isa, cflags = "avx512f", ["-mavx512f", "-mfma"]
+        if "avx512_bf16" in flags:
+            cflags.append("-mavx512bf16")
+        if "avx512_vnni" in flags:
+            cflags.append("-mavx512vnni")
     elif "avx2" in flags and "fma" in flags:
         isa, cflags = "avx2+fma", ["-mavx2", "-mfma"]
     else:
@@ -108,9 +131,10 @@ def build_kernel(directory: Path):
     kernel = ctypes.CDLL(str(library))   # ctypes releases the GIL during each call
     kernel.fma_loop.argtypes = [ctypes.c_int64]
     kernel.fma_loop.restype = ctypes.c_float
-    if hasattr(kernel, "dpbf16_loop"):  # built only with -mavx512bf16
-        kernel.dpbf16_loop.argtypes = [ctypes.c_int64]
-        kernel.dpbf16_loop.restype = ctypes.c_float
+    for loop in ("dpbf16_loop", "vnni_loop"):  # built only with their flags
+        if hasattr(kernel, loop):
+            getattr(kernel, loop).argtypes = [ctypes.c_int64]
+            getattr(kernel, loop).restype = ctypes.c_float
     return kernel, isa
 
 
@@ -141,10 +165,49 @@ def measure_peak_gflops(threads: int = THREADS, seconds: float = 0.3) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         kernel, isa = build_kernel(Path(tmp))
         gflops = _rate(kernel.fma_loop, 2 * kernel.lanes() * kernel.chains(), threads, seconds)
-        bf16 = None
+        bf16 = vnni = None
         if hasattr(kernel, "dpbf16_loop"):
             bf16 = _rate(kernel.dpbf16_loop, 4 * 16 * 16, threads, seconds)
-        return {"gflops": gflops, "bf16_gflops": bf16, "isa": isa, "threads": threads}
+        if hasattr(kernel, "vnni_loop"):
+            vnni = _rate(kernel.vnni_loop, 2 * 64 * 16, threads, seconds)
+        peak = {"gflops": gflops, "bf16_gflops": bf16, "vnni_gops": vnni, "isa": isa,
+                "threads": threads}
+        if vnni:
+            peak["int8_gemm_size"] = INT8_GEMM_SIZE
+            peak["int8_gemm_gops"] = int8_gemm_gops(threads)
+        return peak
+
+
+# The square int8 GEMM timed for oneDNN's rate: large enough that packing and the output's
+# float32 store are small next to the products.
+INT8_GEMM_SIZE = 2048
+
+
+def int8_gemm_gops(threads: int, size: int = INT8_GEMM_SIZE) -> float:
+    """oneDNN's u8 x s8 GEMM (onednn::qlinear_pointwise, what Blade's and Inductor's int8
+    layers call) on `size`^3, int32 accumulation, float32 output: median GOP/s of 9 runs."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randint(0, 255, (size, size), dtype=torch.uint8)
+        w = torch.randint(-127, 127, (size, size), dtype=torch.int8)
+        packed = torch.ops.onednn.qlinear_prepack(w, [size, size])
+        scales, zeros = torch.ones(size), torch.zeros(size, dtype=torch.int32)
+
+        def gemm():
+            return torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, scales, zeros, None,
+                                                      1.0, 0, torch.float32, "none", [], "")
+        gemm()
+        times = []
+        for _ in range(9):
+            start = time.perf_counter()
+            gemm()
+            times.append(time.perf_counter() - start)
+        return 2 * size ** 3 / sorted(times)[4] / 1e9
+    finally:
+        torch.set_num_threads(previous)
 
 
 if __name__ == "__main__":
@@ -153,4 +216,7 @@ if __name__ == "__main__":
           f"({peak['isa']})")
     if peak["bf16_gflops"]:
         print(f"bfloat16 dot-product peak: {peak['bf16_gflops']:.1f} GFLOP/s (avx512_bf16)")
+    if peak["vnni_gops"]:
+        print(f"int8 dot-product peak: {peak['vnni_gops']:.1f} GOP/s (avx512_vnni); oneDNN's "
+              f"u8 x s8 GEMM: {peak['int8_gemm_gops']:.1f} GOP/s")
     sys.exit(0)

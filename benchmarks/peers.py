@@ -2,6 +2,13 @@
 backends: ONNX Runtime, OpenVINO with its float32 precision hint, and OpenVINO as it runs
 by default (bf16 on CPUs with avx512_bf16, such as this one).
 
+Their int8 modes, each calibrated on the same inputs as Blade's int8 (`calibration`):
+onnxruntime_int8 (`onnxruntime.quantization`: dynamic int8 weights for transformer and MLP
+workloads, static QDQ with per-channel weights for convolution ones), openvino_int8
+(NNCF's `nncf.quantize`, model type TRANSFORMER where it applies, run as OpenVINO runs
+by default) and inductor_int8 (PyTorch's PT2E flow from torchao with X86InductorQuantizer,
+compiled by `torch.compile` with freezing).
+
 Each takes the model through `torch.onnx.export(..., dynamo=False)` (opset 20), runs on 2
 intra-op threads, and is called like the model: torch tensors in, torch tensors out.
 ONNX Runtime's threads do not spin between runs (they would take the cores from the next
@@ -15,7 +22,9 @@ from typing import Callable, Sequence
 
 import torch
 
-PEERS = ("onnxruntime", "openvino", "openvino_bf16")
+PEERS = ("onnxruntime", "openvino", "openvino_bf16", "onnxruntime_int8", "openvino_int8",
+         "inductor_int8")
+INT8_PEERS = ("onnxruntime_int8", "openvino_int8", "inductor_int8")
 THREADS = 2
 
 
@@ -84,7 +93,13 @@ def openvino_backend(path: Path, precision: str) -> Callable:
     if precision == "f32":
         config["INFERENCE_PRECISION_HINT"] = "f32"
     core = openvino.Core()
-    compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+    return _openvino_runner(core.compile_model(core.read_model(str(path)), "CPU", config))
+
+
+def _openvino_runner(compiled) -> Callable:
+    """A compiled OpenVINO model called like the torch model."""
+    import openvino
+
     request = compiled.create_infer_request()
 
     def run(*inputs):
@@ -98,7 +113,74 @@ def openvino_backend(path: Path, precision: str) -> Callable:
     return run
 
 
-def make_peer(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> Callable:
+def _has_convolutions(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+
+def onnxruntime_int8_path(path: Path, model: torch.nn.Module, calibration, tmp: Path) -> Path:
+    """ONNX Runtime's recommended int8 for the model: dynamic quantization of the weights
+    (activations quantized per call) for transformers and MLPs, static QDQ with per-channel
+    weights calibrated on `calibration` for convolution networks."""
+    from onnxruntime import quantization as q
+
+    out = tmp / "model_int8.onnx"
+    if not _has_convolutions(model):
+        q.quantize_dynamic(str(path), str(out), weight_type=q.QuantType.QInt8)
+        return out
+
+    class Reader(q.CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{f"input_{i}": x.numpy() for i, x in enumerate(inputs)}
+                               for inputs in calibration])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    prepared = tmp / "model_prepared.onnx"
+    q.quant_pre_process(str(path), str(prepared))
+    q.quantize_static(str(prepared), str(out), Reader(), quant_format=q.QuantFormat.QDQ,
+                      per_channel=True, activation_type=q.QuantType.QUInt8,
+                      weight_type=q.QuantType.QInt8)
+    return out
+
+
+def openvino_int8_backend(path: Path, model: torch.nn.Module, calibration) -> Callable:
+    """NNCF's post-training quantization of the OpenVINO model on `calibration`."""
+    import nncf
+    import openvino
+
+    core = openvino.Core()
+    ov_model = core.read_model(str(path))
+    dataset = nncf.Dataset([tuple(x.numpy() for x in inputs) for inputs in calibration])
+    options = {} if _has_convolutions(model) else {"model_type": nncf.ModelType.TRANSFORMER}
+    quantized = nncf.quantize(ov_model, dataset, subset_size=len(calibration), **options)
+    config = {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY"}
+    return _openvino_runner(core.compile_model(quantized, "CPU", config))
+
+
+def inductor_int8_backend(model: torch.nn.Module, inputs, calibration) -> Callable:
+    """PyTorch's own int8 path: torch.export, torchao's PT2E prepare/calibrate/convert with
+    X86InductorQuantizer's default (static) config, torch.compile with freezing."""
+    import torch._inductor.config as inductor_config
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+
+    inductor_config.freezing = True
+    exported = torch.export.export(_PositionalOnly(model), tuple(inputs)).module()
+    quantizer = x86.X86InductorQuantizer()
+    quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(exported, quantizer)
+    with torch.no_grad():
+        for sample in calibration:
+            prepared(*sample)
+    converted = convert_pt2e(prepared)
+    return torch.compile(converted)
+
+
+def make_peer(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor],
+              calibration: Sequence[Sequence[torch.Tensor]] = ()) -> Callable:
+    if name == "inductor_int8":
+        return inductor_int8_backend(model, inputs, calibration)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
         export_onnx(model, inputs, path)
@@ -108,4 +190,9 @@ def make_peer(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor])
             return openvino_backend(path, "f32")
         if name == "openvino_bf16":
             return openvino_backend(path, "default")
+        if name == "onnxruntime_int8":
+            return onnxruntime_backend(onnxruntime_int8_path(path, model, calibration,
+                                                             Path(tmp)))
+        if name == "openvino_int8":
+            return openvino_int8_backend(path, model, calibration)
     raise KeyError(name)

@@ -22,6 +22,14 @@ float32 peer (ONNX Runtime or OpenVINO-f32), and Blade's bf16 mode's ratio to Op
 default (bf16) with its max abs difference from float32 eager, and the shares of the bfloat16
 dot-product peak both reach.
 
+int8: blade_int8 (Config(precision="int8") calibrated on 8 inputs drawn like the
+example's) against the int8 peers of `peers.py` (onnxruntime_int8, openvino_int8,
+inductor_int8), every one calibrated on the same inputs. The int8 table gives each one's
+ratio to eager, Blade int8's ratio to the fastest int8 peer and to Blade float32, and the
+cosine similarity of each one's output to float32 eager (Blade int8's, and the best
+peer's). `peak.py` measures the int8 limits too: the VNNI dot-product peak and the rate of
+oneDNN's own u8 x s8 GEMM on a large square problem (AMX where the CPU has it).
+
 Quote ratios from one run (backend / eager, lower is faster), never absolute times from
 different runs: these machines are noisy.
 """
@@ -38,17 +46,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import blade  # noqa: E402
 from peak import measure_peak_gflops  # noqa: E402
-from peers import PEERS, make_peer  # noqa: E402
+from peers import INT8_PEERS, PEERS, make_peer  # noqa: E402
 from workloads import WORKLOADS, build  # noqa: E402
 
 DEFAULT_BACKENDS = ("torchscript", "inductor", "onnxruntime", "openvino", "openvino_bf16",
-                    "blade", "blade_dynamic", "blade_bf16")
+                    "blade", "blade_dynamic", "blade_bf16", "blade_int8", "onnxruntime_int8",
+                    "openvino_int8", "inductor_int8")
+BLADE_BACKENDS = ("blade", "blade_dynamic", "blade_bf16", "blade_int8")
+# Calibration inputs of every int8 backend, drawn like the workloads' example inputs.
+CALIBRATION_SAMPLES = 8
 F32_PEERS = ("onnxruntime", "openvino")
 
 warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
 
 
+def calibration_inputs(inputs):
+    """CALIBRATION_SAMPLES inputs like `inputs` (standard normal, as the workloads' own)."""
+    generator = torch.Generator().manual_seed(1)
+    return [tuple(torch.randn(x.shape, generator=generator, dtype=x.dtype) for x in inputs)
+            for _ in range(CALIBRATION_SAMPLES)]
+
+
 def make_backends(model, inputs, names):
+    calibration = calibration_inputs(inputs)
     backends, compile_s = {"eager": model}, {"eager": 0.0}
     for name in names:
         if name == "eager":
@@ -66,8 +86,11 @@ def make_backends(model, inputs, names):
                 fn = blade.optimize(model, inputs, blade.Config(dynamic=True))
             elif name == "blade_bf16":  # GEMMs and convolutions in bfloat16
                 fn = blade.optimize(model, inputs, blade.Config(precision="bf16"))
+            elif name == "blade_int8":
+                fn = blade.optimize(model, inputs, blade.Config(precision="int8",
+                                                                calibration=calibration))
             elif name in PEERS:
-                fn = make_peer(name, model, inputs)
+                fn = make_peer(name, model, inputs, calibration)
             else:
                 raise KeyError(name)
             with torch.no_grad():
@@ -78,6 +101,13 @@ def make_backends(model, inputs, names):
         backends[name] = fn
         compile_s[name] = time.perf_counter() - start
     return backends, compile_s
+
+
+def cosine(a, b) -> float:
+    """Cosine similarity of all the outputs, flattened together, in float64."""
+    flat = [torch.cat([t.reshape(-1).double() for t in (x if isinstance(x, (tuple, list))
+                                                         else (x,))]) for x in (a, b)]
+    return float(torch.nn.functional.cosine_similarity(flat[0], flat[1], dim=0))
 
 
 def max_diff(a, b):
@@ -113,7 +143,9 @@ def bench(workload, names, runs, warmup):
     times = {name: [] for name in backends}
     with torch.no_grad():
         reference = model(*inputs)
-        diffs = {name: max_diff(fn(*inputs), reference) for name, fn in backends.items()}
+        outputs = {name: fn(*inputs) for name, fn in backends.items()}
+        diffs = {name: max_diff(out, reference) for name, out in outputs.items()}
+        cosines = {name: cosine(out, reference) for name, out in outputs.items()}
         for _ in range(warmup):
             for fn in backends.values():
                 fn(*inputs)
@@ -129,9 +161,10 @@ def bench(workload, names, runs, warmup):
         median = statistics.median(samples)
         rows[name] = {"median_ms": median, "p10_ms": q[0], "p90_ms": q[-1],
                       "ratio_to_eager": median / eager, "compile_s": compile_s[name],
-                      "max_abs_diff": diffs[name], "samples_ms": samples,
+                      "max_abs_diff": diffs[name], "cosine": cosines[name],
+                      "samples_ms": samples,
                       "gflops": flops / median / 1e6 if flops else None}
-    for name in ("blade", "blade_dynamic", "blade_bf16"):
+    for name in BLADE_BACKENDS:
         if name in backends:
             rows[name]["coverage"] = blade.report(backends[name]).coverage
     return rows
@@ -196,6 +229,33 @@ def summary(results, peak):
     return "\n".join(lines)
 
 
+def int8_summary(results, peak):
+    """One line per workload: int8 backends' ratios to eager, Blade int8's to the fastest
+    int8 peer and to Blade float32, and the output cosine to float32 eager."""
+    names = [n for n in ("blade_int8",) + INT8_PEERS if any(n in r for r in results.values())]
+    if "blade_int8" not in names:
+        return ""
+    lines = ["| workload | " + " | ".join(names) + " | blade_int8 / fastest int8 peer | "
+             "blade_int8 / blade | cosine blade_int8 (best peer) |",
+             "|---" * (len(names) + 4) + "|"]
+    for workload, rows in results.items():
+        if "blade_int8" not in rows:
+            continue
+        cells = [f"{rows[n]['ratio_to_eager']:.2f}" if n in rows else "-" for n in names]
+        peers = [n for n in INT8_PEERS if n in rows]
+        fastest = min(peers, key=lambda n: rows[n]["median_ms"]) if peers else None
+        versus = f"{rows['blade_int8']['median_ms'] / rows[fastest]['median_ms']:.2f} " \
+                 f"({fastest})" if fastest else "-"
+        own = f"{rows['blade_int8']['median_ms'] / rows['blade']['median_ms']:.2f}" \
+            if "blade" in rows else "-"
+        best = max((rows[n]["cosine"] for n in peers), default=None)
+        accuracy = f"{rows['blade_int8']['cosine']:.5f}" + \
+            (f" ({best:.5f})" if best is not None else "")
+        lines.append(f"| {workload} | " + " | ".join(cells) + f" | {versus} | {own} | "
+                     f"{accuracy} |")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -213,6 +273,10 @@ def main():
     if peak.get("bf16_gflops"):
         print(f"bfloat16 dot-product peak: {peak['bf16_gflops']:.0f} GFLOP/s (avx512_bf16; "
               "the %peak of blade_bf16 and openvino_bf16 rows is of this one)")
+    if peak.get("vnni_gops"):
+        print(f"int8 dot-product peak: {peak['vnni_gops']:.0f} GOP/s (avx512_vnni vpdpbusd); "
+              f"oneDNN's u8 x s8 GEMM, {peak['int8_gemm_size']}^3: "
+              f"{peak['int8_gemm_gops']:.0f} GOP/s (the %peak of int8 rows is of the larger)")
     print()
     results = {"fma_peak": peak}
     header = f"{'workload':<14}{'backend':<15}{'median ms':>10}{'p10':>9}{'p90':>9}" \
@@ -225,6 +289,8 @@ def main():
         for name, r in rows.items():
             limit = peak["bf16_gflops"] if name.endswith("bf16") and peak.get("bf16_gflops") \
                 else peak["gflops"]
+            if name.endswith("int8") and peak.get("vnni_gops"):
+                limit = max(peak["vnni_gops"], peak["int8_gemm_gops"])
             rate = f"{r['gflops']:>9.1f}{100 * r['gflops'] / limit:>6.0f}%" \
                 if r["gflops"] else ""
             note = ""
@@ -239,6 +305,10 @@ def main():
         geomean = statistics.geometric_mean(ratios)
         print(f"\nblade geometric-mean speedup over eager: {1 / geomean:.2f}x")
     print("\nratio to eager (lower is faster):\n" + summary(workloads, peak))
+    int8 = int8_summary(workloads, peak)
+    if int8:
+        print("\nint8 (ratio to eager, lower is faster; cosine of the output to float32 "
+              "eager):\n" + int8)
     if not args.no_overhead:
         overhead = call_overhead()
         results["call_overhead_us"] = overhead

@@ -17,6 +17,13 @@ HAS_INT8 = _C.has_int8_dot_product()
 needs_int8 = pytest.mark.skipif(not HAS_INT8, reason="this CPU lacks VNNI, AVX-VNNI and AMX")
 
 
+@pytest.fixture(autouse=True)
+def small_layers_quantized(monkeypatch):
+    """The models here are small: every layer is quantized, however few its multiply-adds
+    (test_small_layers_stay_float checks the rule)."""
+    monkeypatch.setattr(q, "MIN_MACS", 0)
+
+
 @pytest.fixture
 def without_int8_dot_product():
     """The process behaves as on a CPU without VNNI and AMX."""
@@ -97,6 +104,37 @@ def test_quantized_linear_names_what_is_wrong():
                                          torch.tensor([0.1]))
 
 
+def reference_conv(x, weight_q, weight_scale, bias, scale, zero_point, stride, padding,
+                   groups=1):
+    xq = torch.clamp(torch.round(x.double() / scale) + zero_point, 0, 255)
+    w = weight_q.double() * weight_scale.double().view(-1, 1, 1, 1)
+    return torch.nn.functional.conv2d((xq - zero_point) * scale, w,
+                                      None if bias is None else bias.double(), stride, padding,
+                                      1, groups)
+
+
+@pytest.mark.parametrize("stride, padding, groups, use_bias", [
+    (1, 1, 1, True), (2, 0, 1, False), (1, 2, 4, True)])
+def test_quantized_conv2d_matches_its_definition(stride, padding, groups, use_bias):
+    torch.manual_seed(3)
+    weight_q, weight_scale = q.quantize_weight(torch.randn(16, 32 // groups, 3, 3) * 0.1)
+    bias = torch.randn(16) if use_bias else None
+    x = torch.randn(2, 32, 13, 11)
+    got = torch.ops.blade.quantized_conv2d(x, weight_q, weight_scale, bias, [stride] * 2,
+                                           [padding] * 2, [1, 1], groups,
+                                           torch.tensor([0.03, 128.0]))
+    want = reference_conv(x, weight_q, weight_scale, bias, 0.03, 128, stride, padding, groups)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_quantized_conv2d_names_what_is_wrong():
+    weight_q, weight_scale = q.quantize_weight(torch.randn(8, 4, 3, 3))
+    with pytest.raises(RuntimeError, match="quantized_conv2d: the input has 6 channels, the "
+                                           "weight takes 4 x 1 groups"):
+        torch.ops.blade.quantized_conv2d(torch.randn(1, 6, 8, 8), weight_q, weight_scale, None,
+                                         [1, 1], [0, 0], [1, 1], 1, torch.tensor([0.1, 0.0]))
+
+
 def test_weights_are_symmetric_per_output_channel():
     weight = torch.randn(16, 32)
     weight[3] = 0.0  # an all-zero row keeps a usable scale
@@ -155,7 +193,7 @@ def test_int8_engine_runs_quantized_layers_close_to_eager():
     assert len(report.int8["layers"]) == 3, str(report)
     assert report.int8["calibration_inputs"] == 8
     assert report.int8["cosine"] > 0.999, str(report)
-    assert "precision: int8 (3 linear layers" in str(report)
+    assert "precision: int8 (3 linear and convolution layers" in str(report)
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert float(cosine) > 0.999
     # int8 really ran: the answer moved by about a quantization step, not float rounding.
@@ -165,6 +203,68 @@ def test_int8_engine_runs_quantized_layers_close_to_eager():
     with torch.no_grad():
         torch.testing.assert_close(engine.run_code([x]), engine.run_subgraph([x]),
                                    rtol=1e-4, atol=1e-4)
+
+
+class ConvNet(torch.nn.Module):
+    """Convolutions large enough for int8 (q.MIN_MACS), a depthwise one (stays float32),
+    BatchNorm folded by freezing, a residual, pooling and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.conv1 = torch.nn.Conv2d(32, 64, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(64)
+        self.depthwise = torch.nn.Conv2d(64, 64, 3, padding=1, groups=64)
+        self.conv2 = torch.nn.Conv2d(64, 64, 1)
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        y = torch.relu(self.bn1(self.conv1(y)))
+        y = y + self.conv2(torch.relu(self.depthwise(y)))
+        return self.head(y.mean((2, 3)))
+
+
+@needs_int8
+def test_int8_convolutions_run_compiled_close_to_eager():
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    with torch.no_grad():
+        model.bn1.running_mean.uniform_(-0.5, 0.5)
+        model.bn1.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 48, 48)
+    cal = [torch.randn(2, 3, 48, 48) for _ in range(4)]
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    with torch.no_grad():
+        got, want = optimized(x), model(x)
+    report = assert_ran_compiled(optimized)
+    assert report.coverage == 1.0, str(report)
+    assert set(report.int8["layers"]) >= {"conv1", "conv2"}, str(report)
+    assert "grouped" in report.int8["float_layers"]["depthwise"], str(report)
+    engine = getattr(optimized, report.clusters[0].name)
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert float(cosine) > 0.999, float(cosine)
+    assert float((got - want).abs().max()) > 1e-5  # int8 ran
+    # The engine (a kernel call writing oneDNN's channels_last result into its NCHW
+    # buffer) and its subgraph agree.
+    with torch.no_grad():
+        torch.testing.assert_close(engine.run_code([x]), engine.run_subgraph([x]),
+                                   rtol=1e-4, atol=1e-4)
+
+
+@needs_int8
+def test_small_layers_stay_float(monkeypatch):
+    monkeypatch.setattr(q, "MIN_MACS", 1 << 24)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 10)).eval()
+    cal = [torch.randn(128, 256) for _ in range(2)]
+    optimized = blade.optimize(model, (cal[0],), blade.Config(precision="int8",
+                                                               calibration=cal))
+    report = blade.report(optimized)
+    assert report.int8["layers"] == ["0", "2"], str(report)  # 16.8M and 33.6M
+    assert "0.7M multiply-adds a call" in report.int8["float_layers"]["4"], str(report)
 
 
 @needs_int8
@@ -295,3 +395,31 @@ def test_saved_int8_model_runs_in_a_fresh_process(tmp_path, cpu):
         assert lines["compiled"] == "False", result.stdout
         assert "int8" in lines["status"] and "avx512_vnni" in lines["status"], result.stdout
         assert float(lines["maxdiff"]) < 1e-3, result.stdout
+
+
+# --- models quantized before optimize ------------------------------------------------------
+
+@needs_int8
+@pytest.mark.parametrize("qconfig", ["per_tensor", "per_channel"])
+def test_quantize_dynamic_model_compiles_its_int8_layers(qconfig):
+    """torch.ao.quantization.quantize_dynamic's layers become Blade's int8 layers, with the
+    model's own int8 weights: compiled whole, and no further from the float model than
+    eager's int8 (fbgemm rounds activations to 7 bits, Blade to 8)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10)).eval()
+    chosen = {"per_tensor": torch.ao.quantization.default_dynamic_qconfig,
+              "per_channel": torch.ao.quantization.per_channel_dynamic_qconfig}[qconfig]
+    quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear: chosen},
+                                                       dtype=torch.qint8)
+    x = torch.randn(16, 64)
+    optimized = blade.optimize(quantized, (x,))
+    with torch.no_grad():
+        got, eager_int8, float_model = optimized(x), quantized(x), model(x)
+    report = assert_ran_compiled(optimized)
+    assert report.coverage == 1.0, str(report)
+    assert [c.precision for c in report.clusters] == ["int8"], str(report)
+    assert "quantized before optimize" in str(report)
+    eager_error = float((eager_int8 - float_model).abs().max())
+    assert float((got - eager_int8).abs().max()) <= 2 * eager_error
+    assert float((got - float_model).abs().max()) <= 1.5 * eager_error

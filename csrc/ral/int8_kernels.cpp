@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -86,25 +88,21 @@ struct OutsidePack {
   uint32_t version;
   at::Tensor packed;
 };
-using OutsideKey = std::tuple<const c10::StorageImpl*, int64_t, int64_t, int64_t>;
+using OutsideKey = std::tuple<const c10::StorageImpl*, int64_t, std::vector<int64_t>>;
 std::mutex outside_mutex;
 std::map<OutsideKey, OutsidePack> outside_packs;
 // Entries kept before the ones of freed weights are dropped.
 constexpr size_t kOutsidePacksSwept = 64;
 
-at::Tensor pack(const at::Tensor& weight) {
-  static const auto prepack = onednn_op("onednn::qlinear_prepack");
-  torch::jit::Stack stack{weight.contiguous(), c10::IValue()};
-  prepack.callBoxed(stack);
-  return stack.at(0).toTensor();
-}
-
-at::Tensor outside_pack(const at::Tensor& weight) {
+at::Tensor outside_pack(const at::Tensor& weight, const std::vector<int64_t>& key,
+                        const std::function<at::Tensor()>& pack) {
   c10::StorageImpl* storage = weight.storage().unsafeGetStorageImpl();
-  const OutsideKey key(storage, weight.storage_offset(), weight.size(0), weight.size(1));
+  std::vector<int64_t> full_key = weight.sizes().vec();
+  full_key.insert(full_key.end(), key.begin(), key.end());
+  const OutsideKey entry_key(storage, weight.storage_offset(), full_key);
   const uint32_t version = weight.unsafeGetTensorImpl()->version_counter().current_version();
   std::lock_guard<std::mutex> lock(outside_mutex);
-  auto it = outside_packs.find(key);
+  auto it = outside_packs.find(entry_key);
   if (it != outside_packs.end() && it->second.storage.lock().get() == storage &&
       it->second.version == version) {
     return it->second.packed;
@@ -116,8 +114,35 @@ at::Tensor outside_pack(const at::Tensor& weight) {
   }
   OutsidePack entry{c10::weak_intrusive_ptr<c10::StorageImpl>(
                         weight.storage().getWeakStorageImpl()),
-                    version, pack(weight)};
-  return outside_packs.insert_or_assign(key, std::move(entry)).first->second.packed;
+                    version, pack()};
+  return outside_packs.insert_or_assign(entry_key, std::move(entry)).first->second.packed;
+}
+
+// oneDNN's packed copy of `weight`: the engine's, made once (PreparedWeights), or outside
+// an engine the one kept for the weight's storage.
+at::Tensor packed_weight(const at::Tensor& weight, const std::vector<int64_t>& key,
+                         const std::function<at::Tensor()>& pack) {
+  if (PreparedWeights* prepared = active_prepared_weights()) {
+    at::Tensor packed = prepared->int8_weight(weight, key, pack);
+    if (packed.defined()) {
+      return packed;
+    }
+  }
+  return outside_pack(weight, key, pack);
+}
+
+at::Tensor pack_linear(const at::Tensor& weight) {
+  static const auto prepack = onednn_op("onednn::qlinear_prepack");
+  torch::jit::Stack stack{weight.contiguous(), c10::IValue()};
+  prepack.callBoxed(stack);
+  return stack.at(0).toTensor();
+}
+
+// A float's bits as an int64, for keys.
+int64_t bits_of(double value) {
+  int64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
 }
 
 }  // namespace
@@ -230,13 +255,7 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
   if (!has_int8_dot_product()) {
     return float_reference(rows, weight, weight_scale, bias, scale, zero_point).reshape(sizes);
   }
-  at::Tensor packed;
-  if (PreparedWeights* prepared = active_prepared_weights()) {
-    packed = prepared->int8_linear_weight(weight);
-  }
-  if (!packed.defined()) {
-    packed = outside_pack(weight);
-  }
+  const at::Tensor packed = packed_weight(weight, {}, [&] { return pack_linear(weight); });
   static const auto linear = onednn_op("onednn::qlinear_pointwise");
   torch::jit::Stack stack;
   stack.reserve(13);
@@ -255,6 +274,87 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
   stack.emplace_back(std::string(""));
   linear.callBoxed(stack);
   return stack.at(0).toTensor().reshape(sizes);
+}
+
+at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding,
+                            at::IntArrayRef dilation, int64_t groups,
+                            const at::Tensor& input_range) {
+  constexpr const char* op = "blade::quantized_conv2d";
+  TORCH_CHECK(input.scalar_type() == at::kFloat && input.dim() == 4, op,
+              ": the input must be a float32 [N, C, H, W] tensor, got ", input.scalar_type(),
+              input.sizes());
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 4, op,
+              ": the weight must be an int8 [O, C / groups, kH, kW] tensor, got ",
+              weight.scalar_type(), weight.sizes());
+  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2 && groups > 0,
+              op, ": stride, padding and dilation must have 2 values and groups be positive");
+  TORCH_CHECK(input.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0, op,
+              ": the input has ", input.size(1), " channels, the weight takes ",
+              weight.size(1), " x ", groups, " groups");
+  const int64_t out_channels = weight.size(0);
+  TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.dim() == 1 &&
+                  weight_scale.size(0) == out_channels,
+              op, ": weight_scale must be float32 [", out_channels, "], got ",
+              weight_scale.scalar_type(), weight_scale.sizes());
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
+                    bias->size(0) == out_channels,
+                op, ": the bias must be float32 [", out_channels, "], got ",
+                bias->scalar_type(), bias->sizes());
+  }
+  auto [scale, zero_point] = read_input_range(input_range);
+  if (!(scale > 0)) {
+    const auto [low, high] = at::aminmax(input);
+    std::tie(scale, zero_point) = uint8_range(input.numel() ? low.item<float>() : 0.0,
+                                              input.numel() ? high.item<float>() : 0.0);
+  }
+  if (!has_int8_dot_product() || input.numel() == 0) {
+    const at::Tensor x =
+        (quantize_uint8(input, scale, zero_point).to(at::kFloat) - zero_point) * scale;
+    const at::Tensor w = weight.to(at::kFloat) * weight_scale.view({-1, 1, 1, 1});
+    return at::conv2d(x, w, bias, stride, padding, dilation, groups);
+  }
+  // oneDNN reads channels_last activations without a reorder; quantized in NCHW order
+  // first (one float32 pass), the uint8 copy is transposed at a quarter of the bytes.
+  const at::Tensor quantized =
+      quantize_uint8(input, scale, zero_point).contiguous(at::MemoryFormat::ChannelsLast);
+  std::vector<int64_t> key = input.sizes().vec();
+  for (auto list : {stride, padding, dilation}) {
+    key.insert(key.end(), list.begin(), list.end());
+  }
+  key.insert(key.end(), {groups, bits_of(scale), zero_point});
+  const at::Tensor packed = packed_weight(weight, key, [&] {
+    static const auto prepack = onednn_op("onednn::qconv_prepack");
+    torch::jit::Stack stack{weight.contiguous(), weight_scale.contiguous(), scale, zero_point,
+                            stride.vec(), padding.vec(), dilation.vec(), groups,
+                            input.sizes().vec()};
+    prepack.callBoxed(stack);
+    return stack.at(0).toTensor();
+  });
+  static const auto conv = onednn_op("onednn::qconv2d_pointwise");
+  torch::jit::Stack stack;
+  stack.reserve(17);
+  stack.emplace_back(quantized);
+  stack.emplace_back(scale);
+  stack.emplace_back(zero_point);
+  stack.emplace_back(packed);
+  stack.emplace_back(weight_scale.contiguous());
+  stack.emplace_back(at::zeros({out_channels}, weight_scale.options().dtype(at::kInt)));
+  stack.emplace_back(bias.has_value() ? c10::IValue(bias->contiguous()) : c10::IValue());
+  stack.emplace_back(stride.vec());
+  stack.emplace_back(padding.vec());
+  stack.emplace_back(dilation.vec());
+  stack.emplace_back(groups);
+  stack.emplace_back(1.0);
+  stack.emplace_back(static_cast<int64_t>(0));
+  stack.emplace_back(static_cast<int64_t>(at::kFloat));
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+  stack.emplace_back(c10::IValue());
+  conv.callBoxed(stack);
+  return stack.at(0).toTensor();
 }
 
 }  // namespace blade::ral

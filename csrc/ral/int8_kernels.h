@@ -1,5 +1,6 @@
-// int8 GEMMs by weights quantized per output channel: what `blade::quantized_linear`
-// computes, in a compiled engine (as a kernel call, kernel_calls.h) and in TorchScript alike.
+// int8 GEMMs and convolutions by weights quantized per output channel: what
+// `blade::quantized_linear` and `blade::quantized_conv2d` compute, in a compiled engine (as
+// kernel calls, kernel_calls.h) and in TorchScript alike.
 //
 // The activation is quantized per tensor to uint8 with a zero point (given, from
 // calibration, or measured on each call when the scale is not positive), the weight is
@@ -34,6 +35,15 @@ const char* int8_features_needed();
 // alike but for their ranges compile to the same engine code (an engine param each).
 at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
                             const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                            const at::Tensor& input_range);
+
+// A 2-d convolution of input [N, C, H, W] float32 by weight [O, C / groups, kH, kW] int8
+// with one scale per output channel, bias [O] float32 or None; input_range as above.
+// oneDNN's qconv2d with the weight packed once per input size; the result is channels_last.
+at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding,
+                            at::IntArrayRef dilation, int64_t groups,
                             const at::Tensor& input_range);
 
 // The activation's uint8 values, rounded half to even as PyTorch's quantize_per_tensor.

@@ -202,21 +202,19 @@ bool PreparedWeights::is_param(const at::Tensor& t) const {
   return false;
 }
 
-at::Tensor PreparedWeights::int8_linear_weight(const at::Tensor& weight) {
-  if (weight.dim() != 2 || weight.scalar_type() != at::kChar || !is_param(weight)) {
+at::Tensor PreparedWeights::int8_weight(const at::Tensor& weight,
+                                        const std::vector<int64_t>& key,
+                                        const std::function<at::Tensor()>& pack) {
+  if (weight.scalar_type() != at::kChar || !is_param(weight)) {
     return at::Tensor();
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = int8_linear_.find(weight.data_ptr());
-  if (it == int8_linear_.end()) {
+  auto it = int8_.find({weight.data_ptr(), key});
+  if (it == int8_.end()) {
     if (!fits_limit(static_cast<int64_t>(weight.nbytes()))) {
       return at::Tensor();
     }
-    static const auto prepack =
-        c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qlinear_prepack", "");
-    torch::jit::Stack stack{weight.contiguous(), c10::IValue()};
-    prepack.callBoxed(stack);
-    it = int8_linear_.emplace(weight.data_ptr(), stack.at(0).toTensor()).first;
+    it = int8_.emplace(std::make_pair(weight.data_ptr(), key), pack()).first;
     count(it->second);
   }
   return it->second;
@@ -553,7 +551,7 @@ int64_t PreparedWeights::packed_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t count =
       static_cast<int64_t>(packs_.size() + winograd_.size() + bf16_matrices_.size() +
-                           int8_linear_.size());
+                           int8_.size());
   for (const auto& entry : onednn_) {
     count += entry.second.defined() ? 1 : 0;
   }

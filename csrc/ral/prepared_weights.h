@@ -43,6 +43,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -106,9 +107,12 @@ class PreparedWeights {
   // A float32 3x3 convolution weight in Winograd's form (winograd.h), made once if
   // `weight` is a param; otherwise an undefined tensor (the caller convolves directly).
   at::Tensor winograd(const at::Tensor& weight);
-  // An int8 linear weight [N, K] as oneDNN's packed copy (onednn::qlinear_prepack), made
-  // once if `weight` is a param; otherwise an undefined tensor (the caller packs it).
-  at::Tensor int8_linear_weight(const at::Tensor& weight);
+  // An int8 weight as oneDNN's packed copy (`pack()`: onednn::qlinear_prepack or
+  // qconv_prepack), made once per `key` (what else the packing depends on: a convolution's
+  // input size, strides, input range) if `weight` is a param; otherwise an undefined
+  // tensor (the caller packs it).
+  at::Tensor int8_weight(const at::Tensor& weight, const std::vector<int64_t>& key,
+                         const std::function<at::Tensor()>& pack);
 
   // Kernels with a second way to compute them: 3x3 convolutions (Winograd's algorithm or
   // oneDNN's direct one), 1x1 convolutions and GEMMs by a weight (MKL's sgemm on the weight
@@ -220,7 +224,8 @@ class PreparedWeights {
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
   std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
-  std::map<const void*, at::Tensor> int8_linear_;    // weight data -> oneDNN's int8 pack
+  // (weight data, key) -> oneDNN's int8 pack
+  std::map<std::pair<const void*, std::vector<int64_t>>, at::Tensor> int8_;
   std::map<std::pair<const void*, bool>, at::Tensor> bf16_matrices_;  // (data, transposed)
   std::atomic<bool> freed_{false};  // set by release_loser, taken by return_freed_memory
   // oneDNN's copy's key -> the trial of its two kernels

@@ -28,7 +28,7 @@ from blade.frontend.inputs import (bind_inputs, dynamic_dims_by_position, preser
                                    private_copy, split_example_inputs)
 from blade.frontend.scripting import each_method_parsed_once, eval_mode, to_torchscript
 from blade.frontend.graph_walk import all_nodes
-from blade.frontend.quantize import QUANTIZED_LINEAR, int8_readers, quantize
+from blade.frontend.quantize import QUANTIZED, int8_readers, quantize
 from blade.frontend.simplify import attribute_path, is_tensor_op, simplify
 from blade.partition.clustering import (MAX_RECLUSTER_ROUNDS, dissolve_failed, edge_ops,
                                        form_clusters, is_edge_view, release_edge_views,
@@ -480,7 +480,7 @@ def _engine_precision(subgraph, config: Config) -> str:
     made them (Config.precision="int8", or a model quantized before); otherwise
     Config.precision, "float32" for the float engines of an int8 model."""
     if config.precision != "bf16" and \
-            any(n.kind() == QUANTIZED_LINEAR for n in subgraph.nodes()):
+            any(n.kind() in QUANTIZED.values() for n in subgraph.nodes()):
         return "int8"
     return "float32" if config.precision == "int8" else config.precision
 

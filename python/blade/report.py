@@ -156,21 +156,22 @@ class Report:
 
     def _int8_lines(self, engines: int) -> List[str]:
         q = self.int8
-        lines = [f"  precision: int8 ({len(q['layers'])} linear layers, in {engines} of "
+        lines = [f"  precision: int8 ({len(q['layers'])} linear and convolution layers, in "
+                 f"{engines} of "
                  f"{len(self.clusters)} engines; calibrated on {q['calibration_inputs']} "
                  f"inputs): output vs the float model on them: cosine {q['cosine']:.5f}, "
                  f"max abs error {q['max_abs_error']:.3g}"]
         for name, why in sorted(q["float_layers"].items()):
             lines.append(f"    kept float32: {name}: {why}")
         if q.get("uncalibrated"):
-            lines.append(f"    {q['uncalibrated']} more linear layers, in branches the "
+            lines.append(f"    {q['uncalibrated']} more layers, in branches the "
                          "calibration inputs never took, read those int8 weights (activation "
                          "scales measured on each call)")
         if q.get("unreached", 0) > q.get("uncalibrated", 0):
-            lines.append(f"    kept float32: {q['unreached'] - q['uncalibrated']} linear "
+            lines.append(f"    kept float32: {q['unreached'] - q['uncalibrated']} "
                          "layers in branches the calibration inputs never took")
         if q.get("computed_weights"):
-            lines.append(f"    kept float32: {q['computed_weights']} linear layers whose weight "
+            lines.append(f"    kept float32: {q['computed_weights']} layers whose weight "
                          "is computed, not a weight of the model")
         return lines
 

@@ -478,7 +478,8 @@ void test_kernel_calls_run_pytorch_ops_from_a_table() {
   EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod float32 float32 T0 ix N"), "not an integer");
   EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod complex7 float32 T0 i0 N"), "unknown dtype");
   EXPECT_THROWS_WITH(KernelCallTable("aten::add_.Tensor float32 float32 T0 T0 i1"), "writes into");
-  EXPECT_THROWS_WITH(KernelCallTable("prim::Print float32 float32 T0"), "not an aten op");
+  EXPECT_THROWS_WITH(KernelCallTable("prim::Print float32 float32 T0"),
+                     "neither an aten op nor one of Blade's int8 ops");
   EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod"), "kernel call 0");
 }
 

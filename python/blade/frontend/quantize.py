@@ -1,9 +1,9 @@
 """Blade's own post-training int8 quantization (Config(precision="int8")), on the frozen graph.
 
-Which layers: every `aten::linear` of the graph (in branches and loops too) that the
-calibration inputs reach and whose weight is a float32 constant of the frozen module (its
-bias one too, or None), unless `aten::linear` is in
-Config.excluded_ops or the weight's attribute path starts with one of
+Which layers: every `aten::linear` and `aten::conv2d` of the graph (in branches and loops
+too) that the calibration inputs reach and whose weight is a float32 constant of the
+frozen module (its bias one too, or None; a convolution's strides and padding constants),
+unless its op is in Config.excluded_ops or the weight's attribute path starts with one of
 Config.float_layers. Softmax, normalisation and everything else stay float32. The first
 and the last of them are quantized only where the calibration run shows it safe (see
 `_keep_ends_safe`): they see the raw input and make the model's answer, and are where
@@ -18,8 +18,9 @@ sample has the least mean squared error wins. Min/max alone lets one outlier of 
 output stretch the steps for all the other values; a percentile cut must be tuned per
 model; the squared error weighs both effects on the values actually seen.
 
-The layer becomes `blade::quantized_linear(x, w_int8, w_scale, bias, x_scale,
-x_zero_point)` (csrc/ral/int8_kernels.h), which engines call as a kernel call and
+The layer becomes `blade::quantized_linear(x, w_int8, w_scale, bias, input_range)` or
+`blade::quantized_conv2d(x, w_int8, w_scale, bias, stride, padding, dilation, groups,
+input_range)` (csrc/ral/int8_kernels.h), which engines call as kernel calls and
 TorchScript runs the same way, so the engine and its fallback compute alike.
 """
 from dataclasses import dataclass, field
@@ -27,9 +28,21 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from blade.frontend.graph_walk import all_nodes, nodes_of
+
 QUANTIZED_LINEAR = "blade::quantized_linear"
+QUANTIZED_CONV2D = "blade::quantized_conv2d"
+# The ops quantized, and what each becomes.
+QUANTIZED = {"aten::linear": QUANTIZED_LINEAR, "aten::conv2d": QUANTIZED_CONV2D}
+_CONV2D = ("aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] "
+           "stride=[1, 1], SymInt[2] padding=[0, 0], SymInt[2] dilation=[1, 1], "
+           "SymInt groups=1) -> Tensor")
 # The fractions of the observed range tried as the clipping range (1.0: min/max).
 _CLIP_FACTORS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5)
+# Layers with fewer multiply-adds a call stay float32: quantizing the input, the layout
+# change around a convolution and the library call cost about what int8 saves there
+# (MobileNetV3's convolutions, 1-8M each, ran slower in int8 than in float32).
+MIN_MACS = 1 << 24
 # Values of each layer's input kept per calibration input for the range search.
 _SAMPLE = 1 << 16
 # torch.float32 as TorchScript's ScalarType number.
@@ -41,9 +54,11 @@ _END_LAYER_COST = 1e-3
 
 @dataclass
 class LinearLayer:
-    """One `aten::linear` chosen for int8, and what calibration found for it."""
+    """One `aten::linear` or `aten::conv2d` chosen for int8, and what calibration found
+    for it."""
     node: torch._C.Node
     name: str  # the weight's attribute path (or its value's name)
+    macs: int = 0  # multiply-adds of its largest call on the calibration inputs
     low: float = float("inf")
     high: float = float("-inf")
     samples: List[torch.Tensor] = field(default_factory=list)
@@ -89,11 +104,14 @@ class Int8Summary:
 
 
 def weight_name(node: torch._C.Node) -> str:
-    """The attribute path of a linear's weight when freezing kept it as the constant's name
+    """The attribute path of a layer's weight when freezing kept it as the constant's name
     (`self.encoder.layer.0.output.dense.weight` -> `encoder.layer.0.output.dense`)."""
     name = node.inputsAt(1).debugName()
     name = name[len("self."):] if name.startswith("self.") else name
-    return name[:-len(".weight")] if name.endswith(".weight") else name
+    for suffix in (".weight", ".weight_fused_bn"):  # the latter: freezing folded a BatchNorm
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return name
 
 
 def candidates(graph: torch._C.Graph, excluded_ops: Sequence[str],
@@ -101,17 +119,26 @@ def candidates(graph: torch._C.Graph, excluded_ops: Sequence[str],
     """The linear layers to quantize; the summary gets the ones kept float."""
     chosen: List[LinearLayer] = []
     kept = summary.float_layers
-    if "aten::linear" in excluded_ops:
-        return chosen
     for node in _linears(graph):
+        if node.kind() in excluded_ops:
+            continue
         name = weight_name(node)
         weight = _constant_tensor(node.inputsAt(1))
         bias_value = node.inputsAt(2)
         bias = _constant_tensor(bias_value)
+        rank = 2 if node.kind() == "aten::linear" else 4
         if weight is None:
             summary.computed_weights += 1
-        elif weight.dtype != torch.float32 or weight.dim() != 2:
-            kept[name] = "its weight is not a float32 matrix"
+        elif weight.dtype != torch.float32 or weight.dim() != rank:
+            kept[name] = f"its weight is not a float32 tensor of {rank} dims"
+        elif rank == 4 and (node.schema() != _CONV2D or not all(
+                v.node().kind() in ("prim::Constant", "prim::ListConstruct")
+                for v in list(node.inputs())[3:])):
+            kept[name] = "its padding is a string or its strides are computed"
+        elif rank == 4 and _constant_value(node.inputsAt(6)) != 1:
+            # Depthwise and grouped convolutions are memory-bound: int8 saves no time there
+            # and its quantize and layout passes cost some (as in bf16 mode).
+            kept[name] = "it is a grouped (depthwise) convolution, memory-bound"
         elif bias is None and bias_value.type() != torch._C.NoneType.get() and \
                 not _is_none(bias_value):
             kept[name] = "its bias is computed, not a constant"
@@ -125,9 +152,18 @@ def candidates(graph: torch._C.Graph, excluded_ops: Sequence[str],
 
 
 def _linears(graph: torch._C.Graph) -> List[torch._C.Node]:
-    """The graph's `aten::linear` nodes, branches and loops included, in an order that a
-    copy of the graph repeats."""
-    return graph.findAllNodes("aten::linear", True)
+    """The graph's `aten::linear` and `aten::conv2d` nodes, branches and loops included,
+    in an order that a copy of the graph repeats."""
+    return nodes_of(graph, QUANTIZED)
+
+
+def _in_model_order(graph: torch._C.Graph, layers: List["LinearLayer"]) -> List["LinearLayer"]:
+    order = {node: k for k, node in enumerate(all_nodes(graph))}
+    return sorted(layers, key=lambda layer: order[layer.node])
+
+
+def _constant_value(value: torch._C.Value):
+    return value.toIValue() if value.node().kind() == "prim::Constant" else None
 
 
 def _is_none(value: torch._C.Value) -> bool:
@@ -185,6 +221,7 @@ def observe(module, graph: torch._C.Graph, layers: List[LinearLayer], run_inputs
         references.append(results[:len(outputs)])
         for layer, seen in zip(layers, results[len(outputs):]):
             for x in seen:
+                layer.macs = max(layer.macs, _macs(layer.node, x.shape))
                 x = x.detach().float().reshape(-1)
                 if x.numel() == 0:
                     continue
@@ -193,6 +230,18 @@ def observe(module, graph: torch._C.Graph, layers: List[LinearLayer], run_inputs
                 step = max(1, x.numel() // _SAMPLE)
                 layer.samples.append(x[::step].clone())
     return references
+
+
+def _macs(node: torch._C.Node, input_shape) -> int:
+    """Multiply-adds of `node` (a linear or 2-d convolution) on an input of `input_shape`."""
+    weight = _constant_tensor(node.inputsAt(1))
+    if node.kind() == "aten::linear":
+        return (int(torch.Size(input_shape).numel()) // max(1, input_shape[-1])) * \
+            weight.shape[0] * weight.shape[1]
+    stride, padding, dilation = (_constant_value(node.inputsAt(i)) for i in (3, 4, 5))
+    out = [(input_shape[2 + d] + 2 * padding[d] - dilation[d] * (weight.shape[2 + d] - 1) - 1)
+           // stride[d] + 1 for d in range(2)]
+    return input_shape[0] * out[0] * out[1] * weight[0].numel() * weight.shape[0]
 
 
 def choose_range(layer: LinearLayer) -> None:
@@ -223,10 +272,12 @@ def uint8_range(low: float, high: float) -> Tuple[float, int]:
 
 
 def quantize_weight(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per output channel, symmetric: int8 values in [-127, 127] and float32 scales."""
-    scale = weight.abs().amax(dim=1) / 127.0
+    """Per output channel (dim 0), symmetric: int8 values in [-127, 127] and float32
+    scales."""
+    scale = weight.abs().amax(dim=tuple(range(1, weight.dim()))) / 127.0
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.clamp(torch.round(weight / scale.unsqueeze(1)), -127, 127).to(torch.int8)
+    rows = scale.view([-1] + [1] * (weight.dim() - 1))
+    q = torch.clamp(torch.round(weight / rows), -127, 127).to(torch.int8)
     return q, scale.float().contiguous()
 
 
@@ -255,7 +306,9 @@ def rewrite(graph: torch._C.Graph, layer: LinearLayer,
 
 
 def _insert(graph, node, q, scale, x_scale_value: float, x_zero_point_value: int,
-            name: str) -> torch._C.Node:
+            name: str, bias=None) -> torch._C.Node:
+    """`blade::quantized_linear` of `node`'s input 0 (and bias: `bias`, else its input 2)
+    in place of `node`."""
     with graph.insert_point_guard(node):
         q_value = graph.insertConstant(q)
         scale_value = graph.insertConstant(scale)
@@ -264,8 +317,12 @@ def _insert(graph, node, q, scale, x_scale_value: float, x_zero_point_value: int
     q_value.setDebugName(f"{name}.weight_int8")
     scale_value.setDebugName(f"{name}.weight_scale")
     input_range.setDebugName(f"{name}.input_range")
-    quantized = graph.create(QUANTIZED_LINEAR, [node.inputsAt(0), q_value, scale_value,
-                                                node.inputsAt(2), input_range], 1)
+    operands = [node.inputsAt(0), q_value, scale_value,
+                node.inputsAt(2) if bias is None else bias]
+    if node.kind() == "aten::conv2d":  # stride, padding, dilation, groups
+        operands += list(node.inputs())[3:7]
+    kind = QUANTIZED.get(node.kind(), QUANTIZED_LINEAR)
+    quantized = graph.create(kind, operands + [input_range], 1)
     quantized.insertBefore(node)
     quantized.output().setType(node.output().type())
     node.output().replaceAllUsesWith(quantized.output())
@@ -284,10 +341,16 @@ def quantize(module, graph: torch._C.Graph, calibration: Sequence[Tuple],
     references = observe(module, graph, layers, calibration)
     summary.unreached = sum(not layer.samples for layer in layers)
     layers = [layer for layer in layers if layer.samples]
+    for layer in [layer for layer in layers if layer.macs < MIN_MACS]:
+        summary.float_layers[layer.name] = (
+            f"{layer.macs / 1e6:.1f}M multiply-adds a call: too few for int8 to repay "
+            "quantizing its input and the call")
+        layers.remove(layer)
     if not layers:
         return summary
     for layer in layers:
         choose_range(layer)
+    layers = _in_model_order(graph, layers)
     ends = [layers[0]] + ([layers[-1]] if len(layers) > 1 else [])
     middle = [layer for layer in layers if all(layer is not e for e in ends)]
     chosen, (summary.cosine, summary.max_abs_error) = _keep_ends_safe(
@@ -317,7 +380,8 @@ def int8_readers(graph: torch._C.Graph, weights: Dict[Tuple, Int8Weight]) -> Tup
             continue
         for use in list(constant.output().uses()):
             user = use.user
-            if user.kind() == "aten::linear" and use.offset == 1:
+            if user.kind() in QUANTIZED and use.offset == 1 and \
+                    (user.kind() == "aten::linear" or user.schema() == _CONV2D):
                 x_scale, x_zero_point = found.activation or (-1.0, 0)
                 _insert(graph, user, found.values, found.scales, x_scale, x_zero_point,
                         weight_name(user))
@@ -325,7 +389,8 @@ def int8_readers(graph: torch._C.Graph, weights: Dict[Tuple, Int8Weight]) -> Tup
                 continue
             with graph.insert_point_guard(user):
                 values = graph.insertConstant(found.values)
-                rows = graph.insertConstant(found.scales.unsqueeze(1))
+                rows = graph.insertConstant(found.scales.view(
+                    [-1] + [1] * (found.values.dim() - 1)))
                 widened = graph.insert("aten::to", [values, graph.insertConstant(_FLOAT32)])
                 dequantized = graph.insert("aten::mul", [widened, rows])
             user.replaceInput(use.offset, dequantized)
@@ -357,6 +422,46 @@ def _int8_rows(tensor, weights: Dict[Tuple, Int8Weight]) -> Optional[Int8Weight]
     return None
 
 
+def from_dynamic_quantized(graph: torch._C.Graph) -> int:
+    """A model quantized before optimize with `torch.ao.quantization.quantize_dynamic`:
+    each `quantized::linear_dynamic` (int8 weights, activations quantized per call) whose
+    weight is symmetric (zero points 0, per tensor or per output channel) becomes
+    `blade::quantized_linear` with the same int8 values and scales and an activation
+    range measured on each call, which engines compile. (fbgemm's kernel keeps 7 of the
+    activations' 8 bits with `reduce_range`, so that CPUs without VNNI do not saturate;
+    this one keeps all 8, on CPUs with VNNI or AMX only: elsewhere the op stays.)
+    Returns how many layers it rewrote."""
+    count = 0
+    for node in graph.findAllNodes("quantized::linear_dynamic", True):
+        packed = node.inputsAt(1)
+        if packed.node().kind() != "prim::Constant":
+            continue
+        weight, bias = torch.ops.quantized.linear_unpack(packed.toIValue())
+        if weight.dtype != torch.qint8:
+            continue
+        if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            if weight.q_zero_point() != 0:
+                continue
+            scales = torch.full((weight.shape[0],), weight.q_scale(), dtype=torch.float32)
+        elif weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            if weight.q_per_channel_axis() != 0 or \
+                    bool((weight.q_per_channel_zero_points() != 0).any()):
+                continue
+            scales = weight.q_per_channel_scales().float().contiguous()
+        else:
+            continue
+        values = weight.int_repr().detach().contiguous()
+        with graph.insert_point_guard(node):
+            bias_value = graph.insertConstant(bias.detach().float().contiguous() if bias is not None
+                                              else None)
+        name = packed.debugName()
+        suffix = "._packed_params._packed_params"
+        _insert(graph, node, values, scales, -1.0, 0,
+                name[:-len(suffix)] if name.endswith(suffix) else name, bias=bias_value)
+        count += 1
+    return count
+
+
 def _keep_ends_safe(module, graph, middle: List[LinearLayer], ends: List[LinearLayer],
                     calibration, references,
                     summary: Int8Summary) -> Tuple[List[LinearLayer], Tuple[float, float]]:
@@ -378,8 +483,7 @@ def _keep_ends_safe(module, graph, middle: List[LinearLayer], ends: List[LinearL
             summary.float_layers[end.name] = (
                 f"quantizing it lowered the output's cosine similarity by {cost:.4f} on the "
                 "calibration inputs")
-    order = {node: k for k, node in enumerate(_linears(graph))}
-    return sorted(chosen, key=lambda layer: order[layer.node]), agreement
+    return _in_model_order(graph, chosen), agreement
 
 
 def _agreement_with(module, graph, layers: List[LinearLayer], calibration, references,

@@ -115,6 +115,7 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     before its types are recorded (int8 quantization). `dump` gets the graph after every
     pass that changed it."""
     from blade.frontend.decompositions import decompose
+    from blade.frontend.quantize import from_dynamic_quantized
 
     dump = dump or Dumper(None)
     dump.graph("frozen", graph, always=True)
@@ -136,6 +137,10 @@ def simplify(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: Tupl
     run("remove_dropout", lambda: torch._C._jit_pass_remove_dropout(module._c))
     run("fold_tensor_attributes", lambda: fold_tensor_attributes(graph, module))
     run("constant_propagation", lambda: torch._C._jit_pass_constant_propagation(graph))
+    if _C.has_int8_dot_product():
+        # Layers quantize_dynamic made, before the model for any input is taken: both run
+        # the same int8 op.
+        run("from_dynamic_quantized", lambda: from_dynamic_quantized(graph))
     # The model for any input is taken before Blade's decompositions, which are written for
     # the compiler, not for every input eager takes (SDPA's amax over zero keys raises).
     unspecialized = graph.copy()
