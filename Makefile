@@ -20,6 +20,8 @@ $(DEPS_STAMP): requirements.txt | $(PY)
 	# torch first and alone: any other request would pull a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -r requirements.txt
+	# torchao, for the tests of PT2E-quantized models (it depends on torch: --no-deps).
+	$(PY) -m pip install --quiet --no-deps torchao==0.18.0
 	touch $@
 
 # setup.py drives CMake; the build directory is kept so rebuilds are incremental.

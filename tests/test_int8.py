@@ -423,3 +423,78 @@ def test_quantize_dynamic_model_compiles_its_int8_layers(qconfig):
     eager_error = float((eager_int8 - float_model).abs().max())
     assert float((got - eager_int8).abs().max()) <= 2 * eager_error
     assert float((got - float_model).abs().max()) <= 1.5 * eager_error
+
+
+class ConvHead(torch.nn.Module):
+    """A convolution, a residual one, global pooling and a linear layer: PT2E quantizes
+    the convolutions, the linear layer and the residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.residual = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        y = y + self.residual(y)
+        return self.fc(y.mean((2, 3)))
+
+
+def pt2e_quantized(model, x, dynamic: bool):
+    """`model` through torchao's PT2E flow with X86InductorQuantizer."""
+    pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+    x86 = pytest.importorskip("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
+    quantizer = x86.X86InductorQuantizer()
+    quantizer.set_global(x86.get_default_x86_inductor_quantization_config(is_dynamic=dynamic))
+    prepared = pt2e.prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
+    with torch.no_grad():
+        for _ in range(4):
+            prepared(torch.randn_like(x))
+    return pt2e.convert_pt2e(prepared)
+
+
+@needs_int8
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("form", ["graph_module", "exported_program"])
+def test_pt2e_quantized_model_runs_as_fused_int8_layers(dynamic, form, tmp_path):
+    torch.manual_seed(0)
+    model = ConvHead().eval()
+    x = torch.randn(2, 3, 16, 16)
+    quantized = pt2e_quantized(model, x, dynamic)
+    given = quantized if form == "graph_module" else torch.export.export(quantized, (x,))
+    optimized = blade.optimize(given, (x,))
+    with torch.no_grad():
+        got, own, float_model = optimized(x), quantized(x), model(x)
+    report = assert_ran_compiled(optimized)
+    assert report.coverage == 1.0, str(report)  # every q/dq fused or compiled
+    assert [c.precision for c in report.clusters] == ["int8"], str(report)
+    # Integer products where PT2E's eager multiplies dequantized floats: the same numbers
+    # but for float32 rounding, far inside one quantization step.
+    assert float((got - own).abs().max()) < 1e-4
+    assert float((own - float_model).abs().max()) > 1e-4  # quantization really happened
+    # No Python-defined op is left: the saved model loads and runs wherever blade does.
+    assert "quantized_decomposed" not in str(optimized.inlined_graph)
+    path = tmp_path / "pt2e.pt"
+    torch.jit.save(optimized, str(path))
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.load(str(path))(x), got, rtol=0, atol=0)
+
+
+def test_lowered_quantize_ops_compute_as_pt2e_defines_them():
+    """quant_fusion.lower's aten ops give PT2E's own quantize/dequantize results."""
+    from torch.ao.quantization.fx import _decomposed  # noqa: F401  (registers the ops)
+
+    from blade.frontend import quant_fusion
+
+    def fake_quantize(x):
+        q = torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.05, 100, 0, 255,
+                                                               torch.uint8)
+        return torch.ops.quantized_decomposed.dequantize_per_tensor(q, 0.05, 100, 0, 255,
+                                                                    torch.uint8)
+
+    x = torch.randn(64) * 5
+    traced = torch.jit.trace(fake_quantize, (x,))
+    assert quant_fusion.lower(traced.graph) == 2
+    assert "quantized_decomposed" not in str(traced.graph)
+    torch.testing.assert_close(traced(x), fake_quantize(x), rtol=0, atol=0)

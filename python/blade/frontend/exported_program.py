@@ -15,13 +15,13 @@ Python or C++. The ExportedProgram itself is not changed.
 """
 import dataclasses
 import inspect
-import warnings
 from typing import Any, Dict, List, Tuple
 
 import torch
 from torch.utils import _pytree as pytree
 
 from blade.config import Config
+from blade.frontend.scripting import trace_exported
 
 
 def is_exported_program(model) -> bool:
@@ -87,13 +87,9 @@ def to_torchscript(program, args: Tuple, kwargs: Dict,
         args, kwargs = program.example_inputs
     names = list(program.graph_signature.user_inputs)
     flat = _flat_inputs(program, args, kwargs, names)
-    with torch.no_grad(), warnings.catch_warnings():
-        # The program's module checks its inputs against export's constraints in Python,
-        # which the tracer warns about; the program itself has no Python control flow.
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        # No .eval(): the program's module refuses train(); export fixed its mode.
-        traced = torch.jit.trace(_ExportedForward(program, names),
-                                 tuple(t.detach().clone() for t in flat), check_trace=False)
+    # No .eval(): the program's module refuses train(); export fixed its mode.
+    traced = trace_exported(_ExportedForward(program, names),
+                            tuple(t.detach().clone() for t in flat))
     dynamic_dims = _dynamic_dims(program, names)
     if dynamic_dims and config.dynamic_dims is None:
         config = dataclasses.replace(config, dynamic_dims=dynamic_dims)

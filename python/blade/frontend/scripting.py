@@ -1,6 +1,7 @@
 """The model as TorchScript: scripted (each method's source parsed once for all instances
 of its class) or traced with the example inputs, in eval mode."""
 import contextlib
+import warnings
 from typing import Dict, Tuple
 
 import torch
@@ -66,6 +67,35 @@ def each_method_parsed_once():
         internal._get_overloaded_methods = overloads_of
 
 
+def is_exported_module(model) -> bool:
+    """A module torch.export made (`ExportedProgram.module()`, and what PT2E's
+    `convert_pt2e` returns from one): an fx GraphModule with export's input spec, which
+    refuses train() and eval() (export fixed its mode)."""
+    return isinstance(model, torch.fx.GraphModule) and hasattr(model, "_in_spec")
+
+
+def trace_exported(module, args: Tuple, kwargs: Dict = None) -> torch.jit.ScriptModule:
+    """An exported module traced (its graph has no Python control flow), then its PT2E
+    quantization fused into Blade's int8 layers (blade.frontend.quant_fusion)."""
+    from blade.frontend import quant_fusion
+
+    with torch.no_grad(), warnings.catch_warnings():
+        # It checks its inputs against export's constraints in Python, which the tracer
+        # warns about.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        if kwargs:
+            traced = torch.jit.trace(module, example_kwarg_inputs=private_copy(
+                keyword_trace_inputs(module, args, kwargs)), check_trace=False)
+        else:
+            traced = torch.jit.trace(module, private_copy(tuple(args)), check_trace=False)
+    graph = traced.graph
+    torch._C._jit_pass_inline(graph)  # a wrapper's call of the exported module too
+    if quant_fusion.has_quantized_ops(graph):
+        quant_fusion.fuse(traced, graph)
+        quant_fusion.lower(graph)
+    return traced
+
+
 def to_torchscript(model, args: Tuple, kwargs: Dict,
                     config: Config) -> torch.jit.ScriptModule:
     if isinstance(model, torch.jit.ScriptModule):
@@ -73,6 +103,8 @@ def to_torchscript(model, args: Tuple, kwargs: Dict,
     if not isinstance(model, torch.nn.Module):
         raise TypeError("blade.optimize: model must be a torch.nn.Module or a "
                         f"torch.jit.ScriptModule, got {type(model).__name__}")
+    if is_exported_module(model):
+        return trace_exported(model, args, kwargs)
     with eval_mode(model):
         if config.allow_tracing and kwargs:
             return torch.jit.trace(
