@@ -71,6 +71,35 @@ def test_blade_run_matches_eager(tmp_path, built):
     assert "blade_engine_0: calls=0 fallbacks=0" in run.stderr, run.stderr
 
 
+@pytest.mark.skipif(not blade.int8_supported(), reason="this CPU lacks VNNI, AVX-VNNI and AMX")
+def test_blade_run_runs_an_int8_model(tmp_path, built, monkeypatch):
+    """A Config(precision="int8") model in the C++ process: the int8 op and its packed
+    weights come with libblade_ral, and the engine runs compiled."""
+    from blade.frontend import quantize
+
+    monkeypatch.setattr(quantize, "MIN_MACS", 0)  # a small model: quantize it anyway
+    build, env = built
+    torch.manual_seed(0)
+    model = Model().eval()
+    x, y = torch.randn(4, 8), torch.randn(4, 16)
+    calibration = [(torch.randn(4, 8), torch.randn(4, 16)) for _ in range(4)]
+    optimized = blade.optimize(model, (x, y), blade.Config(precision="int8",
+                                                            calibration=calibration))
+    report = blade.report(optimized)
+    assert report.int8["layers"] == ["fc"] and report.coverage == 1.0, str(report)
+    with torch.no_grad():
+        expected = optimized(x, y)
+    torch.jit.save(optimized, str(tmp_path / "int8.pt"))
+    torch.save([x, y], str(tmp_path / "inputs.pt"))
+    run = subprocess.run([str(build / "blade_run"), str(tmp_path / "int8.pt"),
+                          str(tmp_path / "inputs.pt"), str(tmp_path / "outputs.pt")],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "blade_engine_0: calls=1 fallbacks=0" in run.stderr, run.stderr
+    torch.testing.assert_close(torch.load(str(tmp_path / "outputs.pt")), expected,
+                               rtol=1e-6, atol=1e-6)
+
+
 def _serve(build, env, tmp_path, model_path, requests, threads=4):
     torch.save(requests, str(tmp_path / "requests.pt"))
     run = subprocess.run([str(build / "blade_serve"), str(model_path),
