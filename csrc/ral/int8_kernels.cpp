@@ -1,6 +1,7 @@
 #include "ral/int8_kernels.h"
 
 #include "ral/engine.h"
+#include "ral/layout_kernels.h"
 #include "ral/prepared_weights.h"
 
 #include <ATen/Parallel.h>
@@ -316,10 +317,8 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
     const at::Tensor w = weight.to(at::kFloat) * weight_scale.view({-1, 1, 1, 1});
     return at::conv2d(x, w, bias, stride, padding, dilation, groups);
   }
-  // oneDNN reads channels_last activations without a reorder; quantized in NCHW order
-  // first (one float32 pass), the uint8 copy is transposed at a quarter of the bytes.
-  const at::Tensor quantized =
-      quantize_uint8(input, scale, zero_point).contiguous(at::MemoryFormat::ChannelsLast);
+  // oneDNN reads channels_last activations without a reorder.
+  const at::Tensor quantized = quantize_uint8_channels_last(input, scale, zero_point);
   std::vector<int64_t> key = input.sizes().vec();
   for (auto list : {stride, padding, dilation}) {
     key.insert(key.end(), list.begin(), list.end());

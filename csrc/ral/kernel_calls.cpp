@@ -1,6 +1,7 @@
 #include "ral/kernel_calls.h"
 
 #include "ral/int8_kernels.h"
+#include "ral/layout_kernels.h"
 #include "ral/signing.h"
 #include "ral/tensor_spec.h"
 #include "ral/text.h"
@@ -9,9 +10,6 @@
 
 #include <ATen/core/enum_tag.h>
 
-#include <ATen/Parallel.h>
-
-#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -171,38 +169,11 @@ KernelCall parse_call(const std::string& line) {
   return call;
 }
 
-// dst [N, C, H, W] contiguous = src, a channels_last tensor of the same sizes: per image,
-// the [H*W, C] matrix transposed in square tiles, so that both sides are read and written a
-// cache line at a time (ATen's copy_ walked one side element by element: 6 ms for a
-// [1, 256, 56, 56] float32 tensor, where the bytes take a tenth of that).
-template <typename T>
-void channels_last_to_contiguous(const at::Tensor& src, at::Tensor& dst) {
-  constexpr int64_t kTile = 16;
-  const int64_t n = src.size(0), c = src.size(1), hw = src.size(2) * src.size(3);
-  const T* in = src.data_ptr<T>();
-  T* out = dst.data_ptr<T>();
-  const int64_t c_tiles = (c + kTile - 1) / kTile, hw_tiles = (hw + kTile - 1) / kTile;
-  at::parallel_for(0, n * c_tiles * hw_tiles, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t image = t / (c_tiles * hw_tiles);
-      const int64_t c0 = (t / hw_tiles) % c_tiles * kTile;
-      const int64_t p0 = t % hw_tiles * kTile;
-      const T* from = in + image * hw * c;
-      T* to = out + image * c * hw;
-      for (int64_t ch = c0; ch < std::min(c, c0 + kTile); ++ch) {
-        for (int64_t p = p0; p < std::min(hw, p0 + kTile); ++p) {
-          to[ch * hw + p] = from[p * c + ch];
-        }
-      }
-    }
-  });
-}
-
 // `out` (the engine's contiguous buffer) = `result`.
 void copy_result(at::Tensor& out, const at::Tensor& result) {
   if (result.dim() == 4 && result.scalar_type() == at::kFloat && out.is_contiguous() &&
       !result.is_contiguous() && result.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-    channels_last_to_contiguous<float>(result, out);
+    channels_last_to_contiguous(result, out);
     return;
   }
   out.copy_(result);

@@ -1,0 +1,159 @@
+#include "ral/layout_kernels.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace blade::ral {
+namespace {
+
+constexpr int64_t kTile = 16;
+// 1.5 * 2^23: adding and subtracting it rounds a float below 2^22 in magnitude to an
+// integer, ties to even.
+constexpr float kRound = 12582912.0f;
+
+uint8_t quantize_one(float x, float inverse, float zero) {
+  float v = x * inverse + zero;
+  v = v > 0.0f ? v : 0.0f;
+  v = v < 255.0f ? v : 255.0f;
+  return static_cast<uint8_t>((v + kRound) - kRound);
+}
+
+// One image's tile: channels [c0, c1) of pixels [p0, p1), scalar.
+void quantize_tile(const float* src, uint8_t* dst, int64_t c, int64_t hw, int64_t c0,
+                   int64_t c1, int64_t p0, int64_t p1, float inverse, float zero) {
+  for (int64_t p = p0; p < p1; ++p) {
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      dst[p * c + ch] = quantize_one(src[ch * hw + p], inverse, zero);
+    }
+  }
+}
+
+void transpose_tile(const float* src, float* dst, int64_t c, int64_t hw, int64_t c0,
+                    int64_t c1, int64_t p0, int64_t p1) {
+  for (int64_t ch = c0; ch < c1; ++ch) {
+    for (int64_t p = p0; p < p1; ++p) {
+      dst[ch * hw + p] = src[p * c + ch];
+    }
+  }
+}
+
+// GCC 12 warns inside its own intrinsics' headers here (`__Y` may be used uninitialized:
+// their _mm512_undefined; "is used uninitialized" for the gathers), not about this code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// A whole 16 x 16 tile: for each pixel, its 16 channels gathered (stride hw), quantized
+// and stored as 16 bytes.
+__attribute__((target("avx512f"))) void quantize_tile_avx512(const float* src, uint8_t* dst,
+                                                              int64_t c, int64_t hw,
+                                                              int64_t c0, int64_t p0,
+                                                              float inverse, float zero) {
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(static_cast<int>(hw)));
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512 offset = _mm512_set1_ps(zero);
+  const __m512 high = _mm512_set1_ps(255.0f);
+  const float* base = src + c0 * hw;
+  for (int64_t p = p0; p < p0 + kTile; ++p) {
+    __m512 v = _mm512_i32gather_ps(rows, base + p, 4);
+    v = _mm512_add_ps(_mm512_mul_ps(v, scale), offset);
+    // max(v, 0) gives 0 for NaN (its second operand), as the scalar path does.
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), high);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + p * c + c0),
+                     _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+}
+
+// A whole 16 x 16 tile: for each channel, its 16 pixels gathered (stride c) and stored.
+__attribute__((target("avx512f"))) void transpose_tile_avx512(const float* src, float* dst,
+                                                               int64_t c, int64_t hw,
+                                                               int64_t c0, int64_t p0) {
+  const __m512i pixels = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(static_cast<int>(c)));
+  const float* base = src + p0 * c;
+  for (int64_t ch = c0; ch < c0 + kTile; ++ch) {
+    _mm512_storeu_ps(dst + ch * hw + p0, _mm512_i32gather_ps(pixels, base + ch, 4));
+  }
+}
+
+#pragma GCC diagnostic pop
+
+bool use_avx512() {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  return avx512;
+}
+
+// Runs `tile(image, c0, c1, p0, p1)` over every tile of n images of c channels and hw
+// pixels, split over the threads.
+template <typename Tile>
+void for_each_tile(int64_t n, int64_t c, int64_t hw, const Tile& tile) {
+  const int64_t c_tiles = (c + kTile - 1) / kTile, hw_tiles = (hw + kTile - 1) / kTile;
+  at::parallel_for(0, n * c_tiles * hw_tiles, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t image = t / (c_tiles * hw_tiles);
+      const int64_t c0 = (t / hw_tiles) % c_tiles * kTile;
+      const int64_t p0 = t % hw_tiles * kTile;
+      tile(image, c0, std::min(c, c0 + kTile), p0, std::min(hw, p0 + kTile));
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor quantize_uint8_channels_last(const at::Tensor& input, double scale,
+                                        int64_t zero_point) {
+  TORCH_CHECK(input.dim() == 4 && input.scalar_type() == at::kFloat,
+              "quantize_uint8_channels_last: expected a float32 [N, C, H, W] tensor, got ",
+              input.scalar_type(), input.sizes());
+  const at::Tensor x = input.contiguous();
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kByte),
+                           at::MemoryFormat::ChannelsLast);
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  const float inverse = static_cast<float>(1.0 / scale);
+  const float zero = static_cast<float>(zero_point);
+  const float* src = x.data_ptr<float>();
+  uint8_t* dst = q.data_ptr<uint8_t>();
+  const bool avx512 = use_avx512() && hw * c < (int64_t{1} << 31);
+  for_each_tile(n, c, hw, [&](int64_t image, int64_t c0, int64_t c1, int64_t p0, int64_t p1) {
+    const float* from = src + image * c * hw;
+    uint8_t* to = dst + image * c * hw;
+    if (avx512 && c1 - c0 == kTile && p1 - p0 == kTile) {
+      quantize_tile_avx512(from, to, c, hw, c0, p0, inverse, zero);
+    } else {
+      quantize_tile(from, to, c, hw, c0, c1, p0, p1, inverse, zero);
+    }
+  });
+  return q;
+}
+
+void channels_last_to_contiguous(const at::Tensor& src, at::Tensor& dst) {
+  TORCH_CHECK(src.dim() == 4 && src.scalar_type() == at::kFloat &&
+                  src.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+                  dst.scalar_type() == at::kFloat && dst.is_contiguous() &&
+                  dst.sizes() == src.sizes(),
+              "channels_last_to_contiguous: expected a channels_last float32 tensor and a "
+              "contiguous one of its sizes");
+  const int64_t n = src.size(0), c = src.size(1), hw = src.size(2) * src.size(3);
+  const float* in = src.data_ptr<float>();
+  float* out = dst.data_ptr<float>();
+  const bool avx512 = use_avx512() && hw * c < (int64_t{1} << 31);
+  for_each_tile(n, c, hw, [&](int64_t image, int64_t c0, int64_t c1, int64_t p0, int64_t p1) {
+    const float* from = in + image * hw * c;
+    float* to = out + image * c * hw;
+    if (avx512 && c1 - c0 == kTile && p1 - p0 == kTile) {
+      transpose_tile_avx512(from, to, c, hw, c0, p0);
+    } else {
+      transpose_tile(from, to, c, hw, c0, c1, p0, p1);
+    }
+  });
+}
+
+}  // namespace blade::ral
