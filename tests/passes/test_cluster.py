@@ -403,12 +403,18 @@ def test_no_op_whose_schema_cannot_alias_is_reported_as_a_view(dynamic):
                              blade.Config(dynamic=dynamic))
     assert report.compiled_ops == report.total_ops, str(report)
     # quantize_dynamic's Linear ends with `Y.to(torch.float)` of its float result.
-    model = torch.ao.quantization.quantize_dynamic(
-        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)),
-        {torch.nn.Linear}, dtype=torch.qint8).eval()
+    float_model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                      torch.nn.Linear(64, 8)).eval()
+    model = torch.ao.quantization.quantize_dynamic(float_model, {torch.nn.Linear},
+                                                   dtype=torch.qint8).eval()
     x = torch.randn(4, 32)
     optimized = blade.optimize(model, (x,), blade.Config(dynamic=dynamic))
-    torch.testing.assert_close(optimized(x), model(x))
+    with torch.no_grad():
+        got, want, exact = optimized(x), model(x), float_model(x)
+    # On a CPU with VNNI or AMX Blade runs the layers as its own int8 ones (8-bit
+    # activations where fbgemm keeps 7; tests/test_int8.py): as close to the float model.
+    error = float((want - exact).abs().max())
+    assert float((got - want).abs().max()) <= max(2 * error, 1e-5)
     report = blade.report(optimized)
     assert_every_op_accounted_for(report)
     for op, entry in report.unsupported.items():
