@@ -499,3 +499,25 @@ def test_lowered_quantize_ops_compute_as_pt2e_defines_them():
     assert quant_fusion.lower(traced.graph) == 2
     assert "quantized_decomposed" not in str(traced.graph)
     torch.testing.assert_close(traced(x), fake_quantize(x), rtol=0, atol=0)
+
+
+@needs_int8
+def test_model_cache_keys_the_calibration_inputs_by_their_values(tmp_path):
+    """The same int8 optimize is taken from the model cache; other calibration values (of
+    the same shapes, which a key by their repr could not tell apart) compile again."""
+    model, cal = mlp(), calibration(2)
+    x = torch.randn(32, 64)
+
+    def optimize(samples):
+        return blade.optimize(model, (x,), blade.Config(precision="int8", calibration=samples,
+                                                         cache_dir=str(tmp_path)))
+
+    first = optimize(cal)
+    again = optimize([t.clone() for t in cal])
+    other = optimize([t * 3 for t in cal])
+    assert blade.report(first).model_cache == ""
+    assert blade.report(again).model_cache == "hit", str(blade.report(again))
+    assert blade.report(other).model_cache == "", str(blade.report(other))
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), first(x), rtol=0, atol=0)
+        assert not torch.equal(other(x), first(x))  # its ranges differ
