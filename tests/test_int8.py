@@ -521,3 +521,30 @@ def test_model_cache_keys_the_calibration_inputs_by_their_values(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(again(x), first(x), rtol=0, atol=0)
         assert not torch.equal(other(x), first(x))  # its ranges differ
+
+
+def test_a_calibration_input_the_model_cannot_take_is_one_clear_error():
+    cal = [torch.randn(32, 64), torch.randn(32, 48)]  # the second: wrong feature count
+    with pytest.raises(blade.ExampleInputsError, match=r"calibration input 1 \(input: "
+                                                       r"float32\[32,48\]\)"):
+        blade.optimize(mlp(), (torch.randn(32, 64),),
+                       blade.Config(precision="int8", calibration=cal))
+
+
+@needs_int8
+def test_int8_with_dynamic_shapes_serves_other_batch_sizes():
+    """Under Config(dynamic=True) the int8 layers run between the engines (kernel calls
+    need static sizes), with the same int8 math, for every batch size."""
+    model, cal = mlp(), calibration(4)
+    optimized = blade.optimize(model, (torch.randn(32, 64),),
+                               blade.Config(precision="int8", calibration=cal, dynamic=True))
+    for rows in (1, 7, 32, 50):
+        x = torch.randn(rows, 64)
+        with torch.no_grad():
+            got, want = optimized(x), model(x)
+        assert got.shape == (rows, 10)
+        assert float(torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(),
+                                                           dim=0)) > 0.999
+    report = blade.report(optimized)
+    assert report.runtime_fallbacks == 0 and report.guard_fallbacks == 0, str(report)
+    assert len(report.int8["layers"]) == 3, str(report)

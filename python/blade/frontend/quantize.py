@@ -29,6 +29,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from blade.frontend.graph_walk import all_nodes, nodes_of
+from blade.frontend.inputs import ExampleInputsError, describe_inputs, failure_summary
+from blade.partition.registry import argument_name
 
 QUANTIZED_LINEAR = "blade::quantized_linear"
 QUANTIZED_CONV2D = "blade::quantized_conv2d"
@@ -213,11 +215,19 @@ def observe(module, graph: torch._C.Graph, layers: List[LinearLayer], run_inputs
     copy.registerOutput(result.output())
     function = torch._C._create_function_from_graph("blade_calibrate", copy)
     references = []
-    for inputs in run_inputs:
+    names = [argument_name(v) for v in list(graph.inputs())[1:]]
+    for index, inputs in enumerate(run_inputs):
         # The plain interpreter: the profiling executor would optimize a graph run a few
         # times only.
-        with torch.no_grad(), torch.jit.optimized_execution(False):
-            results = function(module._c, *inputs)
+        try:
+            with torch.no_grad(), torch.jit.optimized_execution(False):
+                results = function(module._c, *inputs)
+        except RuntimeError as e:
+            raise ExampleInputsError(
+                f"blade.optimize: the model raised when run on calibration input {index} "
+                f"({describe_inputs(inputs, names)}): {failure_summary(e)}. Calibration "
+                "inputs must be what forward takes, like the example inputs.",
+                str(e)) from None
         references.append(results[:len(outputs)])
         for layer, seen in zip(layers, results[len(outputs):]):
             for x in seen:
