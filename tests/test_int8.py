@@ -533,8 +533,8 @@ def test_a_calibration_input_the_model_cannot_take_is_one_clear_error():
 
 @needs_int8
 def test_int8_with_dynamic_shapes_serves_other_batch_sizes():
-    """Under Config(dynamic=True) the int8 layers run between the engines (kernel calls
-    need static sizes), with the same int8 math, for every batch size."""
+    """Under Config(dynamic=True) the int8 linear layers stay inside the engine (their
+    result's sizes are their input's but for the last), for every batch size."""
     model, cal = mlp(), calibration(4)
     optimized = blade.optimize(model, (torch.randn(32, 64),),
                                blade.Config(precision="int8", calibration=cal, dynamic=True))
@@ -545,6 +545,7 @@ def test_int8_with_dynamic_shapes_serves_other_batch_sizes():
         assert got.shape == (rows, 10)
         assert float(torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(),
                                                            dim=0)) > 0.999
-    report = blade.report(optimized)
-    assert report.runtime_fallbacks == 0 and report.guard_fallbacks == 0, str(report)
+    report = assert_ran_compiled(optimized)
+    assert report.guard_fallbacks == 0 and report.coverage == 1.0, str(report)
+    assert [c.precision for c in report.clusters] == ["int8"], str(report)
     assert len(report.int8["layers"]) == 3, str(report)

@@ -15,8 +15,9 @@ A node is called this way when
   writes into nor returns a view of an operand;
 - its results are tensors whose sizes follow from its operands' sizes (not `nonzero`,
   `bincount`, ...) and whose values are defined (not `empty`);
-- its tensors have static shapes and dtypes Blade compiles (uint8 aside), and its other
-  arguments are constants (a Generator only as None).
+- its tensors have static shapes (but for SIZES_OF_FIRST_OPERAND's first operand and
+  result) and dtypes Blade compiles (uint8 aside), and its other arguments are constants
+  (a Generator only as None).
 
 `spec` writes what the engine needs to make the call as one line of text, which the
 importer attaches to the call's declaration (so it is part of the code's cache key) and
@@ -53,6 +54,10 @@ _NOT_FUNCTIONS = frozenset((
 
 # Blade's own ops that engines call this way (csrc/ral/int8_kernels.h).
 BLADE_OPS = frozenset(("blade::quantized_linear", "blade::quantized_conv2d"))
+# Ops whose one result has the sizes of their first operand but for the last dim, a
+# constant: an engine with dynamic shapes allocates it from the operand's
+# (codegen/kernels/declarations.define_returning), so they are kernel calls there too.
+SIZES_OF_FIRST_OPERAND = frozenset(("blade::quantized_linear",))
 
 
 def schema_refusal(node: torch._C.Node) -> Optional[str]:
@@ -85,11 +90,14 @@ def refusal(node: torch._C.Node, static_shapes: bool) -> Optional[str]:
                if isinstance(v.type(), torch._C.TensorType)]
     if len(tensors) > MAX_TENSORS:
         return f"it has {len(tensors)} tensors, and a kernel call takes at most {MAX_TENSORS}"
-    if not static_shapes:
+    follows = node.kind() in SIZES_OF_FIRST_OPERAND
+    if not static_shapes and not follows:
         return "a kernel call needs the static sizes of its results (Config.dynamic is on)"
     for value in list(node.inputs()) + list(node.outputs()):
         if isinstance(value.type(), torch._C.TensorType):
-            why = _tensor_refusal(value)
+            # The first operand and the result may vary but in their last dim.
+            varies = follows and (value == node.inputsAt(0) or value == node.output())
+            why = _tensor_refusal(value, varies)
             if why is not None:
                 return why
         elif _argument(value) is None:
@@ -98,7 +106,7 @@ def refusal(node: torch._C.Node, static_shapes: bool) -> Optional[str]:
     return None
 
 
-def _tensor_refusal(value: torch._C.Value) -> Optional[str]:
+def _tensor_refusal(value: torch._C.Value, may_vary: bool = False) -> Optional[str]:
     t = value.type()
     if t.scalarType() not in SCALAR_TYPE_NAMES:
         return f"%{value.debugName()} has dtype {t.scalarType()}, which Blade does not compile"
@@ -106,6 +114,10 @@ def _tensor_refusal(value: torch._C.Value) -> Optional[str]:
         # The compiled code's uint8 values are unsigned, the RAL's call boundary signless
         # (codegen/stablehlo/unsigned.py converts only main's boundary).
         return f"%{value.debugName()} is uint8, which kernel calls do not take"
+    if may_vary:  # symbolic dims (negative) but the last
+        symbolic = t.symbolic_sizes()
+        if symbolic and symbolic[-1] is not None and symbolic[-1] >= 0:
+            return None
     sizes = t.sizes()
     if sizes is None or any(s is None or s < 0 for s in sizes):
         return f"the sizes of %{value.debugName()} are not known"

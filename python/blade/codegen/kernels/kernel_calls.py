@@ -21,7 +21,7 @@ from torch_mlir.dialects import func
 
 from blade.codegen.errors import CodegenError
 from blade.codegen.kernels.declarations import read_only
-from blade.partition.kernel_calls import MAX_TENSORS, SPEC_ATTRIBUTE
+from blade.partition.kernel_calls import MAX_TENSORS, SIZES_OF_FIRST_OPERAND, SPEC_ATTRIBUTE
 
 KIND = "kernel_call"
 # The call's number: its line in the table.
@@ -39,7 +39,8 @@ def outline(module, library_call_attribute: str) -> int:
         function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
         results = [ir.RankedTensorType(t) for t in function_type.results]
         what = ir.StringAttr(op.attributes[SPEC_ATTRIBUTE]).value.split(" ", 1)[0]
-        if not all(t.has_static_shape for t in results):
+        if not all(t.has_static_shape for t in results) and \
+                not _sizes_follow_first_operand(what, function_type, results):
             raise CodegenError(f"the kernel call of {what} has a result of dynamic size")
         buffers = len(function_type.inputs) + len(results)
         if buffers > MAX_TENSORS:  # blade.partition.kernel_calls refuses such nodes
@@ -50,6 +51,17 @@ def outline(module, library_call_attribute: str) -> int:
         op.attributes[CALL_INDEX] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), count)
         count += 1
     return count
+
+
+def _sizes_follow_first_operand(what: str, function_type, results) -> bool:
+    """Whether the one result's dynamic dims are dims of the first operand of the same rank,
+    its last dim static (SIZES_OF_FIRST_OPERAND): define_returning allocates it so."""
+    if what not in SIZES_OF_FIRST_OPERAND or len(results) != 1 or not function_type.inputs:
+        return False
+    result, first = results[0], ir.RankedTensorType(function_type.inputs[0])
+    return result.rank == first.rank and not result.is_dynamic_dim(result.rank - 1) and \
+        all(not result.is_dynamic_dim(d) or first.is_dynamic_dim(d)
+            for d in range(result.rank - 1))
 
 
 def callee_of(function):
