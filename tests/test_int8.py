@@ -122,9 +122,38 @@ def test_quantized_conv2d_matches_its_definition(stride, padding, groups, use_bi
     x = torch.randn(2, 32, 13, 11)
     got = torch.ops.blade.quantized_conv2d(x, weight_q, weight_scale, bias, [stride] * 2,
                                            [padding] * 2, [1, 1], groups,
-                                           torch.tensor([0.03, 128.0]))
+                                           torch.tensor([0.03, 128.0]), None, "none")
     want = reference_conv(x, weight_q, weight_scale, bias, 0.03, 128, stride, padding, groups)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_chained_convolutions_pass_uint8_nhwc_with_the_same_answer():
+    """A convolution with the next one's range hands on uint8 NHWC bytes (ReLU applied by
+    oneDNN); the next convolving them gives what it gives on the float32 ReLU output."""
+    torch.manual_seed(4)
+    first_q, first_scale = q.quantize_weight(torch.randn(16, 8, 3, 3) * 0.1)
+    second_q, second_scale = q.quantize_weight(torch.randn(16, 16, 1, 1) * 0.1)
+    x, bias = torch.randn(2, 8, 10, 9), torch.randn(16)
+    in_range = torch.tensor([0.02, 128.0])
+
+    def first(output_range, post_op):
+        return torch.ops.blade.quantized_conv2d(x, first_q, first_scale, bias, [1, 1], [1, 1],
+                                                [1, 1], 1, in_range, output_range, post_op)
+
+    plain = torch.relu(first(None, "none"))
+    torch.testing.assert_close(first(None, "relu"), plain, rtol=0, atol=0)
+    mid_range = torch.tensor([float(plain.max()) / 255, 0.0])
+    carried = first(mid_range, "relu")
+    assert carried.dtype == torch.int8 and carried.shape == (2, 10, 9, 16)
+    steps = (carried.view(torch.uint8).permute(0, 3, 1, 2).float() * mid_range[0] - plain)
+    assert float(steps.abs().max()) <= 0.5001 * float(mid_range[0])  # rounded once
+
+    def second(activation):
+        return torch.ops.blade.quantized_conv2d(activation, second_q, second_scale, None,
+                                                [1, 1], [0, 0], [1, 1], 1, mid_range, None,
+                                                "none")
+
+    torch.testing.assert_close(second(carried), second(plain), rtol=1e-5, atol=1e-5)
 
 
 def test_quantized_conv2d_names_what_is_wrong():
@@ -132,7 +161,8 @@ def test_quantized_conv2d_names_what_is_wrong():
     with pytest.raises(RuntimeError, match="quantized_conv2d: the input has 6 channels, the "
                                            "weight takes 4 x 1 groups"):
         torch.ops.blade.quantized_conv2d(torch.randn(1, 6, 8, 8), weight_q, weight_scale, None,
-                                         [1, 1], [0, 0], [1, 1], 1, torch.tensor([0.1, 0.0]))
+                                         [1, 1], [0, 0], [1, 1], 1, torch.tensor([0.1, 0.0]),
+                                         None, "none")
 
 
 def test_weights_are_symmetric_per_output_channel():

@@ -281,18 +281,28 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
                             const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding,
                             at::IntArrayRef dilation, int64_t groups,
-                            const at::Tensor& input_range) {
+                            const at::Tensor& input_range,
+                            const std::optional<at::Tensor>& output_range,
+                            c10::string_view post_op) {
   constexpr const char* op = "blade::quantized_conv2d";
-  TORCH_CHECK(input.scalar_type() == at::kFloat && input.dim() == 4, op,
-              ": the input must be a float32 [N, C, H, W] tensor, got ", input.scalar_type(),
-              input.sizes());
+  // A uint8 activation handed on by the layer before: [N, H, W, C] int8 (its bytes).
+  const bool carried = input.scalar_type() == at::kChar;
+  TORCH_CHECK((input.scalar_type() == at::kFloat || carried) && input.dim() == 4, op,
+              ": the input must be a float32 [N, C, H, W] tensor or the uint8 [N, H, W, C] "
+              "activation of another int8 layer (as int8), got ",
+              input.scalar_type(), input.sizes());
+  TORCH_CHECK(post_op == "none" || post_op == "relu", op, ": post_op must be 'none' or "
+              "'relu', got '", post_op, "'");
+  // The input as [N, C, H, W] (float32, or uint8 in channels_last layout).
+  const at::Tensor image = carried ? input.contiguous().view(at::kByte).permute({0, 3, 1, 2})
+                                   : input;
   TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 4, op,
               ": the weight must be an int8 [O, C / groups, kH, kW] tensor, got ",
               weight.scalar_type(), weight.sizes());
   TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2 && groups > 0,
               op, ": stride, padding and dilation must have 2 values and groups be positive");
-  TORCH_CHECK(input.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0, op,
-              ": the input has ", input.size(1), " channels, the weight takes ",
+  TORCH_CHECK(image.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0, op,
+              ": the input has ", image.size(1), " channels, the weight takes ",
               weight.size(1), " x ", groups, " groups");
   const int64_t out_channels = weight.size(0);
   TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.dim() == 1 &&
@@ -306,20 +316,37 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
                 bias->scalar_type(), bias->sizes());
   }
   auto [scale, zero_point] = read_input_range(input_range);
+  TORCH_CHECK(!carried || scale > 0, op, ": a uint8 input needs its scale, got ", scale);
   if (!(scale > 0)) {
     const auto [low, high] = at::aminmax(input);
     std::tie(scale, zero_point) = uint8_range(input.numel() ? low.item<float>() : 0.0,
                                               input.numel() ? high.item<float>() : 0.0);
   }
+  double out_scale = 1.0;
+  int64_t out_zero_point = 0;
+  if (output_range.has_value()) {
+    std::tie(out_scale, out_zero_point) = read_input_range(*output_range);
+    TORCH_CHECK(out_scale > 0, op, ": output_range needs a positive scale, got ", out_scale);
+  }
   if (!has_int8_dot_product() || input.numel() == 0) {
     const at::Tensor x =
-        (quantize_uint8(input, scale, zero_point).to(at::kFloat) - zero_point) * scale;
+        ((carried ? image : quantize_uint8(image, scale, zero_point)).to(at::kFloat) -
+         zero_point) * scale;
     const at::Tensor w = weight.to(at::kFloat) * weight_scale.view({-1, 1, 1, 1});
-    return at::conv2d(x, w, bias, stride, padding, dilation, groups);
+    at::Tensor y = at::conv2d(x, w, bias, stride, padding, dilation, groups);
+    if (post_op == "relu") {
+      y = at::relu(y);
+    }
+    if (!output_range.has_value()) {
+      return y;
+    }
+    return quantize_uint8(y, out_scale, out_zero_point)
+        .permute({0, 2, 3, 1}).contiguous().view(at::kChar);
   }
   // oneDNN reads channels_last activations without a reorder.
-  const at::Tensor quantized = quantize_uint8_channels_last(input, scale, zero_point);
-  std::vector<int64_t> key = input.sizes().vec();
+  const at::Tensor quantized =
+      carried ? image : quantize_uint8_channels_last(image, scale, zero_point);
+  std::vector<int64_t> key = image.sizes().vec();
   for (auto list : {stride, padding, dilation}) {
     key.insert(key.end(), list.begin(), list.end());
   }
@@ -328,7 +355,7 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
     static const auto prepack = onednn_op("onednn::qconv_prepack");
     torch::jit::Stack stack{weight.contiguous(), weight_scale.contiguous(), scale, zero_point,
                             stride.vec(), padding.vec(), dilation.vec(), groups,
-                            input.sizes().vec()};
+                            image.sizes().vec()};
     prepack.callBoxed(stack);
     return stack.at(0).toTensor();
   });
@@ -346,14 +373,20 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
   stack.emplace_back(padding.vec());
   stack.emplace_back(dilation.vec());
   stack.emplace_back(groups);
-  stack.emplace_back(1.0);
-  stack.emplace_back(static_cast<int64_t>(0));
-  stack.emplace_back(static_cast<int64_t>(at::kFloat));
-  stack.emplace_back(std::string("none"));
+  // uint8 out: requantized by oneDNN with the next layer's range.
+  stack.emplace_back(output_range.has_value() ? out_scale : 1.0);
+  stack.emplace_back(out_zero_point);
+  stack.emplace_back(static_cast<int64_t>(output_range.has_value() ? at::kByte : at::kFloat));
+  stack.emplace_back(std::string(post_op));
   stack.emplace_back(c10::List<std::optional<at::Scalar>>());
   stack.emplace_back(c10::IValue());
   conv.callBoxed(stack);
-  return stack.at(0).toTensor();
+  const at::Tensor result = stack.at(0).toTensor();
+  if (!output_range.has_value()) {
+    return result;
+  }
+  // channels_last uint8 [N, C, H, W] is [N, H, W, C] contiguous: handed on as its bytes.
+  return result.permute({0, 2, 3, 1}).contiguous().view(at::kChar);
 }
 
 }  // namespace blade::ral

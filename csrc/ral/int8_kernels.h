@@ -37,14 +37,21 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
                             const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
                             const at::Tensor& input_range);
 
-// A 2-d convolution of input [N, C, H, W] float32 by weight [O, C / groups, kH, kW] int8
-// with one scale per output channel, bias [O] float32 or None; input_range as above.
-// oneDNN's qconv2d with the weight packed once per input size; the result is channels_last.
+// A 2-d convolution by weight [O, C / groups, kH, kW] int8 with one scale per output
+// channel, bias [O] float32 or None, then `post_op` ("none" or "relu"); oneDNN's qconv2d
+// with the weight packed once per input size. The input is float32 [N, C, H, W], rounded
+// to uint8 with input_range as above, or the uint8 activation of the int8 layer before as
+// its bytes, int8 [N, H, W, C], input_range its scale and zero point. Without
+// output_range the result is float32 [N, C, H, W] in channels_last layout; with it, the
+// result rounded to uint8 with that range (the next int8 layer's), as int8 [N, H, W, C]:
+// two layers in a row then pass uint8 NHWC data, quantized and laid out once.
 at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
                             const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding,
                             at::IntArrayRef dilation, int64_t groups,
-                            const at::Tensor& input_range);
+                            const at::Tensor& input_range,
+                            const std::optional<at::Tensor>& output_range,
+                            c10::string_view post_op);
 
 // The activation's uint8 values, rounded half to even as PyTorch's quantize_per_tensor.
 at::Tensor quantize_uint8(const at::Tensor& input, double scale, int64_t zero_point);

@@ -114,8 +114,8 @@ TORCH_LIBRARY(blade, m) {
         "Tensor input_range) -> Tensor",
         quantized_linear);
   m.def("quantized_conv2d(Tensor input, Tensor weight, Tensor weight_scale, Tensor? bias, "
-        "int[] stride, int[] padding, int[] dilation, int groups, Tensor input_range) -> "
-        "Tensor",
+        "int[] stride, int[] padding, int[] dilation, int groups, Tensor input_range, "
+        "Tensor? output_range, str post_op) -> Tensor",
         quantized_conv2d);
 
   m.def("guard_admits(__torch__.torch.classes.blade.Guard guard, Tensor?[] inputs) -> bool",

@@ -16,6 +16,10 @@ DETERMINISTIC = {
     "mode": lambda x: torch.mode((x * 2).round(), 1)[0] + x[:, 0],
     "histc": lambda x: torch.histc(x.exp(), 5, 0, 3) + 1,
     "bessel_i1": lambda x: torch.special.i1(x * 2) - 1,
+    # Two calls with three buffers each, of other dtypes (float32 in, float32 and int64 out;
+    # int64 in and out): one RAL function serves both (kernel_calls.h).
+    "dtypes_differ": lambda x: torch.cummax(x * 0.5, dim=2)[1].sum(2) +
+    torch.mode((x * 2).round().long(), 2)[0],
 }
 
 

@@ -62,7 +62,11 @@ def fuse(module, graph: torch._C.Graph) -> int:
             kind = QUANTIZED_CONV2D
             operands += [node.inputsAt(3), node.inputsAt(4), node.inputsAt(5),
                          node.inputsAt(8)]
-        fused = graph.create(kind, operands + [input_range], 1)
+        operands.append(input_range)
+        if kind == QUANTIZED_CONV2D:  # a float result
+            with graph.insert_point_guard(node):
+                operands += [graph.insertConstant(None), graph.insertConstant("none")]
+        fused = graph.create(kind, operands, 1)
         fused.insertBefore(node)
         fused.output().setType(node.output().type())
         node.output().replaceAllUsesWith(fused.output())

@@ -87,6 +87,8 @@ class Int8Summary:
     # never took (nn.TransformerEncoderLayer's training path), or with a computed weight.
     unreached: int = 0
     computed_weights: int = 0
+    # Convolutions that hand uint8 NHWC activations to the next (chain_convolutions).
+    chained: int = 0
     # Linears the calibration never reached that read a quantized weight (or rows of one):
     # int8 with the activation's scale measured on each call (int8_readers).
     uncalibrated: int = 0
@@ -100,7 +102,7 @@ class Int8Summary:
     def to_dict(self) -> dict:
         return {"layers": self.layers, "float_layers": self.float_layers,
                 "unreached": self.unreached, "computed_weights": self.computed_weights,
-                "uncalibrated": self.uncalibrated,
+                "uncalibrated": self.uncalibrated, "chained": self.chained,
                 "calibration_inputs": self.calibration_inputs, "cosine": self.cosine,
                 "max_abs_error": self.max_abs_error}
 
@@ -329,10 +331,13 @@ def _insert(graph, node, q, scale, x_scale_value: float, x_zero_point_value: int
     input_range.setDebugName(f"{name}.input_range")
     operands = [node.inputsAt(0), q_value, scale_value,
                 node.inputsAt(2) if bias is None else bias]
-    if node.kind() == "aten::conv2d":  # stride, padding, dilation, groups
-        operands += list(node.inputs())[3:7]
+    operands.append(input_range)
+    if node.kind() == "aten::conv2d":  # stride, padding, dilation, groups; a float result
+        operands[4:4] = list(node.inputs())[3:7]
+        with graph.insert_point_guard(node):
+            operands += [graph.insertConstant(None), graph.insertConstant("none")]
     kind = QUANTIZED.get(node.kind(), QUANTIZED_LINEAR)
-    quantized = graph.create(kind, operands + [input_range], 1)
+    quantized = graph.create(kind, operands, 1)
     quantized.insertBefore(node)
     quantized.output().setType(node.output().type())
     node.output().replaceAllUsesWith(quantized.output())
@@ -368,7 +373,41 @@ def quantize(module, graph: torch._C.Graph, calibration: Sequence[Tuple],
     for layer in chosen:
         rewrite(graph, layer, summary.weights)
         summary.layers.append(layer.name)
+    summary.chained = chain_convolutions(graph)
     return summary
+
+
+def chain_convolutions(graph: torch._C.Graph) -> int:
+    """An int8 convolution whose result (after a ReLU, or not) is read by one other int8
+    convolution alone hands it uint8 NHWC data: oneDNN applies the ReLU and rounds the
+    result with the reader's input range, and the reader convolves it as it is, where each
+    would otherwise write float32 NCHW, and the reader quantize it and change its layout
+    again (blade::quantized_conv2d's output_range). The same numbers, but for float32
+    rounding before the rounding to uint8. Returns how many convolutions hand on."""
+    count = 0
+    for reader in graph.findAllNodes(QUANTIZED_CONV2D, True):
+        value = reader.inputsAt(0)
+        relu = value.node() if value.node().kind() in ("aten::relu", "aten::relu_") else None
+        produced = relu.inputsAt(0) if relu is not None else value
+        producer = produced.node()
+        if producer.kind() != QUANTIZED_CONV2D or len(value.uses()) != 1 or \
+                len(produced.uses()) != 1 or producer.owningBlock() != reader.owningBlock() or \
+                _constant_value(producer.inputsAt(10)) != "none" or \
+                producer.inputsAt(9).node().kind() != "prim::Constant" or \
+                producer.inputsAt(9).toIValue() is not None:
+            continue
+        values = _constant_value(reader.inputsAt(8))
+        if not isinstance(values, torch.Tensor) or not float(values[0]) > 0:
+            continue  # a range measured per call: not known when the producer runs
+        with graph.insert_point_guard(producer):  # the reader's constant comes later
+            producer.replaceInput(9, graph.insertConstant(values))
+            producer.replaceInput(10, graph.insertConstant("relu" if relu else "none"))
+        producer.output().setType(torch._C.TensorType.get())
+        reader.replaceInput(0, producer.output())
+        if relu is not None:
+            relu.destroy()
+        count += 1
+    return count
 
 def int8_readers(graph: torch._C.Graph, weights: Dict[Tuple, Int8Weight]) -> Tuple[int, int]:
     """Makes every other reader of a quantized float weight, or of a block of its rows (the

@@ -5,7 +5,7 @@ read (see codegen/kernels/library_calls.py)."""
 from typing import List
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, func, memref
+from torch_mlir.dialects import arith, builtin, func, memref
 
 
 def read_only(function) -> None:
@@ -19,12 +19,16 @@ def read_only(function) -> None:
     function.attributes["arg_attrs"] = ir.ArrayAttr.get([access] * arguments)
 
 
-def define_returning(function, callee: str, leading=(), trailing=()) -> List:
+def define_returning(function, callee: str, leading=(), trailing=(), element=None) -> List:
     """Defines the bufferized declaration `function`, `(memrefs...) -> (memrefs...)`, as a
     call of the RAL function `callee` with the constants `leading` (attributes), its
     operands and its results as unranked memrefs, then the constants `trailing`; the
     results are allocated here (a dynamic size is that of the same dim of the first
-    operand) and returned. Returns the call's operands (for its declaration)."""
+    operand) and returned. With `element` (an MLIR type), every buffer is passed as an
+    unranked memref of that element type: one declaration of `callee` then serves calls
+    whose buffers differ in dtype (an unranked memref is (rank, descriptor) whatever its
+    element type; the RAL reads the dtypes elsewhere). Returns the call's operands (for
+    its declaration)."""
     function_type = ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)
     block = function.regions[0].blocks.append(*function_type.inputs)
     with ir.InsertionPoint(block):
@@ -38,6 +42,11 @@ def define_returning(function, callee: str, leading=(), trailing=()) -> List:
         buffers = [memref.CastOp(ir.UnrankedMemRefType.get(
             ir.ShapedType(b.type).element_type, None), b).result
             for b in list(block.arguments) + results]
+        if element is not None:
+            common = ir.UnrankedMemRefType.get(element, None)
+            buffers = [b if b.type == common else
+                       builtin.UnrealizedConversionCastOp([common], [b]).result
+                       for b in buffers]
         operands = [arith.ConstantOp(a.type, a).result for a in leading] + buffers + \
             [arith.ConstantOp(a.type, a).result for a in trailing]
         func.CallOp([], ir.FlatSymbolRefAttr.get(callee), operands)

@@ -624,8 +624,11 @@ def lower(module) -> None:
                     leading = []
                     trailing = [function.attributes[f"blade.{key}"]
                                 for key in KERNEL_ARGUMENTS[kind]]
+                # A kernel call's buffers go as i8 memrefs: calls of one buffer count share
+                # the RAL function whatever their dtypes (csrc/ral/kernel_calls.h).
+                element = ir.IntegerType.get_signless(8) if kind == kernel_calls.KIND else None
                 _declare(module, declared, callee,
-                         define_returning(function, callee, leading, trailing))
+                         define_returning(function, callee, leading, trailing, element))
                 continue
             block = function.regions[0].blocks[0]
             terminator = block.operations[len(block.operations) - 1]
