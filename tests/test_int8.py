@@ -67,7 +67,7 @@ def test_quantized_linear_matches_its_definition(scale, zero_point):
     bias = torch.randn(48)
     x = torch.randn(2, 5, 96)
     got = torch.ops.blade.quantized_linear(x, weight_q, weight_scale, bias,
-                                           torch.tensor([scale, zero_point]))
+                                           torch.tensor([scale, zero_point]), None, "none")
     if scale <= 0:  # measured on this input: its range in 255 steps
         scale, zero_point = q.uint8_range(float(x.min()), float(x.max()))
     want = reference_linear(x, weight_q, weight_scale, bias, scale, zero_point)
@@ -81,7 +81,7 @@ def test_quantized_linear_without_dot_product_instructions_gives_the_same_answer
     weight_q, weight_scale = quantized_weight(32, 64)
     x = torch.randn(7, 64)
     got = torch.ops.blade.quantized_linear(x, weight_q, weight_scale, None,
-                                           torch.tensor([0.03, 120.0]))
+                                           torch.tensor([0.03, 120.0]), None, "none")
     want = reference_linear(x, weight_q, weight_scale, None, 0.03, 120)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
@@ -92,16 +92,16 @@ def test_quantized_linear_names_what_is_wrong():
     with pytest.raises(RuntimeError, match=r"quantized_linear: the input's last dim is 12, "
                                            r"the weight takes 16"):
         torch.ops.blade.quantized_linear(torch.randn(3, 12), weight_q, weight_scale, None,
-                                         in_range)
+                                         in_range, None, "none")
     with pytest.raises(RuntimeError, match="the weight must be a 2-d int8 tensor"):
         torch.ops.blade.quantized_linear(torch.randn(3, 16), weight_q.float(), weight_scale,
-                                         None, in_range)
+                                         None, in_range, None, "none")
     with pytest.raises(RuntimeError, match=r"zero point must be an integer in \[0, 255\]"):
         torch.ops.blade.quantized_linear(torch.randn(3, 16), weight_q, weight_scale, None,
-                                         torch.tensor([0.1, 300.0]))
+                                         torch.tensor([0.1, 300.0]), None, "none")
     with pytest.raises(RuntimeError, match=r"input_range must be float32 \[2\]"):
         torch.ops.blade.quantized_linear(torch.randn(3, 16), weight_q, weight_scale, None,
-                                         torch.tensor([0.1]))
+                                         torch.tensor([0.1]), None, "none")
 
 
 def reference_conv(x, weight_q, weight_scale, bias, scale, zero_point, stride, padding,
@@ -154,6 +154,38 @@ def test_chained_convolutions_pass_uint8_nhwc_with_the_same_answer():
                                                 "none")
 
     torch.testing.assert_close(second(carried), second(plain), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("post_op", ["relu", "gelu", "gelu_tanh"])
+def test_chained_linears_pass_uint8_with_the_same_answer(post_op):
+    torch.manual_seed(5)
+    first_q, first_scale = quantized_weight(32, 16)
+    second_q, second_scale = quantized_weight(8, 32)
+    x, bias = torch.randn(4, 3, 16), torch.randn(32)
+    in_range = torch.tensor([0.03, 128.0])
+
+    def first(output_range, op):
+        return torch.ops.blade.quantized_linear(x, first_q, first_scale, bias, in_range,
+                                                output_range, op)
+
+    plain = first(None, "none")
+    activated = {"relu": torch.relu(plain), "gelu": torch.nn.functional.gelu(plain),
+                 "gelu_tanh": torch.nn.functional.gelu(plain, approximate="tanh")}[post_op]
+    torch.testing.assert_close(first(None, post_op), activated, rtol=1e-4, atol=1e-4)
+    low, high = float(activated.min()), float(activated.max())
+    mid_range = torch.tensor(q.uint8_range(low, high), dtype=torch.float32)
+    carried = first(mid_range, post_op)
+    assert carried.dtype == torch.int8 and carried.shape == (4, 3, 32)
+    back = (carried.view(torch.uint8).float() - mid_range[1]) * mid_range[0]
+    assert float((back - activated).abs().max()) <= 0.51 * float(mid_range[0])
+
+    def second(activation):
+        return torch.ops.blade.quantized_linear(activation, second_q, second_scale, None,
+                                                mid_range, None, "none")
+
+    # The same uint8 values but where float32 rounding flips one: a step times a weight.
+    assert float((second(carried) - second(activated)).abs().max()) < \
+        2 * float(mid_range[0]) * float(second_scale.max()) * 127
 
 
 def test_quantized_conv2d_names_what_is_wrong():

@@ -66,17 +66,6 @@ void check_operands(const at::Tensor& input, const at::Tensor& weight,
   }
 }
 
-// The same product in float32 from the dequantized operands (CPUs without VNNI or AMX).
-at::Tensor float_reference(const at::Tensor& rows, const at::Tensor& weight,
-                           const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                           double scale, int64_t zero_point) {
-  const at::Tensor x = (quantize_uint8(rows, scale, zero_point).to(at::kFloat) -
-                        static_cast<double>(zero_point)) *
-                       scale;
-  const at::Tensor w = weight.to(at::kFloat) * weight_scale.unsqueeze(1);
-  return at::linear(x, w, bias);
-}
-
 std::atomic<bool> int8_dot_product_allowed{true};
 
 // oneDNN's packed copies of the weights quantized_linear ran on outside an engine (in
@@ -233,9 +222,19 @@ at::Tensor quantize_uint8(const at::Tensor& input, double scale, int64_t zero_po
 
 at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
                             const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                            const at::Tensor& input_range) {
-  check_operands(input, weight, weight_scale, bias);
+                            const at::Tensor& input_range,
+                            const std::optional<at::Tensor>& output_range,
+                            c10::string_view post_op) {
+  constexpr const char* op = "blade::quantized_linear";
+  // A uint8 activation handed on by the layer before, as its bytes (int8).
+  const bool carried = input.scalar_type() == at::kChar;
+  check_operands(carried ? input.to(at::kFloat) : input, weight, weight_scale, bias);
+  TORCH_CHECK(post_op == "none" || post_op == "relu" || post_op == "gelu" ||
+                  post_op == "gelu_tanh",
+              op, ": post_op must be 'none', 'relu', 'gelu' or 'gelu_tanh', got '", post_op,
+              "'");
   auto [scale, zero_point] = read_input_range(input_range);
+  TORCH_CHECK(!carried || scale > 0, op, ": a uint8 input needs its scale, got ", scale);
   const int64_t k = weight.size(1);
   const int64_t n = weight.size(0);
   const at::Tensor rows = input.reshape({-1, k}).contiguous();
@@ -248,33 +247,54 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
           uint8_range(low.item<float>(), high.item<float>());
     }
   }
+  double out_scale = 1.0;
+  int64_t out_zero_point = 0;
+  if (output_range.has_value()) {
+    std::tie(out_scale, out_zero_point) = read_input_range(*output_range);
+    TORCH_CHECK(out_scale > 0, op, ": output_range needs a positive scale, got ", out_scale);
+  }
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = n;
+  const at::ScalarType out_dtype = output_range.has_value() ? at::kChar : at::kFloat;
   if (rows.size(0) == 0) {
-    return at::empty(sizes, input.options());
+    return at::empty(sizes, input.options().dtype(out_dtype));
   }
+  const at::Tensor quantized =
+      carried ? rows.view(at::kByte) : quantize_uint8(rows, scale, zero_point);
   if (!has_int8_dot_product()) {
-    return float_reference(rows, weight, weight_scale, bias, scale, zero_point).reshape(sizes);
+    at::Tensor y = at::linear((quantized.to(at::kFloat) - zero_point) * scale,
+                              weight.to(at::kFloat) * weight_scale.unsqueeze(1), bias);
+    if (post_op == "relu") {
+      y = at::relu(y);
+    } else if (post_op != "none") {
+      y = at::gelu(y, post_op == "gelu_tanh" ? "tanh" : "none");
+    }
+    if (output_range.has_value()) {
+      y = quantize_uint8(y, out_scale, out_zero_point).view(at::kChar);
+    }
+    return y.reshape(sizes);
   }
   const at::Tensor packed = packed_weight(weight, {}, [&] { return pack_linear(weight); });
   static const auto linear = onednn_op("onednn::qlinear_pointwise");
   torch::jit::Stack stack;
   stack.reserve(13);
-  stack.emplace_back(quantize_uint8(rows, scale, zero_point));
+  stack.emplace_back(quantized);
   stack.emplace_back(scale);
   stack.emplace_back(zero_point);
   stack.emplace_back(packed);
   stack.emplace_back(weight_scale.contiguous());
   stack.emplace_back(at::zeros({n}, weight_scale.options().dtype(at::kInt)));
   stack.emplace_back(bias.has_value() ? c10::IValue(bias->contiguous()) : c10::IValue());
-  stack.emplace_back(1.0);
-  stack.emplace_back(static_cast<int64_t>(0));
-  stack.emplace_back(static_cast<int64_t>(at::kFloat));
-  stack.emplace_back(std::string("none"));
+  // uint8 out: rounded by oneDNN with the next layer's range.
+  stack.emplace_back(out_scale);
+  stack.emplace_back(out_zero_point);
+  stack.emplace_back(static_cast<int64_t>(output_range.has_value() ? at::kByte : at::kFloat));
+  stack.emplace_back(std::string(post_op == "gelu_tanh" ? "gelu" : post_op));
   stack.emplace_back(c10::List<std::optional<at::Scalar>>());
-  stack.emplace_back(std::string(""));
+  stack.emplace_back(std::string(post_op == "gelu_tanh" ? "tanh" : "none"));
   linear.callBoxed(stack);
-  return stack.at(0).toTensor().reshape(sizes);
+  const at::Tensor result = stack.at(0).toTensor().reshape(sizes);
+  return output_range.has_value() ? result.view(at::kChar) : result;
 }
 
 at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,

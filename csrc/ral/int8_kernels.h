@@ -33,9 +33,15 @@ const char* int8_features_needed();
 // or None, input_range float32 [2]: the input's scale and zero point (a scale <= 0
 // measures both on each input). The range is a tensor, not two constants, so that layers
 // alike but for their ranges compile to the same engine code (an engine param each).
+// Then `post_op` ("none", "relu", "gelu", "gelu_tanh"). An int8 input is the uint8
+// activation of the int8 layer before, as its bytes (input_range its scale and zero
+// point); with output_range the result is rounded to uint8 with it (the next layer's) and
+// returned as its bytes, int8 [..., N], as quantized_conv2d does below.
 at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
                             const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                            const at::Tensor& input_range);
+                            const at::Tensor& input_range,
+                            const std::optional<at::Tensor>& output_range,
+                            c10::string_view post_op);
 
 // A 2-d convolution by weight [O, C / groups, kH, kW] int8 with one scale per output
 // channel, bias [O] float32 or None, then `post_op` ("none" or "relu"); oneDNN's qconv2d

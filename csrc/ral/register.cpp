@@ -111,7 +111,7 @@ TORCH_LIBRARY(blade, m) {
 
   // An int8 linear layer (int8_kernels.h); engines call it as a kernel call.
   m.def("quantized_linear(Tensor input, Tensor weight, Tensor weight_scale, Tensor? bias, "
-        "Tensor input_range) -> Tensor",
+        "Tensor input_range, Tensor? output_range, str post_op) -> Tensor",
         quantized_linear);
   m.def("quantized_conv2d(Tensor input, Tensor weight, Tensor weight_scale, Tensor? bias, "
         "int[] stride, int[] padding, int[] dilation, int groups, Tensor input_range, "

@@ -162,8 +162,8 @@ class Report:
                  f"inputs): output vs the float model on them: cosine {q['cosine']:.5f}, "
                  f"max abs error {q['max_abs_error']:.3g}"]
         if q.get("chained"):
-            lines.append(f"    {q['chained']} convolutions hand uint8 NHWC activations to the "
-                         "next (ReLU and rounding in oneDNN)")
+            lines.append(f"    {q['chained']} layers hand uint8 activations to the next "
+                         "(ReLU/GELU and rounding in oneDNN)")
         for name, why in sorted(q["float_layers"].items()):
             lines.append(f"    kept float32: {name}: {why}")
         if q.get("uncalibrated"):

@@ -63,9 +63,8 @@ def fuse(module, graph: torch._C.Graph) -> int:
             operands += [node.inputsAt(3), node.inputsAt(4), node.inputsAt(5),
                          node.inputsAt(8)]
         operands.append(input_range)
-        if kind == QUANTIZED_CONV2D:  # a float result
-            with graph.insert_point_guard(node):
-                operands += [graph.insertConstant(None), graph.insertConstant("none")]
+        with graph.insert_point_guard(node):  # a float result, no post-op
+            operands += [graph.insertConstant(None), graph.insertConstant("none")]
         fused = graph.create(kind, operands, 1)
         fused.insertBefore(node)
         fused.output().setType(node.output().type())

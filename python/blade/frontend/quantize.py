@@ -87,7 +87,7 @@ class Int8Summary:
     # never took (nn.TransformerEncoderLayer's training path), or with a computed weight.
     unreached: int = 0
     computed_weights: int = 0
-    # Convolutions that hand uint8 NHWC activations to the next (chain_convolutions).
+    # Convolutions that hand uint8 NHWC activations to the next (chain_layers).
     chained: int = 0
     # Linears the calibration never reached that read a quantized weight (or rows of one):
     # int8 with the activation's scale measured on each call (int8_readers).
@@ -332,10 +332,10 @@ def _insert(graph, node, q, scale, x_scale_value: float, x_zero_point_value: int
     operands = [node.inputsAt(0), q_value, scale_value,
                 node.inputsAt(2) if bias is None else bias]
     operands.append(input_range)
-    if node.kind() == "aten::conv2d":  # stride, padding, dilation, groups; a float result
+    if node.kind() == "aten::conv2d":  # stride, padding, dilation, groups
         operands[4:4] = list(node.inputs())[3:7]
-        with graph.insert_point_guard(node):
-            operands += [graph.insertConstant(None), graph.insertConstant("none")]
+    with graph.insert_point_guard(node):  # a float result, no post-op
+        operands += [graph.insertConstant(None), graph.insertConstant("none")]
     kind = QUANTIZED.get(node.kind(), QUANTIZED_LINEAR)
     quantized = graph.create(kind, operands, 1)
     quantized.insertBefore(node)
@@ -373,41 +373,56 @@ def quantize(module, graph: torch._C.Graph, calibration: Sequence[Tuple],
     for layer in chosen:
         rewrite(graph, layer, summary.weights)
         summary.layers.append(layer.name)
-    summary.chained = chain_convolutions(graph)
+    summary.chained = chain_layers(graph)
     return summary
 
 
-def chain_convolutions(graph: torch._C.Graph) -> int:
-    """An int8 convolution whose result (after a ReLU, or not) is read by one other int8
-    convolution alone hands it uint8 NHWC data: oneDNN applies the ReLU and rounds the
-    result with the reader's input range, and the reader convolves it as it is, where each
-    would otherwise write float32 NCHW, and the reader quantize it and change its layout
-    again (blade::quantized_conv2d's output_range). The same numbers, but for float32
-    rounding before the rounding to uint8. Returns how many convolutions hand on."""
+def chain_layers(graph: torch._C.Graph) -> int:
+    """An int8 layer whose result (after a ReLU or GELU, or not) is read by one other int8
+    layer of the same kind alone hands it uint8 data: oneDNN applies the activation and
+    rounds the result with the reader's input range, and the reader multiplies or convolves
+    it as it is (convolutions: NHWC), where each would otherwise write float32 (NCHW) and
+    the reader quantize it (and change its layout) again (the ops' output_range). The same
+    numbers, but for float32 rounding before the rounding to uint8. Returns how many
+    layers hand on."""
     count = 0
-    for reader in graph.findAllNodes(QUANTIZED_CONV2D, True):
-        value = reader.inputsAt(0)
-        relu = value.node() if value.node().kind() in ("aten::relu", "aten::relu_") else None
-        produced = relu.inputsAt(0) if relu is not None else value
-        producer = produced.node()
-        if producer.kind() != QUANTIZED_CONV2D or len(value.uses()) != 1 or \
-                len(produced.uses()) != 1 or producer.owningBlock() != reader.owningBlock() or \
-                _constant_value(producer.inputsAt(10)) != "none" or \
-                producer.inputsAt(9).node().kind() != "prim::Constant" or \
-                producer.inputsAt(9).toIValue() is not None:
-            continue
-        values = _constant_value(reader.inputsAt(8))
-        if not isinstance(values, torch.Tensor) or not float(values[0]) > 0:
-            continue  # a range measured per call: not known when the producer runs
-        with graph.insert_point_guard(producer):  # the reader's constant comes later
-            producer.replaceInput(9, graph.insertConstant(values))
-            producer.replaceInput(10, graph.insertConstant("relu" if relu else "none"))
-        producer.output().setType(torch._C.TensorType.get())
-        reader.replaceInput(0, producer.output())
-        if relu is not None:
-            relu.destroy()
-        count += 1
+    for kind in (QUANTIZED_CONV2D, QUANTIZED_LINEAR):
+        range_at = 8 if kind == QUANTIZED_CONV2D else 4  # input_range; then output_range
+        for reader in graph.findAllNodes(kind, True):
+            value = reader.inputsAt(0)
+            activation = _post_op(value.node(), kind)
+            produced = value.node().inputsAt(0) if activation else value
+            producer = produced.node()
+            if producer.kind() != kind or len(value.uses()) != 1 or \
+                    len(produced.uses()) != 1 or \
+                    producer.owningBlock() != reader.owningBlock() or \
+                    _constant_value(producer.inputsAt(range_at + 2)) != "none" or \
+                    producer.inputsAt(range_at + 1).node().kind() != "prim::Constant" or \
+                    producer.inputsAt(range_at + 1).toIValue() is not None:
+                continue
+            values = _constant_value(reader.inputsAt(range_at))
+            if not isinstance(values, torch.Tensor) or not float(values[0]) > 0:
+                continue  # a range measured per call: not known when the producer runs
+            with graph.insert_point_guard(producer):  # the reader's constant comes later
+                producer.replaceInput(range_at + 1, graph.insertConstant(values))
+                producer.replaceInput(range_at + 2, graph.insertConstant(activation or "none"))
+            producer.output().setType(torch._C.TensorType.get())
+            reader.replaceInput(0, producer.output())
+            if activation:
+                value.node().destroy()
+            count += 1
     return count
+
+
+def _post_op(node: torch._C.Node, kind: str) -> Optional[str]:
+    """The post-op oneDNN applies for `node` (None: not one): a ReLU, or for linear layers
+    a GELU (exact or tanh)."""
+    if node.kind() in ("aten::relu", "aten::relu_"):
+        return "relu"
+    if kind == QUANTIZED_LINEAR and node.kind() == "aten::gelu":
+        approximate = _constant_value(node.inputsAt(1))
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
+    return None
 
 def int8_readers(graph: torch._C.Graph, weights: Dict[Tuple, Int8Weight]) -> Tuple[int, int]:
     """Makes every other reader of a quantized float weight, or of a block of its rows (the
