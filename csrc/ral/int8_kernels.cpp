@@ -46,9 +46,11 @@ std::pair<double, int64_t> read_input_range(const at::Tensor& input_range) {
 void check_operands(const at::Tensor& input, const at::Tensor& weight,
                     const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "blade::quantized_linear";
-  TORCH_CHECK(input.scalar_type() == at::kFloat && input.dim() >= 1, op,
-              ": the input must be a float32 tensor of at least 1 dim, got ",
-              input.scalar_type(), " of ", input.dim(), " dims");
+  TORCH_CHECK((input.scalar_type() == at::kFloat || input.scalar_type() == at::kChar) &&
+                  input.dim() >= 1,
+              op, ": the input must be a float32 tensor (or the uint8 activation of another "
+              "int8 layer, as int8) of at least 1 dim, got ", input.scalar_type(), " of ",
+              input.dim(), " dims");
   TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2, op,
               ": the weight must be a 2-d int8 tensor [out_features, in_features], got ",
               weight.scalar_type(), weight.sizes());
@@ -228,7 +230,7 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
   constexpr const char* op = "blade::quantized_linear";
   // A uint8 activation handed on by the layer before, as its bytes (int8).
   const bool carried = input.scalar_type() == at::kChar;
-  check_operands(carried ? input.to(at::kFloat) : input, weight, weight_scale, bias);
+  check_operands(input, weight, weight_scale, bias);
   TORCH_CHECK(post_op == "none" || post_op == "relu" || post_op == "gelu" ||
                   post_op == "gelu_tanh",
               op, ": post_op must be 'none', 'relu', 'gelu' or 'gelu_tanh', got '", post_op,
