@@ -11,6 +11,7 @@
 #include "passes/functionalize_input_writes.h"
 #include "passes/functionalize_view_writes.h"
 #include "passes/guard_specialization.h"
+#include "passes/keep_rank_checks.h"
 #include "passes/materialize_types.h"
 #include "passes/outline_branches.h"
 #include "passes/split_to_slices.h"
@@ -137,6 +138,25 @@ PYBIND11_MODULE(_C, m) {
         py::arg("small_writes") = 0,
         "In-place writes into graph inputs and module attributes become functional values "
         "and blade::write_back nodes.");
+  m.def(
+      "keep_rank_checks",
+      [](const std::shared_ptr<torch::jit::Graph>& graph) {
+        auto counts = passes::keep_rank_checks(graph);
+        return std::make_pair(counts.rank_reads, counts.barriers);
+      },
+      py::arg("graph"),
+      "dim() of a convolution's result reads its input's rank, and BatchNorms whose fold "
+      "would need a batched input get a fold barrier; returns both counts.");
+  m.def("remove_fold_barriers", &passes::remove_fold_barriers, py::arg("graph"),
+        "Removes keep_rank_checks' fold barriers; returns how many.");
+  m.def(
+      "copy_keeping_rank_checks",
+      [](const py::object& module) {
+        return passes::copy_keeping_rank_checks(py::cast<torch::jit::Module>(module));
+      },
+      py::arg("module"),
+      "A copy of a script module (same tensors) whose inlined forward keeps rank checks "
+      "through freezing.");
   m.def("check_in_place_casts", &passes::check_in_place_casts, py::arg("graph"),
         "Raises where an in-place op's value cannot be cast to its tensor's dtype.");
   m.def("functionalize_view_writes", &passes::functionalize_view_writes, py::arg("graph"),

@@ -793,7 +793,12 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
                        for c in config.calibration or [inputs]] \
             if config.precision == "int8" else []
         progress.stage("freezing")
-        module = torch.jit.freeze(scripted, preserved_attrs=list(config.preserved_attributes))
+        # Frozen from a copy whose rank checks and BatchNorm axes survive freezing
+        # (passes/keep_rank_checks.h): a wrong-rank input gets eager's error or answer.
+        module = torch.jit.freeze(
+            torch.jit._recursive.wrap_cpp_module(_C.copy_keeping_rank_checks(scripted._c)),
+            preserved_attrs=list(config.preserved_attributes))
+        _C.remove_fold_barriers(module.graph)
     # The attributes freezing kept are those forward writes into (or asked to be kept); they
     # are the model's own tensors, which the runs below must leave as they were.
     with preserved_module_state(module):
