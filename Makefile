@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: setup build demo test bench test-asan serve-example clean
+.PHONY: setup build demo lint test bench test-asan serve-example clean
 
 setup: build
 
@@ -37,7 +37,13 @@ $(SERVE_STAMP): examples/serve/requirements.txt $(DEPS_STAMP)
 	$(PY) -m pip install --quiet -r examples/serve/requirements.txt
 	touch $@
 
-test: build $(SERVE_STAMP)
+# The layers of python/blade import only downward (.importlinter), and ruff finds nothing
+# (ruff.toml).
+lint: $(DEPS_STAMP)
+	$(VENV)/bin/ruff check python tests benchmarks examples
+	cd python && ../$(VENV)/bin/lint-imports --config ../.importlinter --no-cache
+
+test: build $(SERVE_STAMP) lint
 	$(PY) -m pytest -q tests
 
 serve-example: build $(SERVE_STAMP)

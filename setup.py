@@ -66,6 +66,6 @@ setup(
     entry_points={
         "console_scripts": ["blade=blade.__main__:main"],
         # torch.compile(model, backend="blade") finds Blade without `import blade`.
-        "torch_dynamo_backends": ["blade=blade.frontend.torch_compile:blade_backend"],
+        "torch_dynamo_backends": ["blade=blade.torch_compile:blade_backend"],
     },
 )

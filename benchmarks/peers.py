@@ -10,11 +10,12 @@ by default) and inductor_int8 (PyTorch's PT2E flow from torchao with X86Inductor
 compiled by `torch.compile` with freezing).
 
 Each takes the model through `torch.onnx.export(..., dynamo=False)` (opset 20), runs on 2
-intra-op threads, and is called like the model: torch tensors in, torch tensors out.
-ONNX Runtime's threads do not spin between runs (they would take the cores from the next
-backend of the round-robin). Inputs are handed over without a copy (numpy views of the tensors); OpenVINO's outputs
-live in buffers its next call reuses, so they are copied out, and the copy is part of the
-measured call. ONNX Runtime returns fresh arrays, wrapped without a copy.
+intra-op threads, and is called like the model: torch tensors in, torch tensors out. ONNX
+Runtime's threads do not spin between runs (they would take the cores from the next backend
+of the round-robin). Inputs are handed over without a copy (numpy views of the tensors);
+OpenVINO's outputs live in buffers its next call reuses, so they are copied out, and the
+copy is part of the measured call. ONNX Runtime returns fresh arrays, wrapped without a
+copy.
 """
 import tempfile
 from pathlib import Path

@@ -17,7 +17,8 @@ Each row gives the backend's ratio to eager and, for workloads with GEMMs or
 convolutions, the rate it reaches (their FLOPs, counted by torch's FlopCounterMode on the
 eager model, per second of the whole call) as a share of the machine's float32 FMA peak,
 measured once by `peak.py`. The FLOPs are those of direct convolutions: a backend running
-3x3 convolutions by Winograd (Blade, OpenVINO) does fewer, so its share can pass 100%. The summary table ends with Blade's ratio to the faster
+3x3 convolutions by Winograd (Blade, OpenVINO) does fewer, so its share can pass 100%. The
+summary table ends with Blade's ratio to the faster
 float32 peer (ONNX Runtime or OpenVINO-f32), and Blade's bf16 mode's ratio to OpenVINO's
 default (bf16) with its max abs difference from float32 eager, and the shares of the bfloat16
 dot-product peak both reach.

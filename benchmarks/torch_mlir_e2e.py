@@ -142,7 +142,7 @@ class _Recorder:
 
 def _clone(value):
     """`value` with a copy of every tensor in it (Blade's own `private_copy`)."""
-    from blade.frontend.inputs import private_copy
+    from blade.isolation import private_copy
 
     return private_copy(value)
 
@@ -344,10 +344,10 @@ def summarize(results: dict, skipped: dict) -> str:
                not r.get("compile_errors") and not r.get("unreached") and
                all(ALIAS_REASON in reason or NO_COMPUTE_REASON in reason
                    for reasons in r["unsupported"].values() for reason in reasons)]
-    lines.append(f"  not whole only for views of inputs with nothing to compute, or views "
+    lines.append("  not whole only for views of inputs with nothing to compute, or views "
                  f"that cannot be made after the engine: {len(aliases)}")
-    lines.append(f"  views reported as possible aliases (none expected but layout readers "
-                 f"and ops without schema): " + (", ".join(sorted(
+    lines.append("  views reported as possible aliases (none expected but layout readers "
+                 "and ops without schema): " + (", ".join(sorted(
                      {op for r in with_ops for op, reasons in r.get("unsupported", {}).items()
                       if any(ALIAS_REASON in reason for reason in reasons)})) or "none"))
     held_back = collections.Counter()

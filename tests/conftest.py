@@ -15,6 +15,6 @@ os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="blade-tests-config-")
 atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
 
 # Compiled code is cached across optimize calls (blade.codegen.cache): tests compile afresh,
-# so that one test's code never stands in for another's; tests/test_compile_cache.py names
+# so that one test's code never stands in for another's; tests/codegen/test_compile_cache.py names
 # its own directories.
 os.environ["BLADE_CACHE_DIR"] = "off"

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import blade
-from blade import _C
 from blade.codegen.llvm.native import host_cpu_features
 from helpers import assert_ran_compiled
 

@@ -273,9 +273,9 @@ def test_an_unwritable_output_is_one_line(saved_model, tmp_path, capsys):
 
 def test_the_runtimes_spec_dtypes_are_the_dtype_table():
     """Tensor specs are parsed in C++ (csrc/ral/tensor_spec.cpp) and written in Python: the
-    runtime's table is blade.partition.dtypes.DTYPES (the same names for the same
+    runtime's table is blade.dtypes.DTYPES (the same names for the same
     ScalarTypes, in its order), and the command line takes each of them."""
-    from blade.partition import dtypes
+    from blade import dtypes
 
     assert blade._C.spec_dtypes() == [(d.name, d.scalar_type) for d in dtypes.DTYPES]
     for d in dtypes.DTYPES:

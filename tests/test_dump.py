@@ -1,4 +1,5 @@
-"""Config(dump_dir) / BLADE_DUMP_DIR: every codegen pass of every cluster, every pass's graph."""
+"""Config(dump_dir) / BLADE_DUMP_DIR: every codegen pass of every cluster, the graph after
+every pass of the TorchScript-level pipeline."""
 import json
 import os
 import subprocess
@@ -8,6 +9,7 @@ import torch
 
 import blade
 from blade.codegen import pipeline
+from blade.frontend import pipeline as graph_pipeline
 from helpers import TwoClusters
 
 TRACE = blade.Config(allow_tracing=True)
@@ -36,11 +38,13 @@ def check_dump(root, clusters):
         timings = json.loads((directory / "timings.json").read_text())
         assert {"import", "native", "total", *(name[:-len(".mlir")] for name in dumped)} \
             <= set(timings)
-    passes = sorted(p.name for p in (root / "passes").iterdir())
-    assert passes[0] == "00_frozen.txt"
-    assert any("materialize_types" in p for p in passes)
-    assert passes[-2].endswith("_clustered.txt") and passes[-1].endswith("_final.txt")
-    assert "blade::execute" in (root / "passes" / passes[-1]).read_text()
+    # The graph after every pass of the TorchScript-level pipeline, in its order.
+    graphs = sorted(p.name for p in (root / "graph").iterdir())
+    assert graphs == [f"{i:02d}_{p.name}.txt" for i, p in
+                      enumerate(graph_pipeline.build(blade.Config()))]
+    after = {name.split("_", 1)[1][:-len(".txt")]: root / "graph" / name for name in graphs}
+    assert "prim::FunctionalGraph" in after["cluster"].read_text()
+    assert "blade::execute" in (root / "graph" / graphs[-1]).read_text()
     assert "Blade report" in (root / "report.txt").read_text()
 
 

@@ -7,6 +7,9 @@ import torch
 import blade
 from helpers import run_compiled
 
+# Each wrong input runs the unspecialized model, which warns (tests/test_slow_path.py).
+pytestmark = pytest.mark.filterwarnings("ignore:blade. the optimized model's input guard")
+
 
 class ConvNet(torch.nn.Module):
     def __init__(self):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import blade
-import blade.compiler
+import blade.frontend.pipeline
 from blade.model_cache import SUFFIX, wait_for_writes
 from helpers import assert_same, count_calls
 
@@ -46,7 +46,7 @@ def model_entries(directory):
 @pytest.fixture
 def front_ends(monkeypatch):
     """Counts the optimizes that went past the model cache (froze and compiled)."""
-    return count_calls(monkeypatch, blade.compiler, "_compile_frozen")
+    return count_calls(monkeypatch, blade.frontend.pipeline, "run")
 
 
 def optimize_and_compare(model, x, config):

@@ -2,7 +2,7 @@
 import torch
 
 import blade
-from blade.tools.dump import Progress
+from blade.dump import Progress
 
 
 def model():

@@ -11,7 +11,7 @@ class AttentionBlock(torch.nn.Module):
     mode, batch_first, without attention weights and under no_grad it takes PyTorch's fast
     path, one `aten::_native_multi_head_attention` node, whose attention-weights result is
     left undefined; with a mask Blade does not decompose it (without one it does:
-    tests/test_attention_fast_path.py)."""
+    tests/codegen/kernels/test_attention_fast_path.py)."""
 
     def __init__(self, dim=16, heads=2):
         super().__init__()
@@ -62,7 +62,7 @@ def test_an_op_whose_sizes_vary_between_runs_is_counted_as_not_compiled():
 
 
 def test_an_op_outside_every_engine_without_a_recorded_reason_is_still_listed():
-    from blade.compiler import _account_for_ops_outside_engines
+    from blade.frontend.finishing import account_for_ops_outside_engines
     from blade.report import Report
 
     class TopkThenTanh(torch.nn.Module):
@@ -73,6 +73,6 @@ def test_an_op_outside_every_engine_without_a_recorded_reason_is_still_listed():
                                blade.Config(kernel_calls=False))
     # As if no stage had recorded why topk stays TorchScript:
     report = Report()
-    _account_for_ops_outside_engines(optimized.graph, report)
+    account_for_ops_outside_engines(optimized.graph, report)
     assert list(report.unsupported) == ["aten::topk"], str(report)
     assert "recorded no reason" in report.unsupported["aten::topk"].reasons[0]

@@ -333,12 +333,12 @@ def test_engines_running_checked_code_are_not_run_again():
 
 
 def _recording_captures(monkeypatch):
-    """Wraps the compiler's capture_cluster_examples: records, per capture prepared, how
+    """Wraps self_check's capture_cluster_examples: records, per capture prepared, how
     many clusters it records and whether it ran."""
-    import blade.compiler
+    import blade.self_check
 
     captures = []
-    real = blade.compiler.capture_cluster_examples
+    real = blade.self_check.capture_cluster_examples
 
     def capture(module, graph, clusters, inputs):
         run = real(module, graph, clusters, inputs)
@@ -350,7 +350,7 @@ def _recording_captures(monkeypatch):
             return run()
         return recorded
 
-    monkeypatch.setattr(blade.compiler, "capture_cluster_examples", capture)
+    monkeypatch.setattr(blade.self_check, "capture_cluster_examples", capture)
     return captures
 
 
@@ -382,9 +382,9 @@ def test_a_cluster_taken_for_a_repeat_is_still_checked_when_its_code_differs(
     """Every cluster is taken for a repeat of the first (its record deferred); the second
     compiles to other code, so the deferred run records it and the check catches the wrong
     relu there."""
-    import blade.compiler
+    import blade.self_check
 
-    monkeypatch.setattr(blade.compiler, "repetition_key", lambda cluster: "same")
+    monkeypatch.setattr(blade.self_check, "repetition_key", lambda cluster: "same")
     captures = _recording_captures(monkeypatch)
 
     def two(x):
@@ -432,10 +432,10 @@ def test_repeated_layers_of_a_traced_model_with_small_weights_are_repeats(monkey
 def test_a_failing_deferred_run_leaves_its_clusters_in_torchscript(monkeypatch):
     """The second run fails once: every cluster that needed it stays TorchScript with that
     error, none runs unchecked, and the run is not tried again."""
-    import blade.compiler
+    import blade.self_check
 
-    monkeypatch.setattr(blade.compiler, "repetition_key", lambda cluster: "same")
-    real = blade.compiler.capture_cluster_examples
+    monkeypatch.setattr(blade.self_check, "repetition_key", lambda cluster: "same")
+    real = blade.self_check.capture_cluster_examples
     runs = []
 
     def capture(module, graph, clusters, inputs):
@@ -448,7 +448,7 @@ def test_a_failing_deferred_run_leaves_its_clusters_in_torchscript(monkeypatch):
             raise RuntimeError("the example run failed")
         return failing
 
-    monkeypatch.setattr(blade.compiler, "capture_cluster_examples", capture)
+    monkeypatch.setattr(blade.self_check, "capture_cluster_examples", capture)
 
     def three(x):
         x = torch.tanh(torch.cos(x) * 1.5) + 1.0

@@ -1,5 +1,5 @@
 """torch.compile(model, backend="blade"): each graph Dynamo hands over is compiled by Blade
-(python/blade/frontend/torch_compile.py), gives eager's results and runs its engines."""
+(python/blade/torch_compile.py), gives eager's results and runs its engines."""
 import os
 import subprocess
 import sys
@@ -184,14 +184,14 @@ def test_other_instance_and_weights_written_in_place():
 def test_import_blade_stays_cheap_and_the_entry_point_finds_blade(tmp_path):
     # An installed Blade declares the backend in the torch_dynamo_backends entry-point
     # group (setup.py); a dist-info of its own on the path stands in for the installation.
-    assert '"torch_dynamo_backends": ["blade=blade.frontend.torch_compile:blade_backend"]' in \
+    assert '"torch_dynamo_backends": ["blade=blade.torch_compile:blade_backend"]' in \
         (ROOT / "setup.py").read_text()
     dist = tmp_path / "blade_backend_probe-0.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: blade-backend-probe\n"
                                    "Version: 0.0\n")
     (dist / "entry_points.txt").write_text(
-        "[torch_dynamo_backends]\nblade = blade.frontend.torch_compile:blade_backend\n")
+        "[torch_dynamo_backends]\nblade = blade.torch_compile:blade_backend\n")
     script = textwrap.dedent("""
         import sys, torch
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()

@@ -6,7 +6,7 @@ to native code, run by a C++ runtime; everything else keeps running as TorchScri
     print(blade.report(optimized))
 
     compiled = torch.compile(model, backend="blade")   # the same, through Dynamo
-    print(blade.dynamo_reports())                      # see blade.frontend.torch_compile
+    print(blade.dynamo_reports())                      # see blade.torch_compile
 
 Importing blade loads only the runtime; the compiler (and torch-mlir) load on first use.
 """
@@ -17,10 +17,10 @@ from blade._runtime import load_runtime
 load_runtime()
 
 from blade.config import Config  # noqa: E402
-from blade.frontend.inputs import ExampleInputsError  # noqa: E402
+from blade.frontend.inputs import ExampleInputsError  # noqa: E402,F401  (public)
 from blade.report import Report, report  # noqa: E402
-from blade.frontend import torch_compile  # noqa: E402
-from blade.frontend.torch_compile import dynamo_graphs, dynamo_reports  # noqa: E402
+from blade import torch_compile  # noqa: E402
+from blade.torch_compile import dynamo_graphs, dynamo_reports  # noqa: E402
 
 # torch.compile(model, backend="blade"), registered once torch loads its backend registry.
 torch_compile.register()
@@ -48,6 +48,7 @@ def optimize(model, example_inputs=None, config=None, *, example_kwarg_inputs=No
         >>> optimized = blade.optimize(model.eval(), (torch.randn(8, 64),))
         >>> optimized = blade.optimize(bert, {"input_ids": ids, "attention_mask": mask})
     """
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade.compiler import optimize as _optimize
 
     return _optimize(model, example_inputs, config, example_kwarg_inputs=example_kwarg_inputs)
@@ -60,6 +61,7 @@ def release_cached_memory():
     Example:
         >>> blade.release_cached_memory()
     """
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade import _C
 
     _C.release_cached_memory()
@@ -72,6 +74,7 @@ def int8_supported() -> bool:
     Example:
         >>> config = blade.Config(precision="int8" if blade.int8_supported() else "float32")
     """
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade import _C
 
     return _C.has_int8_dot_product()
@@ -85,6 +88,7 @@ def set_cached_memory_limit(num_bytes: int):
     Example:
         >>> blade.set_cached_memory_limit(256 << 20)
     """
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade import _C
 
     _C.set_cached_memory_limit(int(num_bytes))
@@ -103,6 +107,7 @@ def set_prepared_weights_limit(num_bytes: Optional[int]):
     Example:
         >>> blade.set_prepared_weights_limit(0)   # memory over speed
     """
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade import _C
 
     _C.set_prepared_weights_limit(-1 if num_bytes is None else max(0, int(num_bytes)))
@@ -118,6 +123,7 @@ def trust_key(public_key: str):
     Example:
         >>> blade.trust_key("3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29")
     """
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade import _C
 
     _C.trust_public_key(str(public_key).strip())
@@ -132,6 +138,7 @@ def signing_public_key(signing_key=None) -> str:
         >>> blade.signing_public_key()
         '3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29'
     """
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade import _C
 
     return _C.signing_public_key("" if signing_key is None else str(signing_key))
@@ -144,6 +151,7 @@ def trusted_keys():
         >>> blade.signing_public_key() in blade.trusted_keys()
         True
     """
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade import _C
 
     return list(_C.trusted_public_keys())
@@ -160,7 +168,9 @@ def register_converter(schema, capability_validator=None, priority=None, dtypes=
         ...     return ctx.op("stablehlo.tanh", ctx.operands)
     """
     from blade.partition import converters  # noqa: F401  (built-ins first, so priorities compare)
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade.partition.registry import USER_PRIORITY
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade.partition.user_converters import register_converter as _register
 
     return _register(schema, capability_validator,
@@ -170,6 +180,7 @@ def register_converter(schema, capability_validator=None, priority=None, dtypes=
 
 def unregister_converter(converter):
     """Removes a converter returned by `register_converter`."""
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade.partition.user_converters import unregister_converter as _unregister
 
     _unregister(converter)
@@ -185,6 +196,7 @@ def register_decomposition(overload):
         ... def softplus2(x: torch.Tensor, beta: float) -> torch.Tensor:
         ...     return torch.log1p(torch.exp(x * beta)) / beta
     """
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade.frontend.decompositions import register_decomposition as _register
 
     return _register(overload)
@@ -192,6 +204,7 @@ def register_decomposition(overload):
 
 def unregister_decomposition(overload):
     """Removes the user's decomposition of `overload`."""
+    # Loaded on first use, so that `import blade` stays cheap.
     from blade.frontend.decompositions import unregister_decomposition as _unregister
 
     _unregister(overload)

@@ -35,7 +35,7 @@ class Config:
         dry_run: analyse and cluster but compile nothing; the returned module is the
             frozen model with the analysis attached, so `blade.report` works on it.
         dump_dir: write the graph after each simplification pass and, per cluster, its
-            IR at every stage with timings (layout in `blade.tools.dump`). The environment
+            IR at every stage with timings (layout in `blade.dump`). The environment
             variable BLADE_DUMP_DIR does the same when this is not set.
         progress: show what optimize is doing on stderr, from the first second: the
             front-end stages, then each cluster as it compiles, with the time elapsed.

@@ -8,14 +8,15 @@ node's operands in schema order and the materialized types as `!torch.vtensor<[4
 accepts, so no per-op printing code is needed. The text is parsed and verified by MLIR.
 """
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from blade.partition.dtypes import ELEMENT_TYPES
-from blade.partition.registry import Converter, describe, schema_name
+from blade.dtypes import ELEMENT_TYPES
+from blade.codegen.errors import node_location
+from blade.kernel_call_spec import SPEC_ATTRIBUTE, spec
+from blade.graph_queries import constant_arguments, describe, schema_name
 
 class ImportError_(Exception):
     """A node that the importer cannot express in the torch dialect."""
@@ -82,9 +83,9 @@ def _string_literal(s: str) -> str:
 @dataclass
 class UserCall:
     """One node of a cluster that a user converter lowers: the importer writes a call of
-    a private function, whose body blade.partition.user_converters fills in later."""
+    a private function, whose body codegen/stablehlo/user_calls fills in later."""
     function: str            # the private function's name
-    converter: Converter
+    converter: Any  # partition.registry.Converter
     node: torch._C.Node
     arguments: Dict[str, Any]  # non-tensor arguments by schema name, as Python values
     node_index: Optional[int] = None  # the node's index in its cluster
@@ -162,9 +163,8 @@ class _Emitter:
 
     def user_call(self, node: torch._C.Node, converter) -> None:
         """A call of a private function that the user's converter fills in later (see
-        blade/partition/user_converters.py); only tensors are passed, other arguments are constants
-        the converter reads from the node."""
-        from blade.partition.registry import constant_arguments
+        codegen/stablehlo/user_calls.py); only tensors are passed, other arguments are
+        constants the converter reads from the node."""
         function = f"blade_user_{len(self.user_calls)}"
         self.call_of_declaration(node, function)
         self.user_calls.append(UserCall(function, converter, node, constant_arguments(node),
@@ -188,8 +188,7 @@ class _Emitter:
 
     def kernel_call(self, node: torch._C.Node) -> None:
         """A call of a private declaration that carries the call of PyTorch's kernel for the
-        node (blade.partition.kernel_calls.spec): the code generator makes the call."""
-        from blade.partition.kernel_calls import SPEC_ATTRIBUTE, spec
+        node (blade.kernel_call_spec.spec): the code generator makes the call."""
         self.call_of_declaration(node, f"blade_kernel_{self.kernel_calls}",
                                  f"{{{SPEC_ATTRIBUTE} = {_string_literal(spec(node))}}}")
         self.kernel_calls += 1
@@ -297,25 +296,6 @@ def _computed_size(node: torch._C.Node) -> bool:
     producer = size.node()
     return producer.kind() == "prim::ListConstruct" and \
         any(v.node().kind() != "prim::Constant" for v in producer.inputs())
-
-
-def node_location(index: int) -> str:
-    """The MLIR location name of the cluster's node `index`: every op written for the node
-    carries it, and MLIR's diagnostics name it, so a failure deep in the pipeline points
-    back at the node (see `failing_node`)."""
-    return f"blade_node_{index}"
-
-
-_NODE_LOCATION = re.compile(r'"blade_node_(\d+)"')
-
-
-def failing_node(locations: Sequence[str]) -> Optional[int]:
-    """The node index in the first of `locations` (MLIR location texts) that names one."""
-    for location in locations:
-        match = _NODE_LOCATION.search(location)
-        if match:
-            return int(match.group(1))
-    return None
 
 
 def import_subgraph(subgraph: torch._C.Graph, func_name: str = "main",

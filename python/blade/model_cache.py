@@ -58,6 +58,10 @@ import torch
 from blade import _C
 from blade.codegen.cache import CodeCache, compiler_fingerprint, write_whole
 from blade.report import REPORT_ATTRIBUTE, Report, amend_report
+from blade.frontend.decomposition_registry import _USER
+from blade.partition.registry import REGISTRY
+from blade.codegen.llvm import native
+from blade.dump import Dumper
 
 _MAGIC = b"blade optimized model 1\n"
 # Nodes that run code the inlined graph does not show: a method or function call left (an
@@ -179,7 +183,6 @@ class ModelCache:
     def key(self, scripted, inputs: Tuple, config) -> ModelKey:
         """The key of optimizing `scripted` (in eval mode) on `inputs` under `config`;
         raises NotKept when something it depends on cannot be keyed."""
-        from blade.tools.dump import Dumper
 
         if Dumper.for_config(config.dump_dir).enabled or config.dry_run or \
                 config.preserved_attributes:
@@ -666,8 +669,6 @@ def _holds_tensors(value) -> bool:
 def _registry_fingerprint() -> str:
     """Which converters are registered; raises NotKept when the user registered a converter
     or a decomposition (their code is the user's Python, which the key cannot see)."""
-    from blade.frontend.decomposition_registry import _USER
-    from blade.partition.registry import REGISTRY
 
     if _USER:
         raise NotKept("a user decomposition is registered")
@@ -681,7 +682,6 @@ def _registry_fingerprint() -> str:
 
 
 def _environment() -> str:
-    from blade.codegen.llvm import native
 
     libraries = []
     package = Path(__file__).resolve().parent

@@ -6,12 +6,11 @@ saved and loaded with it); run-time counters are read live from the module's eng
 import enum
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, List, Optional
 
 import torch
 
-from blade.codegen.statistics import CodeStatistics
 
 REPORT_ATTRIBUTE = "_blade_report"
 GUARD_ATTRIBUTE = "blade_guard"   # the optimized graph's input guard (csrc/ral/guard.h)
@@ -23,6 +22,43 @@ class CodeOrigin(str, enum.Enum):
     COMPILED = "compiled"            # by this optimize
     COMPILE_CACHE = "compile cache"  # the compile cache's directory
     SHARED = "shared"                # another engine's of this optimize (identical cluster)
+
+
+@dataclass
+class CodeStatistics:
+    """What code generation made of one cluster, counted by the passes that make each
+    thing (blade.codegen.pipeline); the compile cache stores it with the code, and each
+    engine's report is one (ClusterReport).
+
+    Example:
+        >>> CodeStatistics(library_calls=2).as_dict()["library_calls"]
+        2
+    """
+
+    library_calls: int = 0     # ops outlined as RAL kernel calls
+    fused_attention: int = 0   # of those, attention chains run as one kernel
+    kernel_calls: int = 0      # of those, ops run by PyTorch's dispatcher (kernel calls)
+    parallel_loops: int = 0    # loop nests run on PyTorch's intra-op threads
+    tiled_transposes: int = 0  # transposing loop nests rewritten as vector tiles
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, counters: dict) -> "CodeStatistics":
+        """The counters `as_dict` wrote; raises KeyError or ValueError on a malformed one."""
+        return cls(**{f.name: int(counters[f.name]) for f in fields(cls)})
+
+    def take(self, other: "CodeStatistics") -> None:
+        """Sets these counters to `other`'s (a report entry taking its code's)."""
+        for f in fields(CodeStatistics):
+            setattr(self, f.name, getattr(other, f.name))
+
+
+@dataclass
+class UnsupportedOp:
+    count: int = 0
+    reasons: List[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -55,12 +91,6 @@ class ClusterReport(CodeStatistics):
     # The CPU features its code was compiled for, comma-separated (read live): a machine
     # without one of them runs its subgraph instead.
     cpu_features: str = ""
-
-
-@dataclass
-class UnsupportedOp:
-    count: int = 0
-    reasons: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -300,7 +330,8 @@ class Report:
             lines.append(f"  weights given back: {released / 1e6:.1f} MB (read only through "
                          "their copies; written back before anything reads them as they are)")
         if self.clusters:
-            lines.append(f"  {'cluster':<28} {'ops':>4} {'calls':>7} {'fallbk':>7}  inputs -> outputs")
+            lines.append(f"  {'cluster':<28} {'ops':>4} {'calls':>7} {'fallbk':>7}  "
+                         "inputs -> outputs")
             first_with = {}  # a status shared by many engines (an untrusted key) said once
             for c in self.clusters:
                 lines.append(f"  {c.name:<28} {sum(c.ops.values()):>4} {c.calls:>7} "

@@ -24,15 +24,17 @@ with the nodes of the same op on the same types, as a node that fails to compile
 again. A cluster whose nodes draw random numbers is compared by running its subgraph and then its
 code from one saved state of the generator (`compare_engine`).
 """
+import concurrent.futures
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from blade import _C
-from blade.frontend.inputs import preserved_module_state
-from blade.frontend.simplify import may_be_written
-from blade.partition.registry import ran
+from blade.report import CodeOrigin
+from blade.isolation import preserved_module_state, private_copy
+from blade.graph_queries import may_be_written, ran
 
 # dtype -> (rtol, atol relative to the output's scale)
 TOLERANCES: Dict[torch.dtype, tuple] = {
@@ -211,7 +213,6 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
     copy is made here; the run, when the function is called, touches neither the graph
     (which may change meanwhile) nor, once it returns, the module's state: it may run on
     another thread while the clusters compile."""
-    from blade.frontend.inputs import private_copy
 
     if not clusters:
         return lambda: []
@@ -477,3 +478,109 @@ def find_disagreeing_node(subgraph, inputs: Sequence[torch.Tensor],
         else:
             disagrees = middle
     return disagrees - 1
+
+
+class ClusterExamples:
+    """The examples of one round of clusters: those the type run gave
+    (`examples_from_results`), and a run of the graph recording the others
+    (`capture_cluster_examples`) on a thread of its own while the clusters compile. A
+    cluster that repeats an earlier one (`repetition_key`: the same nodes, constants and
+    types, other weights) most likely compiles to code already checked: it is recorded
+    only when its engine runs code not yet checked, by a second run (`deferred`), prepared
+    now (the graph changes as engines replace clusters) and run on the caller's thread
+    then, once. `unchecked` are the clusters whose code needs the check (not checked when
+    it was cached); `through_branches`, see examples_from_results."""
+
+    def __init__(self, module, graph, unchecked: Sequence, inputs: Sequence, results: Sequence,
+                 through_branches: bool, check_time: CheckTime):
+        start = time.perf_counter()
+        self._time = check_time
+        self.known = examples_from_results(graph, unchecked, inputs, results,
+                                           through_branches=through_branches)
+        kinds, self._captured, self._deferred = set(), [], []
+        for cluster in unchecked:
+            if cluster not in self.known:
+                kind = repetition_key(cluster)
+                (self._deferred if kind in kinds else self._captured).append(cluster)
+                kinds.add(kind)
+        self._run_deferred = capture_cluster_examples(module, graph, self._deferred, inputs) \
+            if self._deferred else None
+        self._deferred_error: List[Exception] = []
+        self._by_cluster = dict(self.known)
+        self._capture = self._checker = None
+        if self._captured:
+            run_example = capture_cluster_examples(module, graph, self._captured, inputs)
+            self._checker = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="blade-check")
+            self._capture = self._checker.submit(run_example)
+        check_time.capture += time.perf_counter() - start
+
+    def wait(self) -> None:
+        """Waits for the recording run (what the compilations did not hide of it)."""
+        if self._capture is None:
+            return
+        start = time.perf_counter()
+        try:
+            self._by_cluster.update(zip(self._captured, self._capture.result()))
+        finally:
+            self._checker.shutdown()
+            self._capture = None
+            self._time.capture += time.perf_counter() - start
+
+    def of(self, cluster) -> Optional[Example]:
+        """The cluster's example; None when the example run never reached it. Raises the
+        deferred run's error for each of its clusters (none runs unchecked)."""
+        if cluster in self._deferred and self._run_deferred is not None:
+            start = time.perf_counter()
+            recorded, self._run_deferred = self._run_deferred, None  # run once
+            try:
+                self._by_cluster.update(zip(self._deferred, recorded()))
+            except Exception as e:
+                self._deferred_error.append(e)
+            finally:
+                self._time.capture += time.perf_counter() - start
+        if cluster in self._deferred and self._deferred_error:
+            raise self._deferred_error[0]
+        return self._by_cluster.get(cluster)
+
+
+def check_engine(name: str, engine, origin, key: Optional[str], subgraph,
+                 example_of: Callable[[], Optional[Example]], config, code_cache,
+                 check_time: CheckTime, build_prefix: Callable) -> None:
+    """The engine check's policy for one engine: code identical to an engine's that agreed
+    is not run again; code the compile cache says was checked when it was cached neither;
+    otherwise the engine runs on its cluster's example (`example_of`; none: the example run
+    never reached the cluster, a branch only resized inputs took, counted as unreached),
+    and an engine that disagrees raises EngineCheckError naming the node the bisection
+    blames (`build_prefix` compiles a prefix of `subgraph`). `origin` is (CodeOrigin, the
+    engine shared with); `key`, the code's compile cache key (None: none)."""
+    if origin[0] == CodeOrigin.SHARED and origin[1] in check_time.agreed:
+        check_time.sharing += 1
+        return
+    if not config.check_engines:
+        return
+    if code_cache.checked_before(key, config.precision):
+        # Checked by the optimize that compiled it (its entry says so, signed), whether
+        # this engine is its first user here or shares it with one that failed.
+        check_time.checked_before += 1
+        check_time.agreed.add(name)
+        return
+    example = example_of()
+    if example is None:
+        check_time.unreached += 1
+        return
+    start = time.perf_counter()
+    random = draws_random_numbers(subgraph)
+    problem = compare_engine(engine, example.inputs, None if random else example.outputs)
+    check_time.compare += time.perf_counter() - start
+    check_time.engines += 1
+    if problem is not None:
+        start = time.perf_counter()
+        blamed = find_disagreeing_node(subgraph, example.inputs, build_prefix)
+        check_time.bisect += time.perf_counter() - start
+        raise EngineCheckError(
+            f"the compiled code disagrees with TorchScript on the example inputs: {problem}",
+            blamed, f"the compiled code disagrees with TorchScript ({problem})")
+    check_time.agreed.add(name)
+    if key is not None:
+        code_cache.mark_checked(key, config.precision)

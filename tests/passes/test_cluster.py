@@ -182,7 +182,7 @@ class WithDeterminant(torch.nn.Module):
 
 
 def _accept_in_registry(schema):
-    from blade.partition.dtypes import DtypeRule
+    from blade.dtypes import DtypeRule
     from blade.partition.registry import REGISTRY, Converter
 
     return REGISTRY.register(Converter(schema, dtype_rule=DtypeRule(
@@ -225,7 +225,7 @@ def test_recompiling_after_failures_is_bounded(monkeypatch):
     model = Lambda(lambda x: ((((x.exp() * 2.0).tanh() + 1.0).sin() - 3.0).cos() / 4.0).abs())
     optimized = blade.optimize(model, (x,), blade.Config(allow_tracing=True))
     report = blade.report(optimized)
-    assert len(attempts) == 1 + blade.compiler.MAX_RECLUSTER_ROUNDS
+    assert len(attempts) == 1 + blade.engines.MAX_RECLUSTER_ROUNDS
     assert not report.clusters and report.compiled_ops == 0
     assert_same(optimized(x), model(x))
 

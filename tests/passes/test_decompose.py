@@ -8,7 +8,7 @@ from torch.testing import FileCheck
 
 import blade
 from blade import _C
-from blade.compiler import quiet_torchscript
+from blade.quiet import quiet_torchscript
 from blade.frontend.decompositions import DecompositionError, active
 from helpers import Lambda, assert_same, run_compiled
 

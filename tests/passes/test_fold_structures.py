@@ -6,7 +6,7 @@ import torch
 from torch.testing import FileCheck
 
 from blade import _C
-from blade.compiler import quiet_torchscript
+from blade.quiet import quiet_torchscript
 
 
 def scripted_graph(fn):

@@ -6,7 +6,7 @@ from torch.testing import FileCheck
 
 import blade  # noqa: F401  (loads the runtime)
 from blade import _C
-from blade.compiler import quiet_torchscript
+from blade.quiet import quiet_torchscript
 
 
 class ConvBatchNorm2d(torch.nn.Module):

@@ -7,7 +7,7 @@ import torch
 from torch.testing import FileCheck
 
 from blade import _C
-from blade.compiler import quiet_torchscript
+from blade.quiet import quiet_torchscript
 
 
 class Branchy(torch.nn.Module):

@@ -4,7 +4,7 @@ from torch.testing import FileCheck
 
 import blade
 from blade import _C
-from blade.compiler import quiet_torchscript
+from blade.quiet import quiet_torchscript
 
 
 def frozen_graph(fn, example):

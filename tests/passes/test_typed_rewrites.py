@@ -60,8 +60,8 @@ def test_integer_floor_division_by_a_constant_is_exact_beyond_float64():
 
 def test_matmul_of_broadcast_batches():
     torch.manual_seed(0)
-    compiled_whole(lambda l, r: torch.matmul(l, r), (torch.randn(4, 8, 5), torch.randn(1, 5, 6)))
-    compiled_whole(lambda l, r: torch.matmul(l, r),
+    compiled_whole(lambda a, b: torch.matmul(a, b), (torch.randn(4, 8, 5), torch.randn(1, 5, 6)))
+    compiled_whole(lambda a, b: torch.matmul(a, b),
                    (torch.randn(2, 1, 8, 5), torch.randn(3, 5, 6)))
 
 

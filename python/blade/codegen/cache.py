@@ -37,8 +37,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from blade import _C
-from blade.codegen.statistics import CodeStatistics
-from blade.report import CodeOrigin
+from blade.report import CodeOrigin, CodeStatistics
 
 CACHE_VARIABLE = "BLADE_CACHE_DIR"
 DEFAULT_MAX_BYTES = 1 << 30

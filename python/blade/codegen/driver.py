@@ -26,6 +26,7 @@ from blade.codegen.cache import CompiledCluster
 from blade.codegen.errors import CodegenError
 from blade.codegen.llvm import abi, native
 from blade.codegen.llvm.native import host_cpu_features
+from torch_mlir._mlir_libs import _mlir, _stablehlo
 
 
 def compile_torch_mlir(text: str, num_buffers: int, user_calls=(), dump=None,
@@ -131,7 +132,6 @@ def _link_shared_library(objects: List[Path], out: Path) -> None:
 @functools.lru_cache(maxsize=None)
 def register_passes() -> None:
     """StableHLO's passes by name (blade.codegen.pipeline names some); once."""
-    from torch_mlir._mlir_libs import _stablehlo
 
     _stablehlo.register_stablehlo_passes()
     _stand_in_dialect_modules()
@@ -153,7 +153,6 @@ def _stand_in_dialect_modules() -> None:
     the modules they found: every StableHLO op that Blade's rewrites visited was a failed
     import (20,000 of them, 0.3 s, in ResNet-50's cluster). An empty module under a
     search prefix of Blade's own is found instead, once; the ops stay generic OpViews."""
-    from torch_mlir._mlir_libs import _mlir
 
     package = types.ModuleType(_STAND_IN_PREFIX)
     package.__path__ = []

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from torch_mlir import ir, passmanager
-from torch_mlir.dialects import func
+from torch_mlir.dialects import func, ub
 
 from blade.codegen.buffers import arguments, deallocation
 from blade.codegen.errors import CodegenError
@@ -35,12 +35,13 @@ from blade.codegen.linalg.pooling import lower_reduce_windows
 from blade.codegen.llvm import abi, identical, launchers
 from blade.codegen.loops import approximations, loop_order, parallel, serial, tiled_transpose
 from blade.codegen.stablehlo import folding, layouts, slices
+from blade.codegen.stablehlo.user_calls import ConverterError, fill_bodies
 from blade.codegen.stablehlo.unsigned import signless_boundaries, unsigned_reduction_identities
 from blade.codegen.stablehlo.degenerate_reductions import simplify_degenerate_reductions
 from blade.codegen.stablehlo.shape_assumptions import (annotate_broadcasts, divide_out_sizes,
                                                        drop_identity_broadcasts,
                                                        lower_dynamic_reshapes)
-from blade.codegen.statistics import CodeStatistics
+from blade.report import CodeStatistics
 
 
 @dataclass
@@ -143,7 +144,6 @@ def _refine_shapes_around_declarations(c: Compilation) -> None:
     crashes on a call of a declaration (a user converter's or a kernel call's, whose body
     comes later) in some modules: each declaration gets a stand-in body for the pass (one
     that returns poison values of its result types), removed after it."""
-    from torch_mlir.dialects import ub
 
     stand_ins = []
     for op in c.module.body.operations:
@@ -411,8 +411,6 @@ def find_main(module):
 
 
 def _inline_user_converters(module, user_calls) -> None:
-    from blade.partition.user_converters import ConverterError, fill_bodies
-
     try:
         fill_bodies(module, user_calls)
     except ConverterError as e:

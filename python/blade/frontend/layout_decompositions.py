@@ -121,7 +121,8 @@ def _diag_embed(self: torch.Tensor, offset: int = 0, dim1: int = -2,
     source = torch.clamp(torch.minimum(rows, positions), 0, self.size(-1) - 1)
     values = torch.index_select(self, -1, source.reshape(-1))
     shape = self.shape[:-1] + [size, size]
-    square = torch.where(on_diagonal, values.reshape(shape), torch.zeros_like(values).reshape(shape))
+    square = torch.where(on_diagonal, values.reshape(shape),
+                         torch.zeros_like(values).reshape(shape))
     rank = square.dim()
     first = dim1 + rank if dim1 < 0 else dim1
     second = dim2 + rank if dim2 < 0 else dim2

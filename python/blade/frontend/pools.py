@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import torch
 
-from blade.partition.registry import constant_arguments, schema_name
+from blade.graph_queries import constant_arguments, schema_name
 
 # Spatial dims per op.
 _MAX_POOLS = {"aten::max_pool1d": 1, "aten::max_pool2d": 2, "aten::max_pool3d": 3}

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from blade.frontend.graph_walk import all_nodes
+from blade.graph_queries import all_nodes
 from blade.frontend.quantize import QUANTIZED_CONV2D, QUANTIZED_LINEAR
 
 _PREFIX = "quantized_decomposed::"

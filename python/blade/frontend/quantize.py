@@ -28,9 +28,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from blade.frontend.graph_walk import all_nodes, nodes_of
+from blade.graph_queries import all_nodes, argument_name, nodes_of
 from blade.frontend.inputs import ExampleInputsError, describe_inputs, failure_summary
-from blade.partition.registry import argument_name
 
 QUANTIZED_LINEAR = "blade::quantized_linear"
 QUANTIZED_CONV2D = "blade::quantized_conv2d"

@@ -7,7 +7,9 @@ from typing import Dict, Tuple
 import torch
 
 from blade.config import Config
-from blade.frontend.inputs import keyword_trace_inputs, private_copy
+from blade.frontend.inputs import keyword_trace_inputs
+from blade.isolation import private_copy
+from blade.frontend import quant_fusion
 
 
 @contextlib.contextmanager
@@ -77,7 +79,6 @@ def is_exported_module(model) -> bool:
 def trace_exported(module, args: Tuple, kwargs: Dict = None) -> torch.jit.ScriptModule:
     """An exported module traced (its graph has no Python control flow), then its PT2E
     quantization fused into Blade's int8 layers (blade.frontend.quant_fusion)."""
-    from blade.frontend import quant_fusion
 
     with torch.no_grad(), warnings.catch_warnings():
         # It checks its inputs against export's constraints in Python, which the tracer

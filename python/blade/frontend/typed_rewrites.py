@@ -35,9 +35,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from blade.frontend.graph_walk import nodes_of
+from blade.graph_queries import nodes_of, schema_name
 from blade.partition.kernel_calls import VALUE_SIZED
-from blade.partition.registry import is_materialized, schema_name
+from blade.partition.registry import is_materialized
 
 
 # The casts (self, dtype, ...) by overload: the positions of their non_blocking, copy and

@@ -7,9 +7,9 @@ import torch
 
 from blade import _C
 from blade.config import Config
-from blade.frontend.simplify import is_tensor_op
+from blade.graph_queries import describe, is_tensor_op, schema_name
 from blade.partition.node_types import type_key
-from blade.partition.registry import REGISTRY, Verdict, describe, schema_name
+from blade.partition.registry import REGISTRY, Verdict
 from blade.report import Report
 
 

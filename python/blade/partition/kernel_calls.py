@@ -19,23 +19,21 @@ A node is called this way when
   result) and dtypes Blade compiles (uint8 aside), and its other arguments are constants
   (a Generator only as None).
 
-`spec` writes what the engine needs to make the call as one line of text, which the
-importer attaches to the call's declaration (so it is part of the code's cache key) and
-the code generator embeds in the engine's library (codegen/kernels/library_calls.py).
+`blade.kernel_call_spec.spec` writes what the engine needs to make the call as one line of
+text, which the importer attaches to the call's declaration (so it is part of the code's
+cache key) and the code generator embeds in the engine's library
+(codegen/kernels/library_calls.py).
 """
 import functools
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
-from blade.partition.dtypes import SCALAR_TYPE_NAMES
+from blade.dtypes import SCALAR_TYPE_NAMES
+from blade.kernel_call_spec import MAX_TENSORS, SIZES_OF_FIRST_OPERAND, encode_argument
 
 # What the registry reports for a node compiled as a kernel call.
 ORIGIN = "pytorch kernel"
-# The attribute of the call's declaration in the imported module that holds its `spec`.
-SPEC_ATTRIBUTE = "blade.kernel_call"
-# Operands and results together: the RAL defines blade_ral_kernel_call_1 ... _12.
-MAX_TENSORS = 12
 
 # Ops whose result sizes depend on the values of their operands, not only on their sizes.
 VALUE_SIZED = frozenset((
@@ -54,10 +52,6 @@ _NOT_FUNCTIONS = frozenset((
 
 # Blade's own ops that engines call this way (csrc/ral/int8_kernels.h).
 BLADE_OPS = frozenset(("blade::quantized_linear", "blade::quantized_conv2d"))
-# Ops whose one result has the sizes of their first operand but for the last dim, a
-# constant: an engine with dynamic shapes allocates it from the operand's
-# (codegen/kernels/declarations.define_returning), so they are kernel calls there too.
-SIZES_OF_FIRST_OPERAND = frozenset(("blade::quantized_linear",))
 
 
 def schema_refusal(node: torch._C.Node) -> Optional[str]:
@@ -100,7 +94,7 @@ def refusal(node: torch._C.Node, static_shapes: bool) -> Optional[str]:
             why = _tensor_refusal(value, varies)
             if why is not None:
                 return why
-        elif _argument(value) is None:
+        elif encode_argument(value) is None:
             return (f"its argument %{value.debugName()} is neither a tensor nor a constant "
                     "the call can carry")
     return None
@@ -124,67 +118,3 @@ def _tensor_refusal(value: torch._C.Value, may_vary: bool = False) -> Optional[s
     return None
 
 
-def spec(node: torch._C.Node) -> str:
-    """The call as the RAL reads it (csrc/ral/kernel_calls.h): the overload, the dtypes of
-    its tensor operands and of its results (Blade's names), then each argument in schema order, separated
-    by spaces. An argument is `T<k>` (the k-th tensor operand), `N` (None), `b0`/`b1`,
-    `i<int>`, `f<float.hex()>`, `s<UTF-8 bytes in hex>`, `D<device name in hex>`, or a list:
-    `I`, `F` or `B` and its items joined by commas."""
-    from blade.partition.registry import schema_name
-
-    tensors = [v for v in node.inputs() if isinstance(v.type(), torch._C.TensorType)]
-    arguments: List[str] = []
-    for value in node.inputs():
-        if isinstance(value.type(), torch._C.TensorType):
-            arguments.append(f"T{tensors.index(value)}")
-        else:
-            encoded = _argument(value)
-            if encoded is None:
-                raise ValueError(f"{schema_name(node)}: argument %{value.debugName()} cannot "
-                                 "be passed to a kernel call")
-            arguments.append(encoded)
-
-    def dtypes(values) -> str:
-        return ",".join(SCALAR_TYPE_NAMES[v.type().scalarType()] for v in values) or "-"
-
-    return " ".join([schema_name(node), dtypes(tensors), dtypes(node.outputs()), *arguments])
-
-
-def _argument(value: torch._C.Value) -> Optional[str]:
-    """`value` encoded for `spec`, or None when it is not a constant of a kind it carries."""
-    producer = value.node()
-    if producer.kind() == "prim::ListConstruct":
-        items = list(producer.inputs())
-        if not all(v.node().kind() == "prim::Constant" for v in items):
-            return None
-        return _list(value.type().getElementType(), [v.toIValue() for v in items])
-    if producer.kind() != "prim::Constant":
-        return None
-    ivalue = value.toIValue()
-    if ivalue is None:
-        return "N"
-    if isinstance(ivalue, bool):
-        return f"b{int(ivalue)}"
-    if isinstance(ivalue, int):
-        return f"i{ivalue}"
-    if isinstance(ivalue, float):
-        return "f" + ivalue.hex()
-    if isinstance(ivalue, str):
-        return "s" + ivalue.encode().hex()
-    if isinstance(ivalue, torch.device):
-        return "D" + str(ivalue).encode().hex()
-    if isinstance(ivalue, (list, tuple)) and isinstance(value.type(), torch._C.ListType):
-        return _list(value.type().getElementType(), list(ivalue))
-    return None
-
-
-def _list(element, items) -> Optional[str]:
-    if any(v is None for v in items):
-        return None
-    if isinstance(element, torch._C.BoolType):
-        return "B" + ",".join(str(int(v)) for v in items)
-    if isinstance(element, torch._C.IntType):
-        return "I" + ",".join(str(int(v)) for v in items)
-    if isinstance(element, torch._C.FloatType):
-        return "F" + ",".join(float(v).hex() for v in items)
-    return None

@@ -3,20 +3,20 @@
 Entries are keyed by exact overload (``aten::add.Tensor``, not ``aten::add``). Each has a
 capability validator that may refuse a particular node, a priority (the highest-priority
 entry that accepts a node wins, so a user's converter can override a built-in one), and
-the dtype rule from `blade.partition.dtypes`. Built-in entries have no `lower` function: their op is
+the dtype rule from `blade.dtypes`. Built-in entries have no `lower` function: their op is
 imported into Torch-MLIR's torch dialect as it is and lowered by Torch-MLIR. An aten op with
 no entry is compilable when Torch-MLIR lowers it for the node's types and constant arguments
 (blade.partition.torch_mlir_probe asks it).
 """
 import functools
-import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from blade import _C
-from blade.partition import dtypes
+from blade.graph_queries import argument_name, argument_names, ran, schema_name
+from blade import dtypes
 
 # A validator returns None to accept the node, or the reason it refuses it.
 Validator = Callable[[torch._C.Node], Optional[str]]
@@ -48,25 +48,6 @@ class Verdict:
         return self.converter is not None
 
 
-def schema_name(node: torch._C.Node) -> str:
-    """`aten::add.Tensor` for a node calling that overload; the kind for prim nodes."""
-    schema = node.schema()
-    if schema == "(no schema)":
-        return node.kind()
-    return schema.split("(", 1)[0]
-
-
-def describe(node: torch._C.Node) -> str:
-    """The node's kind and, when known, where it comes from in the user's source."""
-    location = node.sourceRange().strip().splitlines()[0] if node.sourceRange() else ""
-    return f"{node.kind()}" + (f" ({location})" if location else "")
-
-
-def argument_name(value: torch._C.Value) -> str:
-    """forward's name of a graph input (TorchScript numbers its values: `mask.1`)."""
-    return re.sub(r"\.\d+$", "", value.debugName())
-
-
 def _origin(value: torch._C.Value) -> str:
     """Where a value comes from, for the user: forward's argument by name, or the op."""
     if value.node().kind() == "prim::Param":
@@ -91,15 +72,6 @@ def is_materialized(value: torch._C.Value, static_shapes: bool = True) -> bool:
         return False
     # A dim whose size differed between runs (in a loop) has a shape symbol, negative here.
     return not static_shapes or all(s >= 0 for s in t.symbolic_sizes())
-
-
-def ran(node: torch._C.Node) -> bool:
-    """Whether the example run executed `node`: some tensor it returned was recorded (an
-    op that ran may still leave a result without a type: an unused optional result that
-    it returns undefined, like the attention weights of
-    `aten::_native_multi_head_attention` with need_weights=False)."""
-    return any(isinstance(v.type(), torch._C.TensorType) and v.type().scalarType() is not None
-               for v in node.outputs())
 
 
 def _unknown_type_reason(name: str, value: torch._C.Value) -> str:
@@ -185,7 +157,7 @@ class ConverterRegistry:
             return Verdict(None, "no_converter", f"no converter is registered for {name}")
         if unknown is not None:
             return Verdict(None, "unknown_type", _unknown_type_reason(name, unknown))
-        arg_names = _argument_names(node)
+        arg_names = argument_names(node)
         for arg, value in zip(arg_names, node.inputs()):
             if not _is_static_argument(value):
                 return Verdict(None, "non_constant_argument",
@@ -340,26 +312,6 @@ def _is_computed(value: torch._C.Value) -> bool:
 def _is_shape_int(value: torch._C.Value) -> bool:
     return isinstance(value.type(), (torch._C.IntType, torch._C.FloatType)) and \
         _C.is_shape_arithmetic(value.node())
-
-
-def constant_arguments(node: torch._C.Node) -> Dict[str, Any]:
-    """The node's non-tensor arguments by schema name, as Python values (lists built by a
-    prim::ListConstruct of constants included; a size computed at run time is None)."""
-    values = {}
-    for arg, value in zip(_argument_names(node), node.inputs()):
-        if isinstance(value.type(), torch._C.TensorType):
-            continue
-        producer = value.node()
-        values[arg] = [v.toIValue() for v in producer.inputs()] \
-            if producer.kind() == "prim::ListConstruct" else value.toIValue()
-    return values
-
-
-def _argument_names(node: torch._C.Node) -> List[str]:
-    schema = node.schema()
-    if schema == "(no schema)":
-        return [f"input{i}" for i in range(len(list(node.inputs())))]
-    return [a.name for a in torch._C.parse_schema(schema).arguments]
 
 
 REGISTRY = ConverterRegistry()

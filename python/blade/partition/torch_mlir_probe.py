@@ -5,19 +5,21 @@ Blade's pipeline compiles what it lowers to.
 The node alone is imported as a function (its tensor operands as arguments, its constant
 arguments cloned) and run through the whole codegen pass pipeline (blade.codegen.pipeline:
 Torch-MLIR's passes to StableHLO, then Blade's levels to the LLVM dialect; not LLVM itself);
-it is compilable when every pass succeeds and Torch-MLIR left no torch-dialect op behind
-(an op StableHLO has but Blade does not lower, a sort, fails a later pass). Each distinct case (op, operand types, constant arguments, static
-or dynamic shapes) is asked once per process. Blade's own converters, with their dtype rules
-and validators, still decide the ops they cover. Ops that write into their operands or draw
-random numbers are never probed; a lowering that Torch-MLIR gets wrong is caught by the
-engine check (blade.self_check) and falls back.
+it is compilable when every pass succeeds and Torch-MLIR left no torch-dialect op behind (an
+op StableHLO has but Blade does not lower, a sort, fails a later pass). Each distinct case
+(op, operand types, constant arguments, static or dynamic shapes) is asked once per process.
+Blade's own converters, with their dtype rules and validators, still decide the ops they
+cover. Ops that write into their operands or draw random numbers are never probed; a
+lowering that Torch-MLIR gets wrong is caught by the engine check (blade.self_check) and
+falls back.
 """
 from typing import Dict, Optional, Tuple
 
 import torch
 
-from blade.partition.dtypes import SCALAR_TYPE_NAMES
+from blade.dtypes import SCALAR_TYPE_NAMES
 from blade.partition.node_types import type_key
+from blade.importer import import_subgraph
 
 # What the registry reports for a node the probe accepted.
 ORIGIN = "torch-mlir"
@@ -95,7 +97,6 @@ def _case(node: torch._C.Node, static_shapes: bool) -> Optional[Tuple]:
 
 
 def _lower_alone(node: torch._C.Node) -> Optional[str]:
-    from blade.importer import import_subgraph
 
     graph = torch._C.Graph()
     mapping = {}
@@ -135,9 +136,12 @@ def _lower_alone(node: torch._C.Node) -> Optional[str]:
 
 
 def _compiles(text: str, num_buffers: int, returns_outputs: bool) -> Optional[str]:
+    # MLIR loads only when an op is probed (a cached model never loads it).
     from torch_mlir import ir
+    # MLIR loads only when an op is probed (a cached model never loads it).
     from torch_mlir._mlir_libs._torchMlir import register_dialect as register_torch_dialect
 
+    # The code generator loads MLIR: only when an op is probed.
     from blade.codegen import driver, pipeline
 
     driver.register_passes()

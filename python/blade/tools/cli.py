@@ -23,7 +23,13 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from blade.partition import dtypes
+from blade import __version__, dtypes, signing_public_key
+from blade.config import CHOICES, Config
+from blade.report import REPORT_ATTRIBUTE, report
+from blade.frontend.inputs import describe_inputs, failure_summary
+from blade.isolation import private_copy
+from blade.tools.bisect import compare_clusters
+from blade.quiet import quiet_torchscript
 
 SPEC = re.compile(r"^\s*(\w+)\[([\d,\s]*)\](?::(\d+))?\s*$")
 DTYPES = dtypes.BY_NAME  # the names a spec's dtype may have
@@ -129,7 +135,6 @@ DYNAMIC_DIMS = re.compile(r"^\s*(\w+)\s*:\s*(\d+(?:\s*,\s*\d+)*)\s*$")
 def config_help() -> Dict[str, str]:
     """Each Config field's entry in the `Attributes:` section of Config's docstring, on
     one line."""
-    from blade.config import Config
 
     entries, name = {}, None
     attributes = Config.__doc__.split("Attributes:", 1)[1]
@@ -186,7 +191,6 @@ def _calibration(path: str) -> list:
 def config_flags(p: argparse.ArgumentParser) -> None:
     """One flag per Config field (but NOT_FLAGS), named after it, typed after it, with
     its docstring entry as help: the command line cannot drift from Config."""
-    from blade.config import CHOICES, Config
 
     helps = config_help()
     hints = typing.get_type_hints(Config)
@@ -234,7 +238,6 @@ def config_flags(p: argparse.ArgumentParser) -> None:
 
 
 def config_from(args):
-    from blade.config import Config
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
               if f.name not in NOT_FLAGS}
@@ -249,8 +252,8 @@ def config_from(args):
 
 
 def optimize_saved(args):
+    # Only the commands that optimize load the compiler.
     from blade.compiler import optimize
-    from blade.report import REPORT_ATTRIBUTE
 
     load_plugins(args.plugin)
     model = load_model(args.model)
@@ -264,7 +267,6 @@ def optimize_saved(args):
 def check_model_runs(path: str, model, inputs: tuple) -> None:
     """A model that does not take the inputs given is the user's mistake: one line, not the
     interpreter's traceback from inside optimize."""
-    from blade.frontend.inputs import describe_inputs, failure_summary, private_copy
 
     try:
         with torch.no_grad():
@@ -275,7 +277,6 @@ def check_model_runs(path: str, model, inputs: tuple) -> None:
 
 
 def cmd_optimize(args) -> int:
-    from blade.report import report
 
     optimized, inputs = optimize_saved(args)
     with torch.no_grad():
@@ -292,7 +293,6 @@ def cmd_optimize(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from blade.report import REPORT_ATTRIBUTE, report
 
     model = load_model(args.model)
     if not hasattr(model, REPORT_ATTRIBUTE):
@@ -303,7 +303,6 @@ def cmd_report(args) -> int:
 
 
 def cmd_bisect(args) -> int:
-    from blade.tools.bisect import compare_clusters
 
     optimized, inputs = optimize_saved(args)
     comparisons = compare_clusters(optimized, inputs, rtol=args.rtol, atol=args.atol)
@@ -323,14 +322,12 @@ def cmd_bisect(args) -> int:
 
 
 def cmd_key(args) -> int:
-    from blade import signing_public_key
 
     print(signing_public_key(args.signing_key))
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
-    from blade import __version__
 
     top = _Parser(prog="blade", description=__doc__.split("\n\n")[0])
     top.add_argument("--version", action="version", version=f"blade {__version__}")
@@ -380,7 +377,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from blade.quiet import quiet_torchscript
 
     args = parser().parse_args(argv)
     with quiet_torchscript():

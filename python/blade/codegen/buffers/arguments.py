@@ -9,6 +9,7 @@ mark and forward main's out-parameters, so that LLVM knows no two buffers alias.
 from torch_mlir import ir
 
 from blade.codegen.ir_queries import all_parallel, output_count
+from torch_mlir.dialects import bufferization
 
 
 def mark_arguments(main) -> None:
@@ -75,7 +76,6 @@ def distinct_results(main) -> None:
     later uses. Bufferization would otherwise return one buffer twice, and
     buffer-results-to-out-params crashes on that. (`bufferization.alloc_tensor` with a
     copy, unlike a copy into `tensor.empty`, is never folded back into its source.)"""
-    from torch_mlir.dialects import bufferization
 
     block = main.regions[0].blocks[0]
     terminator = block.operations[len(block.operations) - 1]

@@ -17,11 +17,10 @@ types with main's. Then:
    code.
 """
 from torch_mlir import ir
-from torch_mlir.dialects import func
 
 from blade.codegen.errors import CodegenError
 from blade.codegen.kernels.declarations import read_only
-from blade.partition.kernel_calls import MAX_TENSORS, SIZES_OF_FIRST_OPERAND, SPEC_ATTRIBUTE
+from blade.kernel_call_spec import MAX_TENSORS, SIZES_OF_FIRST_OPERAND, SPEC_ATTRIBUTE
 
 KIND = "kernel_call"
 # The call's number: its line in the table.

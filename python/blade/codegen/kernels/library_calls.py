@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
-from torch_mlir.dialects import arith, bufferization, func, memref, tensor
+from torch_mlir.dialects import arith, func, memref, tensor
 
 from blade.codegen.kernels import attention, kernel_calls
 from blade.codegen.kernels.declarations import define_returning, read_only

@@ -102,6 +102,7 @@ def mlir_c_api():
 
 @functools.lru_cache(maxsize=None)
 def _load_c_api():
+    # Compile workers load this module without MLIR.
     from torch_mlir import _mlir_libs
 
     lib = ctypes.CDLL(str(Path(_mlir_libs.__file__).parent / "libTorchMLIRAggregateCAPI.so"))
@@ -171,6 +172,7 @@ def emit_object_from_bytecode(bytecode: bytes, runtime_library: str,
                               opt_level: int = LLVM_OPT_LEVEL) -> bytes:
     """`emit_object` of a partition as MLIR bytecode (what workers receive: it reads
     back in a fifth of the time of the printed text)."""
+    # Compile workers load this module without MLIR.
     from torch_mlir import ir
 
     with ir.Context():
@@ -192,6 +194,7 @@ def _bytecode(module) -> bytes:
 
 
 def function_name(op) -> str:
+    # Compile workers load this module without MLIR.
     from torch_mlir import ir
 
     return ir.StringAttr(op.attributes["sym_name"]).value
@@ -207,6 +210,7 @@ def _local_linkages(context) -> List:
     """The linkage attributes that keep a symbol inside its object. The bindings have no
     builder for LLVM's linkage enum attribute, so the two are made from their spelling
     and compared by identity (attributes are uniqued per context)."""
+    # Compile workers load this module without MLIR.
     from torch_mlir import ir
 
     return [ir.Attribute.parse(f"#llvm.linkage<{kind}>", context)
@@ -232,6 +236,7 @@ def function_group(name: str) -> str:
 
 def _unoptimized(op) -> bool:
     """Whether an llvm.func is marked `optnone` (codegen/loops/serial.py marks main)."""
+    # Compile workers load this module without MLIR.
     from torch_mlir import ir
 
     if "passthrough" not in op.attributes:
@@ -252,6 +257,7 @@ def partition(module, count: int) -> List[Dict]:
     Example:
         >>> parts = partition(module, 2)   # [{"bytecode": ..., "elsewhere": [...], ...}, ...]
     """
+    # Compile workers load this module without MLIR.
     from torch_mlir import ir
 
     whole = [{"bytecode": None, "elsewhere": [], "opt_level": LLVM_OPT_LEVEL}]
@@ -327,6 +333,7 @@ def default_workers(setting: Optional[int] = None) -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
+    # Compile workers load this module without torch.
     import torch
 
     return max(0, min(cores, torch.get_num_threads()) - 1)
@@ -374,6 +381,7 @@ def serve(inputs, outputs, runtime_library: str) -> None:
     # (a first job once paid 0.2-0.3 s of loading, which the parent, had it taken the job
     # itself, would not have).
     ctypes.CDLL(runtime_library)
+    # Compile workers load this module without MLIR.
     from torch_mlir import ir
 
     with ir.Context():

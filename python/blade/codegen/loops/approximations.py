@@ -8,13 +8,12 @@ bit-cast) that LLVM's loop vectorizer turns into AVX code. The MLIR pass that do
 `math.powf` by a constant small integer or half (GELU's tanh form cubes its input) became
 libm's powf per element too; it becomes products, sqrt and a division.
 
-Accuracy, measured over [-110, 100] against float64 (tests/test_approximations.py):
-exp < 1 ulp relative in the normal range (and exact at 0, +-inf, NaN; 0 below -87.3,
-where results are under 1.22e-38, near or below FLT_MIN; inf above 88.72); tanh and erf < 4e-7 absolute and
-relative. The forms are the classic
-ones: Cody-Waite range reduction with a degree-5 polynomial for exp, and odd/even rational
-minimax approximations on a clamped range for tanh and erf (coefficients as in Eigen's
-float kernels).
+Accuracy, measured over [-110, 100] against float64
+(tests/codegen/loops/test_approximations.py): exp < 1 ulp relative in the normal range (and
+exact at 0, +-inf, NaN; 0 below -87.3, where results are under 1.22e-38, near or below FLT_MIN;
+inf above 88.72); tanh and erf < 4e-7 absolute and relative. The forms are the classic ones:
+Cody-Waite range reduction with a degree-5 polynomial for exp, and odd/even rational minimax
+approximations on a clamped range for tanh and erf (coefficients as in Eigen's float kernels).
 """
 from typing import Optional, Tuple
 
@@ -247,15 +246,15 @@ def allow_contraction(module) -> int:
 
 def allow_reciprocal(module) -> int:
     """Lets LLVM divide by multiplying with a reciprocal: every f32 division gets
-    `fastmath<arcp>`, so a softmax row divided by its sum becomes one division per row and
-    a multiply per element, as in PyTorch's own softmax (at most an ulp or two apart, for
+    `fastmath<arcp>`, so a softmax row divided by its sum becomes one division per row and a
+    multiply per element, as in PyTorch's own softmax (at most an ulp or two apart, for
     denominators above FLT_MIN). Divisions whose operands are provably finite and whose
     denominator is provably away from 0 (`_interval`: a rational approximation's P/Q on a
-    clamped input, as StableHLO's erf in GELU) also get `ninf`, which lets LLVM use the
-    host's reciprocal estimate refined by one Newton step (blade.codegen.llvm.abi.tune_for_host) instead
-    of a full-latency vector division; other divisions do not, as a model's own division
-    may mean to produce an infinity. A division by a square root gets neither unless its
-    operands are provably finite: `arcp` alone lets LLVM turn y / sqrt(x) into y times the
+    clamped input, as StableHLO's erf in GELU) also get `ninf`, which lets LLVM use the host's
+    reciprocal estimate refined by one Newton step (blade.codegen.llvm.abi.tune_for_host)
+    instead of a full-latency vector division; other divisions do not, as a model's own
+    division may mean to produce an infinity. A division by a square root gets neither unless
+    its operands are provably finite: `arcp` alone lets LLVM turn y / sqrt(x) into y times the
     reciprocal square root estimate, which is NaN where x is 0 or inf (1 / sqrt(0) must be
     inf). Returns how many divisions got `ninf`."""
     divisions, finite, memo = [], [], {}

@@ -334,8 +334,8 @@ def _launch(main, n: int, anchor, buffers) -> None:
 
 def _task_function(main, n: int, types):
     """The entry block of a new `blade_task_<n>(begin, end, buffers...)`. As for main
-    (blade.codegen.buffers.arguments.mark_arguments), written buffers are reachable through one argument only
-    (noalias), so LLVM may vectorize without runtime checks."""
+    (blade.codegen.buffers.arguments.mark_arguments), written buffers are reachable through one
+    argument only (noalias), so LLVM may vectorize without runtime checks."""
     index = ir.IndexType.get()
     with ir.InsertionPoint(main):
         task = func.FuncOp(f"blade_task_{n}", ([index, index] + types, []),

@@ -74,9 +74,9 @@ def _vectorizable_body(op) -> bool:
 
 
 def _plan(op):
-    """(a, b, per operand its kind, per operand its map_dims) when `op` is a transposing nest this module
-    rewrites; kinds: "transposed" (contiguous along b), "aligned" (contiguous along a),
-    "scalar" (indexes neither)."""
+    """(a, b, per operand its kind, per operand its map_dims) when `op` is a transposing nest
+    this module rewrites; kinds: "transposed" (contiguous along b), "aligned" (contiguous
+    along a), "scalar" (indexes neither)."""
     if op.name != "linalg.generic" or not all_parallel(op) or ops_named(op, "linalg.index"):
         return None
     maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))

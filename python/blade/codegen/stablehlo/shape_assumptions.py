@@ -18,6 +18,7 @@ import math
 from torch_mlir import ir
 
 from blade.codegen.ir_queries import ops_named, producer
+from torch_mlir.dialects import arith, tensor
 
 
 def annotate_broadcasts(module) -> int:
@@ -157,7 +158,6 @@ def lower_dynamic_reshapes(module) -> int:
     are grouped apart, so a strided operand stays a view; otherwise the operand collapses
     to one dimension, which copies it unless it is contiguous. Returns how many were
     rewritten."""
-    from torch_mlir.dialects import arith, tensor
 
     targets = ops_named(module, "stablehlo.dynamic_reshape")
     dynamic = ir.ShapedType.get_dynamic_size()
@@ -250,7 +250,6 @@ def divide_out_sizes(module) -> int:
     sizes. Torch-MLIR computes the size a flatten or a view by -1 infers that way, which
     divides by zero (SIGFPE) when another dim of t is 0 (an empty batch), where PyTorch
     gives the product of the dims merged. Returns how many divisions were rewritten."""
-    from torch_mlir.dialects import arith, tensor
 
     rewritten = 0
     with module.context:

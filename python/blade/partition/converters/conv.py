@@ -1,6 +1,6 @@
 """2-d convolution and pooling (NCHW)."""
-from blade.partition.dtypes import FLOATS, DtypeRule
-from blade.partition.registry import constant_arguments
+from blade.dtypes import FLOATS, DtypeRule
+from blade.graph_queries import constant_arguments
 from blade.partition.converters.registration import builtin
 
 FLOAT = DtypeRule(args={"*": FLOATS})

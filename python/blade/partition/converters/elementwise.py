@@ -1,10 +1,10 @@
 """Elementwise arithmetic, activations, math functions, selection, comparisons and casts."""
 from typing import Optional
 
-from blade.partition.dtypes import (ALL, ANY_RESULT, BOOL, BOOL_SAME, FLOATS, NUMERIC_SAME,
+from blade.dtypes import (ALL, ANY_RESULT, BOOL, BOOL_SAME, FLOATS, NUMERIC_SAME,
                                     NUMERIC_TO_BOOL, DtypeRule)
 from blade.partition.converters.registration import builtin
-from blade.partition.dtypes import define
+from blade.dtypes import define
 from blade.partition.registry import BUILTIN_PRIORITY, REGISTRY, Converter
 
 # Arithmetic: PyTorch's type promotion applies (an int64 0-d `other`, as tracing records

@@ -1,6 +1,6 @@
 """Reductions over dims, softmax and the normalizations built from them."""
-from blade.partition.dtypes import FLOATS, NUMERIC, DtypeRule
-from blade.partition.registry import constant_arguments
+from blade.dtypes import FLOATS, NUMERIC, DtypeRule
+from blade.graph_queries import constant_arguments
 from blade.partition.converters.registration import builtin
 
 FLOAT_REDUCTION = DtypeRule(args={"*": FLOATS})

@@ -1,6 +1,6 @@
 """How a built-in converter is registered: its overloads, their dtype rule and an optional
 validator; the lowering is Torch-MLIR's own."""
-from blade.partition.dtypes import DtypeRule, define
+from blade.dtypes import DtypeRule, define
 from blade.partition.registry import REGISTRY, Converter
 
 

@@ -18,8 +18,9 @@ from typing import List, Optional
 
 import torch
 
-from blade.partition.dtypes import INDICES, NUMERIC, DtypeRule, define
+from blade.dtypes import INDICES, NUMERIC, DtypeRule, define
 from blade.partition.registry import BUILTIN_PRIORITY, REGISTRY, Converter
+from blade.graph_queries import constant_arguments
 
 # Update computations by reduction name (scatter_reduce's and scatter's).
 _COMBINERS = {"sum": "stablehlo.add", "add": "stablehlo.add", "prod": "stablehlo.multiply",
@@ -37,7 +38,6 @@ def _static_shapes(node) -> Optional[str]:
 
 
 def _known_reduction(node) -> Optional[str]:
-    from blade.partition.registry import constant_arguments
 
     reduce = constant_arguments(node).get("reduce")
     if reduce not in _COMBINERS:
@@ -46,6 +46,7 @@ def _known_reduction(node) -> Optional[str]:
 
 
 def _identity(reduce: str, element) -> float:
+    # MLIR loads only when a cluster is compiled (a cached model never loads it).
     from torch_mlir import ir
 
     if reduce in ("sum", "add", "mean"):
@@ -60,6 +61,7 @@ def _identity(reduce: str, element) -> float:
 
 def _index_vectors(ctx, index, dim: int):
     """[*index.shape, rank] int64: each update's operand coordinates."""
+    # MLIR loads only when a cluster is compiled (a cached model never loads it).
     from torch_mlir import ir
 
     index_type = ir.RankedTensorType(index.type)
@@ -84,6 +86,7 @@ def _index_vectors(ctx, index, dim: int):
 def _scatter(ctx, operand, vectors, updates, combiner: Optional[str]):
     """stablehlo.scatter of `updates` (one per index vector) into `operand`; `combiner`
     None replaces."""
+    # MLIR loads only when a cluster is compiled (a cached model never loads it).
     from torch_mlir import ir
 
     operand_type = ir.RankedTensorType(operand.type)
@@ -112,6 +115,7 @@ def _scatter(ctx, operand, vectors, updates, combiner: Optional[str]):
 
 def _updates(ctx, source, index):
     """The source's elements at the index's positions (its leading corner)."""
+    # MLIR loads only when a cluster is compiled (a cached model never loads it).
     from torch_mlir import ir
 
     source_type = ir.RankedTensorType(source.type)
@@ -128,6 +132,7 @@ def _updates(ctx, source, index):
 
 def _reduce_scatter(ctx, operand, dim: int, index, updates, reduce: str,
                     include_self: bool):
+    # MLIR loads only when a cluster is compiled (a cached model never loads it).
     from torch_mlir import ir
 
     operand_type = ir.RankedTensorType(operand.type)
@@ -172,6 +177,7 @@ def _lower_scatter_reduce(ctx):
 
 
 def _lower_scatter_value_reduce(ctx):
+    # MLIR loads only when a cluster is compiled (a cached model never loads it).
     from torch_mlir import ir
 
     self, index = ctx.operands

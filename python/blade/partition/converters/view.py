@@ -2,7 +2,7 @@
 
 Pure views move no data by themselves, so they do not count as compute ops.
 """
-from blade.partition.dtypes import ALL, ANY_RESULT, DtypeRule, INDICES
+from blade.dtypes import ALL, ANY_RESULT, DtypeRule, INDICES
 from blade.partition.converters.registration import builtin
 
 ANY_DTYPE = DtypeRule(args={"*": ALL})

@@ -94,9 +94,9 @@ def cache_entries(directory: Path):
 @pytest.fixture
 def comparisons(monkeypatch):
     """Counts the engines the engine check runs (blade.self_check.compare_engine)."""
-    import blade.compiler
+    import blade.self_check
 
-    return count_calls(monkeypatch, blade.compiler, "compare_engine")
+    return count_calls(monkeypatch, blade.self_check, "compare_engine")
 
 
 def entry_header(entry: Path) -> dict:
@@ -110,11 +110,11 @@ def entry_header(entry: Path) -> dict:
 
 def test_code_checked_when_compiled_is_not_run_by_the_check_again(tmp_path, comparisons,
                                                                   monkeypatch):
-    import blade.compiler
+    import blade.self_check
 
     captures = []
-    real_capture = blade.compiler.capture_cluster_examples
-    monkeypatch.setattr(blade.compiler, "capture_cluster_examples",
+    real_capture = blade.self_check.capture_cluster_examples
+    monkeypatch.setattr(blade.self_check, "capture_cluster_examples",
                         lambda *args: captures.append(args[2]) or real_capture(*args))
     config = blade.Config(cache_dir=str(tmp_path / "cache"))
     x = torch.randn(4, 32)
@@ -211,7 +211,8 @@ def run_python(script: str, **env) -> subprocess.Popen:
 
 OPTIMIZE_LAYERS = f"""
     import sys, torch, blade
-    sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+    sys.path[:0] = [{str(Path(__file__).resolve().parent)!r},
+                    {str(Path(__file__).resolve().parent.parent)!r}]
     from test_compile_cache import layers
     x = torch.randn(4, 32)
     model = layers()

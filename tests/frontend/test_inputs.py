@@ -74,7 +74,7 @@ def test_a_python_scalar_argument_is_named_as_forward_names_it():
     ({"x": 1}, "forward's argument 'x' was given twice"),
 ])
 def test_wrong_keyword_inputs_name_forward_arguments(given, message):
-    model, (x, mask) = Masked().eval(), _inputs()
+    model, (x, _) = Masked().eval(), _inputs()
     with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("?", r"\?")):
         blade.optimize(model, (x,), example_kwarg_inputs=given)

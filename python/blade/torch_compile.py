@@ -35,11 +35,13 @@ import sys
 import threading
 import warnings
 import weakref
+from importlib.metadata import EntryPoint
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from blade.config import Config
+from blade.report import report
 
 BACKEND_NAME = "blade"
 _REGISTRY_MODULE = "torch._dynamo.backends.registry"
@@ -115,7 +117,6 @@ class DynamoGraph:
         if not self._variants:
             raise ValueError(f"Dynamo graph {self.index} was not compiled by Blade: "
                              f"{self.eager_reason}")
-        from blade.report import report
 
         return report(self._variants[0].module)
 
@@ -190,7 +191,6 @@ def dynamo_reports():
     Example:
         >>> assert all(r.runtime_fallbacks == 0 for r in blade.dynamo_reports())
     """
-    from blade.report import report
 
     return [report(module) for g in dynamo_graphs() for module in g.modules]
 
@@ -228,6 +228,7 @@ def _is_module_state(node: Optional[torch.fx.Node], value) -> bool:
     grapharg = node.meta.get("grapharg") if node is not None else None
     if grapharg is None:
         return False
+    # torch._dynamo loads only when Dynamo calls the backend.
     from torch._dynamo.source import is_from_unspecialized_param_buffer_source
 
     return is_from_unspecialized_param_buffer_source(grapharg.source)
@@ -235,6 +236,7 @@ def _is_module_state(node: Optional[torch.fx.Node], value) -> bool:
 
 def _real(node: Optional[torch.fx.Node], value):
     """A real tensor standing for a (possibly fake) example input."""
+    # torch._dynamo loads only when Dynamo calls the backend.
     from torch._subclasses.fake_tensor import FakeTensor
 
     if not isinstance(value, FakeTensor):
@@ -300,6 +302,7 @@ def _symbolic_dims(node: Optional[torch.fx.Node]) -> List[int]:
 def _size_sources(nodes: Sequence[Optional[torch.fx.Node]], example_inputs: Sequence[Any]):
     """For each SymInt input, the (tensor input, dim) whose size it is; and the SymInt
     inputs that measure no tensor input (an int argument Dynamo made dynamic)."""
+    # torch._dynamo loads only when Dynamo calls the backend.
     from torch._dynamo.source import TensorProperty, TensorPropertySource
 
     tensors = {}
@@ -330,6 +333,7 @@ def _optimize_graph(gm, inputs: Sequence[Any], state: Dict[int, torch.Tensor],
             traced = torch.jit.trace(wrapper, runtime_inputs, check_trace=False)
     except (RuntimeError, TypeError, ValueError) as e:   # what torch.jit.trace raises
         raise TraceError(str(e)) from e
+    # `import blade` registers this backend: it must not load the compiler.
     from blade.compiler import optimize
 
     return optimize(traced, runtime_inputs, config)
@@ -409,7 +413,6 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder):
 
 
 def _register_with(registry) -> None:
-    from importlib.metadata import EntryPoint
 
     if BACKEND_NAME in registry._COMPILER_FNS:
         return
@@ -424,7 +427,7 @@ def register() -> None:
     registry is loaded, else as soon as it is. `import blade` calls it.
 
     Example:
-        >>> blade.frontend.torch_compile.register()
+        >>> blade.torch_compile.register()
     """
     registry = sys.modules.get(_REGISTRY_MODULE)
     if registry is not None:

@@ -11,7 +11,7 @@ import torch
 import blade
 from helpers import ir_before, assert_ran_compiled, assert_same, assert_same_values
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models"))
 from zoo import BertLayer, GptBlock, bert_inputs  # noqa: E402
 
 DYNAMIC = blade.Config(dynamic=True)

@@ -3,8 +3,8 @@ on long compilations.
 
 Layout of a dump directory:
 
-    passes/00_frozen.txt ... NN_<pass>.txt   the graph after each simplification pass that
-                                             changed it, then after clustering and at the end
+    graph/00_freeze.txt ... NN_<pass>.txt    the graph after each pass of the TorchScript-
+                                             level pipeline, in order (blade.frontend.pipeline)
     blade_engine_N/0_torchscript.txt         the cluster's TorchScript subgraph
                    1_torch.mlir              Blade's import into the torch dialect
                    passes/NN_<pass>.mlir     the module after each pass of the codegen
@@ -27,13 +27,12 @@ import torch
 
 DUMP_ENV = "BLADE_DUMP_DIR"
 
+
 class Dumper:
     """Writes dumps under one directory; every method does nothing when dumping is off."""
 
     def __init__(self, directory: Optional[str]):
         self.root = Path(directory) if directory else None
-        self._pass_index = 0
-        self._last_graph = None
         if self.root is not None:
             self.root.mkdir(parents=True, exist_ok=True)
 
@@ -46,18 +45,13 @@ class Dumper:
     def enabled(self) -> bool:
         return self.root is not None
 
-    def graph(self, name: str, graph: torch._C.Graph, always: bool = False) -> None:
-        """The graph after pass `name`, when it changed (or `always`)."""
+    def graph_pass(self, index: int, name: str, graph: torch._C.Graph) -> None:
+        """The graph after pass number `index`, `name` (blade.frontend.pipeline)."""
         if self.root is None:
             return
-        text = str(graph)
-        if not always and text == self._last_graph:
-            return
-        self._last_graph = text
-        passes = self.root / "passes"
-        passes.mkdir(exist_ok=True)
-        (passes / f"{self._pass_index:02d}_{name}.txt").write_text(text)
-        self._pass_index += 1
+        directory = self.root / "graph"
+        directory.mkdir(exist_ok=True)
+        (directory / f"{index:02d}_{name}.txt").write_text(str(graph))
 
     def cluster(self, name: str) -> "ClusterDump":
         return ClusterDump(self.root / name if self.root is not None else None)
