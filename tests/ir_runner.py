@@ -7,21 +7,19 @@
     ''', "lower-reduce-windows")
 
 runs the pipeline's pass named "lower-reduce-windows" (blade.codegen.pipeline.build) on
-the module through `pipeline.run` (so under the verifier, as in a real compilation), then
-applies the `// CHECK...` lines of the input to the module it printed, as LLVM's FileCheck
-would: CHECK (found after the previous match), CHECK-NEXT (on the next line), CHECK-SAME
-(on the same line), CHECK-NOT (not between the matches around it), CHECK-COUNT-N (N times
-in a row); `{{regex}}` inside a pattern is a regular expression, `[[NAME:regex]]` binds
-what it matches and a later `[[NAME]]` must match the same text, the rest is literal.
+the module with blade-opt's `run` (blade.tools.opt), through `pipeline.run` (so under the
+verifier, as in a real compilation), then applies the `// CHECK...` lines of the input to
+the module it printed, as LLVM's FileCheck would: CHECK (found after the previous match),
+CHECK-NEXT (on the next line), CHECK-SAME (on the same line), CHECK-NOT (not between the
+matches around it), CHECK-COUNT-N (N times in a row); `{{regex}}` inside a pattern is a
+regular expression, `[[NAME:regex]]` binds what it matches and a later `[[NAME]]` must
+match the same text, the rest is literal.
 """
 import re
 from typing import Tuple
 
-from torch_mlir import ir
-from torch_mlir._mlir_libs import _stablehlo as stablehlo
-from torch_mlir.dialects import torch as torch_dialect
-
-from blade.codegen import driver, pipeline
+from blade.codegen import pipeline
+from blade.tools import opt
 
 CHECK_LINE = re.compile(r"^\s*//\s*CHECK(-NEXT|-SAME|-NOT|-COUNT-\d+)?:\s?(.*)$", re.MULTILINE)
 
@@ -31,18 +29,8 @@ def run_pass(text: str, name: str, handed_on=None,
     """The module after the pass `name`, printed, and the compilation it ran in (its
     statistics and hand-offs). `options` are pipeline.Options fields; `handed_on` sets
     Compilation fields that earlier passes would have (`{"noalias": ...}`)."""
-    driver.register_passes()
-    context = ir.Context()
-    torch_dialect.register_dialect(context)
-    stablehlo.register_dialect(context)
-    with context, ir.Location.unknown():
-        module = ir.Module.parse(text)
-        settings = pipeline.Options(num_buffers=options.pop("num_buffers", 0), **options)
-        steps = [step for step in pipeline.build(settings) if step.name == name]
-        assert steps, f"the pipeline has no pass named {name!r}"
-        compilation = pipeline.Compilation(module, settings, **(handed_on or {}))
-        pipeline.run(compilation, steps[:1])
-        return str(module), compilation
+    compilation = opt.run(text, opt.options(**options), name, name, handed_on)
+    return str(compilation.module), compilation
 
 
 def check_pass(text: str, name: str, handed_on=None, **options) -> pipeline.Compilation:

@@ -33,7 +33,7 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block), exit status 2."""
 
     def error(self, message):
@@ -332,7 +332,7 @@ def cmd_key(args) -> int:
 def parser() -> argparse.ArgumentParser:
     from blade import __version__
 
-    top = _Parser(prog="blade", description=__doc__.split("\n\n")[0])
+    top = OneLineParser(prog="blade", description=__doc__.split("\n\n")[0])
     top.add_argument("--version", action="version", version=f"blade {__version__}")
     commands = top.add_subparsers(dest="command", required=True)
 
