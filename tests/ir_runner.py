@@ -14,7 +14,7 @@ line), CHECK-NOT (not between the matches around it), CHECK-COUNT-N (N times in 
 matches and a later `[[NAME]]` must match the same text, the rest is literal. FileCheck's
 `--implicit-check-not=PATTERN` on the RUN line is a CHECK-NOT around every check.
 `run_pass(text, name)` runs one pass on a module a test writes, for what a RUN line cannot
-give (a converter of the test's own); `check_pass(text, name)` also checks its CHECK lines.
+give (a converter of the test's own).
 """
 import re
 import shlex
@@ -74,15 +74,6 @@ def check_file(path: Path, printed: Optional[str] = None) -> None:
     if printed is None:
         printed = run_file(path)[0]
     file_check(checks, printed, implicit_not=run_line(path)[1])
-
-
-def check_pass(text: str, name: str, handed_on=None, **options) -> pipeline.Compilation:
-    """Runs the pass `name` on `text` and checks its `// CHECK` lines against the result."""
-    checks = CHECK_LINE.findall(text)
-    assert checks, "a pass test needs at least one // CHECK line"
-    result, compilation = run_pass(text, name, handed_on, **options)
-    file_check(checks, result)
-    return compilation
 
 
 _PIECE = re.compile(r"\{\{(.*?)\}\}|\[\[(\w+):(.*?)\]\](?!\])|\[\[(\w+)\]\]")
