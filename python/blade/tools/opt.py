@@ -12,7 +12,7 @@ The passes are those of blade.codegen.pipeline.build for the options given (`--o
 KEY=VALUE` sets a pipeline.Options field; `--user-calls FILE.py`, the user converters the
 list USER_CALLS of FILE.py holds), run with pipeline.run, so under its verifier as in a
 compilation. A pass is named as `--list` shows it, `sink-slices` (its first run from where
-the slice starts) or `42_sink-slices` (that one run). `--handed-on KEY=VALUE` sets what
+the slice starts) or `24_sink-slices` (that one run). `--handed-on KEY=VALUE` sets what
 earlier passes would have handed on (a pipeline.Compilation field, VALUE a Python literal);
 `--print-handed-on` prints what the passes handed on after the module, as comments in the
 same form. Errors are one line on stderr: exit status 2 for a bad command line or input,
@@ -38,7 +38,6 @@ from blade.tools.cli import CliError, OneLineParser
 
 # The Compilation fields that passes hand on to later ones and --handed-on may set.
 HANDED_ON = ("parallel_tasks", "noalias")
-_LABEL = re.compile(r"^(\d+)_(.+)$")
 
 
 def options(**fields) -> pipeline.Options:
@@ -48,7 +47,7 @@ def options(**fields) -> pipeline.Options:
 
 def labels(passes: Sequence[pipeline.Pass]) -> List[str]:
     """`NN_<name>` per pass, as `--list` prints them and dump files are named."""
-    return [f"{index:02d}_{step.name}" for index, step in enumerate(passes)]
+    return [pipeline.pass_label(index, step) for index, step in enumerate(passes)]
 
 
 def select(passes: Sequence[pipeline.Pass], first: Optional[str] = None,
@@ -66,19 +65,17 @@ def select(passes: Sequence[pipeline.Pass], first: Optional[str] = None,
 
 
 def _position(passes: Sequence[pipeline.Pass], name: str, start: int) -> int:
-    label = _LABEL.match(name)
-    if label and label.group(0) in labels(passes):
-        index = int(label.group(1))
-        if index < start:
-            raise CliError(f"pass {name} runs before {labels(passes)[start]}, where the "
-                           "slice starts")
-        return index
+    names = labels(passes)
+    if name in names:
+        if names.index(name) < start:
+            raise CliError(f"pass {name} runs before {names[start]}, where the slice starts")
+        return names.index(name)
     for index in range(start, len(passes)):
         if passes[index].name == name:
             return index
-    where = "" if start == 0 else f" from {labels(passes)[start]} on"
-    raise CliError(f"the pipeline has no pass {name!r}{where} for these options (see "
-                   "blade-opt --list, with the same --option flags)")
+    where = "" if start == 0 else f" from {names[start]} on"
+    raise CliError(f"the pipeline has no pass {name!r}{where} for these options (blade-opt "
+                   "--list, with the same --option and --user-calls flags, lists them)")
 
 
 def run(text: str, settings: pipeline.Options, first: Optional[str] = None,
