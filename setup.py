@@ -64,7 +64,7 @@ setup(
     install_requires=["torch==2.13.0"],
     extras_require={"compiler": ["torch-mlir==20261001"]},
     entry_points={
-        "console_scripts": ["blade=blade.__main__:main"],
+        "console_scripts": ["blade=blade.__main__:main", "blade-opt=blade.tools.opt:main"],
         # torch.compile(model, backend="blade") finds Blade without `import blade`.
         "torch_dynamo_backends": ["blade=blade.torch_compile:blade_backend"],
     },

@@ -26,3 +26,18 @@ def test_checks(checks, holds):
     else:
         with pytest.raises(AssertionError):
             file_check(CHECK_LINE.findall(checks), OUTPUT)
+
+
+@pytest.mark.parametrize("absent, holds", [
+    ("x", True),
+    ("c", False),   # between the matches
+    ("f", False),   # after the last
+    ("a", True),    # inside a match is no place between matches
+])
+def test_implicit_check_not_is_checked_around_every_check(absent, holds):
+    checks = CHECK_LINE.findall("// CHECK: a\n// CHECK: e")
+    if holds:
+        file_check(checks, OUTPUT, implicit_not=[absent])
+    else:
+        with pytest.raises(AssertionError):
+            file_check(checks, OUTPUT, implicit_not=[absent])

@@ -334,7 +334,7 @@ def run(compilation: Compilation, passes: Sequence[Pass],
         unverified.clear()
 
     for index, step in enumerate(passes):
-        label = f"{index:02d}_{step.name}"
+        label = pass_label(index, step)
 
         def run_one(_op, _pass, step=step, label=label) -> None:
             current[:] = [step.name]
@@ -372,6 +372,12 @@ def run(compilation: Compilation, passes: Sequence[Pass],
         if tree is not None:
             _flatten_dumps(tree, Path(dump_dir))
     return seconds
+
+
+def pass_label(index: int, step: Pass) -> str:
+    """`NN_<name>`: the pass at `index` of a pipeline, as its dump file and timing name it
+    (`24_sink-slices`)."""
+    return f"{index:02d}_{step.name}"
 
 
 def _flatten_dumps(tree: Path, into: Path) -> None:

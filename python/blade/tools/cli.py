@@ -39,7 +39,7 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block), exit status 2."""
 
     def error(self, message):
@@ -329,7 +329,7 @@ def cmd_key(args) -> int:
 
 def parser() -> argparse.ArgumentParser:
 
-    top = _Parser(prog="blade", description=__doc__.split("\n\n")[0])
+    top = OneLineParser(prog="blade", description=__doc__.split("\n\n")[0])
     top.add_argument("--version", action="version", version=f"blade {__version__}")
     commands = top.add_subparsers(dest="command", required=True)
 

@@ -17,6 +17,7 @@ types with main's. Then:
    code.
 """
 from torch_mlir import ir
+from torch_mlir.dialects import llvm
 
 from blade.codegen.errors import CodegenError
 from blade.codegen.kernels.declarations import read_only
@@ -89,15 +90,13 @@ def embed_string(module, symbol: str, text: bytes) -> None:
     """`text` as an internal NUL-terminated string and the exported function `symbol()`
     that returns it (a function, not an exported global, so that the module still splits
     into parts that compile side by side: codegen/llvm/native.partition)."""
-    escaped = "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\' else f"\\{b:02X}"
-                      for b in text)
-    size = len(text) + 1
-    # Parsed together (the function names the string), then moved into the module.
-    parsed = ir.Module.parse(
-        f'llvm.mlir.global internal constant @{symbol}_text("{escaped}\\00") '
-        f'{{addr_space = 0 : i32}} : !llvm.array<{size} x i8>\n'
-        f'llvm.func @{symbol}() -> !llvm.ptr {{\n'
-        f'  %0 = llvm.mlir.addressof @{symbol}_text : !llvm.ptr\n'
-        f'  llvm.return %0 : !llvm.ptr\n}}')
-    for op in list(parsed.body.operations):
-        module.body.append(op.operation)
+    ptr = llvm.PointerType.get()
+    data = text + b"\0"
+    with ir.InsertionPoint(module.body):
+        # The bindings have no builder for LLVM's linkage attribute: made from its spelling.
+        llvm.GlobalOp(llvm.ArrayType.get(ir.IntegerType.get_signless(8), len(data)),
+                      f"{symbol}_text", ir.Attribute.parse("#llvm.linkage<internal>"),
+                      constant=True, value=ir.StringAttr.get(data), addr_space=0)
+        function = llvm.LLVMFuncOp(symbol, ir.TypeAttr.get(llvm.FunctionType.get(ptr, [])))
+    with ir.InsertionPoint(function.regions[0].blocks.append()):
+        llvm.ReturnOp(arg=llvm.AddressOfOp(ptr, f"{symbol}_text").result)

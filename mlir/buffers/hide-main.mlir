@@ -1,0 +1,11 @@
+// RUN: blade-opt --pass hide-main %s | FileCheck %s
+// main is private while buffer-results-to-out-params runs.
+
+func.func @main(%a: memref<8xf32>, %out: memref<8xf32>) {
+  %t = memref.alloc() : memref<8xf32>
+  linalg.copy ins(%a : memref<8xf32>) outs(%t : memref<8xf32>)
+  memref.copy %t, %out : memref<8xf32> to memref<8xf32>
+  return
+}
+
+// CHECK: func.func private @main(

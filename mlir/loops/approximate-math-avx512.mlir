@@ -1,0 +1,14 @@
+// RUN: blade-opt --pass approximate-math --option avx512=true %s | FileCheck %s
+// With AVX-512, the polynomial scales by ldexp (scalef).
+
+#map = affine_map<(d0, d1) -> (d0, d1)>
+func.func @main(%arg0: memref<64x512xf32> {llvm.noalias}, %arg1: memref<64x512xf32> {llvm.noalias}) {
+  linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%arg0 : memref<64x512xf32>) outs(%arg1 : memref<64x512xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %0 = math.exp %in : f32
+    linalg.yield %0 : f32
+  }
+  return
+}
+
+// CHECK: llvm.intr.ldexp
