@@ -16,7 +16,7 @@
 // file (torch/csrc/jit/frontend/ir_emitter.cpp, emitIfElseBlocks; files over 512 KB are
 // spared). Model code keeps branches the example inputs never took (nn.MultiheadAttention's
 // slow path, the unspecialized graph under the input guard): a 12-layer encoder's forward,
-// 320 KB with about 5000 such variables, took 3.9 s and 1.5 GB of memory to compile at
+// with thousands of such variables, took seconds and gigabytes of memory to compile at
 // load. An outlined branch defines only its results, in both branches, and its body is
 // compiled from a small file; TorchScript inlines the call again before running.
 //

@@ -60,8 +60,8 @@ def _cyclic_collection_paused():
     """Python's cyclic garbage collector does not run while optimize does. Scripting,
     freezing and graph rewriting make objects by the hundred thousand, each allocation
     counting towards the next collection, so the collector kept walking every object the
-    process holds (the model's modules, torch's, MLIR's): 12-15% of a warm optimize of
-    ResNet-50 (0.52 -> 0.45 s) and BERT-base (1.59 -> 1.35-1.44 s). Reference counting
+    process holds (the model's modules, torch's, MLIR's): a good share of a warm
+    optimize (benchmarks/compile_time.py). Reference counting
     still frees what optimize drops; the few cycles it leaves wait for the collector's
     next run after it returns (peak memory unchanged on the benchmark models). Other
     threads of the process are paused from collecting too, for that long."""

@@ -12,8 +12,8 @@ _KINDS_WITH_BLOCKS = frozenset(("prim::If", "prim::Loop", "prim::Closure", "prim
 
 def all_nodes(block) -> List[torch._C.Node]:
     """The nodes of `block` and of the blocks inside them, in order. Only the kinds that
-    have blocks are asked for them: iterating a node's blocks costs 7 us even when there
-    are none (a frozen BERT-base encoder walked this way six times: 0.2 s -> 0.1)."""
+    have blocks are asked for them: iterating a node's blocks costs time even when there
+    are none, on every node of a large graph."""
     nodes = []
     for node in block.nodes():
         nodes.append(node)
@@ -26,8 +26,7 @@ def all_nodes(block) -> List[torch._C.Node]:
 def nodes_of(graph: torch._C.Graph, overloads: Iterable[str]) -> List[torch._C.Node]:
     """The nodes of `graph` (its blocks' too) whose kind is that of one of `overloads`
     ("aten::sum.dim_IntList" is of kind "aten::sum"), kind by kind, found by TorchScript's
-    own walk: a pass that rewrites a few kinds walked a frozen BERT-base encoder in 15 ms
-    through all_nodes, in well under 1 ms so."""
+    own walk, far faster than all_nodes for a pass that rewrites a few kinds."""
     kinds = sorted({overload.split(".")[0] for overload in overloads})
     return [node for kind in kinds for node in graph.findAllNodes(kind, True)]
 

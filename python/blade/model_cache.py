@@ -117,7 +117,7 @@ class ModelCache:
         """Begins hashing the storages of `model`'s parameters and buffers on a thread
         (the hashing itself runs without the GIL, on the intra-op threads), while the
         caller scripts it: `key` then takes the digests of the tensors it finds unchanged
-        (the same tensor, the same version). 0.16 s of a BERT-base encoder's key."""
+        (the same tensor, the same version), and hashing leaves the key's critical path."""
         if not self.active or not isinstance(model, torch.nn.Module):
             return
         tensors = [t for t in (*model.parameters(), *model.buffers())
@@ -386,9 +386,9 @@ class ModelCache:
                           "than a quarter of the cache's bound")
         meta = json.dumps({"engines": engines, "constants": constant_refs,
                            "stored": stored_meta}).encode()
-        # Assembled, signed and written behind: the model is returned meanwhile (a
-        # ResNet-50's entry holds its folded weights, 94 MB to copy, hash and write, where
-        # the kernel's writeback throttling made the write alone take up to 0.2 s).
+        # Assembled, signed and written behind: the model is returned meanwhile (an entry
+        # holds the model's folded weights to copy, hash and write, and the kernel's
+        # writeback throttling can make the write alone slow).
         # Its directory is made here: one removed after optimize returned stays removed.
         path = self._path(key)
         try:

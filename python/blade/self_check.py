@@ -282,8 +282,7 @@ def capture_cluster_examples(module, graph, clusters: Sequence,
             break
         node.destroy()
     # Every cluster, in branches too, back to its nodes (dissolve_cluster's
-    # unmergeSubgraph, in one C++ walk: node by node from Python, a 12-layer BERT's graph
-    # took 0.06 s).
+    # unmergeSubgraph, in one C++ walk: node by node from Python is slow on large graphs).
     torch._C._jit_pass_inline_functional_graphs(copy)
     run = torch._C._create_function_from_graph("blade_capture_cluster_examples", copy)
     counts = [(len(list(c.inputs())), len(list(c.outputs()))) for c in clusters]

@@ -151,7 +151,7 @@ def _stand_in_dialect_modules() -> None:
     """MLIR's Python bindings look up the Python module of an op's dialect
     (`torch_mlir.dialects.<dialect>`) each time they hand out an op, and remember only
     the modules they found: every StableHLO op that Blade's rewrites visited was a failed
-    import (20,000 of them, 0.3 s, in ResNet-50's cluster). An empty module under a
+    import (tens of thousands in a ResNet-50's cluster). An empty module under a
     search prefix of Blade's own is found instead, once; the ops stay generic OpViews."""
 
     package = types.ModuleType(_STAND_IN_PREFIX)

@@ -313,8 +313,8 @@ def run(compilation: Compilation, passes: Sequence[Pass],
     """Runs `passes` on the compilation's module with one pass manager. The verifier runs
     after each of Blade's own passes and after the last pass, so that every MLIR pass
     (C++, which assumes valid input) that follows one of Blade's gets IR that verified;
-    MLIR's passes' own output is taken as valid (verifying after all of them took 45% of
-    the pipeline's time on a GPT-2-sized decoder). With `dump_dir`, the verifier runs after
+    MLIR's passes' own output is taken as valid (verifying after all of them took a large
+    share of the pipeline's time on large clusters). With `dump_dir`, the verifier runs after
     every pass, and the module after each pass is printed there as `NN_<pass>.mlir`
     (after a failure, the last file is the IR the failing pass got). Returns the seconds
     each pass took, by `NN_<pass>`. Raises CodegenError naming the pass that failed or

@@ -15,7 +15,7 @@ lowers the next cluster through MLIR meanwhile) and compiled by worker processes
 the compiling process itself while it waits for them. MLIR and LLVM keep process-wide
 state and PyTorch's thread pools do not survive `fork`, so the workers are fresh
 interpreters (`subprocess`) that load this file alone, without torch or the rest of
-Blade (a worker is ready in about 0.3 s), and live as long as one `optimize`
+Blade (so a worker is soon ready), and live as long as one `optimize`
 (`CompilerPool`, a context manager; a worker also exits when its input pipe closes,
 should the parent die). Without workers (one core, or `Config.compile_workers` 0) each
 module is compiled whole in the process; when a worker cannot start, the waiting process
@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 # LLVM's -O2: measured side by side on every benchmark workload, the code runs as fast as
-# at -O3, and a dynamic engine (loops of run-time trip counts) compiles up to 3.4x faster
-# (bert_layer: 7.0 s -> 2.1 s; -O3's extra loop transforms multiply such loops).
+# at -O3, and a dynamic engine (loops of run-time trip counts) compiles much faster
+# (-O3's extra loop transforms multiply such loops).
 LLVM_OPT_LEVEL = 2
 # main's, where it is straight-line code (codegen/loops/serial.py): calls to the functions
 # that do the work, which optimization makes no faster. ResNet-50's main (190 calls) takes
@@ -49,7 +49,7 @@ LLVM_OPT_LEVEL = 2
 STRAIGHT_LINE_MAIN_OPT_LEVEL = 0
 
 # A cluster whose torch-dialect IR is shorter than this compiles in about the time a
-# worker takes to start (0.3 s): it is compiled in the process, and starts no worker.
+# worker takes to start: it is compiled in the process, and starts no worker.
 MIN_PARALLEL_IR_CHARS = 4096
 
 
@@ -85,9 +85,9 @@ def _string_ref(text: str) -> _StringRef:
 # LLVM's command-line options for Blade's compilations, set once per process (the compiling
 # process and each worker) before its first. -combiner-store-merging=0: the DAG combiner's
 # merging of adjacent stores is quadratic in the stores of a block, and `main` stores the
-# fields of a memref descriptor for every call it makes (ResNet-50's `main`: 0.96 s of
-# code generation, 0.70 s without); measured side by side on the benchmark workloads, the
-# code runs as fast without it. LLVM's C API parses them without an error stream: a name
+# fields of a memref descriptor for every call it makes (a large model's `main` compiles
+# much faster without it); measured side by side on the benchmark workloads, the code runs
+# as fast without it. LLVM's C API parses them without an error stream: a name
 # this LLVM does not know is ignored.
 LLVM_OPTIONS = ("-combiner-store-merging=0",)
 _C_API_LOCK = threading.Lock()  # LLVM's option parser is not thread-safe
@@ -350,7 +350,7 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 module.serve(sys.stdin.buffer, sys.stdout.buffer, {runtime_library!r})
 # Nothing of this process outlives it: it ends without the interpreter's teardown (MLIR's
-# and libtorch's destructors, 0.1 s that the pool's close waited for).
+# and libtorch's destructors, which the pool's close would wait for).
 os._exit(0)
 """
 
@@ -376,10 +376,10 @@ def serve(inputs, outputs, runtime_library: str) -> None:
     """A worker's loop: (bytecode, runtime_library, elsewhere, opt_level) in, ("object",
     bytes) or ("error", message) out, until its input closes."""
     # Loaded before the first job comes (LLVM's JIT loads it to resolve symbols, and it
-    # brings libtorch: 0.15 s), as are MLIR's bindings and C API (LLVM's options set): a
-    # worker that says it is ready takes a job no slower than the compiling process would
-    # (a first job once paid 0.2-0.3 s of loading, which the parent, had it taken the job
-    # itself, would not have).
+    # brings libtorch), as are MLIR's bindings and C API (LLVM's options set): a worker
+    # that says it is ready takes a job no slower than the compiling process would (a
+    # first job once paid the loading, which the parent, had it taken the job itself,
+    # would not have).
     ctypes.CDLL(runtime_library)
     # Compile workers load this module without MLIR.
     from torch_mlir import ir
@@ -455,7 +455,7 @@ class CompilerPool:
         self.close(wait=exc_type is None)
 
     def start(self) -> None:
-        """Starts the workers (they take ~0.3 s to be ready; start early)."""
+        """Starts the workers (they take a while to be ready; start early)."""
         if self._started or self._closed:
             return
         self._started = True

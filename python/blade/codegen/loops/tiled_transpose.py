@@ -31,9 +31,9 @@ from blade.codegen.ir_queries import (all_parallel, contiguous_loop, map_dims, o
                                       output_count, root_buffer, strides_of)
 from blade.codegen.loops.parallel import PARALLEL_TASK
 
-# 8 x 8 tiles of float32 (8 ymm rows): measured on [4,64,56,56] NCHW <-> NHWC, 16 x 16
-# tiles (shuffle16x16 lowering) ran 2x slower, spilling with two tiles live, and 16 x 8
-# tiles 1.4x slower
+# 8 x 8 tiles of float32 (8 ymm rows): larger tiles (16 x 16 through the shuffle16x16
+# lowering, 16 x 8) measured slower on NCHW <-> NHWC transposes, spilling with two tiles
+# live.
 TILE = 8
 # math ops convert-math-to-llvm lowers to LLVM intrinsics that take vectors
 VECTOR_MATH = {"math.absf", "math.fma", "math.sqrt", "math.copysign", "math.floor",
