@@ -58,6 +58,7 @@ from blade.graph_queries import all_nodes, argument_name, is_tensor_op, nodes_of
 from blade.isolation import preserved_module_state, private_copy
 from blade.partition import converters  # noqa: F401  (importing it registers the built-ins)
 from blade.partition.clustering import form_clusters, registry_verdicts, release_edge_views
+from blade.partition.registry import Refusal
 from blade.report import Report
 
 
@@ -275,7 +276,7 @@ def _judge_ops(c: GraphCompilation) -> None:
     for node, verdict in c.verdicts.items():
         if not is_tensor_op(node) or node.kind() == WRITE_BACK:
             continue
-        if verdict.category == "not_materialized":
+        if verdict.category == Refusal.NOT_MATERIALIZED:
             # Never ran on the example inputs (an untaken branch): listed, but not counted
             # in the coverage of what the example inputs run.
             c.report.add_unreached(schema_name(node), verdict.reason)

@@ -9,7 +9,7 @@ from blade import _C
 from blade.config import Config
 from blade.graph_queries import describe, is_tensor_op, schema_name
 from blade.partition.node_types import type_key
-from blade.partition.registry import REGISTRY, Verdict
+from blade.partition.registry import REGISTRY, Refusal, Verdict
 from blade.report import Report
 
 
@@ -23,7 +23,7 @@ def registry_verdicts(nodes: Sequence[torch._C.Node], config: Config,
         if node.kind() == "prim::Constant":
             continue
         if node in failed:
-            verdicts[node] = Verdict(None, "conversion_failed", failed[node])
+            verdicts[node] = Verdict(None, Refusal.CONVERSION_FAILED, failed[node])
             continue
         verdicts[node] = REGISTRY.check(node, config.excluded_ops,
                                         static_shapes=not config.dynamic,
@@ -34,7 +34,7 @@ def registry_verdicts(nodes: Sequence[torch._C.Node], config: Config,
         if node.kind() == "prim::ListConstruct" and v is not None and v.supported:
             users = [u.user for u in node.output().uses()]
             if not users or not all(verdicts.get(u, Verdict(None)).supported for u in users):
-                verdicts[node] = Verdict(None, "not_needed", "list used outside compiled ops")
+                verdicts[node] = Verdict(None, Refusal.NOT_NEEDED, "list used outside compiled ops")
     return verdicts
 
 

@@ -8,6 +8,7 @@ imported into Torch-MLIR's torch dialect as it is and lowered by Torch-MLIR. An 
 no entry is compilable when Torch-MLIR lowers it for the node's types and constant arguments
 (blade.partition.torch_mlir_probe asks it).
 """
+import enum
 import functools
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -37,11 +38,27 @@ class Converter:
     kernel_call: bool = False  # the engine calls PyTorch's kernel (partition/kernel_calls)
 
 
+class Refusal(str, enum.Enum):
+    """Why a node is not compiled (Verdict.category); the verdict's `reason` says it in
+    words for the report."""
+    NONE = ""
+    EXCLUDED = "excluded"                    # Config.excluded_ops
+    STORAGE_OBSERVED = "storage_observed"    # reads memory layout (as_strided, ...)
+    NOT_MATERIALIZED = "not_materialized"    # the example run never ran it
+    NO_CONVERTER = "no_converter"
+    UNKNOWN_TYPE = "unknown_type"            # an operand or result without a known type
+    NON_CONSTANT_ARGUMENT = "non_constant_argument"
+    DTYPE = "dtype"                          # the dtype table refuses its dtypes
+    VALIDATOR = "validator"                  # its converter's validator refuses it
+    CONVERSION_FAILED = "conversion_failed"  # its cluster failed to compile, blaming it
+    NOT_NEEDED = "not_needed"                # a list only compiled ops would have read
+
+
 @dataclass
 class Verdict:
     converter: Optional[Converter]
-    category: str = ""  # why not: no_converter, not_materialized, dtype, validator, excluded,
-    reason: str = ""    # non_constant_argument, storage_observed
+    category: Refusal = Refusal.NONE  # why not
+    reason: str = ""
 
     @property
     def supported(self) -> bool:
@@ -135,10 +152,10 @@ class ConverterRegistry:
         only when `kernel_calls` (Config.kernel_calls)."""
         name = schema_name(node)
         if name in excluded_ops or node.kind() in excluded_ops:
-            return Verdict(None, "excluded", f"{name} is in Config.excluded_ops")
+            return Verdict(None, Refusal.EXCLUDED, f"{name} is in Config.excluded_ops")
         observer = storage_observer(node)
         if observer is not None:
-            return Verdict(None, "storage_observed",
+            return Verdict(None, Refusal.STORAGE_OBSERVED,
                            f"{name}: {observer} reads the memory layout of its result (strides "
                            "or storage), which compiled code, returning fresh contiguous "
                            "tensors, would change")
@@ -147,31 +164,31 @@ class ConverterRegistry:
                         if not is_materialized(v, static_shapes)), None)
         if unknown is not None and not ran(node):
             # Unreached code first: whatever its ops, the example inputs never ran them.
-            return Verdict(None, "not_materialized",
+            return Verdict(None, Refusal.NOT_MATERIALIZED,
                            f"{name}: the type of %{unknown.debugName()} is not known (the "
                            "example inputs never reached this node)")
         # An op with no converter that Torch-MLIR is not even asked about.
         unprobed = not candidates and (self._unknown_ops is None or
                                        self._unknown_ops[0](node) is not None)
         if unprobed and not (kernel_calls and self.may_call_kernel(node)):
-            return Verdict(None, "no_converter", f"no converter is registered for {name}")
+            return Verdict(None, Refusal.NO_CONVERTER, f"no converter is registered for {name}")
         if unknown is not None:
-            return Verdict(None, "unknown_type", _unknown_type_reason(name, unknown))
+            return Verdict(None, Refusal.UNKNOWN_TYPE, _unknown_type_reason(name, unknown))
         arg_names = argument_names(node)
         for arg, value in zip(arg_names, node.inputs()):
             if not _is_static_argument(value):
-                return Verdict(None, "non_constant_argument",
+                return Verdict(None, Refusal.NON_CONSTANT_ARGUMENT,
                                f"{name}: argument '{arg}' {_origin(value)} is not a "
                                "compile-time constant")
         if not candidates:
             # No converter of Blade's: compilable when Torch-MLIR lowers it as it is, or
             # else as a kernel call.
             if unprobed:
-                return self._kernel_call_or(node, static_shapes, kernel_calls, "no_converter",
+                return self._kernel_call_or(node, static_shapes, kernel_calls, Refusal.NO_CONVERTER,
                                             f"no converter is registered for {name}")
             why = self._torch_mlir_refusal(node, static_shapes)
             if why is not None:
-                return self._kernel_call_or(node, static_shapes, kernel_calls, "no_converter",
+                return self._kernel_call_or(node, static_shapes, kernel_calls, Refusal.NO_CONVERTER,
                                             f"no converter is registered for {name}, and {why}")
             return Verdict(Converter(name, origin=self._unknown_ops[2]))
         refusals = []
@@ -180,24 +197,24 @@ class ConverterRegistry:
                         if _is_computed(value)] if converter.lower is not None else []
             if computed:
                 # A user converter reads its non-tensor arguments as constants.
-                refusals.append(("non_constant_argument",
+                refusals.append((Refusal.NON_CONSTANT_ARGUMENT,
                                  f"{name}: argument '{computed[0]}' is a size computed at run "
                                  f"time; {converter.origin} converters take constants only"))
                 continue
             why = self._dtype_refusal(node, name, arg_names, converter)
             if why is not None:
-                refusals.append(("dtype", why))
+                refusals.append((Refusal.DTYPE, why))
                 continue
             if converter.validator is not None:
                 why = converter.validator(node)
                 if why is not None:
-                    refusals.append(("validator", f"{name}: {why}"))
+                    refusals.append((Refusal.VALIDATOR, f"{name}: {why}"))
                     continue
             return Verdict(converter)
         category, reason = refusals[0]
-        if category == "non_constant_argument":
+        if category == Refusal.NON_CONSTANT_ARGUMENT:
             return Verdict(None, category, reason)
-        if category == "dtype" and self._unknown_ops is not None and \
+        if category == Refusal.DTYPE and self._unknown_ops is not None and \
                 self._unknown_ops[0](node) is None:
             # Blade's table does not cover these dtypes: Torch-MLIR may still lower the op
             # for them (the engine check then proves what it lowers to).
@@ -207,7 +224,7 @@ class ConverterRegistry:
             reason = f"{reason}; {why}"
         return self._kernel_call_or(node, static_shapes, kernel_calls, category, reason)
 
-    def _kernel_call_or(self, node, static_shapes: bool, kernel_calls: bool, category: str,
+    def _kernel_call_or(self, node, static_shapes: bool, kernel_calls: bool, category: Refusal,
                         reason: str) -> Verdict:
         """A kernel call of `node` when it may be one, else the refusal given (and why it
         cannot be a kernel call, when its op could be one)."""
