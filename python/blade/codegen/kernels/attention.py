@@ -11,7 +11,7 @@ scores in cache and runs the whole chain in one parallel loop.
 
 `attention_form` recognizes the chain from its last dot_general; `library_calls.outline`
 then moves it into one function marked `blade.library_call = "attention"` (or
-"attention_masked"), whose body stays the real computation until `library_calls.lower`
+"attention_masked"), whose body stays the real computation until `lowering.lower`
 replaces it with a call to `blade_ral_attention[_masked]_<type>` (csrc/ral/ral_kernels.h).
 A chain whose intermediate values are used anywhere else (the scores or the probabilities
 returned, say) is left alone and compiled op by op.
@@ -258,7 +258,7 @@ def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
     sources = [q, k, v] + ([mask] if mask is not None else [])
     run_time_scale = {}
     if not isinstance(scale, float):
-        # The scalar's tensor is the function's last operand; `library_calls.lower` reads
+        # The scalar's tensor is the function's last operand; `lowering.lower` reads
         # it and passes its value (or its reciprocal) as the kernel's scale.
         scalar, divides = scale
         run_time_scale = {"scale_operand": len(sources), "scale_divides": int(divides)}

@@ -10,15 +10,15 @@ Loops generated from linalg cannot match MKL or oneDNN, so these ops never becom
    the kernel reads the original weight in place (no per-call transpose or broadcast
    copy). Until step 2 the function body is the real computation, so every analysis in
    between (fusion, bufferization) sees the truth.
-2. `lower` (after bufferization, when the function has become `(inputs..., out)` on
-   memrefs): the body is replaced by one call to the RAL kernel `blade_ral_<op>_<type>`
+2. `lowering.lower` (after bufferization, when the function has become `(inputs..., out)`
+   on memrefs): the body is replaced by one call to the RAL kernel `blade_ral_<op>_<type>`
    (csrc/ral/ral_kernels.h), which writes all of `out`. Memrefs are passed unranked, which
    the LLVM lowering turns into a (rank, descriptor pointer) pair of arguments.
 
 A sort, and a kernel call (codegen/kernels/kernel_calls.py), has no computation of its own
 to stand in until step 2: it is outlined as a declaration whose operands are marked as only
 read (`declarations.read_only`), bufferized as such (its results are memrefs it returns),
-and `lower` defines it as the kernel's call on results it allocates
+and `lowering.lower` defines it as the kernel's call on results it allocates
 (`declarations.define_returning`).
 
 Ops of any other form stay in the module and are compiled to loops.
@@ -27,12 +27,12 @@ from typing import Dict, List, Optional, Tuple
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
-from torch_mlir.dialects import arith, func, memref, tensor
+from torch_mlir.dialects import arith, func, tensor
 
 from blade.codegen.kernels import attention, kernel_calls
-from blade.codegen.kernels.declarations import define_returning, read_only
-from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, defining_op, only_data_user,
-                                      producer, strides_of)
+from blade.codegen.kernels.declarations import read_only
+from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, defining_op, i64_array,
+                                      only_data_user, producer, rank_of)
 
 LIBRARY_CALL = "blade.library_call"
 # Element types the kernels take, each with its kernel symbols' suffix.
@@ -48,14 +48,6 @@ def _element_suffix(value) -> Optional[str]:
     return None
 
 
-def _rank(value) -> int:
-    return ir.ShapedType(value.type).rank
-
-
-def _i64s(attr) -> List[int]:
-    return list(ir.DenseI64ArrayAttr(attr))
-
-
 def _peel_matmul_operand(value, is_rhs: bool) -> Tuple[object, List, bool]:
     """Walks up broadcasts of leading dims and (for the rhs) transposes of the last two dims.
     Returns the source value, the ops peeled (producers first) and whether the source is
@@ -69,8 +61,8 @@ def _peel_matmul_operand(value, is_rhs: bool) -> Tuple[object, List, bool]:
             producer(value, "stablehlo.dynamic_broadcast_in_dim")
         if broadcast is not None:
             source = broadcast.operands[0]
-            dims = _i64s(broadcast.attributes["broadcast_dimensions"])
-            out_rank, in_rank = _rank(value), _rank(source)
+            dims = i64_array(broadcast.attributes["broadcast_dimensions"])
+            out_rank, in_rank = rank_of(value), rank_of(source)
             shapes_kept = ir.ShapedType(source.type).shape == \
                 ir.ShapedType(value.type).shape[out_rank - in_rank:]
             if in_rank >= 2 and dims == list(range(out_rank - in_rank, out_rank)) \
@@ -80,7 +72,7 @@ def _peel_matmul_operand(value, is_rhs: bool) -> Tuple[object, List, bool]:
                 continue
         transpose = producer(value, "stablehlo.transpose")
         if transpose is not None and is_rhs:
-            perm = _i64s(transpose.attributes["permutation"])
+            perm = i64_array(transpose.attributes["permutation"])
             rank = len(perm)
             if rank >= 2 and perm == list(range(rank - 2)) + [rank - 1, rank - 2]:
                 peeled.insert(0, transpose)
@@ -94,9 +86,9 @@ def _matmul_form(op) -> Optional[Tuple[object, object, List, dict]]:
     """(lhs source, rhs source, peeled ops, attributes) for a dot_general the RAL runs."""
     dims = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
     lhs, rhs = op.operands[0], op.operands[1]
-    rank = _rank(lhs)
+    rank = rank_of(lhs)
     batch = list(range(rank - 2))
-    if rank < 2 or _rank(rhs) != rank or _element_suffix(lhs) is None:
+    if rank < 2 or rank_of(rhs) != rank or _element_suffix(lhs) is None:
         return None
     if list(dims.lhs_batching_dimensions) != batch or \
             list(dims.rhs_batching_dimensions) != batch or \
@@ -120,7 +112,7 @@ def _conv_form(op) -> Optional[dict]:
     """The attributes of a 2-d convolution the RAL runs, or None: OIHW weights, and NCHW
     data and result (`conv2d`) or NHWC ones (`conv2d_nhwc`, see layouts.py)."""
     dims = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
-    if _element_suffix(op.operands[0]) is None or _rank(op.operands[0]) != 4:
+    if _element_suffix(op.operands[0]) is None or rank_of(op.operands[0]) != 4:
         return None
     data = (dims.input_batch_dimension, dims.input_feature_dimension,
             list(dims.input_spatial_dimensions))
@@ -134,7 +126,7 @@ def _conv_form(op) -> Optional[dict]:
     attrs = op.attributes
 
     def ints(name, default):
-        return _i64s(attrs[name]) if name in attrs else default
+        return i64_array(attrs[name]) if name in attrs else default
 
     if ints("lhs_dilation", [1, 1]) != [1, 1]:
         return None
@@ -168,10 +160,10 @@ def _channel_bias(value, channels: int) -> Optional[Tuple[object, List]]:
         return None
     source = broadcast.operands[0]
     shape = ir.ShapedType(source.type).shape
-    dims = _i64s(broadcast.attributes["broadcast_dimensions"])
+    dims = i64_array(broadcast.attributes["broadcast_dimensions"])
     non_unit = [i for i, size in enumerate(shape) if size != 1]
     if non_unit != [i for i, size in enumerate(shape) if size == channels] or \
-            len(non_unit) != 1 or dims[non_unit[0]] != _rank(value) - 1:
+            len(non_unit) != 1 or dims[non_unit[0]] != rank_of(value) - 1:
         return None
     peeled = [broadcast]
     while True:
@@ -239,13 +231,13 @@ KERNEL_ARGUMENTS["sort"] = ["dimension", "descending", "stable", "k"]  # k: 0, o
 # The element types sort takes (its values' type names the kernel, as for the others).
 SORT_ELEMENT_TYPES = ("f32", "f64", "f16", "bf16", "i32", "i64")
 # A kernel that writes its result through strides (attention) may take the transpose that
-# follows it into its function: the function returns the transposed tensor, and `lower`
-# hands the kernel a view of that buffer in the kernel's own dim order (see
+# follows it into its function: the function returns the transposed tensor, and
+# `lowering.lower` hands the kernel a view of that buffer in the kernel's own dim order (see
 # `_output_permutation`).
 OUT_PERMUTATION = "blade.out_permutation"
 # An attention scale computed at run time (attention._run_time_scalar): the function's
-# operand at this index is a one-element tensor holding it, which `lower` reads and passes
-# as the kernel's scale (its reciprocal when SCALE_DIVIDES is 1) instead of a memref.
+# operand at this index is a one-element tensor holding it, which `lowering.lower` reads and
+# passes as the kernel's scale (its reciprocal when SCALE_DIVIDES is 1) instead of a memref.
 SCALE_OPERAND = "blade.scale_operand"
 SCALE_DIVIDES = "blade.scale_divides"
 
@@ -321,7 +313,7 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int,
     with ir.InsertionPoint(block):
         if dynamic:
             # StableHLO's linalg lowering takes no dot/convolution of dynamic sizes; the
-            # body only has to allocate the result, which `lower` keeps for the kernel.
+            # body only has to allocate the result, which `lowering.lower` keeps for the kernel.
             dynamic_sizes = iter(_result_sizes(attributes, list(block.arguments), result_type))
             result = ir.RankedTensorType(result_type)
             sizes = [next(dynamic_sizes) if result.is_dynamic_dim(d) else result.shape[d]
@@ -394,22 +386,9 @@ def _output_permutation(op) -> Optional[Tuple[object, List[int]]]:
     user = as_operation(uses[0].owner)
     if user.name != "stablehlo.transpose":
         return None
-    return user, _i64s(user.attributes["permutation"])
+    return user, i64_array(user.attributes["permutation"])
 
 
-def _transposed_view(value, permutation: List[int]):
-    """`value` (a memref of identity layout) seen with its dims in the order that
-    `transpose(., permutation)` undoes: dim k of the view is dim inverse[k] of `value`."""
-    inverse = [0] * len(permutation)
-    for i, d in enumerate(permutation):
-        inverse[d] = i
-    t = ir.MemRefType(value.type)
-    strides = strides_of(t)
-    view = ir.MemRefType.get([t.shape[d] for d in inverse], t.element_type,
-                             ir.StridedLayoutAttr.get(0, [strides[d] for d in inverse]))
-    return memref.TransposeOp(view, value,
-                              ir.AffineMapAttr.get(ir.AffineMap.get_permutation(inverse))
-                              ).result
 
 
 def _in_block_order(main, ops) -> List:
@@ -467,9 +446,9 @@ def _top_k(sort, dimension: int) -> int:
             user = as_operation(use.owner)
             if user.name != "stablehlo.slice":
                 return 0
-            start = _i64s(user.attributes["start_indices"])
-            limit = _i64s(user.attributes["limit_indices"])
-            strides = _i64s(user.attributes["strides"])
+            start = i64_array(user.attributes["start_indices"])
+            limit = i64_array(user.attributes["limit_indices"])
+            strides = i64_array(user.attributes["strides"])
             if any(start) or any(s != 1 for s in strides) or \
                     any(limit[d] != shape.shape[d] for d in range(shape.rank) if d != dimension):
                 return 0
@@ -483,7 +462,8 @@ def _top_k(sort, dimension: int) -> int:
 def _outline_sort(module, main, op, attributes, index: int) -> None:
     """Replaces the sort `op` (and a topk's slices) with a call of a declaration of its own,
     marked as a library call, that only reads its operand (nothing else in the pipeline
-    lowers a sort; `lower` defines it as the kernel's call, see `define_returning`)."""
+    lowers a sort; `lowering.lower` defines it as the kernel's call, see
+    `define_returning`)."""
     name = f"blade_library_call_{index}"
     source = op.operands[0]
     result_types = [r.type for r in op.results]
@@ -583,142 +563,3 @@ def outline(module, main) -> Dict[str, int]:
         if calls:
             counts[kernel_calls.KIND] = calls
     return counts
-
-
-def _run_time_scale(buffer, divides: bool):
-    """The f64 scale read from a one-element float memref (SCALE_OPERAND), inverted when
-    the chain divides by it; built at the current insertion point."""
-    index = ir.IndexType.get()
-    f64 = ir.F64Type.get()
-    zero = arith.ConstantOp(index, 0).result
-    value = memref.LoadOp(buffer, [zero] * ir.ShapedType(buffer.type).rank).result
-    if value.type != f64:
-        value = arith.ExtFOp(f64, value).result
-    if divides:
-        value = arith.DivFOp(arith.ConstantOp(f64, 1.0).result, value).result
-    return value
-
-
-def lower(module) -> None:
-    """Step 2 (see the module docstring): bodies of outlined functions become RAL calls.
-    A function of static size has become `(inputs..., out)`; one of dynamic size only
-    allocates and returns its result, which is handed to the kernel as `out`."""
-    declared = set()
-    calls = []
-    with module.context, ir.Location.unknown():
-        _embed_weight_arguments(module)
-        for function in list(module.body.operations):
-            if function.operation.name != "func.func" or \
-                    LIBRARY_CALL not in function.attributes:
-                continue
-            kind = ir.StringAttr(function.attributes[LIBRARY_CALL]).value
-            if len(function.regions[0].blocks) == 0:  # a declaration: a sort or kernel call
-                if kind == kernel_calls.KIND:
-                    calls.append(function)
-                    callee, leading = kernel_calls.callee_of(function)
-                    trailing = []
-                else:
-                    operands = ir.FunctionType(ir.TypeAttr(
-                        function.attributes["function_type"]).value).inputs
-                    callee = f"blade_ral_{kind}_{ir.ShapedType(operands[0]).element_type}"
-                    leading = []
-                    trailing = [function.attributes[f"blade.{key}"]
-                                for key in KERNEL_ARGUMENTS[kind]]
-                # A kernel call's buffers go as i8 memrefs: calls of one buffer count share
-                # the RAL function whatever their dtypes (csrc/ral/kernel_calls.h).
-                element = ir.IntegerType.get_signless(8) if kind == kernel_calls.KIND else None
-                _declare(module, declared, callee,
-                         define_returning(function, callee, leading, trailing, element))
-                continue
-            block = function.regions[0].blocks[0]
-            terminator = block.operations[len(block.operations) - 1]
-            returned = list(terminator.operands)
-            if returned:      # dynamic: the body is the result's allocation (_outline_one)
-                terminator.erase()
-            else:
-                for op in reversed(list(block.operations)):
-                    op.erase()
-            arguments = list(block.arguments) + returned
-            # The kernel's symbol is named by its first operand's element type (a sort's
-            # indices are i64 whatever the values are).
-            element = ir.ShapedType(arguments[0].type).element_type
-            callee = f"blade_ral_{kind}_{element}"
-            with ir.InsertionPoint(block):
-                if OUT_PERMUTATION in function.attributes:
-                    arguments[-1] = _transposed_view(
-                        arguments[-1], _i64s(function.attributes[OUT_PERMUTATION]))
-                scale = None
-                if SCALE_OPERAND in function.attributes:
-                    scale = _run_time_scale(
-                        arguments.pop(ir.IntegerAttr(function.attributes[SCALE_OPERAND]).value),
-                        ir.IntegerAttr(function.attributes[SCALE_DIVIDES]).value == 1)
-                operands = [memref.CastOp(ir.UnrankedMemRefType.get(
-                    ir.ShapedType(a.type).element_type, None), a).result for a in arguments]
-                for key in KERNEL_ARGUMENTS[kind]:
-                    attr = function.attributes[f"blade.{key}"]
-                    operands.append(scale if key == "scale" and scale is not None else
-                                    arith.ConstantOp(attr.type, attr).result)
-                func.CallOp([], ir.FlatSymbolRefAttr.get(callee), operands)
-                func.ReturnOp(returned)
-            _declare(module, declared, callee, operands)
-        kernel_calls.embed_table(module, calls)
-
-
-# Library calls whose operand 1 is a float32 weight the RAL kernel may read only through
-# the engine's prepared copy of it (csrc/ral/prepared_weights.h).
-WEIGHT_KINDS = ("matmul", "conv2d", "conv2d_nhwc", "conv2d_nhwc_bias")
-# The exported function that returns main's weight-only arguments, as decimal indices
-# separated by spaces; code that has none has no such function.
-WEIGHT_ARGUMENTS_SYMBOL = "blade_weight_arguments"
-
-
-def weight_arguments(module) -> List[int]:
-    """Main's float32 memref arguments that nothing reads but library calls of
-    WEIGHT_KINDS, each as its operand 1 (the weight): after its first calls, the engine
-    may give back the memory of such a param it alone holds, read from then on through
-    its prepared copy (Engine, csrc/ral/engine.h). Anything else that reads an argument
-    (a loop, a view, another operand, another kind of call) keeps it."""
-    kinds = {}
-    main = None
-    for op in module.body.operations:
-        if op.operation.name != "func.func":
-            continue
-        name = ir.StringAttr(op.attributes["sym_name"]).value
-        if name == "main":
-            main = op
-        elif LIBRARY_CALL in op.attributes:
-            kinds[name] = ir.StringAttr(op.attributes[LIBRARY_CALL]).value
-    if main is None:
-        return []
-    found = []
-    for index, arg in enumerate(main.regions[0].blocks[0].arguments):
-        if not isinstance(arg.type, ir.MemRefType) or \
-                not isinstance(ir.MemRefType(arg.type).element_type, ir.F32Type):
-            continue
-        uses = list(arg.uses)
-        if uses and all(_is_weight_use(use, kinds) for use in uses):
-            found.append(index)
-    return found
-
-
-def _is_weight_use(use, kinds: Dict[str, str]) -> bool:
-    op = use.owner.operation
-    if op.name != "func.call" or use.operand_number != 1:
-        return False
-    # (an argument that is also another operand of the call has a use of its own there)
-    return kinds.get(ir.FlatSymbolRefAttr(op.attributes["callee"]).value) in WEIGHT_KINDS
-
-
-def _embed_weight_arguments(module) -> None:
-    found = weight_arguments(module)
-    if found:
-        kernel_calls.embed_string(module, WEIGHT_ARGUMENTS_SYMBOL,
-                                  " ".join(str(i) for i in found).encode())
-
-
-def _declare(module, declared: set, callee: str, operands) -> None:
-    """Declares the RAL function `callee` once per module."""
-    if callee not in declared:
-        declared.add(callee)
-        with ir.InsertionPoint.at_block_begin(module.body):
-            func.FuncOp(callee, ([o.type for o in operands], []), visibility="private")
