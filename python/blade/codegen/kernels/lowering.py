@@ -8,9 +8,9 @@ passed unranked, which the LLVM lowering turns into a (rank, descriptor pointer)
 arguments. A declaration (a sort, a kernel call) is defined as the kernel's call on
 results it allocates (`declarations.define_returning`). The module also gets the table of
 the kernel calls' specs (`kernel_calls.embed_table`) and the list of the params the code
-reads only as weights (`weight_arguments`).
+reads only as weights (weight_arguments.py).
 """
-from typing import Dict, List
+from typing import List
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func, memref
@@ -20,6 +20,7 @@ from blade.codegen.kernels import kernel_calls
 from blade.codegen.kernels.declarations import define_returning
 from blade.codegen.kernels.library_calls import (KERNEL_ARGUMENTS, LIBRARY_CALL, OUT_PERMUTATION,
                                                  SCALE_DIVIDES, SCALE_OPERAND)
+from blade.codegen.kernels.weight_arguments import embed_weight_arguments
 
 
 def lower(module) -> None:
@@ -28,7 +29,7 @@ def lower(module) -> None:
     declared = set()
     calls = []
     with module.context, ir.Location.unknown():
-        _embed_weight_arguments(module)
+        embed_weight_arguments(module)
         for function in list(module.body.operations):
             if function.operation.name != "func.func" or \
                     LIBRARY_CALL not in function.attributes:
@@ -121,55 +122,3 @@ def _declare(module, declared: set, callee: str, operands) -> None:
         declared.add(callee)
         with ir.InsertionPoint.at_block_begin(module.body):
             func.FuncOp(callee, ([o.type for o in operands], []), visibility="private")
-
-
-# Library calls whose operand 1 is a float32 weight the RAL kernel may read only through
-# the engine's prepared copy of it (csrc/ral/prepared_weights.h).
-WEIGHT_KINDS = ("matmul", "conv2d", "conv2d_nhwc", "conv2d_nhwc_bias")
-# The exported function that returns main's weight-only arguments, as decimal indices
-# separated by spaces; code that has none has no such function.
-WEIGHT_ARGUMENTS_SYMBOL = "blade_weight_arguments"
-
-
-def weight_arguments(module) -> List[int]:
-    """Main's float32 memref arguments that nothing reads but library calls of
-    WEIGHT_KINDS, each as its operand 1 (the weight): after its first calls, the engine
-    may give back the memory of such a param it alone holds, read from then on through
-    its prepared copy (Engine, csrc/ral/engine.h). Anything else that reads an argument
-    (a loop, a view, another operand, another kind of call) keeps it."""
-    kinds = {}
-    main = None
-    for op in module.body.operations:
-        if op.operation.name != "func.func":
-            continue
-        name = ir.StringAttr(op.attributes["sym_name"]).value
-        if name == "main":
-            main = op
-        elif LIBRARY_CALL in op.attributes:
-            kinds[name] = ir.StringAttr(op.attributes[LIBRARY_CALL]).value
-    if main is None:
-        return []
-    found = []
-    for index, arg in enumerate(main.regions[0].blocks[0].arguments):
-        if not isinstance(arg.type, ir.MemRefType) or \
-                not isinstance(ir.MemRefType(arg.type).element_type, ir.F32Type):
-            continue
-        uses = list(arg.uses)
-        if uses and all(_is_weight_use(use, kinds) for use in uses):
-            found.append(index)
-    return found
-
-
-def _is_weight_use(use, kinds: Dict[str, str]) -> bool:
-    op = use.owner.operation
-    if op.name != "func.call" or use.operand_number != 1:
-        return False
-    # (an argument that is also another operand of the call has a use of its own there)
-    return kinds.get(ir.FlatSymbolRefAttr(op.attributes["callee"]).value) in WEIGHT_KINDS
-
-
-def _embed_weight_arguments(module) -> None:
-    found = weight_arguments(module)
-    if found:
-        kernel_calls.embed_string(module, WEIGHT_ARGUMENTS_SYMBOL,
-                                  " ".join(str(i) for i in found).encode())
