@@ -27,6 +27,7 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
 
 from blade.codegen.ir_queries import as_operation, defining_op as _op
+from blade.codegen.kernels.matmul import matmul_form
 
 
 # Ops between a reduction and the op that broadcasts its result back over the row.
@@ -203,10 +204,10 @@ def _mask_source(value, rank: int, element_type):
     return value
 
 
-def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
+def attention_form(main, dot) -> Optional[Tuple[List, List, dict]]:
     """(sources [q, k, v, mask?], the chain's other ops in block order, attributes) when
     the dot_general `dot` in `main` is the `@ v` of an attention chain; None otherwise.
-    `matmul_form` is library_calls._matmul_form (the operand peeling both share)."""
+    Both products are read as matmul.py reads a matmul's (the operand peeling)."""
     form = matmul_form(dot)
     if form is None:
         return None

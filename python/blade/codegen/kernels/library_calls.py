@@ -6,8 +6,8 @@
 marked LIBRARY_CALL with the kernel's kind and the kernel's KERNEL_ARGUMENTS as attributes;
 `lower-library-calls` (lowering.py) replaces the function's body with the kernel's call.
 This module holds what the two share (those attributes, the kernels' arguments and element
-types) and the forms of matmuls, convolutions and sorts that the kernels take; attention
-chains are recognized in attention.py, kernel calls in kernel_calls.py.
+types) and the forms of convolutions and sorts that the kernels take; matmuls are
+recognized in matmul.py, attention chains in attention.py, kernel calls in kernel_calls.py.
 """
 from typing import List, Optional, Tuple
 
@@ -22,7 +22,14 @@ KERNEL_ELEMENT_TYPES = ((ir.F32Type, "f32"), (ir.F64Type, "f64"), (ir.F16Type, "
                         (ir.BF16Type, "bf16"))
 
 
-def _element_suffix(value) -> Optional[str]:
+def element_suffix(value) -> Optional[str]:
+    """The kernel symbols' suffix for the element type of `value`, or None when the kernels
+    take no such type.
+
+    Example:
+        >>> element_suffix(dot.operands[0])   # tensor<4x16xbf16>
+        'bf16'
+    """
     element = ir.ShapedType(value.type).element_type
     for kind, suffix in KERNEL_ELEMENT_TYPES:
         if isinstance(element, kind):
@@ -30,71 +37,11 @@ def _element_suffix(value) -> Optional[str]:
     return None
 
 
-def _peel_matmul_operand(value, is_rhs: bool) -> Tuple[object, List, bool]:
-    """Walks up broadcasts of leading dims and (for the rhs) transposes of the last two dims.
-    Returns the source value, the ops peeled (producers first) and whether the source is
-    transposed."""
-    peeled = []
-    transposed = False
-    while True:
-        # A dynamic engine broadcasts with a run-time shape; the kernel broadcasts the
-        # weight's batch dims itself either way.
-        broadcast = producer(value, "stablehlo.broadcast_in_dim") or \
-            producer(value, "stablehlo.dynamic_broadcast_in_dim")
-        if broadcast is not None:
-            source = broadcast.operands[0]
-            dims = i64_array(broadcast.attributes["broadcast_dimensions"])
-            out_rank, in_rank = rank_of(value), rank_of(source)
-            shapes_kept = ir.ShapedType(source.type).shape == \
-                ir.ShapedType(value.type).shape[out_rank - in_rank:]
-            if in_rank >= 2 and dims == list(range(out_rank - in_rank, out_rank)) \
-                    and shapes_kept:
-                peeled.insert(0, broadcast)
-                value = source
-                continue
-        transpose = producer(value, "stablehlo.transpose")
-        if transpose is not None and is_rhs:
-            perm = i64_array(transpose.attributes["permutation"])
-            rank = len(perm)
-            if rank >= 2 and perm == list(range(rank - 2)) + [rank - 1, rank - 2]:
-                peeled.insert(0, transpose)
-                value = transpose.operands[0]
-                transposed = not transposed
-                continue
-        return value, peeled, transposed
-
-
-def matmul_form(op) -> Optional[Tuple[object, object, List, dict]]:
-    """(lhs source, rhs source, peeled ops, attributes) for a dot_general the RAL runs."""
-    dims = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-    lhs, rhs = op.operands[0], op.operands[1]
-    rank = rank_of(lhs)
-    batch = list(range(rank - 2))
-    if rank < 2 or rank_of(rhs) != rank or _element_suffix(lhs) is None:
-        return None
-    if list(dims.lhs_batching_dimensions) != batch or \
-            list(dims.rhs_batching_dimensions) != batch or \
-            list(dims.lhs_contracting_dimensions) != [rank - 1]:
-        return None
-    if list(dims.rhs_contracting_dimensions) == [rank - 2]:
-        transposed = False
-    elif list(dims.rhs_contracting_dimensions) == [rank - 1]:
-        transposed = True
-    else:
-        return None
-    if ir.ShapedType(op.result.type).element_type != ir.ShapedType(lhs.type).element_type:
-        return None
-    lhs_source, lhs_peeled, _ = _peel_matmul_operand(lhs, is_rhs=False)
-    rhs_source, rhs_peeled, flipped = _peel_matmul_operand(rhs, is_rhs=True)
-    return lhs_source, rhs_source, lhs_peeled + rhs_peeled, {
-        "kind": "matmul", "transpose_b": int(transposed != flipped)}
-
-
 def conv_form(op) -> Optional[dict]:
     """The attributes of a 2-d convolution the RAL runs, or None: OIHW weights, and NCHW
     data and result (`conv2d`) or NHWC ones (`conv2d_nhwc`, see layouts.py)."""
     dims = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
-    if _element_suffix(op.operands[0]) is None or rank_of(op.operands[0]) != 4:
+    if element_suffix(op.operands[0]) is None or rank_of(op.operands[0]) != 4:
         return None
     data = (dims.input_batch_dimension, dims.input_feature_dimension,
             list(dims.input_spatial_dimensions))

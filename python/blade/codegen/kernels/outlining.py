@@ -25,7 +25,8 @@ from blade.codegen.kernels import attention, kernel_calls
 from blade.codegen.kernels.declarations import read_only
 from blade.codegen.kernels.library_calls import (KERNEL_ARGUMENTS, LIBRARY_CALL, OUT_PERMUTATION,
                                                  SCALE_DIVIDES, SCALE_OPERAND, conv_epilogue,
-                                                 conv_form, matmul_form, sort_form)
+                                                 conv_form, sort_form)
+from blade.codegen.kernels.matmul import matmul_form
 
 
 def outline(module, main) -> Dict[str, int]:
@@ -40,7 +41,7 @@ def outline(module, main) -> Dict[str, int]:
     def attention_chain(op):
         if op.name != "stablehlo.dot_general":
             return None
-        form = attention.attention_form(main, op, matmul_form)
+        form = attention.attention_form(main, op)
         if form is None:
             return None
         sources, chain, attributes = form
