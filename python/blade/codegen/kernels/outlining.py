@@ -21,11 +21,10 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, func, tensor
 
 from blade.codegen.ir_queries import SHAPE_QUERIES, as_operation, defining_op, i64_array
-from blade.codegen.kernels import attention, kernel_calls
+from blade.codegen.kernels import attention, convolution, kernel_calls
 from blade.codegen.kernels.declarations import read_only
 from blade.codegen.kernels.library_calls import (KERNEL_ARGUMENTS, LIBRARY_CALL, OUT_PERMUTATION,
-                                                 SCALE_DIVIDES, SCALE_OPERAND, conv_epilogue,
-                                                 conv_form, sort_form)
+                                                 SCALE_DIVIDES, SCALE_OPERAND, sort_form)
 from blade.codegen.kernels.matmul import matmul_form
 
 
@@ -38,7 +37,7 @@ def outline(module, main) -> Dict[str, int]:
                      same_shape)
         counts[attributes["kind"]] = counts.get(attributes["kind"], 0) + 1
 
-    def attention_chain(op):
+    def attention_chain(main, op):
         if op.name != "stablehlo.dot_general":
             return None
         form = attention.attention_form(main, op)
@@ -53,25 +52,14 @@ def outline(module, main) -> Dict[str, int]:
         return (transpose, sources, chain + [op],
                 {**attributes, "out_permutation": permutation})
 
-    def convolution_with_epilogue(op):
-        if op.name != "stablehlo.convolution":
-            return None
-        attributes = conv_form(op)
-        epilogue = conv_epilogue(op) if attributes and attributes["kind"] == "conv2d_nhwc" \
-            else None
-        if epilogue is None:
-            return None
-        bias, between, last, relu = epilogue
-        return (last, list(op.operands) + [bias], _in_block_order(main, [op] + between),
-                {**attributes, "kind": "conv2d_nhwc_bias", "relu": int(relu)}, [op])
-
     with module.context, ir.Location.unknown():
         # Chains first (their ops would otherwise be taken one by one below), one at a
         # time: outlining one erases ops later in the block.
-        for find in (attention_chain, convolution_with_epilogue):
+        for find in (attention_chain, convolution.convolution_with_epilogue):
             while True:
-                found = next((f for f in map(find, main.regions[0].blocks[0].operations)
-                              if f is not None), None)
+                ops = main.regions[0].blocks[0].operations
+                found = next((f for f in (find(main, op) for op in ops) if f is not None),
+                             None)
                 if found is None:
                     break
                 take(*found)
@@ -82,7 +70,7 @@ def outline(module, main) -> Dict[str, int]:
                     lhs, rhs, peeled, attributes = form
                     take(op, [lhs, rhs], peeled, attributes)
             elif op.name == "stablehlo.convolution":
-                attributes = conv_form(op)
+                attributes = convolution.conv_form(op)
                 if attributes is not None:
                     take(op, list(op.operands), [], attributes)
             elif op.name == "stablehlo.sort":
@@ -241,12 +229,6 @@ def _output_permutation(op) -> Optional[Tuple[object, List[int]]]:
     if user.name != "stablehlo.transpose":
         return None
     return user, i64_array(user.attributes["permutation"])
-
-
-def _in_block_order(main, ops) -> List:
-    listed = [as_operation(o) for o in ops]
-    return [o for o in map(as_operation, main.regions[0].blocks[0].operations)
-            if any(o == m for m in listed)]
 
 
 def _outline_sort(module, main, op, attributes, index: int) -> None:
