@@ -21,10 +21,10 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, func, tensor
 
 from blade.codegen.ir_queries import SHAPE_QUERIES, as_operation, defining_op, i64_array
-from blade.codegen.kernels import attention, convolution, kernel_calls
+from blade.codegen.kernels import attention, convolution, kernel_calls, sort
 from blade.codegen.kernels.declarations import read_only
 from blade.codegen.kernels.library_calls import (KERNEL_ARGUMENTS, LIBRARY_CALL, OUT_PERMUTATION,
-                                                 SCALE_DIVIDES, SCALE_OPERAND, sort_form)
+                                                 SCALE_DIVIDES, SCALE_OPERAND)
 from blade.codegen.kernels.matmul import matmul_form
 
 
@@ -74,7 +74,7 @@ def outline(module, main) -> Dict[str, int]:
                 if attributes is not None:
                     take(op, list(op.operands), [], attributes)
             elif op.name == "stablehlo.sort":
-                attributes = sort_form(op)
+                attributes = sort.sort_form(op)
                 if attributes is not None:
                     _outline_sort(module, main, op, attributes, sum(counts.values()))
                     counts["sort"] = counts.get("sort", 0) + 1
