@@ -9,7 +9,7 @@ the scores are written to memory and read back four times and every step is a pa
 region of its own; PyTorch's fused CPU attention (flash attention) keeps a block of
 scores in cache and runs the whole chain in one parallel loop.
 
-`attention_form` recognizes the chain from its last dot_general; `library_calls.outline`
+`attention_chain` recognizes the chain from its last dot_general; `outlining.outline`
 then moves it into one function marked `blade.library_call = "attention"` (or
 "attention_masked"), whose body stays the real computation until `lowering.lower`
 replaces it with a call to `blade_ral_attention[_masked]_<type>` (csrc/ral/ral_kernels.h).
@@ -26,7 +26,7 @@ from typing import List, Optional, Tuple
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
 
-from blade.codegen.ir_queries import as_operation, defining_op as _op
+from blade.codegen.ir_queries import as_operation, defining_op as _op, i64_array
 from blade.codegen.kernels.matmul import matmul_form
 
 
@@ -276,6 +276,44 @@ def attention_form(main, dot) -> Optional[Tuple[List, List, dict]]:
         "scale": scale,
         "zero_masked_rows": int(zeroed is not None),
         **run_time_scale}
+
+
+def attention_chain(main, op) -> Optional[Tuple[object, List, List, dict]]:
+    """What outlining takes for the attention chain whose last dot_general is `op`, as one
+    call (`attention_form`): (the op whose result the call gives, the sources, the ops
+    before it that move into the call, in block order, the kernel's attributes); None for
+    any other op. A transpose that alone reads the chain's result goes into the call too:
+    the kernel writes the heads straight into the transposed layout (OUT_PERMUTATION).
+
+    Example:
+        >>> attention_chain(main, dot)   # softmax(q @ k^T * 0.125) @ v
+        (dot, [q, k, v], [dot_general, multiply, ...], {'kind': 'attention', ...})
+    """
+    if op.name != "stablehlo.dot_general":
+        return None
+    form = attention_form(main, op)
+    if form is None:
+        return None
+    sources, chain, attributes = form
+    after = _output_permutation(op)
+    if after is None:
+        return (op, sources, chain, attributes)
+    transpose, permutation = after
+    return (transpose, sources, chain + [op],
+            {**attributes, "out_permutation": permutation})
+
+
+def _output_permutation(op) -> Optional[Tuple[object, List[int]]]:
+    """The transpose that is the only user of `op`'s static result, and its permutation
+    (the heads of an attention's output moved back next to the tokens, before the output
+    projection), or None."""
+    uses = list(op.result.uses)
+    if len(uses) != 1 or not ir.ShapedType(op.result.type).has_static_shape:
+        return None
+    user = as_operation(uses[0].owner)
+    if user.name != "stablehlo.transpose":
+        return None
+    return user, i64_array(user.attributes["permutation"])
 
 
 def _chain(main, dot, sources) -> Optional[List]:

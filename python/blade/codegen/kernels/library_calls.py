@@ -52,7 +52,7 @@ SORT_ELEMENT_TYPES = ("f32", "f64", "f16", "bf16", "i32", "i64")
 # A kernel that writes its result through strides (attention) may take the transpose that
 # follows it into its function: the function returns the transposed tensor, and
 # `lowering.lower` hands the kernel a view of that buffer in the kernel's own dim order (see
-# `outlining._output_permutation`).
+# `attention.attention_chain`).
 OUT_PERMUTATION = "blade.out_permutation"
 # An attention scale computed at run time (attention._run_time_scalar): the function's
 # operand at this index is a one-element tensor holding it, which `lowering.lower` reads and

@@ -15,12 +15,12 @@ A sort, and a kernel call (kernel_calls.py), has no computation of its own to st
 until then: it is outlined as a declaration whose operands are marked as only read
 (`declarations.read_only`), bufferized as such (its results are memrefs it returns).
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func, tensor
 
-from blade.codegen.ir_queries import SHAPE_QUERIES, as_operation, defining_op, i64_array
+from blade.codegen.ir_queries import SHAPE_QUERIES, as_operation, defining_op
 from blade.codegen.kernels import attention, convolution, kernel_calls, sort
 from blade.codegen.kernels.declarations import read_only
 from blade.codegen.kernels.library_calls import (KERNEL_ARGUMENTS, LIBRARY_CALL, OUT_PERMUTATION,
@@ -37,25 +37,10 @@ def outline(module, main) -> Dict[str, int]:
                      same_shape)
         counts[attributes["kind"]] = counts.get(attributes["kind"], 0) + 1
 
-    def attention_chain(main, op):
-        if op.name != "stablehlo.dot_general":
-            return None
-        form = attention.attention_form(main, op)
-        if form is None:
-            return None
-        sources, chain, attributes = form
-        after = _output_permutation(op)
-        if after is None:
-            return (op, sources, chain, attributes)
-        # The kernel writes the heads straight into the transposed layout.
-        transpose, permutation = after
-        return (transpose, sources, chain + [op],
-                {**attributes, "out_permutation": permutation})
-
     with module.context, ir.Location.unknown():
         # Chains first (their ops would otherwise be taken one by one below), one at a
         # time: outlining one erases ops later in the block.
-        for find in (attention_chain, convolution.convolution_with_epilogue):
+        for find in (attention.attention_chain, convolution.convolution_with_epilogue):
             while True:
                 ops = main.regions[0].blocks[0].operations
                 found = next((f for f in (find(main, op) for op in ops) if f is not None),
@@ -216,19 +201,6 @@ def _move_after_the_call(main, call) -> None:
     for op in moving:
         op.move_after(anchor)
         anchor = op
-
-
-def _output_permutation(op) -> Optional[Tuple[object, List[int]]]:
-    """The transpose that is the only user of `op`'s static result, and its permutation
-    (the heads of an attention's output moved back next to the tokens, before the output
-    projection), or None."""
-    uses = list(op.result.uses)
-    if len(uses) != 1 or not ir.ShapedType(op.result.type).has_static_shape:
-        return None
-    user = as_operation(uses[0].owner)
-    if user.name != "stablehlo.transpose":
-        return None
-    return user, i64_array(user.attributes["permutation"])
 
 
 def _outline_sort(module, main, op, attributes, index: int) -> None:
