@@ -207,7 +207,8 @@ def _mask_source(value, rank: int, element_type):
 def attention_form(main, dot) -> Optional[Tuple[List, List, dict]]:
     """(sources [q, k, v, mask?], the chain's other ops in block order, attributes) when
     the dot_general `dot` in `main` is the `@ v` of an attention chain; None otherwise.
-    Both products are read as matmul.py reads a matmul's (the operand peeling)."""
+    Both products are matmuls of matmul.py's form; its operand peeling tells whether k and
+    v are stored transposed."""
     form = matmul_form(dot)
     if form is None:
         return None

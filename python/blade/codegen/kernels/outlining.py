@@ -3,13 +3,13 @@ call runs moves into a private function of its own, marked `blade.library_call`
 (library_calls.py), and main calls it; ops of any other form stay in main and are compiled
 to loops.
 
-Each `stablehlo.dot_general` and `stablehlo.convolution` of a form the kernels take is
-outlined, after the chains that start from one (attention, a convolution with its bias and
-ReLU). Transposes of the last two dims and broadcasts of leading (batch) dims that feed a
-matmul move into the function too, so the kernel reads the original weight in place (no
-per-call transpose or broadcast copy). Until `lower-library-calls` (lowering.py) the
-function body is the real computation, so every analysis in between (fusion,
-bufferization) sees the truth.
+The op families' modules say which ops of which form the kernels take (matmul.py,
+convolution.py, attention.py, sort.py): chains first (attention, a convolution with its
+bias and ReLU), then each remaining dot_general, convolution and sort. Transposes of the
+last two dims and broadcasts of leading (batch) dims that feed a matmul move into the
+function too, so the kernel reads the original weight in place (no per-call transpose or
+broadcast copy). Until `lower-library-calls` (lowering.py) the function body is the real
+computation, so every analysis in between (fusion, bufferization) sees the truth.
 
 A sort, and a kernel call (kernel_calls.py), has no computation of its own to stand in
 until then: it is outlined as a declaration whose operands are marked as only read
@@ -21,11 +21,10 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, func, tensor
 
 from blade.codegen.ir_queries import SHAPE_QUERIES, as_operation, defining_op
-from blade.codegen.kernels import attention, convolution, kernel_calls, sort
+from blade.codegen.kernels import attention, convolution, kernel_calls, matmul, sort
 from blade.codegen.kernels.declarations import read_only
 from blade.codegen.kernels.library_calls import (KERNEL_ARGUMENTS, LIBRARY_CALL, OUT_PERMUTATION,
                                                  SCALE_DIVIDES, SCALE_OPERAND)
-from blade.codegen.kernels.matmul import matmul_form
 
 
 def outline(module, main) -> Dict[str, int]:
@@ -50,7 +49,7 @@ def outline(module, main) -> Dict[str, int]:
                 take(*found)
         for op in list(main.regions[0].blocks[0].operations):
             if op.name == "stablehlo.dot_general":
-                form = matmul_form(op)
+                form = matmul.matmul_form(op)
                 if form is not None:
                     lhs, rhs, peeled, attributes = form
                     take(op, [lhs, rhs], peeled, attributes)
