@@ -26,7 +26,7 @@ using KernelCallsFn = const char* (*)();
 constexpr const char* kKernelCallsSymbol = "blade_kernel_calls";
 // A function that returns the indices (among `args`, in decimal, separated by spaces) of the
 // float32 buffers the code reads only as the weight of its matmul and convolution kernels,
-// never itself (codegen/kernels/library_calls.weight_arguments); absent when there are none.
+// never itself (codegen/kernels/weight_arguments.py); absent when there are none.
 using WeightArgumentsFn = const char* (*)();
 constexpr const char* kWeightArgumentsSymbol = "blade_weight_arguments";
 

@@ -58,7 +58,8 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
 // Generated code declares `func.func private @blade_ral_matmul_f32(memref<*xf32>, ...)`; the
 // LLVM lowering passes each unranked memref as two arguments, its rank and a pointer to its
 // descriptor (BLADE_RAL_MEMREF below). One symbol per element type: f32, f64, f16, bf16.
-// Each writes all of `out` (python/blade/codegen/kernels/library_calls.py says which ops they replace).
+// Each writes all of `out`. Which ops they replace: python/blade/codegen/kernels/matmul.py,
+// convolution.py, attention.py and sort.py.
 //
 // matmul: out = a @ b, or a @ b^T when `transpose_b`; batch dims broadcast as in
 // torch.matmul (b may have fewer of them).

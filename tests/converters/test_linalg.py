@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import blade
+from blade.codegen.kernels import outlining
 from helpers import TOLERANCE, Lambda, random_tensor, run_compiled
 
 TRACE = blade.Config(allow_tracing=True)
@@ -46,22 +47,20 @@ def test_linear_weight_is_not_transposed_per_call():
     """nn.Linear's weight is read in place by the kernel (a transpose flag), so main holds
     no transpose of it: the transpose moved into the outlined call, whose body the RAL call
     replaces."""
-    from blade.codegen.kernels import library_calls
-
     seen = []
-    original = library_calls.outline
+    original = outlining.outline
 
     def spy(module, main):
         count = original(module, main)
         seen.append((str(main), str(module)))
         return count
 
-    library_calls.outline = spy
+    outlining.outline = spy
     try:
         model = torch.nn.Linear(32, 16).eval()
         run_compiled(model, (torch.randn(4, 32),))
     finally:
-        library_calls.outline = original
+        outlining.outline = original
     main_text, module_text = seen[0]
     assert "stablehlo.transpose" not in main_text and "call @blade_library_call_0" in main_text
     assert "blade.transpose_b = 1" in module_text

@@ -1,5 +1,5 @@
 """Sorting: aten::sort, argsort and topk compile through Torch-MLIR's stablehlo.sort into
-PyTorch's own sort and topk kernels (codegen/kernels/library_calls.py), so values, indices,
+PyTorch's own sort and topk kernels (codegen/kernels/sort.py), so values, indices,
 ties and NaN come out exactly as eager gives them, for every dtype the kernel takes."""
 import pytest
 import torch

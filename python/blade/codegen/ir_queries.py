@@ -42,6 +42,21 @@ def producer(value, name: str):
     return op if op is not None and op.name == name else None
 
 
+def rank_of(value) -> int:
+    """The rank of a value of shaped type (a tensor, a memref)."""
+    return ir.ShapedType(value.type).rank
+
+
+def i64_array(attr) -> List[int]:
+    """The integers of a DenseI64ArrayAttr (a transpose's permutation, a broadcast's dims).
+
+    Example:
+        >>> i64_array(transpose.attributes["permutation"])
+        [0, 2, 1]
+    """
+    return list(ir.DenseI64ArrayAttr(attr))
+
+
 def output_count(op) -> int:
     """How many of a linalg structured op's operands are outputs (`outs`), the last ones."""
     return list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[-1]

@@ -26,7 +26,7 @@ from torch_mlir.dialects import func, ub
 
 from blade.codegen.buffers import arguments, deallocation
 from blade.codegen.errors import CodegenError
-from blade.codegen.kernels import kernel_calls, library_calls
+from blade.codegen.kernels import kernel_calls, lowering, outlining
 from blade.codegen.linalg.concatenations import lower_concatenations, write_slices_in_place
 from blade.codegen.linalg.gathers import lower_dynamic_reverses, lower_gathers
 from blade.codegen.linalg.integer_division import lower_integer_divisions
@@ -263,7 +263,7 @@ def build(options: Options) -> List[Pass]:
         Pass("order-loops", lambda c: loop_order.order_loops(c.main)),
         *([Pass("outline-parallel-loops", _outline_parallel_loops)]
           if options.parallel_loops else []),
-        Pass("lower-library-calls", lambda c: library_calls.lower(c.module)),
+        Pass("lower-library-calls", lambda c: lowering.lower(c.module)),
         Pass("tile-transposes", _tile_transposes),
         # What main still loops over becomes functions of their own: main, then only
         # calls, is compiled at -O0 (codegen/loops/serial.py, blade.codegen.llvm.native).
@@ -425,7 +425,7 @@ def _inline_user_converters(module, user_calls) -> None:
 
 
 def _outline_library_calls(c: Compilation) -> None:
-    calls = library_calls.outline(c.module, c.main)
+    calls = outlining.outline(c.module, c.main)
     c.statistics.library_calls = sum(calls.values())
     c.statistics.fused_attention = sum(count for kind, count in calls.items()
                                        if kind.startswith("attention"))

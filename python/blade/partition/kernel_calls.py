@@ -22,7 +22,7 @@ A node is called this way when
 `blade.kernel_call_spec.spec` writes what the engine needs to make the call as one line of
 text, which the importer attaches to the call's declaration (so it is part of the code's
 cache key) and the code generator embeds in the engine's library
-(codegen/kernels/library_calls.py).
+(codegen/kernels/kernel_calls.py).
 """
 import functools
 from typing import Optional

@@ -9,9 +9,9 @@ the scores are written to memory and read back four times and every step is a pa
 region of its own; PyTorch's fused CPU attention (flash attention) keeps a block of
 scores in cache and runs the whole chain in one parallel loop.
 
-`attention_form` recognizes the chain from its last dot_general; `library_calls.outline`
+`attention_chain` recognizes the chain from its last dot_general; `outlining.outline`
 then moves it into one function marked `blade.library_call = "attention"` (or
-"attention_masked"), whose body stays the real computation until `library_calls.lower`
+"attention_masked"), whose body stays the real computation until `lowering.lower`
 replaces it with a call to `blade_ral_attention[_masked]_<type>` (csrc/ral/ral_kernels.h).
 A chain whose intermediate values are used anywhere else (the scores or the probabilities
 returned, say) is left alone and compiled op by op.
@@ -26,7 +26,8 @@ from typing import List, Optional, Tuple
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
 
-from blade.codegen.ir_queries import as_operation, defining_op as _op
+from blade.codegen.ir_queries import as_operation, defining_op as _op, i64_array
+from blade.codegen.kernels.matmul import matmul_form
 
 
 # Ops between a reduction and the op that broadcasts its result back over the row.
@@ -203,10 +204,11 @@ def _mask_source(value, rank: int, element_type):
     return value
 
 
-def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
+def attention_form(main, dot) -> Optional[Tuple[List, List, dict]]:
     """(sources [q, k, v, mask?], the chain's other ops in block order, attributes) when
     the dot_general `dot` in `main` is the `@ v` of an attention chain; None otherwise.
-    `matmul_form` is library_calls._matmul_form (the operand peeling both share)."""
+    Both products are matmuls of matmul.py's form; its operand peeling tells whether k and
+    v are stored transposed."""
     form = matmul_form(dot)
     if form is None:
         return None
@@ -258,7 +260,7 @@ def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
     sources = [q, k, v] + ([mask] if mask is not None else [])
     run_time_scale = {}
     if not isinstance(scale, float):
-        # The scalar's tensor is the function's last operand; `library_calls.lower` reads
+        # The scalar's tensor is the function's last operand; `lowering.lower` reads
         # it and passes its value (or its reciprocal) as the kernel's scale.
         scalar, divides = scale
         run_time_scale = {"scale_operand": len(sources), "scale_divides": int(divides)}
@@ -275,6 +277,44 @@ def attention_form(main, dot, matmul_form) -> Optional[Tuple[List, List, dict]]:
         "scale": scale,
         "zero_masked_rows": int(zeroed is not None),
         **run_time_scale}
+
+
+def attention_chain(main, op) -> Optional[Tuple[object, List, List, dict]]:
+    """What outlining takes for the attention chain whose last dot_general is `op`, as one
+    call (`attention_form`): (the op whose result the call gives, the sources, the ops
+    before it that move into the call, in block order, the kernel's attributes); None for
+    any other op. A transpose that alone reads the chain's result goes into the call too:
+    the kernel writes the heads straight into the transposed layout (OUT_PERMUTATION).
+
+    Example:
+        >>> attention_chain(main, dot)   # softmax(q @ k^T * 0.125) @ v
+        (dot, [q, k, v], [dot_general, multiply, ...], {'kind': 'attention', ...})
+    """
+    if op.name != "stablehlo.dot_general":
+        return None
+    form = attention_form(main, op)
+    if form is None:
+        return None
+    sources, chain, attributes = form
+    after = _output_permutation(op)
+    if after is None:
+        return (op, sources, chain, attributes)
+    transpose, permutation = after
+    return (transpose, sources, chain + [op],
+            {**attributes, "out_permutation": permutation})
+
+
+def _output_permutation(op) -> Optional[Tuple[object, List[int]]]:
+    """The transpose that is the only user of `op`'s static result, and its permutation
+    (the heads of an attention's output moved back next to the tokens, before the output
+    projection), or None."""
+    uses = list(op.result.uses)
+    if len(uses) != 1 or not ir.ShapedType(op.result.type).has_static_shape:
+        return None
+    user = as_operation(uses[0].owner)
+    if user.name != "stablehlo.transpose":
+        return None
+    return user, i64_array(user.attributes["permutation"])
 
 
 def _chain(main, dot, sources) -> Optional[List]:

@@ -1,7 +1,7 @@
 """Library calls kept as declarations through bufferization (a sort, a kernel call): they
 have no computation of their own to stand in for them until library calls are lowered, and
 a body that only allocated their results would tell bufferization their operands are not
-read (see codegen/kernels/library_calls.py)."""
+read (see codegen/kernels/outlining.py and lowering.py)."""
 from typing import List
 
 from torch_mlir import ir

@@ -9,7 +9,7 @@ types with main's. Then:
    arguments as only read (`bufferization.access`). It stays a declaration through
    bufferization, which then knows the call reads its operands (no write into one of
    their buffers is moved before it) and gives it memref results it returns.
-2. `library_calls.lower` gives it its body (`callee_of`): the results allocated, one
+2. `lowering.lower` gives it its body (`callee_of`): the results allocated, one
    call of `blade_ral_kernel_call_<n>(call, memrefs...)` (csrc/ral/kernel_calls.h), `n`
    the number of its operands and results, and the results returned; `embed_table` writes
    the specs, one line per call in their numbers' order, into the library as the string
@@ -66,7 +66,7 @@ def _sizes_follow_first_operand(what: str, function_type, results) -> bool:
 
 def callee_of(function):
     """Step 2 for one kernel call's declaration: the RAL function its definition calls
-    (`declarations.define_returning`, from `library_calls.lower`) and the attributes passed
+    (`declarations.define_returning`, from `lowering.lower`) and the attributes passed
     before its buffers (its number)."""
     function_type = ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)
     callee = f"blade_ral_{KIND}_{len(function_type.inputs) + len(function_type.results)}"

@@ -14,8 +14,8 @@ reshapes that split or merge dims lying in order in the NHWC value (a nearest
 upsampling's), rebuilding broadcast and splat operands in the NHWC layout, until they
 meet the next convolution's transpose to NHWC and cancel. Only the model's own NCHW inputs and
 outputs are transposed (once each, fused into the loops that read or write them).
-`library_calls` then runs the NHWC convolutions through PyTorch with channels_last
-tensors (`blade_ral_conv2d_nhwc_<type>`).
+The library calls (codegen/kernels/convolution.py) then run the NHWC convolutions through
+PyTorch with channels_last tensors (`blade_ral_conv2d_nhwc_<type>`).
 
 Dynamic engines get the same rewrite once their StableHLO has no shape.assuming regions
 and no broadcasts that keep their operand's shape (codegen's assume_shapes step): a
@@ -381,7 +381,7 @@ def _hoist_shape_queries(block) -> None:
     """Moves each `shape.shape_of` of a transpose or an elementwise op to the value that
     op is computed from (permuted for a transpose): a dynamic engine's broadcasts ask for
     shapes, and a transpose kept only to be asked its shape would keep the convolution
-    that feeds it from taking its epilogue (library_calls)."""
+    that feeds it from taking its epilogue (codegen/kernels/convolution.py)."""
     changed = True
     while changed:
         changed = False

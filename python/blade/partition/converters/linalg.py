@@ -1,5 +1,5 @@
 """Matrix products. They are compiled as calls into PyTorch's own CPU kernels through the
-RAL (python/blade/codegen/kernels/library_calls.py), with their elementwise neighbours
+RAL (python/blade/codegen/kernels/matmul.py), with their elementwise neighbours
 compiled around them."""
 from blade.dtypes import FLOATS, DtypeRule
 from blade.partition.converters.registration import builtin

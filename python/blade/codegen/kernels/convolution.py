@@ -1,0 +1,156 @@
+"""2-d convolutions that the RAL runs as PyTorch's (`blade_ral_conv2d[_nhwc]_<type>`): the
+`stablehlo.convolution` forms the kernels take, OIHW weights on NCHW data or NHWC data
+(channels_last, see codegen/stablehlo/layouts.py), and an NHWC convolution's epilogue: a
+per-channel bias add and a ReLU that the kernel applies itself (`conv2d_nhwc_bias`)
+instead of a pass of loops over its result.
+"""
+from typing import List, Optional, Tuple
+
+from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo as stablehlo
+
+from blade.codegen.ir_queries import as_operation, i64_array, only_data_user, producer, rank_of
+from blade.codegen.kernels.library_calls import element_suffix
+
+
+def conv_form(op) -> Optional[dict]:
+    """The attributes of a 2-d convolution the RAL runs, or None: OIHW weights, and NCHW
+    data and result (`conv2d`) or NHWC ones (`conv2d_nhwc`, see layouts.py).
+
+    Example:
+        >>> conv_form(conv)["kind"]   # NHWC data, OIHW weights: after channels-last
+        'conv2d_nhwc'
+    """
+    dims = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    if element_suffix(op.operands[0]) is None or rank_of(op.operands[0]) != 4:
+        return None
+    data = (dims.input_batch_dimension, dims.input_feature_dimension,
+            list(dims.input_spatial_dimensions))
+    result = (dims.output_batch_dimension, dims.output_feature_dimension,
+              list(dims.output_spatial_dimensions))
+    oihw = (dims.kernel_output_feature_dimension, dims.kernel_input_feature_dimension,
+            list(dims.kernel_spatial_dimensions)) == (0, 1, [2, 3])
+    if not oihw or data != result or data not in ((0, 1, [2, 3]), (0, 3, [1, 2])):
+        return None
+    kind = "conv2d" if data == (0, 1, [2, 3]) else "conv2d_nhwc"
+    attrs = op.attributes
+
+    def ints(name, default):
+        return i64_array(attrs[name]) if name in attrs else default
+
+    if ints("lhs_dilation", [1, 1]) != [1, 1]:
+        return None
+    if "batch_group_count" in attrs and ir.IntegerAttr(attrs["batch_group_count"]).value != 1:
+        return None
+    if "window_reversal" in attrs:
+        return None
+    padding = [0, 0, 0, 0]
+    if "padding" in attrs:
+        pad = ir.DenseIntElementsAttr(attrs["padding"])
+        padding = [pad[i] for i in range(len(pad))]
+    if min(padding) < 0:
+        return None
+    stride = ints("window_strides", [1, 1])
+    dilation = ints("rhs_dilation", [1, 1])
+    groups = ir.IntegerAttr(attrs["feature_group_count"]).value \
+        if "feature_group_count" in attrs else 1
+    return {"kind": kind, "stride_h": stride[0], "stride_w": stride[1],
+            "pad_top": padding[0], "pad_bottom": padding[1], "pad_left": padding[2],
+            "pad_right": padding[3], "dilation_h": dilation[0], "dilation_w": dilation[1],
+            "groups": groups}
+
+
+def _channel_bias(value, channels: int) -> Optional[Tuple[object, List]]:
+    """(the source, the ops peeled) of a per-channel vector that `value` broadcasts over an
+    NHWC tensor's last dim: a broadcast_in_dim of a tensor whose one non-unit dim holds
+    the `channels` values, through reshapes and transposes that only move unit dims."""
+    broadcast = producer(value, "stablehlo.broadcast_in_dim") or \
+        producer(value, "stablehlo.dynamic_broadcast_in_dim")
+    if broadcast is None or channels < 2:
+        return None
+    source = broadcast.operands[0]
+    shape = ir.ShapedType(source.type).shape
+    dims = i64_array(broadcast.attributes["broadcast_dimensions"])
+    non_unit = [i for i, size in enumerate(shape) if size != 1]
+    if non_unit != [i for i, size in enumerate(shape) if size == channels] or \
+            len(non_unit) != 1 or dims[non_unit[0]] != rank_of(value) - 1:
+        return None
+    peeled = [broadcast]
+    while True:
+        move = producer(source, "stablehlo.reshape") or producer(source, "stablehlo.transpose")
+        if move is None or [size for size in ir.ShapedType(move.operands[0].type).shape
+                            if size != 1] != [channels]:
+            return source, peeled
+        peeled.insert(0, move)
+        source = move.operands[0]
+
+
+def _zero_splat(value) -> Optional[List]:
+    """The ops (a constant, then broadcasts of it) that make `value` a splat of 0.0, in
+    block order; None when it is anything else."""
+    ops = []
+    while True:
+        op = producer(value, "stablehlo.broadcast_in_dim") or \
+            producer(value, "stablehlo.dynamic_broadcast_in_dim") or \
+            producer(value, "stablehlo.constant")
+        if op is None:
+            return None
+        ops.insert(0, op)
+        if op.name == "stablehlo.constant":
+            attr = op.attributes["value"]
+            zero = isinstance(attr, ir.DenseFPElementsAttr) and attr.is_splat and \
+                float(ir.FloatAttr(attr.get_splat_value()).value) == 0.0
+            return ops if zero else None
+        value = op.operands[0]
+
+
+def _epilogue(conv) -> Optional[Tuple[object, List, object, bool]]:
+    """For an NHWC convolution followed by a per-channel bias add (and a ReLU) that nothing
+    else reads in between: (the bias source, the ops between, the last op, relu?), which
+    the kernel runs as the convolution's own bias and an in-place ReLU (NaN-preserving)
+    instead of a pass of loops over its result. None otherwise."""
+    add = only_data_user(conv.result)
+    if add is None or add.name != "stablehlo.add":
+        return None
+    other = add.operands[1] if add.operands[0] == conv.result else add.operands[0]
+    bias = _channel_bias(other, ir.ShapedType(conv.result.type).shape[-1])
+    if bias is None:
+        return None
+    source, peeled = bias
+    relu = only_data_user(add.result)
+    if relu is not None and relu.name == "stablehlo.maximum":
+        zero = _zero_splat(relu.operands[1] if relu.operands[0] == add.result else
+                           relu.operands[0])
+        if zero is not None:
+            return source, peeled + zero + [add], relu, True
+    return source, peeled, add, False
+
+
+def convolution_with_epilogue(main, op) -> Optional[Tuple[object, List, List, dict, List]]:
+    """What outlining takes for an NHWC convolution `op` of `main` with its epilogue
+    (`_epilogue`), as one call of `conv2d_nhwc_bias`: (the epilogue's last op; the
+    sources: data, weight and bias; the convolution and the ops up to the last, in block
+    order; the kernel's attributes; the convolution again, the op whose shape the call's
+    result has). None for any other op.
+
+    Example:
+        >>> convolution_with_epilogue(main, conv)   # maximum(conv + broadcast(%b), 0)
+        (maximum, [%x, %w, %b], [conv, broadcast, add], {..., 'relu': 1}, [conv])
+    """
+    if op.name != "stablehlo.convolution":
+        return None
+    attributes = conv_form(op)
+    epilogue = _epilogue(op) if attributes and attributes["kind"] == "conv2d_nhwc" \
+        else None
+    if epilogue is None:
+        return None
+    bias, between, last, relu = epilogue
+    return (last, list(op.operands) + [bias], _in_block_order(main, [op] + between),
+            {**attributes, "kind": "conv2d_nhwc_bias", "relu": int(relu)}, [op])
+
+
+def _in_block_order(main, ops) -> List:
+    """`ops`, ops of main's block, in the block's order."""
+    listed = [as_operation(o) for o in ops]
+    return [o for o in map(as_operation, main.regions[0].blocks[0].operations)
+            if any(o == m for m in listed)]

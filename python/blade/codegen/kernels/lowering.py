@@ -1,0 +1,124 @@
+"""The `lower-library-calls` pass (after bufferization): the body of each function that
+`outline-library-calls` made (outlining.py) becomes one call to the RAL kernel
+`blade_ral_<kind>_<type>` (csrc/ral/ral_kernels.h), which writes all of its result.
+
+A function of static size has become `(inputs..., out)` on memrefs; one of dynamic size
+only allocates and returns its result, which is handed to the kernel as `out`. Memrefs are
+passed unranked, which the LLVM lowering turns into a (rank, descriptor pointer) pair of
+arguments. A declaration (a sort, a kernel call) is defined as the kernel's call on
+results it allocates (`declarations.define_returning`). The module also gets the table of
+the kernel calls' specs (`kernel_calls.embed_table`) and the list of the params the code
+reads only as weights (weight_arguments.py).
+"""
+from typing import List
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, func, memref
+
+from blade.codegen.ir_queries import i64_array, strides_of
+from blade.codegen.kernels import kernel_calls
+from blade.codegen.kernels.declarations import define_returning
+from blade.codegen.kernels.library_calls import (KERNEL_ARGUMENTS, LIBRARY_CALL, OUT_PERMUTATION,
+                                                 SCALE_DIVIDES, SCALE_OPERAND)
+from blade.codegen.kernels.weight_arguments import embed_weight_arguments
+
+
+def lower(module) -> None:
+    """The pass: each library call's function becomes a call of its RAL kernel (see the
+    module docstring)."""
+    declared = set()
+    calls = []
+    with module.context, ir.Location.unknown():
+        embed_weight_arguments(module)
+        for function in list(module.body.operations):
+            if function.operation.name != "func.func" or \
+                    LIBRARY_CALL not in function.attributes:
+                continue
+            kind = ir.StringAttr(function.attributes[LIBRARY_CALL]).value
+            if len(function.regions[0].blocks) == 0:  # a declaration: a sort or kernel call
+                if kind == kernel_calls.KIND:
+                    calls.append(function)
+                    callee, leading = kernel_calls.callee_of(function)
+                    trailing = []
+                else:
+                    operands = ir.FunctionType(ir.TypeAttr(
+                        function.attributes["function_type"]).value).inputs
+                    callee = f"blade_ral_{kind}_{ir.ShapedType(operands[0]).element_type}"
+                    leading = []
+                    trailing = [function.attributes[f"blade.{key}"]
+                                for key in KERNEL_ARGUMENTS[kind]]
+                # A kernel call's buffers go as i8 memrefs: calls of one buffer count share
+                # the RAL function whatever their dtypes (csrc/ral/kernel_calls.h).
+                element = ir.IntegerType.get_signless(8) if kind == kernel_calls.KIND else None
+                _declare(module, declared, callee,
+                         define_returning(function, callee, leading, trailing, element))
+                continue
+            block = function.regions[0].blocks[0]
+            terminator = block.operations[len(block.operations) - 1]
+            returned = list(terminator.operands)
+            if returned:      # dynamic: the body is the result's allocation (_outline_one)
+                terminator.erase()
+            else:
+                for op in reversed(list(block.operations)):
+                    op.erase()
+            arguments = list(block.arguments) + returned
+            # The kernel's symbol is named by its first operand's element type (a sort's
+            # indices are i64 whatever the values are).
+            element = ir.ShapedType(arguments[0].type).element_type
+            callee = f"blade_ral_{kind}_{element}"
+            with ir.InsertionPoint(block):
+                if OUT_PERMUTATION in function.attributes:
+                    arguments[-1] = _transposed_view(
+                        arguments[-1], i64_array(function.attributes[OUT_PERMUTATION]))
+                scale = None
+                if SCALE_OPERAND in function.attributes:
+                    scale = _run_time_scale(
+                        arguments.pop(ir.IntegerAttr(function.attributes[SCALE_OPERAND]).value),
+                        ir.IntegerAttr(function.attributes[SCALE_DIVIDES]).value == 1)
+                operands = [memref.CastOp(ir.UnrankedMemRefType.get(
+                    ir.ShapedType(a.type).element_type, None), a).result for a in arguments]
+                for key in KERNEL_ARGUMENTS[kind]:
+                    attr = function.attributes[f"blade.{key}"]
+                    operands.append(scale if key == "scale" and scale is not None else
+                                    arith.ConstantOp(attr.type, attr).result)
+                func.CallOp([], ir.FlatSymbolRefAttr.get(callee), operands)
+                func.ReturnOp(returned)
+            _declare(module, declared, callee, operands)
+        kernel_calls.embed_table(module, calls)
+
+
+def _run_time_scale(buffer, divides: bool):
+    """The f64 scale read from a one-element float memref (SCALE_OPERAND), inverted when
+    the chain divides by it; built at the current insertion point."""
+    index = ir.IndexType.get()
+    f64 = ir.F64Type.get()
+    zero = arith.ConstantOp(index, 0).result
+    value = memref.LoadOp(buffer, [zero] * ir.ShapedType(buffer.type).rank).result
+    if value.type != f64:
+        value = arith.ExtFOp(f64, value).result
+    if divides:
+        value = arith.DivFOp(arith.ConstantOp(f64, 1.0).result, value).result
+    return value
+
+
+def _transposed_view(value, permutation: List[int]):
+    """`value` (a memref of identity layout) seen with its dims in the order that
+    `transpose(., permutation)` undoes: dim k of the view is dim inverse[k] of `value`."""
+    inverse = [0] * len(permutation)
+    for i, d in enumerate(permutation):
+        inverse[d] = i
+    t = ir.MemRefType(value.type)
+    strides = strides_of(t)
+    view = ir.MemRefType.get([t.shape[d] for d in inverse], t.element_type,
+                             ir.StridedLayoutAttr.get(0, [strides[d] for d in inverse]))
+    return memref.TransposeOp(view, value,
+                              ir.AffineMapAttr.get(ir.AffineMap.get_permutation(inverse))
+                              ).result
+
+
+def _declare(module, declared: set, callee: str, operands) -> None:
+    """Declares the RAL function `callee` once per module."""
+    if callee not in declared:
+        declared.add(callee)
+        with ir.InsertionPoint.at_block_begin(module.body):
+            func.FuncOp(callee, ([o.type for o in operands], []), visibility="private")
