@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: setup build demo lint test bench test-asan serve-example clean
+.PHONY: setup build demo lint test test-slow bench test-asan serve-example clean
 
 setup: build
 
@@ -43,8 +43,13 @@ lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check python tests benchmarks examples
 	cd python && ../$(VENV)/bin/lint-imports --config ../.importlinter --no-cache
 
-test: build $(SERVE_STAMP) lint
-	$(PY) -m pytest -q tests
+# The suite on both cores (pytest-xdist), but for the slow tests (tests/conftest.py, SLOW),
+# which test-slow runs; CI runs both (.ci/run).
+test: build lint
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
+
+test-slow: build $(SERVE_STAMP)
+	$(PY) -m pytest -q -n 2 -m slow tests
 
 serve-example: build $(SERVE_STAMP)
 	$(PY) examples/serve/ray_serve.py
