@@ -19,6 +19,7 @@
 #include "python/tolerance.h"
 #include "ral/engine.h"
 #include "ral/int8_kernels.h"
+#include "ral/kernel_trials.h"
 #include "ral/ral_abi.h"
 #include "ral/signing.h"
 #include "ral/tensor_spec.h"

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "ral/int8_kernels.h"
+#include "ral/kernel_trials.h"
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
 #include "ral/text.h"

@@ -6,7 +6,7 @@
 // oneDNN (PyTorch's mkldnn convolution) reorders a plain weight into its blocked layout on
 // every call; `onednn_weight` makes that reordered copy once per input size (what
 // Inductor's frozen convolutions do). A GEMM by a weight runs as oneDNN's 1x1 convolution
-// over the rows (ral_kernels.cpp): measured on an AVX-512 AMD host at 2 threads, oneDNN's
+// over the rows (matmul_kernels.cpp): measured on an AVX-512 AMD host at 2 threads, oneDNN's
 // kernels took 0.55-0.85 of MKL's packed sgemm for the bert and mlp shapes, MKL taking its
 // AVX2 code there; on an AVX2 host MKL's plain sgemm often wins, so each engine times the
 // two on its first calls (next_kernel below).
@@ -20,24 +20,16 @@
 // row counts (a dynamic engine's other batches run unpacked). Where libtorch has no MKL
 // (mkl_functions.h), nothing is packed and matmuls run as before.
 //
-// A weight whose every use by the engine goes through its oneDNN copy does not need its
-// plain values while the engine runs, only when something reads it as it is: the subgraph
-// (a fallback), `torch.jit.save`, `Engine.params()`, a kernel that takes it plain. Once an
-// engine's kernel trials have chosen oneDNN for such a weight, `release_plain_weights`
-// gives the memory of its values back to the system (madvise(MADV_DONTNEED) over the
-// whole pages it covers: the address stays, reading it would give zeros) when the engine
-// alone holds it (a loaded model; in the optimizing process the user's module holds its
-// parameters) and the code never reads it itself (CompiledCode::weight_arguments), and
-// `ensure_plain` writes the values back from the copy (oneDNN's reorder back to the plain
-// layout: a permutation, exact; checked bit for bit before anything is released) before
-// any of those reads. So a loaded model holds each such weight once, in oneDNN's layout.
-//
 // An engine built with precision='bf16' multiplies and convolves by its weights in
 // bfloat16 with float32 accumulation (oneDNN's avx512_bf16 kernels, about twice float32's
 // throughput): each weight gets one bfloat16 copy (`bf16_matrix`, or `onednn_weight` with
 // `bf16`), the float32 rows or NHWC input are rounded to bfloat16 on each call, and the
 // result (rounded to bfloat16 by oneDNN, as autocast's is) is widened into the engine's
 // float32 buffer. Everything else the engine computes stays float32.
+//
+// One class, three files: the copies (prepared_weights.cpp), the kernel trials that decide
+// which copy a weight keeps (kernel_trials.cpp, kernel_trials.h) and the release of the
+// plain values of weights only their copies are read from (weight_release.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -60,10 +52,6 @@ namespace blade::ral {
 void set_prepared_weights_limit(int64_t bytes);
 // The bytes the prepared copies of all engines in this process hold.
 int64_t prepared_weights_bytes();
-// Whether engines time a second kernel against oneDNN's (PreparedWeights::next_kernel;
-// on by default). Off, every kernel with a second way runs oneDNN's: tests use it to get
-// the same kernels on every CPU.
-void set_kernel_trials(bool enabled);
 
 class PreparedWeights {
  public:
@@ -114,6 +102,8 @@ class PreparedWeights {
   at::Tensor int8_weight(const at::Tensor& weight, const std::vector<int64_t>& key,
                          const std::function<at::Tensor()>& pack);
 
+  // Kernel trials (kernel_trials.cpp).
+  //
   // Kernels with a second way to compute them: 3x3 convolutions (Winograd's algorithm or
   // oneDNN's direct one), 1x1 convolutions and GEMMs by a weight (MKL's sgemm on the weight
   // as it is, or oneDNN's convolution by its reordered copy). Which is faster depends on
@@ -150,6 +140,20 @@ class PreparedWeights {
   // trial has ended since.
   void return_freed_memory();
 
+  // Weight release (weight_release.cpp).
+  //
+  // A weight whose every use by the engine goes through its oneDNN copy does not need its
+  // plain values while the engine runs, only when something reads it as it is: the subgraph
+  // (a fallback), `torch.jit.save`, `Engine.params()`, a kernel that takes it plain. Once an
+  // engine's kernel trials have chosen oneDNN for such a weight, `release_plain_weights`
+  // gives the memory of its values back to the system (madvise(MADV_DONTNEED) over the
+  // whole pages it covers: the address stays, reading it would give zeros) when the engine
+  // alone holds it (a loaded model; in the optimizing process the user's module holds its
+  // parameters) and the code never reads it itself (CompiledCode::weight_arguments), and
+  // `ensure_plain` writes the values back from the copy (oneDNN's reorder back to the plain
+  // layout: a permutation, exact; checked bit for bit before anything is released) before
+  // any of those reads. So a loaded model holds each such weight once, in oneDNN's layout.
+
   // The params (by index) the code reads only as the weight of its kernels (see above).
   void set_weight_only(const std::vector<size_t>& indices);
   // Whether release_plain_weights may find something to release since its last run
@@ -182,6 +186,11 @@ class PreparedWeights {
   void count(const at::Tensor& copy);
   // Takes a freed copy off them (mutex_ held).
   void uncount(const at::Tensor& copy);
+  // How many prepared copies of the weight at `data` exist (mutex_ held).
+  size_t copies_of(const void* data) const;
+  // rhs packed for m rows of op(rhs) [k, n]; null when rhs is not a param or has its packs.
+  const float* packed(const at::Tensor& rhs, bool transposed, int64_t m, int64_t n, int64_t k);
+
   struct KernelTrial {
     Kernel alternative = Kernel::kWinograd;
     int runs[2] = {0, 0};  // oneDNN's, the alternative's; the untimed first included
@@ -192,10 +201,6 @@ class PreparedWeights {
   using TrialKey = std::tuple<const void*, bool, std::vector<int64_t>>;
   // Frees the copy the losing kernel of a decided trial prepared (mutex_ held).
   void release_loser(const TrialKey& key, const KernelTrial& trial);
-  // How many prepared copies of the weight at `data` exist (mutex_ held).
-  size_t copies_of(const void* data) const;
-  // rhs packed for m rows of op(rhs) [k, n]; null when rhs is not a param or has its packs.
-  const float* packed(const at::Tensor& rhs, bool transposed, int64_t m, int64_t n, int64_t k);
 
   // Puts back the released weight at `data` (mutex_ held); nothing when it is not one.
   void restore_locked(const void* data);
@@ -236,19 +241,6 @@ class PreparedWeights {
 // The prepared weights of the engine whose code runs on this thread (null outside a call);
 // set for the duration of a call by ActivePreparedWeights.
 PreparedWeights* active_prepared_weights();
-
-// While one lives on a thread, its calls run one kernel per trial op (onednn_run_pending
-// is false): the compile-time check (Engine::run_code) needs the result, not the timing.
-class OneKernelPerCall {
- public:
-  OneKernelPerCall();
-  ~OneKernelPerCall();
-  OneKernelPerCall(const OneKernelPerCall&) = delete;
-  OneKernelPerCall& operator=(const OneKernelPerCall&) = delete;
-
- private:
-  bool previous_;
-};
 
 class ActivePreparedWeights {
  public:

@@ -3,6 +3,7 @@
 #include "ral/engine.h"
 #include "ral/fused_attention.h"
 #include "ral/kernel_calls.h"
+#include "ral/kernel_trials.h"
 #include "ral/mkl_functions.h"
 #include "ral/prepared_weights.h"
 #include "ral/winograd.h"
@@ -14,7 +15,6 @@
 #include <ATen/core/stack.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -49,16 +49,7 @@ void guarded(const char* what, Fn&& fn) noexcept {
   }
 }
 
-// Seconds since construction (the kernel trials of PreparedWeights::next_kernel).
-class Stopwatch {
- public:
-  double seconds() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-
- private:
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-};
+using blade::ral::Stopwatch;
 
 // Copies `rank`-dimensional strided data (sizes/strides in elements) whose innermost
 // elements form contiguous runs of `run_bytes` on both sides: one memcpy per run.

@@ -1,0 +1,136 @@
+// Kernel trials (kernel_trials.h): which of a weight's two kernels an engine keeps, and
+// the copy the other prepared freed (PreparedWeights::next_kernel, prepared_weights.h).
+#include "ral/kernel_trials.h"
+
+#include "ral/mkl_functions.h"
+#include "ral/prepared_weights.h"
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+
+namespace blade::ral {
+namespace {
+
+// Timed calls per kernel in a trial (after an untimed first: next_kernel), and the most
+// trials an engine keeps (a dynamic engine sees many input sizes; past this many the others
+// run the alternative kernel untried).
+constexpr int kTimedTrialRuns = 1;
+constexpr size_t kMaxTrials = 256;
+
+thread_local bool one_kernel_per_call = false;
+std::atomic<bool> kernel_trials{true};
+
+}  // namespace
+
+void set_kernel_trials(bool enabled) { kernel_trials.store(enabled, std::memory_order_relaxed); }
+
+PreparedWeights::Kernel PreparedWeights::next_kernel(
+    const at::Tensor& weight, bool onednn_transposed,
+    const std::vector<int64_t>& onednn_input_size, Kernel alternative) {
+  if (!is_param(weight) || (alternative == Kernel::kGemm && mkl_functions().sgemm == nullptr) ||
+      !kernel_trials.load(std::memory_order_relaxed)) {
+    return Kernel::kOneDnn;  // nothing prepared without a param; no sgemm without MKL
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const TrialKey key(weight.data_ptr(), onednn_transposed, onednn_input_size);
+  auto it = trials_.find(key);
+  if (it == trials_.end()) {
+    if (trials_.size() >= kMaxTrials) {
+      return alternative;
+    }
+    KernelTrial trial;
+    trial.alternative = alternative;
+    it = trials_.emplace(key, trial).first;
+  }
+  const KernelTrial& trial = it->second;
+  if (trial.choice.has_value()) {
+    return *trial.choice;
+  }
+  // The alternative first (the caller then runs oneDNN's too: onednn_run_pending), then
+  // whichever has run less, oneDNN's on a tie.
+  if (trial.runs[1] == 0) {
+    return trial.alternative;
+  }
+  return trial.runs[0] <= trial.runs[1] ? Kernel::kOneDnn : trial.alternative;
+}
+
+bool PreparedWeights::onednn_run_pending(const at::Tensor& weight, bool onednn_transposed,
+                                         const std::vector<int64_t>& onednn_input_size) {
+  if (one_kernel_per_call || !is_param(weight)) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = trials_.find(TrialKey(weight.data_ptr(), onednn_transposed, onednn_input_size));
+  return it != trials_.end() && !it->second.choice.has_value() && it->second.runs[0] == 0 &&
+         it->second.runs[1] > 0;
+}
+
+void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_transposed,
+                                         const std::vector<int64_t>& onednn_input_size,
+                                         Kernel kernel, double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const TrialKey key(weight.data_ptr(), onednn_transposed, onednn_input_size);
+  auto it = trials_.find(key);
+  if (it == trials_.end() || it->second.choice.has_value()) {
+    return;
+  }
+  KernelTrial& trial = it->second;
+  const int k = kernel == Kernel::kOneDnn ? 0 : 1;
+  if (trial.runs[k]++ > 0) {  // the first call prepared the weight: not timed
+    trial.best[k] = trial.runs[k] == 2 ? seconds : std::min(trial.best[k], seconds);
+  }
+  if (trial.runs[0] > kTimedTrialRuns && trial.runs[1] > kTimedTrialRuns) {
+    trial.choice = trial.best[1] <= trial.best[0] ? trial.alternative : Kernel::kOneDnn;
+    release_loser(key, trial);
+    release_due_.store(!keep_all_plain_, std::memory_order_relaxed);
+  }
+}
+
+void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& trial) {
+  const void* data = std::get<0>(key);
+  if (trial.choice != Kernel::kOneDnn) {
+    auto copy = onednn_.find(key);
+    if (copy != onednn_.end()) {
+      uncount(copy->second);
+      onednn_.erase(copy);
+      freed_.store(true, std::memory_order_relaxed);
+    }
+    return;
+  }
+  if (trial.alternative == Kernel::kGemm) {
+    return;  // MKL's sgemm reads the weight as it is
+  }
+  // The Winograd form serves every input size: freed once no size still uses or tries it.
+  for (const auto& [other, other_trial] : trials_) {
+    if (std::get<0>(other) == data && other_trial.alternative == Kernel::kWinograd &&
+        other_trial.choice != Kernel::kOneDnn) {
+      return;
+    }
+  }
+  auto form = winograd_.find(data);
+  if (form != winograd_.end()) {
+    uncount(form->second);
+    winograd_.erase(form);
+    freed_.store(true, std::memory_order_relaxed);
+  }
+}
+
+void PreparedWeights::return_freed_memory() {
+  if (freed_.exchange(false, std::memory_order_relaxed)) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+  }
+}
+
+OneKernelPerCall::OneKernelPerCall() : previous_(one_kernel_per_call) {
+  one_kernel_per_call = true;
+}
+
+OneKernelPerCall::~OneKernelPerCall() { one_kernel_per_call = previous_; }
+
+}  // namespace blade::ral
