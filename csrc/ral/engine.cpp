@@ -6,7 +6,7 @@
 #include "ral/int8_kernels.h"
 #include "ral/kernel_trials.h"
 #include "ral/ral_abi.h"
-#include "ral/ral_kernels.h"
+#include "ral/kernel_errors.h"
 #include "ral/text.h"
 
 #include <ATen/EmptyTensor.h>
@@ -542,7 +542,7 @@ std::vector<at::Tensor> Engine::run_compiled(const std::vector<at::Tensor>& inpu
       prepared_weights_->release_plain_weights();
     }
   }
-  // A library call that failed (see ral_kernels.h) left the outputs unspecified.
+  // A library call that failed (see kernel_errors.h) left the outputs unspecified.
   if (!kernel_error.empty()) {
     if (generator_state.has_value()) {
       std::lock_guard<std::mutex> lock(generator.mutex());

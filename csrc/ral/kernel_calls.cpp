@@ -1,7 +1,9 @@
 #include "ral/kernel_calls.h"
 
 #include "ral/int8_kernels.h"
+#include "ral/kernel_errors.h"
 #include "ral/layout_kernels.h"
+#include "ral/library_call.h"
 #include "ral/signing.h"
 #include "ral/tensor_spec.h"
 #include "ral/text.h"

@@ -19,7 +19,7 @@
 // code's `blade_ral_kernel_call_<n>(call, memrefs...)` runs line `call` of it: the
 // operands are viewed in place, the op's results copied into the result buffers the code
 // allocated, after checking their dtypes and sizes. Failures are recorded like every
-// library call's (ral_kernels.h): the engine then runs its TorchScript fallback.
+// library call's (kernel_errors.h): the engine then runs its TorchScript fallback.
 #pragma once
 
 #include "ral/ral_kernels.h"
@@ -77,10 +77,6 @@ class ActiveKernelCalls {
 
 // Runs call `index` of the active table on `buffers`: its operands, then its results.
 void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t count);
-
-// A tensor of `scalar_type` viewing the memory a descriptor describes (no copy, not owned;
-// defined in ral_kernels.cpp).
-at::Tensor buffer_view(const BladeUnrankedMemRef* memref, c10::ScalarType scalar_type);
 
 }  // namespace blade::ral
 

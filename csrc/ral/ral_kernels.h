@@ -4,37 +4,14 @@
 // Each memref argument arrives as an unranked memref: its rank and a pointer to its
 // descriptor {allocated, aligned, offset, sizes[rank], strides[rank]}. None of them throws;
 // a failure is recorded for the calling thread and the engine that made the call discards
-// the results and runs its TorchScript fallback instead (see Engine::execute).
+// the results and runs its TorchScript fallback instead (kernel_errors.h).
+//
+// Defined by kernel family: matmul_kernels.cpp, conv_kernels.cpp, attention_kernels.cpp,
+// sort_kernels.cpp, copy_kernels.cpp (memrefCopy) and kernel_errors.cpp (the errors
+// generated code reports), each call's operands handled alike (library_call.h).
 #pragma once
 
 #include <cstdint>
-#include <mutex>
-#include <string>
-
-namespace blade::ral {
-
-// The error a library call recorded on this thread since the last call, and clears it.
-std::string take_kernel_error();
-
-// Where errors recorded on a thread go while it runs a task of a parallel loop: the thread
-// that launched the loop takes the first one after it (blade_ral_parallel_for), so an error
-// in a task reaches the engine call that made it, whichever thread ran the task.
-struct ErrorSink {
-  std::mutex mutex;
-  std::string message;
-};
-
-// Sends this thread's errors to `sink` (nullptr: to the thread itself); returns the
-// previous sink.
-ErrorSink* set_error_sink(ErrorSink* sink);
-
-// Records `message` for the engine call in progress, unless an error is recorded already.
-void record_kernel_error(const std::string& message);
-
-// Whether an error is recorded for the engine call in progress on this thread.
-bool kernel_error_pending();
-
-}  // namespace blade::ral
 
 extern "C" {
 

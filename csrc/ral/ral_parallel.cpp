@@ -1,6 +1,6 @@
 // Parallel loops of generated code, run on PyTorch's intra-op thread pool.
 #include "ral/ral_abi.h"
-#include "ral/ral_kernels.h"
+#include "ral/kernel_errors.h"
 
 #include <ATen/Parallel.h>
 

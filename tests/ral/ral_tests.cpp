@@ -8,6 +8,7 @@
 #include "ral/engine.h"
 #include "ral/guard.h"
 #include "ral/kernel_calls.h"
+#include "ral/kernel_errors.h"
 #include "ral/kernel_trials.h"
 #include "ral/prepared_weights.h"
 #include "ral/ral_abi.h"

@@ -1,0 +1,350 @@
+// The convolution library calls (blade_ral_conv2d_*, ral_kernels.h): oneDNN's convolution
+// into the engine's buffer, in bfloat16 for a bf16 engine, or Winograd's algorithm or MKL's
+// sgemm where the engine's kernel trials find them faster (kernel_trials.h); ATen's
+// convolution where none of them applies.
+#include "ral/conv_kernels.h"
+
+#include "ral/engine.h"
+#include "ral/kernel_trials.h"
+#include "ral/library_call.h"
+#include "ral/matmul_kernels.h"
+#include "ral/winograd.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace blade::ral {
+namespace {
+
+// `result` (bfloat16) widened into `target` (float32, of the same shape and strides, both
+// dense), then max(x, 0) keeping NaN where `relu`: one pass over the memory where a copy
+// and a ReLU took two (ResNet-50's convolutions are mostly followed by one).
+void widen_bf16(const at::Tensor& result, const at::Tensor& target, bool relu) {
+  if (result.strides() != target.strides() || !result.is_non_overlapping_and_dense() ||
+      result.sizes() != target.sizes()) {
+    target.copy_(result);
+    if (relu) {
+      target.relu_();  // max(x, 0) keeping NaN, as eager
+    }
+    return;
+  }
+  const auto* source = static_cast<const uint16_t*>(result.data_ptr());
+  auto* destination = static_cast<float*>(target.data_ptr());
+  at::parallel_for(0, result.numel(), 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(source[i]) << 16;  // bfloat16's bits
+      float value = 0.0F;
+      std::memcpy(&value, &bits, sizeof(value));
+      // NaN < 0 is false: NaN stays, as torch.relu keeps it.
+      destination[i] = relu && value < 0.0F ? 0.0F : value;
+    }
+  });
+}
+
+// A 1x1 convolution (stride 1, no padding, one group) of dense NHWC float32 data by a
+// param, as MKL's sgemm of its [N*H*W, C] rows by the weight [O, C] transposed, written
+// straight into the rows of `target` (after the bias, with beta 1), then the ReLU keeping
+// NaN. False when MKL cannot take it.
+bool convolve_1x1_by_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                          const std::optional<at::Tensor>& bias, bool relu) {
+  const int64_t rows = x.size(0) * x.size(2) * x.size(3);
+  const int64_t channels = x.size(1);
+  const int64_t outputs = w.size(0);
+  if (bias.has_value()) {
+    at::from_blob(target.data_ptr(), {rows, outputs}, target.options())
+        .copy_(bias->view({1, outputs}).expand({rows, outputs}));
+  }
+  if (!gemm_by_weight(x.data_ptr<float>(), channels, w.view({outputs, channels}), true,
+                      target.data_ptr<float>(), outputs, rows,
+                      bias.has_value() ? 1.0F : 0.0F)) {
+    return false;
+  }
+  if (relu) {
+    target.relu_();  // max(x, 0) keeping NaN, as eager
+  }
+  return true;
+}
+
+bool is_1x1_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                 const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                 const std::vector<int64_t>& dilation, int64_t groups) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  return x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && groups == 1 &&
+         w.size(1) == x.size(1) && w.size(2) == 1 && w.size(3) == 1 && w.is_contiguous() &&
+         padding == std::vector<int64_t>{0, 0} && stride == std::vector<int64_t>{1, 1} &&
+         x.is_contiguous(cl) && target.is_contiguous(cl) && x.numel() > 0 &&
+         target.numel() > 0;
+}
+
+// The [N, O, H, W] sizes of conv2d(x, w) with symmetric `padding`.
+std::vector<int64_t> conv_output_sizes(const at::Tensor& x, const at::Tensor& w,
+                                       const std::vector<int64_t>& padding,
+                                       const std::vector<int64_t>& stride,
+                                       const std::vector<int64_t>& dilation) {
+  std::vector<int64_t> sizes{x.size(0), w.size(0)};
+  for (int64_t d = 0; d < 2; ++d) {
+    const int64_t reach = x.size(2 + d) + 2 * padding[d] - dilation[d] * (w.size(2 + d) - 1) - 1;
+    TORCH_CHECK(reach >= 0 && stride[d] > 0, "blade_ral_conv2d: input ", x.sizes(),
+                " is smaller than the dilated kernel ", w.sizes());
+    sizes.push_back(reach / stride[d] + 1);
+  }
+  return sizes;
+}
+
+// Winograd's F(2x2, 3x3) (winograd.h) where it can beat oneDNN's direct convolution (the
+// engine's first calls then time both: PreparedWeights::next_kernel): float32
+// NHWC data convolved by a 3x3 param with stride 1, no dilation, one group, padding 1 on
+// every side, both buffers dense, and enough channels for the GEMMs to outweigh the
+// transforms. Measured at 2 threads (Winograd / oneDNN, ms): C=K=64 on [4, 64, 56, 56]
+// 3.3 / 4.2, C=96 K=32 on 96 x 96 4.4 / 4.9, C=K=256 on 14 x 14 0.68 / 1.06; but C=K=32
+// 0.46 / 0.41, C=16 K=32 1.08 / 0.78, C=64 K=16 0.18 / 0.16.
+constexpr int64_t kWinogradMinChannels = 32;        // C and K each
+constexpr int64_t kWinogradMinChannelPairs = 3072;  // C * K
+
+bool winograd_applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                      const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                      const std::vector<int64_t>& dilation, int64_t groups) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  return x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && groups == 1 &&
+         w.size(1) == x.size(1) && w.size(2) == 3 && w.size(3) == 3 &&
+         padding == std::vector<int64_t>{1, 1} &&
+         stride == std::vector<int64_t>{1, 1} && dilation == std::vector<int64_t>{1, 1} &&
+         x.size(1) >= kWinogradMinChannels && w.size(0) >= kWinogradMinChannels &&
+         x.size(1) * w.size(0) >= kWinogradMinChannelPairs && x.is_contiguous(cl) &&
+         target.is_contiguous(cl);
+}
+
+// The convolution by Winograd's algorithm into `target` (an NCHW view of the NHWC buffer,
+// its shape checked); false when the weight has no Winograd form (not a param), a size
+// is empty, or too much of the input is inf or NaN (winograd.h).
+bool convolve_winograd(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
+                       const at::Tensor& target, const std::optional<at::Tensor>& bias,
+                       bool relu) {
+  const at::Tensor transformed = prepared->winograd(w);
+  if (!transformed.defined()) {
+    return false;
+  }
+  const at::Tensor dense_bias = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const at::Tensor dense_weight = w.contiguous();  // a param: already contiguous
+  return winograd_conv3x3(
+      x.data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1),
+      transformed.data_ptr<float>(), dense_weight.data_ptr<float>(), w.size(0),
+      dense_bias.defined() ? dense_bias.data_ptr<float>() : nullptr, relu,
+      target.data_ptr<float>());
+}
+
+void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemRef* weight,
+            BladeUnrankedMemRef* out, int64_t stride_h, int64_t stride_w, int64_t pad_top,
+            int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
+            int64_t dilation_w, int64_t groups, bool channels_last,
+            BladeUnrankedMemRef* bias_memref = nullptr, bool relu = false) noexcept {
+  guarded(channels_last ? "blade_ral_conv2d_nhwc" : "blade_ral_conv2d", [&] {
+    // NHWC buffers are viewed as NCHW tensors with channels_last strides: PyTorch (oneDNN)
+    // convolves those without reordering them, and returns a channels_last result.
+    const auto as_nchw = [&](at::Tensor t) { return channels_last ? t.permute({0, 3, 1, 2}) : t; };
+    at::Tensor x = as_nchw(buffer_view(input, dtype));
+    std::vector<int64_t> padding{pad_top, pad_left};
+    if (pad_top != pad_bottom || pad_left != pad_right) {
+      x = at::constant_pad_nd(x, {pad_left, pad_right, pad_top, pad_bottom}, 0);
+      padding = {0, 0};
+    }
+    const std::vector<int64_t> stride{stride_h, stride_w};
+    const std::vector<int64_t> dilation{dilation_h, dilation_w};
+    at::Tensor w = buffer_view(weight, dtype);
+    at::Tensor target = as_nchw(buffer_view(out, dtype));
+    check_result_shape("blade_ral_conv2d", target,
+                       conv_output_sizes(x, w, padding, stride, dilation));
+    std::optional<at::Tensor> bias;
+    if (bias_memref != nullptr) {
+      bias = buffer_view(bias_memref, dtype).reshape({-1});
+      TORCH_CHECK(bias->numel() == w.size(0), "blade_ral_conv2d: a bias of ", bias->numel(),
+                  " values for ", w.size(0), " output channels");
+    }
+    PreparedWeights* prepared = active_prepared_weights();
+    // A bf16 engine's convolutions by its params (depthwise and grouped ones excepted:
+    // memory-bound, they ran slower in bfloat16 with the conversions) run in bfloat16.
+    if (channels_last && prepared != nullptr && prepared->bf16() && groups == 1 &&
+        convolve_bf16(prepared, x, w, false, target, bias, relu, padding, stride, dilation)) {
+      return;
+    }
+    // A second kernel where one applies (Winograd's algorithm, MKL's sgemm), timed
+    // against oneDNN's on the engine's first calls (PreparedWeights::next_kernel).
+    using Kernel = PreparedWeights::Kernel;
+    Kernel alternative = Kernel::kOneDnn;
+    if (channels_last && prepared != nullptr) {
+      if (winograd_applies(x, w, target, padding, stride, dilation, groups)) {
+        alternative = Kernel::kWinograd;
+      } else if (is_1x1_gemm(x, w, target, padding, stride, dilation, groups)) {
+        alternative = Kernel::kGemm;
+      }
+    }
+    const std::vector<int64_t> input_size = x.sizes().vec();
+    const at::Tensor param = w;  // the trial's key (w may become a channels_last copy)
+    const Kernel kernel =
+        alternative == Kernel::kOneDnn
+            ? Kernel::kOneDnn
+            : prepared->next_kernel(w, false, input_size, alternative);
+    Stopwatch stopwatch;
+    bool done = false;
+    if ((kernel == Kernel::kWinograd &&
+         convolve_winograd(prepared, x, plain_weight(w), target, bias, relu)) ||
+        (kernel == Kernel::kGemm && convolve_1x1_by_gemm(x, plain_weight(w), target, bias, relu))) {
+      prepared->record_kernel_time(w, false, input_size, kernel, stopwatch.seconds());
+      // A trial's first call runs oneDNN's too (below; the same result within rounding).
+      if (!prepared->onednn_run_pending(w, false, input_size)) {
+        return;
+      }
+      done = true;
+      stopwatch = Stopwatch();
+    }  // else declined (Winograd: inf or NaN in the input): oneDNN's, and not a sample
+    at::Tensor reordered;  // oneDNN's copy, for convolve_into only
+    if (channels_last && prepared != nullptr) {
+      if (w.scalar_type() != at::kBFloat16 || onednn_takes_bf16()) {
+        reordered = prepared->onednn_weight(w, false, input_size, padding, stride, dilation,
+                                            groups);
+      }
+      // Without oneDNN's copy, a channels_last one (with it, no second copy is kept; the
+      // plain weight serves the rare call convolve_into declines).
+      if (!reordered.defined()) {
+        w = prepared->channels_last(w);
+      }
+    }
+    if (channels_last && convolve_into(target, x, reordered.defined() ? reordered : plain_weight(w),
+                                       bias, relu, padding, stride, dilation, groups)) {
+      if ((kernel == Kernel::kOneDnn || done) && alternative != Kernel::kOneDnn) {
+        prepared->record_kernel_time(param, false, input_size, Kernel::kOneDnn,
+                                     stopwatch.seconds());
+      }
+      return;
+    }
+    if (done) {
+      return;  // the alternative's result stands
+    }
+    at::Tensor result = at::conv2d(x, plain_weight(w), bias, stride, padding, dilation, groups);
+    target.copy_(relu ? at::relu(result) : result);
+  });
+}
+
+}  // namespace
+
+bool onednn_takes_bf16() {
+  static const bool takes =
+      missing_cpu_features("avx512bw,avx512vl,avx512dq").empty() ||
+      missing_cpu_features("avx_ne_convert").empty();
+  return takes;
+}
+
+bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
+                   const std::optional<at::Tensor>& bias, bool relu,
+                   const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                   const std::vector<int64_t>& dilation, int64_t groups) {
+  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(
+      c10::OperatorName("mkldnn::_convolution_pointwise_", "binary"));
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  // A oneDNN weight (PreparedWeights::onednn_weight) has no strides to check.
+  const auto dtype = target.scalar_type();
+  const bool takes_dtype =
+      dtype == at::kFloat || (dtype == at::kBFloat16 && onednn_takes_bf16());
+  if (!op.has_value() || !takes_dtype ||
+      x.scalar_type() != dtype || !x.is_contiguous(cl) ||
+      (!w.is_mkldnn() && !w.is_contiguous(cl)) || !target.is_contiguous(cl)) {
+    return false;
+  }
+  // An error here (none is expected for these operands) propagates: the engine falls back
+  // for the call and reports it.
+  target.zero_();
+  // out = conv(x, w) + bias + out: the bias as the convolution's own. The ReLU is not its
+  // post-op: oneDNN's is a vmaxps that turns NaN into 0, where torch.relu keeps NaN. A pass
+  // over the result just written (in cache) costs 2-3% of a 1x1 convolution of 64
+  // channels on 56 x 56 and under 1% of a 3x3 one (2 threads).
+  torch::jit::Stack stack{target,
+                          x,
+                          w,
+                          bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
+                          padding,
+                          stride,
+                          dilation,
+                          groups,
+                          std::string("add"),
+                          at::Scalar(1.0),
+                          c10::IValue(),
+                          c10::List<std::optional<at::Scalar>>(),
+                          c10::IValue()};
+  op->callBoxed(&stack);
+  if (relu) {
+    target.relu_();  // max(x, 0) keeping NaN, as eager
+  }
+  return true;
+}
+
+bool convolve_bf16(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
+                   bool transposed, const at::Tensor& target,
+                   const std::optional<at::Tensor>& bias, bool relu,
+                   const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                   const std::vector<int64_t>& dilation) {
+  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(
+      c10::OperatorName("mkldnn::_convolution_pointwise", ""));
+  if (!op.has_value() || x.scalar_type() != at::kFloat || x.numel() == 0 ||
+      target.numel() == 0) {
+    return false;
+  }
+  const at::Tensor reordered = prepared->onednn_weight(w, transposed, x.sizes().vec(), padding,
+                                                       stride, dilation, 1, /*bf16=*/true);
+  if (!reordered.defined()) {
+    return false;
+  }
+  torch::jit::Stack stack{x.to(at::kBFloat16),
+                          reordered,
+                          bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
+                          padding,
+                          stride,
+                          dilation,
+                          int64_t{1},
+                          std::string("none"),
+                          c10::List<std::optional<at::Scalar>>(),
+                          c10::IValue()};
+  op->callBoxed(&stack);
+  widen_bf16(stack.at(0).toTensor(), target, relu);
+  return true;
+}
+
+}  // namespace blade::ral
+
+extern "C" {
+
+// blade_ral_conv2d_<suffix> (NCHW) and blade_ral_conv2d_nhwc_<suffix> alike.
+#define BLADE_RAL_DEFINE_UNBIASED_CONV2D(name, scalar_type, channels_last)                   \
+  void name(BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(out),        \
+            int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_bottom,         \
+            int64_t pad_left, int64_t pad_right, int64_t dilation_h, int64_t dilation_w,     \
+            int64_t groups) {                                                                \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
+                        result = BLADE_RAL_UNRANKED(out);                                    \
+    blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
+                       pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
+                       channels_last);                                                       \
+  }
+#define BLADE_RAL_DEFINE_CONV2D(suffix, scalar_type)                                         \
+  BLADE_RAL_DEFINE_UNBIASED_CONV2D(blade_ral_conv2d_##suffix, scalar_type, false)            \
+  BLADE_RAL_DEFINE_UNBIASED_CONV2D(blade_ral_conv2d_nhwc_##suffix, scalar_type, true)        \
+  void blade_ral_conv2d_nhwc_bias_##suffix(                                                  \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
+      BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w, int64_t pad_top,            \
+      int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,           \
+      int64_t dilation_w, int64_t groups, int64_t relu) {                                    \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
+                        b = BLADE_RAL_UNRANKED(bias), result = BLADE_RAL_UNRANKED(out);      \
+    blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
+                       pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
+                       true, &b, relu != 0);                                                 \
+  }
+BLADE_RAL_FOR_EACH_FLOAT_TYPE(BLADE_RAL_DEFINE_CONV2D)
+#undef BLADE_RAL_DEFINE_CONV2D
+#undef BLADE_RAL_DEFINE_UNBIASED_CONV2D
+}

@@ -1,0 +1,42 @@
+// oneDNN's convolutions into an engine's buffer (conv_kernels.cpp): what the convolution
+// library calls run, and GEMMs by a weight too, as a 1x1 convolution over their rows
+// (matmul_kernels.cpp).
+#pragma once
+
+#include "ral/prepared_weights.h"
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <vector>
+
+namespace blade::ral {
+
+// Whether PyTorch's oneDNN kernels take bfloat16 data on this CPU (elsewhere they raise, and
+// a bfloat16 model's GEMMs and convolutions take ATen's own route).
+bool onednn_takes_bf16();
+
+// oneDNN's convolution that adds its result into an existing channels_last tensor (what
+// Inductor uses for conv + add): with `target` (already of the result's shape) zeroed it
+// convolves straight into the engine's buffer, where at::conv2d would allocate a fresh
+// output (page faults on every call) that then had to be copied. float32 data, or a
+// bfloat16 model's. False when it does not apply or is unavailable, and the caller
+// convolves as usual.
+bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
+                   const std::optional<at::Tensor>& bias, bool relu,
+                   const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                   const std::vector<int64_t>& dilation, int64_t groups);
+
+// The convolution in bfloat16 (a bf16 engine: prepared_weights.h) into `target`: the input
+// rounded to bfloat16, convolved by the weight's bfloat16 oneDNN copy with the float32 bias
+// (float32 accumulation), the result widened into `target`, then the ReLU keeping NaN. `w`
+// is a convolution weight, or a GEMM's 2-d rhs convolved as 1x1 (`transposed` as for
+// PreparedWeights::onednn_weight). False when oneDNN's convolution is unavailable or the
+// weight has no copy.
+bool convolve_bf16(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
+                   bool transposed, const at::Tensor& target,
+                   const std::optional<at::Tensor>& bias, bool relu,
+                   const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                   const std::vector<int64_t>& dilation);
+
+}  // namespace blade::ral

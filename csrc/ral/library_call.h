@@ -1,0 +1,53 @@
+// What every library call (ral_kernels.h) does with its operands, whichever kernel family
+// it belongs to (matmul_kernels.cpp, conv_kernels.cpp, attention_kernels.cpp,
+// sort_kernels.cpp): each memref viewed in place as a tensor, the result's shape checked
+// before anything is written, a weight the engine released put back before a kernel reads
+// it as it is, and whatever the kernel throws recorded as the call's error
+// (kernel_errors.h).
+#pragma once
+
+#include "ral/kernel_errors.h"
+#include "ral/ral_kernels.h"
+
+#include <ATen/ATen.h>
+
+#include <exception>
+#include <string>
+
+namespace blade::ral {
+
+// A tensor of `scalar_type` viewing the memory a descriptor describes (no copy, not owned).
+at::Tensor buffer_view(const BladeUnrankedMemRef* memref, c10::ScalarType scalar_type);
+
+// ATen's out= variants resize an output of the wrong shape and copy_ broadcasts into one;
+// the generated code's buffers must be written exactly, so shapes are checked first.
+void check_result_shape(const char* what, const at::Tensor& out, at::IntArrayRef expected);
+
+// `weight` as it is, for a kernel about to read it so: a weight the running engine released
+// (its memory given back, prepared_weights.h) gets its values back first.
+const at::Tensor& plain_weight(const at::Tensor& weight);
+
+// Runs `fn`, recording what it throws as the error of the library call `what`.
+template <typename Fn>
+void guarded(const char* what, Fn&& fn) noexcept {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    record_kernel_error(std::string(what) + ": " + e.what());
+  } catch (...) {
+    record_kernel_error(std::string(what) + ": unknown error");
+  }
+}
+
+}  // namespace blade::ral
+
+// A memref's two arguments (BLADE_RAL_MEMREF) as one BladeUnrankedMemRef.
+#define BLADE_RAL_UNRANKED(name) BladeUnrankedMemRef{name##_rank, name##_descriptor}
+
+// X(suffix, scalar type) for each floating-point element type of the matmul, convolution
+// and attention calls (ral_kernels.h).
+#define BLADE_RAL_FOR_EACH_FLOAT_TYPE(X)                                                     \
+  X(f32, c10::ScalarType::Float)                                                             \
+  X(f64, c10::ScalarType::Double)                                                            \
+  X(f16, c10::ScalarType::Half)                                                              \
+  X(bf16, c10::ScalarType::BFloat16)

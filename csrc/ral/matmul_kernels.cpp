@@ -1,0 +1,217 @@
+// The matmul library calls (blade_ral_matmul_*, ral_kernels.h). A GEMM by one of the
+// engine's weights takes one of four paths: oneDNN's 1x1 convolution over its rows by the
+// weight's reordered copy, MKL's sgemm on the weight as it is (whichever the engine's
+// kernel trials find faster), bfloat16 for a bf16 engine, or MKL's packed GEMM where oneDNN
+// does not take the rows; anything else is ATen's matmul.
+#include "ral/matmul_kernels.h"
+
+#include "ral/conv_kernels.h"
+#include "ral/kernel_trials.h"
+#include "ral/library_call.h"
+#include "ral/mkl_functions.h"
+#include "ral/prepared_weights.h"
+
+#include <ATen/ExpandUtils.h>
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <vector>
+
+namespace blade::ral {
+namespace {
+
+// A tensor of rank >= 2 read as rows of its last dim: the rows (all other dims folded) and
+// the distance between consecutive rows, in elements. False when the rows are not evenly
+// spaced with unit column stride, or overlap.
+bool as_rows(const at::Tensor& t, int64_t* rows, int64_t* row_stride) {
+  const int64_t rank = t.dim();
+  const int64_t columns = t.size(rank - 1);
+  if (rank < 2 || (t.stride(rank - 1) != 1 && columns != 1)) {
+    return false;
+  }
+  int64_t count = 1;
+  int64_t step = columns;
+  int64_t expected = -1;  // the stride the next folded dim must have
+  for (int64_t i = rank - 2; i >= 0; --i) {
+    if (t.size(i) == 1) {
+      continue;
+    }
+    if (expected < 0) {
+      step = t.stride(i);
+    } else if (t.stride(i) != expected) {
+      return false;
+    }
+    expected = t.stride(i) * t.size(i);
+    count *= t.size(i);
+  }
+  if (count > 1 && step < columns) {
+    return false;
+  }
+  *rows = count;
+  *row_stride = std::max(step, columns);
+  return true;
+}
+
+// lhs[M, K] @ op(weight) as oneDNN's 1x1 convolution of [1, K, 1, M] channels_last data
+// (the rows as they lie) by the weight's oneDNN copy, written straight into the rows of
+// `result`. False when the rows are not densely packed or the weight has no copy.
+bool onednn_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
+                   int64_t lda, const at::Tensor& weight, bool transposed,
+                   const at::Tensor& result, int64_t ldc) {
+  const int64_t k = lhs.size(-1);
+  const int64_t n = result.size(-1);
+  if (lda != k || ldc != n || rows <= 0 || k <= 0 || n <= 0) {
+    return false;
+  }
+  const std::vector<int64_t> input_size{1, k, 1, rows};
+  at::Tensor w = prepared->onednn_weight(weight, transposed, input_size, {0, 0}, {1, 1},
+                                         {1, 1}, 1);
+  if (!w.defined()) {
+    return false;
+  }
+  const at::Tensor x = at::from_blob(lhs.data_ptr(), input_size, {rows * k, 1, rows * k, k},
+                                     lhs.options());
+  at::Tensor target = at::from_blob(result.data_ptr(), {1, n, 1, rows},
+                                    {rows * n, 1, rows * n, n}, result.options());
+  return convolve_into(target, x, w, std::nullopt, false, {0, 0}, {1, 1}, {1, 1}, 1);
+}
+
+// lhs[M, K] @ op(weight) in bfloat16 (a bf16 engine): oneDNN's 1x1 convolution of the rows
+// as [1, K, 1, M] channels_last data (convolve_bf16), or, for a row count past the weight's
+// reordered copies, its plain bfloat16 copy in oneDNN's matmul (which reorders it on every
+// call: 10-20% slower at BERT's sizes), the result widened into the rows of `result`. False
+// when the weight has neither copy.
+bool bf16_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
+                 int64_t lda, const at::Tensor& weight, bool transposed,
+                 const at::Tensor& result, int64_t ldc) {
+  const int64_t k = lhs.size(-1);
+  const int64_t n = result.size(-1);
+  if (rows <= 0 || k <= 0 || n <= 0) {
+    return false;
+  }
+  const at::Tensor x =
+      at::from_blob(lhs.data_ptr(), {1, k, 1, rows}, {rows * lda, 1, rows * lda, lda},
+                    lhs.options());
+  const at::Tensor target =
+      at::from_blob(result.data_ptr(), {1, n, 1, rows}, {rows * ldc, 1, rows * ldc, ldc},
+                    result.options());
+  if (convolve_bf16(prepared, x, weight, transposed, target, std::nullopt, false, {0, 0},
+                    {1, 1}, {1, 1})) {
+    return true;
+  }
+  const at::Tensor matrix = prepared->bf16_matrix(weight, transposed);  // [N, K]
+  if (!matrix.defined()) {
+    return false;
+  }
+  const at::Tensor a =
+      at::from_blob(lhs.data_ptr(), {rows, k}, {lda, 1}, lhs.options()).to(at::kBFloat16);
+  at::from_blob(result.data_ptr(), {rows, n}, {ldc, 1}, result.options())
+      .copy_(at::linear(a, matrix));
+  return true;
+}
+
+// lhs @ weight through the engine's packed copy of the weight, when `weight` is a param of
+// the running engine and both row operands fold to 2-d (see prepared_weights.h).
+bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transposed,
+                   const at::Tensor& result) {
+  PreparedWeights* prepared = active_prepared_weights();
+  int64_t rows = 0;
+  int64_t lda = 0;
+  int64_t out_rows = 0;
+  int64_t ldc = 0;
+  if (prepared == nullptr || weight.dim() != 2 || !as_rows(lhs, &rows, &lda) ||
+      !as_rows(result, &out_rows, &ldc) || rows != out_rows) {
+    return false;
+  }
+  // A model in bfloat16 itself: oneDNN's 1x1 convolution by the weight's reordered copy.
+  if (lhs.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16) {
+    return onednn_takes_bf16() &&
+           onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc);
+  }
+  if (lhs.scalar_type() != at::kFloat) {
+    return false;
+  }
+  if (prepared->bf16() && bf16_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
+    return true;
+  }
+  // oneDNN's 1x1 convolution or MKL's sgemm on the weight as it is, whichever the
+  // engine's first calls find faster (PreparedWeights::next_kernel); MKL's packed GEMM
+  // where oneDNN's does not apply.
+  using Kernel = PreparedWeights::Kernel;
+  const std::vector<int64_t> input_size{1, lhs.size(-1), 1, rows};
+  const Kernel kernel = prepared->next_kernel(weight, transposed, input_size, Kernel::kGemm);
+  const Stopwatch stopwatch;
+  if ((kernel == Kernel::kOneDnn &&
+       onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) ||
+      (kernel == Kernel::kGemm &&
+       gemm_by_weight(lhs.data_ptr<float>(), lda, plain_weight(weight), transposed,
+                      result.data_ptr<float>(), ldc, rows, 0.0F))) {
+    prepared->record_kernel_time(weight, transposed, input_size, kernel, stopwatch.seconds());
+    // A trial's first call runs oneDNN's too (its result the same within rounding).
+    if (kernel == Kernel::kGemm && prepared->onednn_run_pending(weight, transposed, input_size)) {
+      const Stopwatch again;
+      if (onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
+        prepared->record_kernel_time(weight, transposed, input_size, Kernel::kOneDnn,
+                                     again.seconds());
+      }
+    }
+    return true;
+  }
+  return prepared->matmul_f32(lhs.data_ptr<float>(), lda, weight, transposed,
+                              result.data_ptr<float>(), ldc, rows);
+}
+
+void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* b,
+            BladeUnrankedMemRef* out, int64_t transpose_b) noexcept {
+  guarded("blade_ral_matmul", [&] {
+    const at::Tensor weight = buffer_view(b, dtype);
+    at::Tensor rhs = transpose_b != 0 ? weight.transpose(-1, -2) : weight;
+    at::Tensor lhs = buffer_view(a, dtype);
+    at::Tensor result = buffer_view(out, dtype);
+    TORCH_CHECK(lhs.dim() >= 2 && rhs.dim() >= 2 && lhs.size(-1) == rhs.size(-2),
+                "blade_ral_matmul: cannot multiply ", lhs.sizes(), " by ", rhs.sizes());
+    std::vector<int64_t> expected = at::infer_size(lhs.sizes().slice(0, lhs.dim() - 2),
+                                                   rhs.sizes().slice(0, rhs.dim() - 2));
+    expected.push_back(lhs.size(-2));
+    expected.push_back(rhs.size(-1));
+    check_result_shape("blade_ral_matmul", result, expected);
+    if (!packed_matmul(lhs, weight, transpose_b != 0, result)) {
+      plain_weight(weight);
+      at::matmul_out(result, lhs, rhs);
+    }
+  });
+}
+
+}  // namespace
+
+bool gemm_by_weight(const float* lhs, int64_t lda, const at::Tensor& weight, bool transposed,
+                    float* out, int64_t ldc, int64_t m, float beta) {
+  const auto fits = [](int64_t v) { return v > 0 && v <= std::numeric_limits<int>::max(); };
+  if (mkl_functions().sgemm == nullptr || weight.dim() != 2 ||
+      weight.scalar_type() != at::kFloat || weight.stride(1) != 1 || !fits(m) ||
+      !fits(weight.size(0)) || !fits(weight.size(1)) || !fits(weight.stride(0)) ||
+      !fits(lda) || !fits(ldc)) {
+    return false;
+  }
+  const int64_t n = transposed ? weight.size(0) : weight.size(1);
+  const int64_t k = transposed ? weight.size(1) : weight.size(0);
+  sgemm_row_major(false, transposed, m, n, k, 1.0F, lhs, lda, weight.data_ptr<float>(),
+                  weight.stride(0), beta, out, ldc);
+  return true;
+}
+
+}  // namespace blade::ral
+
+extern "C" {
+
+#define BLADE_RAL_DEFINE_MATMUL(suffix, scalar_type)                                         \
+  void blade_ral_matmul_##suffix(BLADE_RAL_MEMREF(a), BLADE_RAL_MEMREF(b),                   \
+                                 BLADE_RAL_MEMREF(out), int64_t transpose_b) {               \
+    BladeUnrankedMemRef lhs = BLADE_RAL_UNRANKED(a), rhs = BLADE_RAL_UNRANKED(b),            \
+                        result = BLADE_RAL_UNRANKED(out);                                    \
+    blade::ral::matmul(scalar_type, &lhs, &rhs, &result, transpose_b);                       \
+  }
+BLADE_RAL_FOR_EACH_FLOAT_TYPE(BLADE_RAL_DEFINE_MATMUL)
+#undef BLADE_RAL_DEFINE_MATMUL
+}

@@ -1,0 +1,18 @@
+// MKL's sgemm by a weight as it is (matmul_kernels.cpp): one of the two kernels of a GEMM by
+// a weight, and of a 1x1 convolution (conv_kernels.cpp), that an engine's kernel trials
+// choose between (kernel_trials.h).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace blade::ral {
+
+// out[m, n] = lhs[m, k] @ op(weight) + beta * out by MKL's sgemm, reading the 2-d weight as
+// it is ([n, k] when `transposed`, else [k, n]; unit stride along its rows). False without
+// MKL or when a size does not fit its int arguments.
+bool gemm_by_weight(const float* lhs, int64_t lda, const at::Tensor& weight, bool transposed,
+                    float* out, int64_t ldc, int64_t m, float beta);
+
+}  // namespace blade::ral
