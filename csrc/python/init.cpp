@@ -17,6 +17,7 @@
 #include "passes/split_to_slices.h"
 #include "passes/graph_contents.h"
 #include "python/tolerance.h"
+#include "ral/cpu_features.h"
 #include "ral/engine.h"
 #include "ral/int8_kernels.h"
 #include "ral/kernel_trials.h"
@@ -181,6 +182,12 @@ PYBIND11_MODULE(_C, m) {
         "The most bytes prepared weight copies may take, process-wide (negative: no limit).");
   m.def("set_kernel_trials", &ral::set_kernel_trials, py::arg("enabled"),
         "Whether engines time a second kernel against oneDNN's (off: oneDNN's always).");
+  m.def("host_cpu_flags", &ral::host_cpu_flags,
+        "This CPU's flags as /proc/cpuinfo names them, as the runtime reads them (the "
+        "features an engine records are checked against these when it loads).");
+  m.def("missing_cpu_features", &ral::missing_cpu_features, py::arg("required"),
+        "The features `required` lists (comma-separated) that this CPU lacks: why the "
+        "runtime would refuse code compiled for them.");
   m.def("has_int8_dot_product", &ral::has_int8_dot_product,
         "Whether int8 engines run here: the CPU has VNNI, AVX-VNNI or AMX-INT8.");
   m.def("set_int8_dot_product_allowed", &ral::set_int8_dot_product_allowed,

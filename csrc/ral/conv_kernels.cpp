@@ -4,7 +4,7 @@
 // convolution where none of them applies.
 #include "ral/conv_kernels.h"
 
-#include "ral/engine.h"
+#include "ral/cpu_features.h"
 #include "ral/kernel_trials.h"
 #include "ral/library_call.h"
 #include "ral/matmul_kernels.h"

@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <optional>
 
+#include "ral/cpu_features.h"
 #include "ral/int8_kernels.h"
 #include "ral/kernel_trials.h"
 #include "ral/ral_abi.h"
@@ -14,7 +15,6 @@
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/irparser.h>
 
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -82,23 +82,6 @@ std::shared_ptr<torch::jit::GraphFunction> make_fallback_function(const std::str
   return std::make_shared<torch::jit::GraphFunction>(name + "_fallback", graph, nullptr);
 }
 
-std::set<std::string> host_cpu_flags() {
-  std::set<std::string> flags;
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("flags", 0) == 0) {
-      std::istringstream words(line.substr(line.find(':') + 1));
-      std::string flag;
-      while (words >> flag) {
-        flags.insert(flag);
-      }
-      break;
-    }
-  }
-  return flags;
-}
-
 // PyTorch's Allocator interface over the RAL's allocator, for the outputs of static size:
 // when the caller frees such a tensor its block goes back to the buffer cache, and the
 // engine's next call reuses it instead of paging in fresh memory (a 16 MB output from
@@ -128,19 +111,6 @@ at::Tensor cached_output(const TensorSpec& spec) {
 }
 
 }  // namespace
-
-std::string missing_cpu_features(const std::string& required) {
-  static const std::set<std::string> host = host_cpu_flags();
-  std::string missing;
-  std::istringstream in(required);
-  std::string feature;
-  while (std::getline(in, feature, ',')) {
-    if (!feature.empty() && host.count(feature) == 0) {
-      missing += (missing.empty() ? "" : ",") + feature;
-    }
-  }
-  return missing;
-}
 
 Engine::Engine(std::string name, at::Tensor code, std::string input_specs,
                std::string output_specs, std::string fallback_ir, std::vector<at::Tensor> params,

@@ -227,7 +227,4 @@ std::string sign_engine(const std::string& name, const at::Tensor& code,
 // self's or its shape is not self's.
 void write_back(const at::Tensor& self, const at::Tensor& value);
 
-// CPU features (as /proc/cpuinfo names them) that `required` lists and this host lacks.
-std::string missing_cpu_features(const std::string& required);
-
 }  // namespace blade::ral

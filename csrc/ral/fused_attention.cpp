@@ -1,5 +1,6 @@
 #include "ral/fused_attention.h"
 
+#include "ral/cpu_features.h"
 #include "ral/mkl_functions.h"
 #include "ral/ral_abi.h"
 
@@ -273,11 +274,10 @@ float exp_row_baseline(float* row, const float* mask, float scale, int64_t n,
 
 // exp_row for this CPU, picked once.
 ExpRow exp_row_for_host() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) {
+  if (has_cpu_feature("avx512f")) {
     return exp_row_avx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if (has_cpu_feature("avx2") && has_cpu_feature("fma")) {
     return exp_row_avx2;
   }
   return exp_row_baseline;

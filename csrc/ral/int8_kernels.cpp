@@ -1,6 +1,6 @@
 #include "ral/int8_kernels.h"
 
-#include "ral/engine.h"
+#include "ral/cpu_features.h"
 #include "ral/layout_kernels.h"
 #include "ral/prepared_weights.h"
 
@@ -214,7 +214,7 @@ at::Tensor quantize_uint8(const at::Tensor& input, double scale, int64_t zero_po
   uint8_t* dst = q.data_ptr<uint8_t>();
   const float inverse = static_cast<float>(1.0 / scale);
   const float zero = static_cast<float>(zero_point);
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = has_cpu_feature("avx512f");
   at::parallel_for(0, x.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
     (avx512 ? quantize_avx512 : quantize_scalar)(src + begin, dst + begin, end - begin,
                                                   inverse, zero);

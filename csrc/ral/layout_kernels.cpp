@@ -1,5 +1,7 @@
 #include "ral/layout_kernels.h"
 
+#include "ral/cpu_features.h"
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -87,7 +89,7 @@ __attribute__((target("avx512f"))) void transpose_tile_avx512(const float* src, 
 #pragma GCC diagnostic pop
 
 bool use_avx512() {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = has_cpu_feature("avx512f");
   return avx512;
 }
 

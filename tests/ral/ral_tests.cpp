@@ -5,6 +5,7 @@
 //
 //   ral_tests FIXTURE_DIR     (fixtures from tests/ral/make_fixtures.py)
 #include "ral/compiled_code.h"
+#include "ral/cpu_features.h"
 #include "ral/engine.h"
 #include "ral/guard.h"
 #include "ral/kernel_calls.h"
@@ -31,6 +32,7 @@
 #include <iostream>
 #include <iterator>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -743,6 +745,17 @@ void mark_rows(int64_t begin, int64_t end, void** arguments) {
   }
 }
 
+void test_cpu_flags_are_read_from_x86_and_arm_cpuinfo() {
+  std::istringstream x86(
+      "processor\t: 0\nflags\t\t: fpu avx2 avx512f\nvmx flags\t: vnmi\n"
+      "processor\t: 1\nflags\t\t: fpu\n");
+  EXPECT((blade::ral::parse_cpu_flags(x86) == std::set<std::string>{"fpu", "avx2", "avx512f"}));
+  std::istringstream arm("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve\n");
+  EXPECT((blade::ral::parse_cpu_flags(arm) == std::set<std::string>{"fp", "asimd", "sve"}));
+  std::istringstream neither("processor\t: 0\nflagship: yes\nflags\n");
+  EXPECT(blade::ral::parse_cpu_flags(neither).empty());
+}
+
 void test_parallel_for_covers_every_row_once() {
   for (int threads : {1, 2, 4}) {
     at::set_num_threads(threads);
@@ -1000,6 +1013,8 @@ int main(int argc, char** argv) {
        test_matmul_by_an_untransposed_param_prepares_its_transpose},
       {"attention_library_call", test_attention_library_call},
       {"conv2d_with_bias_and_relu_library_call", test_conv2d_with_bias_and_relu_library_call},
+      {"cpu_flags_are_read_from_x86_and_arm_cpuinfo",
+       test_cpu_flags_are_read_from_x86_and_arm_cpuinfo},
       {"parallel_for_covers_every_row_once", test_parallel_for_covers_every_row_once},
       {"saved_model_runs_compiled_code", test_saved_model_runs_compiled_code},
       {"engine_writes_into_its_inputs", test_engine_writes_into_its_inputs},

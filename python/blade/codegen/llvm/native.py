@@ -29,7 +29,6 @@ import functools
 import io
 import os
 import pickle
-import re
 import struct
 import subprocess
 import sys
@@ -53,20 +52,28 @@ STRAIGHT_LINE_MAIN_OPT_LEVEL = 0
 MIN_PARALLEL_IR_CHARS = 4096
 
 
+# The vector-ISA features generated code may use, as /proc/cpuinfo names them, in the order
+# an engine records them.
+CPU_FEATURES = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
+                "avx512vl", "avx512dq", "avx512cd", "avx512_bf16", "avx512_vnni",
+                "avx512_fp16", "amx_tile", "asimd", "sve")
+
+
 @functools.lru_cache(maxsize=None)
 def host_cpu_features() -> str:
-    """The vector-ISA features of this host that generated code may use, as /proc/cpuinfo
-    names them; recorded in each engine and checked when it is loaded."""
-    interesting = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
-                   "avx512vl", "avx512dq", "avx512cd", "avx512_bf16", "avx512_vnni",
-                   "avx512_fp16", "amx_tile", "asimd", "sve")
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    match = re.search(r"^(flags|Features)\s*:\s*(.*)$", text, re.MULTILINE)
-    flags = set(match.group(2).split()) if match else set()
-    return ",".join(f for f in interesting if f in flags)
+    """The CPU_FEATURES this host has, comma-separated: recorded in each engine and checked
+    when it is loaded. The host's flags are the runtime's own reading of them
+    (`blade._C.host_cpu_flags`, csrc/ral/cpu_features.h), so an engine records exactly what
+    the runtime will find. Only the compiling process asks (a worker, which loads this file
+    without Blade, never does): Blade's bindings are imported here, not at the top.
+
+        >>> "avx2" in host_cpu_features().split(",")   # on an AVX2 host
+        True
+    """
+    from blade import _C
+
+    flags = _C.host_cpu_flags()
+    return ",".join(f for f in CPU_FEATURES if f in flags)
 
 
 class NativeError(Exception):
