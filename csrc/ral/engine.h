@@ -140,7 +140,8 @@ class Engine : public torch::CustomClassHolder {
   // What the signature covers: a SHA-256 over the format version, name, fallback mode,
   // fallback IR, specs (as formatted), CPU features, the precision when not float32, the
   // writes when any, each
-  // param's dtype, sizes and bytes, and `code`, the code's own digest (see sign_engine).
+  // param's dtype, sizes and bytes, and `code`, the code's own digest (see sign_engine;
+  // defined with it, in signing.cpp).
   Digest signed_digest(const Digest& code) const;
   // Validates everything the code will rely on, verifies the signature (over
   // `computed_digest` when the caller computed it over these same fields, else over one
@@ -212,15 +213,8 @@ class Engine : public torch::CustomClassHolder {
   SlowPathLog slow_path_;
 };
 
-// The signature Engine's constructor verifies for these fields, made with the private key at
-// `key_path` (this machine's key, created on first use, when empty; see ral/signing.h).
-// Only the compiler calls this (blade._C); TorchScript cannot.
-std::string sign_engine(const std::string& name, const at::Tensor& code,
-                        const std::string& input_specs, const std::string& output_specs,
-                        const std::string& fallback_ir, const std::vector<at::Tensor>& params,
-                        const std::string& fallback_mode, const std::string& cpu_features,
-                        const std::string& key_path, const std::string& precision,
-                        const std::string& writes = "");
+// The fallback mode `mode` names: "fallback" or "error"; raises on anything else.
+FallbackMode parse_fallback_mode(const std::string& mode);
 
 // What blade::write_back does, and an engine's write of an output into an input: `value`
 // copied into `self`, raising as eager's in-place ops do when its dtype cannot be cast to

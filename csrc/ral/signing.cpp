@@ -1,5 +1,9 @@
 #include "ral/signing.h"
 
+#include "ral/engine.h"
+#include "ral/slow_path.h"
+#include "ral/tensor_spec.h"
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -411,6 +415,96 @@ std::string verify_digest(const Digest& digest, const std::string& signature,
            "metadata were changed after signing)";
   }
   return "";
+}
+
+// Engines (engine.h): what an engine's signature covers, and signing one.
+
+namespace {
+
+Digest engine_digest(const std::string& name, FallbackMode mode, const std::string& fallback_ir,
+                     const std::vector<TensorSpec>& input_specs,
+                     const std::vector<TensorSpec>& output_specs,
+                     const std::string& cpu_features, const std::string& precision,
+                     const std::string& writes, const std::vector<at::Tensor>& params,
+                     const Digest& code) {
+  FieldHasher hasher;
+  hasher.add(std::string("blade engine"));
+  hasher.add(kEngineFormatVersion);
+  hasher.add(name);
+  hasher.add(std::string(mode == FallbackMode::kError ? "error" : "fallback"));
+  hasher.add(fallback_ir);
+  hasher.add(format_specs(input_specs));
+  hasher.add(format_specs(output_specs));
+  hasher.add(cpu_features);
+  if (precision != "float32") {  // engines from before the field keep their digest
+    hasher.add(std::string("precision=") + precision);
+  }
+  if (!writes.empty()) {  // likewise
+    hasher.add(std::string("writes=") + writes);
+  }
+  hasher.add(static_cast<int64_t>(params.size()));
+  for (const auto& param : params) {
+    at::Tensor p = param.contiguous();
+    hasher.add(std::string(dtype_name(p.scalar_type())));
+    hasher.add(p.dim());
+    for (int64_t size : p.sizes()) {
+      hasher.add(size);
+    }
+    Digest bytes = chunked_sha256(static_cast<const uint8_t*>(p.data_ptr()), p.nbytes());
+    hasher.add(bytes.data(), bytes.size());
+  }
+  hasher.add(code.data(), code.size());
+  return hasher.finish();
+}
+
+}  // namespace
+
+Digest code_digest(const at::Tensor& code) {
+  at::Tensor bytes = code.contiguous();
+  return chunked_sha256(bytes.data_ptr<uint8_t>(), static_cast<size_t>(bytes.numel()));
+}
+
+Digest Engine::signed_digest(const Digest& code) const {
+  return engine_digest(name_, fallback_mode_, fallback_ir_, input_specs_, output_specs_,
+                       cpu_features_, precision_, writes(), params_, code);
+}
+
+Digest digest_to_sign(const std::string& name, const at::Tensor& code,
+                      const std::string& input_specs, const std::string& output_specs,
+                      const std::string& fallback_ir, const std::vector<at::Tensor>& params,
+                      const std::string& fallback_mode, const std::string& cpu_features,
+                      const std::string& precision, const std::string& writes) {
+  TORCH_CHECK(code.scalar_type() == at::kByte && code.dim() == 1,
+              "blade: engine code to sign must be a 1-D uint8 tensor");
+  return engine_digest(name, parse_fallback_mode(fallback_mode), fallback_ir,
+                       parse_specs(input_specs), parse_specs(output_specs), cpu_features,
+                       precision, writes, params, code_digest(code));
+}
+
+std::string sign_engine(const std::string& name, const at::Tensor& code,
+                        const std::string& input_specs, const std::string& output_specs,
+                        const std::string& fallback_ir, const std::vector<at::Tensor>& params,
+                        const std::string& fallback_mode, const std::string& cpu_features,
+                        const std::string& key_path, const std::string& precision,
+                        const std::string& writes) {
+  return sign_digest(digest_to_sign(name, code, input_specs, output_specs, fallback_ir, params,
+                                    fallback_mode, cpu_features, precision, writes),
+                     key_path);
+}
+
+void warn_untrusted_once(const std::string& key, const std::string& engine) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(key).second) {
+      return;
+    }
+  }
+  warn_user("blade: engine '" + engine + "' (and any other signed by the same key) is signed "
+            "by key " + key + ", which this process does not trust: its compiled code is not "
+            "loaded and its TorchScript subgraph runs instead (slower); " + trust_advice(key) +
+            ".");
 }
 
 }  // namespace blade::ral

@@ -16,6 +16,8 @@
 // Nothing here is reachable from TorchScript: a model file cannot sign or trust anything.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -83,5 +85,33 @@ void set_python_host();
 // `untrusted_key` receives the key when the only problem is that it is not trusted.
 std::string verify_digest(const Digest& digest, const std::string& signature,
                           std::string* untrusted_key);
+
+// Engines (engine.h): an engine is signed over a digest of its code and of everything the
+// runtime trusts about it (Engine::signed_digest, defined here too).
+
+// The SHA-256 of an engine's code (a 1-D uint8 tensor), as that digest covers it.
+Digest code_digest(const at::Tensor& code);
+
+// The digest an engine of these fields (as Engine's constructor takes them) is signed over.
+Digest digest_to_sign(const std::string& name, const at::Tensor& code,
+                      const std::string& input_specs, const std::string& output_specs,
+                      const std::string& fallback_ir, const std::vector<at::Tensor>& params,
+                      const std::string& fallback_mode, const std::string& cpu_features,
+                      const std::string& precision, const std::string& writes);
+
+// The signature Engine's constructor verifies for these fields, made with the private key at
+// `key_path` (this machine's key, created on first use, when empty; see above).
+// Only the compiler calls this (blade._C); TorchScript cannot.
+std::string sign_engine(const std::string& name, const at::Tensor& code,
+                        const std::string& input_specs, const std::string& output_specs,
+                        const std::string& fallback_ir, const std::vector<at::Tensor>& params,
+                        const std::string& fallback_mode, const std::string& cpu_features,
+                        const std::string& key_path, const std::string& precision,
+                        const std::string& writes = "");
+
+// Tells the user that `engine` (and any other signed by `key`) runs its subgraph because
+// this process does not trust `key`, and how to trust it: once per key and process, so
+// that a model of 40 engines says it once.
+void warn_untrusted_once(const std::string& key, const std::string& engine);
 
 }  // namespace blade::ral
