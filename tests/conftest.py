@@ -14,6 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="blade-tests-config-")
 atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
 
+# Under pytest-xdist (`make test`: two workers on two cores) each worker runs PyTorch and
+# oneDNN on one thread: two threads each would spin on the other worker's core. Tests of
+# threading set their thread counts themselves.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Compiled code is cached across optimize calls (blade.codegen.cache): tests compile afresh,
 # so that one test's code never stands in for another's; tests/codegen/test_compile_cache.py names
 # its own directories.
