@@ -55,8 +55,8 @@ class Engine : public torch::CustomClassHolder {
          std::string writes = "", const Digest* computed_digest = nullptr);
   // What the compiler makes (blade._C, never TorchScript): the engine signed with the key at
   // `key_path` (this machine's, created on first use, when empty). Its digest is computed
-  // once, for the signature and the verification both: hashing a BERT-base encoder's
-  // weights takes 0.15 s.
+  // once, for the signature and the verification both: hashing a large model's weights
+  // takes a noticeable time.
   static c10::intrusive_ptr<Engine> create_signed(
       std::string name, at::Tensor code, std::string input_specs, std::string output_specs,
       std::string fallback_ir, std::vector<at::Tensor> params, std::string fallback_mode,

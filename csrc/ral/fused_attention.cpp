@@ -168,8 +168,8 @@ BLADE_INLINE void transpose_tile(const float* src, int64_t ld_src, float* dst, i
 }
 
 // dst[c, r] = src[r, c] for a [rows, cols] matrix: k^T for the microkernel, which reads
-// both operands untransposed. 8 x 8 tiles in registers (an element-wise copy was 8% of
-// the attention workload, its stores each a row apart), element-wise at the edges.
+// both operands untransposed. 8 x 8 tiles in registers (an element-wise copy, its stores
+// each a row apart, was a visible share of attention), element-wise at the edges.
 // (target_clones: each listed name is one clone; the tiles need AVX at least.)
 __attribute__((target_clones("avx2", "default"))) void transpose(
     const float* __restrict src, int64_t ld_src, int64_t rows, int64_t cols,

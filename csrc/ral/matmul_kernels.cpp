@@ -80,7 +80,7 @@ bool onednn_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t row
 // lhs[M, K] @ op(weight) in bfloat16 (a bf16 engine): oneDNN's 1x1 convolution of the rows
 // as [1, K, 1, M] channels_last data (convolve_bf16), or, for a row count past the weight's
 // reordered copies, its plain bfloat16 copy in oneDNN's matmul (which reorders it on every
-// call: 10-20% slower at BERT's sizes), the result widened into the rows of `result`. False
+// call, so slower), the result widened into the rows of `result`. False
 // when the weight has neither copy.
 bool bf16_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
                  int64_t lda, const at::Tensor& weight, bool transposed,

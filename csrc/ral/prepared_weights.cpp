@@ -15,8 +15,8 @@ namespace blade::ral {
 namespace {
 
 // A weight keeps prepared copies (oneDNN's and MKL's together) for at most this many input
-// sizes: oneDNN's layout depends on the size (a copy made for 512 rows multiplied 1 row
-// 600x slower than one made for it), so other sizes run with the weight as it is.
+// sizes: oneDNN's layout depends on the size (a copy made for many rows multiplies one row
+// far slower than one made for it), so other sizes run with the weight as it is.
 constexpr size_t kRowCountsPerWeight = 4;
 
 const MklFunctions& mkl() { return mkl_functions(); }

@@ -107,18 +107,16 @@ class PreparedWeights {
   // Kernels with a second way to compute them: 3x3 convolutions (Winograd's algorithm or
   // oneDNN's direct one), 1x1 convolutions and GEMMs by a weight (MKL's sgemm on the weight
   // as it is, or oneDNN's convolution by its reordered copy). Which is faster depends on
-  // the CPU as much as on the sizes: at 2 threads on an AVX2 host, batch 1, Winograd took
-  // 0.8x of direct's time at 64 channels on 56 x 56 but 1.1x at 256 on 14 x 14 and 2.1x at
-  // 512 on 7 x 7 (an AVX-512 host with twice the L2 favoured it at 256 on 14 x 14), and
-  // MKL's sgemm took 0.3-0.9x of the time of oneDNN's 1x1 convolution there, where
-  // oneDNN's AVX-512 kernels beat MKL's AVX2 ones on AVX-512 hosts. (MKL's packed copies
-  // are no alternative: 5.8 MB at least, 2-4x a BERT weight, where its sgemm needs no copy
-  // and was as fast here.) So the engine's own calls decide, per weight and oneDNN input
-  // size: the first call runs both, untimed (each prepares its weight copy, and oneDNN
-  // creates its kernel), the second and third time oneDNN's and the alternative, then the
-  // faster stays and the other's copy is freed: from the third call on, a loaded model
-  // holds what it keeps (and gives back what release_plain_weights can). Both give the
-  // result within float32 rounding.
+  // the CPU as much as on the sizes: Winograd wins on large images with few channels and
+  // loses on small ones with many, and where it wins moves with the cache sizes; MKL's
+  // sgemm beats oneDNN's 1x1 convolution on AVX2 hosts, where oneDNN's AVX-512 kernels
+  // beat MKL's AVX2 ones on AVX-512 hosts. (MKL's packed copies are no alternative: larger
+  // than a BERT weight, where its sgemm needs no copy and was as fast.) So the engine's own
+  // calls decide, per weight and oneDNN input size: the first call runs both, untimed (each
+  // prepares its weight copy, and oneDNN creates its kernel), the second and third time
+  // oneDNN's and the alternative, then the faster stays and the other's copy is freed:
+  // from the third call on, a loaded model holds what it keeps (and gives back what
+  // release_plain_weights can). Both give the result within float32 rounding.
   enum class Kernel { kOneDnn, kWinograd, kGemm };
   // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
   // and `onednn_input_size`) or `alternative` (kWinograd or kGemm). kOneDnn when `weight`
