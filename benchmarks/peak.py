@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from blade import _C
+
 THREADS = 2
 
 # Independent accumulators hide the FMA latency (4-5 cycles, 2 FMA ports: 8-10 chains in
@@ -105,10 +107,8 @@ float vnni_loop(int64_t iterations) {
 
 
 def _cpu_flags():
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+    # The runtime's one reader of the CPU's flags (csrc/ral/cpu_features.h).
+    return set(_C.host_cpu_flags())
 
 
 def build_kernel(directory: Path):
