@@ -142,6 +142,9 @@ class Report:
     # Views made after an engine call on its results or inputs, so that they alias as in
     # eager (metadata only; counted with their engine's ops).
     edge_views: int = 0
+    # Views of the caller's tensors that the model returns as they are (`x.view(...)`,
+    # `x.t()`): metadata only, made as in eager, not an engine's work; not in total_ops.
+    input_views: int = 0
     # Read live: the calls that ran TorchScript instead of compiled code, by their first
     # reason of each kind ("input guard: ..." or "<engine>: ..."), and the tensor ops whose
     # engines ran compiled on the latest calls (none when the guard refused the latest).
@@ -230,6 +233,7 @@ class Report:
                         examples_from_type_run=data.get("examples_from_type_run", 0),
                         model_cache=data.get("model_cache", ""),
                         edge_views=data.get("edge_views", 0),
+                        input_views=data.get("input_views", 0),
                         int8=data.get("int8"))
         report.clusters = [ClusterReport(**c) for c in data["clusters"]]
         report.unsupported = {k: UnsupportedOp(**v) for k, v in data["unsupported"].items()}
@@ -271,6 +275,10 @@ class Report:
         if self.edge_views:
             lines.append(f"  views made after the engine call, to alias as in eager: "
                          f"{self.edge_views} (metadata only, counted with their engine)")
+        if self.input_views:
+            lines.append(f"  views of inputs returned as they are: {self.input_views} "
+                         "(metadata only, made on the caller's tensors as in eager; not "
+                         "counted above)")
         if self.decomposed:
             lines.append("  decomposed: " + ", ".join(
                 f"{op} x{n}" for op, n in sorted(self.decomposed.items())))

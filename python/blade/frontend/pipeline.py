@@ -13,6 +13,7 @@ hit ends there. Then, for one Config, `build` lists:
                                 PyTorch's clean-up; quantize_dynamic's layers as Blade's op
     keep_unspecialized          the graph for any input, before Blade's decompositions
     decompose                   Blade's decompositions (frontend/decompositions)
+    quantized_tensor_pairs      aten quantized tensors read back at once, as integer math
     simplify_structure          in-place ops, view writes, containers, loops: to a fixed point
     specialize_none_inputs      optional inputs that are None in the example
     functionalize_input_writes  writes into the caller's tensors as values and write-backs
@@ -49,6 +50,7 @@ from blade.frontend import finishing, typed_rewrites
 from blade.frontend.decompositions import decompose
 from blade.frontend.dynamic_shapes import find_dynamic_groups, resized_variants
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
+from blade.frontend.quant_fusion import quantized_tensor_pairs
 from blade.frontend.quantize import from_dynamic_quantized, int8_readers, quantize
 from blade.frontend.scripting import eval_mode
 from blade.frontend.simplify import (SMALL_WRITE_ELEMENTS, fold_tensor_attributes,
@@ -57,8 +59,9 @@ from blade.frontend.simplify import (SMALL_WRITE_ELEMENTS, fold_tensor_attribute
 from blade.graph_queries import all_nodes, argument_name, is_tensor_op, nodes_of, schema_name
 from blade.isolation import preserved_module_state, private_copy
 from blade.partition import converters  # noqa: F401  (importing it registers the built-ins)
-from blade.partition.clustering import form_clusters, registry_verdicts, release_edge_views
-from blade.partition.registry import Refusal
+from blade.partition.clustering import (form_clusters, registry_verdicts, release_edge_views,
+                                       returned_input_views)
+from blade.partition.registry import Refusal, Verdict
 from blade.report import Report
 
 
@@ -140,6 +143,7 @@ def build(config: Config) -> List[GraphPass]:
         # written for the compiler, not for every input eager takes.
         GraphPass("keep_unspecialized", _keep_unspecialized),
         GraphPass("decompose", _decompose),
+        GraphPass("quantized_tensor_pairs", lambda c: quantized_tensor_pairs(c.graph)),
         GraphPass("simplify_structure", lambda c: simplify_structure(c.graph)),
         GraphPass("specialize_none_inputs",
                   lambda c: specialize_none_inputs(c.graph, c.none_inputs)),
@@ -273,8 +277,14 @@ def _judge_ops(c: GraphCompilation) -> None:
     if c.int8 is not None:
         c.report.int8 = c.int8.to_dict()
     c.verdicts = registry_verdicts(all_nodes(c.graph), c.config)
+    # Metadata on the caller's tensors, returned as eager returns them: not an op for an
+    # engine, so neither clustered nor counted in total_ops (the report counts them apart).
+    for node in returned_input_views(c.graph):
+        c.verdicts[node] = Verdict(None, Refusal.NOT_NEEDED, "a view of an input, returned")
+        c.report.input_views += 1
     for node, verdict in c.verdicts.items():
-        if not is_tensor_op(node) or node.kind() == WRITE_BACK:
+        if not is_tensor_op(node) or node.kind() == WRITE_BACK or \
+                verdict.category == Refusal.NOT_NEEDED:
             continue
         if verdict.category == Refusal.NOT_MATERIALIZED:
             # Never ran on the example inputs (an untaken branch): listed, but not counted

@@ -29,6 +29,7 @@ from blade.frontend.quantize import QUANTIZED_CONV2D, QUANTIZED_LINEAR
 _PREFIX = "quantized_decomposed::"
 # TorchScript's ScalarType numbers.
 _UINT8, _INT8, _FLOAT32 = 0, 1, 6
+_CONTIGUOUS = 0  # torch.contiguous_format
 
 
 def has_quantized_ops(graph: torch._C.Graph) -> bool:
@@ -269,3 +270,120 @@ _LOWERINGS = {
     "dequantize_per_tensor": _dequantize,
     "dequantize_per_channel": _dequantize_per_channel,
 }
+
+
+# --- aten's quantized tensors that do not escape -------------------------------------------
+
+# A quantized dtype (TorchScript's ScalarType number) -> the integer dtype of its values
+# and their range.
+_QUANTIZED_DTYPES = {12: (1, -128, 127),      # qint8 -> int8
+                     13: (0, 0, 255),         # quint8 -> uint8
+                     14: (3, -2**31, 2**31 - 1)}  # qint32 -> int32
+_READERS = ("aten::dequantize.self", "aten::int_repr")
+_READERS_KINDS = ("aten::dequantize", "aten::int_repr")
+_MAKERS = ("aten::quantize_per_tensor", "aten::_make_per_tensor_quantized_tensor",
+           "aten::_make_per_channel_quantized_tensor")
+
+
+def quantized_tensor_pairs(graph: torch._C.Graph) -> int:
+    """aten's quantized tensors made and read within the graph, written as integer and
+    float math: `quantize_per_tensor` (constant scale and zero point), and
+    `_make_per_tensor_quantized_tensor` / `_make_per_channel_quantized_tensor` of integer
+    values, each read only by `dequantize` (their float values) or `int_repr` (their
+    integers). Engines hold no quantized dtype, so these pairs would stay TorchScript.
+    Quantizing rounds `x * (1 / scale) + zero_point` half to even, in float32 throughout,
+    as eager's kernels do (PT2E's definition, `lower`'s, rounds before adding). Returns how many quantized tensors were rewritten."""
+    count = 0
+    makers = [n for n in all_nodes(graph) if n.kind() in _MAKERS]  # before any is rewritten
+    for node in makers:
+        made = _quantized_tensor(node)
+        if made is None:
+            continue
+        users = [use.user for use in node.output().uses()]
+        if not users or not all(_reads_quantized(u) for u in users):
+            continue
+        with graph.insert_point_guard(node):
+            values = made(graph)
+        integers, fresh, dequantized = values
+        for user in users:
+            with graph.insert_point_guard(user):
+                if user.kind() == "aten::dequantize":
+                    result = dequantized(graph)
+                elif fresh:  # int_repr returns a tensor of its own, as this one is
+                    result, fresh = integers, False
+                else:
+                    result = _clone(graph, integers, None)
+            result.setType(user.output().type())
+            user.output().replaceAllUsesWith(result)
+            user.destroy()
+        node.destroy()
+        count += 1
+    return count
+
+
+def _reads_quantized(node: torch._C.Node) -> bool:
+    """`dequantize(q)` or `int_repr(q)`, the reads `quantized_tensor_pairs` rewrites."""
+    if node.kind() not in _READERS_KINDS or node.schema() == "(no schema)":
+        return False
+    schema = torch._C.parse_schema(node.schema())
+    return f"{schema.name}.{schema.overload_name}".rstrip(".") in _READERS
+
+
+def _quantized_tensor(node: torch._C.Node):
+    """For a node making a quantized tensor of a form `quantized_tensor_pairs` rewrites:
+    a function inserting its integer values, returning them, whether they are a tensor of
+    their own (not the node's input), and a function inserting its float values."""
+    kind = node.kind()
+    if kind == "aten::quantize_per_tensor" and node.schema() != "(no schema)":
+        x, scale, zero_point, dtype = node.inputs()
+        scale, zero_point = _scalar(scale), _scalar(zero_point)
+        dtype = _constant(dtype)
+        if scale is None or zero_point is None or dtype not in _QUANTIZED_DTYPES:
+            return None
+        code, low, high = _QUANTIZED_DTYPES[dtype]
+        # float32's 1 / float32(scale): eager's reciprocal, exactly.
+        inverse = float(torch.tensor(1.0) / torch.tensor(float(scale)))
+
+        def quantized(graph):
+            shifted = _op(graph, "aten::add", _op(graph, "aten::mul", x, inverse),
+                          int(zero_point))
+            clamped = _op(graph, "aten::clamp", _op(graph, "aten::round", shifted), low, high)
+            integers = _op(graph, "aten::to", clamped, code)
+            return integers, True, lambda g: _dequantize(g, [
+                integers, g.insertConstant(float(scale)), g.insertConstant(int(zero_point))])[0]
+        return quantized
+    if kind == "aten::_make_per_tensor_quantized_tensor":
+        x, scale, zero_point = node.inputs()
+        if _constant(scale) is None or _constant(zero_point) is None:
+            return None
+        return lambda graph: (x, False, lambda g: _dequantize(g, [x, scale, zero_point])[0])
+    if kind == "aten::_make_per_channel_quantized_tensor":
+        x, scales, zero_points, axis = node.inputs()
+        if _constant(axis) is None:
+            return None
+
+        def dequantized(g):
+            # Along the last dim and back: the channel broadcasts without knowing the rank.
+            last = _op(g, "aten::to", _op(g, "aten::movedim", x, axis, -1), _FLOAT32)
+            shifted = _op(g, "aten::sub", last, _op(g, "aten::to", zero_points, _FLOAT32))
+            scaled = _op(g, "aten::mul", shifted, _op(g, "aten::to", scales, _FLOAT32))
+            back = _op(g, "aten::movedim", scaled, -1, axis)
+            return _clone(g, back, _CONTIGUOUS)  # a tensor of its own, as eager's
+        return lambda graph: (x, False, dequantized)
+    return None
+
+
+def _clone(graph, value: torch._C.Value, memory_format) -> torch._C.Value:
+    # graph.insert cannot pass clone's keyword-only memory_format.
+    node = graph.create("aten::clone", [value, graph.insertConstant(memory_format)], 1)
+    graph.insertNode(node)
+    node.output().setType(value.type())
+    return node.output()
+
+
+def _scalar(value: torch._C.Value):
+    """A constant number, or the one element of a constant tensor (`.tensor_qparams`)."""
+    constant = _constant(value)
+    if isinstance(constant, torch.Tensor):
+        return constant.item() if constant.numel() == 1 else None
+    return constant if isinstance(constant, (int, float)) else None

@@ -9,7 +9,7 @@ from blade import _C
 from blade.config import Config
 from blade.graph_queries import describe, is_tensor_op, schema_name
 from blade.partition.node_types import type_key
-from blade.partition.registry import REGISTRY, Refusal, Verdict
+from blade.partition.registry import REGISTRY, Refusal, Verdict, is_view
 from blade.report import Report
 
 
@@ -36,6 +36,44 @@ def registry_verdicts(nodes: Sequence[torch._C.Node], config: Config,
             if not users or not all(verdicts.get(u, Verdict(None)).supported for u in users):
                 verdicts[node] = Verdict(None, Refusal.NOT_NEEDED, "list used outside compiled ops")
     return verdicts
+
+
+def returned_input_views(graph: torch._C.Graph) -> List[torch._C.Node]:
+    """The views of the graph's inputs that the graph returns as they are: each a view
+    (blade.partition.registry.is_view) whose tensor operands are graph inputs or such
+    views, and whose results go only to the graph's return (directly, through a tuple or
+    list it returns) or to such views. Eager returns them as aliases of the caller's
+    tensors, and so must the optimized model: they are metadata only, nothing computes
+    them, and no engine is made for them (an engine returns fresh tensors; see
+    csrc/passes/cluster for views of an engine's results)."""
+    block = graph.block()
+    inputs = set(graph.inputs())
+    returned = set(graph.return_node().inputs())
+    nodes = list(block.nodes())
+    candidates = set()
+    for node in nodes:
+        operands = [v for v in node.inputs() if isinstance(v.type(), torch._C.TensorType)]
+        if is_tensor_op(node) and is_view(node) and operands and all(
+                v in inputs or v.node() in candidates for v in operands):
+            candidates.add(node)
+
+    def returned_only(value, kept) -> bool:
+        for use in value.uses():
+            user = use.user
+            if user.kind() == "prim::Return" or user in kept:
+                continue
+            if user.kind() in ("prim::TupleConstruct", "prim::ListConstruct") and \
+                    user.output() in returned and \
+                    all(u.user.kind() == "prim::Return" for u in user.output().uses()):
+                continue
+            return False
+        return True
+
+    kept = set()
+    for node in reversed(nodes):  # users come after: one pass backwards decides each
+        if node in candidates and all(returned_only(v, kept) for v in node.outputs()):
+            kept.add(node)
+    return [n for n in nodes if n in kept]
 
 
 # How many times the nodes of one cluster are clustered again after a failure named a node.
