@@ -488,6 +488,52 @@ def test_quantize_dynamic_model_compiles_its_int8_layers(qconfig):
     assert float((got - float_model).abs().max()) <= 1.5 * eager_error
 
 
+class StaticLinears(torch.nn.Module):
+    """Eager-mode static quantization: QuantStub -> Linear -> DeQuantStub, twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.quantize = torch.ao.quantization.QuantStub()
+        self.first = torch.nn.Linear(32, 64)
+        self.dequantize = torch.ao.quantization.DeQuantStub()
+        self.quantize_again = torch.ao.quantization.QuantStub()
+        self.second = torch.nn.Linear(64, 8)
+        self.dequantize_again = torch.ao.quantization.DeQuantStub()
+
+    def forward(self, x):
+        h = torch.relu(self.dequantize(self.first(self.quantize(x))))
+        return self.dequantize_again(self.second(self.quantize_again(h)))
+
+
+@pytest.mark.parametrize("qconfig", ["per_tensor", "per_channel"])
+def test_static_quantized_linears_compile_to_eager_s_numbers(qconfig):
+    """torch.ao.quantization's static quantized::linear between quantize_per_tensor and
+    dequantize becomes Blade's int8 layer with the model's int8 weight, input range and
+    output range: compiled whole, and eager's int8 results (both round the same
+    integers; at most a rounding of the float result to uint8 may differ, one step)."""
+    if not blade.int8_supported():
+        pytest.skip("this CPU has no int8 dot product")
+    torch.manual_seed(0)
+    model = StaticLinears().eval()
+    model.qconfig = {"per_tensor": torch.ao.quantization.default_qconfig,
+                     "per_channel": torch.ao.quantization.get_default_qconfig("x86")}[qconfig]
+    torch.ao.quantization.prepare(model, inplace=True)
+    for _ in range(8):
+        model(torch.randn(16, 32))
+    torch.ao.quantization.convert(model, inplace=True)
+    x = torch.randn(16, 32)
+    optimized = blade.optimize(model, (x,))
+    step = model.second.scale
+    for inputs in (x, torch.randn(16, 32) * 2):
+        with torch.no_grad():
+            got, expected = optimized(inputs), model(inputs)
+        assert float((got - expected).abs().max()) <= step * 1.001
+        assert float((got != expected).float().mean()) < 0.01
+    report = assert_ran_compiled(optimized)
+    assert report.coverage == 1.0 and [c.precision for c in report.clusters] == ["int8"], \
+        str(report)
+
+
 class ConvHead(torch.nn.Module):
     """A convolution, a residual one, global pooling and a linear layer: PT2E quantizes
     the convolutions, the linear layer and the residual add."""

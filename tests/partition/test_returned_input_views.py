@@ -113,3 +113,30 @@ def test_the_count_survives_save_and_load():
     torch.jit.save(optimized, buffer)
     buffer.seek(0)
     assert blade.report(torch.jit.load(buffer)).input_views == 1
+
+
+class ListAndTensorOperandViews(torch.nn.Module):
+    def forward(self, x):
+        first, second, third = torch.tensor_split(x, 3, dim=1)
+        return torch.narrow(x, dim=1, start=torch.tensor(1), length=2), first, second, third
+
+
+class ListElements(torch.nn.Module):
+    def forward(self, x):
+        split = torch.tensor_split(x, 3, dim=1)
+        return split[0], split[2]
+
+
+def test_elements_of_a_split_and_views_with_constant_tensor_operands_are_metadata():
+    x = torch.randn(4, 6)
+    optimized, report = _optimize(ListAndTensorOperandViews(), (x,))
+    # narrow: the split returns a list and its unpacking is plumbing, neither a tensor op.
+    assert report.total_ops == 0 and report.input_views == 1, str(report)
+    assert not report.unsupported, str(report)
+    results = optimized(x)
+    assert_same(results, ListAndTensorOperandViews()(x))
+    assert all(r.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+               for r in results)
+    optimized, report = _optimize(ListElements(), (x,))
+    assert report.total_ops == 0 and report.input_views == 2, str(report)  # the two items
+    assert_same(optimized(x), ListElements()(x))

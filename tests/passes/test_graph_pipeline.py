@@ -137,6 +137,21 @@ def test_from_dynamic_quantized_runs_quantize_dynamic_layers_as_blade_s_op():
     check(after, "blade::quantized_linear", absent=["quantized::linear_dynamic"])
 
 
+def test_from_static_quantized_runs_eager_static_quantized_linears_as_blade_s_op():
+    if not blade.int8_supported():
+        pytest.skip("this CPU has no int8 dot product")
+    model = torch.nn.Sequential(torch.ao.quantization.QuantStub(), torch.nn.Linear(8, 8),
+                                torch.ao.quantization.DeQuantStub()).eval()
+    model.qconfig = torch.ao.quantization.default_qconfig
+    torch.ao.quantization.prepare(model, inplace=True)
+    model(torch.randn(4, 8))
+    torch.ao.quantization.convert(model, inplace=True)
+    before, rewritten, after, _ = run_pass(model, (torch.randn(4, 8),), "from_static_quantized")
+    assert "quantized::linear" in before and rewritten == 1
+    check(after, "blade::quantized_linear", absent=["quantized::linear(", "aten::dequantize",
+                                                    "aten::quantize_per_tensor"])
+
+
 def test_keep_unspecialized_copies_the_graph_before_the_decompositions():
     _, _, _, c = run_pass(Linear(), (torch.randn(4, 8),), "keep_unspecialized")
     kinds = [n.kind() for n in c.graph.nodes()]

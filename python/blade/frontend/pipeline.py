@@ -9,8 +9,9 @@ hit ends there. Then, for one Config, `build` lists:
                                 keep_rank_checks); the module's state is kept from here on
     detach_inlined_functions    call stacks that outlive freezing (csrc/passes)
     find_dynamic_dims           (Config.dynamic) the dims that vary, and resized inputs
-    inline ... constant_propagation, from_dynamic_quantized
-                                PyTorch's clean-up; quantize_dynamic's layers as Blade's op
+    inline ... constant_propagation, from_dynamic_quantized, from_static_quantized
+                                PyTorch's clean-up; quantize_dynamic's layers and eager
+                                static quantization's linears as Blade's op
     keep_unspecialized          the graph for any input, before Blade's decompositions
     decompose                   Blade's decompositions (frontend/decompositions)
     quantized_tensor_pairs      aten quantized tensors read back at once, as integer math
@@ -51,7 +52,8 @@ from blade.frontend.decompositions import decompose
 from blade.frontend.dynamic_shapes import find_dynamic_groups, resized_variants
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
 from blade.frontend.quant_fusion import quantized_tensor_pairs
-from blade.frontend.quantize import from_dynamic_quantized, int8_readers, quantize
+from blade.frontend.quantize import (from_dynamic_quantized, from_static_quantized,
+                                     int8_readers, quantize)
 from blade.frontend.scripting import eval_mode
 from blade.frontend.simplify import (SMALL_WRITE_ELEMENTS, fold_tensor_attributes,
                                      record_types, simplify_shapes, simplify_structure,
@@ -138,6 +140,8 @@ def build(config: Config) -> List[GraphPass]:
         # the same int8 op.
         passes.append(GraphPass("from_dynamic_quantized",
                                 lambda c: from_dynamic_quantized(c.graph)))
+        passes.append(GraphPass("from_static_quantized",
+                                lambda c: from_static_quantized(c.graph)))
     passes += [
         # The model for any input is taken before Blade's decompositions, which are
         # written for the compiler, not for every input eager takes.
@@ -281,7 +285,7 @@ def _judge_ops(c: GraphCompilation) -> None:
     # engine, so neither clustered nor counted in total_ops (the report counts them apart).
     for node in returned_input_views(c.graph):
         c.verdicts[node] = Verdict(None, Refusal.NOT_NEEDED, "a view of an input, returned")
-        c.report.input_views += 1
+        c.report.input_views += is_tensor_op(node)  # as total_ops counts (not lists)
     for node, verdict in c.verdicts.items():
         if not is_tensor_op(node) or node.kind() == WRITE_BACK or \
                 verdict.category == Refusal.NOT_NEEDED:

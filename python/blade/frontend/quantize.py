@@ -32,6 +32,8 @@ from blade.graph_queries import all_nodes, argument_name, nodes_of
 from blade.frontend.inputs import ExampleInputsError, describe_inputs, failure_summary
 
 QUANTIZED_LINEAR = "blade::quantized_linear"
+# TorchScript's ScalarType numbers.
+_QUINT8, _INT32, _FLOAT32 = 13, 3, 6
 QUANTIZED_CONV2D = "blade::quantized_conv2d"
 # The ops quantized, and what each becomes.
 QUANTIZED = {"aten::linear": QUANTIZED_LINEAR, "aten::conv2d": QUANTIZED_CONV2D}
@@ -496,31 +498,99 @@ def from_dynamic_quantized(graph: torch._C.Graph) -> int:
     Returns how many layers it rewrote."""
     count = 0
     for node in graph.findAllNodes("quantized::linear_dynamic", True):
-        packed = node.inputsAt(1)
-        if packed.node().kind() != "prim::Constant":
+        weight = _packed_int8_weight(graph, node)
+        if weight is None:
             continue
-        weight, bias = torch.ops.quantized.linear_unpack(packed.toIValue())
-        if weight.dtype != torch.qint8:
+        _insert(graph, node, *weight[:2], -1.0, 0, weight[2], bias=weight[3])
+        count += 1
+    return count
+
+
+def _packed_int8_weight(graph: torch._C.Graph, node: torch._C.Node):
+    """The int8 values, per-row scales, layer name and bias (a constant inserted before
+    `node`) of the constant packed weight that `node` (a quantized::linear*) reads, when
+    it is symmetric int8 (zero points 0, per tensor or per output channel); else None."""
+    packed = node.inputsAt(1)
+    if packed.node().kind() != "prim::Constant":
+        return None
+    weight, bias = torch.ops.quantized.linear_unpack(packed.toIValue())
+    if weight.dtype != torch.qint8:
+        return None
+    if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        if weight.q_zero_point() != 0:
+            return None
+        scales = torch.full((weight.shape[0],), weight.q_scale(), dtype=torch.float32)
+    elif weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+        if weight.q_per_channel_axis() != 0 or \
+                bool((weight.q_per_channel_zero_points() != 0).any()):
+            return None
+        scales = weight.q_per_channel_scales().float().contiguous()
+    else:
+        return None
+    values = weight.int_repr().detach().contiguous()
+    with graph.insert_point_guard(node):
+        bias_value = graph.insertConstant(bias.detach().float().contiguous() if bias is not None
+                                          else None)
+    name = packed.debugName()
+    suffix = "._packed_params._packed_params"
+    return values, scales, name[:-len(suffix)] if name.endswith(suffix) else name, bias_value
+
+
+def from_static_quantized(graph: torch._C.Graph) -> int:
+    """A model quantized before optimize with eager-mode static quantization
+    (`torch.ao.quantization.prepare` / `convert`): each `quantized::linear` between a
+    `quantize_per_tensor` (uint8, constant scale and zero point) of a float activation
+    and `dequantize`s of its result becomes Blade's int8 layer with the same int8 weight
+    and scales, the input quantized with that scale and zero point and the result rounded
+    to uint8 with the layer's output scale and zero point (oneDNN), then dequantized:
+    eager's numbers, but for float32 rounding before the output's rounding. Returns how
+    many layers it rewrote."""
+    count = 0
+    for node in graph.findAllNodes("quantized::linear", True):
+        x, _, out_scale, out_zero_point = node.inputs()
+        source = x.node()
+        readers = [use.user for use in node.output().uses()]
+        if source.kind() != "aten::quantize_per_tensor" or source.schema() == "(no schema)" \
+                or not readers or any(r.kind() != "aten::dequantize" or
+                                      r.inputsAt(0) is not node.output() or
+                                      len(list(r.inputs())) != 1 for r in readers):
             continue
-        if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
-            if weight.q_zero_point() != 0:
-                continue
-            scales = torch.full((weight.shape[0],), weight.q_scale(), dtype=torch.float32)
-        elif weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-            if weight.q_per_channel_axis() != 0 or \
-                    bool((weight.q_per_channel_zero_points() != 0).any()):
-                continue
-            scales = weight.q_per_channel_scales().float().contiguous()
-        else:
+        scale, zero_point, dtype = (_constant_value(v) for v in list(source.inputs())[1:])
+        output_range = (_constant_value(out_scale), _constant_value(out_zero_point))
+        scale, zero_point = (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1
+                             else v for v in (scale, zero_point))
+        if dtype != _QUINT8 or not isinstance(scale, float) or \
+                not isinstance(zero_point, int) or not isinstance(output_range[0], float) or \
+                not isinstance(output_range[1], int):
             continue
-        values = weight.int_repr().detach().contiguous()
+        weight = _packed_int8_weight(graph, node)
+        if weight is None:
+            continue
+        values, scales, name, bias = weight
         with graph.insert_point_guard(node):
-            bias_value = graph.insertConstant(bias.detach().float().contiguous() if bias is not None
-                                              else None)
-        name = packed.debugName()
-        suffix = "._packed_params._packed_params"
-        _insert(graph, node, values, scales, -1.0, 0,
-                name[:-len(suffix)] if name.endswith(suffix) else name, bias=bias_value)
+            int8_range = graph.insertConstant(torch.tensor([scale, float(zero_point)]))
+            out_range = graph.insertConstant(torch.tensor([output_range[0],
+                                                           float(output_range[1])]))
+            none = graph.insertConstant("none")
+            weights = (graph.insertConstant(values), graph.insertConstant(scales))
+        layer = graph.create(QUANTIZED_LINEAR, [source.inputsAt(0), *weights, bias,
+                                                int8_range, out_range, none], 1)
+        layer.insertBefore(node)
+        weights[0].setDebugName(f"{name}.weight_int8")
+        with graph.insert_point_guard(node):
+            # The uint8 result, carried as int8 bytes: (byte & 255 - zero point) * scale.
+            def op(kind, *operands):
+                return graph.insert(kind, [v if isinstance(v, torch._C.Value)
+                                           else graph.insertConstant(v) for v in operands])
+            unsigned = op("aten::bitwise_and", op("aten::to", layer.output(), _INT32), 255)
+            dequantized = op("aten::mul", op("aten::sub", op("aten::to", unsigned, _FLOAT32),
+                                             output_range[1]), output_range[0])
+        for reader in readers:
+            reader.output().replaceAllUsesWith(dequantized)
+            reader.destroy()
+        node.destroy()
+        if not source.output().uses():
+            source.destroy()
         count += 1
     return count
 

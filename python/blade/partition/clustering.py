@@ -40,22 +40,22 @@ def registry_verdicts(nodes: Sequence[torch._C.Node], config: Config,
 
 def returned_input_views(graph: torch._C.Graph) -> List[torch._C.Node]:
     """The views of the graph's inputs that the graph returns as they are: each a view
-    (blade.partition.registry.is_view) whose tensor operands are graph inputs or such
-    views, and whose results go only to the graph's return (directly, through a tuple or
-    list it returns) or to such views. Eager returns them as aliases of the caller's
-    tensors, and so must the optimized model: they are metadata only, nothing computes
-    them, and no engine is made for them (an engine returns fresh tensors; see
-    csrc/passes/cluster for views of an engine's results)."""
-    block = graph.block()
+    (blade.partition.registry.is_view) of a graph input or of such a view, its other
+    tensor operands inputs or constants (`narrow`'s start), or an element taken from such
+    a list of views (`tensor_split(x, 3)[0]`); their results go only to the graph's
+    return (directly, or through a tuple or list it returns) or to such views. Eager
+    returns them as aliases of the caller's tensors, and so must the optimized model:
+    they are metadata only, nothing computes them, and no engine is made for them (an
+    engine returns fresh tensors; see csrc/passes/cluster for views of its results)."""
     inputs = set(graph.inputs())
     returned = set(graph.return_node().inputs())
-    nodes = list(block.nodes())
+    nodes = list(graph.block().nodes())
+    aliased = set(inputs)  # values that are inputs or views of them
     candidates = set()
     for node in nodes:
-        operands = [v for v in node.inputs() if isinstance(v.type(), torch._C.TensorType)]
-        if is_tensor_op(node) and is_view(node) and operands and all(
-                v in inputs or v.node() in candidates for v in operands):
+        if _views_an_aliased_value(node, aliased, inputs):
             candidates.add(node)
+            aliased.update(node.outputs())
 
     def returned_only(value, kept) -> bool:
         for use in value.uses():
@@ -74,6 +74,23 @@ def returned_input_views(graph: torch._C.Graph) -> List[torch._C.Node]:
         if node in candidates and all(returned_only(v, kept) for v in node.outputs()):
             kept.add(node)
     return [n for n in nodes if n in kept]
+
+
+def _views_an_aliased_value(node: torch._C.Node, aliased, inputs) -> bool:
+    """Whether `node` views a value of `aliased` (its aliased operand, by its schema), its
+    other tensor operands being graph inputs or constants; or takes an element of such a
+    list of views."""
+    if node.kind() in ("aten::__getitem__", "prim::ListUnpack"):
+        return node.inputsAt(0) in aliased and \
+            isinstance(node.inputsAt(0).type(), torch._C.ListType)
+    if not is_view(node) or node.schema() == "(no schema)":
+        return False
+    arguments = torch._C.parse_schema(node.schema()).arguments
+    viewed = [v for a, v in zip(arguments, node.inputs()) if a.alias_info is not None]
+    others = [v for a, v in zip(arguments, node.inputs()) if a.alias_info is None and
+              isinstance(v.type(), torch._C.TensorType)]
+    return len(viewed) == 1 and viewed[0] in aliased and \
+        all(v in inputs or v.node().kind() == "prim::Constant" for v in others)
 
 
 # How many times the nodes of one cluster are clustered again after a failure named a node.
