@@ -200,13 +200,44 @@ def test_convolutions_of_dynamic_image_size():
     model = Convs().eval()
     optimized = blade.optimize(model, (torch.randn(2, 3, 16, 16),), DYNAMIC)
     report = blade.report(optimized)
-    assert report.clusters[0].inputs == "float32[s0,3,s1,s1]", str(report)
+    # Height and width are equal in the example, but the model takes them apart.
+    assert report.clusters[0].inputs == "float32[s0,3,s1,s2]", str(report)
     with torch.no_grad():
-        for shape in ((1, 3, 15, 15), (3, 3, 9, 9), (2, 3, 33, 33)):
+        for shape in ((1, 3, 15, 15), (3, 3, 9, 9), (2, 3, 33, 33), (2, 3, 12, 20)):
             x = torch.randn(*shape)
             assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
     report = blade.report(optimized)
     assert report.runtime_fallbacks == 0 and report.clusters[0].library_calls == 2, str(report)
+
+
+def test_a_batch_equal_to_the_channels_varies_alone():
+    torch.manual_seed(0)
+    model = Convs().eval()
+    optimized = blade.optimize(model, (torch.randn(3, 3, 16, 16),), DYNAMIC)
+    assert blade.report(optimized).clusters[0].inputs == "float32[s0,3,s1,s2]"
+    serves_whole(optimized, model, [(torch.randn(*shape),) for shape in
+                                    ((5, 3, 16, 16), (1, 3, 10, 14), (3, 3, 16, 16))])
+
+
+def test_a_batch_equal_to_the_length_varies_apart_and_ties_stay_tied():
+    torch.manual_seed(0)
+    model = BertLayer().eval()
+    optimized = blade.optimize(model, bert_inputs(4, 4), DYNAMIC)
+    report = blade.report(optimized)
+    # Each of the input's dims is tied to the mask's, and not to the other.
+    assert report.clusters[0].inputs == "float32[s0,s1,64];float32[s0,1,1,s1]", str(report)
+    serves_whole(optimized, model, [bert_inputs(b, s) for b, s in ((2, 7), (4, 4), (6, 3))])
+
+
+class SquareOnly(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(x + x.t())
+
+
+def test_dims_the_model_needs_equal_share_a_symbol():
+    optimized = blade.optimize(SquareOnly(), (torch.randn(5, 5),), DYNAMIC)
+    assert blade.report(optimized).clusters[0].inputs == "float32[s0,s0]"
+    serves_whole(optimized, SquareOnly(), [(torch.randn(n, n),) for n in (2, 9)])
 
 
 def test_group_norm_of_dynamic_size():
@@ -216,9 +247,9 @@ def test_group_norm_of_dynamic_size():
     model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.GroupNorm(4, 16),
                                 torch.nn.SiLU()).eval()
     optimized = blade.optimize(model, (torch.randn(2, 8, 12, 12),), DYNAMIC)
-    shapes = ((1, 8, 5, 5), (3, 8, 12, 12), (2, 8, 17, 17))
+    shapes = ((1, 8, 5, 5), (3, 8, 12, 12), (2, 8, 17, 17), (2, 8, 6, 11))
     report = serves_whole(optimized, model, [(torch.randn(*shape),) for shape in shapes])
-    assert report.clusters[0].inputs == "float32[s0,8,s1,s1]", str(report)
+    assert report.clusters[0].inputs == "float32[s0,8,s1,s2]", str(report)
 
 
 class Lookups(torch.nn.Module):
@@ -415,7 +446,7 @@ def test_flatten_of_an_empty_batch_divides_nothing_by_zero(tmp_path):
     report = serves_whole(optimized, model, [(torch.randn(0, 8, 10, 10),),
                                              (torch.randn(3, 8, 6, 6),),
                                              (torch.randn(0, 8, 4, 4),)])
-    assert len(report.dynamic_dims) == 2, str(report)   # the batch; height and width
+    assert len(report.dynamic_dims) == 3, str(report)   # the batch, height, width
     # Sizes are never divided by a size (a division by a constant would be safe).
     linalg = ir_before(tmp_path, "write-slices-in-place")
     divisions = re.findall(r"arith\.div[su]i %\w+, (%\w+)", linalg)

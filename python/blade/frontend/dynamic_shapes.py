@@ -2,11 +2,13 @@
 resized along them.
 
 An engine compiled with symbolic dimensions serves every size of those dims. Which dims
-may vary is found, not guessed: the dims of the tensor inputs are grouped by their example
-size (dims that are equal in the example are assumed to vary together, like the batch of
-an input and of its mask), and the model is run on copies of the inputs resized along one
-group at a time. Groups the model accepts are dynamic; a hidden size that meets a weight
-makes the run fail and stays static. Size-1 dims are never probed (they broadcast).
+may vary is found, not guessed: the model is run on copies of the inputs resized along
+some dims. Dims equal in the example are candidates to vary together, split by where
+they are (`_split_by_need`): the dims at one index of the inputs the model takes resized
+alone get a symbol of their own (a square image's height and width, a batch equal to the
+channels or to the length), dims it takes only together share one (a length at dim 1 of
+an input and dim 3 of its mask), and a dim taken neither way stays static (a hidden size
+that meets a weight). Size-1 dims are never probed (they broadcast).
 
 Resized copies repeat the original's slices cyclically (`index_select` with `i % n`), so
 token ids stay valid ids and masks stay masks. `materialize_types` then runs the graph on
@@ -79,6 +81,44 @@ def _groups_by_size(dims: List[Dim], inputs: Tuple) -> List[DynamicGroup]:
     return [groups[size] for size in sorted(groups)]
 
 
+def _split_by_need(run: Callable[[Tuple], object], inputs: Tuple,
+                   group: DynamicGroup) -> List[DynamicGroup]:
+    """The dims of `group` (equal in the example) split into the groups the model takes
+    resized apart. They are split by position: the dims at one index of their inputs (the
+    batch of an input and of its mask, dim 0 of both) are a class, and each class the
+    model takes resized alone varies alone (a square image's height and width, a batch
+    equal to the channels or to the length). The classes it does not take alone are
+    tried together (a length at dim 1 of one input and dim 3 of its mask), else stay
+    static. Dims at one index stay together: whether the model needs them equal cannot
+    be probed (PyTorch's CPU attention takes keys and values of different lengths). The
+    split is kept only if the model takes all its groups resized at once; else the
+    group as the example has it, if the model takes that resized."""
+    def taken(dims) -> bool:
+        try:
+            run(with_groups_resized(inputs, [DynamicGroup(group.size, list(dims))]))
+        except Exception:  # the model needs these dims at another size
+            return False
+        return True
+
+    classes: Dict[int, List[Dim]] = {}
+    for position, dim in group.dims:
+        classes.setdefault(dim, []).append((position, dim))
+    if len(classes) == 1:
+        return [group] if taken(group.dims) else []
+    split, rest = [], []
+    for dims in classes.values():
+        (split if taken(dims) else rest).append(dims)
+    if len(rest) > 1 and taken([d for dims in rest for d in dims]):
+        split.append([d for dims in rest for d in dims])
+    split = [DynamicGroup(group.size, sorted(dims)) for dims in split]
+    if len(split) > 1:
+        try:
+            run(with_groups_resized(inputs, split))
+        except Exception:  # not all at once: the example's grouping
+            return [group] if taken(group.dims) else split[:1]
+    return split
+
+
 def _explicit_dims(dynamic_dims: Dict[int, List[int]], inputs: Tuple) -> List[Dim]:
     dims = []
     for position, wanted in sorted(dynamic_dims.items()):
@@ -108,6 +148,7 @@ def find_dynamic_groups(run: Callable[[Tuple], object], inputs: Tuple,
     """
     if dynamic_dims:
         groups = _groups_by_size(_explicit_dims(dynamic_dims, inputs), inputs)
+        groups = [g for group in groups for g in _split_by_need(run, inputs, group)] or groups
         try:
             run(with_groups_resized(inputs, groups))
         except Exception as e:
@@ -120,11 +161,7 @@ def find_dynamic_groups(run: Callable[[Tuple], object], inputs: Tuple,
                   if isinstance(t, torch.Tensor) for dim in range(t.dim()) if t.shape[dim] > 1]
     accepted = []
     for group in _groups_by_size(candidates, inputs):
-        try:
-            run(with_groups_resized(inputs, [group]))
-        except Exception:  # the model needs this size: the group stays static
-            continue
-        accepted.append(group)
+        accepted.extend(_split_by_need(run, inputs, group))
     if len(accepted) > 1:
         try:
             run(with_groups_resized(inputs, accepted))
