@@ -140,3 +140,17 @@ def test_elements_of_a_split_and_views_with_constant_tensor_operands_are_metadat
     optimized, report = _optimize(ListElements(), (x,))
     assert report.total_ops == 0 and report.input_views == 2, str(report)  # the two items
     assert_same(optimized(x), ListElements()(x))
+
+
+class UnsafeView(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.aten._unsafe_view(x, [x.size(0) * x.size(1)])
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_view_whose_schema_does_not_say_so_still_aliases_its_input(dynamic):
+    """_unsafe_view's schema promises a fresh tensor, but eager returns a view."""
+    x = torch.randn(3, 4)
+    optimized, report = _optimize(UnsafeView(), (x,), blade.Config(dynamic=dynamic))
+    assert report.total_ops == 0 and report.input_views == 1, str(report)
+    assert optimized(x).data_ptr() == x.data_ptr()

@@ -9,7 +9,7 @@ from blade import _C
 from blade.config import Config
 from blade.graph_queries import describe, is_tensor_op, schema_name
 from blade.partition.node_types import type_key
-from blade.partition.registry import REGISTRY, Refusal, Verdict, is_view
+from blade.partition.registry import REGISTRY, UNDECLARED_VIEWS, Refusal, Verdict, is_view
 from blade.report import Report
 
 
@@ -86,8 +86,11 @@ def _views_an_aliased_value(node: torch._C.Node, aliased, inputs) -> bool:
     if not is_view(node) or node.schema() == "(no schema)":
         return False
     arguments = torch._C.parse_schema(node.schema()).arguments
-    viewed = [v for a, v in zip(arguments, node.inputs()) if a.alias_info is not None]
-    others = [v for a, v in zip(arguments, node.inputs()) if a.alias_info is None and
+    # A view whose schema does not say so (_unsafe_view) views its first operand.
+    aliases = [a.alias_info is not None or (i == 0 and node.kind() in UNDECLARED_VIEWS)
+               for i, a in enumerate(arguments)]
+    viewed = [v for alias, v in zip(aliases, node.inputs()) if alias]
+    others = [v for alias, v in zip(aliases, node.inputs()) if not alias and
               isinstance(v.type(), torch._C.TensorType)]
     return len(viewed) == 1 and viewed[0] in aliased and \
         all(v in inputs or v.node().kind() == "prim::Constant" for v in others)

@@ -265,13 +265,13 @@ STORAGE_OBSERVERS = ("aten::as_strided", "aten::as_strided_", "aten::as_strided_
                      "aten::is_contiguous", "aten::data_ptr", "aten::is_set_to",
                      "aten::is_non_overlapping_and_dense")
 # Ops whose schema promises a fresh tensor but that return a view of their input.
-_UNDECLARED_VIEWS = ("aten::_unsafe_view",)
+UNDECLARED_VIEWS = ("aten::_unsafe_view",)
 
 
 def is_view(node: torch._C.Node) -> bool:
     """Whether the node's tensor result may be a view of an argument (its schema's alias
     annotation, or one of the ops that view without saying so)."""
-    return node.kind() in _UNDECLARED_VIEWS or _returns_a_view(node.schema())
+    return node.kind() in UNDECLARED_VIEWS or _returns_a_view(node.schema())
 
 
 @functools.lru_cache(maxsize=None)
