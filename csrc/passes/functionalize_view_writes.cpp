@@ -168,10 +168,11 @@ bool safe_base(Value* base, Node* first_view, Node* write, const AliasDb& alias_
       if (!alias_db.mayAlias(out, base)) {
         continue;
       }
-      // Another view of the base: it must be used up before the write, and not further
-      // aliased.
+      // A view taken after the write reads the written value once the uses after the
+      // write read it (the next write through a slice of the same mask, say). One taken
+      // before must be used up before the write, and not further aliased.
       if (!user->isBefore(write)) {
-        return false;
+        continue;
       }
       for (const auto& view_use : out->uses()) {
         if (view_use.user->owningBlock() != write->owningBlock() ||

@@ -14,8 +14,10 @@
 // through views, hence this pass. A write is rewritten only when it is provably the only
 // way the base changes and nothing observes the old aliasing: the base is a fresh tensor
 // made in the same block (not an input, not itself a view), every view in the chain has a
-// single use, the write's result is unused, and any other view of the base is used only
-// before the write. Otherwise the mutation stays, and its node is not compiled.
+// single use, the write's result is unused, and any other view of the base taken before
+// the write is used only before it (views taken after it read the new value, so writes
+// through several slices of one tensor are rewritten in turn). Otherwise the mutation
+// stays, and its node is not compiled.
 #pragma once
 
 #include <torch/csrc/jit/ir/ir.h>

@@ -22,6 +22,8 @@ hit ends there. Then, for one Config, `build` lists:
     materialize_types           every tensor's type, from a run on the example inputs
     check_in_place_casts, functionalize_small_writes, the typed rewrites, explicit_pool_windows
     simplify_shapes             with shapes known: sizes fold, splits become slices, ...
+    functionalize_typed_view_writes
+                                writes through slices with negative bounds, placed by types
     duplicate_shape_arithmetic  (Config.dynamic) each use of a run-time size its own copy
     judge_ops                   the registry's verdict on every op; the report's counts
     cluster                     acyclic clusters of supported ops (partition/clustering)
@@ -57,7 +59,8 @@ from blade.frontend.quantize import (from_dynamic_quantized, from_static_quantiz
 from blade.frontend.scripting import eval_mode
 from blade.frontend.simplify import (SMALL_WRITE_ELEMENTS, fold_tensor_attributes,
                                      record_types, simplify_shapes, simplify_structure,
-                                     specialize_none_inputs, still_decomposed)
+                                     specialize_none_inputs, static_write_bounds,
+                                     still_decomposed)
 from blade.graph_queries import all_nodes, argument_name, is_tensor_op, nodes_of, schema_name
 from blade.isolation import preserved_module_state, private_copy
 from blade.partition import converters  # noqa: F401  (importing it registers the built-ins)
@@ -172,6 +175,7 @@ def build(config: Config) -> List[GraphPass]:
         GraphPass("explicit_pool_windows", lambda c: explicit_pool_windows(
             c.graph, nodes_of(c.graph, POOLING_OVERLOADS))),
         GraphPass("simplify_shapes", _simplify_shapes),
+        GraphPass("functionalize_typed_view_writes", _functionalize_typed_view_writes),
     ]
     if config.dynamic:
         passes.append(GraphPass("duplicate_shape_arithmetic",
@@ -259,6 +263,19 @@ def _quantize_int8(c: GraphCompilation) -> None:
 
 def _materialize_types(c: GraphCompilation) -> None:
     c.results = record_types(c.graph, c.module, c.inputs, c.resized_inputs)
+
+
+def _functionalize_typed_view_writes(c: GraphCompilation) -> int:
+    """Writes through slices with negative bounds, functionalized once the types place the
+    bounds; the new nodes' types are recorded again (a run on the example inputs, only
+    when a write was rewritten). Returns how many writes were rewritten."""
+    if not static_write_bounds(c.graph):
+        return 0
+    rewritten = _C.functionalize_view_writes(c.graph)
+    if rewritten:
+        torch._C._jit_pass_dce(c.graph)
+        c.results = record_types(c.graph, c.module, c.inputs, c.resized_inputs)
+    return rewritten
 
 
 def _simplify_shapes(c: GraphCompilation) -> None:

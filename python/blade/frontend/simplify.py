@@ -112,6 +112,38 @@ def record_types(graph: torch._C.Graph, module: torch.jit.ScriptModule, inputs: 
             "model runs on them in eager mode.", str(e)) from None
 
 
+_WRITES = ("aten::copy_", "aten::fill_")
+
+
+def static_write_bounds(graph: torch._C.Graph) -> int:
+    """Negative constant bounds of the slices that writes go through (`mask[-7:-3, :4] = 1`,
+    as Swin builds its attention mask), counted from the end of a dim whose size the types
+    fix, become the positive bounds they stand for, so that functionalize_view_writes can
+    rewrite the writes (it takes bounds >= 0 only: before the types, a negative bound's
+    place is not known). Returns how many slices changed."""
+    count = 0
+    for write in nodes_of(graph, _WRITES):
+        view = write.inputsAt(0).node()
+        while view.kind() == "aten::slice" and len(list(view.inputs())) == 5:
+            source, dim = view.inputsAt(0), view.inputsAt(1).toIValue() \
+                if view.inputsAt(1).node().kind() == "prim::Constant" else None
+            sizes = source.type().symbolic_sizes() \
+                if isinstance(source.type(), torch._C.TensorType) else None
+            if isinstance(dim, int) and sizes is not None and -len(sizes) <= dim < len(sizes) \
+                    and sizes[dim] >= 0:
+                for position in (2, 3):
+                    bound = view.inputsAt(position)
+                    value = bound.toIValue() if bound.node().kind() == "prim::Constant" \
+                        else None
+                    if isinstance(value, int) and value < 0:
+                        with graph.insert_point_guard(view):
+                            view.replaceInput(position, graph.insertConstant(
+                                max(value + sizes[dim], 0)))
+                        count += 1
+            view = source.node()
+    return count
+
+
 def simplify_shapes(graph: torch._C.Graph) -> None:
     """With shapes known: size()/dim() fold, splits of known sizes become slices, which
     opens more of the structure passes; to a fixed point. fold_sizes comes before the
