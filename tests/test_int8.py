@@ -505,6 +505,13 @@ class StaticLinears(torch.nn.Module):
         return self.dequantize_again(self.second(self.quantize_again(h)))
 
 
+class WritesAfterQuantizing(StaticLinears):
+    def forward(self, x):
+        q = self.quantize(x)
+        x.mul_(2.0)  # the quantized copy holds the values of before
+        return self.dequantize(self.first(q)), x
+
+
 @pytest.mark.parametrize("qconfig", ["per_tensor", "per_channel"])
 def test_static_quantized_linears_compile_to_eager_s_numbers(qconfig):
     """torch.ao.quantization's static quantized::linear between quantize_per_tensor and
@@ -515,8 +522,9 @@ def test_static_quantized_linears_compile_to_eager_s_numbers(qconfig):
         pytest.skip("this CPU has no int8 dot product")
     torch.manual_seed(0)
     model = StaticLinears().eval()
-    model.qconfig = {"per_tensor": torch.ao.quantization.default_qconfig,
-                     "per_channel": torch.ao.quantization.get_default_qconfig("x86")}[qconfig]
+    chosen = {"per_tensor": torch.ao.quantization.default_qconfig,
+              "per_channel": torch.ao.quantization.get_default_qconfig("x86")}[qconfig]
+    model.qconfig = chosen
     torch.ao.quantization.prepare(model, inplace=True)
     for _ in range(8):
         model(torch.randn(16, 32))
@@ -532,6 +540,17 @@ def test_static_quantized_linears_compile_to_eager_s_numbers(qconfig):
     report = assert_ran_compiled(optimized)
     assert report.coverage == 1.0 and [c.precision for c in report.clusters] == ["int8"], \
         str(report)
+    torch.manual_seed(0)
+    writes = WritesAfterQuantizing().eval()
+    writes.qconfig = chosen
+    torch.ao.quantization.prepare(writes, inplace=True)
+    writes(torch.randn(16, 32))
+    torch.ao.quantization.convert(writes, inplace=True)
+    optimized = blade.optimize(writes, (x.clone(),))
+    with torch.no_grad():
+        (got, got_x), (expected, expected_x) = optimized(x.clone()), writes(x.clone())
+    assert float((got - expected).abs().max()) <= writes.first.scale * 1.001
+    assert torch.equal(got_x, expected_x)
 
 
 class ConvHead(torch.nn.Module):

@@ -163,6 +163,10 @@ def test_dynamic_dims_that_the_model_refuses_are_a_clear_error():
     with pytest.raises(ValueError, match="dim 2 of input 0 may vary, but the model fails"):
         blade.optimize(Hidden().eval(), (torch.randn(4, 5, 32),),
                        blade.Config(dynamic_dims={0: [2]}))
+    # Named beside one the model takes, the refused dim is still named, not made static.
+    with pytest.raises(ValueError, match="dim 2 of input 0 may vary, but the model fails"):
+        blade.optimize(Hidden().eval(), (torch.randn(4, 5, 32),),
+                       blade.Config(dynamic_dims={0: [0, 2]}))
     with pytest.raises(ValueError, match="input 3"):
         blade.optimize(Hidden().eval(), (torch.randn(4, 5, 32),),
                        blade.Config(dynamic_dims={3: [0]}))

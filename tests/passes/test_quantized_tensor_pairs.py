@@ -105,3 +105,31 @@ def test_the_pass_rewrites_the_pairs_and_counts_the_quantized_tensors():
     assert "aten::quantize_per_tensor" in before and rewritten == 1
     assert "aten::quantize_per_tensor" not in after and "aten::int_repr" not in after
     assert "aten::dequantize" not in after and "aten::round" in after
+
+
+class WritesAfterQuantizing(torch.nn.Module):
+    def forward(self, x, integers):
+        q = torch.quantize_per_tensor(x, 0.1, 0, torch.quint8)
+        r = q.int_repr()
+        r.zero_()                      # the quantized tensor keeps its values
+        made = torch._make_per_tensor_quantized_tensor(integers, 0.5, 3)
+        integers.add_(1)               # made copied the integers before this write
+        return r, q.dequantize(), q.int_repr(), made.dequantize(), made.int_repr()
+
+
+def test_reads_see_the_values_of_when_the_quantized_tensor_was_made():
+    inputs = (torch.rand(4, 5) * 20, torch.randint(-100, 100, (4, 5), dtype=torch.int8))
+    expected = WritesAfterQuantizing()(*[t.clone() for t in inputs])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimized = blade.optimize(WritesAfterQuantizing(), tuple(t.clone() for t in inputs))
+    got = optimized(*[t.clone() for t in inputs])
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+
+
+def test_qint32_saturates_as_eager_does():
+    model = IntRepr(1.0, 0, torch.qint32)
+    x = torch.tensor([3e9, -3e9, 2147483000.0, 5.0])
+    _, report = run_compiled(model, (x,), rtol=0, atol=0)
+    assert report.coverage == 1.0, str(report)

@@ -148,7 +148,9 @@ def find_dynamic_groups(run: Callable[[Tuple], object], inputs: Tuple,
     """
     if dynamic_dims:
         groups = _groups_by_size(_explicit_dims(dynamic_dims, inputs), inputs)
-        groups = [g for group in groups for g in _split_by_need(run, inputs, group)] or groups
+        split = [g for group in groups for g in _split_by_need(run, inputs, group)]
+        if sorted(d for g in split for d in g.dims) == sorted(d for g in groups for d in g.dims):
+            groups = split  # else a named dim the model refuses: the check below says so
         try:
             run(with_groups_resized(inputs, groups))
         except Exception as e:

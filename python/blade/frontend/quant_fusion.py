@@ -278,9 +278,12 @@ _LOWERINGS = {
 # and their range.
 _QUANTIZED_DTYPES = {12: (1, -128, 127),      # qint8 -> int8
                      13: (0, 0, 255),         # quint8 -> uint8
-                     14: (3, -2**31, 2**31 - 1)}  # qint32 -> int32
+                     # qint32 -> int32, clamped below 2**31 in float32 (2**31 - 1 is
+                     # 2**31 there, which overflows); above, 2**31 - 1 as eager's
+                     14: (3, -2**31, 2147483520)}
 _READERS = ("aten::dequantize.self", "aten::int_repr")
 _READERS_KINDS = ("aten::dequantize", "aten::int_repr")
+_DEQUANTIZED = "dequantized"  # the first dequantize's result, which later ones copy
 _MAKERS = ("aten::quantize_per_tensor", "aten::_make_per_tensor_quantized_tensor",
            "aten::_make_per_channel_quantized_tensor")
 
@@ -291,8 +294,11 @@ def quantized_tensor_pairs(graph: torch._C.Graph) -> int:
     `_make_per_tensor_quantized_tensor` / `_make_per_channel_quantized_tensor` of integer
     values, each read only by `dequantize` (their float values) or `int_repr` (their
     integers). Engines hold no quantized dtype, so these pairs would stay TorchScript.
-    Quantizing rounds `x * (1 / scale) + zero_point` half to even, in float32 throughout,
-    as eager's kernels do (PT2E's definition, `lower`'s, rounds before adding). Returns how many quantized tensors were rewritten."""
+    Quantizing rounds `x * (1 / scale) + zero_point` half to even in float32, as eager's
+    kernels do (PT2E's definition, `lower`'s, rounds before adding); where eager's vector
+    code fuses the multiply and add, a value within a float rounding of a half may land a
+    step apart. Every value is made where the quantized tensor was, and every read gets a
+    tensor of its own. Returns how many quantized tensors were rewritten."""
     count = 0
     makers = [n for n in all_nodes(graph) if n.kind() in _MAKERS]  # before any is rewritten
     for node in makers:
@@ -302,19 +308,27 @@ def quantized_tensor_pairs(graph: torch._C.Graph) -> int:
         users = [use.user for use in node.output().uses()]
         if not users or not all(_reads_quantized(u) for u in users):
             continue
+        # Everything is made where the quantized tensor was: its values are fixed then
+        # (eager copies the integers it is made of), whatever writes come later.
         with graph.insert_point_guard(node):
-            values = made(graph)
-        integers, fresh, dequantized = values
-        for user in users:
-            with graph.insert_point_guard(user):
+            integers, fresh, dequantized = made(graph)
+            values = dequantized(graph) if any(
+                u.kind() == "aten::dequantize" for u in users) else None
+            results = {}
+            for user in users:
+                # Each read returns a tensor of its own, as eager's do.
                 if user.kind() == "aten::dequantize":
-                    result = dequantized(graph)
-                elif fresh:  # int_repr returns a tensor of its own, as this one is
+                    result, values = (values, None) if values is not None else \
+                        (_clone(graph, results[_DEQUANTIZED], None), None)
+                    results.setdefault(_DEQUANTIZED, result)
+                elif fresh:
                     result, fresh = integers, False
                 else:
                     result = _clone(graph, integers, None)
-            result.setType(user.output().type())
-            user.output().replaceAllUsesWith(result)
+                results[user] = result
+        for user in users:
+            results[user].setType(user.output().type())
+            user.output().replaceAllUsesWith(results[user])
             user.destroy()
         node.destroy()
         count += 1
@@ -347,8 +361,12 @@ def _quantized_tensor(node: torch._C.Node):
         def quantized(graph):
             shifted = _op(graph, "aten::add", _op(graph, "aten::mul", x, inverse),
                           int(zero_point))
-            clamped = _op(graph, "aten::clamp", _op(graph, "aten::round", shifted), low, high)
+            rounded = _op(graph, "aten::round", shifted)
+            clamped = _op(graph, "aten::clamp", rounded, low, high)
             integers = _op(graph, "aten::to", clamped, code)
+            if code == 3:  # int32 saturates at 2**31 - 1, which float32 cannot hold
+                integers = _op(graph, "aten::masked_fill", integers, _op(
+                    graph, "aten::ge", rounded, 2.0 ** 31), 2**31 - 1)
             return integers, True, lambda g: _dequantize(g, [
                 integers, g.insertConstant(float(scale)), g.insertConstant(int(zero_point))])[0]
         return quantized
@@ -356,7 +374,8 @@ def _quantized_tensor(node: torch._C.Node):
         x, scale, zero_point = node.inputs()
         if _constant(scale) is None or _constant(zero_point) is None:
             return None
-        return lambda graph: (x, False, lambda g: _dequantize(g, [x, scale, zero_point])[0])
+        return lambda graph: (_clone(graph, x, None), True,
+                              lambda g: _dequantize(g, [x, scale, zero_point])[0])
     if kind == "aten::_make_per_channel_quantized_tensor":
         x, scales, zero_points, axis = node.inputs()
         if _constant(axis) is None:
@@ -369,7 +388,7 @@ def _quantized_tensor(node: torch._C.Node):
             scaled = _op(g, "aten::mul", shifted, _op(g, "aten::to", scales, _FLOAT32))
             back = _op(g, "aten::movedim", scaled, -1, axis)
             return _clone(g, back, _CONTIGUOUS)  # a tensor of its own, as eager's
-        return lambda graph: (x, False, dequantized)
+        return lambda graph: (_clone(graph, x, None), True, dequantized)
     return None
 
 

@@ -506,9 +506,10 @@ def from_dynamic_quantized(graph: torch._C.Graph) -> int:
     return count
 
 
-def _packed_int8_weight(graph: torch._C.Graph, node: torch._C.Node):
+def _packed_int8_weight(graph: torch._C.Graph, node: torch._C.Node,
+                        at: Optional[torch._C.Node] = None):
     """The int8 values, per-row scales, layer name and bias (a constant inserted before
-    `node`) of the constant packed weight that `node` (a quantized::linear*) reads, when
+    `at`, else `node`) of the constant packed weight that `node` (a quantized::linear*) reads, when
     it is symmetric int8 (zero points 0, per tensor or per output channel); else None."""
     packed = node.inputsAt(1)
     if packed.node().kind() != "prim::Constant":
@@ -528,7 +529,7 @@ def _packed_int8_weight(graph: torch._C.Graph, node: torch._C.Node):
     else:
         return None
     values = weight.int_repr().detach().contiguous()
-    with graph.insert_point_guard(node):
+    with graph.insert_point_guard(at or node):
         bias_value = graph.insertConstant(bias.detach().float().contiguous() if bias is not None
                                           else None)
     name = packed.debugName()
@@ -563,11 +564,17 @@ def from_static_quantized(graph: torch._C.Graph) -> int:
                 not isinstance(zero_point, int) or not isinstance(output_range[0], float) or \
                 not isinstance(output_range[1], int):
             continue
-        weight = _packed_int8_weight(graph, node)
+        activation = source.inputsAt(0).type()
+        if isinstance(activation, torch._C.TensorType) and \
+                activation.scalarType() not in (None, "Float"):
+            continue  # the int8 layer takes float32
+        weight = _packed_int8_weight(graph, node, at=source)
         if weight is None:
             continue
         values, scales, name, bias = weight
-        with graph.insert_point_guard(node):
+        # Made where the activation was quantized: the layer reads the float values of
+        # then, as the quantized copy eager makes there holds them, whatever writes follow.
+        with graph.insert_point_guard(source):
             int8_range = graph.insertConstant(torch.tensor([scale, float(zero_point)]))
             out_range = graph.insertConstant(torch.tensor([output_range[0],
                                                            float(output_range[1])]))
@@ -575,9 +582,9 @@ def from_static_quantized(graph: torch._C.Graph) -> int:
             weights = (graph.insertConstant(values), graph.insertConstant(scales))
         layer = graph.create(QUANTIZED_LINEAR, [source.inputsAt(0), *weights, bias,
                                                 int8_range, out_range, none], 1)
-        layer.insertBefore(node)
+        layer.insertBefore(source)
         weights[0].setDebugName(f"{name}.weight_int8")
-        with graph.insert_point_guard(node):
+        with graph.insert_point_guard(source):
             # The uint8 result, carried as int8 bytes: (byte & 255 - zero point) * scale.
             def op(kind, *operands):
                 return graph.insert(kind, [v if isinstance(v, torch._C.Value)
