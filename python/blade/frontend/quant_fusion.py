@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from blade.graph_queries import all_nodes
+from blade.graph_queries import all_nodes, schema_name
 from blade.frontend.quantize import QUANTIZED_CONV2D, QUANTIZED_LINEAR
 
 _PREFIX = "quantized_decomposed::"
@@ -282,8 +282,6 @@ _QUANTIZED_DTYPES = {12: (1, -128, 127),      # qint8 -> int8
                      # 2**31 there, which overflows); above, 2**31 - 1 as eager's
                      14: (3, -2**31, 2147483520)}
 _READERS = ("aten::dequantize.self", "aten::int_repr")
-_READERS_KINDS = ("aten::dequantize", "aten::int_repr")
-_DEQUANTIZED = "dequantized"  # the first dequantize's result, which later ones copy
 _MAKERS = ("aten::quantize_per_tensor", "aten::_make_per_tensor_quantized_tensor",
            "aten::_make_per_channel_quantized_tensor")
 
@@ -314,13 +312,13 @@ def quantized_tensor_pairs(graph: torch._C.Graph) -> int:
             integers, fresh, dequantized = made(graph)
             values = dequantized(graph) if any(
                 u.kind() == "aten::dequantize" for u in users) else None
+            values_taken = False
             results = {}
             for user in users:
                 # Each read returns a tensor of its own, as eager's do.
                 if user.kind() == "aten::dequantize":
-                    result, values = (values, None) if values is not None else \
-                        (_clone(graph, results[_DEQUANTIZED], None), None)
-                    results.setdefault(_DEQUANTIZED, result)
+                    result = _clone(graph, values, None) if values_taken else values
+                    values_taken = True
                 elif fresh:
                     result, fresh = integers, False
                 else:
@@ -337,10 +335,7 @@ def quantized_tensor_pairs(graph: torch._C.Graph) -> int:
 
 def _reads_quantized(node: torch._C.Node) -> bool:
     """`dequantize(q)` or `int_repr(q)`, the reads `quantized_tensor_pairs` rewrites."""
-    if node.kind() not in _READERS_KINDS or node.schema() == "(no schema)":
-        return False
-    schema = torch._C.parse_schema(node.schema())
-    return f"{schema.name}.{schema.overload_name}".rstrip(".") in _READERS
+    return schema_name(node) in _READERS
 
 
 def _quantized_tensor(node: torch._C.Node):
