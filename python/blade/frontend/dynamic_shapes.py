@@ -108,8 +108,9 @@ def _split_by_need(run: Callable[[Tuple], object], inputs: Tuple,
     split, rest = [], []
     for dims in classes.values():
         (split if taken(dims) else rest).append(dims)
-    if len(rest) > 1 and taken([d for dims in rest for d in dims]):
-        split.append([d for dims in rest for d in dims])
+    together = [d for dims in rest for d in dims]
+    if len(rest) > 1 and taken(together):
+        split.append(together)
     split = [DynamicGroup(group.size, sorted(dims)) for dims in split]
     if len(split) > 1:
         try:

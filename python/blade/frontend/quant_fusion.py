@@ -25,6 +25,7 @@ import torch
 
 from blade.graph_queries import all_nodes, schema_name
 from blade.frontend.quantize import QUANTIZED_CONV2D, QUANTIZED_LINEAR
+from blade.frontend.quantize import insert_op as _op  # shared with from_static_quantized
 
 _PREFIX = "quantized_decomposed::"
 # TorchScript's ScalarType numbers.
@@ -186,12 +187,6 @@ def lower(graph: torch._C.Graph) -> int:
         node.destroy()
         count += 1
     return count
-
-
-def _op(graph, kind: str, *operands):
-    values = [v if isinstance(v, torch._C.Value) else graph.insertConstant(v)
-              for v in operands]
-    return graph.insert(kind, values)
 
 
 def _float32_scale(graph, scale):

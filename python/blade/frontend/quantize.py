@@ -537,6 +537,12 @@ def _packed_int8_weight(graph: torch._C.Graph, node: torch._C.Node,
     return values, scales, name[:-len(suffix)] if name.endswith(suffix) else name, bias_value
 
 
+def insert_op(graph: torch._C.Graph, kind: str, *operands) -> torch._C.Value:
+    """`kind` called on `operands` (Python values become constants), at the insert point."""
+    return graph.insert(kind, [v if isinstance(v, torch._C.Value) else graph.insertConstant(v)
+                               for v in operands])
+
+
 def from_static_quantized(graph: torch._C.Graph) -> int:
     """A model quantized before optimize with eager-mode static quantization
     (`torch.ao.quantization.prepare` / `convert`): each `quantized::linear` between a
@@ -586,12 +592,11 @@ def from_static_quantized(graph: torch._C.Graph) -> int:
         weights[0].setDebugName(f"{name}.weight_int8")
         with graph.insert_point_guard(source):
             # The uint8 result, carried as int8 bytes: (byte & 255 - zero point) * scale.
-            def op(kind, *operands):
-                return graph.insert(kind, [v if isinstance(v, torch._C.Value)
-                                           else graph.insertConstant(v) for v in operands])
-            unsigned = op("aten::bitwise_and", op("aten::to", layer.output(), _INT32), 255)
-            dequantized = op("aten::mul", op("aten::sub", op("aten::to", unsigned, _FLOAT32),
-                                             output_range[1]), output_range[0])
+            unsigned = insert_op(graph, "aten::bitwise_and",
+                                 insert_op(graph, "aten::to", layer.output(), _INT32), 255)
+            dequantized = insert_op(graph, "aten::mul", insert_op(
+                graph, "aten::sub", insert_op(graph, "aten::to", unsigned, _FLOAT32),
+                output_range[1]), output_range[0])
         for reader in readers:
             reader.output().replaceAllUsesWith(dequantized)
             reader.destroy()

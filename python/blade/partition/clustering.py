@@ -1,6 +1,7 @@
 """Clusters of compilable nodes: the registry's verdict on every node, acyclic clusters of
 the supported ones (csrc/passes/cluster), and a cluster that failed to compile dissolved
 again, the node its error names refused and the rest clustered anew."""
+import functools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -76,6 +77,15 @@ def returned_input_views(graph: torch._C.Graph) -> List[torch._C.Node]:
     return [n for n in nodes if n in kept]
 
 
+@functools.lru_cache(maxsize=None)
+def _aliased_arguments(schema: str, undeclared_view: bool) -> Tuple[bool, ...]:
+    """Which arguments the schema's result may alias, parsed once per schema. A view
+    whose schema does not say so (_unsafe_view) views its first operand."""
+    arguments = torch._C.parse_schema(schema).arguments
+    return tuple(a.alias_info is not None or (i == 0 and undeclared_view)
+                 for i, a in enumerate(arguments))
+
+
 def _views_an_aliased_value(node: torch._C.Node, aliased, inputs) -> bool:
     """Whether `node` views a value of `aliased` (its aliased operand, by its schema), its
     other tensor operands being graph inputs or constants; or takes an element of such a
@@ -85,10 +95,7 @@ def _views_an_aliased_value(node: torch._C.Node, aliased, inputs) -> bool:
             isinstance(node.inputsAt(0).type(), torch._C.ListType)
     if not is_view(node) or node.schema() == "(no schema)":
         return False
-    arguments = torch._C.parse_schema(node.schema()).arguments
-    # A view whose schema does not say so (_unsafe_view) views its first operand.
-    aliases = [a.alias_info is not None or (i == 0 and node.kind() in UNDECLARED_VIEWS)
-               for i, a in enumerate(arguments)]
+    aliases = _aliased_arguments(node.schema(), node.kind() in UNDECLARED_VIEWS)
     viewed = [v for alias, v in zip(aliases, node.inputs()) if alias]
     others = [v for alias, v in zip(aliases, node.inputs()) if not alias and
               isinstance(v.type(), torch._C.TensorType)]
