@@ -455,3 +455,28 @@ def test_every_cpp_pass_has_a_test_file():
     passes = {p.stem for p in (ROOT / "csrc" / "passes").glob("*.h")} - {"uses"}
     tested = {p.stem[len("test_"):] for p in HERE.glob("test_*.py")}
     assert not passes - tested, sorted(passes - tested)
+
+
+class TwiceDequantized(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.quantize = torch.ao.quantization.QuantStub()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(self.quantize(x))
+        return y.dequantize(), y.dequantize()
+
+
+def test_from_static_quantized_leaves_a_result_dequantized_twice():
+    """Two dequantize calls return two tensors in eager; one rewritten value would be
+    shared by both."""
+    if not blade.int8_supported():
+        pytest.skip("this CPU has no int8 dot product")
+    model = TwiceDequantized().eval()
+    model.qconfig = torch.ao.quantization.default_qconfig
+    torch.ao.quantization.prepare(model, inplace=True)
+    model(torch.randn(4, 8))
+    torch.ao.quantization.convert(model, inplace=True)
+    _, rewritten, after, _ = run_pass(model, (torch.randn(4, 8),), "from_static_quantized")
+    assert rewritten == 0 and "quantized::linear" in after

@@ -547,18 +547,18 @@ def from_static_quantized(graph: torch._C.Graph) -> int:
     """A model quantized before optimize with eager-mode static quantization
     (`torch.ao.quantization.prepare` / `convert`): each `quantized::linear` between a
     `quantize_per_tensor` (uint8, constant scale and zero point) of a float activation
-    and `dequantize`s of its result becomes Blade's int8 layer with the same int8 weight
-    and scales, the input quantized with that scale and zero point and the result rounded
-    to uint8 with the layer's output scale and zero point (oneDNN), then dequantized:
-    eager's numbers, but for float32 rounding before the output's rounding. Returns how
-    many layers it rewrote."""
+    and the one `dequantize` of its result (two would share one tensor) becomes Blade's
+    int8 layer with the same int8 weight and scales, the input quantized with that scale
+    and zero point and the result rounded to uint8 with the layer's output scale and
+    zero point (oneDNN), then dequantized: eager's numbers, but for float32 rounding
+    before the output's rounding. Returns how many layers it rewrote."""
     count = 0
     for node in graph.findAllNodes("quantized::linear", True):
         x, _, out_scale, out_zero_point = node.inputs()
         source = x.node()
         readers = [use.user for use in node.output().uses()]
         if source.kind() != "aten::quantize_per_tensor" or source.schema() == "(no schema)" \
-                or not readers or any(r.kind() != "aten::dequantize" or
+                or len(readers) != 1 or any(r.kind() != "aten::dequantize" or
                                       r.inputsAt(0) is not node.output() or
                                       len(list(r.inputs())) != 1 for r in readers):
             continue
