@@ -156,6 +156,78 @@ def test_chained_convolutions_pass_uint8_nhwc_with_the_same_answer():
     torch.testing.assert_close(second(carried), second(plain), rtol=1e-5, atol=1e-5)
 
 
+def uint8_bytes(x, scale, zero_point):
+    """`x` (float32 [N, C, H, W]) rounded to uint8, as the int8 [N, H, W, C] bytes that int8
+    layers hand on."""
+    xq = torch.clamp(torch.round(x / scale) + zero_point, 0, 255).to(torch.uint8)
+    return xq.permute(0, 2, 3, 1).contiguous().view(torch.int8)
+
+
+def from_bytes(carried, scale, zero_point):
+    return (carried.view(torch.uint8).permute(0, 3, 1, 2).double() - zero_point) * scale
+
+
+@pytest.mark.parametrize("accum_kind", ["float", "uint8"])
+@pytest.mark.parametrize("output_kind", ["float", "uint8"])
+@pytest.mark.parametrize("post_op", ["none", "relu"])
+@pytest.mark.parametrize("dot_product", [True, False])
+def test_quantized_conv2d_add_matches_its_definition(accum_kind, output_kind, post_op,
+                                                     dot_product):
+    """post_op(conv + accum) for every mix of float32 and uint8 operands and result, with
+    and without int8 dot products, and the accum is left as it was."""
+    if dot_product and not HAS_INT8:
+        pytest.skip("this CPU lacks VNNI, AVX-VNNI and AMX")
+    torch.manual_seed(6)
+    weight_q, weight_scale = q.quantize_weight(torch.randn(16, 8, 3, 3) * 0.1)
+    x, bias = torch.randn(2, 8, 9, 7), torch.randn(16)
+    accum = torch.randn(2, 16, 5, 4) * 2
+    accum_range = torch.tensor([0.02, 120.0])
+    operand = accum if accum_kind == "float" else uint8_bytes(accum, 0.02, 120)
+    before = operand.clone()
+    added = accum.double() if accum_kind == "float" else from_bytes(operand, 0.02, 120)
+    want = reference_conv(x, weight_q, weight_scale, bias, 0.03, 128, 2, 1)
+    if output_kind == "uint8" and accum_kind == "float":
+        added = from_bytes(uint8_bytes(accum, 0.02, 120), 0.02, 120)  # rounded first
+    want = want + added
+    if post_op == "relu":
+        want = torch.relu(want)
+    output_range = torch.tensor([0.05, 100.0]) if output_kind == "uint8" else None
+    _C.set_int8_dot_product_allowed(dot_product)
+    try:
+        got = torch.ops.blade.quantized_conv2d_add(
+            x, weight_q, weight_scale, bias, [2, 2], [1, 1], [1, 1], 1,
+            torch.tensor([0.03, 128.0]), operand, accum_range, output_range, post_op)
+    finally:
+        _C.set_int8_dot_product_allowed(True)
+    assert torch.equal(operand, before)
+    if output_kind == "float":
+        assert got.dtype == torch.float32 and got.shape == (2, 16, 5, 4)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    else:
+        assert got.dtype == torch.int8 and got.shape == (2, 5, 4, 16)
+        low, high = -100 * 0.05, 155 * 0.05
+        error = (from_bytes(got, 0.05, 100) - want.clamp(low, high)).abs().max()
+        assert float(error) <= 0.5001 * 0.05  # rounded once
+
+
+def test_quantized_conv2d_add_names_what_is_wrong():
+    weight_q, weight_scale = q.quantize_weight(torch.randn(8, 4, 1, 1))
+
+    def call(accum, output_range=None, accum_range=(0.1, 0.0)):
+        return torch.ops.blade.quantized_conv2d_add(
+            torch.randn(1, 4, 6, 6), weight_q, weight_scale, None, [1, 1], [0, 0], [1, 1], 1,
+            torch.tensor([0.1, 0.0]), accum, torch.tensor(accum_range), output_range, "none")
+
+    with pytest.raises(RuntimeError, match=r"quantized_conv2d_add: the tensor added has sizes "
+                                           r"\[1, 8, 6, 5\] \(\[N, O, H, W\]\), the "
+                                           r"convolution makes \[1, 8, 6, 6\]"):
+        call(torch.randn(1, 8, 6, 5))
+    with pytest.raises(RuntimeError, match="accum_range needs a positive scale"):
+        call(torch.randn(1, 8, 6, 6), torch.tensor([0.1, 0.0]), (-1.0, 0.0))
+    with pytest.raises(RuntimeError, match="the tensor added must be a float32"):
+        call(torch.randn(1, 8, 6, 6).double())
+
+
 @pytest.mark.parametrize("post_op", ["relu", "gelu", "gelu_tanh"])
 def test_chained_linears_pass_uint8_with_the_same_answer(post_op):
     torch.manual_seed(5)

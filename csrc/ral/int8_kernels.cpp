@@ -22,24 +22,25 @@
 namespace blade::ral {
 namespace {
 
-c10::OperatorHandle onednn_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+c10::OperatorHandle onednn_op(const char* name, const char* overload = "") {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
 }
 
 // The activation's (scale, zero point) from the op's `input_range` operand.
-std::pair<double, int64_t> read_input_range(const at::Tensor& input_range) {
-  constexpr const char* op = "blade::quantized_linear";
+std::pair<double, int64_t> read_input_range(const at::Tensor& input_range,
+                                            const char* op = "blade::quantized_linear",
+                                            const char* name = "input_range") {
   TORCH_CHECK(input_range.scalar_type() == at::kFloat && input_range.dim() == 1 &&
                   input_range.size(0) == 2,
-              op, ": input_range must be float32 [2] (scale, zero point), got ",
+              op, ": ", name, " must be float32 [2] (scale, zero point), got ",
               input_range.scalar_type(), input_range.sizes());
   const at::Tensor values = input_range.contiguous();
   const double scale = values.data_ptr<float>()[0];
   const double zero_point = values.data_ptr<float>()[1];
   TORCH_CHECK(zero_point >= 0 && zero_point <= 255 && zero_point == std::floor(zero_point), op,
-              ": the input's zero point must be an integer in [0, 255] (uint8), got ",
+              ": ", name, "'s zero point must be an integer in [0, 255] (uint8), got ",
               zero_point);
-  TORCH_CHECK(std::isfinite(scale), op, ": the input's scale must be finite, got ", scale);
+  TORCH_CHECK(std::isfinite(scale), op, ": ", name, "'s scale must be finite, got ", scale);
   return {scale, static_cast<int64_t>(zero_point)};
 }
 
@@ -252,7 +253,7 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
   double out_scale = 1.0;
   int64_t out_zero_point = 0;
   if (output_range.has_value()) {
-    std::tie(out_scale, out_zero_point) = read_input_range(*output_range);
+    std::tie(out_scale, out_zero_point) = read_input_range(*output_range, op, "output_range");
     TORCH_CHECK(out_scale > 0, op, ": output_range needs a positive scale, got ", out_scale);
   }
   std::vector<int64_t> sizes = input.sizes().vec();
@@ -299,32 +300,41 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
   return output_range.has_value() ? result.view(at::kChar) : result;
 }
 
-at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
-                            const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                            at::IntArrayRef stride, at::IntArrayRef padding,
-                            at::IntArrayRef dilation, int64_t groups,
-                            const at::Tensor& input_range,
-                            const std::optional<at::Tensor>& output_range,
-                            c10::string_view post_op) {
-  constexpr const char* op = "blade::quantized_conv2d";
+namespace {
+
+// A convolution's operands, checked, and the ranges it runs with.
+struct ConvCall {
+  at::Tensor image;  // [N, C, H, W]: float32, or uint8 in channels_last layout (carried)
+  bool carried = false;
+  double scale = 0;
+  int64_t zero_point = 0;
+  bool quantized_out = false;
+  double out_scale = 1.0;
+  int64_t out_zero_point = 0;
+};
+
+ConvCall check_conv(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                    const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                    int64_t groups, const at::Tensor& input_range,
+                    const std::optional<at::Tensor>& output_range, c10::string_view post_op) {
+  ConvCall call;
   // A uint8 activation handed on by the layer before: [N, H, W, C] int8 (its bytes).
-  const bool carried = input.scalar_type() == at::kChar;
-  TORCH_CHECK((input.scalar_type() == at::kFloat || carried) && input.dim() == 4, op,
+  call.carried = input.scalar_type() == at::kChar;
+  TORCH_CHECK((input.scalar_type() == at::kFloat || call.carried) && input.dim() == 4, op,
               ": the input must be a float32 [N, C, H, W] tensor or the uint8 [N, H, W, C] "
               "activation of another int8 layer (as int8), got ",
               input.scalar_type(), input.sizes());
   TORCH_CHECK(post_op == "none" || post_op == "relu", op, ": post_op must be 'none' or "
               "'relu', got '", post_op, "'");
-  // The input as [N, C, H, W] (float32, or uint8 in channels_last layout).
-  const at::Tensor image = carried ? input.contiguous().view(at::kByte).permute({0, 3, 1, 2})
-                                   : input;
+  call.image = call.carried ? input.contiguous().view(at::kByte).permute({0, 3, 1, 2}) : input;
   TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 4, op,
               ": the weight must be an int8 [O, C / groups, kH, kW] tensor, got ",
               weight.scalar_type(), weight.sizes());
   TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2 && groups > 0,
               op, ": stride, padding and dilation must have 2 values and groups be positive");
-  TORCH_CHECK(image.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0, op,
-              ": the input has ", image.size(1), " channels, the weight takes ",
+  TORCH_CHECK(call.image.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0,
+              op, ": the input has ", call.image.size(1), " channels, the weight takes ",
               weight.size(1), " x ", groups, " groups");
   const int64_t out_channels = weight.size(0);
   TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.dim() == 1 &&
@@ -337,78 +347,214 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
                 op, ": the bias must be float32 [", out_channels, "], got ",
                 bias->scalar_type(), bias->sizes());
   }
-  auto [scale, zero_point] = read_input_range(input_range);
-  TORCH_CHECK(!carried || scale > 0, op, ": a uint8 input needs its scale, got ", scale);
-  if (!(scale > 0)) {
+  std::tie(call.scale, call.zero_point) = read_input_range(input_range, op);
+  TORCH_CHECK(!call.carried || call.scale > 0, op, ": a uint8 input needs its scale, got ",
+              call.scale);
+  if (!(call.scale > 0)) {
     const auto [low, high] = at::aminmax(input);
-    std::tie(scale, zero_point) = uint8_range(input.numel() ? low.item<float>() : 0.0,
-                                              input.numel() ? high.item<float>() : 0.0);
+    std::tie(call.scale, call.zero_point) =
+        uint8_range(input.numel() ? low.item<float>() : 0.0,
+                    input.numel() ? high.item<float>() : 0.0);
   }
-  double out_scale = 1.0;
-  int64_t out_zero_point = 0;
   if (output_range.has_value()) {
-    std::tie(out_scale, out_zero_point) = read_input_range(*output_range);
-    TORCH_CHECK(out_scale > 0, op, ": output_range needs a positive scale, got ", out_scale);
+    call.quantized_out = true;
+    std::tie(call.out_scale, call.out_zero_point) =
+        read_input_range(*output_range, op, "output_range");
+    TORCH_CHECK(call.out_scale > 0, op, ": output_range needs a positive scale, got ",
+                call.out_scale);
   }
-  if (!has_int8_dot_product() || input.numel() == 0) {
-    const at::Tensor x =
-        ((carried ? image : quantize_uint8(image, scale, zero_point)).to(at::kFloat) -
-         zero_point) * scale;
-    const at::Tensor w = weight.to(at::kFloat) * weight_scale.view({-1, 1, 1, 1});
-    at::Tensor y = at::conv2d(x, w, bias, stride, padding, dilation, groups);
-    if (post_op == "relu") {
-      y = at::relu(y);
-    }
-    if (!output_range.has_value()) {
-      return y;
-    }
-    return quantize_uint8(y, out_scale, out_zero_point)
-        .permute({0, 2, 3, 1}).contiguous().view(at::kChar);
+  return call;
+}
+
+// The convolution in float32 on the dequantized operands, plus `accum` (float32
+// [N, O, H, W]) where given: CPUs without int8 dot products, and empty inputs.
+at::Tensor conv_in_float(const ConvCall& call, const at::Tensor& weight,
+                         const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                         at::IntArrayRef stride, at::IntArrayRef padding,
+                         at::IntArrayRef dilation, int64_t groups,
+                         const std::optional<at::Tensor>& accum, c10::string_view post_op) {
+  const at::Tensor x =
+      ((call.carried ? call.image : quantize_uint8(call.image, call.scale, call.zero_point))
+           .to(at::kFloat) - call.zero_point) * call.scale;
+  const at::Tensor w = weight.to(at::kFloat) * weight_scale.view({-1, 1, 1, 1});
+  at::Tensor y = at::conv2d(x, w, bias, stride, padding, dilation, groups);
+  if (accum.has_value()) {
+    y = y + *accum;
   }
-  // oneDNN reads channels_last activations without a reorder.
-  const at::Tensor quantized =
-      carried ? image : quantize_uint8_channels_last(image, scale, zero_point);
-  std::vector<int64_t> key = image.sizes().vec();
+  if (post_op == "relu") {
+    y = at::relu(y);
+  }
+  if (!call.quantized_out) {
+    return y;
+  }
+  return quantize_uint8(y, call.out_scale, call.out_zero_point)
+      .permute({0, 2, 3, 1}).contiguous().view(at::kChar);
+}
+
+// The weight's oneDNN packing for this input size and range.
+at::Tensor packed_conv_weight(const ConvCall& call, const at::Tensor& weight,
+                              const at::Tensor& weight_scale, at::IntArrayRef stride,
+                              at::IntArrayRef padding, at::IntArrayRef dilation,
+                              int64_t groups) {
+  std::vector<int64_t> key = call.image.sizes().vec();
   for (auto list : {stride, padding, dilation}) {
     key.insert(key.end(), list.begin(), list.end());
   }
-  key.insert(key.end(), {groups, bits_of(scale), zero_point});
-  const at::Tensor packed = packed_weight(weight, key, [&] {
+  key.insert(key.end(), {groups, bits_of(call.scale), call.zero_point});
+  return packed_weight(weight, key, [&] {
     static const auto prepack = onednn_op("onednn::qconv_prepack");
-    torch::jit::Stack stack{weight.contiguous(), weight_scale.contiguous(), scale, zero_point,
-                            stride.vec(), padding.vec(), dilation.vec(), groups,
-                            image.sizes().vec()};
+    torch::jit::Stack stack{weight.contiguous(), weight_scale.contiguous(), call.scale,
+                            call.zero_point, stride.vec(), padding.vec(), dilation.vec(),
+                            groups, call.image.sizes().vec()};
     prepack.callBoxed(stack);
     return stack.at(0).toTensor();
   });
-  static const auto conv = onednn_op("onednn::qconv2d_pointwise");
-  torch::jit::Stack stack;
-  stack.reserve(17);
+}
+
+// The operands oneDNN's qconv2d ops take first: the uint8 input and its range, the packed
+// weight, its scales and (zero) zero points.
+void push_source(torch::jit::Stack& stack, const ConvCall& call, const at::Tensor& quantized,
+                 const at::Tensor& packed, const at::Tensor& weight_scale) {
   stack.emplace_back(quantized);
-  stack.emplace_back(scale);
-  stack.emplace_back(zero_point);
+  stack.emplace_back(call.scale);
+  stack.emplace_back(call.zero_point);
   stack.emplace_back(packed);
   stack.emplace_back(weight_scale.contiguous());
-  stack.emplace_back(at::zeros({out_channels}, weight_scale.options().dtype(at::kInt)));
+  stack.emplace_back(at::zeros({weight_scale.size(0)}, weight_scale.options().dtype(at::kInt)));
+}
+
+// Then the bias, the convolution's geometry, and the result's range and dtype (uint8 out:
+// rounded by oneDNN with the next layer's range).
+void push_geometry(torch::jit::Stack& stack, const ConvCall& call,
+                   const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                   at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
   stack.emplace_back(bias.has_value() ? c10::IValue(bias->contiguous()) : c10::IValue());
   stack.emplace_back(stride.vec());
   stack.emplace_back(padding.vec());
   stack.emplace_back(dilation.vec());
   stack.emplace_back(groups);
-  // uint8 out: requantized by oneDNN with the next layer's range.
-  stack.emplace_back(output_range.has_value() ? out_scale : 1.0);
-  stack.emplace_back(out_zero_point);
-  stack.emplace_back(static_cast<int64_t>(output_range.has_value() ? at::kByte : at::kFloat));
+  stack.emplace_back(call.out_scale);
+  stack.emplace_back(call.out_zero_point);
+  stack.emplace_back(static_cast<int64_t>(call.quantized_out ? at::kByte : at::kFloat));
+}
+
+// oneDNN's result as the op returns it: float32 channels_last [N, C, H, W], or uint8
+// [N, H, W, C] (channels_last [N, C, H, W] contiguous) handed on as its bytes.
+at::Tensor conv_result(const ConvCall& call, const at::Tensor& result) {
+  return call.quantized_out ? result.permute({0, 2, 3, 1}).contiguous().view(at::kChar)
+                            : result;
+}
+
+}  // namespace
+
+at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding,
+                            at::IntArrayRef dilation, int64_t groups,
+                            const at::Tensor& input_range,
+                            const std::optional<at::Tensor>& output_range,
+                            c10::string_view post_op) {
+  const ConvCall call = check_conv("blade::quantized_conv2d", input, weight, weight_scale, bias,
+                                   stride, padding, dilation, groups, input_range,
+                                   output_range, post_op);
+  if (!has_int8_dot_product() || input.numel() == 0) {
+    return conv_in_float(call, weight, weight_scale, bias, stride, padding, dilation, groups,
+                         std::nullopt, post_op);
+  }
+  // oneDNN reads channels_last activations without a reorder.
+  const at::Tensor quantized =
+      call.carried ? call.image
+                   : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
+  const at::Tensor packed =
+      packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
+  static const auto conv = onednn_op("onednn::qconv2d_pointwise");
+  torch::jit::Stack stack;
+  stack.reserve(17);
+  push_source(stack, call, quantized, packed, weight_scale);
+  push_geometry(stack, call, bias, stride, padding, dilation, groups);
   stack.emplace_back(std::string(post_op));
   stack.emplace_back(c10::List<std::optional<at::Scalar>>());
   stack.emplace_back(c10::IValue());
   conv.callBoxed(stack);
-  const at::Tensor result = stack.at(0).toTensor();
-  if (!output_range.has_value()) {
-    return result;
+  return conv_result(call, stack.at(0).toTensor());
+}
+
+at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weight,
+                                const at::Tensor& weight_scale,
+                                const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                at::IntArrayRef padding, at::IntArrayRef dilation,
+                                int64_t groups, const at::Tensor& input_range,
+                                const at::Tensor& accum, const at::Tensor& accum_range,
+                                const std::optional<at::Tensor>& output_range,
+                                c10::string_view post_op) {
+  constexpr const char* op = "blade::quantized_conv2d_add";
+  const ConvCall call = check_conv(op, input, weight, weight_scale, bias, stride, padding,
+                                   dilation, groups, input_range, output_range, post_op);
+  // The accum as [N, O, H, W]: float32, or uint8 in channels_last layout (carried).
+  const bool carried_accum = accum.scalar_type() == at::kChar;
+  TORCH_CHECK((accum.scalar_type() == at::kFloat || carried_accum) && accum.dim() == 4, op,
+              ": the tensor added must be a float32 [N, O, H, W] tensor or the uint8 "
+              "[N, H, W, O] activation of another int8 layer (as int8), got ",
+              accum.scalar_type(), accum.sizes());
+  const at::Tensor addend =
+      carried_accum ? accum.contiguous().view(at::kByte).permute({0, 3, 1, 2}) : accum;
+  auto [accum_scale, accum_zero_point] = read_input_range(accum_range, op, "accum_range");
+  TORCH_CHECK(accum_scale > 0 || (!carried_accum && !call.quantized_out), op,
+              ": accum_range needs a positive scale for a uint8 result or a uint8 tensor "
+              "added, got ", accum_scale);
+  // oneDNN writes into the tensor added: its sizes must be the convolution's, exactly.
+  std::vector<int64_t> made{call.image.size(0), weight.size(0)};
+  for (int64_t d = 0; d < 2; ++d) {
+    made.push_back((call.image.size(2 + d) + 2 * padding[d] -
+                    dilation[d] * (weight.size(2 + d) - 1) - 1) / stride[d] + 1);
   }
-  // channels_last uint8 [N, C, H, W] is [N, H, W, C] contiguous: handed on as its bytes.
-  return result.permute({0, 2, 3, 1}).contiguous().view(at::kChar);
+  TORCH_CHECK(addend.sizes() == at::IntArrayRef(made), op, ": the tensor added has sizes ",
+              addend.sizes(), " ([N, O, H, W]), the convolution makes ",
+              at::IntArrayRef(made));
+  const auto float_addend = [&] {
+    return carried_accum ? (addend.to(at::kFloat) - accum_zero_point) * accum_scale : addend;
+  };
+  if (!has_int8_dot_product() || input.numel() == 0) {
+    // As oneDNN would add it: a float32 accum of a uint8 sum rounded with accum_range.
+    const at::Tensor added =
+        call.quantized_out && !carried_accum
+            ? (quantize_uint8(addend, accum_scale, accum_zero_point).to(at::kFloat) -
+               accum_zero_point) * accum_scale
+            : float_addend();
+    return conv_in_float(call, weight, weight_scale, bias, stride, padding, dilation, groups,
+                         added, post_op);
+  }
+  const at::Tensor quantized =
+      call.carried ? call.image
+                   : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
+  // oneDNN writes the result into the tensor added (a private copy here), channels_last,
+  // in the result's dtype: uint8 with accum_range, or float32 (its range then unused).
+  at::Tensor sum;
+  if (call.quantized_out) {
+    sum = carried_accum ? addend.clone(at::MemoryFormat::ChannelsLast)
+                        : quantize_uint8_channels_last(addend, accum_scale, accum_zero_point);
+  } else {
+    sum = float_addend().clone(at::MemoryFormat::ChannelsLast);
+    accum_scale = 1.0;
+    accum_zero_point = 0;
+  }
+  const at::Tensor packed =
+      packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
+  static const auto conv = onednn_op("onednn::qconv2d_pointwise", "binary");
+  torch::jit::Stack stack;
+  stack.reserve(22);
+  push_source(stack, call, quantized, packed, weight_scale);
+  stack.emplace_back(sum);
+  push_geometry(stack, call, bias, stride, padding, dilation, groups);
+  stack.emplace_back(accum_scale);
+  stack.emplace_back(accum_zero_point);
+  stack.emplace_back(std::string("sum"));
+  stack.emplace_back(at::Scalar(1.0));
+  stack.emplace_back(std::string(post_op));
+  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+  stack.emplace_back(c10::IValue());
+  conv.callBoxed(stack);
+  return conv_result(call, stack.at(0).toTensor());
 }
 
 }  // namespace blade::ral

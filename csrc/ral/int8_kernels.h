@@ -1,6 +1,6 @@
 // int8 GEMMs and convolutions by weights quantized per output channel: what
-// `blade::quantized_linear` and `blade::quantized_conv2d` compute, in a compiled engine (as
-// kernel calls, kernel_calls.h) and in TorchScript alike.
+// `blade::quantized_linear`, `blade::quantized_conv2d` and `blade::quantized_conv2d_add`
+// compute, in a compiled engine (as kernel calls, kernel_calls.h) and in TorchScript alike.
 //
 // The activation is quantized per tensor to uint8 with a zero point (given, from
 // calibration, or measured on each call when the scale is not positive), the weight is
@@ -58,6 +58,22 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
                             const at::Tensor& input_range,
                             const std::optional<at::Tensor>& output_range,
                             c10::string_view post_op);
+
+// post_op(quantized_conv2d(...) + accum), in one oneDNN call (its "sum" post-op): a
+// residual block's last convolution and its add. accum is float32 [N, O, H', W'] (the
+// convolution's result sizes), or the uint8 activation of another int8 layer as its bytes,
+// int8 [N, H', W', O], with accum_range its scale and zero point. With output_range the
+// result is uint8 as quantized_conv2d's, and a float32 accum is rounded to uint8 with
+// accum_range first; without it the result is float32 and a float32 accum is added as it is.
+// The accum is never written (oneDNN's sum writes into a private copy).
+at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weight,
+                                const at::Tensor& weight_scale,
+                                const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                at::IntArrayRef padding, at::IntArrayRef dilation,
+                                int64_t groups, const at::Tensor& input_range,
+                                const at::Tensor& accum, const at::Tensor& accum_range,
+                                const std::optional<at::Tensor>& output_range,
+                                c10::string_view post_op);
 
 // The activation's uint8 values, rounded half to even as PyTorch's quantize_per_tensor.
 at::Tensor quantize_uint8(const at::Tensor& input, double scale, int64_t zero_point);

@@ -117,6 +117,10 @@ TORCH_LIBRARY(blade, m) {
         "int[] stride, int[] padding, int[] dilation, int groups, Tensor input_range, "
         "Tensor? output_range, str post_op) -> Tensor",
         quantized_conv2d);
+  m.def("quantized_conv2d_add(Tensor input, Tensor weight, Tensor weight_scale, Tensor? bias, "
+        "int[] stride, int[] padding, int[] dilation, int groups, Tensor input_range, "
+        "Tensor accum, Tensor accum_range, Tensor? output_range, str post_op) -> Tensor",
+        quantized_conv2d_add);
 
   m.def("guard_admits(__torch__.torch.classes.blade.Guard guard, Tensor?[] inputs) -> bool",
         guard_admits);

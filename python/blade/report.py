@@ -194,9 +194,12 @@ class Report:
                  f"{len(self.clusters)} engines; calibrated on {q['calibration_inputs']} "
                  f"inputs): output vs the float model on them: cosine {q['cosine']:.5f}, "
                  f"max abs error {q['max_abs_error']:.3g}"]
+        if q.get("residual_adds"):
+            lines.append(f"    {q['residual_adds']} residual adds folded into the "
+                         "convolution before them (oneDNN's sum post-op)")
         if q.get("chained"):
-            lines.append(f"    {q['chained']} layers hand uint8 activations to the next "
-                         "(ReLU/GELU and rounding in oneDNN)")
+            lines.append(f"    {q['chained']} layers hand uint8 activations to the int8 "
+                         "layers reading them (ReLU/GELU and rounding in oneDNN)")
         for name, why in sorted(q["float_layers"].items()):
             lines.append(f"    kept float32: {name}: {why}")
         if q.get("uncalibrated"):

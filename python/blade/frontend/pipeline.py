@@ -24,6 +24,7 @@ hit ends there. Then, for one Config, `build` lists:
     simplify_shapes             with shapes known: sizes fold, splits become slices, ...
     functionalize_typed_view_writes
                                 writes through slices with negative bounds, placed by types
+    hand_on_uint8               (int8) int8 layers pass uint8 to the int8 layers reading them
     duplicate_shape_arithmetic  (Config.dynamic) each use of a run-time size its own copy
     judge_ops                   the registry's verdict on every op; the report's counts
     cluster                     acyclic clusters of supported ops (partition/clustering)
@@ -52,6 +53,7 @@ from blade.engines import WRITE_BACK, compile_clusters
 from blade.frontend import finishing, typed_rewrites
 from blade.frontend.decompositions import decompose
 from blade.frontend.dynamic_shapes import find_dynamic_groups, resized_variants
+from blade.frontend.int8_handoffs import hand_on_uint8
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
 from blade.frontend.quant_fusion import quantized_tensor_pairs
 from blade.frontend.quantize import (from_dynamic_quantized, from_static_quantized,
@@ -177,6 +179,9 @@ def build(config: Config) -> List[GraphPass]:
         GraphPass("simplify_shapes", _simplify_shapes),
         GraphPass("functionalize_typed_view_writes", _functionalize_typed_view_writes),
     ]
+    if config.precision == "int8":
+        # Once the rank checks of folded batch norms, which read the layers' results, fold.
+        passes.append(GraphPass("hand_on_uint8", _hand_on_uint8))
     if config.dynamic:
         passes.append(GraphPass("duplicate_shape_arithmetic",
                                 lambda c: _C.duplicate_shape_arithmetic(c.graph)))
@@ -276,6 +281,15 @@ def _functionalize_typed_view_writes(c: GraphCompilation) -> int:
         torch._C._jit_pass_dce(c.graph)
         c.results = record_types(c.graph, c.module, c.inputs, c.resized_inputs)
     return rewritten
+
+
+def _hand_on_uint8(c: GraphCompilation) -> None:
+    """int8 layers that hand uint8 on (frontend/int8_handoffs); their results' new types
+    (uint8 bytes, NHWC for convolutions) recorded by a run on the example inputs."""
+    c.int8.chained = hand_on_uint8(c.graph)
+    if c.int8.chained:
+        torch._C._jit_pass_dce(c.graph)
+        c.results = record_types(c.graph, c.module, c.inputs, c.resized_inputs)
 
 
 def _simplify_shapes(c: GraphCompilation) -> None:

@@ -30,11 +30,11 @@ import torch
 
 from blade.graph_queries import all_nodes, argument_name, nodes_of
 from blade.frontend.inputs import ExampleInputsError, describe_inputs, failure_summary
+from blade.frontend.int8_handoffs import (QUANTIZED_CONV2D, QUANTIZED_LINEAR, ResidualAdd,
+                                          fuse_residual_adds, residual_adds)
 
-QUANTIZED_LINEAR = "blade::quantized_linear"
 # TorchScript's ScalarType numbers.
 _QUINT8, _INT32, _FLOAT32 = 13, 3, 6
-QUANTIZED_CONV2D = "blade::quantized_conv2d"
 # The ops quantized, and what each becomes.
 QUANTIZED = {"aten::linear": QUANTIZED_LINEAR, "aten::conv2d": QUANTIZED_CONV2D}
 _CONV2D = ("aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] "
@@ -61,6 +61,7 @@ class LinearLayer:
     for it."""
     node: torch._C.Node
     name: str  # the weight's attribute path (or its value's name)
+    operand: int = 0  # the operand of `node` observed (an add's: its residual operand)
     macs: int = 0  # multiply-adds of its largest call on the calibration inputs
     low: float = float("inf")
     high: float = float("-inf")
@@ -88,8 +89,10 @@ class Int8Summary:
     # never took (nn.TransformerEncoderLayer's training path), or with a computed weight.
     unreached: int = 0
     computed_weights: int = 0
-    # Convolutions that hand uint8 NHWC activations to the next (chain_layers).
+    # Layers that hand uint8 activations to the next (int8_handoffs.hand_on_uint8).
     chained: int = 0
+    # Residual adds folded into the convolution before them (int8_handoffs).
+    residual_adds: int = 0
     # Linears the calibration never reached that read a quantized weight (or rows of one):
     # int8 with the activation's scale measured on each call (int8_readers).
     uncalibrated: int = 0
@@ -104,6 +107,7 @@ class Int8Summary:
         return {"layers": self.layers, "float_layers": self.float_layers,
                 "unreached": self.unreached, "computed_weights": self.computed_weights,
                 "uncalibrated": self.uncalibrated, "chained": self.chained,
+                "residual_adds": self.residual_adds,
                 "calibration_inputs": self.calibration_inputs, "cosine": self.cosine,
                 "max_abs_error": self.max_abs_error}
 
@@ -187,23 +191,24 @@ def observe(module, graph: torch._C.Graph, layers: List[LinearLayer], run_inputs
     `run_inputs`; keeps each layer's range and a sample of its values. Returns the graph's
     own outputs per input (the float reference)."""
     copy = graph.copy()
-    originals = _linears(graph)
-    copied = _linears(copy)
+    originals = {node: k for k, node in enumerate(all_nodes(graph))}
+    copied = all_nodes(copy)
     first = next(iter(copy.nodes()))
     none = copy.insertConstant(None)
     none.node().moveBefore(first)
     tensors = torch._C.ListType(torch._C.TensorType.get())
     observed = []
     for layer in layers:
-        linear = copied[originals.index(layer.node)]
+        linear = copied[originals[layer.node]]
         # A list at the top that the layer's block appends to (a branch's value cannot be
         # returned; a loop's appends each of its runs); a clone, since an in-place op
         # after the layer would change the value.
         record = copy.create("prim::ListConstruct")
         record.output().setType(tensors)
         record.insertBefore(first)
-        clone = copy.create("aten::clone", [linear.inputsAt(0), none])
-        clone.output().setType(linear.inputsAt(0).type())
+        observed_value = linear.inputsAt(layer.operand)
+        clone = copy.create("aten::clone", [observed_value, none])
+        clone.output().setType(observed_value.type())
         clone.insertBefore(linear)
         append = copy.create("aten::append", [record.output(), clone.output()])
         append.output().setType(tensors)
@@ -234,7 +239,8 @@ def observe(module, graph: torch._C.Graph, layers: List[LinearLayer], run_inputs
         references.append(results[:len(outputs)])
         for layer, seen in zip(layers, results[len(outputs):]):
             for x in seen:
-                layer.macs = max(layer.macs, _macs(layer.node, x.shape))
+                if layer.node.kind() in QUANTIZED:
+                    layer.macs = max(layer.macs, _macs(layer.node, x.shape))
                 x = x.detach().float().reshape(-1)
                 if x.numel() == 0:
                     continue
@@ -354,7 +360,10 @@ def quantize(module, graph: torch._C.Graph, calibration: Sequence[Tuple],
     layers = candidates(graph, excluded_ops, float_layers, summary)
     if not layers:
         return summary
-    references = observe(module, graph, layers, calibration)
+    adds = [LinearLayer(add.node, add.name, operand=add.other) for add in residual_adds(
+        graph, {layer.node: layer.name for layer in layers if layer.node.kind() ==
+                "aten::conv2d"})]
+    references = observe(module, graph, layers + adds, calibration)
     summary.unreached = sum(not layer.samples for layer in layers)
     layers = [layer for layer in layers if layer.samples]
     for layer in [layer for layer in layers if layer.macs < MIN_MACS]:
@@ -374,56 +383,13 @@ def quantize(module, graph: torch._C.Graph, calibration: Sequence[Tuple],
     for layer in chosen:
         rewrite(graph, layer, summary.weights)
         summary.layers.append(layer.name)
-    summary.chained = chain_layers(graph)
+    for add in adds:
+        choose_range(add)
+    summary.residual_adds = fuse_residual_adds(graph, [
+        ResidualAdd(add.node, add.operand, add.name, add.scale, add.zero_point)
+        for add in adds if add.high >= add.low])
     return summary
 
-
-def chain_layers(graph: torch._C.Graph) -> int:
-    """An int8 layer whose result (after a ReLU or GELU, or not) is read by one other int8
-    layer of the same kind alone hands it uint8 data: oneDNN applies the activation and
-    rounds the result with the reader's input range, and the reader multiplies or convolves
-    it as it is (convolutions: NHWC), where each would otherwise write float32 (NCHW) and
-    the reader quantize it (and change its layout) again (the ops' output_range). The same
-    numbers, but for float32 rounding before the rounding to uint8. Returns how many
-    layers hand on."""
-    count = 0
-    for kind in (QUANTIZED_CONV2D, QUANTIZED_LINEAR):
-        range_at = 8 if kind == QUANTIZED_CONV2D else 4  # input_range; then output_range
-        for reader in graph.findAllNodes(kind, True):
-            value = reader.inputsAt(0)
-            activation = _post_op(value.node(), kind)
-            produced = value.node().inputsAt(0) if activation else value
-            producer = produced.node()
-            if producer.kind() != kind or len(value.uses()) != 1 or \
-                    len(produced.uses()) != 1 or \
-                    producer.owningBlock() != reader.owningBlock() or \
-                    _constant_value(producer.inputsAt(range_at + 2)) != "none" or \
-                    producer.inputsAt(range_at + 1).node().kind() != "prim::Constant" or \
-                    producer.inputsAt(range_at + 1).toIValue() is not None:
-                continue
-            values = _constant_value(reader.inputsAt(range_at))
-            if not isinstance(values, torch.Tensor) or not float(values[0]) > 0:
-                continue  # a range measured per call: not known when the producer runs
-            with graph.insert_point_guard(producer):  # the reader's constant comes later
-                producer.replaceInput(range_at + 1, graph.insertConstant(values))
-                producer.replaceInput(range_at + 2, graph.insertConstant(activation or "none"))
-            producer.output().setType(torch._C.TensorType.get())
-            reader.replaceInput(0, producer.output())
-            if activation:
-                value.node().destroy()
-            count += 1
-    return count
-
-
-def _post_op(node: torch._C.Node, kind: str) -> Optional[str]:
-    """The post-op oneDNN applies for `node` (None: not one): a ReLU, or for linear layers
-    a GELU (exact or tanh)."""
-    if node.kind() in ("aten::relu", "aten::relu_"):
-        return "relu"
-    if kind == QUANTIZED_LINEAR and node.kind() == "aten::gelu":
-        approximate = _constant_value(node.inputsAt(1))
-        return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
-    return None
 
 def int8_readers(graph: torch._C.Graph, weights: Dict[Tuple, Int8Weight]) -> Tuple[int, int]:
     """Makes every other reader of a quantized float weight, or of a block of its rows (the

@@ -1,0 +1,187 @@
+"""Where Blade's int8 layers meet (Config(precision="int8"), after frontend/quantize).
+
+Two rewrites keep data in uint8 between layers, as a quantized ResNet needs:
+
+- `fuse_residual_adds` (in quantize, on the calibrated graph): `relu?(conv + other)`,
+  where the convolution is int8 and its result is read by the add alone, becomes one
+  `blade::quantized_conv2d_add` (oneDNN's "sum" post-op, csrc/ral/int8_kernels.h). The
+  other operand's range was measured by the calibration runs (`residual_taps`), as a
+  layer's input is: it is what the operand is rounded to when the sum is uint8.
+- `hand_on_uint8` (a pipeline pass, once the shapes are simplified and the rank checks
+  of folded batch norms are gone): an int8 layer's result, after a ReLU (or GELU, for
+  linears) or not, whose every reader is an int8 layer of the same family reading it
+  with one range (as its input, or as the tensor a convolution adds) is rounded to uint8
+  with that range by the layer itself; the readers take those bytes (convolutions: NHWC)
+  instead of float32 they would round and lay out again. One rounding to uint8, as each
+  reader would have done, but for float32 rounding of the value before it.
+"""
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+import torch
+
+QUANTIZED_LINEAR = "blade::quantized_linear"
+QUANTIZED_CONV2D = "blade::quantized_conv2d"
+QUANTIZED_CONV2D_ADD = "blade::quantized_conv2d_add"
+_ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+# Operand positions: (input_range, output_range, post_op) of each op, and
+# quantized_conv2d_add's accum and accum_range.
+_RANGES = {QUANTIZED_LINEAR: (4, 5, 6), QUANTIZED_CONV2D: (8, 9, 10),
+           QUANTIZED_CONV2D_ADD: (8, 11, 12)}
+_ACCUM, _ACCUM_RANGE = 9, 10
+_CONVOLUTIONS = (QUANTIZED_CONV2D, QUANTIZED_CONV2D_ADD)
+
+
+class ResidualAdd(NamedTuple):
+    """An add of a convolution's result (its only reader) and another tensor, `other`
+    (the add's operand position), with the range calibration chose for that tensor."""
+    node: torch._C.Node
+    other: int
+    name: str  # the convolution's
+    scale: float = 1.0
+    zero_point: int = 0
+
+
+def residual_adds(graph: torch._C.Graph,
+                  convolutions: Dict[torch._C.Node, str]) -> List[ResidualAdd]:
+    """The adds that `fuse_residual_adds` may fold into one of `convolutions` (float
+    `aten::conv2d` nodes by name), for the calibration to measure their other operand."""
+    found = []
+    for add in graph.findAllNodes("aten::add", True):
+        if add.schema() != _ADD or constant_value(add.inputsAt(2)) != 1 or \
+                add.inputsAt(0) is add.inputsAt(1):
+            continue
+        for position in (0, 1):
+            name = convolutions.get(add.inputsAt(position).node())
+            if name is not None and len(add.inputsAt(position).uses()) == 1:
+                found.append(ResidualAdd(add, 1 - position, name))
+                break
+    return found
+
+
+def fuse_residual_adds(graph: torch._C.Graph, adds: Sequence[ResidualAdd]) -> int:
+    """Folds each of `adds` whose convolution became `blade::quantized_conv2d` (float32
+    result, no post-op), and the ReLU that alone reads the add, into one
+    `blade::quantized_conv2d_add` with the add's calibrated range. Returns how many."""
+    count = 0
+    for tap in adds:
+        add = tap.node
+        conv = add.inputsAt(1 - tap.other).node()
+        other = add.inputsAt(tap.other)
+        if conv.kind() != QUANTIZED_CONV2D or not tap.scale > 0 or \
+                constant_value(conv.inputsAt(9)) is not None or \
+                constant_value(conv.inputsAt(10)) != "none" or \
+                not _same_sizes(add.output(), other):
+            continue
+        result = add.output()
+        uses = result.uses()
+        relu = uses[0].user if len(uses) == 1 and \
+            uses[0].user.kind() in ("aten::relu", "aten::relu_") else None
+        with graph.insert_point_guard(add):
+            accum_range = graph.insertConstant(
+                torch.tensor([float(tap.scale), float(tap.zero_point)]))
+            operands = list(conv.inputs())[:9] + [other, accum_range,
+                                                  graph.insertConstant(None),
+                                                  graph.insertConstant("relu" if relu else
+                                                                       "none")]
+        fused = graph.create(QUANTIZED_CONV2D_ADD, operands, 1)
+        fused.insertBefore(add)
+        accum_range.setDebugName(f"{tap.name}.accum_range")
+        last = relu or add
+        fused.output().setType(last.output().type())
+        last.output().replaceAllUsesWith(fused.output())
+        for node in (relu, add, conv):
+            if node is not None:
+                node.destroy()
+        count += 1
+    return count
+
+
+def _same_sizes(a: torch._C.Value, b: torch._C.Value) -> bool:
+    """Whether the add's result has its other operand's sizes, as far as the types say
+    (an operand broadcast to the result cannot be the sum's accum); the kernel checks it
+    again on every call."""
+    ta, tb = a.type(), b.type()
+    if not isinstance(tb, torch._C.TensorType):
+        return False
+    if not isinstance(ta, torch._C.TensorType) or ta.sizes() is None or tb.sizes() is None:
+        return tb.dim() is None or tb.dim() == 4
+    return ta.sizes() == tb.sizes()
+
+
+def hand_on_uint8(graph: torch._C.Graph) -> int:
+    """Rewrites, as the module's docstring says, every int8 layer whose result may stay
+    uint8. Returns how many layers hand on uint8."""
+    count = 0
+    for kind in (QUANTIZED_CONV2D, QUANTIZED_CONV2D_ADD, QUANTIZED_LINEAR):
+        for producer in graph.findAllNodes(kind, True):
+            count += _hand_on(graph, producer)
+    return count
+
+
+def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
+    kind = producer.kind()
+    _, output_at, post_at = _RANGES[kind]
+    if constant_value(producer.inputsAt(output_at)) is not None:
+        return False
+    value = producer.output()
+    activation = None
+    uses = value.uses()
+    if constant_value(producer.inputsAt(post_at)) == "none" and len(uses) == 1:
+        activation = _post_op(uses[0].user, QUANTIZED_LINEAR if kind == QUANTIZED_LINEAR
+                              else QUANTIZED_CONV2D)
+        if activation is not None and uses[0].user.inputsAt(0) is value:
+            value = uses[0].user.output()
+        else:
+            activation = None
+    readers = value.uses()
+    family = (QUANTIZED_LINEAR,) if kind == QUANTIZED_LINEAR else _CONVOLUTIONS
+    inputs, accums = [], []
+    for use in readers:
+        user = use.user
+        if user.kind() not in family or user.owningBlock() != producer.owningBlock():
+            return False
+        if use.offset == 0 and user.inputsAt(0) is value:
+            inputs.append(user)
+        elif user.kind() == QUANTIZED_CONV2D_ADD and use.offset == _ACCUM:
+            accums.append(user)
+        else:
+            return False
+    ranges = [_range(user.inputsAt(_RANGES[user.kind()][0])) for user in inputs] or \
+        [_range(user.inputsAt(_ACCUM_RANGE)) for user in accums]
+    if not ranges or any(r is None or not r[0] > 0 or r != ranges[0] for r in ranges):
+        return False  # no reader, a range measured per call, or readers that differ
+    with graph.insert_point_guard(producer):  # the readers' constants come later
+        shared = graph.insertConstant(torch.tensor(list(ranges[0])))
+        producer.replaceInput(output_at, shared)
+        if activation is not None:
+            producer.replaceInput(post_at, graph.insertConstant(activation))
+    for user in accums:
+        user.replaceInput(_ACCUM_RANGE, shared)
+    if activation is not None:
+        value.replaceAllUsesWith(producer.output())
+        value.node().destroy()
+    return True
+
+
+def _range(value: torch._C.Value) -> Optional[tuple]:
+    """A constant range operand as (scale, zero point), or None."""
+    values = constant_value(value)
+    if not isinstance(values, torch.Tensor) or values.numel() != 2:
+        return None
+    return float(values[0]), float(values[1])
+
+
+def constant_value(value: torch._C.Value):
+    """A constant's value (None for a value no constant makes)."""
+    return value.toIValue() if value.node().kind() == "prim::Constant" else None
+
+
+def _post_op(node: torch._C.Node, kind: str) -> Optional[str]:
+    """The post-op oneDNN applies for `node` (None: not one): a ReLU, or for linear layers
+    a GELU (exact or tanh)."""
+    if node.kind() in ("aten::relu", "aten::relu_"):
+        return "relu"
+    if kind == QUANTIZED_LINEAR and node.kind() == "aten::gelu":
+        approximate = constant_value(node.inputsAt(1))
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
+    return None

@@ -1,0 +1,128 @@
+"""frontend/int8_handoffs.py: residual adds folded into int8 convolutions (in the
+"quantize_int8" pass) and uint8 handed from int8 layer to int8 layer ("hand_on_uint8")."""
+import pytest
+import torch
+
+import blade
+from blade.frontend import quantize
+from graph_runner import run_pass
+from helpers import assert_ran_compiled
+
+pytestmark = pytest.mark.skipif(not blade.int8_supported(),
+                                reason="this CPU has no int8 dot product")
+
+
+@pytest.fixture(autouse=True)
+def small_layers_quantized(monkeypatch):
+    monkeypatch.setattr(quantize, "MIN_MACS", 0)
+
+
+class Bottleneck(torch.nn.Module):
+    """ResNet's bottleneck: 1x1, 3x3, 1x1 with batch norms, and a projection shortcut
+    where the shape changes (else the identity)."""
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        nn = torch.nn
+        self.conv1, self.bn1 = nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, 4 * width, 1, bias=False), \
+            nn.BatchNorm2d(4 * width)
+        self.shortcut = nn.Identity() if stride == 1 and cin == 4 * width else \
+            nn.Sequential(nn.Conv2d(cin, 4 * width, 1, stride, bias=False),
+                          nn.BatchNorm2d(4 * width))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.bn2(self.conv2(y)))
+        return torch.relu(self.bn3(self.conv3(y)) + self.shortcut(x))
+
+
+class Blocks(torch.nn.Module):
+    """A stem (float in), a projection block, an identity block, and pooling (float out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.blocks = torch.nn.Sequential(Bottleneck(32, 16, 2), Bottleneck(64, 16, 1))
+
+    def forward(self, x):
+        return self.blocks(torch.relu(self.stem(x))).mean((2, 3))
+
+
+def blocks():
+    torch.manual_seed(0)
+    model = Blocks().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def calibration(n=4):
+    torch.manual_seed(1)
+    return [(torch.randn(2, 3, 24, 20),) for _ in range(n)]
+
+
+def test_quantize_int8_folds_residual_adds_into_the_convolution_before():
+    _, _, after, c = run_pass(blocks(), (torch.randn(2, 3, 24, 20),), "quantize_int8",
+                              blade.Config(precision="int8"), calibration())
+    # Both blocks' last convolutions take their add and the ReLU after it.
+    assert after.count("blade::quantized_conv2d_add(") == 2, after
+    assert "aten::add(" not in after
+    assert c.int8.residual_adds == 2
+
+
+def test_hand_on_uint8_keeps_blocks_in_uint8():
+    before, _, after, c = run_pass(blocks(), (torch.randn(2, 3, 24, 20),), "hand_on_uint8",
+                                   blade.Config(precision="int8"), calibration())
+    assert "Char(2, " not in before
+    # Every convolution but the last block's last hands on uint8 NHWC (the stem's result
+    # is read by the first block's 1x1 and its projection, with one range; the projection's
+    # is the first block's sum); the last one's result is pooled in float32.
+    assert c.int8.chained == 7, after
+    assert after.count("Char(2, 12, 10, 64") == 2, after  # the projection and block 1's
+    assert after.count("aten::relu(") == 0, after
+
+
+class ReadAlsoByFloat(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.second = torch.nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.first(x))
+        return self.second(y), y.sum()
+
+
+def test_hand_on_uint8_leaves_a_result_that_a_float_op_reads():
+    torch.manual_seed(2)
+    cal = [(torch.randn(1, 8, 10, 10),) for _ in range(3)]
+    _, _, after, c = run_pass(ReadAlsoByFloat().eval(), (torch.randn(1, 8, 10, 10),),
+                              "hand_on_uint8", blade.Config(precision="int8"), cal)
+    assert c.int8.chained == 0 and "Char(1, " not in after
+
+
+def test_residual_blocks_run_compiled_in_uint8_close_to_eager():
+    model, cal = blocks(), [x for (x,) in calibration(8)]
+    x = torch.randn(2, 3, 24, 20)
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    with torch.no_grad():
+        for inputs in (x, torch.randn(2, 3, 24, 20) * 1.5):
+            got, want = optimized(inputs), model(inputs)
+            cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(),
+                                                           dim=0)
+            assert float(cosine) > 0.998, float(cosine)
+            assert float((got - want).abs().max()) > 1e-5  # int8 ran
+    report = assert_ran_compiled(optimized)
+    assert report.coverage == 1.0, str(report)
+    assert report.int8["residual_adds"] == 2 and report.int8["chained"] == 7, str(report)
+    assert "2 residual adds folded into the convolution before them" in str(report)
+    with torch.no_grad():
+        engine = getattr(optimized, report.clusters[0].name)
+        torch.testing.assert_close(engine.run_code([x]), engine.run_subgraph([x]),
+                                   rtol=1e-4, atol=1e-4)
