@@ -531,7 +531,8 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
   // in the result's dtype: uint8 with accum_range, or float32 (its range then unused).
   at::Tensor sum;
   if (call.quantized_out) {
-    sum = carried_accum ? addend.clone(at::MemoryFormat::ChannelsLast)
+    // The bytes copied as they lie (NHWC), not element by element through a permuted view.
+    sum = carried_accum ? accum.contiguous().clone().view(at::kByte).permute({0, 3, 1, 2})
                         : quantize_uint8_channels_last(addend, accum_scale, accum_zero_point);
   } else {
     sum = float_addend().clone(at::MemoryFormat::ChannelsLast);
