@@ -5,7 +5,7 @@ Two rewrites keep data in uint8 between layers, as a quantized ResNet needs:
 - `fuse_residual_adds` (in quantize, on the calibrated graph): `relu?(conv + other)`,
   where the convolution is int8 and its result is read by the add alone, becomes one
   `blade::quantized_conv2d_add` (oneDNN's "sum" post-op, csrc/ral/int8_kernels.h). The
-  other operand's range was measured by the calibration runs (`residual_taps`), as a
+  other operand's range was measured by the calibration runs (`residual_adds`), as a
   layer's input is: it is what the operand is rounded to when the sum is uint8.
 - `hand_on_uint8` (a pipeline pass, once the shapes are simplified and the rank checks
   of folded batch norms are gone): an int8 layer's result, after a ReLU (or GELU, for
