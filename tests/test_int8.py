@@ -503,18 +503,29 @@ LOAD_AND_RUN = textwrap.dedent("""
 
 @needs_int8
 @pytest.mark.parametrize("cpu", ["with", "without"])
-def test_saved_int8_model_runs_in_a_fresh_process(tmp_path, cpu):
-    model, cal = mlp(), calibration(4)
-    x = torch.randn(32, 64)
+@pytest.mark.parametrize("kind", ["linears", "convolutions"])
+def test_saved_int8_model_runs_in_a_fresh_process(tmp_path, cpu, kind):
+    """Linears, or convolutions with a residual add folded into one (the op the loading
+    process must know too)."""
+    if kind == "linears":
+        model, cal = mlp(), calibration(4)
+        x = torch.randn(32, 64)
+    else:
+        torch.manual_seed(0)
+        model, cal = ConvNet().eval(), [torch.randn(2, 3, 20, 18) for _ in range(4)]
+        x = torch.randn(2, 3, 20, 18)
     optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
     with torch.no_grad():
         expected = optimized(x)
+    if kind == "convolutions":
+        assert blade.report(optimized).int8["residual_adds"] == 1
     path = tmp_path / "int8.pt"
     torch.jit.save(optimized, str(path))
-    float_path = tmp_path / "float.pt"
-    torch.jit.save(blade.optimize(model, (x,)), str(float_path))
-    # int8 weights: the file holds a quarter of the float weights' bytes, and some code.
-    assert os.path.getsize(path) < 0.5 * os.path.getsize(float_path)
+    if kind == "linears":
+        float_path = tmp_path / "float.pt"
+        torch.jit.save(blade.optimize(model, (x,)), str(float_path))
+        # int8 weights: the file holds a quarter of the float weights' bytes, and some code.
+        assert os.path.getsize(path) < 0.5 * os.path.getsize(float_path)
     torch.save((x, expected), str(tmp_path / "io.pt"))
     script = tmp_path / "run.py"
     script.write_text(LOAD_AND_RUN)
