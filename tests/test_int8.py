@@ -228,6 +228,32 @@ def test_quantized_conv2d_add_names_what_is_wrong():
         call(torch.randn(1, 8, 6, 6).double())
 
 
+@pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, channels", [
+    (3, 2, 1, 1, False, 64), (2, 2, 0, 1, True, 70), (3, 1, 1, 2, False, 130),
+    (3, 2, 0, 1, True, 5)])
+def test_quantized_max_pool2d_is_max_pool2d_of_the_bytes(kernel, stride, padding, dilation,
+                                                        ceil_mode, channels):
+    torch.manual_seed(7)
+    values = torch.randint(0, 256, (2, channels, 11, 9), dtype=torch.uint8)
+    carried = values.permute(0, 2, 3, 1).contiguous().view(torch.int8)
+    got = torch.ops.blade.quantized_max_pool2d(carried, [kernel] * 2, [stride] * 2,
+                                               [padding] * 2, [dilation] * 2, ceil_mode)
+    want = torch.nn.functional.max_pool2d(values.float(), kernel, stride, padding, dilation,
+                                          ceil_mode)
+    assert got.dtype == torch.int8
+    assert torch.equal(got.view(torch.uint8).permute(0, 3, 1, 2).float(), want)
+
+
+def test_quantized_max_pool2d_names_what_is_wrong():
+    with pytest.raises(RuntimeError, match="quantized_max_pool2d: the input must be the "
+                                           "uint8"):
+        torch.ops.blade.quantized_max_pool2d(torch.randn(1, 4, 4, 8), [2, 2], [2, 2], [0, 0],
+                                             [1, 1], False)
+    with pytest.raises(RuntimeError, match="padding at most half the kernel"):
+        torch.ops.blade.quantized_max_pool2d(torch.zeros(1, 4, 4, 8, dtype=torch.int8),
+                                             [2, 2], [2, 2], [2, 2], [1, 1], False)
+
+
 @pytest.mark.parametrize("post_op", ["relu", "gelu", "gelu_tanh"])
 def test_chained_linears_pass_uint8_with_the_same_answer(post_op):
     torch.manual_seed(5)
@@ -400,6 +426,32 @@ def test_small_layers_stay_float(monkeypatch):
     report = blade.report(optimized)
     assert report.int8["layers"] == ["0", "2"], str(report)  # 16.8M and 33.6M
     assert "0.7M multiply-adds a call" in report.int8["float_layers"]["4"], str(report)
+
+
+class TwoReaders(torch.nn.Module):
+    """A small 1x1 convolution and a large 3x3 one reading one input."""
+
+    def __init__(self):
+        super().__init__()
+        self.small = torch.nn.Conv2d(64, 8, 1)
+        self.large = torch.nn.Conv2d(64, 64, 3, padding=1)
+        self.alone = torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        return self.alone(torch.relu(self.small(x))).sum() + self.large(x).sum()
+
+
+@needs_int8
+def test_a_small_layer_beside_a_large_one_on_its_input_stays_int8(monkeypatch):
+    monkeypatch.setattr(q, "MIN_MACS", 1 << 24)
+    torch.manual_seed(0)
+    cal = [torch.randn(1, 64, 48, 48) for _ in range(2)]
+    optimized = blade.optimize(TwoReaders().eval(), (cal[0],),
+                               blade.Config(precision="int8", calibration=cal))
+    report = blade.report(optimized)
+    # small: 1.2M multiply-adds, but its input is rounded to uint8 for `large` anyway.
+    assert set(report.int8["layers"]) == {"small", "large"}, str(report)
+    assert "alone" in report.int8["float_layers"], str(report)
 
 
 @needs_int8

@@ -558,4 +558,91 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
   return conv_result(call, stack.at(0).toTensor());
 }
 
+namespace {
+
+// One output pixel's channels: the largest of the window's valid input pixels (uint8).
+__attribute__((target("avx512bw"))) void max_bytes_avx512(uint8_t* dst, const uint8_t* src,
+                                                          int64_t c) {
+  int64_t i = 0;
+  for (; i + 64 <= c; i += 64) {
+    const __m512i a = _mm512_loadu_si512(dst + i);
+    const __m512i b = _mm512_loadu_si512(src + i);
+    _mm512_storeu_si512(dst + i, _mm512_max_epu8(a, b));
+  }
+  for (; i < c; ++i) {
+    dst[i] = std::max(dst[i], src[i]);
+  }
+}
+
+void max_bytes(uint8_t* dst, const uint8_t* src, int64_t c) {
+  for (int64_t i = 0; i < c; ++i) {
+    dst[i] = std::max(dst[i], src[i]);
+  }
+}
+
+// PyTorch's pooled size of one dim.
+int64_t pooled_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation,
+                    bool ceil_mode) {
+  const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
+  int64_t out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) {
+    --out;  // the last window would start in the padding
+  }
+  return out;
+}
+
+}  // namespace
+
+at::Tensor quantized_max_pool2d(const at::Tensor& input, at::IntArrayRef kernel_size,
+                                at::IntArrayRef stride, at::IntArrayRef padding,
+                                at::IntArrayRef dilation, bool ceil_mode) {
+  constexpr const char* op = "blade::quantized_max_pool2d";
+  TORCH_CHECK(input.scalar_type() == at::kChar && input.dim() == 4, op,
+              ": the input must be the uint8 [N, H, W, C] activation of an int8 layer (as "
+              "int8), got ", input.scalar_type(), input.sizes());
+  TORCH_CHECK(kernel_size.size() == 2 && stride.size() == 2 && padding.size() == 2 &&
+                  dilation.size() == 2,
+              op, ": kernel_size, stride, padding and dilation must have 2 values");
+  for (int64_t d = 0; d < 2; ++d) {
+    TORCH_CHECK(kernel_size[d] > 0 && stride[d] > 0 && dilation[d] > 0 && padding[d] >= 0 &&
+                    padding[d] <= kernel_size[d] / 2,
+                op, ": kernel ", kernel_size, ", stride ", stride, ", padding ", padding,
+                ", dilation ", dilation, ": sizes must be positive and padding at most half "
+                "the kernel");
+  }
+  const at::Tensor x = input.contiguous();
+  const int64_t n = x.size(0), h = x.size(1), w = x.size(2), c = x.size(3);
+  const int64_t oh = pooled_size(h, kernel_size[0], stride[0], padding[0], dilation[0],
+                                 ceil_mode);
+  const int64_t ow = pooled_size(w, kernel_size[1], stride[1], padding[1], dilation[1],
+                                 ceil_mode);
+  TORCH_CHECK(oh > 0 && ow > 0, op, ": a ", h, " x ", w, " input gives no output pixel");
+  at::Tensor out = at::zeros({n, oh, ow, c}, x.options());
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(x.const_data_ptr<int8_t>());
+  uint8_t* dst = reinterpret_cast<uint8_t*>(out.data_ptr<int8_t>());
+  static const bool avx512 = has_cpu_feature("avx512bw");
+  const auto combine = avx512 ? max_bytes_avx512 : max_bytes;
+  at::parallel_for(0, n * oh, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t image = row / oh, y = row % oh;
+      for (int64_t x0 = 0; x0 < ow; ++x0) {
+        uint8_t* to = dst + ((image * oh + y) * ow + x0) * c;  // zeros: below every value
+        for (int64_t i = 0; i < kernel_size[0]; ++i) {
+          const int64_t iy = y * stride[0] - padding[0] + i * dilation[0];
+          if (iy < 0 || iy >= h) {
+            continue;
+          }
+          for (int64_t j = 0; j < kernel_size[1]; ++j) {
+            const int64_t ix = x0 * stride[1] - padding[1] + j * dilation[1];
+            if (ix >= 0 && ix < w) {
+              combine(to, src + ((image * h + iy) * w + ix) * c, c);
+            }
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace blade::ral

@@ -75,6 +75,13 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
                                 const std::optional<at::Tensor>& output_range,
                                 c10::string_view post_op);
 
+// max_pool2d of the uint8 [N, H, W, C] activation of an int8 layer (as int8 bytes), with
+// PyTorch's window arguments (stride as given, not empty): uint8 rounding keeps order, so
+// this is max_pool2d of the float values, rounded. int8 [N, H', W', C] out.
+at::Tensor quantized_max_pool2d(const at::Tensor& input, at::IntArrayRef kernel_size,
+                                at::IntArrayRef stride, at::IntArrayRef padding,
+                                at::IntArrayRef dilation, bool ceil_mode);
+
 // The activation's uint8 values, rounded half to even as PyTorch's quantize_per_tensor.
 at::Tensor quantize_uint8(const at::Tensor& input, double scale, int64_t zero_point);
 

@@ -143,7 +143,8 @@ KernelCall parse_call(const std::string& line) {
   const std::string overload = dot == std::string::npos ? "" : call.name.substr(dot + 1);
   TORCH_CHECK(op_name.rfind("aten::", 0) == 0 || op_name == "blade::quantized_linear" ||
                   op_name == "blade::quantized_conv2d" ||
-                  op_name == "blade::quantized_conv2d_add",
+                  op_name == "blade::quantized_conv2d_add" ||
+                  op_name == "blade::quantized_max_pool2d",
               "'", call.name, "' is neither an aten op nor one of Blade's int8 ops");
   // Checked here, where the code is loaded: an engine with int8 calls is refused on a CPU
   // that would run them slowly (the fallback runs them in float32, int8_kernels.h).

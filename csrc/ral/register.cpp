@@ -121,6 +121,9 @@ TORCH_LIBRARY(blade, m) {
         "int[] stride, int[] padding, int[] dilation, int groups, Tensor input_range, "
         "Tensor accum, Tensor accum_range, Tensor? output_range, str post_op) -> Tensor",
         quantized_conv2d_add);
+  m.def("quantized_max_pool2d(Tensor input, int[] kernel_size, int[] stride, int[] padding, "
+        "int[] dilation, bool ceil_mode) -> Tensor",
+        quantized_max_pool2d);
 
   m.def("guard_admits(__torch__.torch.classes.blade.Guard guard, Tensor?[] inputs) -> bool",
         guard_admits);

@@ -40,7 +40,8 @@ class Bottleneck(torch.nn.Module):
 
 
 class Blocks(torch.nn.Module):
-    """A stem (float in), a projection block, an identity block, and pooling (float out)."""
+    """A stem (float in) max-pooled, a projection block, an identity block, and pooling
+    (float out)."""
 
     def __init__(self):
         super().__init__()
@@ -48,7 +49,8 @@ class Blocks(torch.nn.Module):
         self.blocks = torch.nn.Sequential(Bottleneck(32, 16, 2), Bottleneck(64, 16, 1))
 
     def forward(self, x):
-        return self.blocks(torch.relu(self.stem(x))).mean((2, 3))
+        y = torch.nn.functional.max_pool2d(torch.relu(self.stem(x)), 3, 2, 1)
+        return self.blocks(y).mean((2, 3))
 
 
 def blocks():
@@ -80,11 +82,13 @@ def test_hand_on_uint8_keeps_blocks_in_uint8():
     before, _, after, c = run_pass(blocks(), (torch.randn(2, 3, 24, 20),), "hand_on_uint8",
                                    blade.Config(precision="int8"), calibration())
     assert "Char(2, " not in before
-    # Every convolution but the last block's last hands on uint8 NHWC (the stem's result
-    # is read by the first block's 1x1 and its projection, with one range; the projection's
-    # is the first block's sum); the last one's result is pooled in float32.
+    # Every convolution but the last block's last hands on uint8 NHWC: the stem's result
+    # is max-pooled as uint8 and read by the first block's 1x1 and its projection (one
+    # range), the projection's is the first block's sum; the last one's result is pooled
+    # in float32.
     assert c.int8.chained == 7, after
-    assert after.count("Char(2, 12, 10, 64") == 2, after  # the projection and block 1's
+    assert "blade::quantized_max_pool2d(" in after and "aten::max_pool2d" not in after
+    assert after.count("Char(2, 6, 5, 64") == 2, after  # the projection and block 1's
     assert after.count("aten::relu(") == 0, after
 
 

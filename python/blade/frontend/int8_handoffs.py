@@ -13,7 +13,9 @@ Two rewrites keep data in uint8 between layers, as a quantized ResNet needs:
   with one range (as its input, or as the tensor a convolution adds) is rounded to uint8
   with that range by the layer itself; the readers take those bytes (convolutions: NHWC)
   instead of float32 they would round and lay out again. One rounding to uint8, as each
-  reader would have done, but for float32 rounding of the value before it.
+  reader would have done, but for float32 rounding of the value before it. A max pooling
+  between a convolution and its readers (ResNet's stem) pools the uint8 bytes
+  (`blade::quantized_max_pool2d`): rounding keeps order, so that is the same answer.
 """
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
@@ -22,6 +24,7 @@ import torch
 QUANTIZED_LINEAR = "blade::quantized_linear"
 QUANTIZED_CONV2D = "blade::quantized_conv2d"
 QUANTIZED_CONV2D_ADD = "blade::quantized_conv2d_add"
+QUANTIZED_MAX_POOL2D = "blade::quantized_max_pool2d"
 _ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
 # Operand positions: (input_range, output_range, post_op) of each op, and
 # quantized_conv2d_add's accum and accum_range.
@@ -133,14 +136,16 @@ def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
             value = uses[0].user.output()
         else:
             activation = None
-    readers = value.uses()
+    # A convolution's result max-pooled (ResNet's stem) is pooled as uint8 instead.
+    pool = _max_pool(value) if kind != QUANTIZED_LINEAR else None
+    readers = pool.output().uses() if pool is not None else value.uses()
     family = (QUANTIZED_LINEAR,) if kind == QUANTIZED_LINEAR else _CONVOLUTIONS
     inputs, accums = [], []
     for use in readers:
         user = use.user
         if user.kind() not in family or user.owningBlock() != producer.owningBlock():
             return False
-        if use.offset == 0 and user.inputsAt(0) is value:
+        if use.offset == 0:
             inputs.append(user)
         elif user.kind() == QUANTIZED_CONV2D_ADD and use.offset == _ACCUM:
             accums.append(user)
@@ -160,7 +165,26 @@ def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
     if activation is not None:
         value.replaceAllUsesWith(producer.output())
         value.node().destroy()
+    if pool is not None:
+        pooled = graph.create(QUANTIZED_MAX_POOL2D, list(pool.inputs()), 1)
+        pooled.insertBefore(pool)
+        pool.output().replaceAllUsesWith(pooled.output())
+        pool.destroy()
     return True
+
+
+def _max_pool(value: torch._C.Value) -> Optional[torch._C.Node]:
+    """The `aten::max_pool2d` that alone reads `value`, with constant window arguments and
+    an explicit stride (None if not so)."""
+    uses = value.uses()
+    if len(uses) != 1 or uses[0].user.kind() != "aten::max_pool2d" or \
+            uses[0].offset != 0 or len(list(uses[0].user.inputs())) != 6:
+        return None
+    pool = uses[0].user
+    arguments = [constant_value(v) for v in list(pool.inputs())[1:]]
+    if any(a is None for a in arguments) or len(arguments[1]) != 2:
+        return None
+    return pool
 
 
 def _range(value: torch._C.Value) -> Optional[tuple]:

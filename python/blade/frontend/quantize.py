@@ -44,7 +44,8 @@ _CONV2D = ("aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[
 _CLIP_FACTORS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5)
 # Layers with fewer multiply-adds a call stay float32: quantizing the input, the layout
 # change around a convolution and the library call cost about what int8 saves there
-# (MobileNetV3's convolutions, 1-8M each, ran slower in int8 than in float32).
+# (MobileNetV3's convolutions, 1-8M each, ran slower in int8 than in float32), unless a
+# larger layer reads the same input.
 MIN_MACS = 1 << 24
 # Values of each layer's input kept per calibration input for the range search.
 _SAMPLE = 1 << 16
@@ -366,7 +367,11 @@ def quantize(module, graph: torch._C.Graph, calibration: Sequence[Tuple],
     references = observe(module, graph, layers + adds, calibration)
     summary.unreached = sum(not layer.samples for layer in layers)
     layers = [layer for layer in layers if layer.samples]
-    for layer in [layer for layer in layers if layer.macs < MIN_MACS]:
+    # A small layer whose input a large one reads too stays int8: that input is rounded to
+    # uint8 once for both (ResNet's first 1x1 beside its projection).
+    shared = {layer.node.inputsAt(0).unique() for layer in layers if layer.macs >= MIN_MACS}
+    for layer in [layer for layer in layers if layer.macs < MIN_MACS and
+                  layer.node.inputsAt(0).unique() not in shared]:
         summary.float_layers[layer.name] = (
             f"{layer.macs / 1e6:.1f}M multiply-adds a call: too few for int8 to repay "
             "quantizing its input and the call")

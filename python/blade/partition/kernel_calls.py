@@ -52,7 +52,7 @@ _NOT_FUNCTIONS = frozenset((
 
 # Blade's own ops that engines call this way (csrc/ral/int8_kernels.h).
 BLADE_OPS = frozenset(("blade::quantized_linear", "blade::quantized_conv2d",
-                       "blade::quantized_conv2d_add"))
+                       "blade::quantized_conv2d_add", "blade::quantized_max_pool2d"))
 
 
 def schema_refusal(node: torch._C.Node) -> Optional[str]:
