@@ -7,7 +7,9 @@ inputs.pt / expected.pt: a list of inputs and eager's outputs for it; strict.pt:
 model with Config(fallback="error"); flipped.pt: an engine whose code fails its checksum;
 future.pt: an engine from a format version this runtime does not know; dynamic.pt: the
 model with Config(dynamic=True), and dynamic_inputs.pt / dynamic_expected.pt: inputs of
-three batch sizes (x, y of each, in turn) and eager's outputs for each.
+three batch sizes (x, y of each, in turn) and eager's outputs for each. int8.pt (on a
+CPU with int8 dot products): int8 convolutions handing on uint8, with int8_inputs.pt and
+int8_expected.pt.
 hostile/*.pt: TanhChain with its engine edited as an attacker would (a foreign library in
 place of the code, with the original signature or re-signed by a key the tests do not
 trust; specs, params, metadata edited), and hostile_marker the file the foreign library's
@@ -78,6 +80,8 @@ def main(out: Path) -> None:
         torch.save([TanhChain()(tanh_input)], str(out / "tanh_expected.pt"))
         write_hostile_fixtures(out, out / "tanh.pt", tanh_input)
         write_state_fixtures(out)
+        if blade.int8_supported():
+            write_int8_fixtures(out)
     print(f"fixtures written to {out}")
 
 
@@ -105,6 +109,40 @@ def write_state_fixtures(out: Path) -> None:
     with torch.no_grad():
         results = [model(*states) for _ in range(2)]
     torch.save(results + states[:2], str(out / "states_expected.pt"))
+
+
+class Int8Blocks(torch.nn.Module):
+    """A max-pooled stem and a residual block: int8 convolutions that hand on uint8, a
+    residual add folded into one, a uint8 max pooling (frontend/int8_handoffs.py)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.conv1, self.conv2 = nn.Conv2d(32, 16, 1), nn.Conv2d(16, 32, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.nn.functional.max_pool2d(torch.relu(self.stem(x)), 3, 2, 1)
+        return torch.relu(self.conv2(torch.relu(self.conv1(y))) + y).mean((2, 3))
+
+
+def write_int8_fixtures(out: Path) -> None:
+    """int8.pt, int8_inputs.pt and int8_expected.pt (the optimized model's own results):
+    only on a CPU with int8 dot products."""
+    from blade.frontend import quantize
+    quantize.MIN_MACS = 0  # small layers, quantized all the same
+    model = Int8Blocks().eval()
+    calibration = [torch.randn(2, 3, 20, 18) for _ in range(4)]
+    optimized = blade.optimize(model, (calibration[0],), blade.Config(
+        precision="int8", calibration=calibration))
+    x = torch.randn(2, 3, 20, 18)
+    with torch.no_grad():
+        expected = optimized(x)
+    report = blade.report(optimized)
+    assert report.coverage == 1.0 and report.int8["residual_adds"] == 1, str(report)
+    torch.jit.save(optimized, str(out / "int8.pt"))
+    torch.save([x], str(out / "int8_inputs.pt"))
+    torch.save([expected], str(out / "int8_expected.pt"))
 
 
 def another_machines_key(out: Path) -> Path:

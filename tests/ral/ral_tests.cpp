@@ -842,6 +842,27 @@ void test_engine_writes_into_its_inputs() {
   EXPECT(engine->stats().calls == 2);
 }
 
+// int8 kernel calls (uint8 handed between convolutions, a residual add folded into one, a
+// uint8 max pooling): the saved model's own results, every call, nothing left allocated.
+void test_int8_engine_runs_its_kernel_calls() {
+  if (!std::ifstream(g_fixtures + "/int8.pt")) {
+    std::cout << "  (no int8.pt: this CPU has no int8 dot product)\n";
+    return;
+  }
+  auto module = load_model("int8.pt");
+  auto inputs = load_list("int8_inputs.pt");
+  auto expected = load_list("int8_expected.pt");
+  auto engine = engine_of(module);
+  EXPECT(engine->is_compiled());
+  int64_t live = blade_ral_live_allocations();
+  for (int i = 0; i < 20; ++i) {
+    EXPECT(at::allclose(module.forward(inputs).toTensor(), expected[0].toTensor(), 1e-5,
+                        1e-5));
+  }
+  EXPECT(blade_ral_live_allocations() == live);
+  EXPECT(engine->stats().calls == 20 && engine->stats().fallbacks == 0);
+}
+
 void test_wrong_inputs_fall_back_or_raise_per_mode() {
   auto module = load_model("model.pt");
   std::vector<c10::IValue> wrong{at::randn({3, 8}), at::randn({3, 16})};
@@ -1018,6 +1039,7 @@ int main(int argc, char** argv) {
       {"parallel_for_covers_every_row_once", test_parallel_for_covers_every_row_once},
       {"saved_model_runs_compiled_code", test_saved_model_runs_compiled_code},
       {"engine_writes_into_its_inputs", test_engine_writes_into_its_inputs},
+      {"int8_engine_runs_its_kernel_calls", test_int8_engine_runs_its_kernel_calls},
       {"wrong_inputs_fall_back_or_raise_per_mode", test_wrong_inputs_fall_back_or_raise_per_mode},
       {"dynamic_engine_serves_every_batch_and_frees_its_outputs",
        test_dynamic_engine_serves_every_batch_and_frees_its_outputs},
