@@ -174,15 +174,16 @@ def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
 
 
 def _max_pool(value: torch._C.Value) -> Optional[torch._C.Node]:
-    """The `aten::max_pool2d` that alone reads `value`, with constant window arguments and
-    an explicit stride (None if not so)."""
+    """The `aten::max_pool2d` that alone reads `value`, with constant window arguments of
+    two values each (an explicit stride) and a constant ceil_mode (None if not so)."""
     uses = value.uses()
     if len(uses) != 1 or uses[0].user.kind() != "aten::max_pool2d" or \
             uses[0].offset != 0 or len(list(uses[0].user.inputs())) != 6:
         return None
     pool = uses[0].user
-    arguments = [constant_value(v) for v in list(pool.inputs())[1:]]
-    if any(a is None for a in arguments) or len(arguments[1]) != 2:
+    *window, ceil_mode = [constant_value(v) for v in list(pool.inputs())[1:]]
+    if not isinstance(ceil_mode, bool) or \
+            any(not isinstance(a, list) or len(a) != 2 for a in window):
         return None
     return pool
 
