@@ -10,8 +10,10 @@ against float32 eager), and the peers of
 `peers.py`: onnxruntime, openvino (float32 hint) and openvino_bf16 (OpenVINO's default,
 bf16 on this CPU). The workloads are `workloads.WORKLOADS`: the six standard ones and the
 real-model sizes resnet50 ([1,3,224,224]; resnet50_b8 at batch 8), bert_base (12 encoder
-layers with distinct weights, [1,128,768]), mobilenet (MobileNetV3-Large, [1,3,224,224])
-and gpt_block; `workloads.EXTRA_WORKLOADS` run when named.
+layers with distinct weights, [1,128,768]), mobilenet (MobileNetV3-Large, [1,3,224,224]),
+efficientnet (EfficientNet-B0: MBConv, SiLU, squeeze-excitation, [1,3,224,224]), convnext
+(ConvNeXt-Tiny: 7x7 depthwise, LayerNorm over channels, GELU, [1,3,224,224]) and gpt_block;
+`workloads.EXTRA_WORKLOADS` run when named.
 
 Each row gives the backend's ratio to eager and, for workloads with GEMMs or
 convolutions, the rate it reaches (their FLOPs, counted by torch's FlopCounterMode on the

@@ -228,6 +228,118 @@ class MobileNetV3(torch.nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
+class MBConv(torch.nn.Module):
+    """EfficientNet's block: 1x1 expansion (where the ratio is not 1), depthwise k x k
+    (strided where the stage starts), squeeze-excitation (SiLU, sigmoid; squeezed to a
+    quarter of the block's input width), 1x1 projection, each convolution with BatchNorm
+    and SiLU but the last; a residual where the shape stays."""
+
+    def __init__(self, cin, cout, kernel, stride, ratio):
+        super().__init__()
+        nn = torch.nn
+        expanded = cin * ratio
+        layers = []
+        if ratio != 1:
+            layers += [nn.Conv2d(cin, expanded, 1, bias=False), nn.BatchNorm2d(expanded),
+                       nn.SiLU()]
+        layers += [nn.Conv2d(expanded, expanded, kernel, stride, kernel // 2, groups=expanded,
+                             bias=False), nn.BatchNorm2d(expanded), nn.SiLU()]
+        self.expand = nn.Sequential(*layers)
+        squeezed = max(1, cin // 4)
+        self.se_down, self.se_up = nn.Conv2d(expanded, squeezed, 1), \
+            nn.Conv2d(squeezed, expanded, 1)
+        self.project = nn.Sequential(nn.Conv2d(expanded, cout, 1, bias=False),
+                                     nn.BatchNorm2d(cout))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.expand(x)
+        scale = torch.nn.functional.adaptive_avg_pool2d(y, 1)
+        scale = torch.sigmoid(self.se_up(torch.nn.functional.silu(self.se_down(scale))))
+        y = self.project(y * scale)
+        return x + y if self.residual else y
+
+
+class EfficientNetB0(torch.nn.Module):
+    """torchvision's efficientnet_b0 architecture (written out: torchvision is not
+    installed): per stage the expansion ratio, kernel, stride, output width and block
+    count of the paper's table 1."""
+
+    STAGES = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
+              (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        layers, cin = [nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU()], 32
+        for ratio, kernel, stride, cout, count in self.STAGES:
+            for k in range(count):
+                layers.append(MBConv(cin, cout, kernel, stride if k == 0 else 1, ratio))
+                cin = cout
+        layers += [nn.Conv2d(cin, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.SiLU()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(1280, 1000)
+        trained_statistics(self)
+
+    def forward(self, x):
+        x = torch.nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+class ChannelsLayerNorm(torch.nn.Module):
+    """LayerNorm over the channels of an NCHW image, as ConvNeXt's downsampling layers
+    apply it."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(channels, eps=1e-6)
+
+    def forward(self, x):
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(torch.nn.Module):
+    """ConvNeXt's block: depthwise 7x7, LayerNorm over channels (channels last), a 4x
+    pointwise MLP with GELU, a learned per-channel scale, the residual."""
+
+    def __init__(self, channels):
+        super().__init__()
+        nn = torch.nn
+        self.depthwise = nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+        self.norm = nn.LayerNorm(channels, eps=1e-6)
+        self.up, self.down = nn.Linear(channels, 4 * channels), nn.Linear(4 * channels, channels)
+        self.gamma = nn.Parameter(torch.rand(channels) * 0.5 + 0.1)
+
+    def forward(self, x):
+        y = self.norm(self.depthwise(x).permute(0, 2, 3, 1))
+        y = self.down(torch.nn.functional.gelu(self.up(y))) * self.gamma
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXtTiny(torch.nn.Module):
+    """torchvision's convnext_tiny architecture (written out): a 4x4 stride-4 stem, stages
+    of (3, 3, 9, 3) blocks at widths (96, 192, 384, 768), LayerNorm and a 2x2 stride-2
+    convolution between stages, pooling, LayerNorm and the classifier."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        widths, depths = (96, 192, 384, 768), (3, 3, 9, 3)
+        layers = [nn.Conv2d(3, widths[0], 4, 4), ChannelsLayerNorm(widths[0])]
+        for stage, (width, depth) in enumerate(zip(widths, depths)):
+            if stage:
+                layers += [ChannelsLayerNorm(widths[stage - 1]),
+                           nn.Conv2d(widths[stage - 1], width, 2, 2)]
+            layers += [ConvNeXtBlock(width) for _ in range(depth)]
+        self.features = nn.Sequential(*layers)
+        self.norm = nn.LayerNorm(widths[-1], eps=1e-6)
+        self.classifier = nn.Linear(widths[-1], 1000)
+
+    def forward(self, x):
+        x = torch.flatten(torch.nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1)
+        return self.classifier(self.norm(x))
+
+
 class UNetDecoder(torch.nn.Module):
     """One U-Net level: a strided convolution down, x2 nearest upsampling back, the skip
     connection concatenated, a convolution."""
@@ -298,6 +410,10 @@ def build(name):
         return ResNet50().eval(), (torch.randn(8, 3, 224, 224),)
     if name == "mobilenet":
         return MobileNetV3().eval(), (torch.randn(1, 3, 224, 224),)
+    if name == "efficientnet":
+        return EfficientNetB0().eval(), (torch.randn(1, 3, 224, 224),)
+    if name == "convnext":
+        return ConvNeXtTiny().eval(), (torch.randn(1, 3, 224, 224),)
     if name == "bert_base":  # 12 encoder layers with distinct weights
         layers = [torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True, dropout=0.0)
                   for _ in range(12)]
@@ -311,5 +427,6 @@ def build(name):
 # What `make bench` runs: the six standard workloads and the real-model ones the peers are
 # compared on; EXTRA_WORKLOADS only when named.
 WORKLOADS = ("ew_chain", "ln_gelu", "softmax_attn", "mlp", "bert_layer", "convnet",
-             "resnet50", "resnet50_b8", "bert_base", "mobilenet", "gpt_block")
+             "resnet50", "resnet50_b8", "bert_base", "mobilenet", "efficientnet", "convnext",
+             "gpt_block")
 EXTRA_WORKLOADS = ("resnet18", "unet_decoder", "gpt2")

@@ -1,4 +1,7 @@
 """Real small models: every tensor compute op compiled, results equal to eager."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -30,4 +33,21 @@ def test_model_is_fully_compiled(name):
     fresh = tuple(torch.randn_like(t) if t.is_floating_point() else t for t in inputs)
     with torch.no_grad():
         torch.testing.assert_close(optimized(*fresh), model(*fresh), atol=1e-4, rtol=1e-4)
+    assert report.runtime_fallbacks == 0
+
+
+@pytest.mark.parametrize("name", ["efficientnet", "convnext"])
+def test_benchmark_convolution_networks_compile_whole(name):
+    """`make bench`'s EfficientNet-B0 and ConvNeXt-Tiny (benchmarks/workloads.py), on a
+    smaller image: one engine, every op compiled, eager's results."""
+    benchmarks = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        from workloads import build
+    finally:
+        sys.path.remove(benchmarks)
+    model, _ = build(name)
+    optimized, report = run_compiled(model, (torch.randn(1, 3, 96, 96),), atol=1e-4,
+                                     rtol=1e-4)
+    assert report.coverage == 1.0 and len(report.clusters) == 1, str(report)
     assert report.runtime_fallbacks == 0
