@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from blade import _C
 from blade.config import Config
@@ -290,6 +291,21 @@ def _hand_on_uint8(c: GraphCompilation) -> None:
     if c.int8.chained:
         torch._C._jit_pass_dce(c.graph)
         c.results = record_types(c.graph, c.module, c.inputs, c.resized_inputs)
+    if (c.int8.chained or c.int8.residual_adds) and not c.config.dynamic and \
+            all(_same_shapes(x, c.inputs) for x in c.calibration):
+        # The report's agreement with every rounding to uint8 in place; the graph is now
+        # specialized to the example's shapes, so only where the calibration has them.
+        c.int8.measure_agreement(c.module, c.graph, [private_copy(x) for x in c.calibration])
+
+
+def _same_shapes(a: Tuple, b: Tuple) -> bool:
+    """Whether two inputs have one structure, with tensors of the same shapes and dtypes
+    at the same places."""
+    (xs, a_spec), (ys, b_spec) = tree_flatten(a), tree_flatten(b)
+    return a_spec == b_spec and all(
+        isinstance(x, torch.Tensor) == isinstance(y, torch.Tensor) and
+        (not isinstance(x, torch.Tensor) or (x.shape == y.shape and x.dtype == y.dtype))
+        for x, y in zip(xs, ys))
 
 
 def _simplify_shapes(c: GraphCompilation) -> None:

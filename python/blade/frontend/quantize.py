@@ -103,6 +103,14 @@ class Int8Summary:
     max_abs_error: float = 0.0
     # Float weight (data pointer, sizes, strides) -> its int8 copy; not reported.
     weights: Dict[Tuple, Int8Weight] = field(default_factory=dict)
+    # The float graph's outputs on each calibration input (for `agreement`); not reported.
+    references: List = field(default_factory=list)
+
+    def measure_agreement(self, module, graph: torch._C.Graph, calibration) -> None:
+        """The output agreement of `graph` as it is (every int8 rewrite made) with the
+        float graph's, on the calibration inputs."""
+        self.cosine, self.max_abs_error = _agreement_with(module, graph, [], calibration,
+                                                          self.references, self.weights)
 
     def to_dict(self) -> dict:
         return {"layers": self.layers, "float_layers": self.float_layers,
@@ -364,7 +372,7 @@ def quantize(module, graph: torch._C.Graph, calibration: Sequence[Tuple],
     adds = [LinearLayer(add.node, add.name, operand=add.other) for add in residual_adds(
         graph, {layer.node: layer.name for layer in layers if layer.node.kind() ==
                 "aten::conv2d"})]
-    references = observe(module, graph, layers + adds, calibration)
+    references = summary.references = observe(module, graph, layers + adds, calibration)
     summary.unreached = sum(not layer.samples for layer in layers)
     layers = [layer for layer in layers if layer.samples]
     # A small layer whose input a large one reads too stays int8: that input is rounded to
