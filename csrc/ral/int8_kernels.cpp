@@ -6,6 +6,8 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/ConvUtils.h>
+#include <ATen/native/Pool.h>
 #include <c10/util/Exception.h>
 
 #include <immintrin.h>
@@ -503,11 +505,8 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
               ": accum_range needs a positive scale for a uint8 result or a uint8 tensor "
               "added, got ", accum_scale);
   // oneDNN writes into the tensor added: its sizes must be the convolution's, exactly.
-  std::vector<int64_t> made{call.image.size(0), weight.size(0)};
-  for (int64_t d = 0; d < 2; ++d) {
-    made.push_back((call.image.size(2 + d) + 2 * padding[d] -
-                    dilation[d] * (weight.size(2 + d) - 1) - 1) / stride[d] + 1);
-  }
+  const std::vector<int64_t> made = at::native::conv_output_size(
+      call.image.sizes(), weight.sizes(), padding, stride, dilation);
   TORCH_CHECK(addend.sizes() == at::IntArrayRef(made), op, ": the tensor added has sizes ",
               addend.sizes(), " ([N, O, H, W]), the convolution makes ",
               at::IntArrayRef(made));
@@ -580,17 +579,6 @@ void max_bytes(uint8_t* dst, const uint8_t* src, int64_t c) {
   }
 }
 
-// PyTorch's pooled size of one dim.
-int64_t pooled_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation,
-                    bool ceil_mode) {
-  const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
-  int64_t out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
-  if (ceil_mode && (out - 1) * stride >= in + pad) {
-    --out;  // the last window would start in the padding
-  }
-  return out;
-}
-
 }  // namespace
 
 at::Tensor quantized_max_pool2d(const at::Tensor& input, at::IntArrayRef kernel_size,
@@ -605,17 +593,17 @@ at::Tensor quantized_max_pool2d(const at::Tensor& input, at::IntArrayRef kernel_
               op, ": kernel_size, stride, padding and dilation must have 2 values");
   for (int64_t d = 0; d < 2; ++d) {
     TORCH_CHECK(kernel_size[d] > 0 && stride[d] > 0 && dilation[d] > 0 && padding[d] >= 0 &&
-                    padding[d] <= kernel_size[d] / 2,
+                    padding[d] <= ((kernel_size[d] - 1) * dilation[d] + 1) / 2,
                 op, ": kernel ", kernel_size, ", stride ", stride, ", padding ", padding,
                 ", dilation ", dilation, ": sizes must be positive and padding at most half "
-                "the kernel");
+                "the kernel (as dilated)");
   }
   const at::Tensor x = input.contiguous();
   const int64_t n = x.size(0), h = x.size(1), w = x.size(2), c = x.size(3);
-  const int64_t oh = pooled_size(h, kernel_size[0], stride[0], padding[0], dilation[0],
-                                 ceil_mode);
-  const int64_t ow = pooled_size(w, kernel_size[1], stride[1], padding[1], dilation[1],
-                                 ceil_mode);
+  const int64_t oh = at::native::pooling_output_shape<int64_t>(
+      h, kernel_size[0], padding[0], stride[0], dilation[0], ceil_mode);
+  const int64_t ow = at::native::pooling_output_shape<int64_t>(
+      w, kernel_size[1], padding[1], stride[1], dilation[1], ceil_mode);
   TORCH_CHECK(oh > 0 && ow > 0, op, ": a ", h, " x ", w, " input gives no output pixel");
   at::Tensor out = at::zeros({n, oh, ow, c}, x.options());
   const uint8_t* src = reinterpret_cast<const uint8_t*>(x.const_data_ptr<int8_t>());

@@ -300,12 +300,15 @@ def _hand_on_uint8(c: GraphCompilation) -> None:
 
 def _same_shapes(a: Tuple, b: Tuple) -> bool:
     """Whether two inputs have one structure, with tensors of the same shapes and dtypes
-    at the same places."""
+    and equal other values at the same places."""
     (xs, a_spec), (ys, b_spec) = tree_flatten(a), tree_flatten(b)
-    return a_spec == b_spec and all(
-        isinstance(x, torch.Tensor) == isinstance(y, torch.Tensor) and
-        (not isinstance(x, torch.Tensor) or (x.shape == y.shape and x.dtype == y.dtype))
-        for x, y in zip(xs, ys))
+
+    def alike(x, y) -> bool:
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            return x.shape == y.shape and x.dtype == y.dtype
+        return not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y
+
+    return a_spec == b_spec and all(alike(x, y) for x, y in zip(xs, ys))
 
 
 def _simplify_shapes(c: GraphCompilation) -> None:
