@@ -242,3 +242,96 @@ def test_each_graph_names_the_line_it_starts_at():
     origins = [graph.origin for graph in graphs]
     assert origins[0].startswith("test_torch_compile.py:") and origins[0].endswith(" in forward")
     assert origins[0] != origins[1] and all(o in repr(g) for o, g in zip(origins, graphs))
+
+
+class CacheWriter(torch.nn.Module):
+    """A KV cache in the style of Hugging Face's static cache: positions from a length
+    counter, the counter advanced in place, the rows written into the cache in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x, length, cache):
+        rows = self.proj(x)
+        positions = torch.arange(rows.shape[1]) + length
+        length.add_(rows.shape[1])
+        cache.index_copy_(1, positions, rows)
+        return cache * 2
+
+
+def test_compiling_does_not_write_the_calls_own_tensors():
+    """Dynamo's example inputs are the call's tensors: tracing and optimizing them must not
+    run the graph's in-place writes on them (the counter would advance twice)."""
+    model = CacheWriter().eval()
+    compiled = torch.compile(model, backend="blade")
+    before = graph_indices()
+    state = {"eager": (torch.tensor(0), torch.zeros(1, 40, 8)),
+             "blade": (torch.tensor(0), torch.zeros(1, 40, 8))}
+    with torch.no_grad():
+        for tokens in (16, 1, 1, 1):    # a prompt, then one token at a time
+            x = torch.randn(1, tokens, 8)
+            expected = model(x, *state["eager"])
+            actual = compiled(x, *state["blade"])
+            assert state["blade"][0].item() == state["eager"][0].item()
+            torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(state["blade"][1], state["eager"][1], rtol=1e-5, atol=1e-5)
+    for graph in new_graphs(before):
+        assert_ran_compiled(graph.modules[0])
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_hugging_face_generate_gives_eagers_tokens(cache):
+    """Greedy generation of a small Llama-architecture model (random weights, built from its
+    config) through backend="blade", with Hugging Face's default cache and its static
+    cache (what it recommends for compiled generation)."""
+    import transformers   # a test requirement (requirements.txt)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=500, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(config).eval()
+    if cache == "static":
+        model.generation_config.cache_implementation = "static"
+    prompt = torch.randint(0, 500, (1, 12))
+
+    def generate():
+        with torch.no_grad():
+            return model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+
+    expected = generate()
+    before = graph_indices()
+    model.forward = torch.compile(model.forward, backend="blade")
+    assert torch.equal(generate(), expected)
+    graphs = new_graphs(before)
+    assert graphs and all(g.eager_reason is None for g in graphs), graphs
+    for graph in graphs:
+        assert_ran_compiled(graph.modules[0])
+
+
+class CountingCalls(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.tensor(0))
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.proj(x) * self.calls
+
+
+def test_a_buffer_the_graph_writes_is_passed_not_frozen():
+    """Frozen, the counter would be a constant: each call would see the value it had at
+    compile time, and writes in place would make every call compile again."""
+    model, twin = CountingCalls().eval(), CountingCalls().eval()
+    twin.load_state_dict(model.state_dict())
+    compiled = torch.compile(twin, backend="blade")
+    before = graph_indices()
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+            assert twin.calls.item() == model.calls.item()
+    (graph,) = new_graphs(before)
+    assert len(graph.modules) == 1 and graph.eager_calls == 0, graph
+    assert_ran_compiled(graph.modules[0])

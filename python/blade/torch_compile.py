@@ -12,11 +12,13 @@ recompilation and graph breaks stay Dynamo's.
 
 Dynamo passes a module's parameters and buffers as graph inputs (it inlines nn.Modules).
 They are frozen into the traced graph, so that engines hold them as params (packed
-weights, constant folding) as `blade.optimize` would. Each call checks (by identity and
-version counter) that the same tensors, unmodified, are passed again; another set (another
-instance of the same module class, which shares Dynamo's graph, or weights written in
-place) gets the graph compiled again for it, up to MAX_STATE_VARIANTS sets, past which
-calls run the FX graph eagerly, counted in the graph's `eager_calls`.
+weights, constant folding) as `blade.optimize` would, except the buffers the graph writes
+in place (a step counter, a cache), which are passed on each call like the other inputs.
+Each call checks (by identity and version counter) that the same tensors, unmodified, are
+passed again; another set (another instance of the same module class, which shares
+Dynamo's graph, or weights written in place) gets the graph compiled again for it, up to
+MAX_STATE_VARIANTS sets, past which calls run the FX graph eagerly, counted in the
+graph's `eager_calls`.
 
 When a call comes with other sizes, Dynamo compiles the graph again with symbolic sizes
 (unless `torch.compile(..., dynamic=False)`): that graph is compiled with
@@ -29,6 +31,7 @@ This module imports neither the compiler nor torch-mlir nor torch._dynamo at imp
 import dataclasses
 import importlib.abc
 import importlib.machinery
+import operator
 import os
 import re
 import sys
@@ -41,6 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from blade.config import Config
+from blade.quiet import quiet_torchscript
 from blade.report import report
 
 BACKEND_NAME = "blade"
@@ -234,6 +238,52 @@ def _is_module_state(node: Optional[torch.fx.Node], value) -> bool:
     return is_from_unspecialized_param_buffer_source(grapharg.source)
 
 
+# Ops whose result may share the memory of their first argument: a write into the result
+# writes that argument.
+_ALIASING = {"getitem", "view", "view_as", "reshape", "narrow", "select", "slice", "transpose",
+             "permute", "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten",
+             "as_strided", "t", "detach", "contiguous", "diagonal", "unfold", "movedim",
+             "split", "chunk", "unbind"}
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    target = node.target
+    name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+    return name.split(".")[-1]
+
+
+def _written_placeholders(gm: torch.fx.GraphModule) -> set:
+    """The graph inputs an op of the graph writes in place, directly or through a view
+    (`x.add_(1)`, `x[i] = v`, `torch.add(a, b, out=x)`). Follows views by name, so it may
+    count a tensor computed from an input as a view of it: that only costs freezing."""
+    def base(node):
+        seen = set()
+        while isinstance(node, torch.fx.Node) and node.op != "placeholder" and node not in seen:
+            seen.add(node)
+            if node.op not in ("call_method", "call_function") or not node.args or \
+                    _target_name(node).rstrip("_") not in _ALIASING:
+                return None
+            node = node.args[0]
+        return node if isinstance(node, torch.fx.Node) and node.op == "placeholder" else None
+
+    written = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_method", "call_function"):
+            continue
+        name = _target_name(node)
+        targets = []
+        if node.target is operator.setitem or (name.endswith("_") and not name.endswith("__")):
+            targets.append(node.args[0] if node.args else None)
+        if "out" in node.kwargs:
+            targets.append(node.kwargs["out"])
+        for target in targets:
+            root = target if isinstance(target, torch.fx.Node) and \
+                target.op == "placeholder" else base(target)
+            if root is not None:
+                written.add(root)
+    return written
+
+
 def _real(node: Optional[torch.fx.Node], value):
     """A real tensor standing for a (possibly fake) example input."""
     # torch._dynamo loads only when Dynamo calls the backend.
@@ -324,19 +374,31 @@ def _size_sources(nodes: Sequence[Optional[torch.fx.Node]], example_inputs: Sequ
     return sizes, unmatched
 
 
+def _private_copy(value):
+    """A copy of a tensor input with its sizes and strides (clone keeps both for dense
+    tensors), so that writes into it stay private."""
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
 def _optimize_graph(gm, inputs: Sequence[Any], state: Dict[int, torch.Tensor],
                     sizes: Dict[int, Tuple[int, int]], config: Config) -> torch.jit.ScriptModule:
     wrapper = _StateFrozen(gm, len(inputs), state, sizes).eval()
-    runtime_inputs = tuple(inputs[i] for i in wrapper.runtime_positions)
+    # Dynamo's example inputs are the call's own tensors, and tracing and optimize run the
+    # graph: copies keep the graph's in-place writes (a KV cache, its length counter) from
+    # landing in the caller's tensors before the call itself runs.
+    # Each run gets its own copies: the trace's writes must not reach optimize's inputs.
+    def runtime_inputs():
+        return tuple(_private_copy(inputs[i]) for i in wrapper.runtime_positions)
+
     try:
-        with torch.no_grad():
-            traced = torch.jit.trace(wrapper, runtime_inputs, check_trace=False)
+        with torch.no_grad(), quiet_torchscript():
+            traced = torch.jit.trace(wrapper, runtime_inputs(), check_trace=False)
     except (RuntimeError, TypeError, ValueError) as e:   # what torch.jit.trace raises
         raise TraceError(str(e)) from e
     # `import blade` registers this backend: it must not load the compiler.
     from blade.compiler import optimize
 
-    return optimize(traced, runtime_inputs, config)
+    return optimize(traced, runtime_inputs(), config)
 
 
 def blade_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -371,8 +433,10 @@ def blade_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         return _eager(gm, "an input requires grad under grad mode (Blade compiles for "
                       "inference: call the model under torch.no_grad() or "
                       "torch.inference_mode())")
+    # A buffer the graph writes (a step counter, a cache) is passed on each call, not frozen.
+    written = _written_placeholders(gm)
     state_positions = [i for i, (node, x) in enumerate(zip(nodes, inputs))
-                       if i not in sizes and _is_module_state(node, x)]
+                       if i not in sizes and _is_module_state(node, x) and node not in written]
     runtime_positions = [i for i in range(len(inputs))
                          if i not in state_positions and i not in sizes]
     # After a call with other sizes Dynamo makes dims dynamic, all of an input's when its
