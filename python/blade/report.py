@@ -105,6 +105,9 @@ class Report:
     # Config.dynamic: the groups of input dims that vary together ("input 0 dim 1"); the
     # engines' signatures name them s0, s1, ... Engines are compiled once, in optimize.
     dynamic_dims: List[List[str]] = field(default_factory=list)
+    # Config.dynamic: what the example inputs could not tell (a size-1 dim kept static, equal
+    # dims tied though the model runs with them apart), as optimize warned it.
+    dynamic_notes: List[str] = field(default_factory=list)
     # Tensor ops in code the example inputs never ran (untaken branches): not compiled,
     # not in total_ops; inputs that take those branches run them as TorchScript.
     unreached: Dict[str, UnsupportedOp] = field(default_factory=dict)
@@ -224,6 +227,7 @@ class Report:
                         compile_errors=data["compile_errors"], dry_run=data["dry_run"],
                         decomposed=data.get("decomposed", {}),
                         dynamic_dims=data.get("dynamic_dims", []),
+                        dynamic_notes=data.get("dynamic_notes", []),
                         guard_notes=data.get("guard_notes", []),
                         guard_inputs=data.get("guard_inputs", []),
                         checked_engines=data.get("checked_engines", 0),
@@ -275,6 +279,7 @@ class Report:
         if self.dynamic_dims:
             lines.append("  dynamic dims (each group varies together): " + "; ".join(
                 ", ".join(group) for group in self.dynamic_dims))
+        lines.extend(f"  the example cannot tell: {note}" for note in self.dynamic_notes)
         if self.edge_views:
             lines.append(f"  views made after the engine call, to alias as in eager: "
                          f"{self.edge_views} (metadata only, counted with their engine)")

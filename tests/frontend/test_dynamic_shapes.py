@@ -3,6 +3,7 @@ with eager's results and no fallback; the guard keeps what the code assumes."""
 import math
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -199,10 +200,20 @@ class Convs(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
+def optimize_told_all(model, inputs, config=DYNAMIC):
+    """`blade.optimize`, checked to have found nothing the example cannot tell."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        optimized = blade.optimize(model, inputs, config)
+    notes = [str(w.message) for w in caught if "Config(dynamic=True)" in str(w.message)]
+    assert not notes and not blade.report(optimized).dynamic_notes, notes
+    return optimized
+
+
 def test_convolutions_of_dynamic_image_size():
     torch.manual_seed(0)
     model = Convs().eval()
-    optimized = blade.optimize(model, (torch.randn(2, 3, 16, 16),), DYNAMIC)
+    optimized = optimize_told_all(model, (torch.randn(2, 3, 16, 16),))
     report = blade.report(optimized)
     # Height and width are equal in the example, but the model takes them apart.
     assert report.clusters[0].inputs == "float32[s0,3,s1,s2]", str(report)
@@ -217,7 +228,7 @@ def test_convolutions_of_dynamic_image_size():
 def test_a_batch_equal_to_the_channels_varies_alone():
     torch.manual_seed(0)
     model = Convs().eval()
-    optimized = blade.optimize(model, (torch.randn(3, 3, 16, 16),), DYNAMIC)
+    optimized = optimize_told_all(model, (torch.randn(3, 3, 16, 16),))
     assert blade.report(optimized).clusters[0].inputs == "float32[s0,3,s1,s2]"
     serves_whole(optimized, model, [(torch.randn(*shape),) for shape in
                                     ((5, 3, 16, 16), (1, 3, 10, 14), (3, 3, 16, 16))])
@@ -226,11 +237,64 @@ def test_a_batch_equal_to_the_channels_varies_alone():
 def test_a_batch_equal_to_the_length_varies_apart_and_ties_stay_tied():
     torch.manual_seed(0)
     model = BertLayer().eval()
-    optimized = blade.optimize(model, bert_inputs(4, 4), DYNAMIC)
+    optimized = optimize_told_all(model, bert_inputs(4, 4))
     report = blade.report(optimized)
     # Each of the input's dims is tied to the mask's, and not to the other.
     assert report.clusters[0].inputs == "float32[s0,s1,64];float32[s0,1,1,s1]", str(report)
     serves_whole(optimized, model, [bert_inputs(b, s) for b, s in ((2, 7), (4, 4), (6, 3))])
+
+
+class TokenMlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, ids):
+        return torch.softmax(self.proj(self.embed(ids)), dim=-1)
+
+
+def test_a_batch_of_one_is_said_to_stay_static_with_the_fix():
+    """A size-1 dim may be a broadcast, so it stays static: optimize says so, where the
+    model also runs with it larger, and names the fix; the fix serves other batches."""
+    model = TokenMlp().eval()
+    ids = torch.randint(0, 50, (1, 12))
+    with pytest.warns(UserWarning, match=r"input 0 \('ids'\) dim 0 has size 1 in the example.*"
+                      r"Config\.dynamic_dims") as caught:
+        optimized = blade.optimize(model, (ids,), DYNAMIC)
+    notes = [str(w.message) for w in caught if "Config(dynamic=True)" in str(w.message)]
+    assert len(notes) == 1, notes
+    report = blade.report(optimized)
+    assert report.clusters[0].inputs == "int64[1,s0]", str(report)
+    assert "the example cannot tell: input 0 ('ids') dim 0 has size 1" in str(report)
+    fixed = optimize_told_all(model, (ids,), blade.Config(dynamic=True, dynamic_dims={0: [0, 1]}))
+    serves_whole(fixed, model, [(torch.randint(0, 50, s),) for s in ((3, 7), (1, 30))])
+
+
+class CrossAttention(torch.nn.Module):
+    def forward(self, queries, keys):
+        scores = queries @ keys.transpose(1, 2) / math.sqrt(queries.shape[-1])
+        return torch.softmax(scores, dim=-1) @ keys
+
+
+def test_equal_lengths_of_two_inputs_the_model_takes_apart_are_said_to_be_tied():
+    model = CrossAttention()
+    with pytest.warns(UserWarning, match=r"input 0 \('queries'\) dim 1 and input 1 \('keys'\) "
+                      r"dim 1 are equal in the example.*give an example where they differ"):
+        optimized = blade.optimize(model, (torch.randn(2, 6, 8), torch.randn(2, 6, 8)), DYNAMIC)
+    assert blade.report(optimized).guard_specs == "float32[s0,s1,s2];float32[s0,s1,s2]"
+    # The fix the warning names: an example with the lengths apart.
+    apart = optimize_told_all(model, (torch.randn(2, 6, 8), torch.randn(2, 9, 8)))
+    assert blade.report(apart).guard_specs == "float32[s0,s1,s2];float32[s0,s3,s2]"
+    serves_whole(apart, model, [(torch.randn(3, 4, 8), torch.randn(3, 11, 8)),
+                                (torch.randn(1, 7, 8), torch.randn(1, 7, 8))])
+
+
+def test_attention_of_3d_operands_compiles_whole():
+    """Batched matmuls of rank 3 with a dynamic batch (heads folded into the batch)."""
+    model = CrossAttention()
+    optimized = optimize_told_all(model, (torch.randn(2, 6, 8), torch.randn(2, 9, 8)))
+    serves_whole(optimized, model, [(torch.randn(5, 3, 8), torch.randn(5, 4, 8))])
 
 
 class SquareOnly(torch.nn.Module):
@@ -239,7 +303,7 @@ class SquareOnly(torch.nn.Module):
 
 
 def test_dims_the_model_needs_equal_share_a_symbol():
-    optimized = blade.optimize(SquareOnly(), (torch.randn(5, 5),), DYNAMIC)
+    optimized = optimize_told_all(SquareOnly(), (torch.randn(5, 5),))
     assert blade.report(optimized).clusters[0].inputs == "float32[s0,s0]"
     serves_whole(optimized, SquareOnly(), [(torch.randn(n, n),) for n in (2, 9)])
 

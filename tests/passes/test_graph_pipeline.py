@@ -347,6 +347,17 @@ def test_each_typed_rewrite_rewrites_its_case_once(name):
     assert before != after and made in after, after
 
 
+def test_broadcast_batch_matmuls_makes_a_dynamic_3d_matmul_a_bmm():
+    """Two 3-d operands whose batch is one dynamic symbol: Torch-MLIR refuses the matmul
+    (the batch might broadcast), so it becomes a bmm; a static batch stays a matmul."""
+    inputs = (torch.randn(2, 6, 8), torch.randn(2, 8, 5))
+    _, rewritten, after, _ = run_pass(BroadcastBatchMatmul(), inputs, "broadcast_batch_matmuls",
+                                      blade.Config(dynamic=True))
+    assert rewritten == 1 and "aten::bmm" in after and "aten::matmul" not in after, after
+    _, rewritten, after, _ = run_pass(BroadcastBatchMatmul(), inputs, "broadcast_batch_matmuls")
+    assert not rewritten and "aten::matmul" in after, after
+
+
 def test_explicit_pool_windows_pads_a_ceil_mode_pooling():
     class CeilPool(torch.nn.Module):
         def forward(self, x):

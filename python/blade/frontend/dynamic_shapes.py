@@ -171,3 +171,49 @@ def find_dynamic_groups(run: Callable[[Tuple], object], inputs: Tuple,
         except Exception:  # each varies alone, not together: keep the first only
             accepted = accepted[:1]
     return accepted
+
+
+@dataclass
+class UndecidedDims:
+    """Dims whose grouping the example inputs cannot settle. `kind` "size one": a size-1
+    dim, kept static (it may be a broadcast), that the model also runs at size 2. `kind`
+    "tied": dims at one index of several inputs, equal in the example and sharing a symbol,
+    that the model also runs resized apart (whether it needs them equal cannot be probed:
+    PyTorch's CPU attention takes keys and values of different lengths)."""
+    kind: str
+    dims: List[Dim]
+
+
+def undecided_dims(run: Callable[[Tuple], object], inputs: Tuple,
+                   groups: List[DynamicGroup], dynamic_dims=None) -> List[UndecidedDims]:
+    """What the example inputs cannot tell about `groups` (find_dynamic_groups' answer),
+    probed with one run per case, for `optimize` to say. Size-1 dims are looked at only
+    when no `dynamic_dims` names the dims."""
+    def taken(resize: List[Tuple[List[Dim], int]]) -> bool:
+        try:
+            run(with_groups_resized(inputs, [DynamicGroup(0, dims) for dims, _ in resize],
+                                    [size for _, size in resize]))
+        except Exception:  # the model needs these dims at the example's size
+            return False
+        return True
+
+    undecided = []
+    if not dynamic_dims:
+        ones: Dict[int, List[Dim]] = {}
+        for position, t in enumerate(inputs):
+            if isinstance(t, torch.Tensor):
+                for dim in range(t.dim()):
+                    if t.shape[dim] == 1:
+                        ones.setdefault(dim, []).append((position, dim))
+        undecided += [UndecidedDims("size one", dims) for _, dims in sorted(ones.items())
+                      if taken([(dims, 2)])]
+    for group in groups:
+        classes: Dict[int, List[Dim]] = {}
+        for position, dim in group.dims:
+            classes.setdefault(dim, []).append((position, dim))
+        for dims in classes.values():
+            # Apart: the first input's dim one size up, the others' as in the example.
+            if len(dims) > 1 and taken([(dims[:1], group.size + 1)]):
+                undecided.append(UndecidedDims("tied", dims))
+    return undecided
+

@@ -41,6 +41,7 @@ BLADE_DUMP_DIR) the graph after each pass is written to `graph/NN_<pass>.txt`. E
 has a unit test that names it (tests/passes, tests/frontend).
 """
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
@@ -53,7 +54,7 @@ from blade.dump import Dumper, Progress
 from blade.engines import WRITE_BACK, compile_clusters
 from blade.frontend import finishing, typed_rewrites
 from blade.frontend.decompositions import decompose
-from blade.frontend.dynamic_shapes import find_dynamic_groups, resized_variants
+from blade.frontend.dynamic_shapes import find_dynamic_groups, resized_variants, undecided_dims
 from blade.frontend.int8_handoffs import hand_on_uint8
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
 from blade.frontend.quant_fusion import quantized_tensor_pairs
@@ -97,6 +98,7 @@ class GraphCompilation:
     results: List = field(default_factory=list)
     int8: Any = None              # frontend.quantize.Int8Summary
     written: List[int] = field(default_factory=list)
+    dynamic_notes: List[str] = field(default_factory=list)
     report: Optional[Report] = None
     verdicts: Dict = field(default_factory=dict)
     clusters: List = field(default_factory=list)
@@ -252,6 +254,27 @@ def _find_dynamic_dims(c: GraphCompilation) -> None:
 
     c.groups = find_dynamic_groups(run_probe, c.inputs, c.config.dynamic_dims)
     c.resized_inputs = resized_variants(run_probe, c.inputs, c.groups) if c.groups else []
+    c.dynamic_notes = [_undecided_note(c, u) for u in
+                       undecided_dims(run_probe, c.inputs, c.groups, c.config.dynamic_dims)]
+    for note in c.dynamic_notes:
+        warnings.warn(f"blade.optimize: Config(dynamic=True): {note}", stacklevel=2)
+
+
+def _undecided_note(c: GraphCompilation, undecided) -> str:
+    """What the example inputs could not tell, what the engine does for it, and the fix."""
+    graph_inputs = list(c.graph.inputs())
+    names = [f"input {p} ('{argument_name(graph_inputs[p + 1])}') dim {d}"
+             for p, d in undecided.dims]
+    listed = " and ".join(names)
+    if undecided.kind == "size one":
+        return (f"{listed} {'has' if len(names) == 1 else 'have'} size 1 in the example, so "
+                f"{'it stays' if len(names) == 1 else 'they stay'} static (a size-1 dim may "
+                "be a broadcast), though the model also runs at size 2: calls with another "
+                "size run TorchScript. If it varies, give an example where it is larger, or "
+                "name it in Config.dynamic_dims")
+    return (f"{listed} are equal in the example, so they share one size symbol, though the "
+            "model also runs with them apart: calls where they differ run TorchScript. If "
+            "they vary apart, give an example where they differ")
 
 
 def _keep_unspecialized(c: GraphCompilation) -> None:
@@ -327,7 +350,7 @@ def _judge_ops(c: GraphCompilation) -> None:
                         if n.kind() == WRITE_BACK and n.inputsAt(0) in graph_inputs})
     c.report = Report(dry_run=c.config.dry_run, decomposed=c.decomposed, dynamic_dims=[
         [f"input {p} ('{argument_name(graph_inputs[p + 1])}') dim {d}" for p, d in g.dims]
-        for g in c.groups])
+        for g in c.groups], dynamic_notes=list(c.dynamic_notes))
     if c.int8 is not None:
         c.report.int8 = c.int8.to_dict()
     c.verdicts = registry_verdicts(all_nodes(c.graph), c.config)

@@ -19,7 +19,8 @@ engine, as the ops eager computes it with, for the dtypes and ranks where that d
 - integer floor division by a constant (in x's dtype's range): the truncating division,
   corrected by the remainder's sign (exact for every value of x);
 - `matmul` of batches that broadcast (a batch of one against several): the batch of one as
-  a matrix, other batches expanded to the common one;
+  a matrix, other batches expanded to the common one; of two 3-d operands with one dynamic
+  batch symbol: a `bmm`;
 - `scatter(x, dim, index, value)` with a value computed at run time: scattered from that
   value as a tensor, expanded to the index's shape;
 - `x >> 3` of integers: a shift by a 0-d tensor;
@@ -630,12 +631,26 @@ def broadcast_batch_matmuls(graph: torch._C.Graph) -> int:
     """`matmul` of two batched operands (rank >= 3) whose batch dims differ but broadcast,
     which Torch-MLIR's decomposition refuses: an operand with a batch of one (and no more
     batch dims than the other) becomes a matrix, a GEMM over the other's rows; any other is
-    expanded to the common batch. Returns how many were rewritten."""
+    expanded to the common batch. Two 3-d operands with one dynamic batch symbol, which it
+    refuses too, become a `bmm`. Returns how many were rewritten."""
     count = 0
     for node in nodes_of(graph, ("aten::matmul",)):
         left, right = node.inputsAt(0), node.inputsAt(1)
+        if schema_name(node) != "aten::matmul":
+            continue
+        symbolic = [list(v.type().symbolic_sizes())
+                    if isinstance(v.type(), torch._C.TensorType) and
+                    is_materialized(v, static_shapes=False) else None for v in (left, right)]
+        if all(s is not None and len(s) == 3 for s in symbolic) and \
+                symbolic[0][0] == symbolic[1][0] < 0:
+            # One batch symbol: equal at run time (the guard checks it), which Torch-MLIR
+            # cannot tell from two dynamic dims, so it refuses the matmul; a bmm it takes.
+            with graph.insert_point_guard(node):
+                _replace(graph, node, "aten::bmm", [left, right])
+            count += 1
+            continue
         shapes = [_static_sizes(v) for v in (left, right)]
-        if schema_name(node) != "aten::matmul" or any(s is None or len(s) < 3 for s in shapes):
+        if any(s is None or len(s) < 3 for s in shapes):
             continue
         batches = [shape[:-2] for shape in shapes]
         if batches[0] == batches[1]:
