@@ -203,6 +203,11 @@ class Report:
         if q.get("chained"):
             lines.append(f"    {q['chained']} layers hand uint8 activations to the int8 "
                          "layers reading them (ReLU/GELU and rounding in oneDNN)")
+        for name, e in sorted(q.get("engines", {}).items(),
+                              key=lambda item: int(item[0].rpartition("_")[2])):
+            lines.append(f"    {name} vs its float twin on the same inputs: "
+                         f"cosine {e['cosine']:.5f}, max abs error "
+                         f"{e['max_abs_error']:.3g} (largest value {e['max_abs_value']:.3g})")
         for name, why in sorted(q["float_layers"].items()):
             lines.append(f"    kept float32: {name}: {why}")
         if q.get("uncalibrated"):

@@ -28,6 +28,7 @@ hit ends there. Then, for one Config, `build` lists:
     duplicate_shape_arithmetic  (Config.dynamic) each use of a run-time size its own copy
     judge_ops                   the registry's verdict on every op; the report's counts
     cluster                     acyclic clusters of supported ops (partition/clustering)
+    measure_int8_engines        (int8) each int8 cluster against its float twin, for the report
     compile_clusters            each cluster an engine, or TorchScript again (blade.engines)
     dce, account_for_ops_outside_engines, release_edge_views
     int8_readers                (int8) every reader of a quantized weight reads the int8 copy
@@ -55,6 +56,7 @@ from blade.engines import WRITE_BACK, compile_clusters
 from blade.frontend import finishing, typed_rewrites
 from blade.frontend.decompositions import decompose
 from blade.frontend.dynamic_shapes import find_dynamic_groups, resized_variants, undecided_dims
+from blade.frontend.int8_error import measure_engines
 from blade.frontend.int8_handoffs import hand_on_uint8
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
 from blade.frontend.quant_fusion import quantized_tensor_pairs
@@ -191,6 +193,11 @@ def build(config: Config) -> List[GraphPass]:
     passes += [
         GraphPass("judge_ops", _judge_ops),
         GraphPass("cluster", _cluster, stage="clustering"),
+    ]
+    if config.precision == "int8" and not config.dry_run:
+        passes.append(GraphPass("measure_int8_engines", _measure_int8_engines,
+                                stage="measuring int8 engines"))
+    passes += [
         GraphPass("compile_clusters", _compile_clusters),
         GraphPass("dce", lambda c: torch._C._jit_pass_dce(c.graph)),
     ]
@@ -378,6 +385,18 @@ def _cluster(c: GraphCompilation) -> None:
     c.verdicts = {}  # their node handles die with the clustering
 
 
+def _measure_int8_engines(c: GraphCompilation) -> None:
+    """Each int8 cluster's error against its float twin on the calibration inputs
+    (frontend/int8_error), by the name its engine will have."""
+    if c.int8 is None:
+        return
+    originals = {w.values.data_ptr(): w.original for w in c.int8.weights.values()
+                 if w.original is not None}
+    measured = measure_engines(c.module, c.graph, c.clusters,
+                               [private_copy(x) for x in c.calibration], originals)
+    c.int8.engines = {name: error.to_dict() for name, error in measured.items()}
+
+
 def _compile_clusters(c: GraphCompilation) -> None:
     compile_clusters(c.module, c.graph, c.clusters, c.config, c.report, c.dump, c.progress,
                      c.inputs, c.results, resized=bool(c.resized_inputs))
@@ -393,4 +412,7 @@ def _int8_readers(c: GraphCompilation) -> None:
     # example never took, the model for any input) read the int8 copies too.
     c.int8.uncalibrated = int8_readers(c.graph, c.int8.weights)[0]
     int8_readers(c.unspecialized, c.int8.weights)
+    # The engines that compiled (a cluster that failed runs as TorchScript: no engine).
+    compiled = {entry.name for entry in c.report.clusters if entry.compiled}
+    c.int8.engines = {name: e for name, e in c.int8.engines.items() if name in compiled}
     c.report.int8 = c.int8.to_dict()

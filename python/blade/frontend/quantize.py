@@ -74,11 +74,13 @@ class LinearLayer:
 @dataclass
 class Int8Weight:
     """A quantized weight: its int8 values and scales, the activation scale and zero point
-    of the layers that read it (None where they differ), and its float storage."""
+    of the layers that read it (None where they differ), its float storage, and the float
+    weight itself (for the report's error of each int8 engine, frontend/int8_error)."""
     values: torch.Tensor
     scales: torch.Tensor
     activation: Optional[Tuple[float, int]]
     storage: int
+    original: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -101,6 +103,9 @@ class Int8Summary:
     # Output agreement of the quantized graph with the float graph, on the calibration inputs.
     cosine: float = 1.0
     max_abs_error: float = 0.0
+    # Engine name -> its error against its float twin (frontend/int8_error.EngineError's
+    # dict), the engines that compiled.
+    engines: Dict[str, dict] = field(default_factory=dict)
     # Float weight (data pointer, sizes, strides) -> its int8 copy; not reported.
     weights: Dict[Tuple, Int8Weight] = field(default_factory=dict)
     # The float graph's outputs on each calibration input (for `agreement`); not reported.
@@ -118,7 +123,7 @@ class Int8Summary:
                 "uncalibrated": self.uncalibrated, "chained": self.chained,
                 "residual_adds": self.residual_adds,
                 "calibration_inputs": self.calibration_inputs, "cosine": self.cosine,
-                "max_abs_error": self.max_abs_error}
+                "max_abs_error": self.max_abs_error, "engines": self.engines}
 
 
 def weight_name(node: torch._C.Node) -> str:
@@ -325,7 +330,7 @@ def rewrite(graph: torch._C.Graph, layer: LinearLayer,
     if key not in weights:
         values, scales = quantize_weight(weight)
         weights[key] = Int8Weight(values, scales, activation,
-                                  weight.untyped_storage().data_ptr())
+                                  weight.untyped_storage().data_ptr(), weight)
     entry = weights[key]
     if entry.activation != activation:
         entry.activation = None  # layers with other ranges share the weight
@@ -461,7 +466,8 @@ def _int8_rows(tensor, weights: Dict[Tuple, Int8Weight]) -> Optional[Int8Weight]
             # Kept with the weights: the graph's other readers of these rows, and the other
             # graph's, share one copy.
             weights[_key(tensor)] = Int8Weight(entry.values[rows].contiguous(),
-                                               entry.scales[rows].contiguous(), None, storage)
+                                               entry.scales[rows].contiguous(), None, storage,
+                                               tensor)
             return weights[_key(tensor)]
     return None
 
