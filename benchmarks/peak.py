@@ -7,6 +7,8 @@ bfloat16 (Blade's Config(precision="bf16"), OpenVINO's default there). On CPUs w
 avx512_vnni, the int8 dot-product peak (`vpdpbusd`: 16 lanes of four u8 x s8 products
 added into int32, counted as 2 ops each), and the rate of oneDNN's own u8 x s8 GEMM on a
 large square problem, which reaches past it on CPUs with AMX: the limits of int8 engines.
+And the rate at which the threads read memory (`measure_read_bandwidth`), the limit of a
+decode step that reads every weight once (benchmarks/decode.py).
 
     python benchmarks/peak.py      # prints the peak in GFLOP/s and what it was built for
 """
@@ -39,6 +41,7 @@ KERNEL = r"""
 #define FMA _mm512_fmadd_ps
 #define ADD _mm512_add_ps
 #define STORE _mm512_storeu_ps
+#define LOAD _mm512_loadu_ps
 #else
 #define VEC __m256
 #define LANES 8
@@ -47,6 +50,7 @@ KERNEL = r"""
 #define FMA _mm256_fmadd_ps
 #define ADD _mm256_add_ps
 #define STORE _mm256_storeu_ps
+#define LOAD _mm256_loadu_ps
 #endif
 
 int lanes(void) { return LANES; }
@@ -63,6 +67,25 @@ float fma_loop(int64_t iterations) {
   }
   VEC sum = acc[0];
   for (int i = 1; i < CHAINS; ++i) sum = ADD(sum, acc[i]);
+  float out[LANES];
+  STORE(out, sum);
+  return out[0];
+}
+
+/* Reads n floats (n a multiple of 8 * LANES) once: vector loads into 8 independent sums,
+   which the loads, not the adds, bound on a buffer larger than the caches. */
+float read_loop(const float* p, int64_t n) {
+  VEC acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = SET1(0.0f);
+  for (int64_t k = 0; k < n; k += 8 * LANES) {
+    /* Software prefetch 8 KiB ahead, as GEMV kernels do: one core's hardware prefetch
+       alone keeps too few misses in flight to reach the memory's rate. */
+    for (int i = 0; i < 8 * LANES; i += 16) __builtin_prefetch(p + k + 2048 + i, 0, 1);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) acc[i] = ADD(acc[i], LOAD(p + k + i * LANES));
+  }
+  VEC sum = acc[0];
+  for (int i = 1; i < 8; ++i) sum = ADD(sum, acc[i]);
   float out[LANES];
   STORE(out, sum);
   return out[0];
@@ -131,6 +154,8 @@ def build_kernel(directory: Path):
     kernel = ctypes.CDLL(str(library))   # ctypes releases the GIL during each call
     kernel.fma_loop.argtypes = [ctypes.c_int64]
     kernel.fma_loop.restype = ctypes.c_float
+    kernel.read_loop.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    kernel.read_loop.restype = ctypes.c_float
     for loop in ("dpbf16_loop", "vnni_loop"):  # built only with their flags
         if hasattr(kernel, loop):
             getattr(kernel, loop).argtypes = [ctypes.c_int64]
@@ -210,6 +235,34 @@ def int8_gemm_gops(threads: int, size: int = INT8_GEMM_SIZE) -> float:
         torch.set_num_threads(previous)
 
 
+# Far larger than any cache, so that what is timed is memory.
+READ_BANDWIDTH_BYTES = 1 << 30
+
+
+def measure_read_bandwidth(threads: int = THREADS, size: int = READ_BANDWIDTH_BYTES) -> float:
+    """The rate in GB/s at which `threads` threads read memory at once: each reads its
+    share of a buffer far larger than the caches with vector loads (`read_loop`), the best
+    of 5 rounds. What a decode step that reads every weight once is bound by."""
+    import torch
+
+    buffer = torch.ones(size // 4)
+    share = buffer.numel() // threads // 1024 * 1024
+    assert share > 0, f"a buffer of {size} bytes is too small to time"
+    with tempfile.TemporaryDirectory() as tmp:
+        kernel, _ = build_kernel(Path(tmp))
+        rates = []
+        for _ in range(8):   # the first round pages the buffer in
+            workers = [threading.Thread(target=kernel.read_loop, args=(
+                buffer.data_ptr() + t * share * 4, share)) for t in range(threads)]
+            start = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            rates.append(threads * share * 4 / (time.perf_counter() - start) / 1e9)
+        return max(rates[1:])
+
+
 if __name__ == "__main__":
     peak = measure_peak_gflops()
     print(f"float32 FMA peak: {peak['gflops']:.1f} GFLOP/s on {peak['threads']} threads "
@@ -219,4 +272,5 @@ if __name__ == "__main__":
     if peak["vnni_gops"]:
         print(f"int8 dot-product peak: {peak['vnni_gops']:.1f} GOP/s (avx512_vnni); oneDNN's "
               f"u8 x s8 GEMM: {peak['int8_gemm_gops']:.1f} GOP/s")
+    print(f"read bandwidth: {measure_read_bandwidth():.1f} GB/s on {THREADS} threads")
     sys.exit(0)

@@ -1,0 +1,136 @@
+"""Token generation: milliseconds per new token of Hugging Face greedy `generate` on a
+Llama-architecture model built from its config (random weights, no download), next to the
+memory-bandwidth floor, in one process, backends interleaved.
+
+    python benchmarks/decode.py [--tokens 32] [--runs 5]
+
+Backends: eager (Hugging Face's default dynamic cache); Blade through
+`torch.compile(model.forward, backend="blade")` with the dynamic cache and with the static
+cache (`generation_config.cache_implementation = "static"`, what Hugging Face recommends
+for compiled generation); Inductor (`torch.compile` with its default backend) with the
+static cache. ms per token is the time of `generate` with `--tokens` new tokens less the
+time with one (the prefill and the first token), over the tokens between; the median of
+`--runs` interleaved rounds. Every backend's tokens are checked against eager's.
+
+The floor: a decode step reads every weight once (the embedding table excepted: one row),
+so it cannot take less than those bytes over the machine's read bandwidth, measured here
+(`peak.measure_read_bandwidth`: vector loads of a buffer as large as the weights, read
+round after round as decode reads them) on the benchmarks' 2 threads. The KV cache and the
+activations are left out of the bytes: the floor is a lower bound.
+"""
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child import TORCHSCRIPT_DEPRECATION  # noqa: E402
+from peak import THREADS, measure_read_bandwidth  # noqa: E402
+
+warnings.filterwarnings("ignore", message=TORCHSCRIPT_DEPRECATION)
+
+# A ~0.7 GB (float32) decoder: its weights are far larger than any cache, as a served
+# model's are, so a decode step is bound by memory as it would be.
+CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+              num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+              max_position_embeddings=1024, tie_word_embeddings=False)
+PROMPT = 32
+
+
+def build():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).eval()
+    prompt = torch.randint(0, CONFIG["vocab_size"], (1, PROMPT))
+    return model, prompt
+
+
+def weight_bytes_per_token(model) -> int:
+    """What one decode step reads: every parameter, the embedding table but one row."""
+    embedding = model.get_input_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return total - embedding.numel() * embedding.element_size() + \
+        embedding.shape[1] * embedding.element_size()
+
+
+class Backend:
+    def __init__(self, name, model, prompt, cache, compile_with):
+        self.name, self.model, self.prompt = name, model, prompt
+        if cache == "static":
+            model.generation_config.cache_implementation = "static"
+        if compile_with is not None:
+            model.forward = torch.compile(model.forward, backend=compile_with)
+        self.times = {}
+
+    def generate(self, tokens):
+        with torch.no_grad():
+            return self.model.generate(self.prompt, max_new_tokens=tokens, do_sample=False,
+                                       min_new_tokens=tokens, pad_token_id=0)
+
+    def timed(self, tokens):
+        start = time.perf_counter()
+        out = self.generate(tokens)
+        self.times.setdefault(tokens, []).append(time.perf_counter() - start)
+        return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--backends", default="eager,blade,blade_static,inductor_static")
+    args = parser.parse_args()
+    torch.set_num_threads(THREADS)
+    import blade  # noqa: F401  (registers backend="blade")
+
+    kinds = {"eager": ("dynamic", None), "blade": ("dynamic", "blade"),
+             "blade_static": ("static", "blade"), "inductor_static": ("static", "inductor")}
+    names = args.backends.split(",")
+    unknown = [n for n in names if n not in kinds]
+    if unknown:
+        raise SystemExit(f"unknown backends {unknown}; known: {', '.join(kinds)}")
+    backends, reference = [], None
+    for name in names:
+        model, prompt = build()   # each its own copy: compile replaces model.forward
+        backend = Backend(name, model, prompt, *kinds[name])
+        start = time.perf_counter()
+        tokens = backend.generate(args.tokens)   # compiles, and warms up
+        backend.setup_seconds = time.perf_counter() - start
+        reference = tokens if reference is None else reference
+        backend.same = torch.equal(tokens, reference)
+        backends.append(backend)
+    bytes_per_token = weight_bytes_per_token(backends[0].model)
+    # A buffer as large as the weights, read again and again as decode reads them: on a CPU
+    # whose last-level cache holds a share of them, that share is read from the cache in
+    # both.
+    bandwidth = measure_read_bandwidth(THREADS, bytes_per_token)
+    floor_ms = bytes_per_token / (bandwidth * 1e9) * 1e3
+    for _ in range(args.runs):
+        for backend in backends:
+            backend.timed(1)
+            backend.same &= torch.equal(backend.timed(args.tokens), reference)
+    print(f"model: Llama-architecture, {bytes_per_token / 1e6:.0f} MB of weights read per "
+          f"token (float32), prompt {PROMPT}, {args.tokens} new tokens, {THREADS} threads")
+    print(f"read bandwidth: {bandwidth:.1f} GB/s over {bytes_per_token / 1e6:.0f} MB "
+          f"(benchmarks/peak.py); floor "
+          f"{floor_ms:.2f} ms per token")
+    print(f"{'backend':<18}{'ms/token':>10}{'/floor':>8}{'/eager':>8}{'setup s':>9}  tokens")
+    per_token = {}
+    for backend in backends:
+        long, short = (statistics.median(backend.times[n]) for n in (args.tokens, 1))
+        per_token[backend.name] = (long - short) / (args.tokens - 1) * 1e3
+    for backend in backends:
+        ms = per_token[backend.name]
+        eager = per_token.get("eager")
+        print(f"{backend.name:<18}{ms:>10.2f}{ms / floor_ms:>8.2f}"
+              f"{ms / eager if eager else float('nan'):>8.2f}{backend.setup_seconds:>9.1f}  "
+              f"{'same as ' + names[0] if backend.same else 'DIFFER from ' + names[0]}")
+
+
+if __name__ == "__main__":
+    main()
