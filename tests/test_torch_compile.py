@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,24 @@ def test_other_sizes_give_a_dynamic_graph_blade_compiles_dynamic():
     assert report.clusters[0].inputs == "float32[s0,s1,32]", str(report)
     assert report.clusters[0].calls == 3, str(report)
     assert static.report().clusters[0].calls == 1
+
+
+def test_what_dynamos_example_cannot_tell_is_in_the_report_not_a_warning():
+    """Dynamo, not the user, chose the example: the batch of one that the dynamic graph
+    keeps static is said in its report, not in a warning whose fix is another example."""
+    model = GeluMlp().eval()
+    compiled = torch.compile(model, backend="blade")
+    before = graph_indices()
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for tokens in (8, 12, 5):
+            x = torch.randn(1, tokens, 32)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert not [w for w in caught if w.category is blade.DynamicShapesWarning]
+    static, dynamic = new_graphs(before)
+    report = assert_ran_compiled(dynamic.modules[0])
+    assert report.guard_specs == "float32[1,s0,32]", str(report)
+    assert any("dim 0 has size 1" in note for note in report.dynamic_notes), str(report)
 
 
 class Printing(torch.nn.Module):

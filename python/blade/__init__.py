@@ -18,6 +18,7 @@ load_runtime()
 
 from blade.config import Config  # noqa: E402
 from blade.frontend.inputs import ExampleInputsError  # noqa: E402,F401  (public)
+from blade.frontend.dynamic_shapes import DynamicShapesWarning  # noqa: E402,F401  (public)
 from blade.report import Report, report  # noqa: E402
 from blade import torch_compile  # noqa: E402
 from blade.torch_compile import dynamo_graphs, dynamo_reports  # noqa: E402

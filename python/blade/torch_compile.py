@@ -397,8 +397,13 @@ def _optimize_graph(gm, inputs: Sequence[Any], state: Dict[int, torch.Tensor],
         raise TraceError(str(e)) from e
     # `import blade` registers this backend: it must not load the compiler.
     from blade.compiler import optimize
+    from blade.frontend.dynamic_shapes import DynamicShapesWarning
 
-    return optimize(traced, runtime_inputs(), config)
+    with warnings.catch_warnings():
+        # The example is the call Dynamo compiles on, which the user does not choose: what
+        # it cannot tell stays in the report, not a warning whose fix is another example.
+        warnings.simplefilter("ignore", DynamicShapesWarning)
+        return optimize(traced, runtime_inputs(), config)
 
 
 def blade_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],

@@ -23,6 +23,11 @@ import torch
 Dim = Tuple[int, int]  # (input position, dim)
 
 
+class DynamicShapesWarning(UserWarning):
+    """optimize's warning that the example inputs cannot tell how some dims vary (a size-1
+    dim kept static, equal dims tied): which dims, and the fix."""
+
+
 @dataclass
 class DynamicGroup:
     size: int           # the dims' size in the example inputs

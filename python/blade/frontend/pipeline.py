@@ -55,7 +55,8 @@ from blade.dump import Dumper, Progress
 from blade.engines import WRITE_BACK, compile_clusters
 from blade.frontend import finishing, typed_rewrites
 from blade.frontend.decompositions import decompose
-from blade.frontend.dynamic_shapes import find_dynamic_groups, resized_variants, undecided_dims
+from blade.frontend.dynamic_shapes import (DynamicShapesWarning, find_dynamic_groups,
+                                           resized_variants, undecided_dims)
 from blade.frontend.int8_error import measure_engines
 from blade.frontend.int8_handoffs import hand_on_uint8
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
@@ -264,7 +265,8 @@ def _find_dynamic_dims(c: GraphCompilation) -> None:
     c.dynamic_notes = [_undecided_note(c, u) for u in
                        undecided_dims(run_probe, c.inputs, c.groups, c.config.dynamic_dims)]
     for note in c.dynamic_notes:
-        warnings.warn(f"blade.optimize: Config(dynamic=True): {note}", stacklevel=2)
+        warnings.warn(f"blade.optimize: Config(dynamic=True): {note}", DynamicShapesWarning,
+                      stacklevel=2)
 
 
 def _undecided_note(c: GraphCompilation, undecided) -> str:
