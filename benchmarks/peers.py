@@ -19,7 +19,7 @@ copy.
 """
 import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -46,7 +46,10 @@ class _PositionalOnly(torch.nn.Module):
         return self.model(*inputs)
 
 
-def export_onnx(model: torch.nn.Module, inputs: Sequence[torch.Tensor], path: Path) -> None:
+def export_onnx(model: torch.nn.Module, inputs: Sequence[torch.Tensor], path: Path,
+                dynamic_axes: Optional[Dict[int, Dict[int, str]]] = None) -> None:
+    """`dynamic_axes`: {input position: {dim: name}}, the dims the exported model takes at
+    any size (ONNX's dynamic axes); the others are fixed at the example's."""
     names = [f"input_{i}" for i in range(len(inputs))]
     model = _PositionalOnly(model)
     # Without MultiheadAttention's fast path: nn.TransformerEncoderLayer would trace into a
@@ -56,7 +59,8 @@ def export_onnx(model: torch.nn.Module, inputs: Sequence[torch.Tensor], path: Pa
     try:
         with torch.no_grad():
             torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, opset_version=20,
-                              input_names=names)
+                              input_names=names, dynamic_axes={
+                                  names[i]: axes for i, axes in (dynamic_axes or {}).items()})
     finally:
         torch.backends.mha.set_fastpath_enabled(fast_path)
 

@@ -1,0 +1,124 @@
+"""One dynamic engine serving every sequence length, against an engine compiled for each
+length and the peers with dynamic axes: Hugging Face's BertModel (the bert-base config,
+random weights, no download; token ids and an attention mask in, the last hidden state out)
+at batch 1 and lengths 8, 24, 48, 77, 128, 200, 384, in one process, the backends
+interleaved.
+
+    python benchmarks/lengths.py [--lengths 8,24,48,77,128,200,384] [--runs 10]
+
+blade_dynamic: one `blade.optimize` (traced: the model does not script) with the length of
+both inputs dynamic (`Config(dynamic_dims=...)`) from a length-128 example, called at every
+length. blade_static: one `blade.optimize` per length, on that
+length's example. onnxruntime and openvino (its float32 hint): one ONNX export with the
+length as a dynamic axis. Per length, the median over `--runs` rounds; every backend's
+output is checked against eager's. Before the table, the compile time of the dynamic
+engine next to one static compile at length 128, both cold (their own empty code cache,
+no model cache).
+"""
+import argparse
+import dataclasses
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import THREADS, export_onnx, onnxruntime_backend, openvino_backend  # noqa: E402
+
+import blade  # noqa: E402
+
+LENGTHS = (8, 24, 48, 77, 128, 200, 384)
+EXAMPLE_LENGTH = 128
+
+
+class Bert(torch.nn.Module):
+    """BertModel with positional inputs and one tensor out."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import BertConfig, BertModel
+
+        torch.manual_seed(0)
+        self.bert = BertModel(BertConfig(), add_pooling_layer=False).eval()
+
+    def forward(self, ids, mask):
+        return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def example(length: int):
+    """Token ids and a mask of ones (no padding), as a tokenizer gives one sentence."""
+    generator = torch.Generator().manual_seed(length)
+    return (torch.randint(0, 30522, (1, length), generator=generator),
+            torch.ones(1, length, dtype=torch.int64))
+
+
+DYNAMIC = blade.Config(allow_tracing=True, dynamic_dims={0: [1], 1: [1]})
+STATIC = blade.Config(allow_tracing=True)
+
+
+def cold_optimize(model, inputs, config: blade.Config):
+    """`blade.optimize` with an empty code cache of its own and no model cache: seconds and
+    the optimized model."""
+    with tempfile.TemporaryDirectory() as cache:
+        config = dataclasses.replace(config, cache_dir=cache, cache_models=False)
+        start = time.perf_counter()
+        optimized = blade.optimize(model, inputs, config)
+        return time.perf_counter() - start, optimized
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    parser.add_argument("--runs", type=int, default=10)
+    args = parser.parse_args()
+    lengths = [int(n) for n in args.lengths.split(",")]
+    torch.set_num_threads(THREADS)
+    model = Bert().eval()
+    inputs = {n: example(n) for n in lengths}
+    dynamic_s, dynamic = cold_optimize(model, example(EXAMPLE_LENGTH), DYNAMIC)
+    static_s, _ = cold_optimize(model, example(EXAMPLE_LENGTH), STATIC)
+    print(f"compile, cold: dynamic engine {dynamic_s:.1f} s, one static engine (length "
+          f"{EXAMPLE_LENGTH}) {static_s:.1f} s: {dynamic_s / static_s:.2f}x")
+    statics = {n: blade.optimize(model, inputs[n], STATIC) for n in lengths}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bert_base.onnx"
+        export_onnx(model, example(EXAMPLE_LENGTH), path,
+                    dynamic_axes={0: {1: "length"}, 1: {1: "length"}})
+        peers = {"onnxruntime": onnxruntime_backend(path),
+                 "openvino": openvino_backend(path, "f32")}
+        names = ["blade_dynamic", "blade_static", *peers]
+        times = {(name, n): [] for name in names for n in lengths}
+        worst = {name: 0.0 for name in names}
+        with torch.no_grad():
+            for n in lengths:
+                expected = model(*inputs[n])
+                run = {"blade_dynamic": dynamic, "blade_static": statics[n], **peers}
+                for name in names:   # warm-up, and the check against eager
+                    diff = (run[name](*inputs[n]) - expected).abs().max().item()
+                    worst[name] = max(worst[name], diff)
+                for _ in range(args.runs):
+                    for name in names:
+                        start = time.perf_counter()
+                        run[name](*inputs[n])
+                        times[(name, n)].append(time.perf_counter() - start)
+    report = blade.report(dynamic)
+    print(f"dynamic engine: {report.clusters[0].inputs}, {report.runtime_fallbacks} calls "
+          "ran TorchScript instead")
+    print("max abs difference from eager over all lengths: " +
+          ", ".join(f"{name} {worst[name]:.1e}" for name in names))
+    print("\n| length | " + " | ".join(f"{name} ms" for name in names) +
+          " | dynamic / static | dynamic / best peer |")
+    print("|---" * (len(names) + 3) + "|")
+    for n in lengths:
+        ms = {name: statistics.median(times[(name, n)]) * 1e3 for name in names}
+        best_peer = min(ms[name] for name in peers)
+        print(f"| {n} | " + " | ".join(f"{ms[name]:.2f}" for name in names) +
+              f" | {ms['blade_dynamic'] / ms['blade_static']:.2f} | "
+              f"{ms['blade_dynamic'] / best_peer:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
