@@ -297,6 +297,38 @@ def test_no_engine_is_made_without_a_compute_op():
     assert report.clusters[0].ops == {"aten::_to_copy": 1}, str(report)
 
 
+class PositionsOfTheLength(torch.nn.Module):
+    """As Hugging Face's embeddings take their position ids: a slice of a buffer up to the
+    input's length plus an offset, which tracing records as 0-d tensor arithmetic."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("positions", torch.arange(64).unsqueeze(0))
+        self.table = torch.nn.Embedding(64, 8)
+
+    def forward(self, ids):
+        length = ids.shape[1]
+        return torch.tanh(self.table(ids) + self.table(self.positions[:, 0:length + 0]))
+
+
+def test_size_arithmetic_on_0d_tensors_is_no_engine_of_its_own():
+    model = PositionsOfTheLength().eval()
+    ids = torch.randint(0, 64, (1, 10))
+    traced = torch.jit.trace(model, (ids,))
+    optimized = blade.optimize(traced, (ids,), blade.Config(dynamic_dims={0: [1]}))
+    report = blade.report(optimized)
+    assert [c.inputs.split(";") for c in report.clusters if "int64[]" in c.inputs] == [], \
+        str(report)
+    assert "size arithmetic" in report.unsupported["aten::add.Tensor"].reasons[0], str(report)
+    with torch.no_grad():
+        for length in (3, 17):
+            ids = torch.randint(0, 64, (1, length))
+            torch.testing.assert_close(optimized(ids), model(ids))
+    report = blade.report(optimized)
+    assert report.runtime_fallbacks == 0 and all(c.calls == 2 for c in report.clusters), \
+        str(report)
+
+
 def test_every_op_left_outside_an_engine_has_a_reason():
     x = torch.randn(4, 6)
     for config in (None, blade.Config(dynamic=True)):

@@ -128,13 +128,42 @@ def failed_nodes(moved: Sequence[torch._C.Node], size: int,
     return [node] + twins
 
 
+def _size_arithmetic(node: torch._C.Node) -> bool:
+    """Whether `node` computes a 0-d tensor from sizes: each tensor it reads is 0-d and a
+    size made a tensor (prim::NumToTensor, as tracing records `x.shape[1]`), a constant,
+    or such arithmetic itself, with at least one size among them."""
+    sizes = []
+
+    def from_sizes(value: torch._C.Value, depth: int = 0) -> bool:
+        producer = value.node()
+        if producer.kind() == "prim::NumToTensor":
+            sizes.append(value)
+            return True
+        if producer.kind() == "prim::Constant":
+            return True
+        return depth < 8 and producer.kind().startswith("aten::") and \
+            _is_zero_d(producer.outputs()) and all(
+                from_sizes(v, depth + 1) for v in producer.inputs()
+                if isinstance(v.type(), torch._C.TensorType))
+
+    tensors = [v for v in node.inputs() if isinstance(v.type(), torch._C.TensorType)]
+    return bool(tensors) and _is_zero_d(node.outputs()) and _is_zero_d(tensors) and \
+        all(from_sizes(v) for v in tensors) and bool(sizes)
+
+
+def _is_zero_d(values) -> bool:
+    return all(v.type().dim() == 0 for v in values if isinstance(v.type(), torch._C.TensorType))
+
+
 def form_clusters(graph, verdicts: Dict[torch._C.Node, Verdict], config: Config,
              report: Report) -> List:
     """Clusters the supported nodes of `verdicts`; the ops of clusters dissolved again (too
     small, non-tensor boundary) are reported. The caller's node handles are invalid after
     this: clustering moves nodes into subgraphs."""
     supported = [n for n, v in verdicts.items() if v.supported]
-    compute = [n for n in supported if verdicts[n].converter.compute]
+    # Size arithmetic on 0-d tensors (a traced model's `seq_length + 1`, its length read with
+    # `size()`) is not an engine's work: a call costs more than it, compiling one seconds.
+    compute = [n for n in supported if verdicts[n].converter.compute and not _size_arithmetic(n)]
     # Why an op would be only a kernel call (blade.partition.kernel_calls), by overload.
     kernel_calls = {schema_name(n): v.reason for n, v in verdicts.items()
                     if v.supported and v.converter.kernel_call}
