@@ -205,6 +205,10 @@ class Report:
                          "layers reading them (ReLU/GELU and rounding in oneDNN)")
         for name, e in sorted(q.get("engines", {}).items(),
                               key=lambda item: int(item[0].rpartition("_")[2])):
+            if "not_measured" in e:
+                lines.append(f"    {name} vs its float twin: not measured: "
+                             f"{e['not_measured']}")
+                continue
             lines.append(f"    {name} vs its float twin on the same inputs: "
                          f"cosine {e['cosine']:.5f}, max abs error "
                          f"{e['max_abs_error']:.3g} (largest value {e['max_abs_value']:.3g})")

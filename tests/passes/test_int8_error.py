@@ -75,3 +75,16 @@ def assert_ran_compiled_after_a_call(optimized, inputs):
     with torch.no_grad():
         optimized(*inputs)
     return assert_ran_compiled(optimized)
+
+
+def test_an_engine_whose_twin_cannot_be_made_is_said_not_measured(monkeypatch):
+    """A report's figure never stops the compile: the engine compiles, and the report says
+    why its error is missing."""
+    model, cal = layers_and_calibration()
+    monkeypatch.setattr(int8_error, "float_twin", lambda subgraph, weights: None)
+    optimized = blade.optimize(model, cal[0], blade.Config(precision="int8", calibration=cal))
+    report = assert_ran_compiled_after_a_call(optimized, cal[0])
+    assert report.int8["engines"] == {
+        "blade_engine_0": {"not_measured": "an int8 layer's weight is not a constant"}}
+    assert "blade_engine_0 vs its float twin: not measured: an int8 layer's weight" in \
+        str(report)

@@ -14,7 +14,6 @@ outputs left out.
 Clusters are named as compile_clusters names them in its first round (`blade_engine_<k>`,
 in cluster order); the report keeps the engines that compiled.
 """
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -92,12 +91,29 @@ _TWINS = {QUANTIZED_LINEAR: ("linear", (2, 5)), QUANTIZED_CONV2D: ("conv2d", (2,
           QUANTIZED_CONV2D_ADD: ("conv2d_add", (2, 11)), QUANTIZED_MAX_POOL2D: ("max_pool2d", ())}
 
 
-@dataclass
 class EngineError:
-    """One int8 engine against its float twin, over every calibration input."""
-    cosine: float
-    max_abs_error: float
-    max_abs_value: float   # of the float twin's outputs: what the error is next to
+    """One int8 engine against its float twin, accumulated output by output over the
+    calibration inputs (sums, not the outputs, are kept)."""
+
+    def __init__(self):
+        self.dot = self.got_squares = self.want_squares = 0.0
+        self.max_abs_error = self.max_abs_value = 0.0
+        self.values = 0
+
+    def add(self, got: torch.Tensor, want: torch.Tensor) -> None:
+        got, want = got.reshape(-1).double(), want.reshape(-1).double()
+        self.dot += float(got @ want)
+        self.got_squares += float(got @ got)
+        self.want_squares += float(want @ want)
+        if got.numel():
+            self.max_abs_error = max(self.max_abs_error, float((got - want).abs().max()))
+            self.max_abs_value = max(self.max_abs_value, float(want.abs().max()))
+        self.values += got.numel()
+
+    @property
+    def cosine(self) -> float:
+        norms = (self.got_squares * self.want_squares) ** 0.5
+        return self.dot / norms if norms > 0 else float(self.got_squares == self.want_squares)
 
     def to_dict(self) -> dict:
         return {"cosine": self.cosine, "max_abs_error": self.max_abs_error,
@@ -170,45 +186,42 @@ def _as_float(t, value_range: Optional[Tuple[torch.Tensor, bool]]) -> Optional[t
 
 
 def measure_engines(module, graph: torch._C.Graph, clusters: Sequence, calibration: Sequence,
-                    float_weight: Dict[int, torch.Tensor]) -> Dict[str, EngineError]:
-    """The error of each cluster with int8 ops against its float twin, by the engine name
-    compile_clusters gives it, on every calibration input the cluster ran."""
-    measured = {}
+                    float_weight: Dict[int, torch.Tensor]) -> Dict[str, dict]:
+    """The error of each cluster with int8 ops against its float twin (EngineError's dict),
+    by the engine name compile_clusters gives it, on every calibration input the cluster
+    ran; {"not_measured": why} for a cluster whose twin could not be made or run (the
+    report says so; the compile goes on)."""
+    measured, failed = {}, {}
     for k, cluster in enumerate(clusters):
         subgraph = cluster.g("Subgraph")
         if not any(n.kind() in _TWINS for n in subgraph.nodes()):
             continue
         twin = float_twin(subgraph, float_weight)
-        if twin is not None:
-            measured[k] = (torch._C._create_function_from_graph("blade_int8_twin", twin),
-                           _output_ranges(subgraph))
-    if not measured:
-        return {}
+        if twin is None:
+            failed[k] = "an int8 layer's weight is not a constant"
+            continue
+        measured[k] = (torch._C._create_function_from_graph("blade_int8_twin", twin),
+                       _output_ranges(subgraph), EngineError())
     chosen = [clusters[k] for k in measured]
-    got: Dict[int, List[torch.Tensor]] = {k: [] for k in measured}
-    want: Dict[int, List[torch.Tensor]] = {k: [] for k in measured}
-    for inputs in calibration:
+    for inputs in calibration if chosen else ():
         examples = capture_cluster_examples(module, graph, chosen, inputs)()
-        for (k, (run, ranges)), example in zip(measured.items(), examples):
+        for (k, (run, ranges, error)), example in zip(list(measured.items()), examples):
             if example is None:   # this input did not reach the cluster
                 continue
-            with torch.no_grad(), torch.jit.optimized_execution(False):
-                outputs = run(*example.inputs)
+            try:
+                with torch.no_grad(), torch.jit.optimized_execution(False):
+                    outputs = run(*example.inputs)
+            except Exception as e:  # a report's figure must not stop the compile
+                failed[k] = f"its float twin raised {type(e).__name__}: " + \
+                    (str(e).splitlines() or [""])[0]
+                del measured[k]
+                continue
             outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
             for actual, reference, value_range in zip(example.outputs, outputs, ranges):
                 a, b = _as_float(actual, value_range), _as_float(reference, value_range)
                 if a is not None and b is not None and a.shape == b.shape:
-                    got[k].append(a.reshape(-1).double())
-                    want[k].append(b.reshape(-1).double())
-    errors = {}
-    for k in measured:
-        if not got[k]:
-            continue
-        a, b = torch.cat(got[k]), torch.cat(want[k])
-        if not a.numel():
-            continue
-        cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=0)) \
-            if a.abs().max() > 0 or b.abs().max() > 0 else 1.0
-        errors[f"{ENGINE_PREFIX}{k}"] = EngineError(cosine, float((a - b).abs().max()),
-                                                  float(b.abs().max()))
-    return errors
+                    error.add(a, b)
+    found = {f"{ENGINE_PREFIX}{k}": error.to_dict()
+             for k, (_, _, error) in measured.items() if error.values}
+    found.update({f"{ENGINE_PREFIX}{k}": {"not_measured": why} for k, why in failed.items()})
+    return found

@@ -394,9 +394,8 @@ def _measure_int8_engines(c: GraphCompilation) -> None:
         return
     originals = {w.values.data_ptr(): w.original for w in c.int8.weights.values()
                  if w.original is not None}
-    measured = measure_engines(c.module, c.graph, c.clusters,
-                               [private_copy(x) for x in c.calibration], originals)
-    c.int8.engines = {name: error.to_dict() for name, error in measured.items()}
+    c.int8.engines = measure_engines(c.module, c.graph, c.clusters,
+                                     [private_copy(x) for x in c.calibration], originals)
 
 
 def _compile_clusters(c: GraphCompilation) -> None:
