@@ -56,6 +56,20 @@ def test_a_refused_shape_warns_once_with_the_fix_and_the_report_says_what_runs()
     assert report.running_ops == report.total_ops, str(report)
 
 
+def test_a_static_dim_of_a_dynamic_compile_is_not_told_to_go_dynamic():
+    """Optimized with dynamic shapes from a batch of one (the length dynamic), the batch
+    stays static: the fix is another example or dynamic_dims, not Config(dynamic=True)."""
+    model = Mlp().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", blade.DynamicShapesWarning)
+        optimized = blade.optimize(model, (torch.randn(1, 5, 8),), blade.Config(dynamic=True))
+    assert blade.report(optimized).guard_specs == "float32[1,s0,8]"
+    said = _calls(optimized, [torch.randn(3, 5, 8)])
+    assert len(said) == 1 and "size of dim 0 is 3, expected 1" in said[0], said
+    assert "stayed static" in said[0] and "Config(dynamic_dims=...)" in said[0], said
+    assert "Optimize with Config(dynamic=True)" not in said[0], said
+
+
 def test_each_kind_of_reason_is_said_once_with_its_own_fix():
     model = Mlp().eval()
     optimized, _ = run_compiled(model, (torch.randn(4, 8),))

@@ -21,6 +21,11 @@ const char* slow_path_fix(SlowPathKind kind) {
     case SlowPathKind::kSize:
       return "Optimize with Config(dynamic=True), or name the dims that vary with "
              "Config(dynamic_dims=...).";
+    case SlowPathKind::kStaticDim:
+      return "The model was optimized with dynamic shapes, but this dim stayed static (a "
+             "size-1 dim of the example, or one the model needs at that size; blade.report's "
+             "'the example cannot tell' lines name the first kind): optimize with an example "
+             "where it is larger, or name it in Config(dynamic_dims=...).";
     case SlowPathKind::kSharedSize:
       return "The example inputs had equal sizes here: optimize with example inputs whose "
              "sizes differ where they may, or name the dims with Config(dynamic_dims=...).";

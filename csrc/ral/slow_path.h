@@ -25,6 +25,7 @@ enum class SlowPathKind {
   kDtype,
   kRank,
   kSize,          // a static dim of another size
+  kStaticDim,     // the same, in a signature with dynamic dims (a dynamic compile)
   kSharedSize,    // dims that share a symbol have different sizes
   kMemoryOverlap, // an input the model writes into shares memory with another
   kGradMode,      // an input requires grad under grad mode

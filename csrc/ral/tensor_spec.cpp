@@ -177,10 +177,21 @@ SignatureMismatch check_signature(const std::vector<TensorSpec>& specs,
                 std::to_string(tensors.size()),
             SlowPathKind::kInputCount, -1};
   }
+  // Whether this signature has dynamic dims: then a static dim of another size was kept
+  // static on purpose or for want of a better example, and the fix is not "dynamic=True".
+  bool dynamic = false;
+  for (const auto& spec : specs) {
+    for (int64_t size : spec.sizes) {
+      dynamic = dynamic || size == kDynamicDim;
+    }
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
     SlowPathKind kind = SlowPathKind::kSize;
     auto why = specs[i].mismatch(tensors[i], &kind);
     if (!why.empty()) {
+      if (kind == SlowPathKind::kSize && dynamic) {
+        kind = SlowPathKind::kStaticDim;
+      }
       return {"input " + std::to_string(i) + ": " + why, kind, static_cast<int64_t>(i)};
     }
   }
