@@ -172,16 +172,22 @@ def _rate(loop, flops_per_iteration: int, threads: int, seconds: float) -> float
     iterations = max(1, int(10_000_000 * seconds / (time.perf_counter() - start)))
     rates = []
     for _ in range(5):
-        workers = [threading.Thread(target=loop, args=(iterations,)) for _ in range(threads)]
-        start = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        elapsed = time.perf_counter() - start
+        elapsed = _at_once([(loop, (iterations,))] * threads)
         rates.append(threads * flops_per_iteration * iterations / elapsed / 1e9)
     rates.sort()
     return rates[len(rates) // 2]
+
+
+def _at_once(calls) -> float:
+    """Seconds for `calls` ((function, args) pairs), each on a thread of its own, all
+    started together (ctypes releases the GIL during each)."""
+    workers = [threading.Thread(target=f, args=args) for f, args in calls]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - start
 
 
 def measure_peak_gflops(threads: int = THREADS, seconds: float = 0.3) -> dict:
@@ -252,14 +258,9 @@ def measure_read_bandwidth(threads: int = THREADS, size: int = READ_BANDWIDTH_BY
         kernel, _ = build_kernel(Path(tmp))
         rates = []
         for _ in range(8):   # the first round pages the buffer in
-            workers = [threading.Thread(target=kernel.read_loop, args=(
-                buffer.data_ptr() + t * share * 4, share)) for t in range(threads)]
-            start = time.perf_counter()
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-            rates.append(threads * share * 4 / (time.perf_counter() - start) / 1e9)
+            elapsed = _at_once([(kernel.read_loop, (buffer.data_ptr() + t * share * 4, share))
+                                for t in range(threads)])
+            rates.append(threads * share * 4 / elapsed / 1e9)
         return max(rates[1:])
 
 

@@ -44,6 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from blade.config import Config
+from blade.isolation import private_copy
 from blade.quiet import quiet_torchscript
 from blade.report import report
 
@@ -374,12 +375,6 @@ def _size_sources(nodes: Sequence[Optional[torch.fx.Node]], example_inputs: Sequ
     return sizes, unmatched
 
 
-def _private_copy(value):
-    """A copy of a tensor input with its sizes and strides (clone keeps both for dense
-    tensors), so that writes into it stay private."""
-    return value.clone() if isinstance(value, torch.Tensor) else value
-
-
 def _optimize_graph(gm, inputs: Sequence[Any], state: Dict[int, torch.Tensor],
                     sizes: Dict[int, Tuple[int, int]], config: Config) -> torch.jit.ScriptModule:
     wrapper = _StateFrozen(gm, len(inputs), state, sizes).eval()
@@ -388,7 +383,7 @@ def _optimize_graph(gm, inputs: Sequence[Any], state: Dict[int, torch.Tensor],
     # landing in the caller's tensors before the call itself runs.
     # Each run gets its own copies: the trace's writes must not reach optimize's inputs.
     def runtime_inputs():
-        return tuple(_private_copy(inputs[i]) for i in wrapper.runtime_positions)
+        return private_copy(tuple(inputs[i] for i in wrapper.runtime_positions))
 
     try:
         with torch.no_grad(), quiet_torchscript():

@@ -78,6 +78,16 @@ def resized_variants(run: Callable[[Tuple], object], inputs: Tuple,
     return variants
 
 
+def _takes(run: Callable[[Tuple], object], inputs: Tuple, groups: List[DynamicGroup],
+           sizes: Optional[List[int]] = None) -> bool:
+    """Whether the model runs on `inputs` with `groups` resized (see with_groups_resized)."""
+    try:
+        run(with_groups_resized(inputs, groups, sizes))
+    except Exception:  # the model needs these dims at another size
+        return False
+    return True
+
+
 def _groups_by_size(dims: List[Dim], inputs: Tuple) -> List[DynamicGroup]:
     groups: Dict[int, DynamicGroup] = {}
     for position, dim in dims:
@@ -99,11 +109,7 @@ def _split_by_need(run: Callable[[Tuple], object], inputs: Tuple,
     split is kept only if the model takes all its groups resized at once; else the
     group as the example has it, if the model takes that resized."""
     def taken(dims) -> bool:
-        try:
-            run(with_groups_resized(inputs, [DynamicGroup(group.size, list(dims))]))
-        except Exception:  # the model needs these dims at another size
-            return False
-        return True
+        return _takes(run, inputs, [DynamicGroup(group.size, list(dims))])
 
     classes: Dict[int, List[Dim]] = {}
     for position, dim in group.dims:
@@ -195,12 +201,8 @@ def undecided_dims(run: Callable[[Tuple], object], inputs: Tuple,
     probed with one run per case, for `optimize` to say. Size-1 dims are looked at only
     when no `dynamic_dims` names the dims."""
     def taken(resize: List[Tuple[List[Dim], int]]) -> bool:
-        try:
-            run(with_groups_resized(inputs, [DynamicGroup(0, dims) for dims, _ in resize],
-                                    [size for _, size in resize]))
-        except Exception:  # the model needs these dims at the example's size
-            return False
-        return True
+        return _takes(run, inputs, [DynamicGroup(0, dims) for dims, _ in resize],
+                      [size for _, size in resize])
 
     undecided = []
     if not dynamic_dims:

@@ -269,11 +269,14 @@ def _find_dynamic_dims(c: GraphCompilation) -> None:
                       stacklevel=2)
 
 
+def _dim_name(graph: torch._C.Graph, position: int, dim: int) -> str:
+    """`input 0 ('ids') dim 1`: dim `dim` of the model's input `position`."""
+    return f"input {position} ('{argument_name(list(graph.inputs())[position + 1])}') dim {dim}"
+
+
 def _undecided_note(c: GraphCompilation, undecided) -> str:
     """What the example inputs could not tell, what the engine does for it, and the fix."""
-    graph_inputs = list(c.graph.inputs())
-    names = [f"input {p} ('{argument_name(graph_inputs[p + 1])}') dim {d}"
-             for p, d in undecided.dims]
+    names = [_dim_name(c.graph, p, d) for p, d in undecided.dims]
     listed = " and ".join(names)
     if undecided.kind == "size one":
         return (f"{listed} {'has' if len(names) == 1 else 'have'} size 1 in the example, so "
@@ -358,8 +361,8 @@ def _judge_ops(c: GraphCompilation) -> None:
     c.written = sorted({graph_inputs.index(n.inputsAt(0)) for n in c.graph.nodes()
                         if n.kind() == WRITE_BACK and n.inputsAt(0) in graph_inputs})
     c.report = Report(dry_run=c.config.dry_run, decomposed=c.decomposed, dynamic_dims=[
-        [f"input {p} ('{argument_name(graph_inputs[p + 1])}') dim {d}" for p, d in g.dims]
-        for g in c.groups], dynamic_notes=list(c.dynamic_notes))
+        [_dim_name(c.graph, p, d) for p, d in g.dims] for g in c.groups],
+        dynamic_notes=list(c.dynamic_notes))
     if c.int8 is not None:
         c.report.int8 = c.int8.to_dict()
     c.verdicts = registry_verdicts(all_nodes(c.graph), c.config)
