@@ -20,7 +20,8 @@ import torch
 
 from blade.engines import ENGINE_PREFIX
 from blade.frontend.int8_handoffs import (QUANTIZED_CONV2D, QUANTIZED_CONV2D_ADD,
-                                          QUANTIZED_LINEAR, QUANTIZED_MAX_POOL2D)
+                                          QUANTIZED_LINEAR, QUANTIZED_MAX_POOL2D,
+                                          RANGE_OPERANDS, constant_value)
 from blade.self_check import capture_cluster_examples
 
 TWIN = "blade_float_twin"
@@ -87,8 +88,10 @@ for _name, _function in (("linear", _linear), ("conv2d", _conv2d),
 
 # Blade's op -> (its twin, the operand positions the twin drops: the weight's scales, the
 # output range).
-_TWINS = {QUANTIZED_LINEAR: ("linear", (2, 5)), QUANTIZED_CONV2D: ("conv2d", (2, 9)),
-          QUANTIZED_CONV2D_ADD: ("conv2d_add", (2, 11)), QUANTIZED_MAX_POOL2D: ("max_pool2d", ())}
+_TWINS = {kind: (name, (2, RANGE_OPERANDS[kind][1])) for kind, name in (
+    (QUANTIZED_LINEAR, "linear"), (QUANTIZED_CONV2D, "conv2d"),
+    (QUANTIZED_CONV2D_ADD, "conv2d_add"))}
+_TWINS[QUANTIZED_MAX_POOL2D] = ("max_pool2d", ())
 
 
 class EngineError:
@@ -120,10 +123,6 @@ class EngineError:
                 "max_abs_value": self.max_abs_value}
 
 
-def _constant(value: torch._C.Value):
-    return value.toIValue() if value.node().kind() == "prim::Constant" else None
-
-
 def float_twin(subgraph: torch._C.Graph,
                float_weight: Dict[int, torch.Tensor]) -> Optional[torch._C.Graph]:
     """A copy of `subgraph` with each of Blade's int8 ops as its float twin; None when an
@@ -137,7 +136,7 @@ def float_twin(subgraph: torch._C.Graph,
         name, dropped = _TWINS[node.kind()]
         operands = [v for k, v in enumerate(node.inputs()) if k not in dropped]
         if node.kind() != QUANTIZED_MAX_POOL2D:
-            weight, scales = _constant(node.inputsAt(1)), _constant(node.inputsAt(2))
+            weight, scales = constant_value(node.inputsAt(1)), constant_value(node.inputsAt(2))
             if not isinstance(weight, torch.Tensor) or not isinstance(scales, torch.Tensor):
                 return None
             original = float_weight.get(weight.data_ptr())
@@ -169,9 +168,8 @@ def _output_ranges(subgraph: torch._C.Graph) -> List[Optional[Tuple[torch.Tensor
         node = value.node()
         if node.kind() == QUANTIZED_MAX_POOL2D:
             node = node.inputsAt(0).node()
-        out_range = {QUANTIZED_LINEAR: 5, QUANTIZED_CONV2D: 9,
-                     QUANTIZED_CONV2D_ADD: 11}.get(node.kind())
-        value_range = _constant(node.inputsAt(out_range)) if out_range is not None else None
+        out_range = RANGE_OPERANDS[node.kind()][1] if node.kind() in RANGE_OPERANDS else None
+        value_range = constant_value(node.inputsAt(out_range)) if out_range is not None else None
         found.append((value_range, node.kind() != QUANTIZED_LINEAR)
                      if isinstance(value_range, torch.Tensor) else None)
     return found

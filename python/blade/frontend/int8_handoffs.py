@@ -26,10 +26,10 @@ QUANTIZED_CONV2D = "blade::quantized_conv2d"
 QUANTIZED_CONV2D_ADD = "blade::quantized_conv2d_add"
 QUANTIZED_MAX_POOL2D = "blade::quantized_max_pool2d"
 _ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
-# Operand positions: (input_range, output_range, post_op) of each op, and
-# quantized_conv2d_add's accum and accum_range.
-_RANGES = {QUANTIZED_LINEAR: (4, 5, 6), QUANTIZED_CONV2D: (8, 9, 10),
-           QUANTIZED_CONV2D_ADD: (8, 11, 12)}
+# Operand positions: (input_range, output_range, post_op) of each op (int8_error reads
+# them too), and quantized_conv2d_add's accum and accum_range.
+RANGE_OPERANDS = {QUANTIZED_LINEAR: (4, 5, 6), QUANTIZED_CONV2D: (8, 9, 10),
+                  QUANTIZED_CONV2D_ADD: (8, 11, 12)}
 _ACCUM, _ACCUM_RANGE = 9, 10
 _CONVOLUTIONS = (QUANTIZED_CONV2D, QUANTIZED_CONV2D_ADD)
 
@@ -123,7 +123,7 @@ def hand_on_uint8(graph: torch._C.Graph) -> int:
 
 def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
     kind = producer.kind()
-    _, output_at, post_at = _RANGES[kind]
+    _, output_at, post_at = RANGE_OPERANDS[kind]
     if constant_value(producer.inputsAt(output_at)) is not None:
         return False
     value = producer.output()
@@ -151,7 +151,7 @@ def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
             accums.append(user)
         else:
             return False
-    ranges = [_range(user.inputsAt(_RANGES[user.kind()][0])) for user in inputs] or \
+    ranges = [_range(user.inputsAt(RANGE_OPERANDS[user.kind()][0])) for user in inputs] or \
         [_range(user.inputsAt(_ACCUM_RANGE)) for user in accums]
     if not ranges or any(r is None or not r[0] > 0 or r != ranges[0] for r in ranges):
         return False  # no reader, a range measured per call, or readers that differ
