@@ -365,6 +365,33 @@ def test_int8_engine_runs_quantized_layers_close_to_eager():
                                    rtol=1e-4, atol=1e-4)
 
 
+@needs_int8
+def test_int8_results_are_made_in_the_engine_buffers():
+    """An int8 layer's result is oneDNN's output made in the buffer the engine allocated for
+    it, not copied there; where a temporary of the same size takes that buffer (a float
+    input of K = 4N features, rounded to uint8), the result is copied and still right."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.LayerNorm(256),
+                                torch.nn.Linear(256, 64)).eval()
+    x = torch.randn(32, 64)
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8",
+                                                        calibration=calibration()))
+    with torch.no_grad():
+        optimized(x)
+    report = assert_ran_compiled(optimized)
+    assert len(report.int8["layers"]) == 2, str(report)
+    engine = getattr(optimized, report.clusters[0].name)
+    placed, copied = _C.kernel_call_result_counts()
+    with torch.no_grad():
+        got = engine.run_code([x])
+    placed_now, copied_now = _C.kernel_call_result_counts()
+    # The first layer's [32, 256] float32 result is made in place; the second's input
+    # (32 x 256 bytes, rounded to uint8) is as large as its [32, 64] float32 result.
+    assert (placed_now - placed, copied_now - copied) == (1, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(got, engine.run_subgraph([x]), rtol=1e-5, atol=1e-5)
+
+
 class ConvNet(torch.nn.Module):
     """Convolutions large enough for int8 (q.MIN_MACS), a depthwise one (stays float32),
     BatchNorm folded by freezing, a residual, pooling and a linear head."""

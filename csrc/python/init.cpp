@@ -20,6 +20,7 @@
 #include "ral/cpu_features.h"
 #include "ral/engine.h"
 #include "ral/int8_kernels.h"
+#include "ral/kernel_calls.h"
 #include "ral/kernel_trials.h"
 #include "ral/ral_abi.h"
 #include "ral/signing.h"
@@ -193,6 +194,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_int8_dot_product_allowed", &ral::set_int8_dot_product_allowed,
         py::arg("allowed"),
         "False makes this CPU behave as one without int8 dot products (tests).");
+  m.def("kernel_call_result_counts", &ral::kernel_call_result_counts,
+        "(placed, copied): kernel call results in this process that the op made in the "
+        "engine's buffer, and that were copied into it.");
   m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
         "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;

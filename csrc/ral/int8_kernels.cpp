@@ -126,6 +126,19 @@ at::Tensor packed_weight(const at::Tensor& weight, const std::vector<int64_t>& k
   return outside_pack(weight, key, pack);
 }
 
+// The weights' zero points: n zeros (symmetric weights), made once per n rather than per
+// call. The ops only read them.
+at::Tensor zero_points(int64_t n) {
+  static std::mutex mutex;
+  static auto* made = new std::map<int64_t, at::Tensor>();  // never destroyed, as cache()
+  std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& zeros = (*made)[n];
+  if (!zeros.defined()) {
+    zeros = at::zeros({n}, at::kInt);
+  }
+  return zeros;
+}
+
 at::Tensor pack_linear(const at::Tensor& weight) {
   static const auto prepack = onednn_op("onednn::qlinear_prepack");
   torch::jit::Stack stack{weight.contiguous(), c10::IValue()};
@@ -288,7 +301,7 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
   stack.emplace_back(zero_point);
   stack.emplace_back(packed);
   stack.emplace_back(weight_scale.contiguous());
-  stack.emplace_back(at::zeros({n}, weight_scale.options().dtype(at::kInt)));
+  stack.emplace_back(zero_points(n));
   stack.emplace_back(bias.has_value() ? c10::IValue(bias->contiguous()) : c10::IValue());
   // uint8 out: rounded by oneDNN with the next layer's range.
   stack.emplace_back(out_scale);
@@ -422,7 +435,7 @@ void push_source(torch::jit::Stack& stack, const ConvCall& call, const at::Tenso
   stack.emplace_back(call.zero_point);
   stack.emplace_back(packed);
   stack.emplace_back(weight_scale.contiguous());
-  stack.emplace_back(at::zeros({weight_scale.size(0)}, weight_scale.options().dtype(at::kInt)));
+  stack.emplace_back(zero_points(weight_scale.size(0)));
 }
 
 // Then the bias, the convolution's geometry, and the result's range and dtype (uint8 out:

@@ -13,7 +13,9 @@
 #include <ATen/core/enum_tag.h>
 
 #include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
 
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -26,6 +28,68 @@ namespace blade::ral {
 namespace {
 
 thread_local const KernelCallTable* active_table = nullptr;
+
+// The buffer offered for the next CPU allocation of exactly `bytes` on this thread.
+struct Offer {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+thread_local Offer offer;
+
+std::atomic<int64_t> placed_results{0};
+std::atomic<int64_t> copied_results{0};
+
+// A wrapper of PyTorch's CPU allocator that hands out the offered buffer when one is
+// offered and the size matches; every other allocation, and every deallocation, is the
+// wrapped allocator's own. The offered buffer belongs to the engine: its DataPtr frees
+// nothing, and its context differs from its data, so that raw_allocate (whose memory
+// raw_deallocate would free) refuses it instead of taking it.
+class OfferingAllocator final : public c10::Allocator {
+ public:
+  explicit OfferingAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {}
+
+  c10::DataPtr allocate(size_t bytes) override {
+    if (offer.data != nullptr && bytes == offer.bytes) {
+      void* data = offer.data;
+      offer = Offer();
+      return {data, &offer_context, &keep, c10::Device(c10::DeviceType::CPU)};
+    }
+    return wrapped_->allocate(bytes);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return wrapped_->raw_deleter(); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    wrapped_->copy_data(dest, src, count);
+  }
+
+ private:
+  static void keep(void*) {}
+  static inline char offer_context = 0;
+  c10::Allocator* wrapped_;
+};
+
+// Installs the wrapper once; false where another allocator of higher priority is PyTorch's
+// (the results are then copied).
+bool offering_installed() {
+  static const bool installed = [] {
+    c10::Allocator* wrapped = c10::GetCPUAllocator();
+    // Never destroyed: PyTorch allocates through it until the process ends.
+    auto* wrapper = new OfferingAllocator(wrapped);
+    c10::SetCPUAllocator(wrapper, /*priority=*/0);
+    return c10::GetCPUAllocator() == wrapper;
+  }();
+  return installed;
+}
+
+// Offers `out`'s memory for the duration of a scope (withdrawn when not taken).
+class ScopedOffer {
+ public:
+  explicit ScopedOffer(const at::Tensor& out) {
+    offer = {out.data_ptr(), static_cast<size_t>(out.numel()) * out.element_size()};
+  }
+  ~ScopedOffer() { offer = Offer(); }
+  ScopedOffer(const ScopedOffer&) = delete;
+  ScopedOffer& operator=(const ScopedOffer&) = delete;
+};
 
 int64_t parse_int(const std::string& text) {
   TORCH_CHECK(!text.empty(), "an empty integer");
@@ -173,6 +237,12 @@ KernelCall parse_call(const std::string& line) {
     call.constants.push_back(parse_argument(fields[i], call.operand_types.size(), &operand));
     call.tensor_operand.push_back(operand);
   }
+  // quantized_linear's result is oneDNN's output, reshaped; a convolution's is only when it
+  // is uint8 (NHWC, as the buffer); a float one comes channels_last and is laid out again.
+  call.places_result =
+      call.result_types.size() == 1 &&
+      (op_name == "blade::quantized_linear" ||
+       (op_name.rfind("blade::quantized_conv2d", 0) == 0 && call.result_types[0] == at::kChar));
   return call;
 }
 
@@ -210,6 +280,9 @@ KernelCallTable::KernelCallTable(const std::string& text) {
       calls_.push_back(parse_call(lines[i]));
       draws_random_numbers_ = draws_random_numbers_ ||
                               calls_.back().op->hasTag(at::Tag::nondeterministic_seeded);
+      if (calls_.back().places_result) {
+        offering_installed();  // when the code loads, rather than on its first call
+      }
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "kernel call ", i, " ('", lines[i].substr(0, 200),
                   "') is refused: ", e.msg());
@@ -222,6 +295,10 @@ ActiveKernelCalls::ActiveKernelCalls(const KernelCallTable* table) : previous_(a
 }
 
 ActiveKernelCalls::~ActiveKernelCalls() { active_table = previous_; }
+
+std::pair<int64_t, int64_t> kernel_call_result_counts() {
+  return {placed_results.load(), copied_results.load()};
+}
 
 void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t count) {
   if (kernel_error_pending()) {
@@ -244,7 +321,14 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
                                   : c10::IValue(buffer_view(&buffers[operand],
                                                             call.operand_types[operand])));
     }
-    call.op->callBoxed(stack);
+    at::Tensor placed;
+    if (call.places_result && offering_installed()) {
+      placed = buffer_view(&buffers[operands], call.result_types[0]);
+      ScopedOffer scoped(placed);
+      call.op->callBoxed(stack);
+    } else {
+      call.op->callBoxed(stack);
+    }
     TORCH_CHECK(stack.size() == call.result_types.size(), call.name, " returned ",
                 stack.size(), " values, the call expects ", call.result_types.size());
     for (size_t r = 0; r < stack.size(); ++r) {
@@ -258,7 +342,19 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
       TORCH_CHECK(result.scalar_type() == out.scalar_type() && result.sizes() == out.sizes(),
                   call.name, " gave result ", r, " of ", result.scalar_type(), result.sizes(),
                   ", the engine was compiled for ", out.scalar_type(), out.sizes());
+      if (placed.defined() && result.storage().data() == placed.data_ptr()) {
+        // Made in the buffer: nothing to do when laid out as it, else a copy first (the
+        // buffer is both source and destination).
+        if (result.data_ptr() != placed.data_ptr() || !result.is_contiguous()) {
+          copy_result(out, result.clone(at::MemoryFormat::Contiguous));
+          copied_results.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          placed_results.fetch_add(1, std::memory_order_relaxed);
+        }
+        continue;
+      }
       copy_result(out, result);
+      copied_results.fetch_add(1, std::memory_order_relaxed);
     }
   } catch (const std::exception& e) {
     record_kernel_error(std::string("blade_ral_kernel_call: ") + e.what());

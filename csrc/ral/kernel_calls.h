@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace blade::ral {
@@ -45,6 +46,9 @@ struct KernelCall {
   // call's tensor operand of that index.
   std::vector<c10::IValue> constants;
   std::vector<int64_t> tensor_operand;
+  // Whether the op may make its single result in the engine's result buffer (see
+  // run_kernel_call): Blade's int8 ops whose result comes out in the buffer's layout.
+  bool places_result = false;
 };
 
 class KernelCallTable {
@@ -75,7 +79,16 @@ class ActiveKernelCalls {
   const KernelCallTable* previous_;
 };
 
+// Results of kernel calls in this process that the op made in the engine's buffer, and
+// that were copied into it: {placed, copied} (tests).
+std::pair<int64_t, int64_t> kernel_call_result_counts();
+
 // Runs call `index` of the active table on `buffers`: its operands, then its results.
+// A result is copied into the buffer the code allocated for it, except for calls that
+// place it: those run with the buffer offered to PyTorch's CPU allocator (on this thread,
+// for one allocation of exactly its size), so the op's own output is made in it and no
+// copy is needed. Anything else that takes the offer (a temporary of the same size) only
+// borrows the buffer for the call; the result made elsewhere is then copied as before.
 void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t count);
 
 }  // namespace blade::ral
