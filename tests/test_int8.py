@@ -392,6 +392,57 @@ def test_int8_results_are_made_in_the_engine_buffers():
         torch.testing.assert_close(got, engine.run_subgraph([x]), rtol=1e-5, atol=1e-5)
 
 
+class AttentionWithInt8Projection(torch.nn.Module):
+    """Attention beside an int8 linear layer, so that its engine is an int8 one."""
+
+    def __init__(self, head_dim):
+        super().__init__()
+        self.proj = torch.nn.Linear(head_dim, head_dim)
+
+    def forward(self, q, k, v, mask):
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(attended)
+
+
+@needs_int8
+@pytest.mark.skipif(not _C.bf16_attention_supported(), reason="this CPU lacks AMX-BF16")
+@pytest.mark.parametrize("batch, heads, rows, keys, head_dim, masked", [
+    (1, 12, 128, 128, 64, False),   # BERT-base's heads: one block of rows a head
+    (2, 3, 600, 600, 32, True),     # several blocks a head, reusing its k and v
+    (1, 2, 7, 37, 16, True),        # keys not a whole vector: padded pairs
+])
+def test_int8_engines_multiply_attention_in_bf16(batch, heads, rows, keys, head_dim, masked):
+    """An int8 engine's attention multiplies bfloat16 operands on AMX (float32 sums and
+    softmax): about bfloat16's rounding from the float32 products, never more."""
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads, rows, head_dim)
+    k, v = torch.randn(batch, heads, keys, head_dim), torch.randn(batch, heads, keys, head_dim)
+    mask = (torch.where(torch.rand(batch, 1, rows, keys) > 0.2, 0.0, -1e4) if masked
+            else torch.zeros(1, 1, 1, keys))
+    model = AttentionWithInt8Projection(head_dim).eval()
+    inputs = (q, k, v, mask)
+    optimized = blade.optimize(model, inputs, blade.Config(precision="int8",
+                                                           calibration=[inputs]))
+    with torch.no_grad():
+        optimized(*inputs)
+    report = assert_ran_compiled(optimized)
+    assert [c.precision for c in report.clusters] == ["int8"], str(report)
+    with torch.no_grad():
+        bf16 = optimized(*inputs)
+        _C.set_bf16_attention_allowed(False)
+        try:
+            f32 = optimized(*inputs)
+        finally:
+            _C.set_bf16_attention_allowed(True)
+    assert_ran_compiled(optimized)
+    difference = float((bf16 - f32).abs().max())
+    # Rounded operands move the answer (the products ran in bfloat16), by about 2^-8 of
+    # the outputs' size: the projection's int8 steps do not amplify it past a few steps.
+    assert 0 < difference < 0.05 * float(f32.abs().max()), difference
+    cosine = torch.nn.functional.cosine_similarity(bf16.flatten(), f32.flatten(), dim=0)
+    assert float(cosine) > 0.9999
+
+
 class ConvNet(torch.nn.Module):
     """Convolutions large enough for int8 (q.MIN_MACS), a depthwise one (stays float32),
     BatchNorm folded by freezing, a residual, pooling and a linear head."""

@@ -19,6 +19,7 @@
 #include "python/tolerance.h"
 #include "ral/cpu_features.h"
 #include "ral/engine.h"
+#include "ral/fused_attention.h"
 #include "ral/int8_kernels.h"
 #include "ral/kernel_calls.h"
 #include "ral/kernel_trials.h"
@@ -194,6 +195,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_int8_dot_product_allowed", &ral::set_int8_dot_product_allowed,
         py::arg("allowed"),
         "False makes this CPU behave as one without int8 dot products (tests).");
+  m.def("bf16_attention_supported", &ral::bf16_attention_supported,
+        "Whether int8 engines multiply attention's operands in bfloat16 here (AMX-BF16).");
+  m.def("set_bf16_attention_allowed", &ral::set_bf16_attention_allowed, py::arg("allowed"),
+        "False makes int8 engines multiply attention's operands in float32 (tests).");
   m.def("kernel_call_result_counts", &ral::kernel_call_result_counts,
         "(placed, copied): kernel call results in this process that the op made in the "
         "engine's buffer, and that were copied into it.");

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "ral/cpu_features.h"
+#include "ral/fused_attention.h"
 #include "ral/int8_kernels.h"
 #include "ral/kernel_trials.h"
 #include "ral/ral_abi.h"
@@ -489,6 +490,7 @@ std::vector<at::Tensor> Engine::call_code(const std::vector<at::Tensor>& inputs,
   {
     ActivePreparedWeights weights(prepared_weights_.get());
     ActiveKernelCalls calls(code_->kernel_calls());
+    Bf16AttentionProducts attention(precision_ == "int8");
     code_->entry()(pointers.data());
   }
   prepared_weights_->return_freed_memory();

@@ -6,6 +6,9 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
+#include <c10/util/BFloat16.h>
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -285,6 +288,25 @@ ExpRow exp_row_for_host() {
 
 const ExpRow exp_row = exp_row_for_host();
 
+thread_local bool bf16_products = false;
+std::atomic<bool> bf16_products_allowed{true};
+
+// src rounded to bfloat16 (to nearest, ties to even, as PyTorch rounds), n values: 16 at a
+// time with AVX512-BF16's conversion, the tail one by one.
+__attribute__((target("avx512f,avx512bf16"))) void to_bf16(const float* __restrict src,
+                                                            c10::BFloat16* __restrict dst,
+                                                            int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)rounded);
+  }
+  for (; i < n; ++i) {
+    dst[i] = c10::BFloat16(src[i]);
+  }
+}
+
+
 struct Problem {
   Matrix q;
   Matrix k;
@@ -309,6 +331,8 @@ struct Problem {
   // brgemm_row_major, k^T copied per block unless k is stored transposed. Otherwise MKL's
   // sgemm, which reads either operand transposed.
   bool microkernel = false;
+  // Products with bfloat16 operands (Bf16AttentionProducts; microkernel, even head dim).
+  bool bf16 = false;
 };
 
 // One worker of the pool: claims blocks one at a time from the shared counter until none
@@ -377,7 +401,99 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
   }
 }
 
+// run_blocks with bfloat16 products: per head, k^T and v rounded to bfloat16 and laid
+// out as the AMX microkernel reads its B operand (pairs of rows interleaved, "VNNI"); per
+// block, q's rows rounded, the scores and their softmax in float32 as above, and the
+// probabilities rounded for @ v, whose float32 sums go straight into the output.
+void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** arguments) {
+  using at::native::cpublas::brgemm;
+  const Problem& p = *static_cast<const Problem*>(arguments[0]);
+  auto& next_block = *static_cast<std::atomic<int64_t>*>(arguments[1]);
+  const int64_t blocks = p.batches * p.heads * p.blocks_per_head;
+  const int64_t padded = (p.keys + kLanes - 1) / kLanes * kLanes;  // even, as pairs need
+  const int64_t e = p.head_dim;
+  const int64_t ev = p.value_dim;
+  std::unique_ptr<float[]> scores(new float[p.rows_per_block * padded]);
+  std::unique_ptr<float[]> inverse_sums(new float[p.rows_per_block]);
+  std::unique_ptr<c10::BFloat16[]> q16(new c10::BFloat16[p.rows_per_block * e]);
+  std::unique_ptr<c10::BFloat16[]> probabilities(new c10::BFloat16[p.rows_per_block * padded]);
+  std::unique_ptr<c10::BFloat16[]> k_rows(new c10::BFloat16[p.keys * e]);
+  std::unique_ptr<c10::BFloat16[]> k_pairs(new c10::BFloat16[e * padded]);
+  // v's rows past the keys stay 0: the probabilities there are 0, but 0 x NaN is not.
+  std::unique_ptr<c10::BFloat16[]> v_rows(new c10::BFloat16[padded * ev]());
+  std::unique_ptr<c10::BFloat16[]> v_pairs(new c10::BFloat16[padded * ev]);
+  int64_t converted_head = -1;  // the (batch, head) whose k and v the buffers hold
+  for (int64_t task = next_block.fetch_add(1, std::memory_order_relaxed); task < blocks;
+       task = next_block.fetch_add(1, std::memory_order_relaxed)) {
+    const int64_t head_index = task / p.blocks_per_head;
+    const int64_t b = head_index / p.heads;
+    const int64_t h = head_index % p.heads;
+    const int64_t first = (task % p.blocks_per_head) * p.rows_per_block;
+    const int64_t count = std::min(p.rows_per_block, p.rows - first);
+    const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride +
+                     first * p.q.row_stride;
+    float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride +
+                 first * p.out_row_stride;
+    if (head_index != converted_head) {
+      const float* k = p.k.data + b * p.k.batch_stride + h * p.k.head_stride;
+      const float* v = p.v.data + b * p.v.batch_stride + h * p.v.head_stride;
+      for (int64_t r = 0; r < p.keys; ++r) {
+        to_bf16(k + r * p.k.ld, k_rows.get() + r * e, e);
+        to_bf16(v + r * p.v.ld, v_rows.get() + r * ev, ev);
+      }
+      // k^T's pairs: k's row r holds the pairs (r, 0..e/2), 32 bits each, which go to
+      // column r of pair rows 0..e/2 (a transpose of 32-bit values).
+      transpose(reinterpret_cast<const float*>(k_rows.get()), e / 2, p.keys, e / 2,
+                reinterpret_cast<float*>(k_pairs.get()), padded);
+      at::native::cpublas::pack(padded, ev, ev, ev, at::kBFloat16, at::kBFloat16,
+                                v_rows.get(), v_pairs.get());
+      converted_head = head_index;
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      to_bf16(q + i * p.q.row_stride, q16.get() + i * e, e);
+    }
+    brgemm(count, p.keys, e, e, padded, padded, /*add_C=*/false, q16.get(), k_pairs.get(),
+           scores.get(), /*is_vnni=*/true);
+    for (int64_t i = 0; i < count; ++i) {
+      const float* mask = p.mask == nullptr
+                              ? nullptr
+                              : p.mask + b * p.mask_strides[0] + h * p.mask_strides[1] +
+                                    (first + i) * p.mask_strides[2];
+      float* row = scores.get() + i * padded;
+      inverse_sums[i] = exp_row(row, mask, p.scale, p.keys, padded, p.empty_row);
+      to_bf16(row, probabilities.get() + i * padded, padded);
+    }
+    brgemm(count, ev, padded, padded, ev, p.out_row_stride, /*add_C=*/false,
+           probabilities.get(), v_pairs.get(), out, /*is_vnni=*/true);
+    for (int64_t i = 0; i < count; ++i) {
+      float* row = out + i * p.out_row_stride;
+      const float inverse = inverse_sums[i];
+      for (int64_t j = 0; j < ev; ++j) {
+        row[j] *= inverse;
+      }
+    }
+  }
+  at::native::cpublas::brgemm_release(/*is_vnni=*/true);  // the thread's AMX tiles
+}
+
 }  // namespace
+
+bool bf16_attention_supported() {
+  // AMX-BF16 tiles (oneDNN's microkernel packs its B operand there) and AVX512-BF16 for
+  // the rounding.
+  static const bool supported = has_cpu_feature("amx_bf16") &&
+                                has_cpu_feature("avx512_bf16") &&
+                                at::native::cpublas::could_pack(at::kBFloat16);
+  return supported;
+}
+
+void set_bf16_attention_allowed(bool allowed) { bf16_products_allowed.store(allowed); }
+
+Bf16AttentionProducts::Bf16AttentionProducts(bool enabled) : previous_(bf16_products) {
+  bf16_products = enabled && bf16_products_allowed.load(std::memory_order_relaxed);
+}
+
+Bf16AttentionProducts::~Bf16AttentionProducts() { bf16_products = previous_; }
 
 bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double scale,
@@ -401,6 +517,7 @@ bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Ten
     return false;
   }
   p.microkernel = !p.q.transposed && !p.v.transposed;
+  p.bf16 = bf16_products && p.microkernel && p.head_dim % 2 == 0 && bf16_attention_supported();
   if (!p.microkernel && fortran_sgemm() == nullptr) {
     return false;
   }
@@ -431,7 +548,7 @@ bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // at most one per block.
   const int64_t workers = std::min<int64_t>(at::get_num_threads(),
                                             p.batches * p.heads * p.blocks_per_head);
-  blade_ral_parallel_for(workers, 1, &run_blocks, arguments);
+  blade_ral_parallel_for(workers, 1, p.bf16 ? &run_blocks_bf16 : &run_blocks, arguments);
   return true;
 }
 

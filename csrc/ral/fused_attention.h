@@ -14,6 +14,25 @@
 
 namespace blade::ral {
 
+// While a Bf16AttentionProducts(true) is alive on a thread, fused_attention_f32 on that
+// thread multiplies bfloat16 operands (float32 sums, a float32 softmax) where the CPU has
+// AMX-BF16: int8 engines run their attention so (Config(precision="int8")), as OpenVINO
+// runs the float parts of its int8 models in bfloat16 on such CPUs. Whether this CPU runs
+// them; tests turn them off (false) to compare with float32 products.
+bool bf16_attention_supported();
+void set_bf16_attention_allowed(bool allowed);
+
+class Bf16AttentionProducts {
+ public:
+  explicit Bf16AttentionProducts(bool enabled);
+  ~Bf16AttentionProducts();
+  Bf16AttentionProducts(const Bf16AttentionProducts&) = delete;
+  Bf16AttentionProducts& operator=(const Bf16AttentionProducts&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev] and out [B, H, L, Ev], float32, any
 // strides that leave each [rows, cols] matrix with one unit stride (out: along its last
 // dim); `mask` broadcasts to [B, H, L, S] with unit stride along S. Writes all of `out`
