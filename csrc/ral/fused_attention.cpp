@@ -335,6 +335,54 @@ struct Problem {
   bool bf16 = false;
 };
 
+// Where task `task` works: the (batch, head) and the block of query rows it takes.
+struct Block {
+  int64_t head_index = 0;
+  int64_t b = 0;
+  int64_t h = 0;
+  int64_t first = 0;  // query row
+  int64_t count = 0;
+  const float* q = nullptr;  // the block's first row
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* out = nullptr;  // the block's first row
+};
+
+Block block_of(const Problem& p, int64_t task) {
+  Block block;
+  block.head_index = task / p.blocks_per_head;
+  block.b = block.head_index / p.heads;
+  block.h = block.head_index % p.heads;
+  block.first = (task % p.blocks_per_head) * p.rows_per_block;
+  block.count = std::min(p.rows_per_block, p.rows - block.first);
+  block.q = p.q.data + block.b * p.q.batch_stride + block.h * p.q.head_stride +
+            block.first * p.q.row_stride;
+  block.k = p.k.data + block.b * p.k.batch_stride + block.h * p.k.head_stride;
+  block.v = p.v.data + block.b * p.v.batch_stride + block.h * p.v.head_stride;
+  block.out = p.out + block.b * p.out_batch_stride + block.h * p.out_head_stride +
+              block.first * p.out_row_stride;
+  return block;
+}
+
+// The mask's row for the block's row i (null without a mask).
+const float* mask_row(const Problem& p, const Block& block, int64_t i) {
+  return p.mask == nullptr ? nullptr
+                           : p.mask + block.b * p.mask_strides[0] +
+                                 block.h * p.mask_strides[1] +
+                                 (block.first + i) * p.mask_strides[2];
+}
+
+// The block's output rows times their softmax's 1 / sum.
+void normalize_rows(const Problem& p, const Block& block, const float* inverse_sums) {
+  for (int64_t i = 0; i < block.count; ++i) {
+    float* row = block.out + i * p.out_row_stride;
+    const float inverse = inverse_sums[i];
+    for (int64_t j = 0; j < p.value_dim; ++j) {
+      row[j] *= inverse;
+    }
+  }
+}
+
 // One worker of the pool: claims blocks one at a time from the shared counter until none
 // is left, so a thread that starts late or is preempted (a busy or virtualized host) does
 // not leave the others waiting at the barrier on a fixed share of the blocks.
@@ -350,17 +398,10 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
       p.microkernel && !p.k.transposed ? new float[p.head_dim * padded] : nullptr);
   for (int64_t task = next_block.fetch_add(1, std::memory_order_relaxed); task < blocks;
        task = next_block.fetch_add(1, std::memory_order_relaxed)) {
-    const int64_t head_index = task / p.blocks_per_head;
-    const int64_t b = head_index / p.heads;
-    const int64_t h = head_index % p.heads;
-    const int64_t first = (task % p.blocks_per_head) * p.rows_per_block;
-    const int64_t count = std::min(p.rows_per_block, p.rows - first);
-    const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride +
-                     first * p.q.row_stride;
-    const float* k = p.k.data + b * p.k.batch_stride + h * p.k.head_stride;
-    const float* v = p.v.data + b * p.v.batch_stride + h * p.v.head_stride;
-    float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride +
-                 first * p.out_row_stride;
+    const Block block = block_of(p, task);
+    const int64_t count = block.count;
+    const float *q = block.q, *k = block.k, *v = block.v;
+    float* out = block.out;
     // scores = q @ k^T (exp_row scales them).
     if (p.microkernel) {
       const float* k_t = k;
@@ -377,12 +418,8 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
                      p.q.ld, k, p.k.ld, 0.0f, scores.get(), padded);
     }
     for (int64_t i = 0; i < count; ++i) {
-      const float* mask = p.mask == nullptr
-                              ? nullptr
-                              : p.mask + b * p.mask_strides[0] + h * p.mask_strides[1] +
-                                    (first + i) * p.mask_strides[2];
-      inverse_sums[i] =
-          exp_row(scores.get() + i * padded, mask, p.scale, p.keys, padded, p.empty_row);
+      inverse_sums[i] = exp_row(scores.get() + i * padded, mask_row(p, block, i), p.scale,
+                                p.keys, padded, p.empty_row);
     }
     if (p.microkernel) {
       brgemm_row_major(count, p.value_dim, p.keys, scores.get(), padded, v, p.v.ld, out,
@@ -391,13 +428,7 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
       sgemm_row_major(false, p.v.transposed, count, p.value_dim, p.keys, 1.0f, scores.get(),
                      padded, v, p.v.ld, 0.0f, out, p.out_row_stride);
     }
-    for (int64_t i = 0; i < count; ++i) {
-      float* row = out + i * p.out_row_stride;
-      const float inverse = inverse_sums[i];
-      for (int64_t j = 0; j < p.value_dim; ++j) {
-        row[j] *= inverse;
-      }
-    }
+    normalize_rows(p, block, inverse_sums.get());
   }
 }
 
@@ -425,18 +456,10 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
   int64_t converted_head = -1;  // the (batch, head) whose k and v the buffers hold
   for (int64_t task = next_block.fetch_add(1, std::memory_order_relaxed); task < blocks;
        task = next_block.fetch_add(1, std::memory_order_relaxed)) {
-    const int64_t head_index = task / p.blocks_per_head;
-    const int64_t b = head_index / p.heads;
-    const int64_t h = head_index % p.heads;
-    const int64_t first = (task % p.blocks_per_head) * p.rows_per_block;
-    const int64_t count = std::min(p.rows_per_block, p.rows - first);
-    const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride +
-                     first * p.q.row_stride;
-    float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride +
-                 first * p.out_row_stride;
-    if (head_index != converted_head) {
-      const float* k = p.k.data + b * p.k.batch_stride + h * p.k.head_stride;
-      const float* v = p.v.data + b * p.v.batch_stride + h * p.v.head_stride;
+    const Block block = block_of(p, task);
+    const int64_t count = block.count;
+    if (block.head_index != converted_head) {
+      const float *k = block.k, *v = block.v;
       for (int64_t r = 0; r < p.keys; ++r) {
         to_bf16(k + r * p.k.ld, k_rows.get() + r * e, e);
         to_bf16(v + r * p.v.ld, v_rows.get() + r * ev, ev);
@@ -447,31 +470,22 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
                 reinterpret_cast<float*>(k_pairs.get()), padded);
       at::native::cpublas::pack(padded, ev, ev, ev, at::kBFloat16, at::kBFloat16,
                                 v_rows.get(), v_pairs.get());
-      converted_head = head_index;
+      converted_head = block.head_index;
     }
     for (int64_t i = 0; i < count; ++i) {
-      to_bf16(q + i * p.q.row_stride, q16.get() + i * e, e);
+      to_bf16(block.q + i * p.q.row_stride, q16.get() + i * e, e);
     }
     brgemm(count, p.keys, e, e, padded, padded, /*add_C=*/false, q16.get(), k_pairs.get(),
            scores.get(), /*is_vnni=*/true);
     for (int64_t i = 0; i < count; ++i) {
-      const float* mask = p.mask == nullptr
-                              ? nullptr
-                              : p.mask + b * p.mask_strides[0] + h * p.mask_strides[1] +
-                                    (first + i) * p.mask_strides[2];
       float* row = scores.get() + i * padded;
-      inverse_sums[i] = exp_row(row, mask, p.scale, p.keys, padded, p.empty_row);
+      inverse_sums[i] = exp_row(row, mask_row(p, block, i), p.scale, p.keys, padded,
+                                p.empty_row);
       to_bf16(row, probabilities.get() + i * padded, padded);
     }
     brgemm(count, ev, padded, padded, ev, p.out_row_stride, /*add_C=*/false,
-           probabilities.get(), v_pairs.get(), out, /*is_vnni=*/true);
-    for (int64_t i = 0; i < count; ++i) {
-      float* row = out + i * p.out_row_stride;
-      const float inverse = inverse_sums[i];
-      for (int64_t j = 0; j < ev; ++j) {
-        row[j] *= inverse;
-      }
-    }
+           probabilities.get(), v_pairs.get(), block.out, /*is_vnni=*/true);
+    normalize_rows(p, block, inverse_sums.get());
   }
   at::native::cpublas::brgemm_release(/*is_vnni=*/true);  // the thread's AMX tiles
 }
