@@ -410,6 +410,7 @@ class AttentionWithInt8Projection(torch.nn.Module):
     (1, 12, 128, 128, 64, False),   # BERT-base's heads: one block of rows a head
     (2, 3, 600, 600, 32, True),     # several blocks a head, reusing its k and v
     (1, 2, 7, 37, 16, True),        # keys not a whole vector: padded pairs
+    (1, 2, 7, 37, 16, "empty row"),  # and a row the mask hides whole: zeros, not NaN
 ])
 def test_int8_engines_multiply_attention_in_bf16(batch, heads, rows, keys, head_dim, masked):
     """An int8 engine's attention multiplies bfloat16 operands on AMX (float32 sums and
@@ -419,6 +420,8 @@ def test_int8_engines_multiply_attention_in_bf16(batch, heads, rows, keys, head_
     k, v = torch.randn(batch, heads, keys, head_dim), torch.randn(batch, heads, keys, head_dim)
     mask = (torch.where(torch.rand(batch, 1, rows, keys) > 0.2, 0.0, -1e4) if masked
             else torch.zeros(1, 1, 1, keys))
+    if masked == "empty row":
+        mask[:, :, 3] = -float("inf")
     model = AttentionWithInt8Projection(head_dim).eval()
     inputs = (q, k, v, mask)
     optimized = blade.optimize(model, inputs, blade.Config(precision="int8",
@@ -435,6 +438,7 @@ def test_int8_engines_multiply_attention_in_bf16(batch, heads, rows, keys, head_
         finally:
             _C.set_bf16_attention_allowed(True)
     assert_ran_compiled(optimized)
+    assert not bf16.isnan().any()
     difference = float((bf16 - f32).abs().max())
     # Rounded operands move the answer (the products ran in bfloat16), by about 2^-8 of
     # the outputs' size: the projection's int8 steps do not amplify it past a few steps.

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <vector>
 
 namespace blade::ral {
 namespace {
@@ -87,6 +88,8 @@ template <int Lanes>
 struct Vector {
   typedef float Floats __attribute__((vector_size(Lanes * sizeof(float))));
   typedef int32_t Ints __attribute__((vector_size(Lanes * sizeof(int32_t))));
+  typedef uint32_t Bits __attribute__((vector_size(Lanes * sizeof(uint32_t))));
+  typedef uint16_t Halves __attribute__((vector_size(Lanes * sizeof(uint16_t))));
 };
 
 #define BLADE_INLINE __attribute__((always_inline)) inline
@@ -196,15 +199,49 @@ __attribute__((target_clones("avx2", "default"))) void transpose(
   }
 }
 
+// Where exp_row_lanes writes a row's exponentials: back into the row, as float32.
+struct InPlace {
+  float* row;
+  template <int Lanes>
+  BLADE_INLINE void put(int64_t j, typename Vector<Lanes>::Floats e) const {
+    store(row + j, e);
+  }
+  // A row of -inf scores: its first n values (the padding is never read).
+  void fill(int64_t n, int64_t /*padded*/, float value) const { std::fill(row, row + n, value); }
+};
+
+// Or rounded to bfloat16 into another row (the bf16 products' probabilities), to nearest
+// with ties to even as PyTorch rounds (NaN stays NaN), in the vector's own width.
+struct RoundedToBf16 {
+  c10::BFloat16* row;
+  template <int Lanes>
+  BLADE_INLINE void put(int64_t j, typename Vector<Lanes>::Floats e) const {
+    using Bits = typename Vector<Lanes>::Bits;
+    Bits bits;
+    std::memcpy(&bits, &e, sizeof bits);
+    const Bits nan = (Bits)(e != e);  // all ones where e is NaN
+    Bits rounded = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
+    rounded = (rounded & ~nan) | (nan & 0x7FC0u);
+    const auto narrow = __builtin_convertvector(rounded, typename Vector<Lanes>::Halves);
+    std::memcpy(row + j, &narrow, sizeof narrow);
+  }
+  // Its padding is read (@ v runs over whole pairs of keys) and must be 0, not -inf.
+  void fill(int64_t n, int64_t padded, float value) const {
+    std::fill(row, row + n, c10::BFloat16(value));
+    std::fill(row + n, row + padded, c10::BFloat16(0.0f));
+  }
+};
+
 // One row of scores: scales it and adds the mask row, then exp(score - max) in place;
 // returns the reciprocal of the row's sum, by which the caller scales the row's output
 // (fewer multiplies than scaling the row when the value dim is under the key count). When
 // every score is -inf the row and the result are `empty_row` (0, so the output row is 0,
 // or NaN, softmax's 0/0 unfused). Rows are padded to a multiple of kLanes with -inf
 // scores (exp 0) in the scratch block, so the exp loop has no tail.
-template <int Lanes>
+template <int Lanes, typename Out>
 BLADE_INLINE float exp_row_lanes(float* __restrict row, const float* __restrict mask,
-                                 float scale, int64_t n, int64_t padded, float empty_row) {
+                                 float scale, int64_t n, int64_t padded, float empty_row,
+                                 const Out& out) {
   using Floats = typename Vector<Lanes>::Floats;
   static_assert(kLanes % Lanes == 0, "rows are padded to whole vectors");
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -241,14 +278,14 @@ BLADE_INLINE float exp_row_lanes(float* __restrict row, const float* __restrict 
     largest = std::max(largest, top[l]);
   }
   if (largest == kNegInf) {
-    std::fill(row, row + n, empty_row);
+    out.fill(n, padded, empty_row);
     return empty_row;
   }
   const Floats shift = splat<Lanes>(largest);
   Floats sums{};
   for (int64_t j = 0; j < padded; j += Lanes) {
     const Floats e = exp_nonpositive<Lanes>(load<Lanes>(row + j) - shift);
-    store(row + j, e);
+    out.template put<Lanes>(j, e);
     sums += e;
   }
   float sum = 0.0f;
@@ -262,17 +299,27 @@ using ExpRow = float (*)(float*, const float*, float, int64_t, int64_t, float);
 
 __attribute__((target("avx512f"))) float exp_row_avx512(
     float* row, const float* mask, float scale, int64_t n, int64_t padded, float empty_row) {
-  return exp_row_lanes<16>(row, mask, scale, n, padded, empty_row);
+  return exp_row_lanes<16>(row, mask, scale, n, padded, empty_row, InPlace{row});
 }
 
 __attribute__((target("avx2,fma"))) float exp_row_avx2(
     float* row, const float* mask, float scale, int64_t n, int64_t padded, float empty_row) {
-  return exp_row_lanes<8>(row, mask, scale, n, padded, empty_row);
+  return exp_row_lanes<8>(row, mask, scale, n, padded, empty_row, InPlace{row});
 }
 
 float exp_row_baseline(float* row, const float* mask, float scale, int64_t n,
                        int64_t padded, float empty_row) {
-  return exp_row_lanes<4>(row, mask, scale, n, padded, empty_row);
+  return exp_row_lanes<4>(row, mask, scale, n, padded, empty_row, InPlace{row});
+}
+
+// exp_row whose exponentials go to `probabilities` as bfloat16 (the bf16 products run on
+// AVX-512 CPUs only).
+__attribute__((target("avx512f"))) float exp_row_bf16(float* row, const float* mask,
+                                                      float scale, int64_t n, int64_t padded,
+                                                      float empty_row,
+                                                      c10::BFloat16* probabilities) {
+  return exp_row_lanes<16>(row, mask, scale, n, padded, empty_row,
+                           RoundedToBf16{probabilities});
 }
 
 // exp_row for this CPU, picked once.
@@ -432,6 +479,34 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
   }
 }
 
+// A worker thread's buffers for the bf16 products, kept from one call to the next (an
+// attention a layer would otherwise allocate and free them each time), up to kKeptBytes.
+struct Bf16Scratch {
+  static constexpr size_t kKeptBytes = size_t{8} << 20;
+  std::vector<float> scores, inverse_sums;
+  std::vector<c10::BFloat16> q, probabilities, k_rows, k_pairs, v_rows, v_pairs;
+
+  void trim() {
+    const size_t bytes = (scores.capacity() + inverse_sums.capacity()) * sizeof(float) +
+                         (q.capacity() + probabilities.capacity() + k_rows.capacity() +
+                          k_pairs.capacity() + v_rows.capacity() + v_pairs.capacity()) *
+                             sizeof(c10::BFloat16);
+    if (bytes > kKeptBytes) {
+      *this = Bf16Scratch();
+    }
+  }
+};
+thread_local Bf16Scratch bf16_scratch;
+
+// `buffer` with room for n values (grown, never shrunk here).
+template <typename T>
+T* grown(std::vector<T>& buffer, int64_t n) {
+  if (buffer.size() < static_cast<size_t>(n)) {
+    buffer.resize(static_cast<size_t>(n));
+  }
+  return buffer.data();
+}
+
 // run_blocks with bfloat16 products: per head, k^T and v rounded to bfloat16 and laid
 // out as the AMX microkernel reads its B operand (pairs of rows interleaved, "VNNI"); per
 // block, q's rows rounded, the scores and their softmax in float32 as above, and the
@@ -444,15 +519,17 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
   const int64_t padded = (p.keys + kLanes - 1) / kLanes * kLanes;  // even, as pairs need
   const int64_t e = p.head_dim;
   const int64_t ev = p.value_dim;
-  std::unique_ptr<float[]> scores(new float[p.rows_per_block * padded]);
-  std::unique_ptr<float[]> inverse_sums(new float[p.rows_per_block]);
-  std::unique_ptr<c10::BFloat16[]> q16(new c10::BFloat16[p.rows_per_block * e]);
-  std::unique_ptr<c10::BFloat16[]> probabilities(new c10::BFloat16[p.rows_per_block * padded]);
-  std::unique_ptr<c10::BFloat16[]> k_rows(new c10::BFloat16[p.keys * e]);
-  std::unique_ptr<c10::BFloat16[]> k_pairs(new c10::BFloat16[e * padded]);
-  // v's rows past the keys stay 0: the probabilities there are 0, but 0 x NaN is not.
-  std::unique_ptr<c10::BFloat16[]> v_rows(new c10::BFloat16[padded * ev]());
-  std::unique_ptr<c10::BFloat16[]> v_pairs(new c10::BFloat16[padded * ev]);
+  Bf16Scratch& scratch = bf16_scratch;
+  float* scores = grown(scratch.scores, p.rows_per_block * padded);
+  float* inverse_sums = grown(scratch.inverse_sums, p.rows_per_block);
+  c10::BFloat16* q16 = grown(scratch.q, p.rows_per_block * e);
+  c10::BFloat16* probabilities = grown(scratch.probabilities, p.rows_per_block * padded);
+  c10::BFloat16* k_rows = grown(scratch.k_rows, p.keys * e);
+  c10::BFloat16* k_pairs = grown(scratch.k_pairs, e * padded);
+  c10::BFloat16* v_rows = grown(scratch.v_rows, padded * ev);
+  c10::BFloat16* v_pairs = grown(scratch.v_pairs, padded * ev);
+  // v's rows past the keys are 0: the probabilities there are 0, but 0 x NaN is not.
+  std::fill(v_rows + p.keys * ev, v_rows + padded * ev, c10::BFloat16(0.0f));
   int64_t converted_head = -1;  // the (batch, head) whose k and v the buffers hold
   for (int64_t task = next_block.fetch_add(1, std::memory_order_relaxed); task < blocks;
        task = next_block.fetch_add(1, std::memory_order_relaxed)) {
@@ -461,33 +538,32 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
     if (block.head_index != converted_head) {
       const float *k = block.k, *v = block.v;
       for (int64_t r = 0; r < p.keys; ++r) {
-        to_bf16(k + r * p.k.ld, k_rows.get() + r * e, e);
-        to_bf16(v + r * p.v.ld, v_rows.get() + r * ev, ev);
+        to_bf16(k + r * p.k.ld, k_rows + r * e, e);
+        to_bf16(v + r * p.v.ld, v_rows + r * ev, ev);
       }
       // k^T's pairs: k's row r holds the pairs (r, 0..e/2), 32 bits each, which go to
       // column r of pair rows 0..e/2 (a transpose of 32-bit values).
-      transpose(reinterpret_cast<const float*>(k_rows.get()), e / 2, p.keys, e / 2,
-                reinterpret_cast<float*>(k_pairs.get()), padded);
-      at::native::cpublas::pack(padded, ev, ev, ev, at::kBFloat16, at::kBFloat16,
-                                v_rows.get(), v_pairs.get());
+      transpose(reinterpret_cast<const float*>(k_rows), e / 2, p.keys, e / 2,
+                reinterpret_cast<float*>(k_pairs), padded);
+      at::native::cpublas::pack(padded, ev, ev, ev, at::kBFloat16, at::kBFloat16, v_rows,
+                                v_pairs);
       converted_head = block.head_index;
     }
     for (int64_t i = 0; i < count; ++i) {
-      to_bf16(block.q + i * p.q.row_stride, q16.get() + i * e, e);
+      to_bf16(block.q + i * p.q.row_stride, q16 + i * e, e);
     }
-    brgemm(count, p.keys, e, e, padded, padded, /*add_C=*/false, q16.get(), k_pairs.get(),
-           scores.get(), /*is_vnni=*/true);
+    brgemm(count, p.keys, e, e, padded, padded, /*add_C=*/false, q16, k_pairs, scores,
+           /*is_vnni=*/true);
     for (int64_t i = 0; i < count; ++i) {
-      float* row = scores.get() + i * padded;
-      inverse_sums[i] = exp_row(row, mask_row(p, block, i), p.scale, p.keys, padded,
-                                p.empty_row);
-      to_bf16(row, probabilities.get() + i * padded, padded);
+      inverse_sums[i] = exp_row_bf16(scores + i * padded, mask_row(p, block, i), p.scale,
+                                     p.keys, padded, p.empty_row, probabilities + i * padded);
     }
     brgemm(count, ev, padded, padded, ev, p.out_row_stride, /*add_C=*/false,
-           probabilities.get(), v_pairs.get(), block.out, /*is_vnni=*/true);
-    normalize_rows(p, block, inverse_sums.get());
+           probabilities, v_pairs, block.out, /*is_vnni=*/true);
+    normalize_rows(p, block, inverse_sums);
   }
   at::native::cpublas::brgemm_release(/*is_vnni=*/true);  // the thread's AMX tiles
+  scratch.trim();
 }
 
 }  // namespace
