@@ -338,7 +338,8 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
       TORCH_CHECK(result.layout() == at::kStrided && result.device().is_cpu(), call.name,
                   " gave result ", r, " with layout ", result.layout(), " on ",
                   result.device(), ", the engine takes dense CPU tensors");
-      at::Tensor out = buffer_view(&buffers[operands + r], call.result_types[r]);
+      at::Tensor out = placed.defined() ? placed  // the one result, viewed once
+                                        : buffer_view(&buffers[operands + r], call.result_types[r]);
       TORCH_CHECK(result.scalar_type() == out.scalar_type() && result.sizes() == out.sizes(),
                   call.name, " gave result ", r, " of ", result.scalar_type(), result.sizes(),
                   ", the engine was compiled for ", out.scalar_type(), out.sizes());
