@@ -1,6 +1,6 @@
-"""codegen/pipeline.run verifies the module after each of Blade's passes (and after the
-last pass), so MLIR's C++ passes never get IR that one of Blade's broke; with a dump
-directory, after every pass."""
+"""codegen/pipeline.run verifies the module before each MLIR pass that follows Blade's
+passes (and after the last pass), so MLIR's C++ passes never get IR that one of Blade's
+broke; with a dump directory, after every pass."""
 import pytest
 from torch_mlir import ir
 from torch_mlir.dialects import arith
@@ -43,6 +43,24 @@ def test_a_blade_pass_that_breaks_the_ir_is_named_before_an_mlir_pass_runs():
     with pytest.raises(CodegenError, match="pass break-types left invalid IR"):
         _run(steps)
     assert not ran
+
+
+def test_consecutive_blade_passes_are_verified_together_and_all_named():
+    ran = []
+    steps = [pipeline.Pass("break-types", _break_types),
+             pipeline.Pass("after", lambda c: ran.append("after")),
+             *pipeline._upstream_passes("cse"),
+             pipeline.Pass("never", lambda c: ran.append("never"))]
+    with pytest.raises(CodegenError,
+                       match="one of the passes break-types, after .*left invalid IR"):
+        _run(steps)
+    assert ran == ["after"]
+
+
+def test_a_dump_directory_names_the_one_pass(tmp_path):
+    steps = [pipeline.Pass("break-types", _break_types), pipeline.Pass("after", lambda c: None)]
+    with pytest.raises(CodegenError, match="pass break-types left invalid IR"):
+        _run(steps, tmp_path)
 
 
 def test_what_mlir_passes_left_is_verified_at_the_end():

@@ -311,32 +311,44 @@ def build(options: Options) -> List[Pass]:
 def run(compilation: Compilation, passes: Sequence[Pass],
         dump_dir: Optional[Path] = None) -> Dict[str, float]:
     """Runs `passes` on the compilation's module with one pass manager. The verifier runs
-    after each of Blade's own passes and after the last pass, so that every MLIR pass
-    (C++, which assumes valid input) that follows one of Blade's gets IR that verified;
-    MLIR's passes' own output is taken as valid (verifying after all of them took a large
-    share of the pipeline's time on large clusters). With `dump_dir`, the verifier runs after
-    every pass, and the module after each pass is printed there as `NN_<pass>.mlir`
-    (after a failure, the last file is the IR the failing pass got). Returns the seconds
-    each pass took, by `NN_<pass>`. Raises CodegenError naming the pass that failed or
-    left invalid IR."""
+    before each MLIR pass that follows Blade's own passes, and after the last pass, so that
+    every MLIR pass (C++, which assumes valid input) gets IR that verified; MLIR's passes'
+    own output is taken as valid, and consecutive Blade passes are verified together
+    (verifying after each pass took a large share of the pipeline's time on large
+    clusters). With `dump_dir`, the verifier runs after every pass, and the module after
+    each pass is printed there as `NN_<pass>.mlir` (after a failure, the last file is the
+    IR the failing pass got). Returns the seconds each pass took, by `NN_<pass>`. Raises
+    CodegenError naming the pass that failed, or the passes since the module last
+    verified when it no longer does."""
     seconds: Dict[str, float] = {}
     current: List[str] = []
     unverified: List[str] = []  # the MLIR passes run since the module last verified
+    pending: List[str] = []  # Blade's passes run since then
     every_pass = dump_dir is not None
     manager = passmanager.PassManager("builtin.module")
 
-    def verify(after: str) -> None:
+    def verify() -> None:
         try:
             compilation.module.operation.verify()
         except Exception as e:
-            since = f" (and MLIR's {', '.join(unverified)} before it)" if unverified else ""
-            raise CodegenError.from_mlir(f"pass {after}{since} left invalid IR", e) from None
+            if pending:
+                named = (f"pass {pending[0]}" if len(pending) == 1 else
+                         f"one of the passes {', '.join(pending)} (a dump directory "
+                         "verifies after each pass and names it)")
+                before = unverified
+            else:
+                named, before = f"pass {unverified[-1]}", unverified[:-1]
+            since = f" (and MLIR's {', '.join(before)} before it)" if before else ""
+            raise CodegenError.from_mlir(f"{named}{since} left invalid IR", e) from None
         unverified.clear()
+        pending.clear()
 
     for index, step in enumerate(passes):
         label = pass_label(index, step)
 
         def run_one(_op, _pass, step=step, label=label) -> None:
+            if step.upstream and pending:
+                verify()
             current[:] = [step.name]
             start = time.perf_counter()
             try:
@@ -344,10 +356,9 @@ def run(compilation: Compilation, passes: Sequence[Pass],
                     step.run(compilation)
             finally:
                 seconds[label] = time.perf_counter() - start
-            if step.upstream:
-                unverified.append(step.name)
-            elif not every_pass:
-                verify(step.name)
+            (unverified if step.upstream else pending).append(step.name)
+            if every_pass:
+                verify()
 
         manager.add(run_one, name=label, argument=label)
     manager.enable_verifier(every_pass)
@@ -359,8 +370,8 @@ def run(compilation: Compilation, passes: Sequence[Pass],
                                    tree_printing_dir_path=str(tree))
     try:
         manager.run(compilation.module.operation)
-        if unverified and not every_pass:
-            verify(unverified.pop())
+        if (unverified or pending) and not every_pass:
+            verify()
     except CodegenError:
         raise
     except Exception as e:

@@ -255,10 +255,21 @@ def _find_dynamic_dims(c: GraphCompilation) -> None:
     # A function of its own over a copy of the graph: running the module itself would
     # make TorchScript cache an execution plan of the graph the passes are about to rewrite.
     probe = torch._C._create_function_from_graph("blade_probe_shapes", c.graph.copy())
+    # Probes resize the example inputs, so sizes alone tell two probes apart: each is run
+    # once, and a repeat gives its first answer (the error again, if it failed).
+    answers: Dict[Tuple, Optional[Exception]] = {}
 
     def run_probe(xs):
-        with torch.no_grad():
-            probe(c.module._c, *private_copy(xs))
+        key = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in xs)
+        if key not in answers:
+            try:
+                with torch.no_grad():
+                    probe(c.module._c, *private_copy(xs))
+                answers[key] = None
+            except Exception as e:  # the probe's callers judge any error
+                answers[key] = e
+        if answers[key] is not None:
+            raise answers[key]
 
     c.groups = find_dynamic_groups(run_probe, c.inputs, c.config.dynamic_dims)
     c.resized_inputs = resized_variants(run_probe, c.inputs, c.groups) if c.groups else []

@@ -324,9 +324,10 @@ def _chain(main, dot, sources) -> Optional[List]:
     cloned, and erased from main only when nothing else uses them."""
     block_ops = [as_operation(o) for o in main.regions[0].blocks[0].operations]
     members = []
+    member_set = set()  # Operations hash by identity, as they compare
 
     def member(op) -> bool:
-        return any(op == m for m in members)
+        return as_operation(op) in member_set
 
     stack = [dot]
     while stack:
@@ -334,6 +335,7 @@ def _chain(main, dot, sources) -> Optional[List]:
         if member(op):
             continue
         members.append(op)
+        member_set.add(as_operation(op))
         for operand in op.operands:
             if any(operand == s for s in sources):
                 continue
