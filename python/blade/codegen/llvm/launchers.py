@@ -33,10 +33,15 @@ def define_launchers(module, tasks: List[dict], min_task_iterations: int) -> Non
     with ir.InsertionPoint(module.body):
         llvm.LLVMFuncOp(PARALLEL_FOR, ir.TypeAttr.get(
             llvm.FunctionType.get(void, [i64, i64, ptr, ptr])))
+    # By name, looked up once: a scan of the module per task was quadratic in the tasks.
+    functions = {ir.StringAttr(op.attributes["sym_name"]).value: op
+                 for op in module.body.operations if op.operation.name == "llvm.func"}
     for task in tasks:
         n = task["index"]
         types = descriptor_word_types(task["ranks"])
-        launcher = function_named(module, f"blade_launch_{n}")
+        launcher = functions.get(f"blade_launch_{n}")
+        if launcher is None:
+            raise KeyError(f"the module has no function @blade_launch_{n}")
         with ir.InsertionPoint(module.body):
             trampoline = llvm.LLVMFuncOp(f"blade_trampoline_{n}", ir.TypeAttr.get(
                 llvm.FunctionType.get(void, [i64, i64, ptr])))
