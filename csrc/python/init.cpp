@@ -23,6 +23,7 @@
 #include "ral/int8_kernels.h"
 #include "ral/kernel_calls.h"
 #include "ral/kernel_trials.h"
+#include "ral/offered_buffers.h"
 #include "ral/ral_abi.h"
 #include "ral/signing.h"
 #include "ral/tensor_spec.h"
@@ -202,6 +203,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("kernel_call_result_counts", &ral::kernel_call_result_counts,
         "(placed, copied): kernel call results in this process that the op made in the "
         "engine's buffer, and that were copied into it.");
+  m.def("settled_result_counts", &ral::settled_result_counts,
+        "(placed, copied): convolution results in this process that oneDNN made in the "
+        "engine's buffer offered to it, and that were copied into it.");
   m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
         "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;

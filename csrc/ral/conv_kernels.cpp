@@ -8,12 +8,14 @@
 #include "ral/kernel_trials.h"
 #include "ral/library_call.h"
 #include "ral/matmul_kernels.h"
+#include "ral/offered_buffers.h"
 #include "ral/winograd.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -47,26 +49,50 @@ void widen_bf16(const at::Tensor& result, const at::Tensor& target, bool relu) {
   });
 }
 
+// rows[r, j] += bias[j] (where given), then max(x, 0) keeping NaN where `relu`, for rows
+// [begin, end) of a dense [rows, cols] float32 matrix. (target_clones: each listed name is
+// one clone, picked for the CPU at load; the loop is in the clone itself, so that it is
+// vectorized for that CPU.)
+__attribute__((target_clones("avx512f", "avx2", "default"))) void add_bias_rectify_rows(
+    float* __restrict matrix, int64_t begin, int64_t end, int64_t cols,
+    const float* __restrict bias, bool relu) {
+  for (int64_t r = begin; r < end; ++r) {
+    float* row = matrix + r * cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float value = bias != nullptr ? row[j] + bias[j] : row[j];
+      // NaN < 0 is false: NaN stays, as torch.relu keeps it.
+      row[j] = relu && value < 0.0F ? 0.0F : value;
+    }
+  }
+}
+
+// The same for the whole matrix, just written: one pass over it where a broadcast copy of
+// the bias before the GEMM (beta 1) and a ReLU after it took two, each a full pass.
+void add_bias_rectify(float* matrix, int64_t rows, int64_t cols, const float* bias,
+                      bool relu) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     add_bias_rectify_rows(matrix, begin, end, cols, bias, relu);
+                   });
+}
+
 // A 1x1 convolution (stride 1, no padding, one group) of dense NHWC float32 data by a
 // param, as MKL's sgemm of its [N*H*W, C] rows by the weight [O, C] transposed, written
-// straight into the rows of `target` (after the bias, with beta 1), then the ReLU keeping
-// NaN. False when MKL cannot take it.
+// straight into the rows of `target`, then the bias and the ReLU (keeping NaN) in one pass.
+// False when MKL cannot take it.
 bool convolve_1x1_by_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                           const std::optional<at::Tensor>& bias, bool relu) {
   const int64_t rows = x.size(0) * x.size(2) * x.size(3);
   const int64_t channels = x.size(1);
   const int64_t outputs = w.size(0);
-  if (bias.has_value()) {
-    at::from_blob(target.data_ptr(), {rows, outputs}, target.options())
-        .copy_(bias->view({1, outputs}).expand({rows, outputs}));
-  }
   if (!gemm_by_weight(x.data_ptr<float>(), channels, w.view({outputs, channels}), true,
-                      target.data_ptr<float>(), outputs, rows,
-                      bias.has_value() ? 1.0F : 0.0F)) {
+                      target.data_ptr<float>(), outputs, rows, 0.0F)) {
     return false;
   }
-  if (relu) {
-    target.relu_();  // max(x, 0) keeping NaN, as eager
+  if (bias.has_value() || relu) {
+    const at::Tensor dense_bias = bias.has_value() ? bias->contiguous() : at::Tensor();
+    add_bias_rectify(target.data_ptr<float>(), rows, outputs,
+                     dense_bias.defined() ? dense_bias.data_ptr<float>() : nullptr, relu);
   }
   return true;
 }
@@ -244,38 +270,61 @@ bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
                    const std::optional<at::Tensor>& bias, bool relu,
                    const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                    const std::vector<int64_t>& dilation, int64_t groups) {
-  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(
+  static const std::optional<c10::OperatorHandle> plain = c10::Dispatcher::singleton().findOp(
+      c10::OperatorName("mkldnn::_convolution_pointwise", ""));
+  static const std::optional<c10::OperatorHandle> adding = c10::Dispatcher::singleton().findOp(
       c10::OperatorName("mkldnn::_convolution_pointwise_", "binary"));
   const auto cl = at::MemoryFormat::ChannelsLast;
   // A oneDNN weight (PreparedWeights::onednn_weight) has no strides to check.
   const auto dtype = target.scalar_type();
   const bool takes_dtype =
       dtype == at::kFloat || (dtype == at::kBFloat16 && onednn_takes_bf16());
-  if (!op.has_value() || !takes_dtype ||
-      x.scalar_type() != dtype || !x.is_contiguous(cl) ||
+  if (!takes_dtype || x.scalar_type() != dtype || !x.is_contiguous(cl) ||
       (!w.is_mkldnn() && !w.is_contiguous(cl)) || !target.is_contiguous(cl)) {
     return false;
   }
-  // An error here (none is expected for these operands) propagates: the engine falls back
-  // for the call and reports it.
-  target.zero_();
-  // out = conv(x, w) + bias + out: the bias as the convolution's own. The ReLU is not its
-  // post-op: oneDNN's is a vmaxps that turns NaN into 0, where torch.relu keeps NaN. A pass
-  // over the result just written (still in cache) costs little next to the convolution.
-  torch::jit::Stack stack{target,
-                          x,
-                          w,
-                          bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
-                          padding,
-                          stride,
-                          dilation,
-                          groups,
-                          std::string("add"),
-                          at::Scalar(1.0),
-                          c10::IValue(),
-                          c10::List<std::optional<at::Scalar>>(),
-                          c10::IValue()};
-  op->callBoxed(&stack);
+  // The ReLU is not oneDNN's post-op: its vmaxps turns NaN into 0, where torch.relu keeps
+  // NaN. A pass over the result just written (still in cache) costs little next to the
+  // convolution. An error here (none is expected for these operands) propagates: the
+  // engine falls back for the call and reports it.
+  if (plain.has_value() && offering_installed()) {
+    // oneDNN's result made in the engine's buffer, offered to the allocator (an output
+    // made elsewhere, where a temporary of its size took the offer, is copied in).
+    torch::jit::Stack stack{x,
+                            w,
+                            bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
+                            padding,
+                            stride,
+                            dilation,
+                            groups,
+                            std::string("none"),
+                            c10::List<std::optional<at::Scalar>>(),
+                            c10::IValue()};
+    {
+      ScopedOffer offered(target);
+      plain->callBoxed(&stack);
+    }
+    settle(stack.at(0).toTensor(), target);
+  } else if (adding.has_value()) {
+    // out = conv(x, w) + bias + out, into the buffer zeroed first.
+    target.zero_();
+    torch::jit::Stack stack{target,
+                            x,
+                            w,
+                            bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
+                            padding,
+                            stride,
+                            dilation,
+                            groups,
+                            std::string("add"),
+                            at::Scalar(1.0),
+                            c10::IValue(),
+                            c10::List<std::optional<at::Scalar>>(),
+                            c10::IValue()};
+    adding->callBoxed(&stack);
+  } else {
+    return false;
+  }
   if (relu) {
     target.relu_();  // max(x, 0) keeping NaN, as eager
   }

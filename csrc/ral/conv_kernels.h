@@ -16,11 +16,12 @@ namespace blade::ral {
 // a bfloat16 model's GEMMs and convolutions take ATen's own route).
 bool onednn_takes_bf16();
 
-// oneDNN's convolution that adds its result into an existing channels_last tensor (what
-// Inductor uses for conv + add): with `target` (already of the result's shape) zeroed it
-// convolves straight into the engine's buffer, where at::conv2d would allocate a fresh
-// output (page faults on every call) that then had to be copied. float32 data, or a
-// bfloat16 model's. False when it does not apply or is unavailable, and the caller
+// oneDNN's convolution straight into `target` (channels_last, already of the result's
+// shape), the engine's buffer, where at::conv2d would allocate a fresh output (page faults
+// on every call) that then had to be copied: the buffer is offered to the allocator for the
+// op's output (offered_buffers.h), or else, where the offer cannot be made, oneDNN adds
+// its result into the zeroed buffer (what Inductor uses for conv + add). float32 data, or
+// a bfloat16 model's. False when it does not apply or is unavailable, and the caller
 // convolves as usual.
 bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
                    const std::optional<at::Tensor>& bias, bool relu,

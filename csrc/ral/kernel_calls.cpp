@@ -4,6 +4,7 @@
 #include "ral/kernel_errors.h"
 #include "ral/layout_kernels.h"
 #include "ral/library_call.h"
+#include "ral/offered_buffers.h"
 #include "ral/signing.h"
 #include "ral/tensor_spec.h"
 #include "ral/text.h"
@@ -13,7 +14,6 @@
 #include <ATen/core/enum_tag.h>
 
 #include <ATen/Parallel.h>
-#include <c10/core/CPUAllocator.h>
 
 #include <atomic>
 #include <cerrno>
@@ -29,67 +29,8 @@ namespace {
 
 thread_local const KernelCallTable* active_table = nullptr;
 
-// The buffer offered for the next CPU allocation of exactly `bytes` on this thread.
-struct Offer {
-  void* data = nullptr;
-  size_t bytes = 0;
-};
-thread_local Offer offer;
-
 std::atomic<int64_t> placed_results{0};
 std::atomic<int64_t> copied_results{0};
-
-// A wrapper of PyTorch's CPU allocator that hands out the offered buffer when one is
-// offered and the size matches; every other allocation, and every deallocation, is the
-// wrapped allocator's own. The offered buffer belongs to the engine: its DataPtr frees
-// nothing, and its context differs from its data, so that raw_allocate (whose memory
-// raw_deallocate would free) refuses it instead of taking it.
-class OfferingAllocator final : public c10::Allocator {
- public:
-  explicit OfferingAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {}
-
-  c10::DataPtr allocate(size_t bytes) override {
-    if (offer.data != nullptr && bytes == offer.bytes) {
-      void* data = offer.data;
-      offer = Offer();
-      return {data, &offer_context, &keep, c10::Device(c10::DeviceType::CPU)};
-    }
-    return wrapped_->allocate(bytes);
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return wrapped_->raw_deleter(); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    wrapped_->copy_data(dest, src, count);
-  }
-
- private:
-  static void keep(void*) {}
-  static inline char offer_context = 0;
-  c10::Allocator* wrapped_;
-};
-
-// Installs the wrapper once; false where another allocator of higher priority is PyTorch's
-// (the results are then copied).
-bool offering_installed() {
-  static const bool installed = [] {
-    c10::Allocator* wrapped = c10::GetCPUAllocator();
-    // Never destroyed: PyTorch allocates through it until the process ends.
-    auto* wrapper = new OfferingAllocator(wrapped);
-    c10::SetCPUAllocator(wrapper, /*priority=*/0);
-    return c10::GetCPUAllocator() == wrapper;
-  }();
-  return installed;
-}
-
-// Offers `out`'s memory for the duration of a scope (withdrawn when not taken).
-class ScopedOffer {
- public:
-  explicit ScopedOffer(const at::Tensor& out) {
-    offer = {out.data_ptr(), static_cast<size_t>(out.numel()) * out.element_size()};
-  }
-  ~ScopedOffer() { offer = Offer(); }
-  ScopedOffer(const ScopedOffer&) = delete;
-  ScopedOffer& operator=(const ScopedOffer&) = delete;
-};
 
 int64_t parse_int(const std::string& text) {
   TORCH_CHECK(!text.empty(), "an empty integer");

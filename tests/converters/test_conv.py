@@ -520,3 +520,27 @@ def test_inf_and_nan_inputs_give_eagers_inf_and_nan(channels, value):
             y[position] = value
             assert_same_values(optimized(y), model(y), rtol=1e-4, atol=1e-4)
     assert_ran_compiled(optimized)
+
+
+def test_convolution_results_are_made_in_the_engine_buffers():
+    """oneDNN's float32 convolution writes its output in the buffer the engine allocated
+    for it (offered to PyTorch's allocator), rather than zeroing the buffer and adding into
+    it or copying a fresh output there; the ReLU after it still keeps NaN."""
+    from blade import _C
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)).eval()
+    x = torch.randn(1, 8, 16, 16)
+    optimized, report = run_compiled(model, (x,), atol=1e-4)
+    engine = getattr(optimized, report.clusters[0].name)
+    x[0, 2, 5, 5] = float("nan")
+    placed, copied = _C.settled_result_counts()
+    with torch.no_grad():
+        [got] = engine.run_code([x])
+    placed_now, copied_now = _C.settled_result_counts()
+    assert (placed_now - placed, copied_now - copied) == (2, 0)
+    with torch.no_grad():
+        [expected] = engine.run_subgraph([x])
+    assert got.isnan().any()
+    assert_same_values(got, expected, atol=1e-4)

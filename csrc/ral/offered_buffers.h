@@ -1,0 +1,37 @@
+// A kernel that calls a PyTorch op writing a fresh tensor can have that tensor made in the
+// engine's own buffer instead of copying it there: the buffer is offered to PyTorch's CPU
+// allocator, on this thread, for the next allocation of exactly its size.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace blade::ral {
+
+// Installs the offering wrapper of PyTorch's CPU allocator, once; false where another
+// allocator of higher priority is PyTorch's (offers are then never taken).
+bool offering_installed();
+
+// Offers `out`'s memory for the duration of a scope; withdrawn at its end if not taken.
+// Whatever takes it (the op's result, or a temporary of the same size that only borrows
+// it) does not own it: freeing that tensor frees nothing.
+class ScopedOffer {
+ public:
+  explicit ScopedOffer(const at::Tensor& out);
+  ~ScopedOffer();
+  ScopedOffer(const ScopedOffer&) = delete;
+  ScopedOffer& operator=(const ScopedOffer&) = delete;
+};
+
+// Makes `out` hold `result` (of its dtype and sizes): nothing to do when the op made it in
+// out's memory laid out as out is (returns true), else a copy, through a clone when it lies
+// in out's memory in another layout (out is then both source and destination).
+bool settle(const at::Tensor& result, const at::Tensor& out);
+
+// Results that settle found made in place, and that it copied, in this process:
+// {placed, copied} (tests).
+std::pair<int64_t, int64_t> settled_result_counts();
+
+}  // namespace blade::ral
