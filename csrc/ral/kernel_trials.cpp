@@ -15,10 +15,11 @@
 namespace blade::ral {
 namespace {
 
-// Timed calls per kernel in a trial (after an untimed first: next_kernel), and the most
-// trials an engine keeps (a dynamic engine sees many input sizes; past this many the others
-// run the alternative kernel untried).
-constexpr int kTimedTrialRuns = 1;
+// Timed calls per kernel in a trial (after an untimed first: next_kernel), the best of
+// which counts, and the most trials an engine keeps (a dynamic engine sees many input
+// sizes; past this many the others run the alternative kernel untried). One timed call
+// each let a burst of load on a shared host pick the slower kernel for the engine's life.
+constexpr int kTimedTrialRuns = 3;
 constexpr size_t kMaxTrials = 256;
 
 thread_local bool one_kernel_per_call = false;
