@@ -510,6 +510,30 @@ def test_small_layers_stay_float(monkeypatch):
     assert "0.7M multiply-adds a call" in report.int8["float_layers"]["4"], str(report)
 
 
+@needs_int8
+def test_weight_bound_layers_are_int8_whatever_their_multiply_adds(monkeypatch):
+    """At batch 1 a linear layer reads its weight to compute one row: few multiply-adds,
+    but its time is the weight's bytes, which int8 cuts to a quarter. Layers of 1M weights
+    and more at that few rows are int8 (a decoder's at batch 1, a classifier's); a small
+    weight at one row stays float32."""
+    monkeypatch.setattr(q, "MIN_MACS", 1 << 24)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1536), torch.nn.SiLU(),
+                                torch.nn.Linear(1536, 1024), torch.nn.SiLU(),
+                                torch.nn.Linear(1024, 16)).eval()
+    x = torch.randn(1, 1024)
+    cal = [torch.randn(1, 1024) for _ in range(4)]
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    report = blade.report(optimized)
+    assert report.int8["layers"] == ["0", "2"], str(report)  # 1.6M weights each, one row
+    assert "multiply-adds a call" in report.int8["float_layers"]["4"], str(report)
+    with torch.no_grad():
+        got = optimized(x)
+        expected = model(x)
+    assert_ran_compiled(optimized)
+    assert torch.nn.functional.cosine_similarity(got, expected).item() > 0.999
+
+
 class TwoReaders(torch.nn.Module):
     """A small 1x1 convolution and a large 3x3 one reading one input."""
 

@@ -47,6 +47,11 @@ _CLIP_FACTORS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5)
 # (MobileNetV3's convolutions, 1-8M each, ran slower in int8 than in float32), unless a
 # larger layer reads the same input.
 MIN_MACS = 1 << 24
+# A linear layer with at least this many weights and at most MAX_WEIGHT_BOUND_ROWS rows a
+# call (a classifier's, a decoder's at batch 1) is bound by reading its weight, which int8
+# cuts to a quarter: such layers are int8 whatever their multiply-adds.
+MIN_WEIGHT_BOUND_WEIGHTS = 1 << 20
+MAX_WEIGHT_BOUND_ROWS = 16
 # Values of each layer's input kept per calibration input for the range search.
 _SAMPLE = 1 << 16
 # torch.float32 as TorchScript's ScalarType number.
@@ -277,6 +282,16 @@ def _macs(node: torch._C.Node, input_shape) -> int:
     return input_shape[0] * out[0] * out[1] * weight[0].numel() * weight.shape[0]
 
 
+def _weight_bound(layer: LinearLayer) -> bool:
+    """Whether `layer` is a linear layer whose calls read more weight than they compute
+    with (MIN_WEIGHT_BOUND_WEIGHTS, MAX_WEIGHT_BOUND_ROWS)."""
+    if layer.node.kind() != "aten::linear":
+        return False
+    weights = _constant_tensor(layer.node.inputsAt(1)).numel()
+    return weights >= MIN_WEIGHT_BOUND_WEIGHTS and \
+        layer.macs <= MAX_WEIGHT_BOUND_ROWS * weights
+
+
 def choose_range(layer: LinearLayer) -> None:
     """The layer's input scale and zero point (see the module's docstring)."""
     if not layer.samples or not (layer.high >= layer.low):
@@ -384,7 +399,7 @@ def quantize(module, graph: torch._C.Graph, calibration: Sequence[Tuple],
     # uint8 once for both (ResNet's first 1x1 beside its projection).
     shared = {layer.node.inputsAt(0).unique() for layer in layers if layer.macs >= MIN_MACS}
     for layer in [layer for layer in layers if layer.macs < MIN_MACS and
-                  layer.node.inputsAt(0).unique() not in shared]:
+                  layer.node.inputsAt(0).unique() not in shared and not _weight_bound(layer)]:
         summary.float_layers[layer.name] = (
             f"{layer.macs / 1e6:.1f}M multiply-adds a call: too few for int8 to repay "
             "quantizing its input and the call")
