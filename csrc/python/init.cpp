@@ -204,8 +204,8 @@ PYBIND11_MODULE(_C, m) {
         "(placed, copied): kernel call results in this process that the op made in the "
         "engine's buffer, and that were copied into it.");
   m.def("settled_result_counts", &ral::settled_result_counts,
-        "(placed, copied): convolution results in this process that oneDNN made in the "
-        "engine's buffer offered to it, and that were copied into it.");
+        "(placed, copied): results of ops offered the engine's buffer (convolutions, int8 "
+        "kernel calls) in this process that they made there, and that were copied into it.");
   m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
         "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;

@@ -304,7 +304,7 @@ bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
       ScopedOffer offered(target);
       plain->callBoxed(&stack);
     }
-    settle(stack.at(0).toTensor(), target);
+    settle(stack.at(0).toTensor(), target, copy_into);
   } else if (adding.has_value()) {
     // out = conv(x, w) + bias + out, into the buffer zeroed first.
     target.zero_();

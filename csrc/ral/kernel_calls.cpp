@@ -284,19 +284,9 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
       TORCH_CHECK(result.scalar_type() == out.scalar_type() && result.sizes() == out.sizes(),
                   call.name, " gave result ", r, " of ", result.scalar_type(), result.sizes(),
                   ", the engine was compiled for ", out.scalar_type(), out.sizes());
-      if (placed.defined() && result.storage().data() == placed.data_ptr()) {
-        // Made in the buffer: nothing to do when laid out as it, else a copy first (the
-        // buffer is both source and destination).
-        if (result.data_ptr() != placed.data_ptr() || !result.is_contiguous()) {
-          copy_result(out, result.clone(at::MemoryFormat::Contiguous));
-          copied_results.fetch_add(1, std::memory_order_relaxed);
-        } else {
-          placed_results.fetch_add(1, std::memory_order_relaxed);
-        }
-        continue;
-      }
-      copy_result(out, result);
-      copied_results.fetch_add(1, std::memory_order_relaxed);
+      const bool made_here = placed.defined() ? settle(result, out, copy_result)
+                                              : (copy_result(out, result), false);
+      (made_here ? placed_results : copied_results).fetch_add(1, std::memory_order_relaxed);
     }
   } catch (const std::exception& e) {
     record_kernel_error(std::string("blade_ral_kernel_call: ") + e.what());

@@ -64,14 +64,16 @@ ScopedOffer::ScopedOffer(const at::Tensor& out) {
 
 ScopedOffer::~ScopedOffer() { offer = Offer(); }
 
-bool settle(const at::Tensor& result, const at::Tensor& out) {
+void copy_into(at::Tensor& out, const at::Tensor& result) { out.copy_(result); }
+
+bool settle(const at::Tensor& result, at::Tensor& out, CopyInto copy) {
   if (result.storage().data() != out.data_ptr()) {
-    out.copy_(result);
+    copy(out, result);
   } else if (result.data_ptr() == out.data_ptr() && result.strides() == out.strides()) {
     placed_results.fetch_add(1, std::memory_order_relaxed);
     return true;
   } else {
-    out.copy_(result.clone());
+    copy(out, result.clone(at::MemoryFormat::Contiguous));
   }
   copied_results.fetch_add(1, std::memory_order_relaxed);
   return false;

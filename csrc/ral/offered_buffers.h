@@ -25,13 +25,18 @@ class ScopedOffer {
   ScopedOffer& operator=(const ScopedOffer&) = delete;
 };
 
-// Makes `out` hold `result` (of its dtype and sizes): nothing to do when the op made it in
-// out's memory laid out as out is (returns true), else a copy, through a clone when it lies
-// in out's memory in another layout (out is then both source and destination).
-bool settle(const at::Tensor& result, const at::Tensor& out);
+// Makes `out` hold `result` (of its dtype and sizes), the result of an op that was offered
+// out's memory: nothing to do when the op made it there laid out as out is (returns
+// true), else `copy(out, result)`, through a clone when it lies in out's memory in another
+// layout (out is then both source and destination).
+using CopyInto = void (*)(at::Tensor& out, const at::Tensor& result);
+bool settle(const at::Tensor& result, at::Tensor& out, CopyInto copy);
 
-// Results that settle found made in place, and that it copied, in this process:
-// {placed, copied} (tests).
+// The copy settle makes by default: ATen's copy_.
+void copy_into(at::Tensor& out, const at::Tensor& result);
+
+// Results that settle found made in place, and that it copied, in this process (the
+// convolutions' and the int8 kernel calls'): {placed, copied} (tests).
 std::pair<int64_t, int64_t> settled_result_counts();
 
 }  // namespace blade::ral
