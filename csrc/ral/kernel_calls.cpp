@@ -284,8 +284,12 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
       TORCH_CHECK(result.scalar_type() == out.scalar_type() && result.sizes() == out.sizes(),
                   call.name, " gave result ", r, " of ", result.scalar_type(), result.sizes(),
                   ", the engine was compiled for ", out.scalar_type(), out.sizes());
-      const bool made_here = placed.defined() ? settle(result, out, copy_result)
-                                              : (copy_result(out, result), false);
+      bool made_here = false;
+      if (placed.defined()) {
+        made_here = settle(result, out, copy_result);
+      } else {
+        copy_result(out, result);
+      }
       (made_here ? placed_results : copied_results).fetch_add(1, std::memory_order_relaxed);
     }
   } catch (const std::exception& e) {

@@ -15,7 +15,7 @@ from typing import List
 from torch_mlir import ir
 from torch_mlir.dialects import llvm
 
-from blade.codegen.llvm.abi import descriptor_word_types, function_named
+from blade.codegen.llvm.abi import descriptor_word_types
 
 PARALLEL_FOR = "blade_ral_parallel_for"
 
@@ -27,21 +27,26 @@ def define_launchers(module, tasks: List[dict], min_task_iterations: int) -> Non
         return
     i64 = ir.IntegerType.get_signless(64)
     ptr = llvm.PointerType.get()
+    # By name, looked up once: a scan of the module per task was quadratic in the tasks.
+    functions = {ir.StringAttr(op.attributes["sym_name"]).value: op
+                 for op in module.body.operations if op.operation.name == "llvm.func"}
+
+    def launcher_of(n: int):
+        launcher = functions.get(f"blade_launch_{n}")
+        if launcher is None:
+            raise KeyError(f"the module has no function @blade_launch_{n}")
+        return launcher
+
     # What the lowering declared the launchers to return (LLVM's void).
-    first = function_named(module, f"blade_launch_{tasks[0]['index']}")
+    first = launcher_of(tasks[0]["index"])
     void = llvm.FunctionType(ir.TypeAttr(first.attributes["function_type"]).value).return_type
     with ir.InsertionPoint(module.body):
         llvm.LLVMFuncOp(PARALLEL_FOR, ir.TypeAttr.get(
             llvm.FunctionType.get(void, [i64, i64, ptr, ptr])))
-    # By name, looked up once: a scan of the module per task was quadratic in the tasks.
-    functions = {ir.StringAttr(op.attributes["sym_name"]).value: op
-                 for op in module.body.operations if op.operation.name == "llvm.func"}
     for task in tasks:
         n = task["index"]
         types = descriptor_word_types(task["ranks"])
-        launcher = functions.get(f"blade_launch_{n}")
-        if launcher is None:
-            raise KeyError(f"the module has no function @blade_launch_{n}")
+        launcher = launcher_of(n)
         with ir.InsertionPoint(module.body):
             trampoline = llvm.LLVMFuncOp(f"blade_trampoline_{n}", ir.TypeAttr.get(
                 llvm.FunctionType.get(void, [i64, i64, ptr])))
