@@ -392,6 +392,48 @@ def test_int8_results_are_made_in_the_engine_buffers():
         torch.testing.assert_close(got, engine.run_subgraph([x]), rtol=1e-5, atol=1e-5)
 
 
+class ResidualBlock(torch.nn.Module):
+    """A residual int8 convolution whose addend is the uint8 output of an earlier one, and
+    whose own uint8 result feeds the last convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.conv1 = torch.nn.Conv2d(32, 32, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(32, 32, 1)
+        self.conv3 = torch.nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        return self.conv3(torch.relu(self.conv2(torch.relu(self.conv1(y))) + y))
+
+
+@needs_int8
+def test_residual_int8_convolution_results_are_made_in_the_engine_buffers():
+    """oneDNN's sum writes into a private copy of the addend made in the engine's buffer
+    for the result: that copy is the result (the op's own returned copy is not copied in
+    again), and the addend, still the stem's output, is left as it was."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 20, 18)
+    cal = [torch.randn(2, 3, 20, 18) for _ in range(4)]
+    optimized = blade.optimize(ResidualBlock().eval(), (x,),
+                               blade.Config(precision="int8", calibration=cal))
+    with torch.no_grad():
+        optimized(x)
+    report = assert_ran_compiled(optimized)
+    assert report.int8["layers"] == ["stem", "conv1", "conv2", "conv3"], str(report)
+    engine = getattr(optimized, report.clusters[0].name)
+    placed, copied = _C.kernel_call_result_counts()
+    with torch.no_grad():
+        got = engine.run_code([x])
+    placed_now, copied_now = _C.kernel_call_result_counts()
+    # The uint8 results of the stem, conv1 and the residual conv2 made in place; conv3's
+    # float32 one (channels_last, the engine's buffer NCHW) copied in.
+    assert (placed_now - placed, copied_now - copied) == (3, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(got, engine.run_subgraph([x]), rtol=1e-4, atol=1e-4)
+
+
 class AttentionWithInt8Projection(torch.nn.Module):
     """Attention beside an int8 linear layer, so that its engine is an int8 one."""
 
