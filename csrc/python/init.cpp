@@ -19,6 +19,7 @@
 #include "python/tolerance.h"
 #include "ral/cpu_features.h"
 #include "ral/engine.h"
+#include "ral/few_rows_gemm.h"
 #include "ral/fused_attention.h"
 #include "ral/int8_kernels.h"
 #include "ral/kernel_calls.h"
@@ -206,6 +207,27 @@ PYBIND11_MODULE(_C, m) {
   m.def("settled_result_counts", &ral::settled_result_counts,
         "(placed, copied): results of ops offered the engine's buffer (convolutions, int8 "
         "kernel calls) in this process that they made there, and that were copied into it.");
+  m.def("few_rows_gemm_available", &ral::few_rows_gemm_available,
+        "Whether GEMMs of a few rows by a weight run the runtime's own loop here (AVX-512F).");
+  m.def(
+      "few_rows_gemm",
+      [](const at::Tensor& x, const at::Tensor& w) {
+        TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+                        x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
+                    "few_rows_gemm: x [rows, K] and w [N, K] float32, got ", x.sizes(), " and ",
+                    w.sizes());
+        const at::Tensor a = x.contiguous();
+        const at::Tensor b = w.contiguous();
+        at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options());
+        TORCH_CHECK(ral::few_rows_gemm(a.data_ptr<float>(), a.size(1), b.data_ptr<float>(),
+                                       b.size(1), out.data_ptr<float>(), out.size(1),
+                                       a.size(0), b.size(0), a.size(1)),
+                    "few_rows_gemm: does not run here or for ", x.size(0),
+                    " rows (it takes 1 to ", ral::kFewRows, ", with AVX-512F)");
+        return out;
+      },
+      py::arg("x"), py::arg("w"),
+      "x @ w.T by the runtime's loop for a few rows (tests).");
   m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
         "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;

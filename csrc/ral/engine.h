@@ -118,6 +118,11 @@ class Engine : public torch::CustomClassHolder {
   int64_t packed_weights() const { return prepared_weights_->packed_count(); }
   // The bytes of those copies (and of channels_last weight copies).
   int64_t prepared_bytes() const { return prepared_weights_->prepared_bytes(); }
+  // Which kernel each of its kernel trials kept, one line per weight and input size
+  // (PreparedWeights::kernel_choices).
+  std::vector<std::string> kernel_choices() const {
+    return prepared_weights_->kernel_choices();
+  }
   std::string last_fallback_reason() const;
   // The calls that ran the subgraph, by kind of reason (the first reason of each kind).
   std::vector<std::pair<std::string, int64_t>> fallback_reasons() const {

@@ -11,6 +11,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iomanip>
+#include <sstream>
+#include <string>
+#include <vector>
 
 namespace blade::ral {
 namespace {
@@ -45,6 +49,8 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
     }
     KernelTrial trial;
     trial.alternative = alternative;
+    trial.weight_sizes = weight.sizes().vec();
+    trial.order = trials_.size();
     it = trials_.emplace(key, trial).first;
   }
   const KernelTrial& trial = it->second;
@@ -118,6 +124,56 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
     winograd_.erase(form);
     freed_.store(true, std::memory_order_relaxed);
   }
+}
+
+namespace {
+
+// As the report names them; kGemm reads the weight as it is (MKL's sgemm, or few_rows_gemm
+// for a few rows).
+const char* kernel_name(PreparedWeights::Kernel kernel) {
+  switch (kernel) {
+    case PreparedWeights::Kernel::kOneDnn: return "oneDNN";
+    case PreparedWeights::Kernel::kWinograd: return "Winograd";
+    case PreparedWeights::Kernel::kGemm: return "plain-weight GEMM";
+  }
+  return "?";
+}
+
+std::string sizes_text(const std::vector<int64_t>& sizes) {
+  std::ostringstream text;
+  text << c10::IntArrayRef(sizes);
+  return text.str();
+}
+
+}  // namespace
+
+std::vector<std::string> PreparedWeights::kernel_choices() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<size_t, std::string>> lines;
+  for (const auto& [key, trial] : trials_) {
+    std::ostringstream line;
+    line << "weight " << sizes_text(trial.weight_sizes)
+         << (std::get<1>(key) ? " (transposed)" : "") << ", input "
+         << sizes_text(std::get<2>(key)) << ": ";
+    const Kernel kernels[2] = {Kernel::kOneDnn, trial.alternative};
+    for (int k = 0; k < 2; ++k) {
+      line << (k > 0 ? ", " : "") << kernel_name(kernels[k]) << " ";
+      if (trial.runs[k] > 1) {
+        line << std::fixed << std::setprecision(3) << trial.best[k] * 1e3 << " ms";
+      } else {
+        line << "untimed";
+      }
+    }
+    line << " -> " << (trial.choice.has_value() ? kernel_name(*trial.choice) : "undecided");
+    lines.emplace_back(trial.order, line.str());
+  }
+  std::sort(lines.begin(), lines.end());
+  std::vector<std::string> result;
+  result.reserve(lines.size());
+  for (auto& entry : lines) {
+    result.push_back(std::move(entry.second));
+  }
+  return result;
 }
 
 void PreparedWeights::return_freed_memory() {

@@ -1,9 +1,11 @@
 // The matmul library calls (blade_ral_matmul_*, ral_kernels.h). A GEMM by one of the
 // engine's weights takes one of four paths: oneDNN's 1x1 convolution over its rows by the
-// weight's reordered copy, MKL's sgemm on the weight as it is (whichever the engine's
-// kernel trials find faster), bfloat16 for a bf16 engine, or MKL's packed GEMM where oneDNN
+// weight's reordered copy, MKL's sgemm on the weight as it is or, for a few rows,
+// few_rows_gemm (whichever the engine's kernel trials find faster), bfloat16 for a bf16 engine, or MKL's packed GEMM where oneDNN
 // does not take the rows; anything else is ATen's matmul.
 #include "ral/matmul_kernels.h"
+
+#include "ral/few_rows_gemm.h"
 
 #include "ral/conv_kernels.h"
 #include "ral/kernel_trials.h"
@@ -187,6 +189,12 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
 
 bool gemm_by_weight(const float* lhs, int64_t lda, const at::Tensor& weight, bool transposed,
                     float* out, int64_t ldc, int64_t m, float beta) {
+  if (transposed && beta == 0.0F && m <= kFewRows && weight.dim() == 2 &&
+      weight.scalar_type() == at::kFloat && weight.stride(1) == 1 &&
+      few_rows_gemm(lhs, lda, weight.data_ptr<float>(), weight.stride(0), out, ldc, m,
+                    weight.size(0), weight.size(1))) {
+    return true;
+  }
   const auto fits = [](int64_t v) { return v > 0 && v <= std::numeric_limits<int>::max(); };
   if (mkl_functions().sgemm == nullptr || weight.dim() != 2 ||
       weight.scalar_type() != at::kFloat || weight.stride(1) != 1 || !fits(m) ||

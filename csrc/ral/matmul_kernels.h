@@ -10,8 +10,9 @@
 namespace blade::ral {
 
 // out[m, n] = lhs[m, k] @ op(weight) + beta * out by MKL's sgemm, reading the 2-d weight as
-// it is ([n, k] when `transposed`, else [k, n]; unit stride along its rows). False without
-// MKL or when a size does not fit its int arguments.
+// it is ([n, k] when `transposed`, else [k, n]; unit stride along its rows); a few rows by
+// an [n, k] weight (beta 0) by few_rows_gemm where it runs. False without either, or when a
+// size does not fit MKL's int arguments.
 bool gemm_by_weight(const float* lhs, int64_t lda, const at::Tensor& weight, bool transposed,
                     float* out, int64_t ldc, int64_t m, float beta);
 

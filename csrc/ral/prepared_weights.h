@@ -132,6 +132,11 @@ class PreparedWeights {
                           const std::vector<int64_t>& onednn_input_size, Kernel kernel,
                           double seconds);
 
+  // The trials so far, one line each, in the order they began: the weight's sizes, the
+  // input size oneDNN's kernel is made for, each kernel's best timed call, and the kernel
+  // kept ("undecided" until both have had their timed calls).
+  std::vector<std::string> kernel_choices() const;
+
   // Gives the memory of copies freed since the last call back to the system (glibc keeps
   // freed heap blocks otherwise, and a trial's losers would stay in the process's
   // resident memory); the engine calls it after each call, and it costs nothing when no
@@ -191,6 +196,8 @@ class PreparedWeights {
 
   struct KernelTrial {
     Kernel alternative = Kernel::kWinograd;
+    std::vector<int64_t> weight_sizes;
+    size_t order = 0;  // how many trials began before it
     int runs[2] = {0, 0};  // oneDNN's, the alternative's; the untimed first included
     double best[2] = {0.0, 0.0};
     std::optional<Kernel> choice;

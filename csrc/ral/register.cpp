@@ -76,6 +76,7 @@ TORCH_LIBRARY(blade, m) {
       .def("last_call_compiled", &Engine::last_call_compiled)
       .def("packed_weights", &Engine::packed_weights)
       .def("prepared_bytes", &Engine::prepared_bytes)
+      .def("kernel_choices", &Engine::kernel_choices)
       .def("released_bytes", &Engine::released_bytes)
       .def("param", &Engine::param)
       .def("params", [](const c10::intrusive_ptr<Engine>& e) { return e->params(); })

@@ -6,6 +6,7 @@ saved and loaded with it); run-time counters are read live from the module's eng
 import enum
 import json
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, List, Optional
 
@@ -78,6 +79,9 @@ class ClusterReport(CodeStatistics):
     packed_weights: int = 0  # prepared weight copies, oneDNN's or MKL's packed (read live)
     prepared_bytes: int = 0  # the memory those copies take beside the weights (read live)
     released_bytes: int = 0  # weight memory given back, read through the copies (read live)
+    # Its kernel trials, one line per weight and input size: each kernel's best time and
+    # the one kept (read live; csrc/ral/kernel_trials.cpp).
+    kernel_choices: List[str] = field(default_factory=list)
     # Where the code came from (a CodeOrigin; "" for an engine that failed), and for
     # CodeOrigin.SHARED the engine of this optimize whose code it runs.
     code: str = ""
@@ -350,6 +354,12 @@ class Report:
                          f"{sum(c.prepared_bytes for c in self.clusters) / 1e6:.1f} MB "
                          "beside the weights (made on first calls; freed where another "
                          "kernel proved faster)")
+        choices = [line for c in self.clusters for line in c.kernel_choices]
+        if choices:
+            kept = Counter(line.rsplit(" -> ", 1)[-1] for line in choices)
+            lines.append(f"  kernel trials: {len(choices)} weights and input sizes, kept " +
+                         ", ".join(f"{kernel} {count}" for kernel, count in sorted(kept.items()))
+                         + " (each cluster's kernel_choices lists them)")
         released = sum(c.released_bytes for c in self.clusters)
         if released:
             lines.append(f"  weights given back: {released / 1e6:.1f} MB (read only through "
@@ -430,6 +440,7 @@ def report(module: torch.jit.ScriptModule) -> Report:
         cluster.packed_weights = engine.packed_weights()
         cluster.prepared_bytes = engine.prepared_bytes()
         cluster.released_bytes = engine.released_bytes()
+        cluster.kernel_choices = list(engine.kernel_choices())
         cluster.precision = engine.precision()
         cluster.cpu_features = engine.cpu_features()
         cluster.status = engine.load_error() or engine.last_fallback_reason()
