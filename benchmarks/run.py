@@ -33,6 +33,10 @@ cosine similarity of each one's output to float32 eager (Blade int8's, and the b
 peer's). `peak.py` measures the int8 limits too: the VNNI dot-product peak and the rate of
 oneDNN's own u8 x s8 GEMM on a large square problem (AMX where the CPU has it).
 
+`--kernel-choices` lists each Blade backend's kernel trials after the timed calls (every
+weight and input size with a second kernel, each kernel's best time, the one kept): the
+per-layer choices that the float32 rows of a convolution network rest on.
+
 Quote ratios from one run (backend / eager, lower is faster), never absolute times from
 different runs: these machines are noisy.
 """
@@ -169,7 +173,11 @@ def bench(workload, names, runs, warmup):
                       "gflops": flops / median / 1e6 if flops else None}
     for name in BLADE_BACKENDS:
         if name in backends:
-            rows[name]["coverage"] = blade.report(backends[name]).coverage
+            report = blade.report(backends[name])
+            rows[name]["coverage"] = report.coverage
+            # After the timed calls, each kernel trial has settled (kernel_trials.cpp).
+            rows[name]["kernel_choices"] = [line for c in report.clusters
+                                            for line in c.kernel_choices]
     return rows
 
 
@@ -268,6 +276,9 @@ def main():
     parser.add_argument("--json", help="write the raw numbers here")
     parser.add_argument("--no-overhead", action="store_true",
                         help="skip the per-call overhead measurement")
+    parser.add_argument("--kernel-choices", action="store_true",
+                        help="list each Blade backend's kernel trials: every weight and "
+                             "input size, each kernel's best time, the kernel kept")
     args = parser.parse_args()
     torch.set_num_threads(2)
     peak = measure_peak_gflops()
@@ -303,6 +314,12 @@ def main():
                   f"{r['p90_ms']:>9.3f}{r['ratio_to_eager']:>8.2f}{r['compile_s']:>10.2f}"
                   f"{r['max_abs_diff']:>10.1e}{rate}{note}", flush=True)
     results.update(workloads)
+    if args.kernel_choices:
+        for workload, rows in workloads.items():
+            for name, r in rows.items():
+                if r.get("kernel_choices"):
+                    print(f"\n{workload} {name}: kernel choices\n  " +
+                          "\n  ".join(r["kernel_choices"]))
     ratios = [r["blade"]["ratio_to_eager"] for r in workloads.values() if "blade" in r]
     if ratios:
         geomean = statistics.geometric_mean(ratios)
