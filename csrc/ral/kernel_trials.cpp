@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <iomanip>
 #include <sstream>
 #include <string>
@@ -21,8 +22,9 @@ namespace {
 
 // Timed calls per kernel in a trial (after an untimed first: next_kernel), the best of
 // which counts, and the most trials an engine keeps (a dynamic engine sees many input
-// sizes; past this many the others run the alternative kernel untried). One timed call
-// each let a burst of load on a shared host pick the slower kernel for the engine's life.
+// sizes; past this many the others run untried the kernel the weight's nearest decided
+// size kept: settled_kernel). One timed call each let a burst of load on a shared host
+// pick the slower kernel for the engine's life.
 constexpr int kTimedTrialRuns = 3;
 constexpr size_t kMaxTrials = 256;
 
@@ -45,7 +47,7 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
   auto it = trials_.find(key);
   if (it == trials_.end()) {
     if (trials_.size() >= kMaxTrials) {
-      return alternative;
+      return settled_kernel(weight.data_ptr(), onednn_transposed, onednn_input_size);
     }
     KernelTrial trial;
     trial.alternative = alternative;
@@ -63,6 +65,34 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
     return trial.alternative;
   }
   return trial.runs[0] <= trial.runs[1] ? Kernel::kOneDnn : trial.alternative;
+}
+
+PreparedWeights::Kernel PreparedWeights::settled_kernel(
+    const void* data, bool onednn_transposed, const std::vector<int64_t>& onednn_input_size) const {
+  const auto elements = [](const std::vector<int64_t>& sizes) {
+    int64_t product = 1;
+    for (const int64_t size : sizes) {
+      product *= size;
+    }
+    return product;
+  };
+  const int64_t wanted = elements(onednn_input_size);
+  std::optional<Kernel> kept;
+  int64_t distance = 0;
+  for (const auto& [key, trial] : trials_) {
+    if (std::get<0>(key) != data || std::get<1>(key) != onednn_transposed ||
+        !trial.choice.has_value()) {
+      continue;
+    }
+    const int64_t apart = std::abs(elements(std::get<2>(key)) - wanted);
+    if (!kept.has_value() || apart < distance) {
+      kept = trial.choice;
+      distance = apart;
+    }
+  }
+  // No size of this weight decided yet: oneDNN's, the usual winner on AVX-512 CPUs (where
+  // MKL may run its AVX2 code at half the speed).
+  return kept.value_or(Kernel::kOneDnn);
 }
 
 bool PreparedWeights::onednn_run_pending(const at::Tensor& weight, bool onednn_transposed,

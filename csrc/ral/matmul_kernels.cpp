@@ -1,13 +1,14 @@
 // The matmul library calls (blade_ral_matmul_*, ral_kernels.h). A GEMM by one of the
 // engine's weights takes one of four paths: oneDNN's 1x1 convolution over its rows by the
 // weight's reordered copy, MKL's sgemm on the weight as it is or, for a few rows,
-// few_rows_gemm (whichever the engine's kernel trials find faster), bfloat16 for a bf16 engine, or MKL's packed GEMM where oneDNN
-// does not take the rows; anything else is ATen's matmul.
+// few_rows_gemm (whichever the engine's kernel trials find faster), bfloat16 for a bf16
+// engine, or, where oneDNN has no copy for the rows, blocked_gemm on AVX-512 CPUs or MKL's
+// packed GEMM; anything else is ATen's matmul.
 #include "ral/matmul_kernels.h"
 
-#include "ral/few_rows_gemm.h"
-
+#include "ral/blocked_gemm.h"
 #include "ral/conv_kernels.h"
+#include "ral/few_rows_gemm.h"
 #include "ral/kernel_trials.h"
 #include "ral/library_call.h"
 #include "ral/mkl_functions.h"
@@ -137,15 +138,27 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
   if (prepared->bf16() && bf16_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
     return true;
   }
-  // oneDNN's 1x1 convolution or MKL's sgemm on the weight as it is, whichever the
-  // engine's first calls find faster (PreparedWeights::next_kernel); MKL's packed GEMM
-  // where oneDNN's does not apply.
+  // oneDNN's 1x1 convolution or a GEMM on the weight as it is, whichever the engine's
+  // first calls find faster (PreparedWeights::next_kernel); MKL's packed GEMM where
+  // neither applies.
   using Kernel = PreparedWeights::Kernel;
   const std::vector<int64_t> input_size{1, lhs.size(-1), 1, rows};
   const Kernel kernel = prepared->next_kernel(weight, transposed, input_size, Kernel::kGemm);
+  // oneDNN's kernel stands for its reordered copy for these rows or, once the weight has
+  // all the copies it may have (a dynamic engine's), its one [K, N] copy through oneDNN's
+  // microkernel on AVX-512 CPUs (blocked_gemm.h): the trial times whichever ran.
+  const auto reordered = [&] {
+    if (onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
+      return true;
+    }
+    const at::Tensor k_by_n =
+        blocked_gemm_available() ? prepared->k_by_n(weight, transposed) : at::Tensor();
+    return k_by_n.defined() &&
+           blocked_gemm(lhs.data_ptr<float>(), lda, k_by_n.data_ptr<float>(), k_by_n.size(1),
+                        result.data_ptr<float>(), ldc, rows, k_by_n.size(0));
+  };
   const Stopwatch stopwatch;
-  if ((kernel == Kernel::kOneDnn &&
-       onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) ||
+  if ((kernel == Kernel::kOneDnn && reordered()) ||
       (kernel == Kernel::kGemm &&
        gemm_by_weight(lhs.data_ptr<float>(), lda, plain_weight(weight), transposed,
                       result.data_ptr<float>(), ldc, rows, 0.0F))) {
@@ -153,7 +166,7 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
     // A trial's first call runs oneDNN's too (its result the same within rounding).
     if (kernel == Kernel::kGemm && prepared->onednn_run_pending(weight, transposed, input_size)) {
       const Stopwatch again;
-      if (onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
+      if (reordered()) {
         prepared->record_kernel_time(weight, transposed, input_size, Kernel::kOneDnn,
                                      again.seconds());
       }

@@ -143,6 +143,24 @@ at::Tensor PreparedWeights::bf16_matrix(const at::Tensor& weight, bool transpose
   return it->second;
 }
 
+at::Tensor PreparedWeights::k_by_n(const at::Tensor& weight, bool transposed) {
+  if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
+    return at::Tensor();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto key = std::make_pair(weight.data_ptr(), transposed);
+  auto it = k_by_n_.find(key);
+  if (it == k_by_n_.end()) {
+    if (!fits_limit(static_cast<int64_t>(weight.nbytes()))) {
+      return at::Tensor();
+    }
+    restore_locked(weight.data_ptr());
+    it = k_by_n_.emplace(key, (transposed ? weight.t() : weight).contiguous()).first;
+    count(it->second);
+  }
+  return it->second;
+}
+
 size_t PreparedWeights::copies_of(const void* data) const {
   size_t copies = 0;
   for (const auto& entry : packs_) {
@@ -262,7 +280,7 @@ int64_t PreparedWeights::packed_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t count =
       static_cast<int64_t>(packs_.size() + winograd_.size() + bf16_matrices_.size() +
-                           int8_.size());
+                           k_by_n_.size() + int8_.size());
   for (const auto& entry : onednn_) {
     count += entry.second.defined() ? 1 : 0;
   }

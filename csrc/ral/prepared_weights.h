@@ -74,6 +74,12 @@ class PreparedWeights {
   // not a float32 param or the copy would pass the limit.
   at::Tensor bf16_matrix(const at::Tensor& weight, bool transposed);
 
+  // A 2-d float32 param as the dense [K, N] matrix op(weight) (`weight` is [N, K] when
+  // `transposed`, else [K, N]), made once for every row count: what blocked_gemm reads
+  // where a dynamic engine's row count has no oneDNN copy left. Undefined when `weight` is
+  // not such a param or the copy would pass the limit.
+  at::Tensor k_by_n(const at::Tensor& weight, bool transposed);
+
   // A param reordered into oneDNN's layout for convolving an input of `input_size`
   // ([N, C, H, W]): a convolution weight [O, I/groups, kh, kw], or a GEMM's 2-d rhs as the
   // 1x1 convolution weight [N, K, 1, 1] (rhs is [N, K] when `transposed`, else [K, N]).
@@ -204,6 +210,10 @@ class PreparedWeights {
   };
   // (weight data, transposed, input size): the key of oneDNN's copy (onednn_)
   using TrialKey = std::tuple<const void*, bool, std::vector<int64_t>>;
+  // Past the most trials an engine keeps: the kernel kept for the same weight at the
+  // decided input size nearest in elements, else oneDNN's (mutex_ held).
+  Kernel settled_kernel(const void* data, bool onednn_transposed,
+                        const std::vector<int64_t>& onednn_input_size) const;
   // Frees the copy the losing kernel of a decided trial prepared (mutex_ held).
   void release_loser(const TrialKey& key, const KernelTrial& trial);
 
@@ -237,6 +247,7 @@ class PreparedWeights {
   // (weight data, key) -> oneDNN's int8 pack
   std::map<std::pair<const void*, std::vector<int64_t>>, at::Tensor> int8_;
   std::map<std::pair<const void*, bool>, at::Tensor> bf16_matrices_;  // (data, transposed)
+  std::map<std::pair<const void*, bool>, at::Tensor> k_by_n_;  // (data, transposed)
   std::atomic<bool> freed_{false};  // set by release_loser, taken by return_freed_memory
   // oneDNN's copy's key -> the trial of its two kernels
   std::map<TrialKey, KernelTrial> trials_;
