@@ -77,16 +77,17 @@ void add_bias_rectify(float* matrix, int64_t rows, int64_t cols, const float* bi
 }
 
 // A 1x1 convolution (stride 1, no padding, one group) of dense NHWC float32 data by a
-// param, as MKL's sgemm of its [N*H*W, C] rows by the weight [O, C] transposed, written
-// straight into the rows of `target`, then the bias and the ReLU (keeping NaN) in one pass.
-// False when MKL cannot take it.
-bool convolve_1x1_by_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
-                          const std::optional<at::Tensor>& bias, bool relu) {
+// param, as the trials' plain-weight GEMM (trial_gemm) of its [N*H*W, C] rows by the
+// weight [O, C] transposed, written straight into the rows of `target`, then the bias and
+// the ReLU (keeping NaN) in one pass. False when no such GEMM runs here.
+bool convolve_1x1_by_gemm(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
+                          const at::Tensor& target, const std::optional<at::Tensor>& bias,
+                          bool relu) {
   const int64_t rows = x.size(0) * x.size(2) * x.size(3);
   const int64_t channels = x.size(1);
   const int64_t outputs = w.size(0);
-  if (!gemm_by_weight(x.data_ptr<float>(), channels, w.view({outputs, channels}), true,
-                      target.data_ptr<float>(), outputs, rows, 0.0F)) {
+  if (!trial_gemm(prepared, x.data_ptr<float>(), channels, w, true, target.data_ptr<float>(),
+                  outputs, rows)) {
     return false;
   }
   if (bias.has_value() || relu) {
@@ -220,7 +221,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     bool done = false;
     if ((kernel == Kernel::kWinograd &&
          convolve_winograd(prepared, x, plain_weight(w), target, bias, relu)) ||
-        (kernel == Kernel::kGemm && convolve_1x1_by_gemm(x, plain_weight(w), target, bias, relu))) {
+        (kernel == Kernel::kGemm && convolve_1x1_by_gemm(prepared, x, w, target, bias, relu))) {
       prepared->record_kernel_time(w, false, input_size, kernel, stopwatch.seconds());
       // A trial's first call runs oneDNN's too (below; the same result within rounding).
       if (!prepared->onednn_run_pending(w, false, input_size)) {

@@ -139,7 +139,23 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
     return;
   }
   if (trial.alternative == Kernel::kGemm) {
-    return;  // MKL's sgemm reads the weight as it is
+    // MKL's sgemm reads the weight as it is; blocked_gemm's [K, N] copy serves every input
+    // size: freed once no size of the weight still uses or tries the plain-weight GEMM (a
+    // dynamic engine's size past its oneDNN copies makes it again).
+    const bool transposed = std::get<1>(key);
+    for (const auto& [other, other_trial] : trials_) {
+      if (std::get<0>(other) == data && std::get<1>(other) == transposed &&
+          other_trial.alternative == Kernel::kGemm && other_trial.choice != Kernel::kOneDnn) {
+        return;
+      }
+    }
+    auto copy = k_by_n_.find(std::make_pair(data, transposed));
+    if (copy != k_by_n_.end()) {
+      uncount(copy->second);
+      k_by_n_.erase(copy);
+      freed_.store(true, std::memory_order_relaxed);
+    }
+    return;
   }
   // The Winograd form serves every input size: freed once no size still uses or tries it.
   for (const auto& [other, other_trial] : trials_) {

@@ -160,8 +160,8 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
   const Stopwatch stopwatch;
   if ((kernel == Kernel::kOneDnn && reordered()) ||
       (kernel == Kernel::kGemm &&
-       gemm_by_weight(lhs.data_ptr<float>(), lda, plain_weight(weight), transposed,
-                      result.data_ptr<float>(), ldc, rows, 0.0F))) {
+       trial_gemm(prepared, lhs.data_ptr<float>(), lda, weight, transposed,
+                  result.data_ptr<float>(), ldc, rows))) {
     prepared->record_kernel_time(weight, transposed, input_size, kernel, stopwatch.seconds());
     // A trial's first call runs oneDNN's too (its result the same within rounding).
     if (kernel == Kernel::kGemm && prepared->onednn_run_pending(weight, transposed, input_size)) {
@@ -199,6 +199,22 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
 }
 
 }  // namespace
+
+bool trial_gemm(PreparedWeights* prepared, const float* lhs, int64_t lda,
+                const at::Tensor& weight, bool transposed, float* out, int64_t ldc, int64_t m) {
+  if (m > kFewRows && prepared != nullptr && blocked_gemm_available() &&
+      static_cast<int64_t>(weight.nbytes()) <= kSmallWeightBytes) {
+    const at::Tensor k_by_n = prepared->k_by_n(weight, transposed);
+    if (k_by_n.defined() && blocked_gemm(lhs, lda, k_by_n.data_ptr<float>(), k_by_n.size(1),
+                                         out, ldc, m, k_by_n.size(0))) {
+      return true;
+    }
+  }
+  const at::Tensor plain = plain_weight(weight);
+  return gemm_by_weight(lhs, lda, plain.dim() == 4 ? plain.view({plain.size(0), plain.size(1)})
+                                                   : plain,
+                        transposed, out, ldc, m, 0.0F);
+}
 
 bool gemm_by_weight(const float* lhs, int64_t lda, const at::Tensor& weight, bool transposed,
                     float* out, int64_t ldc, int64_t m, float beta) {

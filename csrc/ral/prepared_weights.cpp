@@ -144,10 +144,19 @@ at::Tensor PreparedWeights::bf16_matrix(const at::Tensor& weight, bool transpose
 }
 
 at::Tensor PreparedWeights::k_by_n(const at::Tensor& weight, bool transposed) {
-  if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
+  const bool pointwise = weight.dim() == 4 && weight.size(2) == 1 && weight.size(3) == 1 &&
+                         transposed && weight.is_contiguous();
+  if ((weight.dim() != 2 && !pointwise) || weight.scalar_type() != at::kFloat ||
+      !is_param(weight)) {
     return at::Tensor();
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!transposed && weight.is_contiguous()) {
+    // Already [K, N]: read as it is, so never released (weight_release.cpp).
+    restore_locked(weight.data_ptr());
+    kept_plain_.insert(weight.data_ptr());
+    return weight;
+  }
   const auto key = std::make_pair(weight.data_ptr(), transposed);
   auto it = k_by_n_.find(key);
   if (it == k_by_n_.end()) {
@@ -155,7 +164,8 @@ at::Tensor PreparedWeights::k_by_n(const at::Tensor& weight, bool transposed) {
       return at::Tensor();
     }
     restore_locked(weight.data_ptr());
-    it = k_by_n_.emplace(key, (transposed ? weight.t() : weight).contiguous()).first;
+    const at::Tensor matrix = pointwise ? weight.view({weight.size(0), weight.size(1)}) : weight;
+    it = k_by_n_.emplace(key, (transposed ? matrix.t() : matrix).contiguous()).first;
     count(it->second);
   }
   return it->second;

@@ -19,9 +19,10 @@ def test_transformer_layer_weights_become_params_and_are_packed():
     assert [c.inputs for c in report.clusters] == ["float32[2,8,64]"], str(report)
     # in_proj, out_proj, linear1 and linear2 multiply by a weight: the first calls (the
     # compile-time check's included) alternate between oneDNN's 1x1 convolution by a
-    # reordered copy of the weight and MKL's sgemm on the weight as it is, then keep the
-    # faster, and the copies of the weights MKL won for are freed.
-    assert report.clusters[0].packed_weights <= 4, str(report)
+    # reordered copy of the weight and a GEMM on the weight as it is (MKL's sgemm; on an
+    # AVX-512 CPU blocked_gemm on a [K, N] copy, these weights being small), then keep the
+    # faster, and the loser's copy is freed.
+    assert report.clusters[0].packed_weights <= 2 * 4, str(report)
     with torch.no_grad():
         for _ in range(6):
             assert_same(optimized(x), model(x), rtol=1e-4, atol=1e-5)
