@@ -263,9 +263,15 @@ bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
   const int64_t tiles_w = (w + 1) / 2;
   const int64_t tiles = n * tiles_h * tiles_w;
   // A block's transformed input and products, 16 x block x (C + K) floats, within about
-  // half of a 1 MB L2.
-  const int64_t block = std::clamp<int64_t>(512 * 1024 / (4 * kTiles * (c + k)), 8, 256);
-  const int64_t blocks = (tiles + block - 1) / block;
+  // half of a 1 MB L2; as many blocks as that takes, rounded up to a multiple of the
+  // threads and the tiles shared evenly among them (4 blocks of 16, 16, 16 and 1 tiles left
+  // one of 2 threads idle a third of a 14 x 14 convolution).
+  const int64_t largest = std::clamp<int64_t>(512 * 1024 / (4 * kTiles * (c + k)), 8, 256);
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  int64_t blocks = (tiles + largest - 1) / largest;
+  blocks = std::min(tiles, (blocks + threads - 1) / threads * threads);
+  const int64_t block = (tiles + blocks - 1) / blocks;
+  blocks = (tiles + block - 1) / block;
   const Convolution conv{x, weight, h, w, c, k, bias, relu, out};
   // Tiles computed directly (non-finite inputs) so far. Each costs tens of Winograd tiles,
   // so past a sixteenth of them the call gives up and the caller convolves another way.
