@@ -7,8 +7,12 @@
 // the last transform (it is linear), which is where the GEMMs come in.
 #include "ral/winograd.h"
 
+#include "ral/cpu_features.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -119,6 +123,88 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) bool untransform_ti
   return any_non_finite == 0;
 }
 
+// GCC 12 warns inside its own intrinsics' headers here (`__Y` may be used uninitialized:
+// their _mm512_undefined), not about this code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// The two transforms above, 16 channels to a vector: GCC leaves those loops scalar (their
+// 16 rows of v or m lie a runtime stride apart, which it cannot prove apart), and they
+// took more of a 64-channel 56 x 56 convolution than its GEMMs.
+__attribute__((target("avx512f"))) void transform_patch_avx512(const float* const (&d)[4][4],
+                                                               float* v, int64_t stride,
+                                                               int64_t c) {
+  for (int64_t ch = 0; ch < c; ch += 16) {
+    const __mmask16 mask =
+        ch + 16 <= c ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (c - ch)) - 1u);
+    __m512 s[4][4];
+    for (int j = 0; j < 4; ++j) {  // B^T d: rows
+      const __m512 d0 = _mm512_maskz_loadu_ps(mask, d[0][j] + ch);
+      const __m512 d1 = _mm512_maskz_loadu_ps(mask, d[1][j] + ch);
+      const __m512 d2 = _mm512_maskz_loadu_ps(mask, d[2][j] + ch);
+      const __m512 d3 = _mm512_maskz_loadu_ps(mask, d[3][j] + ch);
+      s[0][j] = _mm512_sub_ps(d0, d2);
+      s[1][j] = _mm512_add_ps(d1, d2);
+      s[2][j] = _mm512_sub_ps(d2, d1);
+      s[3][j] = _mm512_sub_ps(d1, d3);
+    }
+    for (int i = 0; i < 4; ++i) {  // (B^T d) B: columns
+      float* row = v + 4 * i * stride + ch;
+      _mm512_mask_storeu_ps(row, mask, _mm512_sub_ps(s[i][0], s[i][2]));
+      _mm512_mask_storeu_ps(row + stride, mask, _mm512_add_ps(s[i][1], s[i][2]));
+      _mm512_mask_storeu_ps(row + 2 * stride, mask, _mm512_sub_ps(s[i][2], s[i][1]));
+      _mm512_mask_storeu_ps(row + 3 * stride, mask, _mm512_sub_ps(s[i][1], s[i][3]));
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) bool untransform_tile_avx512(
+    const float* m, int64_t stride, int64_t k, const float* bias, bool relu, float* y00,
+    float* y01, float* y10, float* y11) {
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  const __m512 zero = _mm512_setzero_ps();
+  __mmask16 non_finite_lanes = 0;
+  for (int64_t ch = 0; ch < k; ch += 16) {
+    const __mmask16 mask =
+        ch + 16 <= k ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (k - ch)) - 1u);
+    __m512 in[16];
+    for (int xi = 0; xi < 16; ++xi) {
+      in[xi] = _mm512_maskz_loadu_ps(mask, m + xi * stride + ch);
+    }
+    __m512 s0[4];
+    __m512 s1[4];
+    for (int j = 0; j < 4; ++j) {
+      s0[j] = _mm512_add_ps(_mm512_add_ps(in[j], in[4 + j]), in[8 + j]);
+      s1[j] = _mm512_sub_ps(_mm512_sub_ps(in[4 + j], in[8 + j]), in[12 + j]);
+    }
+    __m512 r[4] = {_mm512_add_ps(_mm512_add_ps(s0[0], s0[1]), s0[2]),
+                   _mm512_sub_ps(_mm512_sub_ps(s0[1], s0[2]), s0[3]),
+                   _mm512_add_ps(_mm512_add_ps(s1[0], s1[1]), s1[2]),
+                   _mm512_sub_ps(_mm512_sub_ps(s1[1], s1[2]), s1[3])};
+    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + ch) : zero;
+    for (int q = 0; q < 4; ++q) {
+      const __m512i bits = _mm512_and_si512(_mm512_castps_si512(r[q]), exponent);
+      non_finite_lanes |= _mm512_mask_cmpeq_epi32_mask(mask, bits, exponent);
+      r[q] = _mm512_add_ps(r[q], b);
+      if (relu) {  // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu
+        r[q] = _mm512_max_ps(zero, r[q]);
+      }
+    }
+    _mm512_mask_storeu_ps(y00 + ch, mask, r[0]);
+    if (y01 != nullptr) _mm512_mask_storeu_ps(y01 + ch, mask, r[1]);
+    if (y10 != nullptr) _mm512_mask_storeu_ps(y10 + ch, mask, r[2]);
+    if (y11 != nullptr) _mm512_mask_storeu_ps(y11 + ch, mask, r[3]);
+  }
+  return non_finite_lanes == 0;
+}
+
+#pragma GCC diagnostic pop
+
+bool transforms_in_avx512() {
+  static const bool available = has_cpu_feature("avx512f");
+  return available;
+}
+
 // Where tile `tile` lies: its image and the row and column of its 2x2 output block. Tiles
 // are numbered (image, row block, column block) in row-major order.
 struct TileOrigin {
@@ -145,7 +231,11 @@ void transform_input(const float* x, int64_t h, int64_t w, int64_t c, int64_t ti
                                                         : x + ((o.image * h + y) * w + z) * c;
       }
     }
-    transform_patch(d, v + t * c, v_stride, c);
+    if (transforms_in_avx512()) {
+      transform_patch_avx512(d, v + t * c, v_stride, c);
+    } else {
+      transform_patch(d, v + t * c, v_stride, c);
+    }
   }
 }
 
@@ -206,8 +296,13 @@ int64_t transform_output(const float* m, int64_t m_stride, const Convolution& co
                          : nullptr;
       }
     }
-    if (!untransform_tile(m + t * conv.k, m_stride, conv.k, conv.bias, conv.relu, y[0][0],
-                          y[0][1], y[1][0], y[1][1])) {
+    const bool finite =
+        transforms_in_avx512()
+            ? untransform_tile_avx512(m + t * conv.k, m_stride, conv.k, conv.bias, conv.relu,
+                                      y[0][0], y[0][1], y[1][0], y[1][1])
+            : untransform_tile(m + t * conv.k, m_stride, conv.k, conv.bias, conv.relu, y[0][0],
+                               y[0][1], y[1][0], y[1][1]);
+    if (!finite) {
       direct_tile(conv, o);
       ++direct;
     }
