@@ -128,9 +128,8 @@ std::vector<int64_t> conv_output_sizes(const at::Tensor& x, const at::Tensor& w,
 // engine's first calls then time both: PreparedWeights::next_kernel): float32
 // NHWC data convolved by a 3x3 param with stride 1, no dilation, one group, padding 1 on
 // every side, both buffers dense, and enough channels for the GEMMs to outweigh the
-// transforms. Measured at 2 threads (Winograd / oneDNN, ms): C=K=64 on [4, 64, 56, 56]
-// 3.3 / 4.2, C=96 K=32 on 96 x 96 4.4 / 4.9, C=K=256 on 14 x 14 0.68 / 1.06; but C=K=32
-// 0.46 / 0.41, C=16 K=32 1.08 / 0.78, C=64 K=16 0.18 / 0.16.
+// transforms (fewer channels lost to oneDNN on an AVX2 host; the kernel trials decide
+// per weight and size the rest of the way).
 constexpr int64_t kWinogradMinChannels = 32;        // C and K each
 constexpr int64_t kWinogradMinChannelPairs = 3072;  // C * K
 
