@@ -174,8 +174,8 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
 
 namespace {
 
-// As the report names them; kGemm reads the weight as it is (MKL's sgemm, or few_rows_gemm
-// for a few rows).
+// As the report names them; kGemm is trial_gemm's (MKL's sgemm or few_rows_gemm on the
+// weight as it is, or blocked_gemm on a small weight's [K, N] copy).
 const char* kernel_name(PreparedWeights::Kernel kernel) {
   switch (kernel) {
     case PreparedWeights::Kernel::kOneDnn: return "oneDNN";

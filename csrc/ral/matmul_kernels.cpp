@@ -148,14 +148,9 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
   // all the copies it may have (a dynamic engine's), its one [K, N] copy through oneDNN's
   // microkernel on AVX-512 CPUs (blocked_gemm.h): the trial times whichever ran.
   const auto reordered = [&] {
-    if (onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
-      return true;
-    }
-    const at::Tensor k_by_n =
-        blocked_gemm_available() ? prepared->k_by_n(weight, transposed) : at::Tensor();
-    return k_by_n.defined() &&
-           blocked_gemm(lhs.data_ptr<float>(), lda, k_by_n.data_ptr<float>(), k_by_n.size(1),
-                        result.data_ptr<float>(), ldc, rows, k_by_n.size(0));
+    return onednn_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc) ||
+           gemm_by_k_by_n(prepared, lhs.data_ptr<float>(), lda, weight, transposed,
+                          result.data_ptr<float>(), ldc, rows);
   };
   const Stopwatch stopwatch;
   if ((kernel == Kernel::kOneDnn && reordered()) ||
@@ -200,15 +195,22 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
 
 }  // namespace
 
+bool gemm_by_k_by_n(PreparedWeights* prepared, const float* lhs, int64_t lda,
+                    const at::Tensor& weight, bool transposed, float* out, int64_t ldc,
+                    int64_t m) {
+  if (prepared == nullptr || !blocked_gemm_available()) {
+    return false;
+  }
+  const at::Tensor k_by_n = prepared->k_by_n(weight, transposed);
+  return k_by_n.defined() && blocked_gemm(lhs, lda, k_by_n.data_ptr<float>(), k_by_n.size(1),
+                                          out, ldc, m, k_by_n.size(0));
+}
+
 bool trial_gemm(PreparedWeights* prepared, const float* lhs, int64_t lda,
                 const at::Tensor& weight, bool transposed, float* out, int64_t ldc, int64_t m) {
-  if (m > kFewRows && prepared != nullptr && blocked_gemm_available() &&
-      static_cast<int64_t>(weight.nbytes()) <= kSmallWeightBytes) {
-    const at::Tensor k_by_n = prepared->k_by_n(weight, transposed);
-    if (k_by_n.defined() && blocked_gemm(lhs, lda, k_by_n.data_ptr<float>(), k_by_n.size(1),
-                                         out, ldc, m, k_by_n.size(0))) {
-      return true;
-    }
+  if (m > kFewRows && static_cast<int64_t>(weight.nbytes()) <= kSmallWeightBytes &&
+      gemm_by_k_by_n(prepared, lhs, lda, weight, transposed, out, ldc, m)) {
+    return true;
   }
   const at::Tensor plain = plain_weight(weight);
   return gemm_by_weight(lhs, lda, plain.dim() == 4 ? plain.view({plain.size(0), plain.size(1)})

@@ -15,6 +15,13 @@ class PreparedWeights;
 // it is ([n, k] when `transposed`, else [k, n]; unit stride along its rows); a few rows by
 // an [n, k] weight (beta 0) by few_rows_gemm where it runs. False without either, or when a
 // size does not fit MKL's int arguments.
+// out[m, n] = lhs[m, k] @ op(weight) by blocked_gemm on the param's [K, N] copy
+// (PreparedWeights::k_by_n; `weight` as trial_gemm takes it). False on CPUs without
+// AVX-512F, outside an engine, or where the copy cannot be made.
+bool gemm_by_k_by_n(PreparedWeights* prepared, const float* lhs, int64_t lda,
+                    const at::Tensor& weight, bool transposed, float* out, int64_t ldc,
+                    int64_t m);
+
 // The plain-weight GEMM of the kernel trials (PreparedWeights::Kernel::kGemm) by a param
 // `weight` (2-d, or a 1x1 convolution's [O, C, 1, 1] with `transposed`): few_rows_gemm for
 // a few rows; for a weight of at most kSmallWeightBytes on an AVX-512 CPU, blocked_gemm on
