@@ -5,6 +5,7 @@
 #include "ral/conv_kernels.h"
 
 #include "ral/cpu_features.h"
+#include "ral/depthwise_conv.h"
 #include "ral/kernel_trials.h"
 #include "ral/library_call.h"
 #include "ral/matmul_kernels.h"
@@ -146,6 +147,35 @@ bool winograd_applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor
          target.is_contiguous(cl);
 }
 
+// Blade's depthwise convolution (depthwise_conv.h) where it applies: float32 NHWC data, one
+// group per channel and one filter per group, a 3x3 or 5x5 kernel, both buffers dense.
+bool depthwise_applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                       int64_t groups) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  return depthwise_conv_available() && x.scalar_type() == at::kFloat &&
+         w.scalar_type() == at::kFloat && groups == x.size(1) && w.size(0) == groups &&
+         w.size(1) == 1 && depthwise_conv_takes(w.size(2), w.size(3)) && x.is_contiguous(cl) &&
+         target.is_contiguous(cl);
+}
+
+// The depthwise convolution into `target` (an NCHW view of the NHWC buffer, its shape
+// checked) by the weight's [kh, kw, C] filters; false without them (not a param).
+bool convolve_depthwise(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
+                        const at::Tensor& target, const std::optional<at::Tensor>& bias,
+                        bool relu, const std::vector<int64_t>& padding,
+                        const std::vector<int64_t>& stride, const std::vector<int64_t>& dilation) {
+  const at::Tensor filters = prepared->depthwise(w);
+  if (!filters.defined()) {
+    return false;
+  }
+  const at::Tensor dense_bias = bias.has_value() ? bias->contiguous() : at::Tensor();
+  return depthwise_conv2d(x.data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1),
+                          filters.data_ptr<float>(), w.size(2), w.size(3), stride[0], stride[1],
+                          padding[0], padding[1], dilation[0], dilation[1],
+                          dense_bias.defined() ? dense_bias.data_ptr<float>() : nullptr, relu,
+                          target.data_ptr<float>(), target.size(2), target.size(3));
+}
+
 // The convolution by Winograd's algorithm into `target` (an NCHW view of the NHWC buffer,
 // its shape checked); false when the weight has no Winograd form (not a param), a size
 // is empty, or too much of the input is inf or NaN (winograd.h).
@@ -208,6 +238,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
         alternative = Kernel::kWinograd;
       } else if (is_1x1_gemm(x, w, target, padding, stride, dilation, groups)) {
         alternative = Kernel::kGemm;
+      } else if (depthwise_applies(x, w, target, groups)) {
+        alternative = Kernel::kDepthwise;
       }
     }
     const std::vector<int64_t> input_size = x.sizes().vec();
@@ -220,7 +252,9 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     bool done = false;
     if ((kernel == Kernel::kWinograd &&
          convolve_winograd(prepared, x, plain_weight(w), target, bias, relu)) ||
-        (kernel == Kernel::kGemm && convolve_1x1_by_gemm(prepared, x, w, target, bias, relu))) {
+        (kernel == Kernel::kGemm && convolve_1x1_by_gemm(prepared, x, w, target, bias, relu)) ||
+        (kernel == Kernel::kDepthwise &&
+         convolve_depthwise(prepared, x, w, target, bias, relu, padding, stride, dilation))) {
       prepared->record_kernel_time(w, false, input_size, kernel, stopwatch.seconds());
       // A trial's first call runs oneDNN's too (below; the same result within rounding).
       if (!prepared->onednn_run_pending(w, false, input_size)) {

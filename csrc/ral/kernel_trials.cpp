@@ -129,45 +129,37 @@ void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_t
 
 void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& trial) {
   const void* data = std::get<0>(key);
+  const bool transposed = std::get<1>(key);
+  bool erased = false;
+  const auto erase = [&](auto& copies, const auto& at) {
+    auto copy = copies.find(at);
+    if (copy != copies.end()) {
+      uncount(copy->second);
+      copies.erase(copy);
+      erased = true;
+    }
+  };
   if (trial.choice != Kernel::kOneDnn) {
-    auto copy = onednn_.find(key);
-    if (copy != onednn_.end()) {
-      uncount(copy->second);
-      onednn_.erase(copy);
-      freed_.store(true, std::memory_order_relaxed);
-    }
-    return;
-  }
-  if (trial.alternative == Kernel::kGemm) {
-    // MKL's sgemm reads the weight as it is; blocked_gemm's [K, N] copy serves every input
-    // size: freed once no size of the weight still uses or tries the plain-weight GEMM (a
-    // dynamic engine's size past its oneDNN copies makes it again).
-    const bool transposed = std::get<1>(key);
-    for (const auto& [other, other_trial] : trials_) {
-      if (std::get<0>(other) == data && std::get<1>(other) == transposed &&
-          other_trial.alternative == Kernel::kGemm && other_trial.choice != Kernel::kOneDnn) {
-        return;
-      }
-    }
-    auto copy = k_by_n_.find(std::make_pair(data, transposed));
-    if (copy != k_by_n_.end()) {
-      uncount(copy->second);
-      k_by_n_.erase(copy);
-      freed_.store(true, std::memory_order_relaxed);
-    }
-    return;
-  }
-  // The Winograd form serves every input size: freed once no size still uses or tries it.
-  for (const auto& [other, other_trial] : trials_) {
-    if (std::get<0>(other) == data && other_trial.alternative == Kernel::kWinograd &&
-        other_trial.choice != Kernel::kOneDnn) {
-      return;
+    erase(onednn_, key);
+  } else if (std::none_of(trials_.begin(), trials_.end(), [&](const auto& other) {
+               // oneDNN won. The alternative's copy serves every input size of the weight
+               // (Winograd's form, the depthwise filters, blocked_gemm's [K, N] copy; MKL's
+               // sgemm reads the weight as it is): freed once no size still uses or tries
+               // it (a dynamic engine's size past its oneDNN copies makes [K, N] again).
+               return std::get<0>(other.first) == data &&
+                      other.second.alternative == trial.alternative &&
+                      (trial.alternative != Kernel::kGemm ||
+                       std::get<1>(other.first) == transposed) &&
+                      other.second.choice != Kernel::kOneDnn;
+             })) {
+    switch (trial.alternative) {
+      case Kernel::kWinograd: erase(winograd_, data); break;
+      case Kernel::kDepthwise: erase(depthwise_, data); break;
+      case Kernel::kGemm: erase(k_by_n_, std::make_pair(data, transposed)); break;
+      case Kernel::kOneDnn: break;
     }
   }
-  auto form = winograd_.find(data);
-  if (form != winograd_.end()) {
-    uncount(form->second);
-    winograd_.erase(form);
+  if (erased) {
     freed_.store(true, std::memory_order_relaxed);
   }
 }
@@ -181,6 +173,7 @@ const char* kernel_name(PreparedWeights::Kernel kernel) {
     case PreparedWeights::Kernel::kOneDnn: return "oneDNN";
     case PreparedWeights::Kernel::kWinograd: return "Winograd";
     case PreparedWeights::Kernel::kGemm: return "plain-weight GEMM";
+    case PreparedWeights::Kernel::kDepthwise: return "Blade depthwise";
   }
   return "?";
 }

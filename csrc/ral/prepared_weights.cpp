@@ -107,6 +107,25 @@ at::Tensor PreparedWeights::channels_last(const at::Tensor& weight) {
   return it->second;
 }
 
+at::Tensor PreparedWeights::depthwise(const at::Tensor& weight) {
+  if (weight.dim() != 4 || weight.size(1) != 1 || weight.scalar_type() != at::kFloat ||
+      !is_param(weight)) {
+    return at::Tensor();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = depthwise_.find(weight.data_ptr());
+  if (it == depthwise_.end()) {
+    if (!fits_limit(static_cast<int64_t>(weight.nbytes()))) {
+      return at::Tensor();
+    }
+    restore_locked(weight.data_ptr());
+    it = depthwise_.emplace(weight.data_ptr(), weight.squeeze(1).permute({1, 2, 0}).contiguous())
+             .first;
+    count(it->second);
+  }
+  return it->second;
+}
+
 at::Tensor PreparedWeights::winograd(const at::Tensor& weight) {
   if (weight.dim() != 4 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
     return at::Tensor();
@@ -289,8 +308,8 @@ bool PreparedWeights::matmul_f32(const float* lhs, int64_t lda, const at::Tensor
 int64_t PreparedWeights::packed_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t count =
-      static_cast<int64_t>(packs_.size() + winograd_.size() + bf16_matrices_.size() +
-                           k_by_n_.size() + int8_.size());
+      static_cast<int64_t>(packs_.size() + winograd_.size() + depthwise_.size() +
+                           bf16_matrices_.size() + k_by_n_.size() + int8_.size());
   for (const auto& entry : onednn_) {
     count += entry.second.defined() ? 1 : 0;
   }

@@ -102,6 +102,10 @@ class PreparedWeights {
   // A float32 3x3 convolution weight in Winograd's form (winograd.h), made once if
   // `weight` is a param; otherwise an undefined tensor (the caller convolves directly).
   at::Tensor winograd(const at::Tensor& weight);
+  // A depthwise convolution's float32 param [C, 1, kh, kw] as its filters [kh, kw, C]
+  // (depthwise_conv.h), made once for every input size; undefined when `weight` is not
+  // such a param or the copy would pass the limit.
+  at::Tensor depthwise(const at::Tensor& weight);
   // An int8 weight as oneDNN's packed copy (`pack()`: onednn::qlinear_prepack or
   // qconv_prepack), made once per `key` (what else the packing depends on: a convolution's
   // input size, strides, input range) if `weight` is a param; otherwise an undefined
@@ -124,7 +128,7 @@ class PreparedWeights {
   // oneDNN's and the alternative, then the faster stays and the other's copy is freed:
   // from the third call on, a loaded model holds what it keeps (and gives back what
   // release_plain_weights can). Both give the result within float32 rounding.
-  enum class Kernel { kOneDnn, kWinograd, kGemm };
+  enum class Kernel { kOneDnn, kWinograd, kGemm, kDepthwise };
   // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
   // and `onednn_input_size`) or `alternative` (kWinograd or kGemm). kOneDnn when `weight`
   // is not a param, or for kGemm without MKL.
@@ -245,6 +249,7 @@ class PreparedWeights {
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
   std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
+  std::map<const void*, at::Tensor> depthwise_;      // weight data -> its [kh, kw, C] filters
   // (weight data, key) -> oneDNN's int8 pack
   std::map<std::pair<const void*, std::vector<int64_t>>, at::Tensor> int8_;
   std::map<std::pair<const void*, bool>, at::Tensor> bf16_matrices_;  // (data, transposed)

@@ -550,3 +550,39 @@ def test_convolution_results_are_made_in_the_engine_buffers():
         [expected] = engine.run_subgraph([x])
     assert got.isnan().any()
     assert_same_values(got, expected, atol=1e-4)
+
+
+class Depthwise(torch.nn.Module):
+    def __init__(self, channels, kernel, stride, dilation, bias):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(channels, channels, kernel, stride,
+                                    dilation * (kernel // 2), dilation, groups=channels,
+                                    bias=bias)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+@pytest.mark.skipif(not _C.blocked_gemm_available(), reason="this CPU lacks AVX-512F: "
+                    "depthwise convolutions run oneDNN's only")
+@pytest.mark.parametrize("channels, kernel, stride, dilation, bias",
+                         [(24, 3, 1, 1, True), (40, 5, 2, 1, False), (16, 3, 2, 2, True),
+                          (37, 5, 1, 1, True)])
+def test_depthwise_convolutions_time_blades_kernel_and_match_eager(channels, kernel, stride,
+                                                                   dilation, bias):
+    """A 3x3 or 5x5 depthwise convolution runs Blade's kernel (depthwise_conv.h) on its first
+    call and alternates with oneDNN's until both are timed: every call matches eager (edges,
+    strides, dilation, a channel count off the 16-lane blocks, a NaN kept by the ReLU), and
+    the trial lists both kernels' times."""
+    torch.manual_seed(channels)
+    model = Depthwise(channels, kernel, stride, dilation, bias).eval()
+    x = torch.randn(2, channels, 13, 11)
+    optimized = blade.optimize(model, (x,))
+    x[1, 5, 6, 3] = float("nan")
+    with torch.no_grad():
+        for _ in range(8):
+            assert_same_values(optimized(x), model(x), rtol=1e-4, atol=1e-5)
+    report = assert_ran_compiled(optimized)
+    choices = report.clusters[0].kernel_choices
+    assert len(choices) == 1 and " ms, Blade depthwise " in choices[0] and \
+        "Blade depthwise untimed" not in choices[0], choices
