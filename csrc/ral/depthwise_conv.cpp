@@ -36,20 +36,20 @@ __attribute__((target("avx512f"))) void row_block(const float* x, const float* f
   const __m512 zero = _mm512_setzero_ps();
   const float* image = x + b * g.h * g.w * g.c;
   float* out = y + (b * g.oh + oy) * g.ow * g.c;
-  // The columns whose taps all lie inside the image: no bounds to check there.
+  // The columns whose taps all lie inside the image, on rows that all do: no bounds to
+  // check there (reach is negative only when no column qualifies).
   const int64_t first = (g.pw + g.sw - 1) / g.sw;
-  const int64_t last = (g.w - 1 + g.pw - (KW - 1) * g.dw) / g.sw;  // inclusive, may be < first
+  const int64_t reach = g.w - 1 + g.pw - (KW - 1) * g.dw;
+  const int64_t last = reach < 0 ? -1 : reach / g.sw;  // inclusive
   int64_t iy[KH];
-  for (int i = 0; i < KH; ++i) {
-    iy[i] = oy * g.sh - g.ph + i * g.dh;
-  }
   bool all_rows = true;
   for (int i = 0; i < KH; ++i) {
+    iy[i] = oy * g.sh - g.ph + i * g.dh;
     all_rows = all_rows && iy[i] >= 0 && iy[i] < g.h;
   }
   for (int64_t ox = 0; ox < g.ow; ++ox) {
+    __m512 sum = start;
     if (all_rows && ox >= first && ox <= last) {
-      __m512 sum = start;
       const float* tap = image + (iy[0] * g.w + ox * g.sw - g.pw) * g.c + ch;
 #pragma GCC unroll 5
       for (int i = 0; i < KH; ++i) {
@@ -60,25 +60,19 @@ __attribute__((target("avx512f"))) void row_block(const float* x, const float* f
               f[i * KW + j], sum);
         }
       }
-      if (relu) {
-        sum = _mm512_max_ps(zero, sum);
-      }
-      _mm512_mask_storeu_ps(out + ox * g.c + ch, mask, sum);
-      continue;
-    }
-    __m512 sum = start;
-    for (int i = 0; i < KH; ++i) {
-      const int64_t iy = oy * g.sh - g.ph + i * g.dh;
-      if (iy < 0 || iy >= g.h) {
-        continue;
-      }
-      const float* line = image + iy * g.w * g.c + ch;
-      for (int j = 0; j < KW; ++j) {
-        const int64_t ix = ox * g.sw - g.pw + j * g.dw;
-        if (ix < 0 || ix >= g.w) {
+    } else {
+      for (int i = 0; i < KH; ++i) {
+        if (iy[i] < 0 || iy[i] >= g.h) {
           continue;
         }
-        sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, line + ix * g.c), f[i * KW + j], sum);
+        const float* line = image + iy[i] * g.w * g.c + ch;
+        for (int j = 0; j < KW; ++j) {
+          const int64_t ix = ox * g.sw - g.pw + j * g.dw;
+          if (ix >= 0 && ix < g.w) {
+            sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, line + ix * g.c), f[i * KW + j],
+                                  sum);
+          }
+        }
       }
     }
     if (relu) {  // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu

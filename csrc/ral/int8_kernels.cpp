@@ -460,15 +460,12 @@ at::Tensor conv_result(const ConvCall& call, const at::Tensor& result) {
                             : result;
 }
 
-// What onednn::qconv2d_pointwise.binary does with its accum operand (its schema marks it
-// as written): PyTorch 2.13's writes oneDNN's sum into it and returns a copy of it, so
-// the result is already in the accum; an op that made its result elsewhere and left the
-// accum alone could take the engine's addend as it is. Found out once, on a 1x1
-// convolution of 2 x 2 pixels; neither (an error, other values): the op's result is used.
-enum class AccumUse { kWritten, kKept, kUnknown };
-
-AccumUse binary_conv_accum_use() {
-  static const AccumUse use = [] {
+// Whether onednn::qconv2d_pointwise.binary writes its result into its accum operand (its
+// schema marks it as written). PyTorch 2.13's writes oneDNN's sum there and returns a copy
+// of it, so the result is already in the accum. Found out once, on a 1x1 convolution of
+// 2 x 2 pixels; otherwise (an error, other values) the op's returned result is used.
+bool binary_conv_writes_accum() {
+  static const bool writes = [] {
     try {
       const auto cl = at::MemoryFormat::ChannelsLast;
       const at::Tensor x = at::full({1, 4, 2, 2}, 3, at::kByte).contiguous(cl);
@@ -490,20 +487,13 @@ AccumUse binary_conv_accum_use() {
                               c10::List<std::optional<at::Scalar>>(), c10::IValue()};
       conv.callBoxed(stack);
       const at::Tensor result = stack.at(0).toTensor();
-      // 4 channels of 3 plus the 7 added: 19 everywhere.
-      if (!result.eq(19).all().item<bool>()) {
-        return AccumUse::kUnknown;
-      }
-      if (accum.eq(19).all().item<bool>()) {
-        return AccumUse::kWritten;
-      }
-      return !result.is_alias_of(accum) && accum.eq(7).all().item<bool>() ? AccumUse::kKept
-                                                                          : AccumUse::kUnknown;
+      // 4 channels of 3 plus the 7 added: 19 everywhere, in both.
+      return result.eq(19).all().item<bool>() && accum.eq(19).all().item<bool>();
     } catch (const std::exception&) {
-      return AccumUse::kUnknown;
+      return false;
     }
   }();
-  return use;
+  return writes;
 }
 
 }  // namespace
@@ -585,21 +575,16 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
   const at::Tensor quantized =
       call.carried ? call.image
                    : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
-  // oneDNN writes the result into the tensor added, channels_last, in the result's dtype:
-  // uint8 with accum_range, or float32 (its range then unused). That tensor is a private
-  // copy (which takes the engine's offered result buffer), or the engine's addend as it is
-  // where the op leaves its accum alone (binary_conv_accum_use).
-  const AccumUse use = binary_conv_accum_use();
-  const bool keeps = use == AccumUse::kKept;
-  const auto cl = at::MemoryFormat::ChannelsLast;
+  // oneDNN writes the result into the tensor added (a private copy here, which takes the
+  // engine's offered result buffer), channels_last, in the result's dtype: uint8 with
+  // accum_range, or float32 (its range then unused).
   at::Tensor sum;
   if (call.quantized_out) {
     // The bytes copied as they lie (NHWC), not element by element through a permuted view.
-    sum = carried_accum ? (keeps ? addend : accum.contiguous().clone().view(at::kByte)
-                                                .permute({0, 3, 1, 2}))
+    sum = carried_accum ? accum.contiguous().clone().view(at::kByte).permute({0, 3, 1, 2})
                         : quantize_uint8_channels_last(addend, accum_scale, accum_zero_point);
   } else {
-    sum = keeps && !carried_accum ? addend.contiguous(cl) : float_addend().clone(cl);
+    sum = float_addend().clone(at::MemoryFormat::ChannelsLast);
     accum_scale = 1.0;
     accum_zero_point = 0;
   }
@@ -620,7 +605,7 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
   stack.emplace_back(c10::IValue());
   conv.callBoxed(stack);
   // Where the op wrote its result into `sum`, that is the result: not the copy it returns.
-  return conv_result(call, use == AccumUse::kWritten ? sum : stack.at(0).toTensor());
+  return conv_result(call, binary_conv_writes_accum() ? sum : stack.at(0).toTensor());
 }
 
 namespace {

@@ -27,10 +27,10 @@ constexpr int64_t kTiles = 16;  // entries of a transformed 4x4 tile
 // a tile's 16 entries, written and read together, contend for the same L1 sets.
 constexpr int64_t kSkew = 16;
 
-// B^T d B of one patch, channel by channel: v[xi * stride + ch] for the 16 entries xi. The
-// rows of d are read and v written through restrict pointers, which lets the compiler
-// vectorize along the channels (the host's widest vectors, see target_clones).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void transform_patch(
+// B^T d B of one patch, channel by channel: v[xi * stride + ch] for the 16 entries xi, on
+// CPUs without AVX-512F (transform_patch_avx512 below serves those with it; GCC leaves this
+// loop scalar whatever the target).
+__attribute__((target_clones("avx2", "default"))) void transform_patch(
     const float* const (&d)[4][4], float* __restrict v, int64_t stride, int64_t c) {
   const float* __restrict d00 = d[0][0]; const float* __restrict d01 = d[0][1];
   const float* __restrict d02 = d[0][2]; const float* __restrict d03 = d[0][3];
@@ -83,7 +83,7 @@ inline uint32_t non_finite(float x) {
 // bias is finite: an inf or NaN in the patch (or a product overflowing) comes out of the
 // transforms' differences as inf - inf where the direct convolution has +-inf, so such a
 // tile is computed again directly (direct_tile).
-__attribute__((target_clones("avx512f", "avx2", "default"))) bool untransform_tile(
+__attribute__((target_clones("avx2", "default"))) bool untransform_tile(
     const float* __restrict m, int64_t stride, int64_t k, const float* __restrict bias,
     bool relu, float* __restrict y00, float* __restrict y01, float* __restrict y10,
     float* __restrict y11) {
