@@ -22,6 +22,7 @@
 #include "ral/engine.h"
 #include "ral/few_rows_gemm.h"
 #include "ral/fused_attention.h"
+#include "ral/int8_conv.h"
 #include "ral/int8_kernels.h"
 #include "ral/kernel_calls.h"
 #include "ral/kernel_trials.h"
@@ -198,6 +199,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_int8_dot_product_allowed", &ral::set_int8_dot_product_allowed,
         py::arg("allowed"),
         "False makes this CPU behave as one without int8 dot products (tests).");
+  m.def("int8_conv_available", &ral::int8_conv_available,
+        "Whether int8 convolutions run the runtime's own kernel here (oneDNN's u8 x s8 "
+        "microkernel: AVX-512 VNNI or AMX-INT8).");
+  m.def("set_int8_conv_enabled", &ral::set_int8_conv_enabled, py::arg("enabled"),
+        "False runs every int8 convolution by oneDNN's qconv2d instead (tests).");
+  m.def("int8_conv_calls", &ral::int8_conv_calls,
+        "How many int8 convolutions the runtime's own kernel ran in this process.");
   m.def("bf16_attention_supported", &ral::bf16_attention_supported,
         "Whether int8 engines multiply attention's operands in bfloat16 here (AMX-BF16).");
   m.def("set_bf16_attention_allowed", &ral::set_bf16_attention_allowed, py::arg("allowed"),

@@ -1,6 +1,7 @@
 #include "ral/int8_kernels.h"
 
 #include "ral/cpu_features.h"
+#include "ral/int8_conv.h"
 #include "ral/layout_kernels.h"
 #include "ral/prepared_weights.h"
 
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <tuple>
 #include <cmath>
@@ -460,6 +462,65 @@ at::Tensor conv_result(const ConvCall& call, const at::Tensor& result) {
                             : result;
 }
 
+// The convolution by Blade's own kernel (int8_conv.h), when it takes it, returned as
+// oneDNN's path returns it. The result is made first (an engine's offered buffer goes to the
+// first allocation of its size), then the operands: the uint8 input (channels_last) and the
+// tensor added (null: none), its values lying in NHWC order, uint8 (either dtype) with
+// add_scale and add_zero_point, or float32.
+std::optional<at::Tensor> blade_conv(const ConvCall& call, const at::Tensor& weight,
+                                     const at::Tensor& weight_scale,
+                                     const std::optional<at::Tensor>& bias,
+                                     at::IntArrayRef stride, at::IntArrayRef padding,
+                                     at::IntArrayRef dilation, int64_t groups,
+                                     c10::string_view post_op,
+                                     const std::function<at::Tensor()>& quantized_input,
+                                     const std::function<at::Tensor()>& added_input,
+                                     double add_scale, int64_t add_zero_point) {
+  if (!int8_conv_takes(call.image.size(1), weight, dilation, groups)) {
+    return std::nullopt;
+  }
+  const std::vector<int64_t> made = at::native::conv_output_size(
+      call.image.sizes(), weight.sizes(), padding, stride, dilation);
+  at::Tensor result =
+      call.quantized_out
+          ? at::empty({made[0], made[2], made[3], made[1]}, call.image.options().dtype(at::kChar))
+          : at::empty(made, call.image.options().dtype(at::kFloat)
+                                .memory_format(at::MemoryFormat::ChannelsLast));
+  const at::Tensor quantized = quantized_input().contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor added = added_input ? added_input() : at::Tensor();
+  const at::Tensor packed = packed_weight(weight, {-1}, [&] {
+    return pack_int8_conv_weight(weight);
+  });
+  const at::Tensor scales = weight_scale.contiguous();
+  const at::Tensor bias_values = bias.has_value() ? bias->contiguous() : at::Tensor();
+  Int8ConvEpilogue e;
+  e.input_scale = static_cast<float>(call.scale);
+  e.input_zero_point = static_cast<int32_t>(call.zero_point);
+  e.weight_scale = scales.const_data_ptr<float>();
+  e.bias = bias_values.defined() ? bias_values.const_data_ptr<float>() : nullptr;
+  if (added.defined()) {
+    if (added.scalar_type() == at::kFloat) {
+      e.add_f32 = added.const_data_ptr<float>();
+    } else {
+      e.add_u8 = static_cast<const uint8_t*>(added.const_data_ptr());
+    }
+  }
+  e.add_scale = static_cast<float>(add_scale);
+  e.add_zero_point = static_cast<int32_t>(add_zero_point);
+  e.relu = post_op == "relu";
+  if (call.quantized_out) {
+    e.out_u8 = reinterpret_cast<uint8_t*>(result.data_ptr<int8_t>());
+    e.out_scale = static_cast<float>(call.out_scale);
+    e.out_zero_point = static_cast<int32_t>(call.out_zero_point);
+  } else {
+    e.out_f32 = result.data_ptr<float>();
+  }
+  int8_conv(quantized.const_data_ptr<uint8_t>(), call.image.size(0), call.image.size(2),
+            call.image.size(3), call.image.size(1), packed, weight.size(0), weight.size(2),
+            weight.size(3), stride, padding, e);
+  return result;
+}
+
 // Whether onednn::qconv2d_pointwise.binary writes its result into its accum operand (its
 // schema marks it as written). PyTorch 2.13's writes oneDNN's sum there and returns a copy
 // of it, so the result is already in the accum. Found out once, on a 1x1 convolution of
@@ -513,9 +574,15 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
                          std::nullopt, post_op);
   }
   // oneDNN reads channels_last activations without a reorder.
-  const at::Tensor quantized =
-      call.carried ? call.image
-                   : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
+  const auto quantize_input = [&] {
+    return call.carried ? call.image
+                        : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
+  };
+  if (auto result = blade_conv(call, weight, weight_scale, bias, stride, padding, dilation,
+                               groups, post_op, quantize_input, nullptr, 1.0, 0)) {
+    return *result;
+  }
+  const at::Tensor quantized = quantize_input();
   const at::Tensor packed =
       packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
   static const auto conv = onednn_op("onednn::qconv2d_pointwise");
@@ -572,9 +639,26 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
     return conv_in_float(call, weight, weight_scale, bias, stride, padding, dilation, groups,
                          added, post_op);
   }
-  const at::Tensor quantized =
-      call.carried ? call.image
-                   : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
+  const auto quantize_input = [&] {
+    return call.carried ? call.image
+                        : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
+  };
+  // Blade's kernel reads the tensor added where it lies (NHWC): uint8, or float32, which
+  // for a uint8 result is first rounded with accum_range, as oneDNN's sum takes it.
+  const auto added_input = [&] {
+    return carried_accum ? accum.contiguous()
+           : call.quantized_out
+               ? quantize_uint8_channels_last(addend, accum_scale, accum_zero_point)
+               : addend.contiguous(at::MemoryFormat::ChannelsLast);
+  };
+  const bool float_sum = !carried_accum && !call.quantized_out;
+  if (auto result = blade_conv(call, weight, weight_scale, bias, stride, padding, dilation,
+                               groups, post_op, quantize_input, added_input,
+                               float_sum ? 1.0 : accum_scale,
+                               float_sum ? 0 : accum_zero_point)) {
+    return *result;
+  }
+  const at::Tensor quantized = quantize_input();
   // oneDNN writes the result into the tensor added (a private copy here, which takes the
   // engine's offered result buffer), channels_last, in the result's dtype: uint8 with
   // accum_range, or float32 (its range then unused).

@@ -1,0 +1,319 @@
+// Blade's int8 convolution: implicit GEMM by oneDNN's u8 x s8 brgemm (int8_conv.h).
+#include "ral/int8_conv.h"
+
+#include "ral/cpu_features.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+namespace blade::ral {
+namespace {
+
+// Output channels per block (four 16-lane vectors of the epilogue), and GEMM rows per
+// microkernel call at most (a stride-1 convolution's blocks split its rows evenly).
+constexpr int64_t kColumnBlock = 64;
+constexpr int64_t kMaxRowBlock = 128;
+
+std::atomic<bool> enabled{true};
+std::atomic<int64_t> calls{0};
+
+// x86's u8 x s8 dot products come in groups of 4 along the depth: the weight's layout.
+constexpr int64_t kDepthGroup = 4;
+
+// What the epilogue does to each GEMM result (int8_conv.h's Int8ConvEpilogue) for one
+// block: per output channel, the zero point's share of the sum (exact, in int32), the
+// scale and the bias (the bias as an offset in the result's units).
+struct ColumnTerms {
+  const int32_t* correction;
+  const float* multiplier;
+  const float* offset;
+};
+
+// The epilogue of a block's rows, 16 output channels at a time (their terms held in
+// registers across the rows), masked past `width`. Row r of `acc` (64 int32 apart) goes
+// to output pixel `pixels[r]` (negative: dropped).
+// GCC 12 warns inside its own intrinsics' headers here (their _mm512_undefined).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <bool kAddU8, bool kAddF32, bool kOutU8>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
+    const int32_t* acc, int64_t rows, const int64_t* pixels, int64_t width,
+    int64_t out_channels, int64_t column, const ColumnTerms& terms,
+    const Int8ConvEpilogue& e) {
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 add_scale = _mm512_set1_ps(e.add_scale);
+  const __m512 add_zero = _mm512_set1_ps(static_cast<float>(e.add_zero_point));
+  const __m512 out_inverse = _mm512_set1_ps(1.0f / e.out_scale);
+  const __m512 out_zero = _mm512_set1_ps(static_cast<float>(e.out_zero_point));
+  const __m512 top = _mm512_set1_ps(255.0f);
+  for (int64_t j = 0; j < width; j += 16) {
+    const __mmask16 mask = width - j >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                           : static_cast<__mmask16>((1u << (width - j)) - 1);
+    const __m512i correction = _mm512_maskz_loadu_epi32(mask, terms.correction + column + j);
+    const __m512 multiplier = _mm512_maskz_loadu_ps(mask, terms.multiplier + column + j);
+    const __m512 offset = _mm512_maskz_loadu_ps(mask, terms.offset + column + j);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (pixels[r] < 0) {
+        continue;
+      }
+      const int64_t at = pixels[r] * out_channels + column + j;
+      const __m512i sum =
+          _mm512_sub_epi32(_mm512_loadu_si512(acc + r * 64 + j), correction);
+      __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), multiplier, offset);
+      if constexpr (kAddU8) {
+        const __m512 added =
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, e.add_u8 + at)));
+        v = _mm512_fmadd_ps(_mm512_sub_ps(added, add_zero), add_scale, v);
+      }
+      if constexpr (kAddF32) {
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, e.add_f32 + at));
+      }
+      if (e.relu) {
+        v = _mm512_max_ps(v, zero);
+      }
+      if constexpr (kOutU8) {
+        // As quantize_uint8 rounds: clamped, then to nearest, ties to even (NaN gives 0).
+        __m512 q = _mm512_fmadd_ps(v, out_inverse, out_zero);
+        q = _mm512_min_ps(_mm512_max_ps(q, zero), top);
+        _mm_mask_storeu_epi8(e.out_u8 + at, mask, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
+      } else {
+        _mm512_mask_storeu_ps(e.out_f32 + at, mask, v);
+      }
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
+// Packs weight [O, C, kh, kw] (contiguous int8) as the header says.
+void pack_weight(const int8_t* weight, int64_t out_channels, int64_t channels, int64_t taps,
+                 int8_t* packed, int32_t* sums) {
+  const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
+  std::memset(packed, 0, blocks * taps * channels * kColumnBlock);
+  for (int64_t o = 0; o < out_channels; ++o) {
+    int32_t sum = 0;
+    int8_t* block = packed + (o / kColumnBlock) * taps * channels * kColumnBlock;
+    const int64_t lane = o % kColumnBlock;
+    for (int64_t c = 0; c < channels; ++c) {
+      for (int64_t t = 0; t < taps; ++t) {
+        const int8_t value = weight[(o * channels + c) * taps + t];
+        sum += value;
+        block[t * channels * kColumnBlock + (c / kDepthGroup) * kColumnBlock * kDepthGroup +
+              lane * kDepthGroup + c % kDepthGroup] = value;
+      }
+    }
+    sums[o] = sum;
+  }
+}
+
+// Whether the microkernel computes a small product right (it may refuse a CPU, or be
+// missing from this PyTorch's oneDNN): tried once.
+bool microkernel_works() {
+  try {
+    constexpr int64_t m = 3, n = 16, k = 8;
+    std::vector<uint8_t> a(m * k);
+    std::vector<int8_t> b(k * kColumnBlock, 0);
+    std::vector<int32_t> c(m * kColumnBlock, 0);
+    for (int64_t i = 0; i < m * k; ++i) {
+      a[i] = static_cast<uint8_t>(200 + i);
+    }
+    // b[k][j] = (k - j) in the VNNI layout; the rows of c then have known sums.
+    for (int64_t kk = 0; kk < k; ++kk) {
+      for (int64_t j = 0; j < n; ++j) {
+        b[(kk / kDepthGroup) * kColumnBlock * kDepthGroup + j * kDepthGroup + kk % kDepthGroup] =
+            static_cast<int8_t>(kk - j);
+      }
+    }
+    at::native::cpublas::brgemm(m, n, k, k, kColumnBlock, kColumnBlock, false, a.data(),
+                                b.data(), c.data(), true);
+    at::native::cpublas::brgemm_release(true);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        int32_t want = 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          want += static_cast<int32_t>(a[i * k + kk]) * static_cast<int32_t>(kk - j);
+        }
+        if (c[i * kColumnBlock + j] != want) {
+          return false;
+        }
+      }
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+bool int8_conv_available() {
+  static const bool available =
+      has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
+      has_cpu_feature("avx512vl") &&
+      (has_cpu_feature("avx512_vnni") || has_cpu_feature("amx_int8")) && microkernel_works();
+  return available;
+}
+
+void set_int8_conv_enabled(bool value) { enabled.store(value, std::memory_order_relaxed); }
+
+int64_t int8_conv_calls() { return calls.load(std::memory_order_relaxed); }
+
+bool int8_conv_takes(int64_t channels, const at::Tensor& weight, at::IntArrayRef dilation,
+                     int64_t groups) {
+  return enabled.load(std::memory_order_relaxed) && groups == 1 && weight.dim() == 4 &&
+         channels == weight.size(1) && channels % kDepthGroup == 0 && channels > 0 &&
+         std::all_of(dilation.begin(), dilation.end(), [](int64_t d) { return d == 1; }) &&
+         int8_conv_available();
+}
+
+at::Tensor pack_int8_conv_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 4 &&
+                  weight.size(1) % kDepthGroup == 0,
+              "pack_int8_conv_weight: an int8 [O, C, kh, kw] weight with C a multiple of 4 "
+              "is needed, got ", weight.scalar_type(), weight.sizes());
+  const at::Tensor w = weight.contiguous();
+  const int64_t out_channels = w.size(0);
+  const int64_t channels = w.size(1);
+  const int64_t taps = w.size(2) * w.size(3);
+  const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
+  const int64_t packed_bytes = blocks * taps * channels * kColumnBlock;  // a multiple of 4
+  at::Tensor packed = at::empty({packed_bytes + out_channels * 4}, w.options());
+  int8_t* data = packed.data_ptr<int8_t>();
+  pack_weight(w.const_data_ptr<int8_t>(), out_channels, channels, taps, data,
+              reinterpret_cast<int32_t*>(data + packed_bytes));
+  return packed;
+}
+
+void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t width,
+               int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
+               int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding,
+               const Int8ConvEpilogue& e) {
+  const int64_t sh = stride[0], sw = stride[1], ph = padding[0], pw = padding[1];
+  const int64_t out_h = (height + 2 * ph - kh) / sh + 1;
+  const int64_t out_w = (width + 2 * pw - kw) / sw + 1;
+  const int64_t taps = kh * kw;
+  const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
+  const int64_t block_bytes = taps * channels * kColumnBlock;
+  TORCH_CHECK(packed.numel() == blocks * block_bytes + out_channels * 4,
+              "int8_conv: the packed weight does not fit ", out_channels, " x ", channels,
+              " x ", kh, " x ", kw);
+  TORCH_CHECK(sh > 0 && sw > 0 && ph >= 0 && pw >= 0, "int8_conv: strides must be positive "
+              "and padding not negative, got ", stride, " and ", padding);
+  calls.fetch_add(1, std::memory_order_relaxed);
+  if (batch <= 0 || out_h <= 0 || out_w <= 0 || out_channels <= 0) {
+    return;
+  }
+  const int8_t* weights = packed.const_data_ptr<int8_t>();
+  const int32_t* sums = reinterpret_cast<const int32_t*>(weights + blocks * block_bytes);
+
+  // The planes the taps read. The padded image (padding: the input's zero point, a real 0)
+  // split by position modulo the stride: plane (a, b) holds padded pixels (y * sh + a,
+  // x * sw + b), so tap (i, j) of output pixel (oh, ow) reads plane (i % sh, j % sw) at
+  // (oh + i / sh, ow + j / sw): a stride-1 convolution in every plane. Without padding or
+  // stride the input is the one plane; otherwise they are copied.
+  const int64_t phases_h = std::min(sh, kh), phases_w = std::min(sw, kw);
+  const int64_t plane_h = (height + 2 * ph + sh - 1) / sh;
+  const int64_t plane_w = (width + 2 * pw + sw - 1) / sw;
+  const int64_t plane_bytes = plane_h * plane_w * channels;
+  const int64_t image_bytes = phases_h * phases_w * plane_bytes;
+  at::Tensor planes;
+  const uint8_t* src = input;
+  if (ph > 0 || pw > 0 || sh > 1 || sw > 1) {
+    planes = at::empty({batch * image_bytes}, at::kByte);
+    uint8_t* dst = planes.data_ptr<uint8_t>();
+    const int64_t plane_rows = batch * phases_h * phases_w * plane_h;
+    at::parallel_for(0, plane_rows, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const int64_t y = row % plane_h;
+        const int64_t phase = row / plane_h % (phases_h * phases_w);
+        const int64_t n = row / plane_h / (phases_h * phases_w);
+        const int64_t h = y * sh + phase / phases_w - ph;
+        uint8_t* out = dst + row * plane_w * channels;
+        if (h < 0 || h >= height) {
+          std::memset(out, e.input_zero_point, plane_w * channels);
+          continue;
+        }
+        const uint8_t* line = input + (n * height + h) * width * channels;
+        for (int64_t x = 0; x < plane_w; ++x) {
+          const int64_t w = x * sw + phase % phases_w - pw;
+          if (w < 0 || w >= width) {
+            std::memset(out + x * channels, e.input_zero_point, channels);
+          } else {
+            std::memcpy(out + x * channels, line + w * channels, channels);
+          }
+        }
+      }
+    });
+    src = dst;
+  }
+
+  // Per output channel: the zero point's share of the sum, the scale, the bias.
+  std::vector<int32_t> correction(blocks * kColumnBlock, 0);
+  std::vector<float> multiplier(blocks * kColumnBlock, 0.0f);
+  std::vector<float> offset(blocks * kColumnBlock, 0.0f);
+  for (int64_t o = 0; o < out_channels; ++o) {
+    correction[o] = e.input_zero_point * sums[o];
+    multiplier[o] = e.input_scale * e.weight_scale[o];
+    offset[o] = e.bias != nullptr ? e.bias[o] : 0.0f;
+  }
+
+  // The GEMM's rows run over a plane's flat pixel index p = oh * plane_w + ow, up to the last
+  // output; columns ow >= out_w (past the image, or its padding) are computed and dropped.
+  // Each tap's rows then start at a fixed offset in its plane, one pixel apart, and the
+  // last one read is the plane's last pixel at most.
+  const int64_t rows = (out_h - 1) * plane_w + out_w;
+  const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
+  const int64_t step = (rows + row_blocks - 1) / row_blocks;
+  std::vector<int64_t> tap_offsets(taps);
+  for (int64_t t = 0; t < taps; ++t) {
+    const int64_t i = t / kw, j = t % kw;
+    tap_offsets[t] = ((i % sh) * phases_w + j % sw) * plane_bytes +
+                     ((i / sh) * plane_w + j / sw) * channels;
+  }
+  const ColumnTerms terms{correction.data(), multiplier.data(), offset.data()};
+  const auto finish =
+      e.out_u8 != nullptr
+          ? (e.add_u8 != nullptr ? finish_block<true, false, true>
+             : e.add_f32 != nullptr ? finish_block<false, true, true>
+                                    : finish_block<false, false, true>)
+          : (e.add_u8 != nullptr ? finish_block<true, false, false>
+             : e.add_f32 != nullptr ? finish_block<false, true, false>
+                                    : finish_block<false, false, false>);
+  const int64_t tasks = batch * row_blocks * blocks;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<int32_t> acc;
+    thread_local std::vector<int64_t> pixels;
+    acc.resize(kMaxRowBlock * kColumnBlock);
+    pixels.resize(kMaxRowBlock);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t n = task / (row_blocks * blocks);
+      const int64_t first = (task / blocks % row_blocks) * step;
+      const int64_t count = std::min(step, rows - first);
+      const int64_t column = (task % blocks) * kColumnBlock;
+      const int64_t width_here = std::min(kColumnBlock, out_channels - column);
+      // The microkernel's columns: whole 16-lane vectors (the packing's zeros past O).
+      const int64_t n_columns = (width_here + 15) / 16 * 16;
+      const int8_t* b = weights + (column / kColumnBlock) * block_bytes;
+      const uint8_t* a = src + n * image_bytes + first * channels;
+      for (int64_t t = 0; t < taps; ++t) {
+        at::native::cpublas::brgemm(count, n_columns, channels, channels, kColumnBlock,
+                                    kColumnBlock, /*add_C=*/t > 0, a + tap_offsets[t],
+                                    b + t * channels * kColumnBlock, acc.data(),
+                                    /*is_vnni=*/true);
+      }
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t oh = (first + r) / plane_w, ow = (first + r) % plane_w;
+        pixels[r] = ow < out_w ? (n * out_h + oh) * out_w + ow : -1;
+      }
+      finish(acc.data(), count, pixels.data(), width_here, out_channels, column, terms, e);
+    }
+    at::native::cpublas::brgemm_release(true);
+  });
+}
+
+}  // namespace blade::ral

@@ -1,0 +1,70 @@
+// Blade's own int8 convolution over NHWC uint8 activations: oneDNN's u8 x s8 -> s32 brgemm
+// microkernel (PyTorch's exported cpublas::brgemm, VNNI or AMX code generated at run time)
+// as an implicit GEMM, one microkernel call per filter tap, with Blade's own epilogue
+// (zero-point correction, per-channel scales, bias, residual add, ReLU, requantization).
+// It runs the convolutions of quantized_conv2d(_add) (int8_kernels.h) that it takes,
+// in place of PyTorch's onednn::qconv2d_pointwise, whose per-call cost (its packed
+// weight's lookup, oneDNN's primitive cache, the boxed call) exceeds the work of the
+// small convolutions of a batch-1 network.
+//
+// The GEMM's rows are output pixels and its depth the input channels of one tap: for a
+// stride of 1 the rows run over the padded image's flat pixel index (an output row then
+// continues into the padding columns, whose results are dropped), so one microkernel call
+// covers many output rows; for larger strides each output row is a block of its own, its
+// pixels `stride` pixels apart in the input.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace blade::ral {
+
+// Whether the kernel runs here (AVX-512 VNNI or AMX-INT8, and the microkernel answers).
+bool int8_conv_available();
+// Tests turn it off (false) to run oneDNN's kernel everywhere, and back on.
+void set_int8_conv_enabled(bool enabled);
+// How many convolutions it has run in this process (tests: that it ran).
+int64_t int8_conv_calls();
+
+// Whether int8_conv takes a convolution of `channels` input channels by a weight
+// [O, C / groups, kh, kw]: one group, no dilation, C a multiple of 4 (the depth the
+// microkernel's VNNI layout packs), and the kernel available and enabled.
+bool int8_conv_takes(int64_t channels, const at::Tensor& weight, at::IntArrayRef dilation,
+                     int64_t groups);
+
+// The weight [O, C, kh, kw] int8 in the microkernel's layout: 64 output channels at a time,
+// per tap, C / 4 groups of 4 channels interleaved per output channel (zeros past O), then
+// each output channel's sum of weights (int32), for the zero-point correction.
+at::Tensor pack_int8_conv_weight(const at::Tensor& weight);
+
+// What happens to each result: scaled to float32, the bias added, a residual added
+// (uint8 with its scale and zero point, or float32; NHWC with the result's sizes), ReLU,
+// then rounded to uint8 with the output range, or left float32. Pointers may be null
+// (no bias, no residual); exactly one of out_u8 and out_f32 is set.
+struct Int8ConvEpilogue {
+  float input_scale = 1.0f;
+  int32_t input_zero_point = 0;
+  const float* weight_scale = nullptr;  // [O]
+  const float* bias = nullptr;          // [O] or null
+  const uint8_t* add_u8 = nullptr;
+  const float* add_f32 = nullptr;
+  float add_scale = 1.0f;
+  int32_t add_zero_point = 0;
+  bool relu = false;
+  uint8_t* out_u8 = nullptr;
+  float* out_f32 = nullptr;
+  float out_scale = 1.0f;
+  int32_t out_zero_point = 0;
+};
+
+// The convolution of `input` (uint8 NHWC [batch, height, width, channels], contiguous) by
+// `packed` (pack_int8_conv_weight of an [out_channels, channels, kh, kw] weight), the
+// results NHWC [batch, out_h, out_w, out_channels] as the epilogue says. Padding is the
+// input's zero point.
+void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t width,
+               int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
+               int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding,
+               const Int8ConvEpilogue& epilogue);
+
+}  // namespace blade::ral

@@ -1,0 +1,198 @@
+"""Blade's own int8 convolution (csrc/ral/int8_conv.*): oneDNN's u8 x s8 microkernel as an
+implicit GEMM over uint8 NHWC activations, with Blade's epilogue. It runs the convolutions
+of blade::quantized_conv2d(_add) it takes; the rest run oneDNN's qconv2d."""
+import pytest
+import torch
+
+import blade
+from blade import _C
+from helpers import assert_ran_compiled
+
+needs_kernel = pytest.mark.skipif(not _C.int8_conv_available(),
+                                  reason="this CPU lacks AVX-512 VNNI and AMX-INT8")
+
+INPUT_RANGE = torch.tensor([0.02, 7.0])    # scale, zero point
+OUTPUT_RANGE = torch.tensor([0.05, 3.0])
+ADDED_RANGE = torch.tensor([0.03, 5.0])
+
+
+@pytest.fixture(autouse=True)
+def oneDNN_back_on():
+    yield
+    _C.set_int8_conv_enabled(True)
+
+
+def operands(batch, channels, size, out_channels, kernel, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (batch, size[0], size[1], channels), dtype=torch.uint8,
+                      generator=gen)
+    weight = torch.randint(-127, 128, (out_channels, channels, kernel, kernel),
+                           dtype=torch.int8, generator=gen)
+    scale = torch.rand(out_channels, generator=gen) * 0.01 + 0.001
+    bias = torch.randn(out_channels, generator=gen)
+    return x.view(torch.int8), weight, scale, bias
+
+
+def reference(x, weight, scale, bias, stride, padding, added=None):
+    """The convolution in float64 on the dequantized operands, ReLU after any addend."""
+    real = (x.view(torch.uint8).double() - INPUT_RANGE[1]) * INPUT_RANGE[0]
+    w = weight.double() * scale.double().view(-1, 1, 1, 1)
+    y = torch.nn.functional.conv2d(real.permute(0, 3, 1, 2), w, bias.double(), stride,
+                                   padding)
+    if added is not None:
+        y = y + added
+    return torch.relu(y)
+
+
+def uint8_of(result):
+    """A uint8 result ([N, H, W, C] as int8 bytes) as real values, [N, C, H, W]."""
+    q = result.view(torch.uint8).double()
+    return ((q - OUTPUT_RANGE[1]) * OUTPUT_RANGE[0]).permute(0, 3, 1, 2)
+
+
+def run_both(op):
+    """The op by Blade's kernel, then by oneDNN's, and how often Blade's ran for each."""
+    results, ran = [], []
+    for enabled in (True, False):
+        _C.set_int8_conv_enabled(enabled)
+        before = _C.int8_conv_calls()
+        results.append(op())
+        ran.append(_C.int8_conv_calls() - before)
+    return results, ran
+
+
+@needs_kernel
+@pytest.mark.parametrize("batch, channels, size, out_channels, kernel, stride, padding", [
+    (1, 64, (14, 14), 256, 1, 1, 0),   # a bottleneck's 1x1: rows in one plane, no copy
+    (2, 32, (9, 11), 70, 3, 1, 1),     # padding; a partial block of output channels
+    (1, 36, (13, 10), 130, 3, 2, 1),   # stride 2: four planes, odd sizes
+    (2, 68, (12, 12), 8, 1, 2, 0),     # a strided 1x1: one plane, subsampled
+    (1, 16, (11, 9), 24, 5, 1, 2),     # a 5x5 filter
+    (1, 4, (23, 23), 64, 7, 2, 3),     # a 7x7 stem of four channels
+    (1, 32, (9, 9), 48, 3, 1, 0),      # no padding, a filter wider than 1
+    (1, 260, (3, 3), 1, 3, 1, 1),      # more channels than rows, one output channel
+])
+def test_blades_kernel_matches_the_real_convolution_and_onednns(
+        batch, channels, size, out_channels, kernel, stride, padding):
+    x, weight, scale, bias = operands(batch, channels, size, out_channels, kernel, 0)
+    (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
+        x, weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1, INPUT_RANGE,
+        OUTPUT_RANGE, "relu"))
+    assert ran == [1, 0]
+    want = reference(x, weight, scale, bias, stride, padding)
+    # Rounded once to the output's step: within half a step of the real value (and a
+    # float32 rounding), within one step of oneDNN's rounding of it.
+    step = OUTPUT_RANGE[0].item()
+    clamped = want.clamp(max=(255 - OUTPUT_RANGE[1].item()) * step)
+    assert (uint8_of(mine) - clamped).abs().max() <= 0.5 * step + 1e-4
+    assert (mine.view(torch.uint8).int() - onednn.view(torch.uint8).int()).abs().max() <= 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("kernel, stride, padding", [(1, 1, 0), (3, 2, 1)])
+def test_float_results_and_float_inputs(kernel, stride, padding):
+    """A float32 input (quantized by the op) and a float32 result, channels_last."""
+    x, weight, scale, bias = operands(2, 24, (10, 12), 40, kernel, 1)
+    real = ((x.view(torch.uint8).float() - INPUT_RANGE[1]) * INPUT_RANGE[0]).permute(0, 3, 1, 2)
+    (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
+        real.contiguous(), weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1,
+        INPUT_RANGE, None, "relu"))
+    assert ran == [1, 0]
+    assert mine.is_contiguous(memory_format=torch.channels_last)
+    want = reference(x, weight, scale, bias, stride, padding).float()
+    torch.testing.assert_close(mine, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine, onednn, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("added_dtype", [torch.int8, torch.float32])
+@pytest.mark.parametrize("uint8_result", [True, False])
+def test_residual_adds(added_dtype, uint8_result):
+    """The tensor added: the uint8 activation of another int8 layer (NHWC bytes), or
+    float32 (rounded with its range first for a uint8 result, as oneDNN's sum takes it)."""
+    x, weight, scale, bias = operands(1, 32, (8, 8), 72, 3, 2)
+    gen = torch.Generator().manual_seed(3)
+    if added_dtype == torch.int8:
+        added = torch.randint(0, 256, (1, 8, 8, 72), dtype=torch.uint8, generator=gen)
+        added_real = ((added.double() - ADDED_RANGE[1]) * ADDED_RANGE[0]).permute(0, 3, 1, 2)
+        added = added.view(torch.int8)
+    else:
+        added = torch.randn(1, 72, 8, 8, generator=gen)
+        added_real = added.double()
+        if uint8_result:
+            q = torch.clamp(torch.round(added_real / ADDED_RANGE[0] + ADDED_RANGE[1]), 0, 255)
+            added_real = (q - ADDED_RANGE[1]) * ADDED_RANGE[0]
+    (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d_add(
+        x, weight, scale, bias, [1, 1], [1, 1], [1, 1], 1, INPUT_RANGE, added, ADDED_RANGE,
+        OUTPUT_RANGE if uint8_result else None, "relu"))
+    assert ran == [1, 0]
+    want = reference(x, weight, scale, bias, 1, 1, added_real)
+    if uint8_result:
+        step = OUTPUT_RANGE[0].item()
+        clamped = want.clamp(max=(255 - OUTPUT_RANGE[1].item()) * step)
+        assert (uint8_of(mine) - clamped).abs().max() <= 0.5 * step + 1e-4
+        assert (mine.view(torch.uint8).int() - onednn.view(torch.uint8).int()).abs().max() <= 1
+    else:
+        torch.testing.assert_close(mine, want.float(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mine, onednn, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("channels, groups, dilation", [(3, 1, 1), (16, 2, 1), (16, 1, 2)])
+def test_what_it_does_not_take_runs_onednns(channels, groups, dilation):
+    """Channels not a multiple of 4, groups, dilation: oneDNN's kernel, still right."""
+    x, _, scale, bias = operands(1, channels, (9, 9), 8, 3, 4)
+    weight = torch.randint(-127, 128, (8, channels // groups, 3, 3), dtype=torch.int8)
+    before = _C.int8_conv_calls()
+    got = torch.ops.blade.quantized_conv2d(x, weight, scale, bias, [1, 1], [1, 1],
+                                           [dilation] * 2, groups, INPUT_RANGE, None, "none")
+    assert _C.int8_conv_calls() == before
+    real = ((x.view(torch.uint8).double() - INPUT_RANGE[1]) * INPUT_RANGE[0]).permute(0, 3, 1, 2)
+    w = weight.double() * scale.double().view(-1, 1, 1, 1)
+    want = torch.nn.functional.conv2d(real, w, bias.double(), 1, 1, dilation, groups)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+class Bottleneck(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        # Layers large enough for Blade's quantization to make them int8.
+        self.stem = torch.nn.Conv2d(3, 64, 3, padding=1)
+        self.reduce = torch.nn.Conv2d(64, 64, 1)
+        self.conv = torch.nn.Conv2d(64, 64, 3, padding=1)
+        self.expand = torch.nn.Conv2d(64, 64, 1)
+        self.head = torch.nn.Conv2d(64, 64, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        z = torch.relu(self.conv(torch.relu(self.reduce(y))))
+        return self.head(torch.relu(self.expand(z) + y))
+
+
+@needs_kernel
+def test_an_int8_engine_runs_blades_kernel_and_matches_onednns():
+    """Blade's quantization of a bottleneck: every int8 convolution but the 3-channel stem
+    runs Blade's kernel in the engine, and the output is oneDNN's within a step or so."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 64, 64)
+    cal = [torch.randn(1, 3, 64, 64) for _ in range(4)]
+    model = Bottleneck().eval()
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    with torch.no_grad():
+        optimized(x)
+    report = assert_ran_compiled(optimized)
+    takes = [layer for layer in report.int8["layers"] if layer != "stem"]
+    assert {"reduce", "conv", "expand", "head"} <= set(takes), str(report)
+    results = []
+    for enabled in (True, False):
+        _C.set_int8_conv_enabled(enabled)
+        before = _C.int8_conv_calls()
+        with torch.no_grad():
+            results.append(optimized(x))
+        assert _C.int8_conv_calls() - before == (len(takes) if enabled else 0)
+    with torch.no_grad():
+        want = model(x)
+    for got in results:
+        cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+        assert cosine > 0.99
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0.1 * want.abs().max())
