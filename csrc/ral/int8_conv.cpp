@@ -26,13 +26,18 @@ std::atomic<int64_t> calls{0};
 // x86's u8 x s8 dot products come in groups of 4 along the depth: the weight's layout.
 constexpr int64_t kDepthGroup = 4;
 
-// What the epilogue does to each GEMM result (int8_conv.h's Int8ConvEpilogue) for one
-// block: per output channel, the zero point's share of the sum (exact, in int32), the
-// scale and the bias (the bias as an offset in the result's units).
-struct ColumnTerms {
-  const int32_t* correction;
-  const float* multiplier;
-  const float* offset;
+// The epilogue's terms, folded per call (Int8ConvEpilogue's steps in the result's units:
+// a uint8 result's are divided by its scale, its zero point in the offset). Per output
+// channel: the input zero point's share of the sum (exact, in int32), the multiplier of the
+// rest and the offset (bias, and the zero point of a uint8 tensor added). Then the factor
+// of the tensor added, and a uint8 result's lower bound (its zero point with ReLU: ReLU
+// before an increasing map is a bound after it).
+struct Terms {
+  std::vector<int32_t> correction;
+  std::vector<float> multiplier;
+  std::vector<float> offset;
+  float add_factor = 1.0f;
+  float low = 0.0f;
 };
 
 // The epilogue of a block's rows, 16 output channels at a time (their terms held in
@@ -44,20 +49,18 @@ struct ColumnTerms {
 template <bool kAddU8, bool kAddF32, bool kOutU8>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
     const int32_t* acc, int64_t rows, const int64_t* pixels, int64_t width,
-    int64_t out_channels, int64_t column, const ColumnTerms& terms,
-    const Int8ConvEpilogue& e) {
-  const __m512 zero = _mm512_setzero_ps();
-  const __m512 add_scale = _mm512_set1_ps(e.add_scale);
-  const __m512 add_zero = _mm512_set1_ps(static_cast<float>(e.add_zero_point));
-  const __m512 out_inverse = _mm512_set1_ps(1.0f / e.out_scale);
-  const __m512 out_zero = _mm512_set1_ps(static_cast<float>(e.out_zero_point));
+    int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
+  const __m512 add_factor = _mm512_set1_ps(terms.add_factor);
+  const __m512 low = _mm512_set1_ps(terms.low);
   const __m512 top = _mm512_set1_ps(255.0f);
+  const __m512 zero = _mm512_setzero_ps();
   for (int64_t j = 0; j < width; j += 16) {
     const __mmask16 mask = width - j >= 16 ? static_cast<__mmask16>(0xFFFF)
                                            : static_cast<__mmask16>((1u << (width - j)) - 1);
-    const __m512i correction = _mm512_maskz_loadu_epi32(mask, terms.correction + column + j);
-    const __m512 multiplier = _mm512_maskz_loadu_ps(mask, terms.multiplier + column + j);
-    const __m512 offset = _mm512_maskz_loadu_ps(mask, terms.offset + column + j);
+    const __m512i correction =
+        _mm512_maskz_loadu_epi32(mask, terms.correction.data() + column + j);
+    const __m512 multiplier = _mm512_maskz_loadu_ps(mask, terms.multiplier.data() + column + j);
+    const __m512 offset = _mm512_maskz_loadu_ps(mask, terms.offset.data() + column + j);
     for (int64_t r = 0; r < rows; ++r) {
       if (pixels[r] < 0) {
         continue;
@@ -69,26 +72,50 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
       if constexpr (kAddU8) {
         const __m512 added =
             _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, e.add_u8 + at)));
-        v = _mm512_fmadd_ps(_mm512_sub_ps(added, add_zero), add_scale, v);
+        v = _mm512_fmadd_ps(added, add_factor, v);
       }
       if constexpr (kAddF32) {
-        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, e.add_f32 + at));
-      }
-      if (e.relu) {
-        v = _mm512_max_ps(v, zero);
+        v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, e.add_f32 + at), add_factor, v);
       }
       if constexpr (kOutU8) {
-        // As quantize_uint8 rounds: clamped, then to nearest, ties to even (NaN gives 0).
-        __m512 q = _mm512_fmadd_ps(v, out_inverse, out_zero);
-        q = _mm512_min_ps(_mm512_max_ps(q, zero), top);
-        _mm_mask_storeu_epi8(e.out_u8 + at, mask, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
+        // Clamped, then to nearest, ties to even, as quantize_uint8 rounds (NaN gives the
+        // lower bound: max's second operand).
+        v = _mm512_min_ps(_mm512_max_ps(v, low), top);
+        _mm_mask_storeu_epi8(e.out_u8 + at, mask, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
       } else {
+        if (e.relu) {
+          v = _mm512_max_ps(v, zero);
+        }
         _mm512_mask_storeu_ps(e.out_f32 + at, mask, v);
       }
     }
   }
 }
 #pragma GCC diagnostic pop
+
+// The epilogue's terms for this call (see Terms), for `columns` output channels padded to
+// whole blocks with zeros.
+Terms fold_terms(const Int8ConvEpilogue& e, const int32_t* sums, int64_t out_channels,
+                 int64_t columns) {
+  Terms terms;
+  terms.correction.assign(columns, 0);
+  terms.multiplier.assign(columns, 0.0f);
+  terms.offset.assign(columns, 0.0f);
+  // A uint8 result's units: steps of its scale, from its zero point.
+  const bool to_uint8 = e.out_u8 != nullptr;
+  const double unit = to_uint8 ? 1.0 / e.out_scale : 1.0;
+  const double base = to_uint8 ? e.out_zero_point : 0.0;
+  const double added_zero = e.add_u8 != nullptr ? e.add_zero_point * double{e.add_scale} : 0.0;
+  for (int64_t o = 0; o < out_channels; ++o) {
+    terms.correction[o] = e.input_zero_point * sums[o];
+    terms.multiplier[o] = static_cast<float>(double{e.input_scale} * e.weight_scale[o] * unit);
+    const double bias = e.bias != nullptr ? e.bias[o] : 0.0;
+    terms.offset[o] = static_cast<float>((bias - added_zero) * unit + base);
+  }
+  terms.add_factor = static_cast<float>((e.add_u8 != nullptr ? e.add_scale : 1.0) * unit);
+  terms.low = e.relu && to_uint8 ? static_cast<float>(e.out_zero_point) : 0.0f;
+  return terms;
+}
 
 // Packs weight [O, C, kh, kw] (contiguous int8) as the header says.
 void pack_weight(const int8_t* weight, int64_t out_channels, int64_t channels, int64_t taps,
@@ -227,7 +254,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
     planes = at::empty({batch * image_bytes}, at::kByte);
     uint8_t* dst = planes.data_ptr<uint8_t>();
     const int64_t plane_rows = batch * phases_h * phases_w * plane_h;
-    at::parallel_for(0, plane_rows, 8, [&](int64_t begin, int64_t end) {
+    // A thread a 64 KB at least: a small image is copied by the calling thread alone.
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plane_w * channels));
+    at::parallel_for(0, plane_rows, grain, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t y = row % plane_h;
         const int64_t phase = row / plane_h % (phases_h * phases_w);
@@ -252,15 +281,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
     src = dst;
   }
 
-  // Per output channel: the zero point's share of the sum, the scale, the bias.
-  std::vector<int32_t> correction(blocks * kColumnBlock, 0);
-  std::vector<float> multiplier(blocks * kColumnBlock, 0.0f);
-  std::vector<float> offset(blocks * kColumnBlock, 0.0f);
-  for (int64_t o = 0; o < out_channels; ++o) {
-    correction[o] = e.input_zero_point * sums[o];
-    multiplier[o] = e.input_scale * e.weight_scale[o];
-    offset[o] = e.bias != nullptr ? e.bias[o] : 0.0f;
-  }
+  const Terms terms = fold_terms(e, sums, out_channels, blocks * kColumnBlock);
 
   // The GEMM's rows run over a plane's flat pixel index p = oh * plane_w + ow, up to the last
   // output; columns ow >= out_w (past the image, or its padding) are computed and dropped.
@@ -275,7 +296,6 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
     tap_offsets[t] = ((i % sh) * phases_w + j % sw) * plane_bytes +
                      ((i / sh) * plane_w + j / sw) * channels;
   }
-  const ColumnTerms terms{correction.data(), multiplier.data(), offset.data()};
   const auto finish =
       e.out_u8 != nullptr
           ? (e.add_u8 != nullptr ? finish_block<true, false, true>

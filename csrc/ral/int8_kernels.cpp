@@ -2,6 +2,7 @@
 
 #include "ral/cpu_features.h"
 #include "ral/int8_conv.h"
+#include "ral/kernel_trials.h"
 #include "ral/layout_kernels.h"
 #include "ral/prepared_weights.h"
 
@@ -462,12 +463,12 @@ at::Tensor conv_result(const ConvCall& call, const at::Tensor& result) {
                             : result;
 }
 
-// The convolution by Blade's own kernel (int8_conv.h), when it takes it, returned as
-// oneDNN's path returns it. The result is made first (an engine's offered buffer goes to the
+// The convolution by Blade's own kernel (int8_conv.h), returned as oneDNN's path returns
+// it. The result is made first (an engine's offered buffer goes to the
 // first allocation of its size), then the operands: the uint8 input (channels_last) and the
 // tensor added (null: none), its values lying in NHWC order, uint8 (either dtype) with
 // add_scale and add_zero_point, or float32.
-std::optional<at::Tensor> blade_conv(const ConvCall& call, const at::Tensor& weight,
+at::Tensor blade_conv(const ConvCall& call, const at::Tensor& weight,
                                      const at::Tensor& weight_scale,
                                      const std::optional<at::Tensor>& bias,
                                      at::IntArrayRef stride, at::IntArrayRef padding,
@@ -476,9 +477,6 @@ std::optional<at::Tensor> blade_conv(const ConvCall& call, const at::Tensor& wei
                                      const std::function<at::Tensor()>& quantized_input,
                                      const std::function<at::Tensor()>& added_input,
                                      double add_scale, int64_t add_zero_point) {
-  if (!int8_conv_takes(call.image.size(1), weight, dilation, groups)) {
-    return std::nullopt;
-  }
   const std::vector<int64_t> made = at::native::conv_output_size(
       call.image.sizes(), weight.sizes(), padding, stride, dilation);
   at::Tensor result =
@@ -488,7 +486,7 @@ std::optional<at::Tensor> blade_conv(const ConvCall& call, const at::Tensor& wei
                                 .memory_format(at::MemoryFormat::ChannelsLast));
   const at::Tensor quantized = quantized_input().contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor added = added_input ? added_input() : at::Tensor();
-  const at::Tensor packed = packed_weight(weight, {-1}, [&] {
+  const at::Tensor packed = packed_weight(weight, kInt8ConvKey, [&] {
     return pack_int8_conv_weight(weight);
   });
   const at::Tensor scales = weight_scale.contiguous();
@@ -518,6 +516,42 @@ std::optional<at::Tensor> blade_conv(const ConvCall& call, const at::Tensor& wei
   int8_conv(quantized.const_data_ptr<uint8_t>(), call.image.size(0), call.image.size(2),
             call.image.size(3), call.image.size(1), packed, weight.size(0), weight.size(2),
             weight.size(3), stride, padding, e);
+  return result;
+}
+
+// The convolution by Blade's kernel where it takes it, else by oneDNN's. In an engine the
+// two are kernel trials (PreparedWeights::next_kernel): its first calls time both and keep
+// the faster for the weight and input size (Blade's wins the small convolutions of a batch-1
+// network, which oneDNN's per-call cost outweighs; oneDNN's its larger ones). Outside an
+// engine (TorchScript, tests), Blade's.
+at::Tensor blade_or_onednn(const ConvCall& call, const at::Tensor& weight,
+                           at::IntArrayRef dilation, int64_t groups,
+                           const std::function<at::Tensor()>& blade,
+                           const std::function<at::Tensor()>& onednn) {
+  PreparedWeights* prepared = active_prepared_weights();
+  if (!int8_conv_takes(call.image.size(1), weight, dilation, groups)) {
+    return onednn();
+  }
+  if (prepared == nullptr) {
+    return blade();
+  }
+  using Kernel = PreparedWeights::Kernel;
+  const std::vector<int64_t> size = call.image.sizes().vec();
+  const Kernel kernel = prepared->next_kernel(weight, false, size, Kernel::kInt8Conv);
+  Stopwatch stopwatch;
+  if (kernel == Kernel::kInt8Conv) {
+    at::Tensor result = blade();
+    prepared->record_kernel_time(weight, false, size, kernel, stopwatch.seconds());
+    // A trial's first call runs oneDNN's too, for its pack and primitive (result unused).
+    if (prepared->onednn_run_pending(weight, false, size)) {
+      Stopwatch again;
+      onednn();
+      prepared->record_kernel_time(weight, false, size, Kernel::kOneDnn, again.seconds());
+    }
+    return result;
+  }
+  at::Tensor result = onednn();
+  prepared->record_kernel_time(weight, false, size, Kernel::kOneDnn, stopwatch.seconds());
   return result;
 }
 
@@ -578,23 +612,27 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
     return call.carried ? call.image
                         : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
   };
-  if (auto result = blade_conv(call, weight, weight_scale, bias, stride, padding, dilation,
-                               groups, post_op, quantize_input, nullptr, 1.0, 0)) {
-    return *result;
-  }
-  const at::Tensor quantized = quantize_input();
-  const at::Tensor packed =
-      packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
-  static const auto conv = onednn_op("onednn::qconv2d_pointwise");
-  torch::jit::Stack stack;
-  stack.reserve(17);
-  push_source(stack, call, quantized, packed, weight_scale);
-  push_geometry(stack, call, bias, stride, padding, dilation, groups);
-  stack.emplace_back(std::string(post_op));
-  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
-  stack.emplace_back(c10::IValue());
-  conv.callBoxed(stack);
-  return conv_result(call, stack.at(0).toTensor());
+  return blade_or_onednn(
+      call, weight, dilation, groups,
+      [&] {
+        return blade_conv(call, weight, weight_scale, bias, stride, padding, dilation, groups,
+                          post_op, quantize_input, nullptr, 1.0, 0);
+      },
+      [&] {
+        const at::Tensor quantized = quantize_input();
+        const at::Tensor packed =
+            packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
+        static const auto conv = onednn_op("onednn::qconv2d_pointwise");
+        torch::jit::Stack stack;
+        stack.reserve(17);
+        push_source(stack, call, quantized, packed, weight_scale);
+        push_geometry(stack, call, bias, stride, padding, dilation, groups);
+        stack.emplace_back(std::string(post_op));
+        stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+        stack.emplace_back(c10::IValue());
+        conv.callBoxed(stack);
+        return conv_result(call, stack.at(0).toTensor());
+      });
 }
 
 at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weight,
@@ -652,44 +690,52 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
                : addend.contiguous(at::MemoryFormat::ChannelsLast);
   };
   const bool float_sum = !carried_accum && !call.quantized_out;
-  if (auto result = blade_conv(call, weight, weight_scale, bias, stride, padding, dilation,
-                               groups, post_op, quantize_input, added_input,
-                               float_sum ? 1.0 : accum_scale,
-                               float_sum ? 0 : accum_zero_point)) {
-    return *result;
-  }
-  const at::Tensor quantized = quantize_input();
-  // oneDNN writes the result into the tensor added (a private copy here, which takes the
-  // engine's offered result buffer), channels_last, in the result's dtype: uint8 with
-  // accum_range, or float32 (its range then unused).
-  at::Tensor sum;
-  if (call.quantized_out) {
-    // The bytes copied as they lie (NHWC), not element by element through a permuted view.
-    sum = carried_accum ? accum.contiguous().clone().view(at::kByte).permute({0, 3, 1, 2})
-                        : quantize_uint8_channels_last(addend, accum_scale, accum_zero_point);
-  } else {
-    sum = float_addend().clone(at::MemoryFormat::ChannelsLast);
-    accum_scale = 1.0;
-    accum_zero_point = 0;
-  }
-  const at::Tensor packed =
-      packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
-  static const auto conv = onednn_op("onednn::qconv2d_pointwise", "binary");
-  torch::jit::Stack stack;
-  stack.reserve(22);
-  push_source(stack, call, quantized, packed, weight_scale);
-  stack.emplace_back(sum);
-  push_geometry(stack, call, bias, stride, padding, dilation, groups);
-  stack.emplace_back(accum_scale);
-  stack.emplace_back(accum_zero_point);
-  stack.emplace_back(std::string("sum"));
-  stack.emplace_back(at::Scalar(1.0));
-  stack.emplace_back(std::string(post_op));
-  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
-  stack.emplace_back(c10::IValue());
-  conv.callBoxed(stack);
-  // Where the op wrote its result into `sum`, that is the result: not the copy it returns.
-  return conv_result(call, binary_conv_writes_accum() ? sum : stack.at(0).toTensor());
+  return blade_or_onednn(
+      call, weight, dilation, groups,
+      [&] {
+        return blade_conv(call, weight, weight_scale, bias, stride, padding, dilation, groups,
+                          post_op, quantize_input, added_input, float_sum ? 1.0 : accum_scale,
+                          float_sum ? 0 : accum_zero_point);
+      },
+      [&] {
+        const at::Tensor quantized = quantize_input();
+        // oneDNN writes the result into the tensor added (a private copy here, which takes
+        // the engine's offered result buffer), channels_last, in the result's dtype: uint8
+        // with accum_range, or float32 (its range then unused).
+        at::Tensor sum;
+        double sum_scale = accum_scale;
+        int64_t sum_zero_point = accum_zero_point;
+        if (call.quantized_out) {
+          // The bytes copied as they lie (NHWC), not element by element through a permuted
+          // view.
+          sum = carried_accum
+                    ? accum.contiguous().clone().view(at::kByte).permute({0, 3, 1, 2})
+                    : quantize_uint8_channels_last(addend, accum_scale, accum_zero_point);
+        } else {
+          sum = float_addend().clone(at::MemoryFormat::ChannelsLast);
+          sum_scale = 1.0;
+          sum_zero_point = 0;
+        }
+        const at::Tensor packed =
+            packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
+        static const auto conv = onednn_op("onednn::qconv2d_pointwise", "binary");
+        torch::jit::Stack stack;
+        stack.reserve(22);
+        push_source(stack, call, quantized, packed, weight_scale);
+        stack.emplace_back(sum);
+        push_geometry(stack, call, bias, stride, padding, dilation, groups);
+        stack.emplace_back(sum_scale);
+        stack.emplace_back(sum_zero_point);
+        stack.emplace_back(std::string("sum"));
+        stack.emplace_back(at::Scalar(1.0));
+        stack.emplace_back(std::string(post_op));
+        stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+        stack.emplace_back(c10::IValue());
+        conv.callBoxed(stack);
+        // Where the op wrote its result into `sum`, that is the result: not the copy it
+        // returns.
+        return conv_result(call, binary_conv_writes_accum() ? sum : stack.at(0).toTensor());
+      });
 }
 
 namespace {

@@ -141,6 +141,18 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
   };
   if (trial.choice != Kernel::kOneDnn) {
     erase(onednn_, key);
+    if (trial.alternative == Kernel::kInt8Conv) {
+      // oneDNN's int8 packs of the weight (one per input size and range); one that another
+      // input size still needs is made again by its next call.
+      for (auto pack = int8_.begin(); pack != int8_.end();) {
+        const bool loser = pack->first.first == data && pack->first.second != kInt8ConvKey;
+        if (loser) {
+          uncount(pack->second);
+          erased = true;
+        }
+        pack = loser ? int8_.erase(pack) : std::next(pack);
+      }
+    }
   } else if (std::none_of(trials_.begin(), trials_.end(), [&](const auto& other) {
                // oneDNN won. The alternative's copy serves every input size of the weight
                // (Winograd's form, the depthwise filters, blocked_gemm's [K, N] copy; MKL's
@@ -156,6 +168,7 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
       case Kernel::kWinograd: erase(winograd_, data); break;
       case Kernel::kDepthwise: erase(depthwise_, data); break;
       case Kernel::kGemm: erase(k_by_n_, std::make_pair(data, transposed)); break;
+      case Kernel::kInt8Conv: erase(int8_, std::make_pair(data, kInt8ConvKey)); break;
       case Kernel::kOneDnn: break;
     }
   }
@@ -174,6 +187,7 @@ const char* kernel_name(PreparedWeights::Kernel kernel) {
     case PreparedWeights::Kernel::kWinograd: return "Winograd";
     case PreparedWeights::Kernel::kGemm: return "plain-weight GEMM";
     case PreparedWeights::Kernel::kDepthwise: return "Blade depthwise";
+    case PreparedWeights::Kernel::kInt8Conv: return "Blade int8";
   }
   return "?";
 }

@@ -53,6 +53,10 @@ void set_prepared_weights_limit(int64_t bytes);
 // The bytes the prepared copies of all engines in this process hold.
 int64_t prepared_weights_bytes();
 
+// The int8_weight key of Blade's own int8 convolution pack (int8_conv.h): one for every
+// input size, where oneDNN's keys start with the input's sizes.
+inline const std::vector<int64_t> kInt8ConvKey{-1};
+
 class PreparedWeights {
  public:
   PreparedWeights(const std::vector<at::Tensor>& params, bool bf16);
@@ -128,9 +132,13 @@ class PreparedWeights {
   // oneDNN's and the alternative, then the faster stays and the other's copy is freed:
   // from the third call on, a loaded model holds what it keeps (and gives back what
   // release_plain_weights can). Both give the result within float32 rounding.
-  enum class Kernel { kOneDnn, kWinograd, kGemm, kDepthwise };
+  enum class Kernel { kOneDnn, kWinograd, kGemm, kDepthwise, kInt8Conv };
+  // int8 convolutions have a trial too: oneDNN's qconv2d (its pack in int8_weight, keyed by
+  // input size) against Blade's kernel (int8_conv.h, its pack for every input size, under
+  // the key kInt8ConvKey); the loser's pack is freed the same way.
+  //
   // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
-  // and `onednn_input_size`) or `alternative` (kWinograd or kGemm). kOneDnn when `weight`
+  // and `onednn_input_size`) or `alternative` (kWinograd, kGemm, kDepthwise, kInt8Conv). kOneDnn when `weight`
   // is not a param, or for kGemm without MKL.
   Kernel next_kernel(const at::Tensor& weight, bool onednn_transposed,
                      const std::vector<int64_t>& onednn_input_size, Kernel alternative);

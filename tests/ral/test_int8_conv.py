@@ -169,30 +169,38 @@ class Bottleneck(torch.nn.Module):
         return self.head(torch.relu(self.expand(z) + y))
 
 
+def int8_engine(model, x):
+    cal = [torch.randn(x.shape) for _ in range(4)]
+    return blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+
+
 @needs_kernel
-def test_an_int8_engine_runs_blades_kernel_and_matches_onednns():
+def test_an_int8_engine_times_blades_kernel_against_onednns():
     """Blade's quantization of a bottleneck: every int8 convolution but the 3-channel stem
-    runs Blade's kernel in the engine, and the output is oneDNN's within a step or so."""
+    is a kernel trial of Blade's kernel against oneDNN's, which times each a few times and
+    settles; the engine's results are near the float model's, as oneDNN's alone are."""
     torch.manual_seed(0)
     x = torch.randn(1, 3, 64, 64)
-    cal = [torch.randn(1, 3, 64, 64) for _ in range(4)]
     model = Bottleneck().eval()
-    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    optimized = int8_engine(model, x)
+    before = _C.int8_conv_calls()
     with torch.no_grad():
-        optimized(x)
+        for _ in range(8):
+            first = optimized(x)
+    ran = _C.int8_conv_calls() - before
     report = assert_ran_compiled(optimized)
     takes = [layer for layer in report.int8["layers"] if layer != "stem"]
     assert {"reduce", "conv", "expand", "head"} <= set(takes), str(report)
-    results = []
-    for enabled in (True, False):
-        _C.set_int8_conv_enabled(enabled)
-        before = _C.int8_conv_calls()
-        with torch.no_grad():
-            results.append(optimized(x))
-        assert _C.int8_conv_calls() - before == (len(takes) if enabled else 0)
+    # Each trial's timed runs of Blade's kernel (more once it is kept).
+    assert ran >= 3 * len(takes)
+    engine = getattr(optimized, report.clusters[0].name)
+    trials = [line for line in engine.kernel_choices() if "Blade int8" in line]
+    assert len(trials) == len(takes) and "undecided" not in str(trials), trials
+    _C.set_int8_conv_enabled(False)
     with torch.no_grad():
+        onednn = int8_engine(model, x)(x)
         want = model(x)
-    for got in results:
+    for got in (first, onednn):
         cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
-        assert cosine > 0.99
-    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0.1 * want.abs().max())
+        assert cosine > 0.999
+    torch.testing.assert_close(first, onednn, rtol=0, atol=0.05 * want.abs().max())
