@@ -94,10 +94,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
 #pragma GCC diagnostic pop
 
 // The epilogue's terms for this call (see Terms), for `columns` output channels padded to
-// whole blocks with zeros.
-Terms fold_terms(const Int8ConvEpilogue& e, const int32_t* sums, int64_t out_channels,
-                 int64_t columns) {
-  Terms terms;
+// whole blocks with zeros; valid until the thread's next call.
+const Terms& fold_terms(const Int8ConvEpilogue& e, const int32_t* sums, int64_t out_channels,
+                        int64_t columns) {
+  // The calling thread's, reused: int8_conv runs one call at a time on a thread.
+  thread_local Terms terms;
   terms.correction.assign(columns, 0);
   terms.multiplier.assign(columns, 0.0f);
   terms.offset.assign(columns, 0.0f);
@@ -248,11 +249,14 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t plane_w = (width + 2 * pw + sw - 1) / sw;
   const int64_t plane_bytes = plane_h * plane_w * channels;
   const int64_t image_bytes = phases_h * phases_w * plane_bytes;
-  at::Tensor planes;
   const uint8_t* src = input;
   if (ph > 0 || pw > 0 || sh > 1 || sw > 1) {
-    planes = at::empty({batch * image_bytes}, at::kByte);
-    uint8_t* dst = planes.data_ptr<uint8_t>();
+    // The calling thread's buffer, grown to the largest planes it has copied: a fresh
+    // allocation per call cost more than the copy (malloc's large blocks are returned and
+    // faulted in again).
+    thread_local std::vector<uint8_t> planes;
+    planes.resize(std::max<size_t>(planes.size(), static_cast<size_t>(batch * image_bytes)));
+    uint8_t* dst = planes.data();
     const int64_t plane_rows = batch * phases_h * phases_w * plane_h;
     // A thread a 64 KB at least: a small image is copied by the calling thread alone.
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plane_w * channels));
@@ -281,7 +285,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
     src = dst;
   }
 
-  const Terms terms = fold_terms(e, sums, out_channels, blocks * kColumnBlock);
+  const Terms& terms = fold_terms(e, sums, out_channels, blocks * kColumnBlock);
 
   // The GEMM's rows run over a plane's flat pixel index p = oh * plane_w + ow, up to the last
   // output; columns ow >= out_w (past the image, or its padding) are computed and dropped.
@@ -290,7 +294,11 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t rows = (out_h - 1) * plane_w + out_w;
   const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
   const int64_t step = (rows + row_blocks - 1) / row_blocks;
-  std::vector<int64_t> tap_offsets(taps);
+  // The calling thread's (the workers below read it through `offsets`: a thread_local
+  // named in the loop would be each worker's own).
+  thread_local std::vector<int64_t> tap_offsets;
+  tap_offsets.resize(taps);
+  const int64_t* offsets = tap_offsets.data();
   for (int64_t t = 0; t < taps; ++t) {
     const int64_t i = t / kw, j = t % kw;
     tap_offsets[t] = ((i % sh) * phases_w + j % sw) * plane_bytes +
@@ -322,7 +330,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       const uint8_t* a = src + n * image_bytes + first * channels;
       for (int64_t t = 0; t < taps; ++t) {
         at::native::cpublas::brgemm(count, n_columns, channels, channels, kColumnBlock,
-                                    kColumnBlock, /*add_C=*/t > 0, a + tap_offsets[t],
+                                    kColumnBlock, /*add_C=*/t > 0, a + offsets[t],
                                     b + t * channels * kColumnBlock, acc.data(),
                                     /*is_vnni=*/true);
       }

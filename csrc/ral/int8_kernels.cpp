@@ -11,6 +11,7 @@
 #include <ATen/native/ConvUtils.h>
 #include <ATen/native/Pool.h>
 #include <c10/util/Exception.h>
+#include <c10/util/FunctionRef.h>
 
 #include <immintrin.h>
 
@@ -474,8 +475,8 @@ at::Tensor blade_conv(const ConvCall& call, const at::Tensor& weight,
                                      at::IntArrayRef stride, at::IntArrayRef padding,
                                      at::IntArrayRef dilation, int64_t groups,
                                      c10::string_view post_op,
-                                     const std::function<at::Tensor()>& quantized_input,
-                                     const std::function<at::Tensor()>& added_input,
+                                     c10::function_ref<at::Tensor()> quantized_input,
+                                     c10::function_ref<at::Tensor()> added_input,
                                      double add_scale, int64_t add_zero_point) {
   const std::vector<int64_t> made = at::native::conv_output_size(
       call.image.sizes(), weight.sizes(), padding, stride, dilation);
@@ -526,8 +527,8 @@ at::Tensor blade_conv(const ConvCall& call, const at::Tensor& weight,
 // engine (TorchScript, tests), Blade's.
 at::Tensor blade_or_onednn(const ConvCall& call, const at::Tensor& weight,
                            at::IntArrayRef dilation, int64_t groups,
-                           const std::function<at::Tensor()>& blade,
-                           const std::function<at::Tensor()>& onednn) {
+                           c10::function_ref<at::Tensor()> blade,
+                           c10::function_ref<at::Tensor()> onednn) {
   PreparedWeights* prepared = active_prepared_weights();
   if (!int8_conv_takes(call.image.size(1), weight, dilation, groups)) {
     return onednn();

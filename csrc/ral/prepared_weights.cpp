@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <limits>
@@ -45,7 +46,13 @@ void set_prepared_weights_limit(int64_t bytes) {
 int64_t prepared_weights_bytes() { return total_bytes.load(std::memory_order_relaxed); }
 
 PreparedWeights::PreparedWeights(const std::vector<at::Tensor>& params, bool bf16)
-    : params_(params), bf16_(bf16) {}
+    : params_(params), bf16_(bf16) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].defined() && params_[i].has_storage()) {
+      params_by_data_.emplace(params_[i].data_ptr(), i);
+    }
+  }
+}
 
 PreparedWeights::~PreparedWeights() { total_bytes.fetch_sub(bytes_, std::memory_order_relaxed); }
 
@@ -62,12 +69,14 @@ void PreparedWeights::uncount(const at::Tensor& copy) {
 }
 
 bool PreparedWeights::is_param(const at::Tensor& t) const {
-  for (const auto& p : params_) {
-    if (p.data_ptr() == t.data_ptr() && p.sizes() == t.sizes() && p.strides() == t.strides()) {
-      return true;
-    }
+  if (!t.defined() || !t.has_storage()) {
+    return false;
   }
-  return false;
+  const auto [begin, end] = params_by_data_.equal_range(t.data_ptr());
+  return std::any_of(begin, end, [&](const auto& entry) {
+    const at::Tensor& p = params_[entry.second];
+    return p.sizes() == t.sizes() && p.strides() == t.strides();
+  });
 }
 
 at::Tensor PreparedWeights::int8_weight(const at::Tensor& weight,

@@ -41,6 +41,7 @@
 #include <optional>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace blade::ral {
@@ -244,6 +245,9 @@ class PreparedWeights {
   };
 
   std::vector<at::Tensor> params_;
+  // Each param's index by its data (params keep their data while the engine lives): what
+  // is_param looks up on every kernel call.
+  std::unordered_multimap<const void*, size_t> params_by_data_;
   std::vector<bool> weight_only_;  // by param index
   std::map<const void*, Released> released_;
   std::set<const void*> kept_plain_;  // restored ones, never released again

@@ -22,6 +22,15 @@ def oneDNN_back_on():
     _C.set_int8_conv_enabled(True)
 
 
+@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+def threads(request):
+    """The kernel's blocks on one thread and split between two (tests run on one each)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 def operands(batch, channels, size, out_channels, kernel, seed):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 256, (batch, size[0], size[1], channels), dtype=torch.uint8,
@@ -73,7 +82,7 @@ def run_both(op):
     (1, 260, (3, 3), 1, 3, 1, 1),      # more channels than rows, one output channel
 ])
 def test_blades_kernel_matches_the_real_convolution_and_onednns(
-        batch, channels, size, out_channels, kernel, stride, padding):
+        batch, channels, size, out_channels, kernel, stride, padding, threads):
     x, weight, scale, bias = operands(batch, channels, size, out_channels, kernel, 0)
     (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
         x, weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1, INPUT_RANGE,
@@ -107,7 +116,7 @@ def test_float_results_and_float_inputs(kernel, stride, padding):
 @needs_kernel
 @pytest.mark.parametrize("added_dtype", [torch.int8, torch.float32])
 @pytest.mark.parametrize("uint8_result", [True, False])
-def test_residual_adds(added_dtype, uint8_result):
+def test_residual_adds(added_dtype, uint8_result, threads):
     """The tensor added: the uint8 activation of another int8 layer (NHWC bytes), or
     float32 (rounded with its range first for a uint8 result, as oneDNN's sum takes it)."""
     x, weight, scale, bias = operands(1, 32, (8, 8), 72, 3, 2)
