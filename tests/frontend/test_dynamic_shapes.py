@@ -160,6 +160,32 @@ def test_dims_the_model_needs_stay_static():
     assert blade.report(optimized).runtime_fallbacks == 0
 
 
+class Positions(torch.nn.Module):
+    """Learned positions for at most 24 tokens: longer inputs fail, as a BERT's past 512."""
+
+    def __init__(self):
+        super().__init__()
+        self.positions = torch.nn.Parameter(torch.randn(24, 16))
+
+    def forward(self, x):
+        return torch.tanh(x + self.positions[: x.shape[1]]).sum(-1)
+
+
+def test_a_model_refusing_the_doubled_length_is_typed_at_half_of_it():
+    """The types are first recorded on the grown sizes and, untried, the doubled ones; the
+    model refuses length 36, so the probes choose the variants again (here the grown one
+    alone: halving the batch of 2 gives 2 again) and the types are recorded anew."""
+    model = Positions().eval()
+    optimized = blade.optimize(model, (torch.randn(2, 16, 16),), DYNAMIC)
+    report = blade.report(optimized)
+    assert report.clusters[0].inputs == "float32[s0,s1,16]", str(report)
+    with torch.no_grad():
+        for length in (3, 16, 24):
+            x = torch.randn(5, length, 16)
+            assert_same(optimized(x), model(x), rtol=1e-5, atol=1e-5)
+    assert blade.report(optimized).runtime_fallbacks == 0
+
+
 def test_dynamic_dims_that_the_model_refuses_are_a_clear_error():
     with pytest.raises(ValueError, match="dim 2 of input 0 may vary, but the model fails"):
         blade.optimize(Hidden().eval(), (torch.randn(4, 5, 32),),

@@ -51,6 +51,23 @@ def with_groups_resized(inputs: Tuple, groups: List[DynamicGroup],
     return tuple(result)
 
 
+def _doubled_sizes(groups: List[DynamicGroup]) -> List[int]:
+    return [2 * g.size + k + 3 for k, g in enumerate(groups)]
+
+
+def untried_variants(inputs: Tuple, groups: List[DynamicGroup]) -> List[Tuple]:
+    """resized_variants's answer when the model takes the doubled sizes, without running
+    it there first: materialize_types runs every variant anyway, so a compile tries these
+    and goes back to resized_variants only if that run fails (a doubled sequence length
+    costs a run of the model, a sizeable part of a dynamic compile)."""
+    variants = [with_groups_resized(inputs, groups)]
+    doubled = _doubled_sizes(groups)
+    if not any(size in (g.size, g.size + k + 1)
+               for k, (g, size) in enumerate(zip(groups, doubled))):
+        variants.append(with_groups_resized(inputs, groups, doubled))
+    return variants
+
+
 def resized_variants(run: Callable[[Tuple], object], inputs: Tuple,
                      groups: List[DynamicGroup]) -> List[Tuple]:
     """Copies of `inputs` with every dynamic group resized, for materialize_types: a dim of
@@ -63,8 +80,7 @@ def resized_variants(run: Callable[[Tuple], object], inputs: Tuple,
     size; if the model refuses that, about halves it (`size // 2 + k + 1`) if that is
     another size."""
     variants = [with_groups_resized(inputs, groups)]
-    for sizes in ([2 * g.size + k + 3 for k, g in enumerate(groups)],
-                  [g.size // 2 + k + 1 for k, g in enumerate(groups)]):
+    for sizes in (_doubled_sizes(groups), [g.size // 2 + k + 1 for k, g in enumerate(groups)]):
         if any(size in (g.size, g.size + k + 1)
                for k, (g, size) in enumerate(zip(groups, sizes))):
             continue

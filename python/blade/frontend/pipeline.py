@@ -56,7 +56,8 @@ from blade.engines import WRITE_BACK, compile_clusters
 from blade.frontend import finishing, typed_rewrites
 from blade.frontend.decompositions import decompose
 from blade.frontend.dynamic_shapes import (DynamicShapesWarning, find_dynamic_groups,
-                                           resized_variants, undecided_dims)
+                                           resized_variants, undecided_dims, untried_variants)
+from blade.frontend.inputs import ExampleInputsError
 from blade.frontend.int8_error import measure_engines
 from blade.frontend.int8_handoffs import hand_on_uint8
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
@@ -95,6 +96,8 @@ class GraphCompilation:
     module: Optional[torch.jit.ScriptModule] = None
     groups: List = field(default_factory=list)
     resized_inputs: List[Tuple] = field(default_factory=list)
+    # resized_variants as the probes check them, for when resized_inputs (untried) fail
+    tried_variants: Optional[Callable[[], List[Tuple]]] = None
     none_inputs: List[int] = field(default_factory=list)
     unspecialized: Optional[torch._C.Graph] = None
     decomposed: Dict[str, int] = field(default_factory=dict)
@@ -272,7 +275,9 @@ def _find_dynamic_dims(c: GraphCompilation) -> None:
             raise answers[key]
 
     c.groups = find_dynamic_groups(run_probe, c.inputs, c.config.dynamic_dims)
-    c.resized_inputs = resized_variants(run_probe, c.inputs, c.groups) if c.groups else []
+    if c.groups:
+        c.resized_inputs = untried_variants(c.inputs, c.groups)
+        c.tried_variants = lambda: resized_variants(run_probe, c.inputs, c.groups)
     c.dynamic_notes = [_undecided_note(c, u) for u in
                        undecided_dims(run_probe, c.inputs, c.groups, c.config.dynamic_dims)]
     for note in c.dynamic_notes:
@@ -314,7 +319,17 @@ def _quantize_int8(c: GraphCompilation) -> None:
 
 
 def _materialize_types(c: GraphCompilation) -> None:
-    c.results = record_types(c.graph, c.module, c.inputs, c.resized_inputs)
+    try:
+        c.results = record_types(c.graph, c.module, c.inputs, c.resized_inputs)
+    except ExampleInputsError:
+        if c.tried_variants is None:
+            raise
+        # A variant the probes did not run (frontend/dynamic_shapes.untried_variants) may be
+        # one the model refuses: the variants it takes, and the types again (recorded only
+        # when every run succeeds, so nothing of the failed one stays).
+        c.resized_inputs = c.tried_variants()
+        c.results = record_types(c.graph, c.module, c.inputs, c.resized_inputs)
+    c.tried_variants = None
 
 
 def _functionalize_typed_view_writes(c: GraphCompilation) -> int:
