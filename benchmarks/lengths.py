@@ -4,7 +4,7 @@ random weights, no download; token ids and an attention mask in, the last hidden
 at batch 1 and lengths 8, 24, 48, 77, 128, 200, 384, in one process, the backends
 interleaved.
 
-    python benchmarks/lengths.py [--lengths 8,24,48,77,128,200,384] [--runs 10]
+    python benchmarks/lengths.py [--lengths 8,24,48,77,128,200,384] [--runs 10] [--breakdown]
 
 blade_dynamic: one `blade.optimize` (traced: the model does not script) with the length of
 both inputs dynamic (`Config(dynamic_dims=...)`) from a length-128 example, called at every
@@ -14,6 +14,11 @@ length as a dynamic axis. Per length, the median over `--runs` rounds; every bac
 output is checked against eager's. Before the table, the compile time of the dynamic
 engine next to one static compile at length 128, both cold (their own empty code cache,
 no model cache, the compiler already imported).
+
+`--breakdown` then times the two Blade engines by kernel at every length (the runtime's
+call profile, blade._C.call_profile): ms per model call in each library call (matmul,
+attention, ...) and kernel call (aten and int8 ops), and in the generated code itself (the
+engine's whole call less those), dynamic beside static: where the dynamic engine loses.
 """
 import argparse
 import dataclasses
@@ -27,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import THREADS, export_onnx, onnxruntime_backend, openvino_backend  # noqa: E402
+from blade import _C  # noqa: E402
 
 import blade  # noqa: E402
 
@@ -69,10 +75,44 @@ def cold_optimize(model, inputs, config: blade.Config):
         return time.perf_counter() - start, optimized
 
 
+GENERATED = "generated code"
+
+
+def kernel_times(fn, inputs, runs):
+    """ms per call of `fn(*inputs)` in each library and kernel call, and in the generated
+    code (the engines' whole calls less those)."""
+    _C.reset_call_profile()
+    _C.set_call_profiling(True)
+    try:
+        with torch.no_grad():
+            for _ in range(runs):
+                fn(*inputs)
+    finally:
+        _C.set_call_profiling(False)
+    times = {name: seconds * 1e3 / runs for name, _, seconds in _C.call_profile()}
+    whole = times.pop("engine calls (whole)", 0.0)
+    times[GENERATED] = whole - sum(times.values())
+    return times
+
+
+def print_breakdown(dynamic, statics, inputs, runs):
+    print("\nper kernel, ms per call: dynamic engine / static engine (difference)")
+    for n, example_inputs in inputs.items():
+        mine = kernel_times(dynamic, example_inputs, runs)
+        theirs = kernel_times(statics[n], example_inputs, runs)
+        names = sorted(set(mine) | set(theirs), key=lambda k: -max(mine.get(k, 0.0),
+                                                                   theirs.get(k, 0.0)))
+        print(f"length {n}: " + "; ".join(
+            f"{name} {mine.get(name, 0.0):.2f} / {theirs.get(name, 0.0):.2f} "
+            f"({mine.get(name, 0.0) - theirs.get(name, 0.0):+.2f})" for name in names))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="then time both Blade engines by kernel at every length")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     torch.set_num_threads(THREADS)
@@ -121,6 +161,8 @@ def main():
         print(f"| {n} | " + " | ".join(f"{ms[name]:.2f}" for name in names) +
               f" | {ms['blade_dynamic'] / ms['blade_static']:.2f} | "
               f"{ms['blade_dynamic'] / best_peer:.2f} |")
+    if args.breakdown:
+        print_breakdown(dynamic, statics, inputs, args.runs)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
 #include "passes/split_to_slices.h"
 #include "passes/graph_contents.h"
 #include "python/tolerance.h"
+#include "ral/call_profile.h"
 #include "ral/cpu_features.h"
 #include "ral/blocked_gemm.h"
 #include "ral/engine.h"
@@ -199,6 +200,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_int8_dot_product_allowed", &ral::set_int8_dot_product_allowed,
         py::arg("allowed"),
         "False makes this CPU behave as one without int8 dot products (tests).");
+  m.def("set_call_profiling", &ral::set_call_profiling, py::arg("enabled"),
+        "Whether engine calls are timed by kernel (benchmarks: call_profile below).");
+  m.def("call_profile", &ral::call_profile,
+        "(name, calls, seconds) for every library and kernel call timed since the last "
+        "reset, and the engines' whole calls under 'engine calls (whole)'.");
+  m.def("reset_call_profile", &ral::reset_call_profile, "Forgets the times taken so far.");
   m.def("int8_conv_available", &ral::int8_conv_available,
         "Whether int8 convolutions run the runtime's own kernel here (oneDNN's u8 x s8 "
         "microkernel: AVX-512 VNNI or AMX-INT8).");

@@ -1,5 +1,6 @@
 #include "ral/kernel_calls.h"
 
+#include "ral/call_profile.h"
 #include "ral/int8_kernels.h"
 #include "ral/kernel_errors.h"
 #include "ral/layout_kernels.h"
@@ -19,6 +20,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -261,6 +263,21 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
       stack.push_back(operand < 0 ? call.constants[a]
                                   : c10::IValue(buffer_view(&buffers[operand],
                                                             call.operand_types[operand])));
+    }
+    // Timed to the end of the try block while calls are profiled (call_profile.h).
+    struct Timed {
+      const std::string* name = nullptr;
+      std::chrono::steady_clock::time_point start;
+      ~Timed() {
+        if (name != nullptr) {
+          add_call_time(*name, std::chrono::duration<double>(
+                                   std::chrono::steady_clock::now() - start).count());
+        }
+      }
+    } timed;
+    if (call_profiling()) {
+      timed.name = &call.name;
+      timed.start = std::chrono::steady_clock::now();
     }
     at::Tensor placed;
     if (call.places_result && offering_installed()) {

@@ -6,11 +6,13 @@
 // (kernel_errors.h).
 #pragma once
 
+#include "ral/call_profile.h"
 #include "ral/kernel_errors.h"
 #include "ral/ral_kernels.h"
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <exception>
 #include <string>
 
@@ -27,11 +29,19 @@ void check_result_shape(const char* what, const at::Tensor& out, at::IntArrayRef
 // (its memory given back, prepared_weights.h) gets its values back first.
 const at::Tensor& plain_weight(const at::Tensor& weight);
 
-// Runs `fn`, recording what it throws as the error of the library call `what`.
+// Runs `fn`, recording what it throws as the error of the library call `what` (and its
+// time under `what`, while calls are profiled: call_profile.h).
 template <typename Fn>
 void guarded(const char* what, Fn&& fn) noexcept {
   try {
-    fn();
+    if (call_profiling()) {
+      const auto start = std::chrono::steady_clock::now();
+      fn();
+      add_call_time(what, std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                        start).count());
+    } else {
+      fn();
+    }
   } catch (const std::exception& e) {
     record_kernel_error(std::string(what) + ": " + e.what());
   } catch (...) {
