@@ -15,6 +15,7 @@
 #include <chrono>
 #include <exception>
 #include <string>
+#include <utility>
 
 namespace blade::ral {
 
@@ -29,16 +30,17 @@ void check_result_shape(const char* what, const at::Tensor& out, at::IntArrayRef
 // (its memory given back, prepared_weights.h) gets its values back first.
 const at::Tensor& plain_weight(const at::Tensor& weight);
 
-// Runs `fn`, recording what it throws as the error of the library call `what` (and its
-// time under `what`, while calls are profiled: call_profile.h).
-template <typename Fn>
-void guarded(const char* what, Fn&& fn) noexcept {
+// Runs `fn`, recording what it throws as the error of the library call `what`; while calls
+// are profiled (call_profile.h), its time goes under `profile_name()` (e.g. `what` and the
+// operands' sizes).
+template <typename NameFn, typename Fn>
+void guarded(const char* what, NameFn&& profile_name, Fn&& fn) noexcept {
   try {
     if (call_profiling()) {
       const auto start = std::chrono::steady_clock::now();
       fn();
-      add_call_time(what, std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                        start).count());
+      add_call_time(profile_name(), std::chrono::duration<double>(
+                                        std::chrono::steady_clock::now() - start).count());
     } else {
       fn();
     }
@@ -47,6 +49,12 @@ void guarded(const char* what, Fn&& fn) noexcept {
   } catch (...) {
     record_kernel_error(std::string(what) + ": unknown error");
   }
+}
+
+// The same, its time profiled under `what`.
+template <typename Fn>
+void guarded(const char* what, Fn&& fn) noexcept {
+  guarded(what, [what] { return std::string(what); }, std::forward<Fn>(fn));
 }
 
 }  // namespace blade::ral

@@ -17,6 +17,7 @@
 #include <ATen/ExpandUtils.h>
 
 #include <algorithm>
+#include <sstream>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -174,7 +175,13 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
 
 void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* b,
             BladeUnrankedMemRef* out, int64_t transpose_b) noexcept {
-  guarded("blade_ral_matmul", [&] {
+  const auto profile_name = [&] {
+    std::ostringstream name;
+    name << "blade_ral_matmul " << buffer_view(a, dtype).sizes() << " x "
+         << buffer_view(b, dtype).sizes() << (transpose_b != 0 ? "^T" : "");
+    return name.str();
+  };
+  guarded("blade_ral_matmul", profile_name, [&] {
     const at::Tensor weight = buffer_view(b, dtype);
     at::Tensor rhs = transpose_b != 0 ? weight.transpose(-1, -2) : weight;
     at::Tensor lhs = buffer_view(a, dtype);
