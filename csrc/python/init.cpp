@@ -248,22 +248,30 @@ PYBIND11_MODULE(_C, m) {
         "Whether GEMMs by a weight's [K, N] copy run oneDNN's microkernel here (AVX-512F).");
   m.def(
       "blocked_gemm",
-      [](const at::Tensor& a, const at::Tensor& b) {
+      [](const at::Tensor& a, const at::Tensor& b, bool panels) {
         TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
                         a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
                     "blocked_gemm: a [M, K] and b [K, N] float32, got ", a.sizes(), " and ",
                     b.sizes());
         const at::Tensor lhs = a.contiguous();
-        const at::Tensor rhs = b.contiguous();
+        const at::Tensor rhs = panels ? ral::column_panels(b) : b.contiguous();
         at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
-        TORCH_CHECK(ral::blocked_gemm(lhs.data_ptr<float>(), lhs.size(1), rhs.data_ptr<float>(),
-                                      rhs.size(1), out.data_ptr<float>(), out.size(1),
-                                      lhs.size(0), lhs.size(1)),
-                    "blocked_gemm: does not run here (it needs AVX-512F) or for sizes ",
+        const bool ran =
+            panels ? ral::blocked_gemm_panels(lhs.data_ptr<float>(), lhs.size(1),
+                                              rhs.data_ptr<float>(), b.size(1),
+                                              out.data_ptr<float>(), out.size(1),
+                                              lhs.size(0), lhs.size(1))
+                   : ral::blocked_gemm(lhs.data_ptr<float>(), lhs.size(1),
+                                       rhs.data_ptr<float>(), rhs.size(1),
+                                       out.data_ptr<float>(), out.size(1), lhs.size(0),
+                                       lhs.size(1));
+        TORCH_CHECK(ran, "blocked_gemm: does not run here (it needs AVX-512F) or for sizes ",
                     a.sizes(), " x ", b.sizes());
         return out;
       },
-      py::arg("a"), py::arg("b"), "a @ b by blocked_gemm (tests).");
+      py::arg("a"), py::arg("b"), py::arg("panels") = false,
+      "a @ b by blocked_gemm, or with `panels` by blocked_gemm_panels on b's column panels "
+      "(tests).");
   m.def("prepared_weights_bytes", &ral::prepared_weights_bytes,
         "Bytes the prepared weight copies of all engines hold.");
   m.attr("ENGINE_FORMAT_VERSION") = ral::kEngineFormatVersion;

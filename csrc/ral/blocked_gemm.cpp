@@ -26,8 +26,13 @@ bool blocked_gemm_available() {
   return available;
 }
 
-bool blocked_gemm(const float* a, int64_t lda, const float* b, int64_t n, float* out,
-                  int64_t ldc, int64_t m, int64_t k) {
+namespace {
+
+// The blocked GEMM, its weight block for (depth, column) at `b_at(depth, column)` with
+// leading dimension `ldb`.
+template <typename BlockOf>
+bool gemm_blocks(const float* a, int64_t lda, BlockOf b_at, int64_t ldb, int64_t n,
+                 float* out, int64_t ldc, int64_t m, int64_t k) {
   if (!blocked_gemm_available() || m <= 0 || n <= 0 || k <= 0 || lda < k || ldc < n) {
     return false;
   }
@@ -42,14 +47,46 @@ bool blocked_gemm(const float* a, int64_t lda, const float* b, int64_t n, float*
       const int64_t height = std::min(rows, m - row);
       const int64_t width = std::min(kColumnBlock, n - column);
       for (int64_t depth = 0; depth < k; depth += kDepthBlock) {
-        at::native::cpublas::brgemm(height, width, std::min(kDepthBlock, k - depth), lda, n, ldc,
-                                    /*add_C=*/depth > 0, a + row * lda + depth,
-                                    b + depth * n + column, out + row * ldc + column,
+        at::native::cpublas::brgemm(height, width, std::min(kDepthBlock, k - depth), lda, ldb,
+                                    ldc, /*add_C=*/depth > 0, a + row * lda + depth,
+                                    b_at(depth, column), out + row * ldc + column,
                                     /*is_vnni=*/false);
       }
     }
   });
   return true;
+}
+
+}  // namespace
+
+bool blocked_gemm(const float* a, int64_t lda, const float* b, int64_t n, float* out,
+                  int64_t ldc, int64_t m, int64_t k) {
+  return gemm_blocks(
+      a, lda, [&](int64_t depth, int64_t column) { return b + depth * n + column; }, n, n,
+      out, ldc, m, k);
+}
+
+bool blocked_gemm_panels(const float* a, int64_t lda, const float* panels, int64_t n,
+                         float* out, int64_t ldc, int64_t m, int64_t k) {
+  static_assert(kPanelColumns == kColumnBlock, "a panel is a block's columns");
+  return gemm_blocks(
+      a, lda,
+      [&](int64_t depth, int64_t column) {
+        return panels + (column / kPanelColumns * k + depth) * kPanelColumns;
+      },
+      kPanelColumns, n, out, ldc, m, k);
+}
+
+at::Tensor column_panels(const at::Tensor& k_by_n) {
+  TORCH_CHECK(k_by_n.dim() == 2 && k_by_n.scalar_type() == at::kFloat,
+              "column_panels: a float32 [K, N] matrix is needed, got ", k_by_n.scalar_type(),
+              k_by_n.sizes());
+  const int64_t k = k_by_n.size(0);
+  const int64_t n = k_by_n.size(1);
+  const int64_t blocks = (n + kPanelColumns - 1) / kPanelColumns;
+  at::Tensor padded = at::zeros({k, blocks * kPanelColumns}, k_by_n.options());
+  padded.narrow(1, 0, n).copy_(k_by_n);
+  return padded.view({k, blocks, kPanelColumns}).permute({1, 0, 2}).contiguous();
 }
 
 }  // namespace blade::ral

@@ -6,6 +6,8 @@
 // AVX2 code on AMD CPUs, at half the speed).
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 
 namespace blade::ral {
@@ -18,5 +20,17 @@ bool blocked_gemm_available();
 // False (nothing written) where it does not run or a size is not positive.
 bool blocked_gemm(const float* a, int64_t lda, const float* b, int64_t n, float* out,
                   int64_t ldc, int64_t m, int64_t k);
+
+// The columns of a [K, N] matrix per block of kPanelColumns, each block's K rows contiguous
+// (zeros past N): [ceil(N / 64), K, 64]. What the engine's weight copies hold
+// (PreparedWeights::k_by_n): each microkernel call then reads its weight block from one
+// contiguous stretch, where a row-major [K, N] one is read 64 floats from each of K rows
+// N floats apart (in an engine, where other weights have pushed it out of the caches, the
+// strided reads cost 10-20% of a large GEMM).
+inline constexpr int64_t kPanelColumns = 64;
+at::Tensor column_panels(const at::Tensor& k_by_n);
+// blocked_gemm by `panels` (column_panels of a [k, n] matrix).
+bool blocked_gemm_panels(const float* a, int64_t lda, const float* panels, int64_t n,
+                         float* out, int64_t ldc, int64_t m, int64_t k);
 
 }  // namespace blade::ral

@@ -209,8 +209,16 @@ bool gemm_by_k_by_n(PreparedWeights* prepared, const float* lhs, int64_t lda,
     return false;
   }
   const at::Tensor k_by_n = prepared->k_by_n(weight, transposed);
-  return k_by_n.defined() && blocked_gemm(lhs, lda, k_by_n.data_ptr<float>(), k_by_n.size(1),
-                                          out, ldc, m, k_by_n.size(0));
+  if (!k_by_n.defined()) {
+    return false;
+  }
+  if (k_by_n.dim() == 3) {  // column panels of op(weight) [K, N]
+    const int64_t n = transposed ? weight.size(0) : weight.size(1);
+    return blocked_gemm_panels(lhs, lda, k_by_n.data_ptr<float>(), n, out, ldc, m,
+                               k_by_n.size(1));
+  }
+  return blocked_gemm(lhs, lda, k_by_n.data_ptr<float>(), k_by_n.size(1), out, ldc, m,
+                      k_by_n.size(0));
 }
 
 bool trial_gemm(PreparedWeights* prepared, const float* lhs, int64_t lda,

@@ -1,5 +1,6 @@
 #include "ral/prepared_weights.h"
 
+#include "ral/blocked_gemm.h"
 #include "ral/mkl_functions.h"
 #include "ral/winograd.h"
 
@@ -193,7 +194,7 @@ at::Tensor PreparedWeights::k_by_n(const at::Tensor& weight, bool transposed) {
     }
     restore_locked(weight.data_ptr());
     const at::Tensor matrix = pointwise ? weight.view({weight.size(0), weight.size(1)}) : weight;
-    it = k_by_n_.emplace(key, (transposed ? matrix.t() : matrix).contiguous()).first;
+    it = k_by_n_.emplace(key, column_panels(transposed ? matrix.t() : matrix)).first;
     count(it->second);
   }
   return it->second;

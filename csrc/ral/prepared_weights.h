@@ -79,11 +79,12 @@ class PreparedWeights {
   // not a float32 param or the copy would pass the limit.
   at::Tensor bf16_matrix(const at::Tensor& weight, bool transposed);
 
-  // A 2-d float32 param as the dense [K, N] matrix op(weight) (`weight` is [N, K] when
+  // A 2-d float32 param as the matrix op(weight) [K, N] (`weight` is [N, K] when
   // `transposed`, else [K, N]; a 1x1 convolution's [O, C, 1, 1] is [N, K]), made once for
-  // every row count: what blocked_gemm reads (an untransposed dense weight is that matrix
-  // already: the param itself, then never released). Undefined when `weight` is not such a
-  // param or the copy would pass the limit.
+  // every row count: what blocked_gemm reads. A copy is in column panels ([ceil(N / 64), K,
+  // 64]: blocked_gemm.h's column_panels); an untransposed dense weight is the [K, N] matrix
+  // already, returned as it is (the param itself, then never released). Undefined when
+  // `weight` is not such a param or the copy would pass the limit.
   at::Tensor k_by_n(const at::Tensor& weight, bool transposed);
 
   // A param reordered into oneDNN's layout for convolving an input of `input_size`

@@ -15,12 +15,13 @@ needs_microkernel = pytest.mark.skipif(not _C.blocked_gemm_available(),
 @needs_microkernel
 @pytest.mark.parametrize("m", [1, 77, 130, 300])
 @pytest.mark.parametrize("n, k", [(1, 1), (63, 511), (65, 513), (130, 1100)])
-def test_blocked_gemm_is_the_product(m, n, k):
-    """Row blocks split evenly (130 rows: two of 65), partial column blocks, depth past one
-    microkernel call (added into the result)."""
+@pytest.mark.parametrize("panels", [False, True], ids=["row-major", "column panels"])
+def test_blocked_gemm_is_the_product(m, n, k, panels):
+    """Row blocks split evenly (130 rows: two of 65), partial column blocks (a panel's
+    zeros past N), depth past one microkernel call (added into the result)."""
     torch.manual_seed(m + n + k)
     a, b = torch.randn(m, k), torch.randn(k, n)
-    torch.testing.assert_close(_C.blocked_gemm(a, b).double(), a.double() @ b.double(),
+    torch.testing.assert_close(_C.blocked_gemm(a, b, panels).double(), a.double() @ b.double(),
                                rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
