@@ -25,8 +25,8 @@ bool blocked_gemm(const float* a, int64_t lda, const float* b, int64_t n, float*
 // (zeros past N): [ceil(N / 64), K, 64]. What the engine's weight copies hold
 // (PreparedWeights::k_by_n): each microkernel call then reads its weight block from one
 // contiguous stretch, where a row-major [K, N] one is read 64 floats from each of K rows
-// N floats apart (in an engine, where other weights have pushed it out of the caches, the
-// strided reads cost 10-20% of a large GEMM).
+// N floats apart (slower in an engine, where other weights have pushed it out of the
+// caches: docs/architecture.md).
 inline constexpr int64_t kPanelColumns = 64;
 at::Tensor column_panels(const at::Tensor& k_by_n);
 // blocked_gemm by `panels` (column_panels of a [k, n] matrix).
