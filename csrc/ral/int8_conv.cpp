@@ -139,35 +139,52 @@ void pack_weight(const int8_t* weight, int64_t out_channels, int64_t channels, i
   }
 }
 
-// Whether the microkernel computes a small product right (it may refuse a CPU, or be
-// missing from this PyTorch's oneDNN): tried once.
+// Whether the microkernel computes products of the kinds int8_conv asks for right (it may
+// refuse a CPU, be missing from this PyTorch's oneDNN, or take another path on another
+// ISA, e.g. AMX tiles): tried once, on a few shapes (a row tail, a partial column block,
+// a depth that is no multiple of 64, rows further apart than the depth) and with the
+// second call adding into the first's result.
 bool microkernel_works() {
+  struct Shape {
+    int64_t m, n, k;
+  };
   try {
-    constexpr int64_t m = 3, n = 16, k = 8;
-    std::vector<uint8_t> a(m * k);
-    std::vector<int8_t> b(k * kColumnBlock, 0);
-    std::vector<int32_t> c(m * kColumnBlock, 0);
-    for (int64_t i = 0; i < m * k; ++i) {
-      a[i] = static_cast<uint8_t>(200 + i);
-    }
-    // b[k][j] = (k - j) in the VNNI layout; the rows of c then have known sums.
-    for (int64_t kk = 0; kk < k; ++kk) {
-      for (int64_t j = 0; j < n; ++j) {
-        b[(kk / kDepthGroup) * kColumnBlock * kDepthGroup + j * kDepthGroup + kk % kDepthGroup] =
-            static_cast<int8_t>(kk - j);
+    for (const Shape& shape : {Shape{3, 16, 8}, Shape{37, 48, 196}, Shape{128, 64, 516}}) {
+      const int64_t m = shape.m, n = shape.n, k = shape.k, lda = k + 4;
+      std::vector<uint8_t> a(m * lda);
+      std::vector<int8_t> b(k * kColumnBlock, 0);
+      std::vector<int32_t> c(m * kColumnBlock, 0);
+      uint32_t state = 12345;
+      const auto next = [&state] {
+        state = state * 1103515245u + 12345u;
+        return static_cast<int32_t>((state >> 16) & 0xFF);
+      };
+      for (auto& value : a) {
+        value = static_cast<uint8_t>(next());
       }
-    }
-    at::native::cpublas::brgemm(m, n, k, k, kColumnBlock, kColumnBlock, false, a.data(),
-                                b.data(), c.data(), true);
-    at::native::cpublas::brgemm_release(true);
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        int32_t want = 0;
-        for (int64_t kk = 0; kk < k; ++kk) {
-          want += static_cast<int32_t>(a[i * k + kk]) * static_cast<int32_t>(kk - j);
+      std::vector<int8_t> plain(k * n);
+      for (int64_t kk = 0; kk < k; ++kk) {
+        for (int64_t j = 0; j < n; ++j) {
+          const auto value = static_cast<int8_t>(next() - 128);
+          plain[kk * n + j] = value;
+          b[(kk / kDepthGroup) * kColumnBlock * kDepthGroup + j * kDepthGroup +
+            kk % kDepthGroup] = value;
         }
-        if (c[i * kColumnBlock + j] != want) {
-          return false;
+      }
+      for (const bool add : {false, true}) {
+        at::native::cpublas::brgemm(m, n, k, lda, kColumnBlock, kColumnBlock, add, a.data(),
+                                    b.data(), c.data(), true);
+      }
+      at::native::cpublas::brgemm_release(true);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          int32_t want = 0;
+          for (int64_t kk = 0; kk < k; ++kk) {
+            want += static_cast<int32_t>(a[i * lda + kk]) * plain[kk * n + j];
+          }
+          if (c[i * kColumnBlock + j] != 2 * want) {
+            return false;
+          }
         }
       }
     }
