@@ -68,7 +68,7 @@ bench: build $(BENCH_STAMP)
 	$(PY) benchmarks/load_time.py
 	$(PY) benchmarks/footprint.py
 	$(PY) benchmarks/decode.py
-	$(PY) benchmarks/lengths.py
+	$(PY) benchmarks/lengths.py --breakdown
 
 # The runtime's C++ tests (tests/ral/ral_tests.cpp) with the runtime and the tests built
 # under AddressSanitizer + LeakSanitizer, against models saved by the regular build.
