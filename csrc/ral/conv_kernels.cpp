@@ -20,6 +20,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <sstream>
 #include <vector>
 
 namespace blade::ral {
@@ -200,7 +201,14 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
             int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
             int64_t dilation_w, int64_t groups, bool channels_last,
             BladeUnrankedMemRef* bias_memref = nullptr, bool relu = false) noexcept {
-  guarded(channels_last ? "blade_ral_conv2d_nhwc" : "blade_ral_conv2d", [&] {
+  const char* what = channels_last ? "blade_ral_conv2d_nhwc" : "blade_ral_conv2d";
+  const auto profile_name = [&] {
+    std::ostringstream name;
+    name << what << " " << buffer_view(input, dtype).sizes() << " by "
+         << buffer_view(weight, dtype).sizes() << " stride " << stride_h << " groups " << groups;
+    return name.str();
+  };
+  guarded(what, profile_name, [&] {
     // NHWC buffers are viewed as NCHW tensors with channels_last strides: PyTorch (oneDNN)
     // convolves those without reordering them, and returns a channels_last result.
     const auto as_nchw = [&](at::Tensor t) { return channels_last ? t.permute({0, 3, 1, 2}) : t; };
