@@ -19,6 +19,9 @@ namespace {
 // microkernel call at most (a stride-1 convolution's blocks split its rows evenly).
 constexpr int64_t kColumnBlock = 64;
 constexpr int64_t kMaxRowBlock = 128;
+// The most bytes of padded planes a thread keeps between calls (larger ones are made per
+// call), so a large image's planes are not held for the thread's life.
+constexpr int64_t kKeptPlaneBytes = int64_t{4} << 20;
 
 std::atomic<bool> enabled{true};
 std::atomic<int64_t> calls{0};
@@ -267,13 +270,21 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t plane_bytes = plane_h * plane_w * channels;
   const int64_t image_bytes = phases_h * phases_w * plane_bytes;
   const uint8_t* src = input;
+  at::Tensor large_planes;  // planes past kKeptPlaneBytes, for this call only
   if (ph > 0 || pw > 0 || sh > 1 || sw > 1) {
-    // The calling thread's buffer, grown to the largest planes it has copied: a fresh
-    // allocation per call cost more than the copy (malloc's large blocks are returned and
-    // faulted in again).
+    // The calling thread's buffer, grown to the largest planes it has copied up to
+    // kKeptPlaneBytes: a fresh allocation per call cost more than the copy for a small
+    // image (malloc's large blocks are returned and faulted in again).
     thread_local std::vector<uint8_t> planes;
-    planes.resize(std::max<size_t>(planes.size(), static_cast<size_t>(batch * image_bytes)));
-    uint8_t* dst = planes.data();
+    const int64_t bytes = batch * image_bytes;
+    uint8_t* dst = nullptr;
+    if (bytes <= kKeptPlaneBytes) {
+      planes.resize(std::max<size_t>(planes.size(), static_cast<size_t>(bytes)));
+      dst = planes.data();
+    } else {
+      large_planes = at::empty({bytes}, at::kByte);
+      dst = large_planes.data_ptr<uint8_t>();
+    }
     const int64_t plane_rows = batch * phases_h * phases_w * plane_h;
     // A thread a 64 KB at least: a small image is copied by the calling thread alone.
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plane_w * channels));

@@ -80,6 +80,7 @@ def run_both(op):
     (1, 4, (23, 23), 64, 7, 2, 3),     # a 7x7 stem of four channels
     (1, 32, (9, 9), 48, 3, 1, 0),      # no padding, a filter wider than 1
     (1, 260, (3, 3), 1, 3, 1, 1),      # more channels than rows, one output channel
+    (4, 32, (180, 180), 8, 3, 2, 1),   # planes past what a thread keeps: made per call
 ])
 def test_blades_kernel_matches_the_real_convolution_and_onednns(
         batch, channels, size, out_channels, kernel, stride, padding, threads):
