@@ -6,10 +6,15 @@
 // The counters are process-wide; the calls of several threads add up.
 #pragma once
 
+#include "ral/kernel_trials.h"
+
 #include <atomic>
 #include <cstdint>
+#include <exception>
+#include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace blade::ral {
@@ -31,5 +36,31 @@ void add_call_time(const std::string& name, double seconds);
 // (name, calls, seconds) for every name timed since the last reset, by name.
 std::vector<std::tuple<std::string, int64_t, double>> call_profile();
 void reset_call_profile();
+
+// Times its scope under `name()` (called only then, so a name built from the operands costs
+// nothing unprofiled) when calls are profiled as it begins.
+template <typename NameFn>
+class ProfiledCall {
+ public:
+  explicit ProfiledCall(NameFn name) : name_(std::move(name)) {
+    if (call_profiling()) {
+      stopwatch_.emplace();
+    }
+  }
+  ~ProfiledCall() {
+    if (stopwatch_.has_value()) {
+      try {
+        add_call_time(name_(), stopwatch_->seconds());
+      } catch (const std::exception&) {  // a name that cannot be made: the time is dropped
+      }
+    }
+  }
+  ProfiledCall(const ProfiledCall&) = delete;
+  ProfiledCall& operator=(const ProfiledCall&) = delete;
+
+ private:
+  NameFn name_;
+  std::optional<Stopwatch> stopwatch_;
+};
 
 }  // namespace blade::ral

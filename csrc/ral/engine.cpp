@@ -17,7 +17,6 @@
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/irparser.h>
 
-#include <chrono>
 #include <map>
 #include <sstream>
 
@@ -493,14 +492,8 @@ std::vector<at::Tensor> Engine::call_code(const std::vector<at::Tensor>& inputs,
     ActivePreparedWeights weights(prepared_weights_.get());
     ActiveKernelCalls calls(code_->kernel_calls());
     Bf16AttentionProducts attention(precision_ == "int8");
-    if (call_profiling()) {
-      const auto start = std::chrono::steady_clock::now();
-      code_->entry()(pointers.data());
-      add_call_time(kEngineCalls, std::chrono::duration<double>(
-                                      std::chrono::steady_clock::now() - start).count());
-    } else {
-      code_->entry()(pointers.data());
-    }
+    const ProfiledCall profiled([] { return std::string(kEngineCalls); });
+    code_->entry()(pointers.data());
   }
   prepared_weights_->return_freed_memory();
   if (returns_outputs_) {

@@ -322,11 +322,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t rows = (out_h - 1) * plane_w + out_w;
   const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
   const int64_t step = (rows + row_blocks - 1) / row_blocks;
-  // The calling thread's (the workers below read it through `offsets`: a thread_local
-  // named in the loop would be each worker's own).
-  thread_local std::vector<int64_t> tap_offsets;
-  tap_offsets.resize(taps);
-  const int64_t* offsets = tap_offsets.data();
+  std::vector<int64_t> tap_offsets(taps);
   for (int64_t t = 0; t < taps; ++t) {
     const int64_t i = t / kw, j = t % kw;
     tap_offsets[t] = ((i % sh) * phases_w + j % sw) * plane_bytes +
@@ -358,7 +354,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       const uint8_t* a = src + n * image_bytes + first * channels;
       for (int64_t t = 0; t < taps; ++t) {
         at::native::cpublas::brgemm(count, n_columns, channels, channels, kColumnBlock,
-                                    kColumnBlock, /*add_C=*/t > 0, a + offsets[t],
+                                    kColumnBlock, /*add_C=*/t > 0, a + tap_offsets[t],
                                     b + t * channels * kColumnBlock, acc.data(),
                                     /*is_vnni=*/true);
       }

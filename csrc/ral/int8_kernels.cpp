@@ -464,6 +464,13 @@ at::Tensor conv_result(const ConvCall& call, const at::Tensor& result) {
                             : result;
 }
 
+// The convolution's input as channels_last uint8: the carried bytes, or the float input
+// rounded with its range.
+at::Tensor uint8_image(const ConvCall& call) {
+  return call.carried ? call.image
+                      : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
+}
+
 // The convolution by Blade's own kernel (int8_conv.h), returned as oneDNN's path returns
 // it. The result is made first (an engine's offered buffer goes to the
 // first allocation of its size), then the operands: the uint8 input (channels_last) and the
@@ -609,10 +616,7 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
                          std::nullopt, post_op);
   }
   // oneDNN reads channels_last activations without a reorder.
-  const auto quantize_input = [&] {
-    return call.carried ? call.image
-                        : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
-  };
+  const auto quantize_input = [&] { return uint8_image(call); };
   return blade_or_onednn(
       call, weight, dilation, groups,
       [&] {
@@ -678,10 +682,7 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
     return conv_in_float(call, weight, weight_scale, bias, stride, padding, dilation, groups,
                          added, post_op);
   }
-  const auto quantize_input = [&] {
-    return call.carried ? call.image
-                        : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
-  };
+  const auto quantize_input = [&] { return uint8_image(call); };
   // Blade's kernel reads the tensor added where it lies (NHWC): uint8, or float32, which
   // for a uint8 result is first rounded with accum_range, as oneDNN's sum takes it.
   const auto added_input = [&] {

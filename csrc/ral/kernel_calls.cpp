@@ -20,7 +20,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
-#include <chrono>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -264,21 +263,8 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
                                   : c10::IValue(buffer_view(&buffers[operand],
                                                             call.operand_types[operand])));
     }
-    // Timed to the end of the try block while calls are profiled (call_profile.h).
-    struct Timed {
-      const std::string* name = nullptr;
-      std::chrono::steady_clock::time_point start;
-      ~Timed() {
-        if (name != nullptr) {
-          add_call_time(*name, std::chrono::duration<double>(
-                                   std::chrono::steady_clock::now() - start).count());
-        }
-      }
-    } timed;
-    if (call_profiling()) {
-      timed.name = &call.name;
-      timed.start = std::chrono::steady_clock::now();
-    }
+    // Timed to the end of the try block while calls are profiled.
+    const ProfiledCall profiled([&call] { return call.name; });
     at::Tensor placed;
     if (call.places_result && offering_installed()) {
       placed = buffer_view(&buffers[operands], call.result_types[0]);

@@ -12,9 +12,9 @@
 
 #include <ATen/ATen.h>
 
-#include <chrono>
 #include <exception>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace blade::ral {
@@ -36,14 +36,8 @@ const at::Tensor& plain_weight(const at::Tensor& weight);
 template <typename NameFn, typename Fn>
 void guarded(const char* what, NameFn&& profile_name, Fn&& fn) noexcept {
   try {
-    if (call_profiling()) {
-      const auto start = std::chrono::steady_clock::now();
-      fn();
-      add_call_time(profile_name(), std::chrono::duration<double>(
-                                        std::chrono::steady_clock::now() - start).count());
-    } else {
-      fn();
-    }
+    const ProfiledCall<std::decay_t<NameFn>> profiled(profile_name);
+    fn();
   } catch (const std::exception& e) {
     record_kernel_error(std::string(what) + ": " + e.what());
   } catch (...) {

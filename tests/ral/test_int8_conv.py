@@ -42,12 +42,15 @@ def operands(batch, channels, size, out_channels, kernel, seed):
     return x.view(torch.int8), weight, scale, bias
 
 
+def real_image(x):
+    """The uint8 NHWC input (as int8 bytes) as the float64 [N, C, H, W] values it stands for."""
+    return ((x.view(torch.uint8).double() - INPUT_RANGE[1]) * INPUT_RANGE[0]).permute(0, 3, 1, 2)
+
+
 def reference(x, weight, scale, bias, stride, padding, added=None):
     """The convolution in float64 on the dequantized operands, ReLU after any addend."""
-    real = (x.view(torch.uint8).double() - INPUT_RANGE[1]) * INPUT_RANGE[0]
     w = weight.double() * scale.double().view(-1, 1, 1, 1)
-    y = torch.nn.functional.conv2d(real.permute(0, 3, 1, 2), w, bias.double(), stride,
-                                   padding)
+    y = torch.nn.functional.conv2d(real_image(x), w, bias.double(), stride, padding)
     if added is not None:
         y = y + added
     return torch.relu(y)
@@ -103,7 +106,7 @@ def test_blades_kernel_matches_the_real_convolution_and_onednns(
 def test_float_results_and_float_inputs(kernel, stride, padding):
     """A float32 input (quantized by the op) and a float32 result, channels_last."""
     x, weight, scale, bias = operands(2, 24, (10, 12), 40, kernel, 1)
-    real = ((x.view(torch.uint8).float() - INPUT_RANGE[1]) * INPUT_RANGE[0]).permute(0, 3, 1, 2)
+    real = real_image(x).float()
     (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
         real.contiguous(), weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1,
         INPUT_RANGE, None, "relu"))
@@ -157,7 +160,7 @@ def test_what_it_does_not_take_runs_onednns(channels, groups, dilation):
     got = torch.ops.blade.quantized_conv2d(x, weight, scale, bias, [1, 1], [1, 1],
                                            [dilation] * 2, groups, INPUT_RANGE, None, "none")
     assert _C.int8_conv_calls() == before
-    real = ((x.view(torch.uint8).double() - INPUT_RANGE[1]) * INPUT_RANGE[0]).permute(0, 3, 1, 2)
+    real = real_image(x)
     w = weight.double() * scale.double().view(-1, 1, 1, 1)
     want = torch.nn.functional.conv2d(real, w, bias.double(), 1, 1, dilation, groups)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

@@ -55,6 +55,12 @@ def _doubled_sizes(groups: List[DynamicGroup]) -> List[int]:
     return [2 * g.size + k + 3 for k, g in enumerate(groups)]
 
 
+def _new_sizes(groups: List[DynamicGroup], sizes: List[int]) -> bool:
+    """Whether `sizes` are none of the example's nor the first variant's."""
+    return not any(size in (g.size, g.size + k + 1)
+                   for k, (g, size) in enumerate(zip(groups, sizes)))
+
+
 def untried_variants(inputs: Tuple, groups: List[DynamicGroup]) -> List[Tuple]:
     """resized_variants's answer when the model takes the doubled sizes, without running
     it there first: materialize_types runs every variant anyway, so a compile tries these
@@ -62,8 +68,7 @@ def untried_variants(inputs: Tuple, groups: List[DynamicGroup]) -> List[Tuple]:
     costs a run of the model, a sizeable part of a dynamic compile)."""
     variants = [with_groups_resized(inputs, groups)]
     doubled = _doubled_sizes(groups)
-    if not any(size in (g.size, g.size + k + 1)
-               for k, (g, size) in enumerate(zip(groups, doubled))):
+    if _new_sizes(groups, doubled):
         variants.append(with_groups_resized(inputs, groups, doubled))
     return variants
 
@@ -81,8 +86,7 @@ def resized_variants(run: Callable[[Tuple], object], inputs: Tuple,
     another size."""
     variants = [with_groups_resized(inputs, groups)]
     for sizes in (_doubled_sizes(groups), [g.size // 2 + k + 1 for k, g in enumerate(groups)]):
-        if any(size in (g.size, g.size + k + 1)
-               for k, (g, size) in enumerate(zip(groups, sizes))):
+        if not _new_sizes(groups, sizes):
             continue
         candidate = with_groups_resized(inputs, groups, sizes)
         try:
