@@ -207,8 +207,13 @@ PYBIND11_MODULE(_C, m) {
         "reset, and the engines' whole calls under 'engine calls (whole)'.");
   m.def("reset_call_profile", &ral::reset_call_profile, "Forgets the times taken so far.");
   m.def("int8_conv_available", &ral::int8_conv_available,
-        "Whether int8 convolutions run the runtime's own kernel here (oneDNN's u8 x s8 "
-        "microkernel: AVX-512 VNNI or AMX-INT8).");
+        "Whether int8 convolutions run the runtime's own kernel here (its register tiles "
+        "on AVX-512 VNNI, or oneDNN's u8 x s8 microkernel on VNNI or AMX-INT8).");
+  m.def("int8_conv_tiles_run", &ral::int8_conv_tiles_run,
+        "Whether that kernel multiplies in its own register tiles (else oneDNN's "
+        "microkernel).");
+  m.def("set_int8_conv_tiles", &ral::set_int8_conv_tiles, py::arg("enabled"),
+        "False multiplies by oneDNN's microkernel where it answers (tests).");
   m.def("set_int8_conv_enabled", &ral::set_int8_conv_enabled, py::arg("enabled"),
         "False runs every int8 convolution by oneDNN's qconv2d instead (tests).");
   m.def("int8_conv_calls", &ral::int8_conv_calls,

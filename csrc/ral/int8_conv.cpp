@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 namespace blade::ral {
@@ -22,8 +23,12 @@ constexpr int64_t kMaxRowBlock = 128;
 // The most bytes of padded planes a thread keeps between calls (larger ones are made per
 // call), so a large image's planes are not held for the thread's life.
 constexpr int64_t kKeptPlaneBytes = int64_t{4} << 20;
+// The deepest 1x1 convolution Blade's register tiles run (deeper ones: the microkernel's
+// blocks, whose int32 round trip is then a small share of the products).
+constexpr int64_t kPointwiseMaxDepth = 0;
 
 std::atomic<bool> enabled{true};
+std::atomic<bool> tiles_enabled{true};
 std::atomic<int64_t> calls{0};
 
 // x86's u8 x s8 dot products come in groups of 4 along the depth: the weight's layout.
@@ -92,6 +97,177 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
         _mm512_mask_storeu_ps(e.out_f32 + at, mask, v);
       }
     }
+  }
+}
+// Where GEMM rows go: row p of image n (a plane's flat pixel index) is output pixel
+// (oh, ow) = (p / plane_w, p % plane_w), dropped if ow >= out_w. Stepped row by row, without
+// a division per row.
+struct RowWalk {
+  int64_t image_base;  // the image's first output pixel
+  int64_t oh, ow;
+  int64_t plane_w, out_w;
+
+  RowWalk(int64_t n, int64_t first_row, int64_t plane_w, int64_t out_h, int64_t out_w)
+      : image_base(n * out_h * out_w), oh(first_row / plane_w), ow(first_row % plane_w),
+        plane_w(plane_w), out_w(out_w) {}
+  // The row's output pixel (negative: dropped), then on to the next row.
+  int64_t next() {
+    const int64_t pixel = ow < out_w ? image_base + oh * out_w + ow : -1;
+    if (++ow == plane_w) {
+      ow = 0;
+      ++oh;
+    }
+    return pixel;
+  }
+};
+
+// A tile of kTileRows GEMM rows by 64 output channels with the epilogue done in registers:
+// VNNI dot products over every tap's depth into 4 x kTileRows accumulators, then finished as
+// finish_block finishes a row. The microkernel's int32 block, stored and read back by the
+// epilogue, costs as much as the products for a shallow depth; here it never leaves the
+// registers.
+constexpr int64_t kTileRows = 6;
+
+template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
+    const uint8_t* a, int64_t channels, const int64_t* tap_offsets, int64_t taps,
+    const int8_t* b, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
+    const Terms& terms, const Int8ConvEpilogue& e) {
+  // The rows' output pixels; the lines the next tile adds and writes, asked for early (they
+  // lie in memory by now, the tensor added written long before).
+  int64_t pixels[kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    pixels[r] = walk.next();
+    const int64_t ahead = (std::max<int64_t>(pixels[r], 0) + kRows) * out_channels + column;
+    if constexpr (kAddU8) {
+      _mm_prefetch(reinterpret_cast<const char*>(e.add_u8 + ahead), _MM_HINT_T0);
+    }
+    if constexpr (kOutU8) {
+      _mm_prefetch(reinterpret_cast<const char*>(e.out_u8 + ahead), _MM_HINT_T0);
+    }
+  }
+  __m512i acc[kRows][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      acc[r][v] = _mm512_setzero_si512();
+    }
+  }
+  for (int64_t t = 0; t < taps; ++t) {
+  const uint8_t* a_tap = a + tap_offsets[t];
+  const int8_t* b_tap = b + t * channels * kColumnBlock;
+  for (int64_t k = 0; k < channels; k += kDepthGroup) {
+    const int8_t* group = b_tap + k * kColumnBlock;
+    const __m512i b0 = _mm512_loadu_si512(group);
+    const __m512i b1 = _mm512_loadu_si512(group + 64);
+    const __m512i b2 = _mm512_loadu_si512(group + 128);
+    const __m512i b3 = _mm512_loadu_si512(group + 192);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, a_tap + r * channels + k, sizeof quad);
+      const __m512i x = _mm512_set1_epi32(quad);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, b0);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
+      acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], x, b2);
+      acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], x, b3);
+    }
+  }
+  }
+  // The terms of the block's columns, and the masks of its width (whole vectors first).
+  const __mmask64 bytes_mask =
+      width >= 64 ? ~__mmask64{0} : (__mmask64{1} << std::max<int64_t>(width, 0)) - 1;
+  __mmask16 masks[4];
+  __m512i correction[4];
+  __m512 multiplier[4], offset[4];
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    masks[v] = static_cast<__mmask16>(bytes_mask >> (16 * v));
+    correction[v] = _mm512_maskz_loadu_epi32(masks[v], terms.correction.data() + column + 16 * v);
+    multiplier[v] = _mm512_maskz_loadu_ps(masks[v], terms.multiplier.data() + column + 16 * v);
+    offset[v] = _mm512_maskz_loadu_ps(masks[v], terms.offset.data() + column + 16 * v);
+  }
+  const __m512 add_factor = _mm512_set1_ps(terms.add_factor);
+  const __m512 low = _mm512_set1_ps(terms.low);
+  const __m512 top = _mm512_set1_ps(255.0f);
+  const __m512 zero = _mm512_setzero_ps();
+  // packus_epi32 then packus_epi16 leave 4 values of vector v from 128-bit lane k in dword
+  // 4k + v; this puts them back at 4v + k.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    if (pixels[r] < 0) {
+      continue;
+    }
+    const int64_t at = pixels[r] * out_channels + column;
+    __m512 x[4];
+    __m512i added_u8;
+    if constexpr (kAddU8) {
+      added_u8 = _mm512_maskz_loadu_epi8(bytes_mask, e.add_u8 + at);
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      x[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][v], correction[v])),
+                             multiplier[v], offset[v]);
+      if constexpr (kAddU8) {
+        const __m128i added = _mm512_extracti32x4_epi32(added_u8, v);
+        x[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(added)), add_factor, x[v]);
+      }
+      if constexpr (kAddF32) {
+        x[v] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(masks[v], e.add_f32 + at + 16 * v),
+                               add_factor, x[v]);
+      }
+      if constexpr (!kOutU8) {
+        if (e.relu) {
+          x[v] = _mm512_max_ps(x[v], zero);
+        }
+        _mm512_mask_storeu_ps(e.out_f32 + at + 16 * v, masks[v], x[v]);
+      }
+    }
+    if constexpr (kOutU8) {
+      // Clamped (NaN gives the lower bound: max's second operand), to nearest, ties to
+      // even, as quantize_uint8 rounds; then packed to 64 bytes, exactly (all in 0..255).
+      __m512i q[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        q[v] = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(x[v], low), top));
+      }
+      const __m512i packed = _mm512_packus_epi16(_mm512_packus_epi32(q[0], q[1]),
+                                                 _mm512_packus_epi32(q[2], q[3]));
+      _mm512_mask_storeu_epi8(e.out_u8 + at, bytes_mask,
+                              _mm512_permutexvar_epi32(order, packed));
+    }
+  }
+}
+
+// `rows` GEMM rows (their inputs at `a`, `channels` apart, their output pixels as `walk`
+// steps) by one block of output channels, in tiles of kTileRows and a shorter last one.
+template <bool kAddU8, bool kAddF32, bool kOutU8>
+void tile_rows(const uint8_t* a, int64_t rows, int64_t channels, const int64_t* tap_offsets,
+               int64_t taps, const int8_t* b, RowWalk walk, int64_t width,
+               int64_t out_channels, int64_t column, const Terms& terms,
+               const Int8ConvEpilogue& e) {
+  int64_t r = 0;
+  for (; r + kTileRows <= rows; r += kTileRows) {
+    register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(a + r * channels, channels, tap_offsets,
+                                                      taps, b, walk, width, out_channels,
+                                                      column, terms, e);
+  }
+  using Tile = void (*)(const uint8_t*, int64_t, const int64_t*, int64_t, const int8_t*,
+                        RowWalk&, int64_t, int64_t, int64_t, const Terms&,
+                        const Int8ConvEpilogue&);
+  static constexpr Tile kTails[] = {nullptr,
+                                    register_tile<1, kAddU8, kAddF32, kOutU8>,
+                                    register_tile<2, kAddU8, kAddF32, kOutU8>,
+                                    register_tile<3, kAddU8, kAddF32, kOutU8>,
+                                    register_tile<4, kAddU8, kAddF32, kOutU8>,
+                                    register_tile<5, kAddU8, kAddF32, kOutU8>};
+  static_assert(std::size(kTails) == kTileRows);
+  if (r < rows) {
+    kTails[rows - r](a + r * channels, channels, tap_offsets, taps, b, walk, width,
+                     out_channels, column, terms, e);
   }
 }
 #pragma GCC diagnostic pop
@@ -197,9 +373,15 @@ bool microkernel_works() {
   }
 }
 
-}  // namespace
+// Blade's register tiles: AVX-512 with VNNI.
+bool tiles_available() {
+  static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
+                                has_cpu_feature("avx512vl") && has_cpu_feature("avx512_vnni");
+  return available;
+}
 
-bool int8_conv_available() {
+// oneDNN's microkernel, on VNNI or AMX-INT8, where it answers right.
+bool microkernel_available() {
   static const bool available =
       has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
       has_cpu_feature("avx512vl") &&
@@ -207,7 +389,21 @@ bool int8_conv_available() {
   return available;
 }
 
+}  // namespace
+
+bool int8_conv_available() { return tiles_available() || microkernel_available(); }
+
+bool int8_conv_tiles_run() {
+  // With AMX the microkernel's tiles multiply many times faster than VNNI's vectors.
+  static const bool amx = has_cpu_feature("amx_int8") && microkernel_available();
+  return tiles_available() &&
+         (!microkernel_available() ||
+          (!amx && tiles_enabled.load(std::memory_order_relaxed)));
+}
+
 void set_int8_conv_enabled(bool value) { enabled.store(value, std::memory_order_relaxed); }
+
+void set_int8_conv_tiles(bool value) { tiles_enabled.store(value, std::memory_order_relaxed); }
 
 int64_t int8_conv_calls() { return calls.load(std::memory_order_relaxed); }
 
@@ -263,10 +459,14 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   // split by position modulo the stride: plane (a, b) holds padded pixels (y * sh + a,
   // x * sw + b), so tap (i, j) of output pixel (oh, ow) reads plane (i % sh, j % sw) at
   // (oh + i / sh, ow + j / sw): a stride-1 convolution in every plane. Without padding or
-  // stride the input is the one plane; otherwise they are copied.
+  // stride the input is the one plane; otherwise they are copied. With a column stride of 1
+  // (and padding narrower than the filter) a row holds its left padding only: a tap past
+  // the right edge reads on into the next row's left padding (or a last row of padding),
+  // so fewer of the GEMM's rows are dropped.
   const int64_t phases_h = std::min(sh, kh), phases_w = std::min(sw, kw);
-  const int64_t plane_h = (height + 2 * ph + sh - 1) / sh;
-  const int64_t plane_w = (width + 2 * pw + sw - 1) / sw;
+  const bool shared_padding = sw == 1 && pw < kw;
+  const int64_t plane_h = (height + 2 * ph + sh - 1) / sh + (shared_padding && pw > 0 ? 1 : 0);
+  const int64_t plane_w = shared_padding ? width + pw : (width + 2 * pw + sw - 1) / sw;
   const int64_t plane_bytes = plane_h * plane_w * channels;
   const int64_t image_bytes = phases_h * phases_w * plane_bytes;
   const uint8_t* src = input;
@@ -300,6 +500,11 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
           continue;
         }
         const uint8_t* line = input + (n * height + h) * width * channels;
+        if (shared_padding) {  // the left padding, then the row as it lies
+          std::memset(out, e.input_zero_point, pw * channels);
+          std::memcpy(out + pw * channels, line, width * channels);
+          continue;
+        }
         for (int64_t x = 0; x < plane_w; ++x) {
           const int64_t w = x * sw + phase % phases_w - pw;
           if (w < 0 || w >= width) {
@@ -336,6 +541,15 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
           : (e.add_u8 != nullptr ? finish_block<true, false, false>
              : e.add_f32 != nullptr ? finish_block<false, true, false>
                                     : finish_block<false, false, false>);
+  const bool tiled = int8_conv_tiles_run();
+  const auto tiles =
+      e.out_u8 != nullptr
+          ? (e.add_u8 != nullptr ? tile_rows<true, false, true>
+             : e.add_f32 != nullptr ? tile_rows<false, true, true>
+                                    : tile_rows<false, false, true>)
+          : (e.add_u8 != nullptr ? tile_rows<true, false, false>
+             : e.add_f32 != nullptr ? tile_rows<false, true, false>
+                                    : tile_rows<false, false, false>);
   const int64_t tasks = batch * row_blocks * blocks;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<int32_t> acc;
@@ -348,19 +562,25 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       const int64_t count = std::min(step, rows - first);
       const int64_t column = (task % blocks) * kColumnBlock;
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);
-      // The microkernel's columns: whole 16-lane vectors (the packing's zeros past O).
-      const int64_t n_columns = (width_here + 15) / 16 * 16;
       const int8_t* b = weights + (column / kColumnBlock) * block_bytes;
       const uint8_t* a = src + n * image_bytes + first * channels;
+      const RowWalk walk(n, first, plane_w, out_h, out_w);
+      if (tiled) {
+        tiles(a, count, channels, tap_offsets.data(), taps, b, walk, width_here, out_channels,
+              column, terms, e);
+        continue;
+      }
+      // The microkernel's int32 block, one call per tap, then the epilogue.
+      const int64_t n_columns = (width_here + 15) / 16 * 16;  // whole vectors: zeros past O
       for (int64_t t = 0; t < taps; ++t) {
         at::native::cpublas::brgemm(count, n_columns, channels, channels, kColumnBlock,
                                     kColumnBlock, /*add_C=*/t > 0, a + tap_offsets[t],
                                     b + t * channels * kColumnBlock, acc.data(),
                                     /*is_vnni=*/true);
       }
+      RowWalk rows = walk;
       for (int64_t r = 0; r < count; ++r) {
-        const int64_t oh = (first + r) / plane_w, ow = (first + r) % plane_w;
-        pixels[r] = ow < out_w ? (n * out_h + oh) * out_w + ow : -1;
+        pixels[r] = rows.next();
       }
       finish(acc.data(), count, pixels.data(), width_here, out_channels, column, terms, e);
     }

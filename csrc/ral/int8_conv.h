@@ -1,17 +1,20 @@
-// Blade's own int8 convolution over NHWC uint8 activations: oneDNN's u8 x s8 -> s32 brgemm
-// microkernel (PyTorch's exported cpublas::brgemm, VNNI or AMX code generated at run time)
-// as an implicit GEMM, one microkernel call per filter tap, with Blade's own epilogue
-// (zero-point correction, per-channel scales, bias, residual add, ReLU, requantization).
-// It runs the convolutions of quantized_conv2d(_add) (int8_kernels.h) that it takes,
-// in place of PyTorch's onednn::qconv2d_pointwise, whose per-call cost (its packed
-// weight's lookup, oneDNN's primitive cache, the boxed call) exceeds the work of the
-// small convolutions of a batch-1 network.
+// Blade's own int8 convolution over NHWC uint8 activations, an implicit GEMM whose rows are
+// output pixels and whose depth is the input channels of one filter tap at a time. The
+// padded input is split into stride-phase planes (int8_conv.cpp), so every convolution is a
+// stride-1 one over a plane's flat pixel index: one block of rows covers several output
+// rows, the padding columns' results dropped.
 //
-// The GEMM's rows are output pixels and its depth the input channels of one tap: for a
-// stride of 1 the rows run over the padded image's flat pixel index (an output row then
-// continues into the padding columns, whose results are dropped), so one microkernel call
-// covers many output rows; for larger strides each output row is a block of its own, its
-// pixels `stride` pixels apart in the input.
+// Two ways to multiply, with the same epilogue (zero-point correction, per-channel scales,
+// bias, residual add, ReLU, requantization):
+// - Blade's register tiles (AVX-512 VNNI): 6 rows x 64 output channels accumulated over
+//   every tap in registers and finished there, so no int32 block goes through memory;
+// - oneDNN's u8 x s8 -> s32 brgemm microkernel (PyTorch's exported cpublas::brgemm, VNNI
+//   or AMX code generated at run time), one call per tap into an int32 block that the
+//   epilogue then reads: on AMX, whose tiles multiply many times faster.
+// It runs the convolutions of quantized_conv2d(_add) (int8_kernels.h) that it takes, in
+// place of PyTorch's onednn::qconv2d_pointwise, whose per-call cost (its packed weight's
+// lookup, oneDNN's primitive cache, the boxed call) exceeds the work of the small
+// convolutions of a batch-1 network.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -20,10 +23,14 @@
 
 namespace blade::ral {
 
-// Whether the kernel runs here (AVX-512 VNNI or AMX-INT8, and the microkernel answers).
+// Whether the kernel runs here (AVX-512 VNNI, or AMX-INT8 where the microkernel answers).
 bool int8_conv_available();
 // Tests turn it off (false) to run oneDNN's kernel everywhere, and back on.
 void set_int8_conv_enabled(bool enabled);
+// Whether the register tiles multiply (else the microkernel): on AVX-512 VNNI without
+// AMX, unless turned off (tests: false tries the microkernel where it answers).
+bool int8_conv_tiles_run();
+void set_int8_conv_tiles(bool enabled);
 // How many convolutions it has run in this process (tests: that it ran).
 int64_t int8_conv_calls();
 

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <sstream>
 #include <system_error>
 
 namespace blade::ral {
@@ -263,8 +264,21 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
                                   : c10::IValue(buffer_view(&buffers[operand],
                                                             call.operand_types[operand])));
     }
-    // Timed to the end of the try block while calls are profiled.
-    const ProfiledCall profiled([&call] { return call.name; });
+    // Timed to the end of the try block while calls are profiled, keyed by the op and the
+    // sizes of its tensor operands (e.g. an int8 convolution's input, weight and bias),
+    // named before the call replaces the stack with its results.
+    std::string profile_key;
+    if (call_profiling()) {
+      std::ostringstream name;
+      name << call.name;
+      for (const c10::IValue& argument : stack) {
+        if (argument.isTensor()) {
+          name << " " << argument.toTensor().sizes();
+        }
+      }
+      profile_key = name.str();
+    }
+    const ProfiledCall profiled([&profile_key] { return profile_key; });
     at::Tensor placed;
     if (call.places_result && offering_installed()) {
       placed = buffer_view(&buffers[operands], call.result_types[0]);

@@ -20,6 +20,16 @@ ADDED_RANGE = torch.tensor([0.03, 5.0])
 def oneDNN_back_on():
     yield
     _C.set_int8_conv_enabled(True)
+    _C.set_int8_conv_tiles(True)
+
+
+@pytest.fixture(params=["tiles", "microkernel"])
+def multiply(request):
+    """Blade's register tiles, or oneDNN's brgemm microkernel (where each runs here)."""
+    _C.set_int8_conv_tiles(request.param == "tiles")
+    if _C.int8_conv_tiles_run() != (request.param == "tiles"):
+        pytest.skip(f"the {request.param} do not run on this CPU")
+    return request.param
 
 
 @pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
@@ -83,10 +93,12 @@ def run_both(op):
     (1, 4, (23, 23), 64, 7, 2, 3),     # a 7x7 stem of four channels
     (1, 32, (9, 9), 48, 3, 1, 0),      # no padding, a filter wider than 1
     (1, 260, (3, 3), 1, 3, 1, 1),      # more channels than rows, one output channel
+    (1, 12, (6, 7), 20, 3, 1, 2),      # padding 2: taps read two columns into the next row
+    (1, 8, (5, 6), 16, 1, 1, 1),       # padding as wide as the filter: rows padded both sides
     (4, 32, (180, 180), 8, 3, 2, 1),   # planes past what a thread keeps: made per call
 ])
 def test_blades_kernel_matches_the_real_convolution_and_onednns(
-        batch, channels, size, out_channels, kernel, stride, padding, threads):
+        batch, channels, size, out_channels, kernel, stride, padding, threads, multiply):
     x, weight, scale, bias = operands(batch, channels, size, out_channels, kernel, 0)
     (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
         x, weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1, INPUT_RANGE,
@@ -103,7 +115,7 @@ def test_blades_kernel_matches_the_real_convolution_and_onednns(
 
 @needs_kernel
 @pytest.mark.parametrize("kernel, stride, padding", [(1, 1, 0), (3, 2, 1)])
-def test_float_results_and_float_inputs(kernel, stride, padding):
+def test_float_results_and_float_inputs(kernel, stride, padding, multiply):
     """A float32 input (quantized by the op) and a float32 result, channels_last."""
     x, weight, scale, bias = operands(2, 24, (10, 12), 40, kernel, 1)
     real = real_image(x).float()
@@ -120,10 +132,12 @@ def test_float_results_and_float_inputs(kernel, stride, padding):
 @needs_kernel
 @pytest.mark.parametrize("added_dtype", [torch.int8, torch.float32])
 @pytest.mark.parametrize("uint8_result", [True, False])
-def test_residual_adds(added_dtype, uint8_result, threads):
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_residual_adds(added_dtype, uint8_result, kernel, threads, multiply):
     """The tensor added: the uint8 activation of another int8 layer (NHWC bytes), or
     float32 (rounded with its range first for a uint8 result, as oneDNN's sum takes it)."""
-    x, weight, scale, bias = operands(1, 32, (8, 8), 72, 3, 2)
+    x, weight, scale, bias = operands(1, 32, (8, 8), 72, kernel, 2)
+    padding = kernel // 2
     gen = torch.Generator().manual_seed(3)
     if added_dtype == torch.int8:
         added = torch.randint(0, 256, (1, 8, 8, 72), dtype=torch.uint8, generator=gen)
@@ -136,10 +150,10 @@ def test_residual_adds(added_dtype, uint8_result, threads):
             q = torch.clamp(torch.round(added_real / ADDED_RANGE[0] + ADDED_RANGE[1]), 0, 255)
             added_real = (q - ADDED_RANGE[1]) * ADDED_RANGE[0]
     (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d_add(
-        x, weight, scale, bias, [1, 1], [1, 1], [1, 1], 1, INPUT_RANGE, added, ADDED_RANGE,
-        OUTPUT_RANGE if uint8_result else None, "relu"))
+        x, weight, scale, bias, [1, 1], [padding] * 2, [1, 1], 1, INPUT_RANGE, added,
+        ADDED_RANGE, OUTPUT_RANGE if uint8_result else None, "relu"))
     assert ran == [1, 0]
-    want = reference(x, weight, scale, bias, 1, 1, added_real)
+    want = reference(x, weight, scale, bias, 1, padding, added_real)
     if uint8_result:
         step = OUTPUT_RANGE[0].item()
         clamped = want.clamp(max=(255 - OUTPUT_RANGE[1].item()) * step)
