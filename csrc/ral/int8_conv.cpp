@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <iterator>
+#include <utility>
 #include <vector>
 
 namespace blade::ral {
@@ -99,6 +100,32 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
     }
   }
 }
+// The order of a filter's taps in the packed weight, as (row, column) pairs: row by row;
+// within a row of 5 or more columns (a stem's filter, run with stride 2) the even columns
+// before the odd ones, so that a stride-2 row's taps of one phase are adjacent pixels of
+// one plane, as a stride-1 row's are in the natural order.
+std::vector<std::pair<int64_t, int64_t>> tap_order(int64_t kh, int64_t kw) {
+  std::vector<std::pair<int64_t, int64_t>> order;
+  order.reserve(kh * kw);
+  for (int64_t i = 0; i < kh; ++i) {
+    for (int64_t parity = 0; parity < (kw >= 5 ? 2 : 1); ++parity) {
+      for (int64_t j = kw >= 5 ? parity : 0; j < kw; j += kw >= 5 ? 2 : 1) {
+        order.emplace_back(i, j);
+      }
+    }
+  }
+  return order;
+}
+
+// Taps in packing order whose inputs are adjacent pixels, multiplied as one: the input
+// at `offset` from a row's (depth bytes, `depth` a multiple of 4), the weight's rows from
+// its `weight_row` (in depth units of the packed block).
+struct TapGroup {
+  int64_t offset;
+  int64_t weight_row;
+  int64_t depth;
+};
+
 // Where GEMM rows go: row p of image n (a plane's flat pixel index) is output pixel
 // (oh, ow) = (p / plane_w, p % plane_w), dropped if ow >= out_w. Stepped row by row, without
 // a division per row.
@@ -130,7 +157,7 @@ constexpr int64_t kTileRows = 6;
 
 template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
-    const uint8_t* a, int64_t channels, const int64_t* tap_offsets, int64_t taps,
+    const uint8_t* a, int64_t channels, const TapGroup* groups, int64_t n_groups,
     const int8_t* b, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
     const Terms& terms, const Int8ConvEpilogue& e) {
   // The rows' output pixels; the lines the next tile adds and writes, asked for early (they
@@ -155,10 +182,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       acc[r][v] = _mm512_setzero_si512();
     }
   }
-  for (int64_t t = 0; t < taps; ++t) {
-  const uint8_t* a_tap = a + tap_offsets[t];
-  const int8_t* b_tap = b + t * channels * kColumnBlock;
-  for (int64_t k = 0; k < channels; k += kDepthGroup) {
+  for (int64_t g = 0; g < n_groups; ++g) {
+  const uint8_t* a_tap = a + groups[g].offset;
+  const int8_t* b_tap = b + groups[g].weight_row * kColumnBlock;
+  for (int64_t k = 0; k < groups[g].depth; k += kDepthGroup) {
     const int8_t* group = b_tap + k * kColumnBlock;
     const __m512i b0 = _mm512_loadu_si512(group);
     const __m512i b1 = _mm512_loadu_si512(group + 64);
@@ -245,17 +272,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
 // `rows` GEMM rows (their inputs at `a`, `channels` apart, their output pixels as `walk`
 // steps) by one block of output channels, in tiles of kTileRows and a shorter last one.
 template <bool kAddU8, bool kAddF32, bool kOutU8>
-void tile_rows(const uint8_t* a, int64_t rows, int64_t channels, const int64_t* tap_offsets,
-               int64_t taps, const int8_t* b, RowWalk walk, int64_t width,
+void tile_rows(const uint8_t* a, int64_t rows, int64_t channels, const TapGroup* groups,
+               int64_t n_groups, const int8_t* b, RowWalk walk, int64_t width,
                int64_t out_channels, int64_t column, const Terms& terms,
                const Int8ConvEpilogue& e) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
-    register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(a + r * channels, channels, tap_offsets,
-                                                      taps, b, walk, width, out_channels,
+    register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(a + r * channels, channels, groups,
+                                                      n_groups, b, walk, width, out_channels,
                                                       column, terms, e);
   }
-  using Tile = void (*)(const uint8_t*, int64_t, const int64_t*, int64_t, const int8_t*,
+  using Tile = void (*)(const uint8_t*, int64_t, const TapGroup*, int64_t, const int8_t*,
                         RowWalk&, int64_t, int64_t, int64_t, const Terms&,
                         const Int8ConvEpilogue&);
   static constexpr Tile kTails[] = {nullptr,
@@ -266,7 +293,7 @@ void tile_rows(const uint8_t* a, int64_t rows, int64_t channels, const int64_t* 
                                     register_tile<5, kAddU8, kAddF32, kOutU8>};
   static_assert(std::size(kTails) == kTileRows);
   if (r < rows) {
-    kTails[rows - r](a + r * channels, channels, tap_offsets, taps, b, walk, width,
+    kTails[rows - r](a + r * channels, channels, groups, n_groups, b, walk, width,
                      out_channels, column, terms, e);
   }
 }
@@ -297,25 +324,35 @@ const Terms& fold_terms(const Int8ConvEpilogue& e, const int32_t* sums, int64_t 
   return terms;
 }
 
-// Packs weight [O, C, kh, kw] (contiguous int8) as the header says.
-void pack_weight(const int8_t* weight, int64_t out_channels, int64_t channels, int64_t taps,
-                 int8_t* packed, int32_t* sums) {
+// Packs weight [O, C, kh, kw] (contiguous int8) as the header says, its taps in
+// tap_order, each tap's depth C padded with zeros to `depth` (a multiple of 4).
+void pack_weight(const int8_t* weight, int64_t out_channels, int64_t channels, int64_t depth,
+                 int64_t kh, int64_t kw, int8_t* packed, int32_t* sums) {
+  const int64_t taps = kh * kw;
+  const auto order = tap_order(kh, kw);
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
-  std::memset(packed, 0, blocks * taps * channels * kColumnBlock);
+  std::memset(packed, 0, blocks * taps * depth * kColumnBlock);
   for (int64_t o = 0; o < out_channels; ++o) {
     int32_t sum = 0;
-    int8_t* block = packed + (o / kColumnBlock) * taps * channels * kColumnBlock;
+    int8_t* block = packed + (o / kColumnBlock) * taps * depth * kColumnBlock;
     const int64_t lane = o % kColumnBlock;
     for (int64_t c = 0; c < channels; ++c) {
       for (int64_t t = 0; t < taps; ++t) {
-        const int8_t value = weight[(o * channels + c) * taps + t];
+        const auto [i, j] = order[t];
+        const int8_t value = weight[((o * channels + c) * kh + i) * kw + j];
         sum += value;
-        block[t * channels * kColumnBlock + (c / kDepthGroup) * kColumnBlock * kDepthGroup +
+        block[t * depth * kColumnBlock + (c / kDepthGroup) * kColumnBlock * kDepthGroup +
               lane * kDepthGroup + c % kDepthGroup] = value;
       }
     }
     sums[o] = sum;
   }
+}
+
+// The GEMM's depth per tap: the input channels, padded to whole groups of 4 (the planes'
+// extra channels hold the zero point, the weight's zeros).
+int64_t padded_depth(int64_t channels) {
+  return (channels + kDepthGroup - 1) / kDepthGroup * kDepthGroup;
 }
 
 // Whether the microkernel computes products of the kinds int8_conv asks for right (it may
@@ -410,25 +447,25 @@ int64_t int8_conv_calls() { return calls.load(std::memory_order_relaxed); }
 bool int8_conv_takes(int64_t channels, const at::Tensor& weight, at::IntArrayRef dilation,
                      int64_t groups) {
   return enabled.load(std::memory_order_relaxed) && groups == 1 && weight.dim() == 4 &&
-         channels == weight.size(1) && channels % kDepthGroup == 0 && channels > 0 &&
+         channels == weight.size(1) && channels > 0 &&
          std::all_of(dilation.begin(), dilation.end(), [](int64_t d) { return d == 1; }) &&
          int8_conv_available();
 }
 
 at::Tensor pack_int8_conv_weight(const at::Tensor& weight) {
-  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 4 &&
-                  weight.size(1) % kDepthGroup == 0,
-              "pack_int8_conv_weight: an int8 [O, C, kh, kw] weight with C a multiple of 4 "
-              "is needed, got ", weight.scalar_type(), weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 4,
+              "pack_int8_conv_weight: an int8 [O, C, kh, kw] weight is needed, got ",
+              weight.scalar_type(), weight.sizes());
   const at::Tensor w = weight.contiguous();
   const int64_t out_channels = w.size(0);
   const int64_t channels = w.size(1);
+  const int64_t depth = padded_depth(channels);
   const int64_t taps = w.size(2) * w.size(3);
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
-  const int64_t packed_bytes = blocks * taps * channels * kColumnBlock;  // a multiple of 4
+  const int64_t packed_bytes = blocks * taps * depth * kColumnBlock;  // a multiple of 4
   at::Tensor packed = at::empty({packed_bytes + out_channels * 4}, w.options());
   int8_t* data = packed.data_ptr<int8_t>();
-  pack_weight(w.const_data_ptr<int8_t>(), out_channels, channels, taps, data,
+  pack_weight(w.const_data_ptr<int8_t>(), out_channels, channels, depth, w.size(2), w.size(3), data,
               reinterpret_cast<int32_t*>(data + packed_bytes));
   return packed;
 }
@@ -442,7 +479,8 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t out_w = (width + 2 * pw - kw) / sw + 1;
   const int64_t taps = kh * kw;
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
-  const int64_t block_bytes = taps * channels * kColumnBlock;
+  const int64_t depth = padded_depth(channels);
+  const int64_t block_bytes = taps * depth * kColumnBlock;
   TORCH_CHECK(packed.numel() == blocks * block_bytes + out_channels * 4,
               "int8_conv: the packed weight does not fit ", out_channels, " x ", channels,
               " x ", kh, " x ", kw);
@@ -467,11 +505,11 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const bool shared_padding = sw == 1 && pw < kw;
   const int64_t plane_h = (height + 2 * ph + sh - 1) / sh + (shared_padding && pw > 0 ? 1 : 0);
   const int64_t plane_w = shared_padding ? width + pw : (width + 2 * pw + sw - 1) / sw;
-  const int64_t plane_bytes = plane_h * plane_w * channels;
+  const int64_t plane_bytes = plane_h * plane_w * depth;
   const int64_t image_bytes = phases_h * phases_w * plane_bytes;
   const uint8_t* src = input;
   at::Tensor large_planes;  // planes past kKeptPlaneBytes, for this call only
-  if (ph > 0 || pw > 0 || sh > 1 || sw > 1) {
+  if (ph > 0 || pw > 0 || sh > 1 || sw > 1 || depth != channels) {
     // The calling thread's buffer, grown to the largest planes it has copied up to
     // kKeptPlaneBytes: a fresh allocation per call cost more than the copy for a small
     // image (malloc's large blocks are returned and faulted in again).
@@ -487,30 +525,42 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
     }
     const int64_t plane_rows = batch * phases_h * phases_w * plane_h;
     // A thread a 64 KB at least: a small image is copied by the calling thread alone.
-    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plane_w * channels));
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plane_w * depth));
     at::parallel_for(0, plane_rows, grain, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t y = row % plane_h;
         const int64_t phase = row / plane_h % (phases_h * phases_w);
         const int64_t n = row / plane_h / (phases_h * phases_w);
         const int64_t h = y * sh + phase / phases_w - ph;
-        uint8_t* out = dst + row * plane_w * channels;
+        uint8_t* out = dst + row * plane_w * depth;
         if (h < 0 || h >= height) {
-          std::memset(out, e.input_zero_point, plane_w * channels);
+          std::memset(out, e.input_zero_point, plane_w * depth);
           continue;
         }
         const uint8_t* line = input + (n * height + h) * width * channels;
-        if (shared_padding) {  // the left padding, then the row as it lies
+        if (shared_padding && depth == channels) {  // the left padding, then the row
           std::memset(out, e.input_zero_point, pw * channels);
           std::memcpy(out + pw * channels, line, width * channels);
           continue;
         }
         for (int64_t x = 0; x < plane_w; ++x) {
           const int64_t w = x * sw + phase % phases_w - pw;
+          uint8_t* pixel = out + x * depth;
           if (w < 0 || w >= width) {
-            std::memset(out + x * channels, e.input_zero_point, channels);
-          } else {
-            std::memcpy(out + x * channels, line + w * channels, channels);
+            std::memset(pixel, e.input_zero_point, depth);
+            continue;
+          }
+          const uint8_t* from = line + w * channels;
+          if (channels == 3) {  // an image's: spelled out, no call per pixel
+            pixel[0] = from[0];
+            pixel[1] = from[1];
+            pixel[2] = from[2];
+            pixel[3] = static_cast<uint8_t>(e.input_zero_point);
+            continue;
+          }
+          std::memcpy(pixel, from, channels);
+          for (int64_t c = channels; c < depth; ++c) {
+            pixel[c] = static_cast<uint8_t>(e.input_zero_point);
           }
         }
       }
@@ -527,11 +577,22 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t rows = (out_h - 1) * plane_w + out_w;
   const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
   const int64_t step = (rows + row_blocks - 1) / row_blocks;
-  std::vector<int64_t> tap_offsets(taps);
+  // Each tap's input offset from a row's, in packing order; runs of taps reading adjacent
+  // pixels grouped.
+  std::vector<int64_t> tap_offsets;
+  tap_offsets.reserve(taps);
+  for (const auto& [i, j] : tap_order(kh, kw)) {
+    tap_offsets.push_back(((i % sh) * phases_w + j % sw) * plane_bytes +
+                          ((i / sh) * plane_w + j / sw) * depth);
+  }
+  std::vector<TapGroup> groups;
   for (int64_t t = 0; t < taps; ++t) {
-    const int64_t i = t / kw, j = t % kw;
-    tap_offsets[t] = ((i % sh) * phases_w + j % sw) * plane_bytes +
-                     ((i / sh) * plane_w + j / sw) * channels;
+    if (!groups.empty() &&
+        tap_offsets[t] == groups.back().offset + groups.back().depth) {
+      groups.back().depth += depth;
+    } else {
+      groups.push_back({tap_offsets[t], t * depth, depth});
+    }
   }
   const auto finish =
       e.out_u8 != nullptr
@@ -563,19 +624,19 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       const int64_t column = (task % blocks) * kColumnBlock;
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);
       const int8_t* b = weights + (column / kColumnBlock) * block_bytes;
-      const uint8_t* a = src + n * image_bytes + first * channels;
+      const uint8_t* a = src + n * image_bytes + first * depth;
       const RowWalk walk(n, first, plane_w, out_h, out_w);
       if (tiled) {
-        tiles(a, count, channels, tap_offsets.data(), taps, b, walk, width_here, out_channels,
-              column, terms, e);
+        tiles(a, count, depth, groups.data(), static_cast<int64_t>(groups.size()), b, walk,
+              width_here, out_channels, column, terms, e);
         continue;
       }
       // The microkernel's int32 block, one call per tap, then the epilogue.
       const int64_t n_columns = (width_here + 15) / 16 * 16;  // whole vectors: zeros past O
       for (int64_t t = 0; t < taps; ++t) {
-        at::native::cpublas::brgemm(count, n_columns, channels, channels, kColumnBlock,
+        at::native::cpublas::brgemm(count, n_columns, depth, depth, kColumnBlock,
                                     kColumnBlock, /*add_C=*/t > 0, a + tap_offsets[t],
-                                    b + t * channels * kColumnBlock, acc.data(),
+                                    b + t * depth * kColumnBlock, acc.data(),
                                     /*is_vnni=*/true);
       }
       RowWalk rows = walk;

@@ -35,14 +35,14 @@ void set_int8_conv_tiles(bool enabled);
 int64_t int8_conv_calls();
 
 // Whether int8_conv takes a convolution of `channels` input channels by a weight
-// [O, C / groups, kh, kw]: one group, no dilation, C a multiple of 4 (the depth the
-// microkernel's VNNI layout packs), and the kernel available and enabled.
+// [O, C / groups, kh, kw]: one group, no dilation, and the kernel available and enabled.
 bool int8_conv_takes(int64_t channels, const at::Tensor& weight, at::IntArrayRef dilation,
                      int64_t groups);
 
-// The weight [O, C, kh, kw] int8 in the microkernel's layout: 64 output channels at a time,
-// per tap, C / 4 groups of 4 channels interleaved per output channel (zeros past O), then
-// each output channel's sum of weights (int32), for the zero-point correction.
+// The weight [O, C, kh, kw] int8 in the multiplication's layout: 64 output channels at a
+// time, per tap, groups of 4 channels (VNNI's depth; C padded with zeros to a multiple of
+// 4) interleaved per output channel (zeros past O), then each output channel's sum of
+// weights (int32), for the zero-point correction.
 at::Tensor pack_int8_conv_weight(const at::Tensor& weight);
 
 // What happens to each result: scaled to float32, the bias added, a residual added
