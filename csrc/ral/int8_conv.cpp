@@ -100,6 +100,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
     }
   }
 }
+
 // The order of a filter's taps in the packed weight, as (row, column) pairs: row by row;
 // within a row of 5 or more columns (a stem's filter, run with stride 2) the even columns
 // before the odd ones, so that a stride-2 row's taps of one phase are adjacent pixels of
@@ -133,10 +134,12 @@ struct RowWalk {
   int64_t image_base;  // the image's first output pixel
   int64_t oh, ow;
   int64_t plane_w, out_w;
+  int64_t last;  // the last pixel of the result (of every image)
 
-  RowWalk(int64_t n, int64_t first_row, int64_t plane_w, int64_t out_h, int64_t out_w)
+  RowWalk(int64_t n, int64_t first_row, int64_t plane_w, int64_t batch, int64_t out_h,
+          int64_t out_w)
       : image_base(n * out_h * out_w), oh(first_row / plane_w), ow(first_row % plane_w),
-        plane_w(plane_w), out_w(out_w) {}
+        plane_w(plane_w), out_w(out_w), last(batch * out_h * out_w - 1) {}
   // The row's output pixel (negative: dropped), then on to the next row.
   int64_t next() {
     const int64_t pixel = ow < out_w ? image_base + oh * out_w + ow : -1;
@@ -157,7 +160,7 @@ constexpr int64_t kTileRows = 6;
 
 template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
-    const uint8_t* a, int64_t channels, const TapGroup* groups, int64_t n_groups,
+    const uint8_t* a, int64_t depth, const TapGroup* groups, int64_t n_groups,
     const int8_t* b, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
     const Terms& terms, const Int8ConvEpilogue& e) {
   // The rows' output pixels; the lines the next tile adds and writes, asked for early (they
@@ -166,7 +169,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     pixels[r] = walk.next();
-    const int64_t ahead = (std::max<int64_t>(pixels[r], 0) + kRows) * out_channels + column;
+    const int64_t ahead =
+        std::min(std::max<int64_t>(pixels[r], 0) + kRows, walk.last) * out_channels + column;
     if constexpr (kAddU8) {
       _mm_prefetch(reinterpret_cast<const char*>(e.add_u8 + ahead), _MM_HINT_T0);
     }
@@ -183,25 +187,25 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
     }
   }
   for (int64_t g = 0; g < n_groups; ++g) {
-  const uint8_t* a_tap = a + groups[g].offset;
-  const int8_t* b_tap = b + groups[g].weight_row * kColumnBlock;
-  for (int64_t k = 0; k < groups[g].depth; k += kDepthGroup) {
-    const int8_t* group = b_tap + k * kColumnBlock;
-    const __m512i b0 = _mm512_loadu_si512(group);
-    const __m512i b1 = _mm512_loadu_si512(group + 64);
-    const __m512i b2 = _mm512_loadu_si512(group + 128);
-    const __m512i b3 = _mm512_loadu_si512(group + 192);
+    const uint8_t* a_group = a + groups[g].offset;
+    const int8_t* b_group = b + groups[g].weight_row * kColumnBlock;
+    for (int64_t k = 0; k < groups[g].depth; k += kDepthGroup) {
+      const int8_t* w = b_group + k * kColumnBlock;
+      const __m512i b0 = _mm512_loadu_si512(w);
+      const __m512i b1 = _mm512_loadu_si512(w + 64);
+      const __m512i b2 = _mm512_loadu_si512(w + 128);
+      const __m512i b3 = _mm512_loadu_si512(w + 192);
 #pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) {
-      int32_t quad;
-      std::memcpy(&quad, a_tap + r * channels + k, sizeof quad);
-      const __m512i x = _mm512_set1_epi32(quad);
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, b0);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
-      acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], x, b2);
-      acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], x, b3);
+      for (int r = 0; r < kRows; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, a_group + r * depth + k, sizeof quad);
+        const __m512i x = _mm512_set1_epi32(quad);
+        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, b0);
+        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
+        acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], x, b2);
+        acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], x, b3);
+      }
     }
-  }
   }
   // The terms of the block's columns, and the masks of its width (whole vectors first).
   const __mmask64 bytes_mask =
@@ -269,16 +273,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   }
 }
 
-// `rows` GEMM rows (their inputs at `a`, `channels` apart, their output pixels as `walk`
+// `rows` GEMM rows (their inputs at `a`, `depth` bytes apart, their output pixels as `walk`
 // steps) by one block of output channels, in tiles of kTileRows and a shorter last one.
 template <bool kAddU8, bool kAddF32, bool kOutU8>
-void tile_rows(const uint8_t* a, int64_t rows, int64_t channels, const TapGroup* groups,
+void tile_rows(const uint8_t* a, int64_t rows, int64_t depth, const TapGroup* groups,
                int64_t n_groups, const int8_t* b, RowWalk walk, int64_t width,
                int64_t out_channels, int64_t column, const Terms& terms,
                const Int8ConvEpilogue& e) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
-    register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(a + r * channels, channels, groups,
+    register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(a + r * depth, depth, groups,
                                                       n_groups, b, walk, width, out_channels,
                                                       column, terms, e);
   }
@@ -293,7 +297,7 @@ void tile_rows(const uint8_t* a, int64_t rows, int64_t channels, const TapGroup*
                                     register_tile<5, kAddU8, kAddF32, kOutU8>};
   static_assert(std::size(kTails) == kTileRows);
   if (r < rows) {
-    kTails[rows - r](a + r * channels, channels, groups, n_groups, b, walk, width,
+    kTails[rows - r](a + r * depth, depth, groups, n_groups, b, walk, width,
                      out_channels, column, terms, e);
   }
 }
@@ -625,7 +629,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);
       const int8_t* b = weights + (column / kColumnBlock) * block_bytes;
       const uint8_t* a = src + n * image_bytes + first * depth;
-      const RowWalk walk(n, first, plane_w, out_h, out_w);
+      const RowWalk walk(n, first, plane_w, batch, out_h, out_w);
       if (tiled) {
         tiles(a, count, depth, groups.data(), static_cast<int64_t>(groups.size()), b, walk,
               width_here, out_channels, column, terms, e);

@@ -742,23 +742,30 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
 
 namespace {
 
-// One output pixel's channels: the largest of the window's valid input pixels (uint8).
-__attribute__((target("avx512bw"))) void max_bytes_avx512(uint8_t* dst, const uint8_t* src,
-                                                          int64_t c) {
-  int64_t i = 0;
-  for (; i + 64 <= c; i += 64) {
-    const __m512i a = _mm512_loadu_si512(dst + i);
-    const __m512i b = _mm512_loadu_si512(src + i);
-    _mm512_storeu_si512(dst + i, _mm512_max_epu8(a, b));
-  }
-  for (; i < c; ++i) {
-    dst[i] = std::max(dst[i], src[i]);
+// One output pixel's channels: the largest of its window's input pixels (uint8), held in a
+// register per 64 channels.
+__attribute__((target("avx512f,avx512bw"))) void max_pixels_avx512(
+    uint8_t* dst, const uint8_t* image, const int64_t* pixels, int64_t count, int64_t c) {
+  for (int64_t i = 0; i < c; i += 64) {
+    const __mmask64 mask =
+        c - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (c - i)) - 1;
+    __m512i largest = _mm512_setzero_si512();  // below every value
+    for (int64_t p = 0; p < count; ++p) {
+      largest = _mm512_max_epu8(largest,
+                                _mm512_maskz_loadu_epi8(mask, image + pixels[p] * c + i));
+    }
+    _mm512_mask_storeu_epi8(dst + i, mask, largest);
   }
 }
 
-void max_bytes(uint8_t* dst, const uint8_t* src, int64_t c) {
+void max_pixels(uint8_t* dst, const uint8_t* image, const int64_t* pixels, int64_t count,
+                int64_t c) {
   for (int64_t i = 0; i < c; ++i) {
-    dst[i] = std::max(dst[i], src[i]);
+    uint8_t largest = 0;
+    for (int64_t p = 0; p < count; ++p) {
+      largest = std::max(largest, image[pixels[p] * c + i]);
+    }
+    dst[i] = largest;
   }
 }
 
@@ -788,28 +795,28 @@ at::Tensor quantized_max_pool2d(const at::Tensor& input, at::IntArrayRef kernel_
   const int64_t ow = at::native::pooling_output_shape<int64_t>(
       w, kernel_size[1], padding[1], stride[1], dilation[1], ceil_mode);
   TORCH_CHECK(oh > 0 && ow > 0, op, ": a ", h, " x ", w, " input gives no output pixel");
-  at::Tensor out = at::zeros({n, oh, ow, c}, x.options());
+  at::Tensor out = at::empty({n, oh, ow, c}, x.options());
   const uint8_t* src = reinterpret_cast<const uint8_t*>(x.const_data_ptr<int8_t>());
   uint8_t* dst = reinterpret_cast<uint8_t*>(out.data_ptr<int8_t>());
   static const bool avx512 = has_cpu_feature("avx512bw");
-  const auto combine = avx512 ? max_bytes_avx512 : max_bytes;
+  const auto combine = avx512 ? max_pixels_avx512 : max_pixels;
   at::parallel_for(0, n * oh, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> window(kernel_size[0] * kernel_size[1]);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t image = row / oh, y = row % oh;
       for (int64_t x0 = 0; x0 < ow; ++x0) {
-        uint8_t* to = dst + ((image * oh + y) * ow + x0) * c;  // zeros: below every value
+        int64_t count = 0;  // the window's pixels inside the image (one at least)
         for (int64_t i = 0; i < kernel_size[0]; ++i) {
           const int64_t iy = y * stride[0] - padding[0] + i * dilation[0];
-          if (iy < 0 || iy >= h) {
-            continue;
-          }
-          for (int64_t j = 0; j < kernel_size[1]; ++j) {
+          for (int64_t j = 0; iy >= 0 && iy < h && j < kernel_size[1]; ++j) {
             const int64_t ix = x0 * stride[1] - padding[1] + j * dilation[1];
             if (ix >= 0 && ix < w) {
-              combine(to, src + ((image * h + iy) * w + ix) * c, c);
+              window[count++] = iy * w + ix;
             }
           }
         }
+        combine(dst + ((image * oh + y) * ow + x0) * c, src + image * h * w * c,
+                window.data(), count, c);
       }
     }
   });
