@@ -86,6 +86,47 @@ __attribute__((target("avx512f"))) void transpose_tile_avx512(const float* src, 
   }
 }
 
+// Pixels [p0, p1) of an image of c <= 4 channels (an RGB image's 3): each channel's 16
+// pixels loaded contiguously and quantized, their bytes combined into one 32-bit lane per
+// pixel, then stored c bytes a pixel (for 3, vpermb drops every fourth byte).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) void quantize_pixels_avx512(
+    const float* src, uint8_t* dst, int64_t c, int64_t hw, int64_t p0, int64_t p1,
+    float inverse, float zero) {
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512 offset = _mm512_set1_ps(zero);
+  const __m512 high = _mm512_set1_ps(255.0f);
+  alignas(64) uint8_t order[64] = {};  // byte i of 3-channel pixels: byte i / 3 * 4 + i % 3
+  for (int i = 0; i < 48; ++i) {
+    order[i] = static_cast<uint8_t>(i / 3 * 4 + i % 3);
+  }
+  const __m512i pick = _mm512_load_si512(order);
+  for (int64_t p = p0; p < p1; p += 16) {
+    const int64_t count = std::min<int64_t>(16, p1 - p);
+    const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
+    __m512i word = _mm512_setzero_si512();
+    for (int64_t ch = 0; ch < c; ++ch) {
+      __m512 v = _mm512_maskz_loadu_ps(mask, src + ch * hw + p);
+      v = _mm512_add_ps(_mm512_mul_ps(v, scale), offset);
+      // max(v, 0) gives 0 for NaN (its second operand), as the scalar path does.
+      v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), high);
+      word = _mm512_or_si512(word, _mm512_slli_epi32(_mm512_cvtps_epi32(v),
+                                                     static_cast<unsigned>(8 * ch)));
+    }
+    uint8_t* to = dst + p * c;
+    const __mmask64 bytes = count * c >= 64 ? ~__mmask64{0}
+                                            : (__mmask64{1} << (count * c)) - 1;
+    if (c == 4) {
+      _mm512_mask_storeu_epi8(to, bytes, word);
+    } else if (c == 3) {
+      _mm512_mask_storeu_epi8(to, bytes, _mm512_permutexvar_epi8(pick, word));
+    } else if (c == 2) {
+      _mm256_mask_storeu_epi8(to, static_cast<__mmask32>(bytes), _mm512_cvtepi32_epi16(word));
+    } else {
+      _mm_mask_storeu_epi8(to, static_cast<__mmask16>(bytes), _mm512_cvtepi32_epi8(word));
+    }
+  }
+}
+
 #pragma GCC diagnostic pop
 
 bool use_avx512() {
@@ -124,6 +165,21 @@ at::Tensor quantize_uint8_channels_last(const at::Tensor& input, double scale,
   const float* src = x.data_ptr<float>();
   uint8_t* dst = q.data_ptr<uint8_t>();
   const bool avx512 = use_avx512() && hw * c < (int64_t{1} << 31);
+  static const bool few_channels_avx512 =
+      use_avx512() && has_cpu_feature("avx512bw") && has_cpu_feature("avx512vl") &&
+      has_cpu_feature("avx512vbmi");
+  if (few_channels_avx512 && c <= 4) {  // an image's: a pixel's channels at once
+    constexpr int64_t kPixels = 1024;
+    const int64_t chunks = (hw + kPixels - 1) / kPixels;
+    at::parallel_for(0, n * chunks, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t image = t / chunks, p0 = t % chunks * kPixels;
+        quantize_pixels_avx512(src + image * c * hw, dst + image * c * hw, c, hw, p0,
+                               std::min(hw, p0 + kPixels), inverse, zero);
+      }
+    });
+    return q;
+  }
   for_each_tile(n, c, hw, [&](int64_t image, int64_t c0, int64_t c1, int64_t p0, int64_t p1) {
     const float* from = src + image * c * hw;
     uint8_t* to = dst + image * c * hw;

@@ -118,10 +118,14 @@ def test_blades_kernel_matches_the_real_convolution_and_onednns(
 
 @needs_kernel
 @pytest.mark.parametrize("kernel, stride, padding", [(1, 1, 0), (3, 2, 1)])
-def test_float_results_and_float_inputs(kernel, stride, padding, multiply):
-    """A float32 input (quantized by the op) and a float32 result, channels_last."""
-    x, weight, scale, bias = operands(2, 24, (10, 12), 40, kernel, 1)
-    real = real_image(x).float()
+@pytest.mark.parametrize("channels", [24, 4, 3, 2, 1])
+def test_float_results_and_float_inputs(kernel, stride, padding, channels, multiply):
+    """A float32 input (quantized by the op: a few channels, as an image's, a pixel at a
+    time) and a float32 result, channels_last. The input lies within a third of a step of
+    the values it stands for, so it rounds back to them."""
+    x, weight, scale, bias = operands(2, channels, (10, 37), 40, kernel, 1)
+    noise = (torch.rand(real_image(x).shape, generator=torch.Generator().manual_seed(5)) - 0.5)
+    real = (real_image(x) + noise * (2 / 3) * INPUT_RANGE[0].item()).float()
     (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
         real.contiguous(), weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1,
         INPUT_RANGE, None, "relu"))
