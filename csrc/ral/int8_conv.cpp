@@ -1,4 +1,5 @@
-// Blade's int8 convolution: implicit GEMM by oneDNN's u8 x s8 brgemm (int8_conv.h).
+// Blade's int8 convolution: an implicit GEMM in register tiles or by oneDNN's u8 x s8
+// brgemm microkernel (int8_conv.h).
 #include "ral/int8_conv.h"
 
 #include "ral/cpu_features.h"
@@ -24,9 +25,6 @@ constexpr int64_t kMaxRowBlock = 128;
 // The most bytes of padded planes a thread keeps between calls (larger ones are made per
 // call), so a large image's planes are not held for the thread's life.
 constexpr int64_t kKeptPlaneBytes = int64_t{4} << 20;
-// The deepest 1x1 convolution Blade's register tiles run (deeper ones: the microkernel's
-// blocks, whose int32 round trip is then a small share of the products).
-constexpr int64_t kPointwiseMaxDepth = 0;
 
 std::atomic<bool> enabled{true};
 std::atomic<bool> tiles_enabled{true};
@@ -101,10 +99,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
   }
 }
 
-// The order of a filter's taps in the packed weight, as (row, column) pairs: row by row;
-// within a row of 5 or more columns (a stem's filter, run with stride 2) the even columns
-// before the odd ones, so that a stride-2 row's taps of one phase are adjacent pixels of
-// one plane, as a stride-1 row's are in the natural order.
+// The order of a filter's taps in the packed weight (which does not know the stride), as
+// (row, column) pairs: row by row; within a row of 5 or more columns (a stem's filter,
+// run with stride 2) the even columns before the odd ones, so that a stride-2 row's taps
+// of one phase are adjacent pixels of one plane, as a stride-1 row's are in the natural
+// order. A stride-1 filter of 5 columns or more then merges no taps: right, a little
+// slower.
 std::vector<std::pair<int64_t, int64_t>> tap_order(int64_t kh, int64_t kw) {
   std::vector<std::pair<int64_t, int64_t>> order;
   order.reserve(kh * kw);
@@ -170,7 +170,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   for (int r = 0; r < kRows; ++r) {
     pixels[r] = walk.next();
     const int64_t ahead =
-        std::min(std::max<int64_t>(pixels[r], 0) + kRows, walk.last) * out_channels + column;
+        std::min((pixels[r] >= 0 ? pixels[r] : walk.image_base) + kRows, walk.last) *
+            out_channels + column;
     if constexpr (kAddU8) {
       _mm_prefetch(reinterpret_cast<const char*>(e.add_u8 + ahead), _MM_HINT_T0);
     }
@@ -369,7 +370,8 @@ bool microkernel_works() {
     int64_t m, n, k;
   };
   try {
-    for (const Shape& shape : {Shape{3, 16, 8}, Shape{37, 48, 196}, Shape{128, 64, 516}}) {
+    for (const Shape& shape :
+         {Shape{5, 16, 4}, Shape{3, 16, 8}, Shape{37, 48, 196}, Shape{128, 64, 516}}) {
       const int64_t m = shape.m, n = shape.n, k = shape.k, lda = k + 4;
       std::vector<uint8_t> a(m * lda);
       std::vector<int8_t> b(k * kColumnBlock, 0);
@@ -617,10 +619,13 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
                                     : tile_rows<false, false, false>);
   const int64_t tasks = batch * row_blocks * blocks;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    // The microkernel's int32 block and its rows' pixels.
     thread_local std::vector<int32_t> acc;
     thread_local std::vector<int64_t> pixels;
-    acc.resize(kMaxRowBlock * kColumnBlock);
-    pixels.resize(kMaxRowBlock);
+    if (!tiled) {
+      acc.resize(kMaxRowBlock * kColumnBlock);
+      pixels.resize(kMaxRowBlock);
+    }
     for (int64_t task = begin; task < end; ++task) {
       const int64_t n = task / (row_blocks * blocks);
       const int64_t first = (task / blocks % row_blocks) * step;
@@ -643,13 +648,15 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
                                     b + t * depth * kColumnBlock, acc.data(),
                                     /*is_vnni=*/true);
       }
-      RowWalk rows = walk;
+      RowWalk row_walk = walk;
       for (int64_t r = 0; r < count; ++r) {
-        pixels[r] = rows.next();
+        pixels[r] = row_walk.next();
       }
       finish(acc.data(), count, pixels.data(), width_here, out_channels, column, terms, e);
     }
-    at::native::cpublas::brgemm_release(true);
+    if (!tiled) {
+      at::native::cpublas::brgemm_release(true);
+    }
   });
 }
 

@@ -760,12 +760,12 @@ __attribute__((target("avx512f,avx512bw"))) void max_pixels_avx512(
 
 void max_pixels(uint8_t* dst, const uint8_t* image, const int64_t* pixels, int64_t count,
                 int64_t c) {
-  for (int64_t i = 0; i < c; ++i) {
-    uint8_t largest = 0;
-    for (int64_t p = 0; p < count; ++p) {
-      largest = std::max(largest, image[pixels[p] * c + i]);
+  std::memset(dst, 0, c);  // below every value
+  for (int64_t p = 0; p < count; ++p) {
+    const uint8_t* pixel = image + pixels[p] * c;
+    for (int64_t i = 0; i < c; ++i) {
+      dst[i] = std::max(dst[i], pixel[i]);
     }
-    dst[i] = largest;
   }
 }
 
@@ -805,7 +805,7 @@ at::Tensor quantized_max_pool2d(const at::Tensor& input, at::IntArrayRef kernel_
     for (int64_t row = begin; row < end; ++row) {
       const int64_t image = row / oh, y = row % oh;
       for (int64_t x0 = 0; x0 < ow; ++x0) {
-        int64_t count = 0;  // the window's pixels inside the image (one at least)
+        int64_t count = 0;  // the window's pixels inside the image (none: the result is 0)
         for (int64_t i = 0; i < kernel_size[0]; ++i) {
           const int64_t iy = y * stride[0] - padding[0] + i * dilation[0];
           for (int64_t j = 0; iy >= 0 && iy < h && j < kernel_size[1]; ++j) {

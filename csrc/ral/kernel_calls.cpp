@@ -278,7 +278,8 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
       }
       profile_key = name.str();
     }
-    const ProfiledCall profiled([&profile_key] { return profile_key; });
+    const ProfiledCall profiled(
+        [&profile_key, &call] { return profile_key.empty() ? call.name : profile_key; });
     at::Tensor placed;
     if (call.places_result && offering_installed()) {
       placed = buffer_view(&buffers[operands], call.result_types[0]);
