@@ -47,6 +47,29 @@ struct Terms {
   float low = 0.0f;
 };
 
+// 16 results of the epilogue before rounding or storing: the int32 sums less the input
+// zero point's share, scaled and offset, then the tensor added (its values as float32, in
+// its own units) times its factor. Both ways of multiplying finish with it, so they agree
+// bit for bit.
+template <bool kAdds>
+__attribute__((target("avx512f"), always_inline)) inline __m512 epilogue_value(
+    __m512i sums, __m512i correction, __m512 multiplier, __m512 offset, __m512 added,
+    __m512 add_factor) {
+  const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, correction)),
+                                   multiplier, offset);
+  if constexpr (kAdds) {
+    return _mm512_fmadd_ps(added, add_factor, v);
+  }
+  return v;
+}
+
+// A uint8 result's steps: clamped to [low, 255] (NaN gives the lower bound: max's second
+// operand), then to nearest, ties to even, as quantize_uint8 rounds.
+__attribute__((target("avx512f"), always_inline)) inline __m512i uint8_steps(__m512 v,
+                                                                          __m512 low) {
+  return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, low), _mm512_set1_ps(255.0f)));
+}
+
 // The epilogue of a block's rows, 16 output channels at a time (their terms held in
 // registers across the rows), masked past `width`. Row r of `acc` (64 int32 apart) goes
 // to output pixel `pixels[r]` (negative: dropped).
@@ -59,7 +82,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
     int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   const __m512 add_factor = _mm512_set1_ps(terms.add_factor);
   const __m512 low = _mm512_set1_ps(terms.low);
-  const __m512 top = _mm512_set1_ps(255.0f);
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t j = 0; j < width; j += 16) {
     const __mmask16 mask = width - j >= 16 ? static_cast<__mmask16>(0xFFFF)
@@ -73,22 +95,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
         continue;
       }
       const int64_t at = pixels[r] * out_channels + column + j;
-      const __m512i sum =
-          _mm512_sub_epi32(_mm512_loadu_si512(acc + r * 64 + j), correction);
-      __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), multiplier, offset);
+      __m512 added = zero;
       if constexpr (kAddU8) {
-        const __m512 added =
+        added =
             _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, e.add_u8 + at)));
-        v = _mm512_fmadd_ps(added, add_factor, v);
       }
       if constexpr (kAddF32) {
-        v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, e.add_f32 + at), add_factor, v);
+        added = _mm512_maskz_loadu_ps(mask, e.add_f32 + at);
       }
+      __m512 v = epilogue_value<kAddU8 || kAddF32>(_mm512_loadu_si512(acc + r * 64 + j),
+                                                   correction, multiplier, offset, added,
+                                                   add_factor);
       if constexpr (kOutU8) {
-        // Clamped, then to nearest, ties to even, as quantize_uint8 rounds (NaN gives the
-        // lower bound: max's second operand).
-        v = _mm512_min_ps(_mm512_max_ps(v, low), top);
-        _mm_mask_storeu_epi8(e.out_u8 + at, mask, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+        _mm_mask_storeu_epi8(e.out_u8 + at, mask, _mm512_cvtepi32_epi8(uint8_steps(v, low)));
       } else {
         if (e.relu) {
           v = _mm512_max_ps(v, zero);
@@ -223,7 +242,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   }
   const __m512 add_factor = _mm512_set1_ps(terms.add_factor);
   const __m512 low = _mm512_set1_ps(terms.low);
-  const __m512 top = _mm512_set1_ps(255.0f);
   const __m512 zero = _mm512_setzero_ps();
   // packus_epi32 then packus_epi16 leave 4 values of vector v from 128-bit lane k in dword
   // 4k + v; this puts them back at 4v + k.
@@ -241,16 +259,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
     }
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
-      x[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][v], correction[v])),
-                             multiplier[v], offset[v]);
+      __m512 added = zero;
       if constexpr (kAddU8) {
-        const __m128i added = _mm512_extracti32x4_epi32(added_u8, v);
-        x[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(added)), add_factor, x[v]);
+        added = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(added_u8, v)));
       }
       if constexpr (kAddF32) {
-        x[v] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(masks[v], e.add_f32 + at + 16 * v),
-                               add_factor, x[v]);
+        added = _mm512_maskz_loadu_ps(masks[v], e.add_f32 + at + 16 * v);
       }
+      x[v] = epilogue_value<kAddU8 || kAddF32>(acc[r][v], correction[v], multiplier[v],
+                                               offset[v], added, add_factor);
       if constexpr (!kOutU8) {
         if (e.relu) {
           x[v] = _mm512_max_ps(x[v], zero);
@@ -259,12 +276,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       }
     }
     if constexpr (kOutU8) {
-      // Clamped (NaN gives the lower bound: max's second operand), to nearest, ties to
-      // even, as quantize_uint8 rounds; then packed to 64 bytes, exactly (all in 0..255).
+      // Rounded, then packed to 64 bytes, exactly (all in 0..255).
       __m512i q[4];
 #pragma GCC unroll 4
       for (int v = 0; v < 4; ++v) {
-        q[v] = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(x[v], low), top));
+        q[v] = uint8_steps(x[v], low);
       }
       const __m512i packed = _mm512_packus_epi16(_mm512_packus_epi32(q[0], q[1]),
                                                  _mm512_packus_epi32(q[2], q[3]));
@@ -303,6 +319,29 @@ void tile_rows(const uint8_t* a, int64_t rows, int64_t depth, const TapGroup* gr
   }
 }
 #pragma GCC diagnostic pop
+
+// The two epilogue-kind templates as types, and the instance of either for an epilogue.
+template <bool kAddU8, bool kAddF32, bool kOutU8>
+struct FinishBlock {
+  static constexpr auto run = finish_block<kAddU8, kAddF32, kOutU8>;
+};
+template <bool kAddU8, bool kAddF32, bool kOutU8>
+struct TileRows {
+  static constexpr auto run = tile_rows<kAddU8, kAddF32, kOutU8>;
+};
+
+template <template <bool, bool, bool> class Kernel>
+auto for_epilogue(const Int8ConvEpilogue& e) {
+  const bool add_u8 = e.add_u8 != nullptr, add_f32 = e.add_f32 != nullptr;
+  if (e.out_u8 != nullptr) {
+    return add_u8 ? Kernel<true, false, true>::run
+           : add_f32 ? Kernel<false, true, true>::run
+                     : Kernel<false, false, true>::run;
+  }
+  return add_u8 ? Kernel<true, false, false>::run
+         : add_f32 ? Kernel<false, true, false>::run
+                   : Kernel<false, false, false>::run;
+}
 
 // The epilogue's terms for this call (see Terms), for `columns` output channels padded to
 // whole blocks with zeros; valid until the thread's next call.
@@ -437,11 +476,16 @@ bool microkernel_available() {
 bool int8_conv_available() { return tiles_available() || microkernel_available(); }
 
 bool int8_conv_tiles_run() {
-  // With AMX the microkernel's tiles multiply many times faster than VNNI's vectors.
-  static const bool amx = has_cpu_feature("amx_int8") && microkernel_available();
-  return tiles_available() &&
-         (!microkernel_available() ||
-          (!amx && tiles_enabled.load(std::memory_order_relaxed)));
+  if (!tiles_available()) {
+    return false;
+  }
+  // With AMX the microkernel's tiles multiply many times faster than VNNI's vectors; it
+  // is probed only where it may be chosen.
+  static const bool amx = has_cpu_feature("amx_int8");
+  if (!amx && tiles_enabled.load(std::memory_order_relaxed)) {
+    return true;
+  }
+  return !microkernel_available();
 }
 
 void set_int8_conv_enabled(bool value) { enabled.store(value, std::memory_order_relaxed); }
@@ -600,23 +644,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       groups.push_back({tap_offsets[t], t * depth, depth});
     }
   }
-  const auto finish =
-      e.out_u8 != nullptr
-          ? (e.add_u8 != nullptr ? finish_block<true, false, true>
-             : e.add_f32 != nullptr ? finish_block<false, true, true>
-                                    : finish_block<false, false, true>)
-          : (e.add_u8 != nullptr ? finish_block<true, false, false>
-             : e.add_f32 != nullptr ? finish_block<false, true, false>
-                                    : finish_block<false, false, false>);
+  const auto finish = for_epilogue<FinishBlock>(e);
   const bool tiled = int8_conv_tiles_run();
-  const auto tiles =
-      e.out_u8 != nullptr
-          ? (e.add_u8 != nullptr ? tile_rows<true, false, true>
-             : e.add_f32 != nullptr ? tile_rows<false, true, true>
-                                    : tile_rows<false, false, true>)
-          : (e.add_u8 != nullptr ? tile_rows<true, false, false>
-             : e.add_f32 != nullptr ? tile_rows<false, true, false>
-                                    : tile_rows<false, false, false>);
+  const auto tiles = for_epilogue<TileRows>(e);
   const int64_t tasks = batch * row_blocks * blocks;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     // The microkernel's int32 block and its rows' pixels.

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 
 namespace blade::ral {
@@ -95,11 +96,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) void quantize_pi
   const __m512 scale = _mm512_set1_ps(inverse);
   const __m512 offset = _mm512_set1_ps(zero);
   const __m512 high = _mm512_set1_ps(255.0f);
-  alignas(64) uint8_t order[64] = {};  // byte i of 3-channel pixels: byte i / 3 * 4 + i % 3
-  for (int i = 0; i < 48; ++i) {
-    order[i] = static_cast<uint8_t>(i / 3 * 4 + i % 3);
-  }
-  const __m512i pick = _mm512_load_si512(order);
+  // Byte i of 3-channel pixels is byte i / 3 * 4 + i % 3 of 4-byte ones.
+  alignas(64) static const std::array<uint8_t, 64> order = [] {
+    std::array<uint8_t, 64> bytes{};
+    for (int i = 0; i < 48; ++i) {
+      bytes[i] = static_cast<uint8_t>(i / 3 * 4 + i % 3);
+    }
+    return bytes;
+  }();
+  const __m512i pick = _mm512_load_si512(order.data());
   for (int64_t p = p0; p < p1; p += 16) {
     const int64_t count = std::min<int64_t>(16, p1 - p);
     const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
