@@ -51,26 +51,72 @@ void transpose_tile(const float* src, float* dst, int64_t c, int64_t hw, int64_t
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// A whole 16 x 16 tile: for each pixel, its 16 channels gathered (stride hw), quantized
-// and stored as 16 bytes.
+// 16 floats quantized, as int32 lanes: times inverse, plus zero, clamped to [0, 255] and
+// rounded to nearest (ties to even, the MXCSR default).
+__attribute__((target("avx512f"))) inline __m512i quantize16(__m512 v, __m512 scale,
+                                                             __m512 offset, __m512 high) {
+  v = _mm512_add_ps(_mm512_mul_ps(v, scale), offset);
+  // max(v, 0) gives 0 for NaN (its second operand), as the scalar path does.
+  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), high);
+  return _mm512_cvtps_epi32(v);
+}
+
+// A whole 16 x 16 tile: each channel's 16 pixels loaded contiguously and quantized to 16
+// bytes, then the 16 x 16 bytes transposed (bytes, words, dwords, qwords interleaved in
+// turn) so each pixel's 16 channels are stored together.
 __attribute__((target("avx512f"))) void quantize_tile_avx512(const float* src, uint8_t* dst,
                                                               int64_t c, int64_t hw,
                                                               int64_t c0, int64_t p0,
                                                               float inverse, float zero) {
-  const __m512i rows = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32(static_cast<int>(hw)));
   const __m512 scale = _mm512_set1_ps(inverse);
   const __m512 offset = _mm512_set1_ps(zero);
   const __m512 high = _mm512_set1_ps(255.0f);
-  const float* base = src + c0 * hw;
-  for (int64_t p = p0; p < p0 + kTile; ++p) {
-    __m512 v = _mm512_i32gather_ps(rows, base + p, 4);
-    v = _mm512_add_ps(_mm512_mul_ps(v, scale), offset);
-    // max(v, 0) gives 0 for NaN (its second operand), as the scalar path does.
-    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), high);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + p * c + c0),
-                     _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+  __m128i rows[kTile];  // channel c0 + i: pixels p0..p0+15
+  for (int i = 0; i < kTile; ++i) {
+    rows[i] = _mm512_cvtepi32_epi8(
+        quantize16(_mm512_loadu_ps(src + (c0 + i) * hw + p0), scale, offset, high));
+  }
+  // Pairs of channels by pixel: pairs[2i] pixels 0-7, pairs[2i + 1] pixels 8-15.
+  __m128i pairs[kTile];
+  for (int i = 0; i < kTile / 2; ++i) {
+    pairs[2 * i] = _mm_unpacklo_epi8(rows[2 * i], rows[2 * i + 1]);
+    pairs[2 * i + 1] = _mm_unpackhi_epi8(rows[2 * i], rows[2 * i + 1]);
+  }
+  // Quads of channels 4g..4g+3 by pixel: quads[4g + q] pixels 4q..4q+3.
+  __m128i quads[kTile];
+  for (int g = 0; g < 4; ++g) {
+    quads[4 * g + 0] = _mm_unpacklo_epi16(pairs[4 * g], pairs[4 * g + 2]);
+    quads[4 * g + 1] = _mm_unpackhi_epi16(pairs[4 * g], pairs[4 * g + 2]);
+    quads[4 * g + 2] = _mm_unpacklo_epi16(pairs[4 * g + 1], pairs[4 * g + 3]);
+    quads[4 * g + 3] = _mm_unpackhi_epi16(pairs[4 * g + 1], pairs[4 * g + 3]);
+  }
+  for (int q = 0; q < 4; ++q) {
+    // Channels 0-7 and 8-15 of pixels 4q, 4q+1 (low) and 4q+2, 4q+3 (high).
+    const __m128i low0 = _mm_unpacklo_epi32(quads[q], quads[4 + q]);
+    const __m128i high0 = _mm_unpackhi_epi32(quads[q], quads[4 + q]);
+    const __m128i low1 = _mm_unpacklo_epi32(quads[8 + q], quads[12 + q]);
+    const __m128i high1 = _mm_unpackhi_epi32(quads[8 + q], quads[12 + q]);
+    uint8_t* to = dst + (p0 + 4 * q) * c + c0;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to), _mm_unpacklo_epi64(low0, low1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + c), _mm_unpackhi_epi64(low0, low1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + 2 * c), _mm_unpacklo_epi64(high0, high1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + 3 * c), _mm_unpackhi_epi64(high0, high1));
+  }
+}
+
+// Values [begin, end) of a tensor whose layout quantizing keeps (channels_last in, out):
+// 16 at a time, the tail masked.
+__attribute__((target("avx512f"))) void quantize_run_avx512(const float* src, uint8_t* dst,
+                                                             int64_t begin, int64_t end,
+                                                             float inverse, float zero) {
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512 offset = _mm512_set1_ps(zero);
+  const __m512 high = _mm512_set1_ps(255.0f);
+  for (int64_t i = begin; i < end; i += 16) {
+    const int64_t count = std::min<int64_t>(16, end - i);
+    const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
+    _mm512_mask_cvtepi32_storeu_epi8(
+        dst + i, mask, quantize16(_mm512_maskz_loadu_ps(mask, src + i), scale, offset, high));
   }
 }
 
@@ -140,15 +186,16 @@ bool use_avx512() {
 }
 
 // Runs `tile(image, c0, c1, p0, p1)` over every tile of n images of c channels and hw
-// pixels, split over the threads.
+// pixels, split over the threads. A pixel block's channel tiles run in a row on one
+// thread: their NHWC lines are written (or read) whole, not shared between threads.
 template <typename Tile>
 void for_each_tile(int64_t n, int64_t c, int64_t hw, const Tile& tile) {
   const int64_t c_tiles = (c + kTile - 1) / kTile, hw_tiles = (hw + kTile - 1) / kTile;
   at::parallel_for(0, n * c_tiles * hw_tiles, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t image = t / (c_tiles * hw_tiles);
-      const int64_t c0 = (t / hw_tiles) % c_tiles * kTile;
-      const int64_t p0 = t % hw_tiles * kTile;
+      const int64_t p0 = (t / c_tiles) % hw_tiles * kTile;
+      const int64_t c0 = t % c_tiles * kTile;
       tile(image, c0, std::min(c, c0 + kTile), p0, std::min(hw, p0 + kTile));
     }
   });
@@ -161,6 +208,26 @@ at::Tensor quantize_uint8_channels_last(const at::Tensor& input, double scale,
   TORCH_CHECK(input.dim() == 4 && input.scalar_type() == at::kFloat,
               "quantize_uint8_channels_last: expected a float32 [N, C, H, W] tensor, got ",
               input.scalar_type(), input.sizes());
+  if (input.is_contiguous(at::MemoryFormat::ChannelsLast) && !input.is_contiguous()) {
+    // Already in the result's order: quantized value by value.
+    at::Tensor q = at::empty(input.sizes(), input.options().dtype(at::kByte),
+                             at::MemoryFormat::ChannelsLast);
+    const float* src = input.data_ptr<float>();
+    uint8_t* dst = q.data_ptr<uint8_t>();
+    const float inverse = static_cast<float>(1.0 / scale);
+    const float zero = static_cast<float>(zero_point);
+    const bool avx512 = use_avx512();
+    at::parallel_for(0, input.numel(), int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+      if (avx512) {
+        quantize_run_avx512(src, dst, begin, end, inverse, zero);
+        return;
+      }
+      for (int64_t i = begin; i < end; ++i) {
+        dst[i] = quantize_one(src[i], inverse, zero);
+      }
+    });
+    return q;
+  }
   const at::Tensor x = input.contiguous();
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kByte),
                            at::MemoryFormat::ChannelsLast);

@@ -155,17 +155,19 @@ def test_unequal_strides_paddings_and_filters(batch, channels, size, filter_size
 
 @needs_kernel
 @pytest.mark.parametrize("kernel, stride, padding", [(1, 1, 0), (3, 2, 1)])
-@pytest.mark.parametrize("channels", [24, 4, 3, 2, 1])
-def test_float_results_and_float_inputs(kernel, stride, padding, channels, multiply):
-    """A float32 input (quantized by the op: a few channels, as an image's, a pixel at a
-    time) and a float32 result, channels_last. The input lies within a third of a step of
-    the values it stands for, so it rounds back to them."""
+@pytest.mark.parametrize("channels", [32, 24, 4, 3, 2, 1])
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_float_results_and_float_inputs(kernel, stride, padding, channels, layout, multiply):
+    """A float32 input, NCHW or channels_last (quantized by the op: transposed in 16 x 16
+    tiles and their tails, a few channels as an image's a pixel at a time, channels_last
+    value by value) and a float32 result, channels_last. The input lies within a third of a
+    step of the values it stands for, so it rounds back to them."""
     x, weight, scale, bias = operands(2, channels, (10, 37), 40, kernel, 1)
     noise = (torch.rand(real_image(x).shape, generator=torch.Generator().manual_seed(5)) - 0.5)
     real = (real_image(x) + noise * (2 / 3) * INPUT_RANGE[0].item()).float()
     (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
-        real.contiguous(), weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1,
-        INPUT_RANGE, None, "relu"))
+        real.contiguous(memory_format=layout), weight, scale, bias, [stride] * 2,
+        [padding] * 2, [1, 1], 1, INPUT_RANGE, None, "relu"))
     assert ran == [1, 0]
     assert mine.is_contiguous(memory_format=torch.channels_last)
     want = reference(x, weight, scale, bias, stride, padding).float()
