@@ -1,6 +1,7 @@
 """Config(precision="int8"): Blade's own post-training quantization of linear layers
 (blade/frontend/quantize.py) and the int8 kernel engines call (csrc/ral/int8_kernels.h)."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,7 @@ import torch
 import blade
 from blade import _C
 from blade.frontend import quantize as q
-from helpers import assert_ran_compiled
+from helpers import assert_ran_compiled, ir_before
 
 HAS_INT8 = _C.has_int8_dot_product()
 needs_int8 = pytest.mark.skipif(not HAS_INT8, reason="this CPU lacks VNNI, AVX-VNNI and AMX")
@@ -427,11 +428,55 @@ def test_residual_int8_convolution_results_are_made_in_the_engine_buffers():
     with torch.no_grad():
         got = engine.run_code([x])
     placed_now, copied_now = _C.kernel_call_result_counts()
-    # The uint8 results of the stem, conv1 and the residual conv2 made in place; conv3's
-    # float32 one (channels_last, the engine's buffer NCHW) copied in.
-    assert (placed_now - placed, copied_now - copied) == (3, 1)
+    # The uint8 results of the stem, conv1 and the residual conv2 made in place, and conv3's
+    # float32 one too (channels_last, into an NHWC buffer: codegen/stablehlo/layouts.py).
+    assert (placed_now - placed, copied_now - copied) == (4, 0)
     with torch.no_grad():
         torch.testing.assert_close(got, engine.run_subgraph([x]), rtol=1e-4, atol=1e-4)
+
+
+class MobileBlock(torch.nn.Module):
+    """An expanding int8 convolution, a float depthwise one between hardswishes, and a
+    projecting int8 convolution: the float32 results and inputs of int8 layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(8, 32, 1)
+        self.depthwise = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.project = torch.nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        y = torch.nn.functional.hardswish(self.expand(x))
+        return self.project(torch.nn.functional.hardswish(self.depthwise(y)))
+
+
+@needs_int8
+def test_int8_convolutions_read_and_write_float_nhwc(tmp_path):
+    """An int8 convolution's float32 result and input are NHWC buffers (`float32:nhwc` in
+    its kernel call): the hardswishes and the depthwise convolution between run on NHWC
+    data, the result is made in its buffer, and nothing transposes but the model's output."""
+    torch.manual_seed(0)
+    model = MobileBlock().eval()
+    x = torch.randn(2, 8, 12, 10)
+    cal = [torch.randn(2, 8, 12, 10) for _ in range(4)]
+    optimized = blade.optimize(model, (x,), blade.Config(
+        precision="int8", calibration=cal, dump_dir=str(tmp_path)))
+    with torch.no_grad():
+        got = optimized(x)
+    report = assert_ran_compiled(optimized)
+    assert report.int8["layers"] == ["expand", "project"], str(report)
+    module = ir_before(tmp_path, "sink-slices")
+    calls = [line for line in module.splitlines() if "blade::quantized_conv2d" in line]
+    assert len(calls) == 2 and all("float32:nhwc" in line for line in calls), calls
+    # The only transpose of 4-d data: the output's, to NCHW (the bias's is 3-d).
+    transposes = re.findall(r"stablehlo.transpose .*dims = \[(\d+, \d+, \d+, \d+)\]", module)
+    assert transposes == ["0, 3, 1, 2"], module
+    engine = getattr(optimized, report.clusters[0].name)
+    placed, copied = _C.kernel_call_result_counts()
+    with torch.no_grad():
+        torch.testing.assert_close([got], engine.run_subgraph([x]), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(engine.run_code([x]), [got], rtol=0, atol=0)
+    assert _C.kernel_call_result_counts() == (placed + 2, copied)
 
 
 class AttentionWithInt8Projection(torch.nn.Module):

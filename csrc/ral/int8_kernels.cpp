@@ -2,6 +2,7 @@
 
 #include "ral/cpu_features.h"
 #include "ral/int8_conv.h"
+#include "ral/offered_buffers.h"
 #include "ral/kernel_trials.h"
 #include "ral/layout_kernels.h"
 #include "ral/prepared_weights.h"
@@ -625,8 +626,11 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
       },
       [&] {
         const at::Tensor quantized = quantize_input();
-        const at::Tensor packed =
-            packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
+        const at::Tensor packed = [&] {
+          const SuspendedOffer suspended;  // raw allocations
+          return packed_conv_weight(call, weight, weight_scale, stride, padding, dilation,
+                                    groups);
+        }();
         static const auto conv = onednn_op("onednn::qconv2d_pointwise");
         torch::jit::Stack stack;
         stack.reserve(17);
@@ -718,8 +722,11 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
           sum_scale = 1.0;
           sum_zero_point = 0;
         }
-        const at::Tensor packed =
-            packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
+        const at::Tensor packed = [&] {
+          const SuspendedOffer suspended;  // raw allocations
+          return packed_conv_weight(call, weight, weight_scale, stride, padding, dilation,
+                                    groups);
+        }();
         static const auto conv = onednn_op("onednn::qconv2d_pointwise", "binary");
         torch::jit::Stack stack;
         stack.reserve(22);

@@ -16,6 +16,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -24,6 +25,7 @@
 #include <exception>
 #include <limits>
 #include <sstream>
+#include <string_view>
 #include <system_error>
 
 namespace blade::ral {
@@ -76,15 +78,33 @@ std::string parse_text(const std::string& hex) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-std::vector<c10::ScalarType> parse_dtypes(const std::string& text) {
+// The dtypes of a call's operands or results, and which are NHWC buffers (`:nhwc`).
+std::vector<c10::ScalarType> parse_dtypes(const std::string& text, std::vector<bool>* nhwc) {
   std::vector<c10::ScalarType> types;
+  nhwc->clear();
   if (text == "-") {
     return types;
   }
+  constexpr std::string_view kNhwc = ":nhwc";
   for (const auto& name : split(text, ',')) {
-    types.push_back(dtype_from_name(name));
+    const bool marked = name.size() > kNhwc.size() &&
+                        name.compare(name.size() - kNhwc.size(), kNhwc.size(), kNhwc) == 0;
+    types.push_back(dtype_from_name(marked ? name.substr(0, name.size() - kNhwc.size()) : name));
+    nhwc->push_back(marked);
+    TORCH_CHECK(!marked || types.back() == at::kFloat, "only float32 buffers may be NHWC, not ",
+                name);
   }
   return types;
+}
+
+// A buffer as the op takes it: an NHWC one as the channels_last [N, C, H, W] view.
+at::Tensor op_view(const BladeUnrankedMemRef* buffer, c10::ScalarType type, bool nhwc) {
+  at::Tensor view = buffer_view(buffer, type);
+  if (!nhwc) {
+    return view;
+  }
+  TORCH_CHECK(view.dim() == 4, "an NHWC buffer of rank ", view.dim());
+  return view.permute({0, 3, 1, 2});
 }
 
 template <typename T, typename Parse>
@@ -159,8 +179,14 @@ KernelCall parse_call(const std::string& line) {
               " needs a CPU with ", int8_features_needed(), "; this one has none of them");
   call.op = c10::Dispatcher::singleton().findSchema({op_name, overload});
   TORCH_CHECK(call.op.has_value(), "this PyTorch has no op '", call.name, "'");
-  call.operand_types = parse_dtypes(fields[1]);
-  call.result_types = parse_dtypes(fields[2]);
+  call.operand_types = parse_dtypes(fields[1], &call.operand_nhwc);
+  call.result_types = parse_dtypes(fields[2], &call.result_nhwc);
+  const bool convolution = op_name.rfind("blade::quantized_conv2d", 0) == 0;
+  const auto marked = [](const std::vector<bool>& flags) {
+    return std::find(flags.begin(), flags.end(), true) != flags.end();
+  };
+  TORCH_CHECK(convolution || (!marked(call.operand_nhwc) && !marked(call.result_nhwc)),
+              call.name, " takes no NHWC buffers (only int8 convolutions do)");
   const auto& schema = call.op->schema();
   TORCH_CHECK(fields.size() - 3 == schema.arguments().size(), call.name, " takes ",
               schema.arguments().size(), " arguments, the call gives ", fields.size() - 3);
@@ -180,12 +206,13 @@ KernelCall parse_call(const std::string& line) {
     call.constants.push_back(parse_argument(fields[i], call.operand_types.size(), &operand));
     call.tensor_operand.push_back(operand);
   }
-  // quantized_linear's result is oneDNN's output, reshaped; a convolution's is only when it
-  // is uint8 (NHWC, as the buffer); a float one comes channels_last and is laid out again.
+  // quantized_linear's result is oneDNN's output, reshaped; a convolution's is when it is
+  // uint8 (NHWC, as the buffer) or float32 into an NHWC buffer (channels_last, as the op
+  // makes it); a float one for an NCHW buffer is laid out again.
   call.places_result =
       call.result_types.size() == 1 &&
       (op_name == "blade::quantized_linear" ||
-       (op_name.rfind("blade::quantized_conv2d", 0) == 0 && call.result_types[0] == at::kChar));
+       (convolution && (call.result_types[0] == at::kChar || call.result_nhwc[0])));
   return call;
 }
 
@@ -261,8 +288,9 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
     for (size_t a = 0; a < call.constants.size(); ++a) {
       const int64_t operand = call.tensor_operand[a];
       stack.push_back(operand < 0 ? call.constants[a]
-                                  : c10::IValue(buffer_view(&buffers[operand],
-                                                            call.operand_types[operand])));
+                                  : c10::IValue(op_view(&buffers[operand],
+                                                        call.operand_types[operand],
+                                                        call.operand_nhwc[operand])));
     }
     // Timed to the end of the try block while calls are profiled, keyed by the op and the
     // sizes of its tensor operands (e.g. an int8 convolution's input, weight and bias),
@@ -282,7 +310,7 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
         [&profile_key, &call] { return profile_key.empty() ? call.name : profile_key; });
     at::Tensor placed;
     if (call.places_result && offering_installed()) {
-      placed = buffer_view(&buffers[operands], call.result_types[0]);
+      placed = op_view(&buffers[operands], call.result_types[0], call.result_nhwc[0]);
       ScopedOffer scoped(placed);
       call.op->callBoxed(stack);
     } else {
@@ -298,7 +326,8 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
                   " gave result ", r, " with layout ", result.layout(), " on ",
                   result.device(), ", the engine takes dense CPU tensors");
       at::Tensor out = placed.defined() ? placed  // the one result, viewed once
-                                        : buffer_view(&buffers[operands + r], call.result_types[r]);
+                                        : op_view(&buffers[operands + r], call.result_types[r],
+                                                  call.result_nhwc[r]);
       TORCH_CHECK(result.scalar_type() == out.scalar_type() && result.sizes() == out.sizes(),
                   call.name, " gave result ", r, " of ", result.scalar_type(), result.sizes(),
                   ", the engine was compiled for ", out.scalar_type(), out.sizes());

@@ -8,7 +8,10 @@
 //   <overload> <operand dtypes> <result dtypes> <argument>...
 //
 // e.g. `aten::bernoulli.p float32 float32 T0 f0x1.0000000000000p-1 N`. Dtypes are Blade's
-// names (tensor_spec.h's, as in engine signatures) joined by commas (`-` for none). Each argument, in schema order, is `T<k>` (the
+// names (tensor_spec.h's, as in engine signatures) joined by commas (`-` for none); an int8
+// convolution's float32 operand or result may be `float32:nhwc`, its buffer [N, H, W, C]
+// data that the op sees as [N, C, H, W] channels_last (the engine's NHWC layout, see
+// codegen/stablehlo/layouts.py), so neither side transposes it. Each argument, in schema order, is `T<k>` (the
 // call's k-th tensor operand), `N` (None), `b0`/`b1`, `i<int>`, `f<C99 hex float>`,
 // `s<UTF-8 bytes in hex>` (a string), `D<device name in hex>`, or a list of ints, floats
 // or bools: `I`, `F`, `B` followed by its items joined by commas.
@@ -42,12 +45,16 @@ struct KernelCall {
   std::optional<c10::OperatorHandle> op;
   std::vector<c10::ScalarType> operand_types;
   std::vector<c10::ScalarType> result_types;
+  // Which operands and results are NHWC buffers, viewed as channels_last [N, C, H, W].
+  std::vector<bool> operand_nhwc;
+  std::vector<bool> result_nhwc;
   // The op's arguments in schema order: a constant, or (tensor_operand[i] >= 0) the
   // call's tensor operand of that index.
   std::vector<c10::IValue> constants;
   std::vector<int64_t> tensor_operand;
   // Whether the op may make its single result in the engine's result buffer (see
-  // run_kernel_call): Blade's int8 ops whose result comes out in the buffer's layout.
+  // run_kernel_call): Blade's int8 ops whose result comes out in the buffer's layout
+  // (a convolution's: uint8 NHWC bytes, or float32 into an NHWC buffer).
   bool places_result = false;
 };
 

@@ -64,6 +64,10 @@ ScopedOffer::ScopedOffer(const at::Tensor& out) {
 
 ScopedOffer::~ScopedOffer() { offer = Offer(); }
 
+SuspendedOffer::SuspendedOffer() : data_(offer.data), bytes_(offer.bytes) { offer = Offer(); }
+
+SuspendedOffer::~SuspendedOffer() { offer = {data_, bytes_}; }
+
 void copy_into(at::Tensor& out, const at::Tensor& result) { out.copy_(result); }
 
 bool settle(const at::Tensor& result, at::Tensor& out, CopyInto copy) {

@@ -25,6 +25,21 @@ class ScopedOffer {
   ScopedOffer& operator=(const ScopedOffer&) = delete;
 };
 
+// In its scope no allocation takes this thread's offer, which stands again after: for
+// work before the result is made that allocates raw memory (oneDNN's packing of a weight),
+// which fails on an offered buffer rather than refusing it.
+class SuspendedOffer {
+ public:
+  SuspendedOffer();
+  ~SuspendedOffer();
+  SuspendedOffer(const SuspendedOffer&) = delete;
+  SuspendedOffer& operator=(const SuspendedOffer&) = delete;
+
+ private:
+  void* data_;
+  size_t bytes_;
+};
+
 // Makes `out` hold `result` (of its dtype and sizes), the result of an op that was offered
 // out's memory: nothing to do when the op made it there laid out as out is (returns
 // true), else `copy(out, result)`, through a clone when it lies in out's memory in another

@@ -8,6 +8,7 @@
 #include "ral/cpu_features.h"
 #include "ral/engine.h"
 #include "ral/guard.h"
+#include "ral/int8_kernels.h"
 #include "ral/kernel_calls.h"
 #include "ral/kernel_errors.h"
 #include "ral/kernel_trials.h"
@@ -485,6 +486,17 @@ void test_kernel_calls_run_pytorch_ops_from_a_table() {
   EXPECT_THROWS_WITH(KernelCallTable("prim::Print float32 float32 T0"),
                      "neither an aten op nor one of Blade's int8 ops");
   EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod"), "kernel call 0");
+  // NHWC buffers: float32 operands and results of Blade's int8 convolutions only.
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod float32:nhwc float32 T0 i0 N"),
+                     "takes no NHWC buffers");
+  EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod float32 float32:nhwcx T0 i0 N"),
+                     "unknown dtype");
+  if (blade::ral::has_int8_dot_product()) {
+    EXPECT_THROWS_WITH(
+        KernelCallTable("blade::quantized_conv2d int8:nhwc,int8,float32,float32 float32 "
+                        "T0 T1 T2 N I1,1 I0,0 I1,1 i1 T3 N s6e6f6e65"),
+        "only float32 buffers may be NHWC");
+  }
 }
 
 void test_matmul_by_a_param_uses_its_packed_copy() {

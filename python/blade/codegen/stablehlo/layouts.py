@@ -17,6 +17,12 @@ outputs are transposed (once each, fused into the loops that read or write them)
 The library calls (codegen/kernels/convolution.py) then run the NHWC convolutions through
 PyTorch with channels_last tensors (`blade_ral_conv2d_nhwc_<type>`).
 
+Blade's int8 convolutions, kernel calls of `blade::quantized_conv2d(_add)`, join in
+(`_Int8Convolutions`): a float32 result is made NHWC and read through a transpose to NCHW
+that sinks as a convolution's does, and a float32 input that arrives as a transpose of NHWC
+data to NCHW is passed as that data. So the int8 layers of a MobileNet and the float
+depthwise convolutions and activations between them pass NHWC data without a transpose.
+
 Dynamic engines get the same rewrite once their StableHLO has no shape.assuming regions
 and no broadcasts that keep their operand's shape (codegen's assume_shapes step): a
 dynamic broadcast of a bias or a splat is rebuilt in NHWC with its run-time shape
@@ -32,6 +38,7 @@ from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from torch_mlir.dialects import arith, tensor
 
 from blade.codegen.ir_queries import clone_ops, defining_op, producer
+from blade.kernel_call_spec import SPEC_ATTRIBUTE
 
 TO_NHWC = [0, 2, 3, 1]   # NHWC dim i is NCHW dim TO_NHWC[i]
 TO_NCHW = [0, 3, 1, 2]   # NCHW dim i is NHWC dim TO_NCHW[i]
@@ -426,16 +433,106 @@ def _erase_dead(block) -> None:
                 changed = True
 
 
+class _Int8Convolutions:
+    """Main's kernel calls of Blade's int8 convolutions (blade::quantized_conv2d and _add),
+    whose float32 results and inputs can be NHWC buffers: the op makes and reads them as
+    channels_last [N, C, H, W] tensors, which lie in memory as NHWC ones, so the call's
+    spec marks them `float32:nhwc` (csrc/ral/kernel_calls.h) and neither the RAL nor the
+    code transposes them. Each call has its own declaration (importer.kernel_call), whose
+    type and spec change with its call."""
+
+    def __init__(self, module, block):
+        self.declarations = {}
+        for op in module.body.operations:
+            if op.operation.name == "func.func" and SPEC_ATTRIBUTE in op.attributes and \
+                    ir.StringAttr(op.attributes[SPEC_ATTRIBUTE]).value.startswith(
+                        "blade::quantized_conv2d"):
+                self.declarations[ir.StringAttr(op.attributes["sym_name"]).value] = op
+
+    def declaration(self, op):
+        if op.name != "func.call":
+            return None
+        return self.declarations.get(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+
+    def calls(self, block):
+        return [op for op in block.operations if self.declaration(op) is not None]
+
+    def result_to_nhwc(self, op) -> bool:
+        """Makes the call's float32 4-d result NHWC, read as NCHW through a transpose that
+        then sinks like a convolution's."""
+        if len(op.results) != 1 or not _float_4d(op.results[0].type):
+            return False
+        nhwc = _permuted_type(op.results[0].type, TO_NHWC)
+        with ir.InsertionPoint(op), op.location:
+            call = self._recreate(op, list(op.operands), [nhwc])
+            back = _transpose(call.results[0], TO_NCHW)
+        self._mark(self.declaration(op), results=[0])
+        self._retype(self.declaration(op), list(op.operands), [nhwc])
+        op.results[0].replace_all_uses_with(back)
+        op.erase()
+        return True
+
+    def take_nhwc_operands(self, op) -> bool:
+        """Passes each float32 4-d operand that is a transpose of NHWC data to NCHW as that
+        NHWC data."""
+        declaration = self.declaration(op)
+        operands = list(op.operands)
+        taken = [i for i, v in enumerate(operands)
+                 if _float_4d(v.type) and _is_transpose(v, TO_NCHW)]
+        if not taken:
+            return False
+        for i in taken:
+            operands[i] = producer(operands[i], "stablehlo.transpose").operands[0]
+        with ir.InsertionPoint(op), op.location:
+            call = self._recreate(op, operands, [r.type for r in op.results])
+        self._mark(declaration, operands=taken)
+        self._retype(declaration, operands, [r.type for r in op.results])
+        for old, new in zip(op.results, call.results):
+            old.replace_all_uses_with(new)
+        op.erase()
+        return True
+
+    @staticmethod
+    def _recreate(op, operands, results):
+        return ir.Operation.create("func.call", results=results, operands=operands,
+                                   attributes=_attributes(op))
+
+    @staticmethod
+    def _retype(declaration, operands, results) -> None:
+        declaration.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get([v.type for v in operands], results))
+
+    @staticmethod
+    def _mark(declaration, operands=(), results=()) -> None:
+        fields = ir.StringAttr(declaration.attributes[SPEC_ATTRIBUTE]).value.split(" ")
+        for field, positions in ((1, operands), (2, results)):
+            dtypes = fields[field].split(",")
+            for i in positions:
+                if not dtypes[i].endswith(":nhwc"):
+                    dtypes[i] += ":nhwc"
+            fields[field] = ",".join(dtypes)
+        declaration.attributes[SPEC_ATTRIBUTE] = ir.StringAttr.get(" ".join(fields))
+
+
+def _float_4d(t) -> bool:
+    return isinstance(t, ir.RankedTensorType) and t.rank == 4 and \
+        isinstance(t.element_type, ir.F32Type)
+
+
 def to_channels_last(module, main) -> int:
     """The rewrite described in the module docstring, on function `main`; returns how many
-    convolutions now run on NHWC data."""
+    convolutions (int8 ones' kernel calls too) now run on NHWC data."""
     block = main.regions[0].blocks[0]
     with module.context:
         convolutions = [op for op in block.operations
                         if op.name == "stablehlo.convolution" and _nchw_convolution(op)]
         for op in convolutions:
             _convolve_nhwc(op)
-        if not convolutions:
+        int8 = _Int8Convolutions(module, block)
+        int8_calls = int8.calls(block)
+        for op in int8_calls:
+            int8.result_to_nhwc(op)
+        if not convolutions and not int8_calls:
             return 0
         for _ in range(4 * len(list(block.operations))):
             changed = False
@@ -453,8 +550,10 @@ def to_channels_last(module, main) -> int:
                 elif op.name in ("stablehlo.broadcast_in_dim",
                                  "stablehlo.dynamic_broadcast_in_dim"):
                     changed = _sink_broadcast(op) or changed
+                elif int8.declaration(op) is not None:
+                    changed = int8.take_nhwc_operands(op) or changed
             if not changed:
                 break
         _hoist_shape_queries(block)
         _erase_dead(block)
-    return len(convolutions)
+    return len(convolutions) + len(int8_calls)
