@@ -598,6 +598,27 @@ def test_small_layers_stay_float(monkeypatch):
 
 
 @needs_int8
+def test_small_convolutions_on_blades_kernel_are_int8(monkeypatch):
+    """Blade's int8 convolution costs little a call, so a small convolution is int8 where
+    it runs it (MobileNet's), and float32 where only oneDNN's would."""
+    monkeypatch.setattr(q, "MIN_MACS", 1 << 24)
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 12, 10)
+    cal = [torch.randn(1, 8, 12, 10) for _ in range(2)]
+    model = MobileBlock().eval()
+    for blades in (True, False):
+        monkeypatch.setattr(q._C, "int8_conv_available", lambda: blades)
+        optimized = blade.optimize(model, (x,), blade.Config(precision="int8",
+                                                            calibration=cal))
+        report = blade.report(optimized)
+        if blades:
+            assert report.int8["layers"] == ["expand", "project"], str(report)
+        else:
+            assert report.int8["layers"] == [], str(report)
+            assert "multiply-adds a call" in report.int8["float_layers"]["expand"]
+
+
+@needs_int8
 def test_weight_bound_layers_are_int8_whatever_their_multiply_adds(monkeypatch):
     """At batch 1 a linear layer reads its weight to compute one row: few multiply-adds,
     but its time is the weight's bytes, which int8 cuts to a quarter. Layers of 1M weights
@@ -637,6 +658,8 @@ class TwoReaders(torch.nn.Module):
 @needs_int8
 def test_a_small_layer_beside_a_large_one_on_its_input_stays_int8(monkeypatch):
     monkeypatch.setattr(q, "MIN_MACS", 1 << 24)
+    # As where oneDNN's kernel runs them: Blade's takes small convolutions whatever else.
+    monkeypatch.setattr(q._C, "int8_conv_available", lambda: False)
     torch.manual_seed(0)
     cal = [torch.randn(1, 64, 48, 48) for _ in range(2)]
     optimized = blade.optimize(TwoReaders().eval(), (cal[0],),

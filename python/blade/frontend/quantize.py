@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from blade import _C
 from blade.graph_queries import all_nodes, argument_name, nodes_of
 from blade.frontend.inputs import ExampleInputsError, describe_inputs, failure_summary
 from blade.frontend.int8_handoffs import (QUANTIZED_CONV2D, QUANTIZED_LINEAR, ResidualAdd,
@@ -42,10 +43,12 @@ _CONV2D = ("aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[
            "SymInt groups=1) -> Tensor")
 # The fractions of the observed range tried as the clipping range (1.0: min/max).
 _CLIP_FACTORS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5)
-# Layers with fewer multiply-adds a call stay float32: quantizing the input, the layout
-# change around a convolution and the library call cost about what int8 saves there
-# (MobileNetV3's convolutions, 1-8M each, ran slower in int8 than in float32), unless a
-# larger layer reads the same input.
+# Linear layers with fewer multiply-adds a call stay float32: quantizing the input and
+# oneDNN's call cost about what int8 saves there, unless a larger layer reads the same
+# input. Convolutions that Blade's own int8 kernel runs (csrc/ral/int8_conv.h) are int8
+# however small: its call costs little, and their float32 inputs and results stay NHWC
+# (codegen/stablehlo/layouts.py), so MobileNetV3's 0.2-13M ones run faster in int8 than
+# in float32, and a network's convolutions stay int8 end to end.
 MIN_MACS = 1 << 24
 # A linear layer with at least this many weights and at most MAX_WEIGHT_BOUND_ROWS rows a
 # call (a classifier's, a decoder's at batch 1) is bound by reading its weight, which int8
@@ -292,6 +295,13 @@ def _weight_bound(layer: LinearLayer) -> bool:
         layer.macs <= MAX_WEIGHT_BOUND_ROWS * weights
 
 
+def _blade_kernel_takes(layer: LinearLayer) -> bool:
+    """Whether `layer` is a convolution that Blade's own int8 kernel runs on this CPU
+    (one group, candidates' rule; no dilation)."""
+    return layer.node.kind() == "aten::conv2d" and _C.int8_conv_available() and \
+        _constant_value(layer.node.inputsAt(5)) == [1, 1]
+
+
 def choose_range(layer: LinearLayer) -> None:
     """The layer's input scale and zero point (see the module's docstring)."""
     if not layer.samples or not (layer.high >= layer.low):
@@ -399,7 +409,8 @@ def quantize(module, graph: torch._C.Graph, calibration: Sequence[Tuple],
     # uint8 once for both (ResNet's first 1x1 beside its projection).
     shared = {layer.node.inputsAt(0).unique() for layer in layers if layer.macs >= MIN_MACS}
     for layer in [layer for layer in layers if layer.macs < MIN_MACS and
-                  layer.node.inputsAt(0).unique() not in shared and not _weight_bound(layer)]:
+                  layer.node.inputsAt(0).unique() not in shared and not _weight_bound(layer)
+                  and not _blade_kernel_takes(layer)]:
         summary.float_layers[layer.name] = (
             f"{layer.macs / 1e6:.1f}M multiply-adds a call: too few for int8 to repay "
             "quantizing its input and the call")
