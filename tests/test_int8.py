@@ -436,13 +436,14 @@ def test_residual_int8_convolution_results_are_made_in_the_engine_buffers():
 
 
 class MobileBlock(torch.nn.Module):
-    """An expanding int8 convolution, a float depthwise one between hardswishes, and a
-    projecting int8 convolution: the float32 results and inputs of int8 layers."""
+    """An expanding int8 convolution, a float depthwise one (dilated: Blade's int8 kernel
+    does not take it) between hardswishes, and a projecting int8 convolution: the float32
+    results and inputs of int8 layers."""
 
     def __init__(self):
         super().__init__()
         self.expand = torch.nn.Conv2d(8, 32, 1)
-        self.depthwise = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.depthwise = torch.nn.Conv2d(32, 32, 3, padding=2, dilation=2, groups=32)
         self.project = torch.nn.Conv2d(32, 16, 1)
 
     def forward(self, x):
@@ -477,6 +478,50 @@ def test_int8_convolutions_read_and_write_float_nhwc(tmp_path):
         torch.testing.assert_close([got], engine.run_subgraph([x]), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(engine.run_code([x]), [got], rtol=0, atol=0)
     assert _C.kernel_call_result_counts() == (placed + 2, copied)
+
+
+class InvertedResidual(torch.nn.Module):
+    """MobileNetV2's block: expand, depthwise 3x3 at stride 2 and 5x5, project, with ReLUs
+    between, and a grouped convolution that is not depthwise."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(8, 48, 1)
+        self.depthwise = torch.nn.Conv2d(48, 48, 3, stride=2, padding=1, groups=48)
+        self.depthwise5 = torch.nn.Conv2d(48, 48, 5, padding=2, groups=48)
+        self.grouped = torch.nn.Conv2d(48, 48, 3, padding=1, groups=4)
+        self.project = torch.nn.Conv2d(48, 16, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.depthwise(torch.relu(self.expand(x))))
+        y = self.grouped(torch.relu(self.depthwise5(y)))
+        return self.project(y)
+
+
+@needs_int8
+def test_depthwise_convolutions_are_int8_and_pass_uint8_on():
+    """Depthwise 3x3 and 5x5 convolutions are int8 (uint8 data, Blade's depthwise kernel),
+    handed uint8 by the layer before and handing it on; other grouped ones stay float32."""
+    torch.manual_seed(0)
+    model = InvertedResidual().eval()
+    x = torch.randn(2, 8, 15, 13)
+    cal = [torch.randn(2, 8, 15, 13) for _ in range(4)]
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    with torch.no_grad():
+        got, want = optimized(x), model(x)
+    report = assert_ran_compiled(optimized)
+    assert report.int8["layers"] == ["expand", "depthwise", "depthwise5", "project"], \
+        str(report)
+    assert "grouped convolution" in report.int8["float_layers"]["grouped"], str(report)
+    assert report.int8["chained"] == 2, str(report)  # expand's and depthwise's
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert float(cosine) > 0.999, float(cosine)
+    engine = getattr(optimized, report.clusters[0].name)
+    calls = _C.int8_conv_calls()
+    with torch.no_grad():
+        torch.testing.assert_close(engine.run_code([x]), engine.run_subgraph([x]),
+                                   rtol=1e-4, atol=1e-4)
+    assert _C.int8_conv_calls() > calls  # Blade's kernels ran
 
 
 class AttentionWithInt8Projection(torch.nn.Module):
@@ -569,8 +614,7 @@ def test_int8_convolutions_run_compiled_close_to_eager():
         got, want = optimized(x), model(x)
     report = assert_ran_compiled(optimized)
     assert report.coverage == 1.0, str(report)
-    assert set(report.int8["layers"]) >= {"conv1", "conv2"}, str(report)
-    assert "grouped" in report.int8["float_layers"]["depthwise"], str(report)
+    assert set(report.int8["layers"]) >= {"conv1", "depthwise", "conv2"}, str(report)
     engine = getattr(optimized, report.clusters[0].name)
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert float(cosine) > 0.999, float(cosine)

@@ -7,6 +7,8 @@
 
 #include <immintrin.h>
 
+#include <type_traits>
+
 namespace blade::ral {
 namespace {
 
@@ -19,23 +21,50 @@ struct Geometry {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+// How a row's sums end: bias, ReLU, and for uint8 data the input's range (the sums are of
+// raw bytes) and the result's (rounded to uint8 when out_u8 is set).
+struct Finish {
+  const float* bias;
+  bool relu;
+  float in_scale = 1.0f;
+  float in_zero_point = 0.0f;
+  uint8_t* out_u8 = nullptr;
+  float out_inverse = 1.0f;
+  float out_zero_point = 0.0f;
+};
+
+// 16 channels of a pixel under `mask`, as float32.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const float* p,
+                                                                          __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, p);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const uint8_t* p,
+                                                                          __mmask16 mask) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, p)));
+}
+
 // One output row (image row `oy` of image `b`) for the channels [ch, ch + 16) under
 // `mask`: the KH x KW filter vectors loaded once, then each output pixel's sum of the taps
-// inside the image.
-template <int KH, int KW>
-__attribute__((target("avx512f"))) void row_block(const float* x, const float* filters,
-                                                  const float* bias, bool relu, float* y,
-                                                  const Geometry& g, int64_t b, int64_t oy,
-                                                  int64_t ch, __mmask16 mask) {
+// inside the image. Float32 data sums from the bias; uint8 data sums its bytes, and the
+// zero point times the taps' filters inside the image is taken off before scaling (a tap
+// outside is a real zero).
+template <int KH, int KW, typename In>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
+    const In* x, const float* filters, const Finish& e, float* y, const Geometry& g,
+    int64_t b, int64_t oy, int64_t ch, __mmask16 mask) {
+  constexpr bool kUint8 = std::is_same_v<In, uint8_t>;
   __m512 f[KH * KW];
+  __m512 all_taps = _mm512_setzero_ps();
   for (int t = 0; t < KH * KW; ++t) {
     f[t] = _mm512_maskz_loadu_ps(mask, filters + t * g.c + ch);
+    all_taps = _mm512_add_ps(all_taps, f[t]);
   }
-  const __m512 start = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + ch)
-                                       : _mm512_setzero_ps();
+  const __m512 bias = e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + ch)
+                                        : _mm512_setzero_ps();
+  const __m512 start = kUint8 ? _mm512_setzero_ps() : bias;
   const __m512 zero = _mm512_setzero_ps();
-  const float* image = x + b * g.h * g.w * g.c;
-  float* out = y + (b * g.oh + oy) * g.ow * g.c;
+  const In* image = x + b * g.h * g.w * g.c;
+  const int64_t out_row = (b * g.oh + oy) * g.ow * g.c;
   // The columns whose taps all lie inside the image, on rows that all do: no bounds to
   // check there (reach is negative only when no column qualifies).
   const int64_t first = (g.pw + g.sw - 1) / g.sw;
@@ -49,44 +78,57 @@ __attribute__((target("avx512f"))) void row_block(const float* x, const float* f
   }
   for (int64_t ox = 0; ox < g.ow; ++ox) {
     __m512 sum = start;
+    __m512 taps = all_taps;  // the filters of the taps inside the image
     if (all_rows && ox >= first && ox <= last) {
-      const float* tap = image + (iy[0] * g.w + ox * g.sw - g.pw) * g.c + ch;
+      const In* tap = image + (iy[0] * g.w + ox * g.sw - g.pw) * g.c + ch;
 #pragma GCC unroll 5
       for (int i = 0; i < KH; ++i) {
 #pragma GCC unroll 5
         for (int j = 0; j < KW; ++j) {
-          sum = _mm512_fmadd_ps(
-              _mm512_maskz_loadu_ps(mask, tap + (i * g.dh * g.w + j * g.dw) * g.c),
-              f[i * KW + j], sum);
+          sum = _mm512_fmadd_ps(load16(tap + (i * g.dh * g.w + j * g.dw) * g.c, mask),
+                                f[i * KW + j], sum);
         }
       }
     } else {
+      taps = zero;
       for (int i = 0; i < KH; ++i) {
         if (iy[i] < 0 || iy[i] >= g.h) {
           continue;
         }
-        const float* line = image + iy[i] * g.w * g.c + ch;
+        const In* line = image + iy[i] * g.w * g.c + ch;
         for (int j = 0; j < KW; ++j) {
           const int64_t ix = ox * g.sw - g.pw + j * g.dw;
           if (ix >= 0 && ix < g.w) {
-            sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, line + ix * g.c), f[i * KW + j],
-                                  sum);
+            sum = _mm512_fmadd_ps(load16(line + ix * g.c, mask), f[i * KW + j], sum);
+            taps = _mm512_add_ps(taps, f[i * KW + j]);
           }
         }
       }
     }
-    if (relu) {  // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu
+    if constexpr (kUint8) {
+      sum = _mm512_fmadd_ps(_mm512_fnmadd_ps(_mm512_set1_ps(e.in_zero_point), taps, sum),
+                            _mm512_set1_ps(e.in_scale), bias);
+    }
+    if (e.relu) {  // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu
       sum = _mm512_max_ps(zero, sum);
     }
-    _mm512_mask_storeu_ps(out + ox * g.c + ch, mask, sum);
+    if (e.out_u8 != nullptr) {  // rounded as quantize_uint8 rounds (NaN: 0)
+      __m512 v = _mm512_fmadd_ps(sum, _mm512_set1_ps(e.out_inverse),
+                                 _mm512_set1_ps(e.out_zero_point));
+      v = _mm512_min_ps(_mm512_max_ps(v, zero), _mm512_set1_ps(255.0f));
+      _mm512_mask_cvtepi32_storeu_epi8(e.out_u8 + out_row + ox * g.c + ch, mask,
+                                       _mm512_cvtps_epi32(v));
+    } else {
+      _mm512_mask_storeu_ps(y + out_row + ox * g.c + ch, mask, sum);
+    }
   }
 }
 
 #pragma GCC diagnostic pop
 
-template <int KH, int KW>
-void convolve(const float* x, int64_t n, const float* filters, const float* bias, bool relu,
-              float* y, const Geometry& g) {
+template <int KH, int KW, typename In>
+void convolve(const In* x, int64_t n, const float* filters, const Finish& e, float* y,
+              const Geometry& g) {
   // Tasks of one output row and one block of 16 channels: a 7 x 7 image has too few rows
   // to share evenly among the threads on its own.
   const int64_t blocks = (g.c + 15) / 16;
@@ -96,15 +138,32 @@ void convolve(const float* x, int64_t n, const float* filters, const float* bias
       const int64_t ch = task % blocks * 16;
       const __mmask16 mask = ch + 16 <= g.c ? static_cast<__mmask16>(0xffff)
                                             : static_cast<__mmask16>((1u << (g.c - ch)) - 1u);
-      row_block<KH, KW>(x, filters, bias, relu, y, g, row / g.oh, row % g.oh, ch, mask);
+      row_block<KH, KW>(x, filters, e, y, g, row / g.oh, row % g.oh, ch, mask);
     }
   });
+}
+
+template <typename In>
+bool run(const In* x, int64_t n, int64_t kh, int64_t kw, const float* filters,
+         const Finish& e, float* y, const Geometry& g) {
+  if (!depthwise_conv_available() || !depthwise_conv_takes(kh, kw) || n <= 0 || g.h <= 0 ||
+      g.w <= 0 || g.c <= 0 || g.oh <= 0 || g.ow <= 0 || g.sh <= 0 || g.sw <= 0 ||
+      g.dh <= 0 || g.dw <= 0 || g.ph < 0 || g.pw < 0) {
+    return false;
+  }
+  if (kh == 3) {
+    convolve<3, 3>(x, n, filters, e, y, g);
+  } else {
+    convolve<5, 5>(x, n, filters, e, y, g);
+  }
+  return true;
 }
 
 }  // namespace
 
 bool depthwise_conv_available() {
-  static const bool available = has_cpu_feature("avx512f");
+  static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
+                                has_cpu_feature("avx512vl");
   return available;
 }
 
@@ -116,18 +175,21 @@ bool depthwise_conv2d(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
                       const float* filters, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                       int64_t ph, int64_t pw, int64_t dh, int64_t dw, const float* bias,
                       bool relu, float* y, int64_t oh, int64_t ow) {
-  if (!depthwise_conv_available() || !depthwise_conv_takes(kh, kw) || n <= 0 || h <= 0 ||
-      w <= 0 || c <= 0 || oh <= 0 || ow <= 0 || sh <= 0 || sw <= 0 || dh <= 0 || dw <= 0 ||
-      ph < 0 || pw < 0) {
-    return false;
+  return run(x, n, kh, kw, filters, Finish{bias, relu}, y,
+             Geometry{h, w, c, sh, sw, ph, pw, dh, dw, oh, ow});
+}
+
+bool depthwise_conv2d_uint8(const uint8_t* x, int64_t n, int64_t h, int64_t w, int64_t c,
+                            const float* filters, int64_t kh, int64_t kw, int64_t sh,
+                            int64_t sw, int64_t ph, int64_t pw, const float* bias, bool relu,
+                            const DepthwiseRanges& ranges, float* y, int64_t oh, int64_t ow) {
+  Finish e{bias, relu, ranges.scale, static_cast<float>(ranges.zero_point)};
+  if (ranges.out_u8 != nullptr) {
+    e.out_u8 = ranges.out_u8;
+    e.out_inverse = 1.0f / ranges.out_scale;
+    e.out_zero_point = static_cast<float>(ranges.out_zero_point);
   }
-  const Geometry g{h, w, c, sh, sw, ph, pw, dh, dw, oh, ow};
-  if (kh == 3) {
-    convolve<3, 3>(x, n, filters, bias, relu, y, g);
-  } else {
-    convolve<5, 5>(x, n, filters, bias, relu, y, g);
-  }
-  return true;
+  return run(x, n, kh, kw, filters, e, y, Geometry{h, w, c, sh, sw, ph, pw, 1, 1, oh, ow});
 }
 
 }  // namespace blade::ral

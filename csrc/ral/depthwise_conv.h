@@ -9,7 +9,7 @@
 
 namespace blade::ral {
 
-// Whether depthwise_conv2d runs here (AVX-512F).
+// Whether depthwise_conv2d runs here (AVX-512 F, BW and VL).
 bool depthwise_conv_available();
 
 // Whether depthwise_conv2d takes a kernel of kh x kw (3x3 and 5x5).
@@ -25,5 +25,25 @@ bool depthwise_conv2d(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
                       const float* filters, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                       int64_t ph, int64_t pw, int64_t dh, int64_t dw, const float* bias,
                       bool relu, float* y, int64_t oh, int64_t ow);
+
+// The ranges of depthwise_conv2d_uint8's data: the input's real values are
+// (x - zero_point) * scale; with out_u8 the result is rounded to uint8 there with
+// out_scale and out_zero_point (as quantize_uint8 rounds) instead of written to y.
+struct DepthwiseRanges {
+  float scale = 1.0f;
+  int32_t zero_point = 0;
+  uint8_t* out_u8 = nullptr;
+  float out_scale = 1.0f;
+  int32_t out_zero_point = 0;
+};
+
+// depthwise_conv2d of uint8 NHWC data without dilation (an int8 network's: the filters
+// float32, from its int8 weight and scales), computed in float32: the sums of the bytes by
+// the filters, less the zero point's share, times the scale, plus the bias; then ReLU
+// where `relu`, and the result float32 [n, oh, ow, c] in y or uint8 in ranges.out_u8.
+bool depthwise_conv2d_uint8(const uint8_t* x, int64_t n, int64_t h, int64_t w, int64_t c,
+                            const float* filters, int64_t kh, int64_t kw, int64_t sh,
+                            int64_t sw, int64_t ph, int64_t pw, const float* bias, bool relu,
+                            const DepthwiseRanges& ranges, float* y, int64_t oh, int64_t ow);
 
 }  // namespace blade::ral

@@ -490,9 +490,13 @@ bool int8_conv_tiles_run() {
 
 void set_int8_conv_enabled(bool value) { enabled.store(value, std::memory_order_relaxed); }
 
+bool int8_conv_enabled() { return enabled.load(std::memory_order_relaxed); }
+
 void set_int8_conv_tiles(bool value) { tiles_enabled.store(value, std::memory_order_relaxed); }
 
 int64_t int8_conv_calls() { return calls.load(std::memory_order_relaxed); }
+
+void note_int8_conv_call() { calls.fetch_add(1, std::memory_order_relaxed); }
 
 bool int8_conv_takes(int64_t channels, const at::Tensor& weight, at::IntArrayRef dilation,
                      int64_t groups) {

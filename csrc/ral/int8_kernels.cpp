@@ -1,6 +1,7 @@
 #include "ral/int8_kernels.h"
 
 #include "ral/cpu_features.h"
+#include "ral/depthwise_conv.h"
 #include "ral/int8_conv.h"
 #include "ral/offered_buffers.h"
 #include "ral/kernel_trials.h"
@@ -472,6 +473,17 @@ at::Tensor uint8_image(const ConvCall& call) {
                       : quantize_uint8_channels_last(call.image, call.scale, call.zero_point);
 }
 
+// A convolution's result of sizes `made` ([N, O, H, W]) as oneDNN's path returns it: uint8
+// as int8 [N, H, W, O], or float32 channels_last. Blade's kernels make it before anything
+// else: an engine's offered buffer goes to the first allocation of its size.
+at::Tensor conv_result_tensor(const ConvCall& call, const std::vector<int64_t>& made) {
+  return call.quantized_out
+             ? at::empty({made[0], made[2], made[3], made[1]},
+                         call.image.options().dtype(at::kChar))
+             : at::empty(made, call.image.options().dtype(at::kFloat)
+                                   .memory_format(at::MemoryFormat::ChannelsLast));
+}
+
 // The convolution by Blade's own kernel (int8_conv.h), returned as oneDNN's path returns
 // it. The result is made first (an engine's offered buffer goes to the
 // first allocation of its size), then the operands: the uint8 input (channels_last) and the
@@ -488,11 +500,7 @@ at::Tensor blade_conv(const ConvCall& call, const at::Tensor& weight,
                                      double add_scale, int64_t add_zero_point) {
   const std::vector<int64_t> made = at::native::conv_output_size(
       call.image.sizes(), weight.sizes(), padding, stride, dilation);
-  at::Tensor result =
-      call.quantized_out
-          ? at::empty({made[0], made[2], made[3], made[1]}, call.image.options().dtype(at::kChar))
-          : at::empty(made, call.image.options().dtype(at::kFloat)
-                                .memory_format(at::MemoryFormat::ChannelsLast));
+  at::Tensor result = conv_result_tensor(call, made);
   const at::Tensor quantized = quantized_input().contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor added = added_input ? added_input() : at::Tensor();
   const at::Tensor packed = packed_weight(weight, kInt8ConvKey, [&] {
@@ -528,17 +536,67 @@ at::Tensor blade_conv(const ConvCall& call, const at::Tensor& weight,
   return result;
 }
 
+// Whether Blade's depthwise kernel (depthwise_conv.h) takes the convolution: one filter
+// per channel, 3x3 or 5x5, no dilation.
+bool depthwise_takes(const ConvCall& call, const at::Tensor& weight, at::IntArrayRef dilation,
+                     int64_t groups) {
+  return int8_conv_enabled() && groups > 1 && groups == call.image.size(1) &&
+         weight.size(0) == groups &&
+         weight.size(1) == 1 && dilation[0] == 1 && dilation[1] == 1 &&
+         depthwise_conv_available() && depthwise_conv_takes(weight.size(2), weight.size(3));
+}
+
+// The depthwise convolution by Blade's kernel on the uint8 input, in float32 with the
+// int8 weight times its scales as filters ([kH, kW, C], made once, as the packs are),
+// returned as oneDNN's path returns it. The result is made first, as blade_conv's.
+at::Tensor blade_depthwise(const ConvCall& call, const at::Tensor& weight,
+                           const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                           at::IntArrayRef stride, at::IntArrayRef padding,
+                           c10::string_view post_op,
+                           c10::function_ref<at::Tensor()> quantized_input) {
+  const std::vector<int64_t> made = at::native::conv_output_size(
+      call.image.sizes(), weight.sizes(), padding, stride, {1, 1});
+  at::Tensor result = conv_result_tensor(call, made);
+  const at::Tensor quantized = quantized_input().contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor filters = packed_weight(weight, kInt8ConvKey, [&] {
+    return (weight.to(at::kFloat) * weight_scale.view({-1, 1, 1, 1}))
+        .view({weight.size(0), weight.size(2), weight.size(3)})
+        .permute({1, 2, 0})
+        .contiguous();
+  });
+  const at::Tensor bias_values = bias.has_value() ? bias->contiguous() : at::Tensor();
+  DepthwiseRanges ranges;
+  ranges.scale = static_cast<float>(call.scale);
+  ranges.zero_point = static_cast<int32_t>(call.zero_point);
+  if (call.quantized_out) {
+    ranges.out_u8 = reinterpret_cast<uint8_t*>(result.data_ptr<int8_t>());
+    ranges.out_scale = static_cast<float>(call.out_scale);
+    ranges.out_zero_point = static_cast<int32_t>(call.out_zero_point);
+  }
+  const bool ran = depthwise_conv2d_uint8(
+      static_cast<const uint8_t*>(quantized.const_data_ptr()), call.image.size(0),
+      call.image.size(2), call.image.size(3), call.image.size(1),
+      filters.const_data_ptr<float>(), weight.size(2), weight.size(3), stride[0], stride[1],
+      padding[0], padding[1],
+      bias_values.defined() ? bias_values.const_data_ptr<float>() : nullptr,
+      post_op == "relu", ranges, call.quantized_out ? nullptr : result.data_ptr<float>(),
+      made[2], made[3]);
+  TORCH_CHECK(ran, "blade::quantized_conv2d: the depthwise kernel refused ", weight.sizes(),
+              " on ", call.image.sizes());
+  note_int8_conv_call();
+  return result;
+}
+
 // The convolution by Blade's kernel where it takes it, else by oneDNN's. In an engine the
 // two are kernel trials (PreparedWeights::next_kernel): its first calls time both and keep
 // the faster for the weight and input size (Blade's wins the small convolutions of a batch-1
 // network, which oneDNN's per-call cost outweighs; oneDNN's its larger ones). Outside an
 // engine (TorchScript, tests), Blade's.
-at::Tensor blade_or_onednn(const ConvCall& call, const at::Tensor& weight,
-                           at::IntArrayRef dilation, int64_t groups,
+at::Tensor blade_or_onednn(const ConvCall& call, const at::Tensor& weight, bool blade_takes,
                            c10::function_ref<at::Tensor()> blade,
                            c10::function_ref<at::Tensor()> onednn) {
   PreparedWeights* prepared = active_prepared_weights();
-  if (!int8_conv_takes(call.image.size(1), weight, dilation, groups)) {
+  if (!blade_takes) {
     return onednn();
   }
   if (prepared == nullptr) {
@@ -618,9 +676,14 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
   }
   // oneDNN reads channels_last activations without a reorder.
   const auto quantize_input = [&] { return uint8_image(call); };
+  const bool depthwise = depthwise_takes(call, weight, dilation, groups);
   return blade_or_onednn(
-      call, weight, dilation, groups,
+      call, weight, depthwise || int8_conv_takes(call.image.size(1), weight, dilation, groups),
       [&] {
+        if (depthwise) {
+          return blade_depthwise(call, weight, weight_scale, bias, stride, padding, post_op,
+                                 quantize_input);
+        }
         return blade_conv(call, weight, weight_scale, bias, stride, padding, dilation, groups,
                           post_op, quantize_input, nullptr, 1.0, 0);
       },
@@ -697,7 +760,7 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
   };
   const bool float_sum = !carried_accum && !call.quantized_out;
   return blade_or_onednn(
-      call, weight, dilation, groups,
+      call, weight, int8_conv_takes(call.image.size(1), weight, dilation, groups),
       [&] {
         return blade_conv(call, weight, weight_scale, bias, stride, padding, dilation, groups,
                           post_op, quantize_input, added_input, float_sum ? 1.0 : accum_scale,

@@ -73,6 +73,16 @@ def uint8_of(result):
     return ((q - OUTPUT_RANGE[1]) * OUTPUT_RANGE[0]).permute(0, 3, 1, 2)
 
 
+def assert_rounds_to(result, want, onednn=None):
+    """A uint8 result is `want` (float64, [N, C, H, W]) rounded with OUTPUT_RANGE (clamped
+    at its top), and within one step of oneDNN's where given."""
+    step = OUTPUT_RANGE[0].item()
+    clamped = want.clamp(max=(255 - OUTPUT_RANGE[1].item()) * step)
+    assert (uint8_of(result) - clamped).abs().max() <= 0.5 * step + 1e-4
+    if onednn is not None:
+        assert (result.view(torch.uint8).int() - onednn.view(torch.uint8).int()).abs().max() <= 1
+
+
 def run_both(op):
     """The op by Blade's kernel, then by oneDNN's, and how often Blade's ran for each."""
     results, ran = [], []
@@ -148,9 +158,7 @@ def test_unequal_strides_paddings_and_filters(batch, channels, size, filter_size
     w = weight.double() * scale.double().view(-1, 1, 1, 1)
     want = torch.relu(torch.nn.functional.conv2d(real_image(x), w, bias.double(), stride,
                                                  padding))
-    step = OUTPUT_RANGE[0].item()
-    clamped = want.clamp(max=(255 - OUTPUT_RANGE[1].item()) * step)
-    assert (uint8_of(results[0]) - clamped).abs().max() <= 0.5 * step + 1e-4
+    assert_rounds_to(results[0], want)
 
 
 @needs_kernel
@@ -201,10 +209,7 @@ def test_residual_adds(added_dtype, uint8_result, kernel, threads, multiply):
     assert ran == [1, 0]
     want = reference(x, weight, scale, bias, 1, padding, added_real)
     if uint8_result:
-        step = OUTPUT_RANGE[0].item()
-        clamped = want.clamp(max=(255 - OUTPUT_RANGE[1].item()) * step)
-        assert (uint8_of(mine) - clamped).abs().max() <= 0.5 * step + 1e-4
-        assert (mine.view(torch.uint8).int() - onednn.view(torch.uint8).int()).abs().max() <= 1
+        assert_rounds_to(mine, want, onednn)
     else:
         torch.testing.assert_close(mine, want.float(), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(mine, onednn, rtol=1e-5, atol=1e-5)
@@ -277,3 +282,37 @@ def test_an_int8_engine_times_blades_kernel_against_onednns():
         cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
         assert cosine > 0.999
     torch.testing.assert_close(first, onednn, rtol=0, atol=0.05 * want.abs().max())
+
+
+@needs_kernel
+@pytest.mark.parametrize("batch, channels, size, kernel, stride", [
+    (1, 32, (12, 11), 3, 1),   # MobileNet's 3x3, a whole vector of channels twice
+    (2, 24, (9, 10), 3, 2),    # stride 2; a partial vector of channels
+    (1, 72, (14, 13), 5, 2),   # a 5x5 at stride 2
+    (1, 40, (7, 7), 5, 1),     # a 5x5 wider than half the image: every column a border
+])
+@pytest.mark.parametrize("uint8_result", [True, False])
+@pytest.mark.parametrize("float_input", [False, True])
+def test_depthwise_convolutions(batch, channels, size, kernel, stride, uint8_result,
+                                float_input, threads):
+    """A depthwise convolution (one int8 filter per channel) on uint8 data, by Blade's
+    depthwise kernel in float32: as the float64 reference within rounding, and as oneDNN's
+    within one step of a uint8 result."""
+    x, weight, scale, bias = operands(batch, channels, size, channels, kernel, 6)
+    weight = weight[:, :1].contiguous()
+    padding = kernel // 2
+    source = real_image(x).float().contiguous(memory_format=torch.channels_last) \
+        if float_input else x
+    (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
+        source, weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], channels,
+        INPUT_RANGE, OUTPUT_RANGE if uint8_result else None, "relu"))
+    assert ran == [1, 0]
+    w = weight.double() * scale.double().view(-1, 1, 1, 1)
+    want = torch.relu(torch.nn.functional.conv2d(real_image(x), w, bias.double(), stride,
+                                                 padding, groups=channels))
+    if uint8_result:
+        assert_rounds_to(mine, want, onednn)
+    else:
+        assert mine.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(mine.double(), want, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(mine, onednn, rtol=1e-5, atol=1e-4)

@@ -166,10 +166,13 @@ def candidates(graph: torch._C.Graph, excluded_ops: Sequence[str],
                 v.node().kind() in ("prim::Constant", "prim::ListConstruct")
                 for v in list(node.inputs())[3:])):
             kept[name] = "its padding is a string or its strides are computed"
-        elif rank == 4 and _constant_value(node.inputsAt(6)) != 1:
-            # Depthwise and grouped convolutions are memory-bound: int8 saves no time there
-            # and its quantize and layout passes cost some (as in bf16 mode).
-            kept[name] = "it is a grouped (depthwise) convolution, memory-bound"
+        elif rank == 4 and _constant_value(node.inputsAt(6)) != 1 and \
+                not _depthwise_on_blades_kernel(node, weight):
+            # Grouped convolutions are memory-bound: int8 saves no time there and its
+            # quantize and layout passes cost some (as in bf16 mode). Depthwise ones that
+            # Blade's kernel runs read and write uint8 activations: a quarter of the bytes.
+            kept[name] = "it is a grouped convolution, memory-bound (int8 depthwise ones: " \
+                "3x3 or 5x5, no dilation)"
         elif bias is None and bias_value.type() != torch._C.NoneType.get() and \
                 not _is_none(bias_value):
             kept[name] = "its bias is computed, not a constant"
@@ -296,10 +299,20 @@ def _weight_bound(layer: LinearLayer) -> bool:
 
 
 def _blade_kernel_takes(layer: LinearLayer) -> bool:
-    """Whether `layer` is a convolution that Blade's own int8 kernel runs on this CPU
-    (one group, candidates' rule; no dilation)."""
+    """Whether `layer` is a convolution that Blade's own int8 kernels run on this CPU
+    (one group, candidates' rule, or depthwise; no dilation)."""
     return layer.node.kind() == "aten::conv2d" and _C.int8_conv_available() and \
         _constant_value(layer.node.inputsAt(5)) == [1, 1]
+
+
+def _depthwise_on_blades_kernel(node: torch._C.Node, weight: torch.Tensor) -> bool:
+    """Whether the grouped convolution `node` (a constant groups) is a depthwise one that
+    Blade's int8 depthwise kernel runs: one filter of 3x3 or 5x5 per channel, no dilation
+    (csrc/ral/depthwise_conv.h)."""
+    return weight.dim() == 4 and weight.shape[1] == 1 and \
+        _constant_value(node.inputsAt(6)) == weight.shape[0] and \
+        tuple(weight.shape[2:]) in ((3, 3), (5, 5)) and \
+        _constant_value(node.inputsAt(5)) == [1, 1] and _C.int8_conv_available()
 
 
 def choose_range(layer: LinearLayer) -> None:
