@@ -502,26 +502,59 @@ class InvertedResidual(torch.nn.Module):
 def test_depthwise_convolutions_are_int8_and_pass_uint8_on():
     """Depthwise 3x3 and 5x5 convolutions are int8 (uint8 data, Blade's depthwise kernel),
     handed uint8 by the layer before and handing it on; other grouped ones stay float32."""
-    torch.manual_seed(0)
-    model = InvertedResidual().eval()
-    x = torch.randn(2, 8, 15, 13)
-    cal = [torch.randn(2, 8, 15, 13) for _ in range(4)]
-    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
-    with torch.no_grad():
-        got, want = optimized(x), model(x)
-    report = assert_ran_compiled(optimized)
+    calls = _C.int8_conv_calls()
+    report = run_block_in_int8(InvertedResidual(), (2, 8, 15, 13))
     assert report.int8["layers"] == ["expand", "depthwise", "depthwise5", "project"], \
         str(report)
     assert "grouped convolution" in report.int8["float_layers"]["grouped"], str(report)
     assert report.int8["chained"] == 2, str(report)  # expand's and depthwise's
+    assert _C.int8_conv_calls() > calls  # Blade's kernels ran
+
+
+def run_block_in_int8(model, shape):
+    """`model` optimized in int8 on random inputs of `shape`, checked against eager
+    (cosine) and its engine's code against its subgraph; the report."""
+    torch.manual_seed(0)
+    model.eval()
+    x = torch.randn(shape)
+    cal = [torch.randn(shape) for _ in range(4)]
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    with torch.no_grad():
+        got, want = optimized(x), model(x)
+    report = assert_ran_compiled(optimized)
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert float(cosine) > 0.999, float(cosine)
     engine = getattr(optimized, report.clusters[0].name)
-    calls = _C.int8_conv_calls()
     with torch.no_grad():
         torch.testing.assert_close(engine.run_code([x]), engine.run_subgraph([x]),
                                    rtol=1e-4, atol=1e-4)
-    assert _C.int8_conv_calls() > calls  # Blade's kernels ran
+    report.engine = engine
+    return report
+
+
+class HardswishBlock(torch.nn.Module):
+    """MobileNetV3's block without squeeze-excitation: hardswish after the expanding and
+    the depthwise convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(8, 40, 1)
+        self.depthwise = torch.nn.Conv2d(40, 40, 5, padding=2, groups=40)
+        self.project = torch.nn.Conv2d(40, 16, 1)
+
+    def forward(self, x):
+        h = torch.nn.functional.hardswish
+        return self.project(h(self.depthwise(h(self.expand(x)))))
+
+
+@needs_int8
+def test_hardswish_is_a_convolutions_post_op_and_uint8_passes_on():
+    """A hardswish between int8 convolutions runs in the first one's epilogue, before it
+    rounds its result to uint8 for the next: nothing float32 between them."""
+    report = run_block_in_int8(HardswishBlock(), (2, 8, 11, 12))
+    assert report.int8["layers"] == ["expand", "depthwise", "project"], str(report)
+    assert report.int8["chained"] == 2, str(report)
+    assert "aten::hardswish" not in report.engine.fallback_ir(), report.engine.fallback_ir()
 
 
 class AttentionWithInt8Projection(torch.nn.Module):

@@ -26,6 +26,7 @@ struct Geometry {
 struct Finish {
   const float* bias;
   bool relu;
+  bool hardswish = false;
   float in_scale = 1.0f;
   float in_zero_point = 0.0f;
   uint8_t* out_u8 = nullptr;
@@ -111,6 +112,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
     }
     if (e.relu) {  // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu
       sum = _mm512_max_ps(zero, sum);
+    } else if (e.hardswish) {
+      const __m512 gate = _mm512_min_ps(
+          _mm512_max_ps(_mm512_add_ps(sum, _mm512_set1_ps(3.0f)), zero), _mm512_set1_ps(6.0f));
+      sum = _mm512_mul_ps(sum, _mm512_mul_ps(gate, _mm512_set1_ps(1.0f / 6.0f)));
     }
     if (e.out_u8 != nullptr) {  // rounded as quantize_uint8 rounds (NaN: 0)
       __m512 v = _mm512_fmadd_ps(sum, _mm512_set1_ps(e.out_inverse),
@@ -181,9 +186,11 @@ bool depthwise_conv2d(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
 
 bool depthwise_conv2d_uint8(const uint8_t* x, int64_t n, int64_t h, int64_t w, int64_t c,
                             const float* filters, int64_t kh, int64_t kw, int64_t sh,
-                            int64_t sw, int64_t ph, int64_t pw, const float* bias, bool relu,
-                            const DepthwiseRanges& ranges, float* y, int64_t oh, int64_t ow) {
-  Finish e{bias, relu, ranges.scale, static_cast<float>(ranges.zero_point)};
+                            int64_t sw, int64_t ph, int64_t pw, const float* bias,
+                            DepthwisePostOp post_op, const DepthwiseRanges& ranges, float* y,
+                            int64_t oh, int64_t ow) {
+  Finish e{bias, post_op == DepthwisePostOp::kRelu, post_op == DepthwisePostOp::kHardswish,
+           ranges.scale, static_cast<float>(ranges.zero_point)};
   if (ranges.out_u8 != nullptr) {
     e.out_u8 = ranges.out_u8;
     e.out_inverse = 1.0f / ranges.out_scale;

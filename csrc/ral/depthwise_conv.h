@@ -37,13 +37,17 @@ struct DepthwiseRanges {
   int32_t out_zero_point = 0;
 };
 
+// What follows the bias: nothing, ReLU, or hardswish (x * min(max(x + 3, 0), 6) / 6).
+enum class DepthwisePostOp { kNone, kRelu, kHardswish };
+
 // depthwise_conv2d of uint8 NHWC data without dilation (an int8 network's: the filters
 // float32, from its int8 weight and scales), computed in float32: the sums of the bytes by
-// the filters, less the zero point's share, times the scale, plus the bias; then ReLU
-// where `relu`, and the result float32 [n, oh, ow, c] in y or uint8 in ranges.out_u8.
+// the filters, less the zero point's share, times the scale, plus the bias; then the
+// post-op, and the result float32 [n, oh, ow, c] in y or uint8 in ranges.out_u8.
 bool depthwise_conv2d_uint8(const uint8_t* x, int64_t n, int64_t h, int64_t w, int64_t c,
                             const float* filters, int64_t kh, int64_t kw, int64_t sh,
-                            int64_t sw, int64_t ph, int64_t pw, const float* bias, bool relu,
-                            const DepthwiseRanges& ranges, float* y, int64_t oh, int64_t ow);
+                            int64_t sw, int64_t ph, int64_t pw, const float* bias,
+                            DepthwisePostOp post_op, const DepthwiseRanges& ranges, float* y,
+                            int64_t oh, int64_t ow);
 
 }  // namespace blade::ral

@@ -38,13 +38,17 @@ constexpr int64_t kDepthGroup = 4;
 // channel: the input zero point's share of the sum (exact, in int32), the multiplier of the
 // rest and the offset (bias, and the zero point of a uint8 tensor added). Then the factor
 // of the tensor added, and a uint8 result's lower bound (its zero point with ReLU: ReLU
-// before an increasing map is a bound after it).
+// before an increasing map is a bound after it). With hardswish, the result's scale and
+// zero point (1 and 0 for float32), to apply it in the result's units.
 struct Terms {
   std::vector<int32_t> correction;
   std::vector<float> multiplier;
   std::vector<float> offset;
   float add_factor = 1.0f;
   float low = 0.0f;
+  bool hardswish = false;
+  float out_scale = 1.0f;
+  float out_zero = 0.0f;
 };
 
 // 16 results of the epilogue before rounding or storing: the int32 sums less the input
@@ -61,6 +65,17 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 epilogue_value(
     return _mm512_fmadd_ps(added, add_factor, v);
   }
   return v;
+}
+
+// Hardswish of 16 values in the result's units v = x / scale + zero: d = v - zero is
+// x / scale, and hardswish(x) / scale = d * min(max(x + 3, 0), 6) / 6.
+__attribute__((target("avx512f"), always_inline)) inline __m512 hardswish_units(
+    __m512 v, __m512 scale, __m512 zero) {
+  const __m512 d = _mm512_sub_ps(v, zero);
+  const __m512 gate = _mm512_min_ps(
+      _mm512_max_ps(_mm512_fmadd_ps(d, scale, _mm512_set1_ps(3.0f)), _mm512_setzero_ps()),
+      _mm512_set1_ps(6.0f));
+  return _mm512_fmadd_ps(d, _mm512_mul_ps(gate, _mm512_set1_ps(1.0f / 6.0f)), zero);
 }
 
 // A uint8 result's steps: clamped to [low, 255] (NaN gives the lower bound: max's second
@@ -83,6 +98,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
   const __m512 add_factor = _mm512_set1_ps(terms.add_factor);
   const __m512 low = _mm512_set1_ps(terms.low);
   const __m512 zero = _mm512_setzero_ps();
+  const __m512 out_scale = _mm512_set1_ps(terms.out_scale);
+  const __m512 out_zero = _mm512_set1_ps(terms.out_zero);
   for (int64_t j = 0; j < width; j += 16) {
     const __mmask16 mask = width - j >= 16 ? static_cast<__mmask16>(0xFFFF)
                                            : static_cast<__mmask16>((1u << (width - j)) - 1);
@@ -106,6 +123,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
       __m512 v = epilogue_value<kAddU8 || kAddF32>(_mm512_loadu_si512(acc + r * 64 + j),
                                                    correction, multiplier, offset, added,
                                                    add_factor);
+      if (terms.hardswish) {
+        v = hardswish_units(v, out_scale, out_zero);
+      }
       if constexpr (kOutU8) {
         _mm_mask_storeu_epi8(e.out_u8 + at, mask, _mm512_cvtepi32_epi8(uint8_steps(v, low)));
       } else {
@@ -268,6 +288,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       }
       x[v] = epilogue_value<kAddU8 || kAddF32>(acc[r][v], correction[v], multiplier[v],
                                                offset[v], added, add_factor);
+      if (terms.hardswish) {
+        x[v] = hardswish_units(x[v], _mm512_set1_ps(terms.out_scale),
+                               _mm512_set1_ps(terms.out_zero));
+      }
       if constexpr (!kOutU8) {
         if (e.relu) {
           x[v] = _mm512_max_ps(x[v], zero);
@@ -365,6 +389,9 @@ const Terms& fold_terms(const Int8ConvEpilogue& e, const int32_t* sums, int64_t 
   }
   terms.add_factor = static_cast<float>((e.add_u8 != nullptr ? e.add_scale : 1.0) * unit);
   terms.low = e.relu && to_uint8 ? static_cast<float>(e.out_zero_point) : 0.0f;
+  terms.hardswish = e.hardswish;
+  terms.out_scale = to_uint8 ? e.out_scale : 1.0f;
+  terms.out_zero = static_cast<float>(base);
   return terms;
 }
 

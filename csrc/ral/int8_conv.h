@@ -50,8 +50,8 @@ bool int8_conv_takes(int64_t channels, const at::Tensor& weight, at::IntArrayRef
 at::Tensor pack_int8_conv_weight(const at::Tensor& weight);
 
 // What happens to each result: scaled to float32, the bias added, a residual added
-// (uint8 with its scale and zero point, or float32; NHWC with the result's sizes), ReLU,
-// then rounded to uint8 with the output range, or left float32. Pointers may be null
+// (uint8 with its scale and zero point, or float32; NHWC with the result's sizes), ReLU or
+// hardswish, then rounded to uint8 with the output range, or left float32. Pointers may be null
 // (no bias, no residual); exactly one of out_u8 and out_f32 is set.
 struct Int8ConvEpilogue {
   float input_scale = 1.0f;
@@ -63,6 +63,7 @@ struct Int8ConvEpilogue {
   float add_scale = 1.0f;
   int32_t add_zero_point = 0;
   bool relu = false;
+  bool hardswish = false;  // x * min(max(x + 3, 0), 6) / 6
   uint8_t* out_u8 = nullptr;
   float* out_f32 = nullptr;
   float out_scale = 1.0f;

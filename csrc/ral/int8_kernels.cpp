@@ -346,8 +346,8 @@ ConvCall check_conv(const char* op, const at::Tensor& input, const at::Tensor& w
               ": the input must be a float32 [N, C, H, W] tensor or the uint8 [N, H, W, C] "
               "activation of another int8 layer (as int8), got ",
               input.scalar_type(), input.sizes());
-  TORCH_CHECK(post_op == "none" || post_op == "relu", op, ": post_op must be 'none' or "
-              "'relu', got '", post_op, "'");
+  TORCH_CHECK(post_op == "none" || post_op == "relu" || post_op == "hardswish", op,
+              ": post_op must be 'none', 'relu' or 'hardswish', got '", post_op, "'");
   call.image = call.carried ? input.contiguous().view(at::kByte).permute({0, 3, 1, 2}) : input;
   TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 4, op,
               ": the weight must be an int8 [O, C / groups, kH, kW] tensor, got ",
@@ -404,6 +404,8 @@ at::Tensor conv_in_float(const ConvCall& call, const at::Tensor& weight,
   }
   if (post_op == "relu") {
     y = at::relu(y);
+  } else if (post_op == "hardswish") {
+    y = at::hardswish(y);
   }
   if (!call.quantized_out) {
     return y;
@@ -523,6 +525,7 @@ at::Tensor blade_conv(const ConvCall& call, const at::Tensor& weight,
   e.add_scale = static_cast<float>(add_scale);
   e.add_zero_point = static_cast<int32_t>(add_zero_point);
   e.relu = post_op == "relu";
+  e.hardswish = post_op == "hardswish";
   if (call.quantized_out) {
     e.out_u8 = reinterpret_cast<uint8_t*>(result.data_ptr<int8_t>());
     e.out_scale = static_cast<float>(call.out_scale);
@@ -579,7 +582,10 @@ at::Tensor blade_depthwise(const ConvCall& call, const at::Tensor& weight,
       filters.const_data_ptr<float>(), weight.size(2), weight.size(3), stride[0], stride[1],
       padding[0], padding[1],
       bias_values.defined() ? bias_values.const_data_ptr<float>() : nullptr,
-      post_op == "relu", ranges, call.quantized_out ? nullptr : result.data_ptr<float>(),
+      post_op == "relu"        ? DepthwisePostOp::kRelu
+      : post_op == "hardswish" ? DepthwisePostOp::kHardswish
+                               : DepthwisePostOp::kNone,
+      ranges, call.quantized_out ? nullptr : result.data_ptr<float>(),
       made[2], made[3]);
   TORCH_CHECK(ran, "blade::quantized_conv2d: the depthwise kernel refused ", weight.sizes(),
               " on ", call.image.sizes());
@@ -716,6 +722,9 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
                                 const std::optional<at::Tensor>& output_range,
                                 c10::string_view post_op) {
   constexpr const char* op = "blade::quantized_conv2d_add";
+  // oneDNN's sum takes ReLU after it, not hardswish.
+  TORCH_CHECK(post_op == "none" || post_op == "relu", op, ": post_op must be 'none' or "
+              "'relu', got '", post_op, "'");
   const ConvCall call = check_conv(op, input, weight, weight_scale, bias, stride, padding,
                                    dilation, groups, input_range, output_range, post_op);
   // The accum as [N, O, H, W]: float32, or uint8 in channels_last layout (carried).

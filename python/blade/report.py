@@ -206,7 +206,7 @@ class Report:
                          "convolution before them (oneDNN's sum post-op)")
         if q.get("chained"):
             lines.append(f"    {q['chained']} layers hand uint8 activations to the int8 "
-                         "layers reading them (ReLU/GELU and rounding in oneDNN)")
+                         "layers reading them (activation and rounding in the kernel)")
         for name, e in sorted(q.get("engines", {}).items(),
                               key=lambda item: int(item[0].rpartition("_")[2])):
             if "not_measured" in e:

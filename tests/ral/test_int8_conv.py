@@ -73,11 +73,14 @@ def uint8_of(result):
     return ((q - OUTPUT_RANGE[1]) * OUTPUT_RANGE[0]).permute(0, 3, 1, 2)
 
 
+POST_OPS = {"relu": torch.relu, "hardswish": torch.nn.functional.hardswish}
+
+
 def assert_rounds_to(result, want, onednn=None):
     """A uint8 result is `want` (float64, [N, C, H, W]) rounded with OUTPUT_RANGE (clamped
-    at its top), and within one step of oneDNN's where given."""
-    step = OUTPUT_RANGE[0].item()
-    clamped = want.clamp(max=(255 - OUTPUT_RANGE[1].item()) * step)
+    to it), and within one step of oneDNN's where given."""
+    step, zero_point = OUTPUT_RANGE[0].item(), OUTPUT_RANGE[1].item()
+    clamped = want.clamp(min=-zero_point * step, max=(255 - zero_point) * step)
     assert (uint8_of(result) - clamped).abs().max() <= 0.5 * step + 1e-4
     if onednn is not None:
         assert (result.view(torch.uint8).int() - onednn.view(torch.uint8).int()).abs().max() <= 1
@@ -293,8 +296,9 @@ def test_an_int8_engine_times_blades_kernel_against_onednns():
 ])
 @pytest.mark.parametrize("uint8_result", [True, False])
 @pytest.mark.parametrize("float_input", [False, True])
+@pytest.mark.parametrize("post_op", ["relu", "hardswish"])
 def test_depthwise_convolutions(batch, channels, size, kernel, stride, uint8_result,
-                                float_input, threads):
+                                float_input, post_op, threads):
     """A depthwise convolution (one int8 filter per channel) on uint8 data, by Blade's
     depthwise kernel in float32: as the float64 reference within rounding, and as oneDNN's
     within one step of a uint8 result."""
@@ -305,14 +309,42 @@ def test_depthwise_convolutions(batch, channels, size, kernel, stride, uint8_res
         if float_input else x
     (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
         source, weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], channels,
-        INPUT_RANGE, OUTPUT_RANGE if uint8_result else None, "relu"))
+        INPUT_RANGE, OUTPUT_RANGE if uint8_result else None, post_op))
     assert ran == [1, 0]
     w = weight.double() * scale.double().view(-1, 1, 1, 1)
-    want = torch.relu(torch.nn.functional.conv2d(real_image(x), w, bias.double(), stride,
-                                                 padding, groups=channels))
+    want = POST_OPS[post_op](torch.nn.functional.conv2d(real_image(x), w, bias.double(),
+                                                        stride, padding, groups=channels))
     if uint8_result:
         assert_rounds_to(mine, want, onednn)
     else:
         assert mine.is_contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(mine.double(), want, rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(mine, onednn, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kernel, stride", [(1, 1), (3, 2)])
+@pytest.mark.parametrize("uint8_result", [True, False])
+def test_hardswish_post_op(kernel, stride, uint8_result, multiply):
+    """MobileNetV3's activation after a convolution, in the epilogue before rounding: as
+    the reference within rounding, and as oneDNN's. A sum's post-op cannot be hardswish."""
+    x, weight, scale, bias = operands(2, 24, (9, 10), 40, kernel, 8)
+    padding = kernel // 2
+    (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
+        x, weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1, INPUT_RANGE,
+        OUTPUT_RANGE if uint8_result else None, "hardswish"))
+    assert ran == [1, 0]
+    w = weight.double() * scale.double().view(-1, 1, 1, 1)
+    want = torch.nn.functional.hardswish(
+        torch.nn.functional.conv2d(real_image(x), w, bias.double(), stride, padding))
+    if uint8_result:
+        assert_rounds_to(mine, want, onednn)
+    else:
+        torch.testing.assert_close(mine.double(), want, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(mine, onednn, rtol=1e-5, atol=1e-4)
+    with pytest.raises(RuntimeError, match="post_op must be 'none' or 'relu'"):
+        torch.ops.blade.quantized_conv2d_add(
+            x, weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1, INPUT_RANGE,
+            torch.zeros_like(onednn, dtype=torch.float32) if not uint8_result else
+            torch.zeros(mine.shape, dtype=torch.int8), ADDED_RANGE,
+            OUTPUT_RANGE if uint8_result else None, "hardswish")

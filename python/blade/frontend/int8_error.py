@@ -51,6 +51,8 @@ def dequantized(x: torch.Tensor, value_range: torch.Tensor, image: bool) -> torc
 def _post_op(y: torch.Tensor, post_op: str) -> torch.Tensor:
     if post_op == "relu":
         return torch.relu(y)
+    if post_op == "hardswish":
+        return torch.nn.functional.hardswish(y)
     if post_op in ("gelu", "gelu_tanh"):
         return torch.nn.functional.gelu(y, approximate="tanh" if post_op == "gelu_tanh"
                                         else "none")

@@ -9,10 +9,11 @@ Two rewrites keep data in uint8 between layers, as a quantized ResNet needs:
   layer's input is: it is what the operand is rounded to when the sum is uint8.
 - `hand_on_uint8` (a pipeline pass, once the shapes are simplified and the rank checks
   of folded batch norms are gone): an int8 layer's result, after a ReLU (or GELU, for
-  linears) or not, whose every reader is an int8 layer of the same family reading it
-  with one range (as its input, or as the tensor a convolution adds) is rounded to uint8
-  with that range by the layer itself; the readers take those bytes (convolutions: NHWC)
-  instead of float32 they would round and lay out again. One rounding to uint8, as each
+  linears; hardswish, for convolutions without an add) or not, whose every reader is an
+  int8 layer of the same family reading it with one range (as its input, or as the
+  tensor a convolution adds) is rounded to uint8 with that range by the layer itself; the
+  readers take those bytes (convolutions: NHWC) instead of float32 they would round and
+  lay out again. One rounding to uint8, as each
   reader would have done, but for float32 rounding of the value before it. A max pooling
   between a convolution and its readers (ResNet's stem) pools the uint8 bytes
   (`blade::quantized_max_pool2d`): rounding keeps order, so that is the same answer.
@@ -130,8 +131,7 @@ def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
     activation = None
     uses = value.uses()
     if constant_value(producer.inputsAt(post_at)) == "none" and len(uses) == 1:
-        activation = _post_op(uses[0].user, QUANTIZED_LINEAR if kind == QUANTIZED_LINEAR
-                              else QUANTIZED_CONV2D)
+        activation = _post_op(uses[0].user, kind)
         if activation is not None and uses[0].user.inputsAt(0) is value:
             value = uses[0].user.output()
         else:
@@ -202,10 +202,13 @@ def constant_value(value: torch._C.Value):
 
 
 def _post_op(node: torch._C.Node, kind: str) -> Optional[str]:
-    """The post-op oneDNN applies for `node` (None: not one): a ReLU, or for linear layers
-    a GELU (exact or tanh)."""
+    """The post-op the int8 op of `kind` applies for `node` (None: not one): a ReLU, for
+    linear layers a GELU (exact or tanh), for convolutions without an add a hardswish
+    (MobileNetV3's)."""
     if node.kind() in ("aten::relu", "aten::relu_"):
         return "relu"
+    if kind == QUANTIZED_CONV2D and node.kind() in ("aten::hardswish", "aten::hardswish_"):
+        return "hardswish"
     if kind == QUANTIZED_LINEAR and node.kind() == "aten::gelu":
         approximate = constant_value(node.inputsAt(1))
         return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
