@@ -679,6 +679,11 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const bool tiled = int8_conv_tiles_run();
   const auto tiles = for_epilogue<TileRows>(e);
   const int64_t tasks = batch * row_blocks * blocks;
+  // The threads take contiguous runs of tasks. Where the weight outweighs the input the
+  // convolution reads (a deep layer's), column blocks are the outer order, so each thread
+  // reads its share of the weight, not all of it; else rows are, so each reads its share
+  // of the input.
+  const bool columns_outer = blocks * block_bytes > batch * rows * depth;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     // The microkernel's int32 block and its rows' pixels.
     thread_local std::vector<int32_t> acc;
@@ -688,10 +693,12 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       pixels.resize(kMaxRowBlock);
     }
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t n = task / (row_blocks * blocks);
-      const int64_t first = (task / blocks % row_blocks) * step;
+      const int64_t block = columns_outer ? task / (batch * row_blocks) : task % blocks;
+      const int64_t image_row = columns_outer ? task % (batch * row_blocks) : task / blocks;
+      const int64_t n = image_row / row_blocks;
+      const int64_t first = (image_row % row_blocks) * step;
       const int64_t count = std::min(step, rows - first);
-      const int64_t column = (task % blocks) * kColumnBlock;
+      const int64_t column = block * kColumnBlock;
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);
       const int8_t* b = weights + (column / kColumnBlock) * block_bytes;
       const uint8_t* a = src + n * image_bytes + first * depth;
