@@ -166,6 +166,16 @@ struct TapGroup {
   int64_t depth;
 };
 
+// A call's groups, and for many short ones the input offset of every step of 4 depth
+// units in order (null otherwise): a loop per group of 3 or 4 steps (a 7x7 stem's) costs a
+// mispredicted exit per group.
+struct TapGroups {
+  const TapGroup* groups;
+  int64_t n_groups;
+  const int64_t* steps;
+  int64_t n_steps;
+};
+
 // Where GEMM rows go: row p of image n (a plane's flat pixel index) is output pixel
 // (oh, ow) = (p / plane_w, p % plane_w), dropped if ow >= out_w. Stepped row by row, without
 // a division per row.
@@ -197,11 +207,32 @@ struct RowWalk {
 // registers.
 constexpr int64_t kTileRows = 6;
 
+// One step of 4 depth units for every row of a tile: 4 x kRows dot products of the
+// row's 4 input bytes at `x_at` (rows `depth` apart) by the weight's 4 vectors at `w`.
+template <int kRows>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) inline void
+dot_step(__m512i (&acc)[kRows][4], const uint8_t* x_at, int64_t depth, const int8_t* w) {
+  const __m512i b0 = _mm512_loadu_si512(w);
+  const __m512i b1 = _mm512_loadu_si512(w + 64);
+  const __m512i b2 = _mm512_loadu_si512(w + 128);
+  const __m512i b3 = _mm512_loadu_si512(w + 192);
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    int32_t quad;
+    std::memcpy(&quad, x_at + r * depth, sizeof quad);
+    const __m512i x = _mm512_set1_epi32(quad);
+    acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, b0);
+    acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
+    acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], x, b2);
+    acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], x, b3);
+  }
+}
+
 template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
-    const uint8_t* a, int64_t depth, const TapGroup* groups, int64_t n_groups,
-    const int8_t* b, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
-    const Terms& terms, const Int8ConvEpilogue& e) {
+    const uint8_t* a, int64_t depth, const TapGroups& taps, const int8_t* b, RowWalk& walk,
+    int64_t width, int64_t out_channels, int64_t column, const Terms& terms,
+    const Int8ConvEpilogue& e) {
   // The rows' output pixels; the lines the next tile adds and writes, asked for early (they
   // lie in memory by now, the tensor added written long before).
   int64_t pixels[kRows];
@@ -226,24 +257,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       acc[r][v] = _mm512_setzero_si512();
     }
   }
-  for (int64_t g = 0; g < n_groups; ++g) {
-    const uint8_t* a_group = a + groups[g].offset;
-    const int8_t* b_group = b + groups[g].weight_row * kColumnBlock;
-    for (int64_t k = 0; k < groups[g].depth; k += kDepthGroup) {
-      const int8_t* w = b_group + k * kColumnBlock;
-      const __m512i b0 = _mm512_loadu_si512(w);
-      const __m512i b1 = _mm512_loadu_si512(w + 64);
-      const __m512i b2 = _mm512_loadu_si512(w + 128);
-      const __m512i b3 = _mm512_loadu_si512(w + 192);
-#pragma GCC unroll 8
-      for (int r = 0; r < kRows; ++r) {
-        int32_t quad;
-        std::memcpy(&quad, a_group + r * depth + k, sizeof quad);
-        const __m512i x = _mm512_set1_epi32(quad);
-        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, b0);
-        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
-        acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], x, b2);
-        acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], x, b3);
+  if (taps.steps != nullptr) {
+    // Many short groups (a stem's): one loop over every step, its input's offset from a
+    // table, the weight's rows in a row (groups' rows follow each other).
+    for (int64_t k = 0; k < taps.n_steps; ++k) {
+      dot_step<kRows>(acc, a + taps.steps[k], depth, b + k * kDepthGroup * kColumnBlock);
+    }
+  } else {
+    for (int64_t g = 0; g < taps.n_groups; ++g) {
+      const uint8_t* a_group = a + taps.groups[g].offset;
+      const int8_t* b_group = b + taps.groups[g].weight_row * kColumnBlock;
+      for (int64_t k = 0; k < taps.groups[g].depth; k += kDepthGroup) {
+        dot_step<kRows>(acc, a_group + k, depth, b_group + k * kColumnBlock);
       }
     }
   }
@@ -317,19 +342,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
 // `rows` GEMM rows (their inputs at `a`, `depth` bytes apart, their output pixels as `walk`
 // steps) by one block of output channels, in tiles of kTileRows and a shorter last one.
 template <bool kAddU8, bool kAddF32, bool kOutU8>
-void tile_rows(const uint8_t* a, int64_t rows, int64_t depth, const TapGroup* groups,
-               int64_t n_groups, const int8_t* b, RowWalk walk, int64_t width,
-               int64_t out_channels, int64_t column, const Terms& terms,
-               const Int8ConvEpilogue& e) {
+void tile_rows(const uint8_t* a, int64_t rows, int64_t depth, const TapGroups& taps,
+               const int8_t* b, RowWalk walk, int64_t width, int64_t out_channels,
+               int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
-    register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(a + r * depth, depth, groups,
-                                                      n_groups, b, walk, width, out_channels,
-                                                      column, terms, e);
+    register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(a + r * depth, depth, taps, b, walk,
+                                                      width, out_channels, column, terms, e);
   }
-  using Tile = void (*)(const uint8_t*, int64_t, const TapGroup*, int64_t, const int8_t*,
-                        RowWalk&, int64_t, int64_t, int64_t, const Terms&,
-                        const Int8ConvEpilogue&);
+  using Tile = void (*)(const uint8_t*, int64_t, const TapGroups&, const int8_t*, RowWalk&,
+                        int64_t, int64_t, int64_t, const Terms&, const Int8ConvEpilogue&);
   static constexpr Tile kTails[] = {nullptr,
                                     register_tile<1, kAddU8, kAddF32, kOutU8>,
                                     register_tile<2, kAddU8, kAddF32, kOutU8>,
@@ -338,8 +360,8 @@ void tile_rows(const uint8_t* a, int64_t rows, int64_t depth, const TapGroup* gr
                                     register_tile<5, kAddU8, kAddF32, kOutU8>};
   static_assert(std::size(kTails) == kTileRows);
   if (r < rows) {
-    kTails[rows - r](a + r * depth, depth, groups, n_groups, b, walk, width,
-                     out_channels, column, terms, e);
+    kTails[rows - r](a + r * depth, depth, taps, b, walk, width, out_channels, column, terms,
+                     e);
   }
 }
 #pragma GCC diagnostic pop
@@ -393,6 +415,45 @@ const Terms& fold_terms(const Int8ConvEpilogue& e, const int32_t* sums, int64_t 
   terms.out_scale = to_uint8 ? e.out_scale : 1.0f;
   terms.out_zero = static_cast<float>(base);
   return terms;
+}
+
+// `count` pixels of `channels` <= 4 bytes each, `stride` pixels apart from `src` on
+// (stride * channels <= 8: 16 of them lie within 128 bytes), as 4-byte pixels at `out`
+// (bytes past the channels: `zero_point`), 16 at a time: two masked loads (nothing read
+// past the last pixel) and one byte permutation.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) void spread_pixels_avx512(
+    const uint8_t* src, uint8_t* out, int64_t count, int64_t stride, int64_t channels,
+    uint8_t zero_point) {
+  alignas(64) uint8_t order[64];
+  uint64_t padding = 0;  // the bytes past the channels
+  for (int i = 0; i < 16; ++i) {
+    for (int b = 0; b < 4; ++b) {
+      order[i * 4 + b] = static_cast<uint8_t>(b < channels ? i * stride * channels + b : 0);
+      padding |= b < channels ? 0 : uint64_t{1} << (i * 4 + b);
+    }
+  }
+  const __m512i pick = _mm512_load_si512(order);
+  const __m512i zero = _mm512_set1_epi8(static_cast<char>(zero_point));
+  const auto bytes = [](int64_t n) {
+    return n >= 64 ? ~__mmask64{0} : n <= 0 ? __mmask64{0} : (__mmask64{1} << n) - 1;
+  };
+  for (int64_t i = 0; i < count; i += 16) {
+    const int64_t n = std::min<int64_t>(16, count - i);
+    const uint8_t* from = src + i * stride * channels;
+    const int64_t need = (n - 1) * stride * channels + channels;
+    const __m512i low = _mm512_maskz_loadu_epi8(bytes(need), from);
+    const __m512i high = _mm512_maskz_loadu_epi8(bytes(need - 64), from + 64);
+    const __m512i pixels = _mm512_mask_blend_epi8(
+        padding, _mm512_permutex2var_epi8(low, pick, high), zero);
+    _mm512_mask_storeu_epi8(out + i * 4, bytes(n * 4), pixels);
+  }
+}
+
+// Whether spread_pixels_avx512 runs here.
+bool few_channels_avx512() {
+  static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
+                                has_cpu_feature("avx512vl") && has_cpu_feature("avx512vbmi");
+  return available;
 }
 
 // Packs weight [O, C, kh, kw] (contiguous int8) as the header says, its taps in
@@ -624,8 +685,21 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
           std::memcpy(out + pw * channels, line, width * channels);
           continue;
         }
+        const int64_t first_w = phase % phases_w - pw;  // the input column of x = 0
+        // An image's (16 pixels at a time; their bytes within two vectors' reach).
+        if (depth == 4 && sw * channels <= 8 && few_channels_avx512()) {
+          // Plane columns [lo, hi) lie inside the image; the rest is padding.
+          const int64_t lo = std::min(plane_w, first_w >= 0 ? 0 : (-first_w + sw - 1) / sw);
+          const int64_t hi = std::max(lo, std::min(plane_w, (width - 1 - first_w) / sw + 1));
+          std::memset(out, e.input_zero_point, lo * depth);
+          spread_pixels_avx512(line + (lo * sw + first_w) * channels, out + lo * depth,
+                               hi - lo, sw, channels,
+                               static_cast<uint8_t>(e.input_zero_point));
+          std::memset(out + hi * depth, e.input_zero_point, (plane_w - hi) * depth);
+          continue;
+        }
         for (int64_t x = 0; x < plane_w; ++x) {
-          const int64_t w = x * sw + phase % phases_w - pw;
+          const int64_t w = x * sw + first_w;
           uint8_t* pixel = out + x * depth;
           if (w < 0 || w >= width) {
             std::memset(pixel, e.input_zero_point, depth);
@@ -675,6 +749,18 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       groups.push_back({tap_offsets[t], t * depth, depth});
     }
   }
+  // Groups of 4 steps or fewer on average: every step's offset in a table.
+  std::vector<int64_t> steps;
+  const int64_t n_steps = taps * depth / kDepthGroup;
+  if (n_steps < 4 * kDepthGroup * static_cast<int64_t>(groups.size()) / kDepthGroup) {
+    for (const TapGroup& group : groups) {
+      for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
+        steps.push_back(group.offset + k);
+      }
+    }
+  }
+  const TapGroups tap_groups{groups.data(), static_cast<int64_t>(groups.size()),
+                             steps.empty() ? nullptr : steps.data(), n_steps};
   const auto finish = for_epilogue<FinishBlock>(e);
   const bool tiled = int8_conv_tiles_run();
   const auto tiles = for_epilogue<TileRows>(e);
@@ -704,8 +790,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       const uint8_t* a = src + n * image_bytes + first * depth;
       const RowWalk walk(n, first, plane_w, batch, out_h, out_w);
       if (tiled) {
-        tiles(a, count, depth, groups.data(), static_cast<int64_t>(groups.size()), b, walk,
-              width_here, out_channels, column, terms, e);
+        tiles(a, count, depth, tap_groups, b, walk, width_here, out_channels, column, terms, e);
         continue;
       }
       // The microkernel's int32 block, one call per tap, then the epilogue.
