@@ -29,6 +29,7 @@ struct Finish {
   bool hardswish = false;
   float in_scale = 1.0f;
   float in_zero_point = 0.0f;
+  const float* channel_scale = nullptr;  // uint8 data: the filters' scales, per channel
   uint8_t* out_u8 = nullptr;
   float out_inverse = 1.0f;
   float out_zero_point = 0.0f;
@@ -63,6 +64,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
   const __m512 bias = e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + ch)
                                         : _mm512_setzero_ps();
   const __m512 start = kUint8 ? _mm512_setzero_ps() : bias;
+  // uint8 data: the input's scale times the filters' (whose int8 values the filters are).
+  const __m512 scale = _mm512_mul_ps(
+      _mm512_set1_ps(e.in_scale), e.channel_scale != nullptr
+                                      ? _mm512_maskz_loadu_ps(mask, e.channel_scale + ch)
+                                      : _mm512_set1_ps(1.0f));
   const __m512 zero = _mm512_setzero_ps();
   const In* image = x + b * g.h * g.w * g.c;
   const int64_t out_row = (b * g.oh + oy) * g.ow * g.c;
@@ -108,7 +114,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
     }
     if constexpr (kUint8) {
       sum = _mm512_fmadd_ps(_mm512_fnmadd_ps(_mm512_set1_ps(e.in_zero_point), taps, sum),
-                            _mm512_set1_ps(e.in_scale), bias);
+                            scale, bias);
     }
     if (e.relu) {  // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu
       sum = _mm512_max_ps(zero, sum);
@@ -117,7 +123,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
           _mm512_max_ps(_mm512_add_ps(sum, _mm512_set1_ps(3.0f)), zero), _mm512_set1_ps(6.0f));
       sum = _mm512_mul_ps(sum, _mm512_mul_ps(gate, _mm512_set1_ps(1.0f / 6.0f)));
     }
-    if (e.out_u8 != nullptr) {  // rounded as quantize_uint8 rounds (NaN: 0)
+    if (e.out_u8 != nullptr) {  // to nearest, ties to even (NaN: 0), one multiply-add
       __m512 v = _mm512_fmadd_ps(sum, _mm512_set1_ps(e.out_inverse),
                                  _mm512_set1_ps(e.out_zero_point));
       v = _mm512_min_ps(_mm512_max_ps(v, zero), _mm512_set1_ps(255.0f));
@@ -190,7 +196,7 @@ bool depthwise_conv2d_uint8(const uint8_t* x, int64_t n, int64_t h, int64_t w, i
                             DepthwisePostOp post_op, const DepthwiseRanges& ranges, float* y,
                             int64_t oh, int64_t ow) {
   Finish e{bias, post_op == DepthwisePostOp::kRelu, post_op == DepthwisePostOp::kHardswish,
-           ranges.scale, static_cast<float>(ranges.zero_point)};
+           ranges.scale, static_cast<float>(ranges.zero_point), ranges.channel_scale};
   if (ranges.out_u8 != nullptr) {
     e.out_u8 = ranges.out_u8;
     e.out_inverse = 1.0f / ranges.out_scale;

@@ -27,11 +27,13 @@ bool depthwise_conv2d(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
                       bool relu, float* y, int64_t oh, int64_t ow);
 
 // The ranges of depthwise_conv2d_uint8's data: the input's real values are
-// (x - zero_point) * scale; with out_u8 the result is rounded to uint8 there with
-// out_scale and out_zero_point (as quantize_uint8 rounds) instead of written to y.
+// (x - zero_point) * scale, the filters' are theirs times channel_scale[c] (null: 1); with
+// out_u8 the result is rounded to uint8 there (to nearest, ties to even) with out_scale
+// and out_zero_point instead of written to y.
 struct DepthwiseRanges {
   float scale = 1.0f;
   int32_t zero_point = 0;
+  const float* channel_scale = nullptr;
   uint8_t* out_u8 = nullptr;
   float out_scale = 1.0f;
   int32_t out_zero_point = 0;
@@ -41,9 +43,9 @@ struct DepthwiseRanges {
 enum class DepthwisePostOp { kNone, kRelu, kHardswish };
 
 // depthwise_conv2d of uint8 NHWC data without dilation (an int8 network's: the filters
-// float32, from its int8 weight and scales), computed in float32: the sums of the bytes by
-// the filters, less the zero point's share, times the scale, plus the bias; then the
-// post-op, and the result float32 [n, oh, ow, c] in y or uint8 in ranges.out_u8.
+// its int8 weight as float32), computed in float32: the sums of the bytes by the filters,
+// less the zero point's share, times the scales, plus the bias; then the post-op, and the
+// result float32 [n, oh, ow, c] in y or uint8 in ranges.out_u8.
 bool depthwise_conv2d_uint8(const uint8_t* x, int64_t n, int64_t h, int64_t w, int64_t c,
                             const float* filters, int64_t kh, int64_t kw, int64_t sh,
                             int64_t sw, int64_t ph, int64_t pw, const float* bias,

@@ -457,6 +457,12 @@ __attribute__((target("avx512f"))) inline void copy_lines_avx512(const uint8_t* 
   }
 }
 
+// Whether copy_lines_avx512 runs here.
+bool lines_avx512() {
+  static const bool available = has_cpu_feature("avx512f");
+  return available;
+}
+
 // Whether spread_pixels_avx512 runs here.
 bool few_channels_avx512() {
   static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
@@ -698,7 +704,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
         if (depth == 4 && sw * channels <= 8 && few_channels_avx512()) {
           // Plane columns [lo, hi) lie inside the image; the rest is padding.
           const int64_t lo = std::min(plane_w, first_w >= 0 ? 0 : (-first_w + sw - 1) / sw);
-          const int64_t hi = std::max(lo, std::min(plane_w, (width - 1 - first_w) / sw + 1));
+          const int64_t hi =
+              first_w >= width ? lo
+                               : std::max(lo, std::min(plane_w, (width - 1 - first_w) / sw + 1));
           std::memset(out, e.input_zero_point, lo * depth);
           spread_pixels_avx512(line + (lo * sw + first_w) * channels, out + lo * depth,
                                hi - lo, sw, channels,
@@ -721,7 +729,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
             pixel[3] = static_cast<uint8_t>(e.input_zero_point);
             continue;
           }
-          if (channels % 64 == 0 && few_channels_avx512()) {  // no call per pixel
+          if (channels % 64 == 0 && lines_avx512()) {  // no call per pixel
             copy_lines_avx512(from, pixel, channels / 64);
             continue;
           }
@@ -761,10 +769,10 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       groups.push_back({tap_offsets[t], t * depth, depth});
     }
   }
-  // Groups of 4 steps or fewer on average: every step's offset in a table.
+  // Groups of fewer than 4 steps on average: every step's offset in a table.
   std::vector<int64_t> steps;
   const int64_t n_steps = taps * depth / kDepthGroup;
-  if (n_steps < 4 * kDepthGroup * static_cast<int64_t>(groups.size()) / kDepthGroup) {
+  if (n_steps < 4 * static_cast<int64_t>(groups.size())) {
     for (const TapGroup& group : groups) {
       for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
         steps.push_back(group.offset + k);

@@ -550,8 +550,9 @@ bool depthwise_takes(const ConvCall& call, const at::Tensor& weight, at::IntArra
 }
 
 // The depthwise convolution by Blade's kernel on the uint8 input, in float32 with the
-// int8 weight times its scales as filters ([kH, kW, C], made once, as the packs are),
-// returned as oneDNN's path returns it. The result is made first, as blade_conv's.
+// int8 weight as filters ([kH, kW, C], made once, as the packs are; its scales applied
+// after the sums), returned as oneDNN's path returns it. The result is made first, as
+// blade_conv's.
 at::Tensor blade_depthwise(const ConvCall& call, const at::Tensor& weight,
                            const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
                            at::IntArrayRef stride, at::IntArrayRef padding,
@@ -562,15 +563,17 @@ at::Tensor blade_depthwise(const ConvCall& call, const at::Tensor& weight,
   at::Tensor result = conv_result_tensor(call, made);
   const at::Tensor quantized = quantized_input().contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor filters = packed_weight(weight, kInt8ConvKey, [&] {
-    return (weight.to(at::kFloat) * weight_scale.view({-1, 1, 1, 1}))
+    return weight.to(at::kFloat)
         .view({weight.size(0), weight.size(2), weight.size(3)})
         .permute({1, 2, 0})
         .contiguous();
   });
   const at::Tensor bias_values = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const at::Tensor scales = weight_scale.contiguous();
   DepthwiseRanges ranges;
   ranges.scale = static_cast<float>(call.scale);
   ranges.zero_point = static_cast<int32_t>(call.zero_point);
+  ranges.channel_scale = scales.const_data_ptr<float>();
   if (call.quantized_out) {
     ranges.out_u8 = reinterpret_cast<uint8_t*>(result.data_ptr<int8_t>());
     ranges.out_scale = static_cast<float>(call.out_scale);

@@ -44,7 +44,8 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
                             c10::string_view post_op);
 
 // A 2-d convolution by weight [O, C / groups, kH, kW] int8 with one scale per output
-// channel, bias [O] float32 or None, then `post_op` ("none" or "relu"); oneDNN's qconv2d
+// channel, bias [O] float32 or None, then `post_op` ("none", "relu" or "hardswish"; the _add
+// variant below: "none" or "relu"); oneDNN's qconv2d
 // with the weight packed once per input size. The input is float32 [N, C, H, W], rounded
 // to uint8 with input_range as above, or the uint8 activation of the int8 layer before as
 // its bytes, int8 [N, H, W, C], input_range its scale and zero point. Without

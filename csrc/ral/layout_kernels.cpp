@@ -186,8 +186,9 @@ bool use_avx512() {
 }
 
 // Runs `tile(image, c0, c1, p0, p1)` over every tile of n images of c channels and hw
-// pixels, split over the threads. A pixel block's channel tiles run in a row on one
-// thread: their NHWC lines are written (or read) whole, not shared between threads.
+// pixels, split over the threads. A pixel block's channel tiles run in a row (on one
+// thread but where a thread's range ends): their NHWC lines are written (or read) whole,
+// mostly not shared between threads.
 template <typename Tile>
 void for_each_tile(int64_t n, int64_t c, int64_t hw, const Tile& tile) {
   const int64_t c_tiles = (c + kTile - 1) / kTile, hw_tiles = (hw + kTile - 1) / kTile;

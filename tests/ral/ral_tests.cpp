@@ -492,6 +492,10 @@ void test_kernel_calls_run_pytorch_ops_from_a_table() {
   EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod float32 float32:nhwcx T0 i0 N"),
                      "unknown dtype");
   if (blade::ral::has_int8_dot_product()) {
+    // A float32 input and result as NHWC buffers: taken.
+    EXPECT(KernelCallTable("blade::quantized_conv2d float32:nhwc,int8,float32,float32 "
+                           "float32:nhwc T0 T1 T2 N I1,1 I0,0 I1,1 i1 T3 N s6e6f6e65")
+               .size() == 1);
     EXPECT_THROWS_WITH(
         KernelCallTable("blade::quantized_conv2d int8:nhwc,int8,float32,float32 float32 "
                         "T0 T1 T2 N I1,1 I0,0 I1,1 i1 T3 N s6e6f6e65"),

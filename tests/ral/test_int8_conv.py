@@ -73,7 +73,8 @@ def uint8_of(result):
     return ((q - OUTPUT_RANGE[1]) * OUTPUT_RANGE[0]).permute(0, 3, 1, 2)
 
 
-POST_OPS = {"relu": torch.relu, "hardswish": torch.nn.functional.hardswish}
+POST_OPS = {"relu": torch.relu, "hardswish": torch.nn.functional.hardswish,
+            "none": lambda y: y}
 
 
 def assert_rounds_to(result, want, onednn=None):
@@ -109,6 +110,8 @@ def run_both(op):
     (1, 3, (45, 44), 24, 7, 2, 3),     # a wider one: rows of 16 planes' pixels and a tail
     (1, 3, (40, 37), 16, 3, 1, 1),     # 3 channels at stride 1, spread a row at a time
     (1, 3, (32, 32), 32, 4, 4, 0),     # a 4x4 patchify stem: spread pixel by pixel
+    (1, 2, (5, 1), 8, 3, 3, 1),        # a plane column past a 1-pixel row: all padding
+    (1, 2, (6, 2), 8, 3, 4, 1),        # the same at stride 4, spread 16 at a time
     (1, 6, (7, 7), 24, 1, 1, 0),       # no padding or stride: copied to pad 6 channels to 8
     (1, 5, (8, 9), 16, 3, 1, 1),       # rows keep their left padding; 5 channels padded
     (1, 32, (9, 9), 48, 3, 1, 0),      # no padding, a filter wider than 1
@@ -138,8 +141,10 @@ def test_blades_kernel_matches_the_real_convolution_and_onednns(
     (1, 16, (13, 6), (7, 1), (1, 1), (3, 0)),  # a 7 x 1 filter
     (2, 2, (7, 9), (3, 3), (1, 1), (2, 1)),    # unequal padding; 2 channels padded to 4
 ])
+@pytest.mark.parametrize("post_op, uint8_result", [("relu", True), ("hardswish", True),
+                                                   ("hardswish", False)])
 def test_unequal_strides_paddings_and_filters(batch, channels, size, filter_size, stride,
-                                              padding, threads):
+                                              padding, post_op, uint8_result, threads):
     """Both ways of multiplying agree exactly with each other and with the real
     convolution within half a step, on geometry that differs by direction."""
     gen = torch.Generator().manual_seed(11)
@@ -155,13 +160,16 @@ def test_unequal_strides_paddings_and_filters(batch, channels, size, filter_size
         before = _C.int8_conv_calls()
         results.append(torch.ops.blade.quantized_conv2d(
             x, weight, scale, bias, list(stride), list(padding), [1, 1], 1, INPUT_RANGE,
-            OUTPUT_RANGE, "relu"))
+            OUTPUT_RANGE if uint8_result else None, post_op))
         assert _C.int8_conv_calls() == before + 1
     assert torch.equal(results[0], results[1])
     w = weight.double() * scale.double().view(-1, 1, 1, 1)
-    want = torch.relu(torch.nn.functional.conv2d(real_image(x), w, bias.double(), stride,
-                                                 padding))
-    assert_rounds_to(results[0], want)
+    want = POST_OPS[post_op](torch.nn.functional.conv2d(real_image(x), w, bias.double(),
+                                                        stride, padding))
+    if uint8_result:
+        assert_rounds_to(results[0], want)
+    else:
+        torch.testing.assert_close(results[0].double(), want, rtol=1e-5, atol=1e-4)
 
 
 @needs_kernel
@@ -288,23 +296,23 @@ def test_an_int8_engine_times_blades_kernel_against_onednns():
 
 
 @needs_kernel
-@pytest.mark.parametrize("batch, channels, size, kernel, stride", [
-    (1, 32, (12, 11), 3, 1),   # MobileNet's 3x3, a whole vector of channels twice
-    (2, 24, (9, 10), 3, 2),    # stride 2; a partial vector of channels
-    (1, 72, (14, 13), 5, 2),   # a 5x5 at stride 2
-    (1, 40, (7, 7), 5, 1),     # a 5x5 wider than half the image: every column a border
+@pytest.mark.parametrize("batch, channels, size, kernel, stride, padding", [
+    (1, 32, (12, 11), 3, 1, 1),   # MobileNet's 3x3, a whole vector of channels twice
+    (2, 24, (9, 10), 3, 2, 1),    # stride 2; a partial vector of channels
+    (1, 72, (14, 13), 5, 2, 2),   # a 5x5 at stride 2
+    (1, 40, (7, 7), 5, 1, 2),     # a 5x5 wider than half the image: every column a border
+    (1, 16, (9, 8), 3, 2, 0),     # no padding: every tap inside
 ])
 @pytest.mark.parametrize("uint8_result", [True, False])
 @pytest.mark.parametrize("float_input", [False, True])
-@pytest.mark.parametrize("post_op", ["relu", "hardswish"])
-def test_depthwise_convolutions(batch, channels, size, kernel, stride, uint8_result,
+@pytest.mark.parametrize("post_op", ["relu", "hardswish", "none"])
+def test_depthwise_convolutions(batch, channels, size, kernel, stride, padding, uint8_result,
                                 float_input, post_op, threads):
     """A depthwise convolution (one int8 filter per channel) on uint8 data, by Blade's
     depthwise kernel in float32: as the float64 reference within rounding, and as oneDNN's
     within one step of a uint8 result."""
     x, weight, scale, bias = operands(batch, channels, size, channels, kernel, 6)
     weight = weight[:, :1].contiguous()
-    padding = kernel // 2
     source = real_image(x).float().contiguous(memory_format=torch.channels_last) \
         if float_input else x
     (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
@@ -348,3 +356,19 @@ def test_hardswish_post_op(kernel, stride, uint8_result, multiply):
             torch.zeros_like(onednn, dtype=torch.float32) if not uint8_result else
             torch.zeros(mine.shape, dtype=torch.int8), ADDED_RANGE,
             OUTPUT_RANGE if uint8_result else None, "hardswish")
+
+
+@needs_kernel
+def test_depthwise_filters_follow_their_scales():
+    """The depthwise kernel keeps one float copy of an int8 weight per weight; the
+    per-channel scales apply after the sums, so the same weight with other scales gives
+    results scaled alike."""
+    x, weight, scale, bias = operands(1, 16, (8, 8), 16, 3, 9)
+    weight = weight[:, :1].contiguous()
+    zero = torch.zeros(16)
+
+    def run(scales):
+        return torch.ops.blade.quantized_conv2d(x, weight, scales, zero, [1, 1], [1, 1],
+                                                [1, 1], 16, INPUT_RANGE, None, "none")
+    once, twice = run(scale), run(scale * 2)
+    torch.testing.assert_close(twice, once * 2, rtol=1e-5, atol=1e-5)

@@ -6,7 +6,7 @@ gives it there (recorded as the engine check records examples,
 `self_check.capture_cluster_examples`), twice: as it is, and as its float twin, where each
 int8 op is the float op it stands for, with the layer's float weight (a folded BatchNorm's
 in it), without rounding: a uint8 input dequantized with the range it was rounded to, the
-ReLU or GELU post-op in float, the residual operand added. Both read the same inputs, so
+ReLU, GELU or hardswish post-op in float, the residual operand added. Both read the same inputs, so
 the error is the engine's own, not the error of the engines before it. Outputs are
 compared in float: uint8 results dequantized (NHWC bytes back to NCHW), integer and bool
 outputs left out.

@@ -477,8 +477,9 @@ class _Int8Convolutions:
         NHWC data."""
         declaration = self.declaration(op)
         operands = list(op.operands)
+        marked = self._marked(declaration)
         taken = [i for i, v in enumerate(operands)
-                 if _float_4d(v.type) and _is_transpose(v, TO_NCHW)]
+                 if i not in marked and _float_4d(v.type) and _is_transpose(v, TO_NCHW)]
         if not taken:
             return False
         for i in taken:
@@ -501,6 +502,12 @@ class _Int8Convolutions:
     def _retype(declaration, operands, results) -> None:
         declaration.attributes["function_type"] = ir.TypeAttr.get(
             ir.FunctionType.get([v.type for v in operands], results))
+
+    @staticmethod
+    def _marked(declaration) -> set:
+        """The operand positions the spec already marks NHWC (taken once only)."""
+        dtypes = ir.StringAttr(declaration.attributes[SPEC_ATTRIBUTE]).value.split(" ")[1]
+        return {i for i, d in enumerate(dtypes.split(",")) if d.endswith(":nhwc")}
 
     @staticmethod
     def _mark(declaration, operands=(), results=()) -> None:
@@ -530,10 +537,9 @@ def to_channels_last(module, main) -> int:
             _convolve_nhwc(op)
         int8 = _Int8Convolutions(module, block)
         int8_calls = int8.calls(block)
-        for op in int8_calls:
-            int8.result_to_nhwc(op)
-        if not convolutions and not int8_calls:
-            return 0
+        nhwc_results = sum(int8.result_to_nhwc(op) for op in int8_calls)
+        if not convolutions and not nhwc_results:
+            return 0  # nothing of this pass's own to sink: the model's transposes stay
         for _ in range(4 * len(list(block.operations))):
             changed = False
             for op in list(block.operations):
