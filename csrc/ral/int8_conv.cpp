@@ -178,21 +178,27 @@ struct TapGroups {
 
 // Where GEMM rows go: row p of image n (a plane's flat pixel index) is output pixel
 // (oh, ow) = (p / plane_w, p % plane_w), dropped if ow >= out_w. Stepped row by row, without
-// a division per row.
+// a division per row. The register tiles walk output pixels instead (`pixels`: rows are
+// output pixels, each reading its plane row `plane_row`): no row is dropped.
 struct RowWalk {
   int64_t image_base;  // the image's first output pixel
   int64_t oh, ow;
   int64_t plane_w, out_w;
   int64_t last;  // the last pixel of the result (of every image)
+  bool pixels;
+  int64_t plane_row = 0;  // next()'s row's, in pixels mode
 
   RowWalk(int64_t n, int64_t first_row, int64_t plane_w, int64_t batch, int64_t out_h,
-          int64_t out_w)
-      : image_base(n * out_h * out_w), oh(first_row / plane_w), ow(first_row % plane_w),
-        plane_w(plane_w), out_w(out_w), last(batch * out_h * out_w - 1) {}
+          int64_t out_w, bool pixels = false)
+      : image_base(n * out_h * out_w),
+        oh(first_row / (pixels ? out_w : plane_w)),
+        ow(first_row % (pixels ? out_w : plane_w)),
+        plane_w(plane_w), out_w(out_w), last(batch * out_h * out_w - 1), pixels(pixels) {}
   // The row's output pixel (negative: dropped), then on to the next row.
   int64_t next() {
     const int64_t pixel = ow < out_w ? image_base + oh * out_w + ow : -1;
-    if (++ow == plane_w) {
+    plane_row = oh * plane_w + ow;
+    if (++ow == (pixels ? out_w : plane_w)) {
       ow = 0;
       ++oh;
     }
@@ -208,10 +214,11 @@ struct RowWalk {
 constexpr int64_t kTileRows = 6;
 
 // One step of 4 depth units for every row of a tile: 4 x kRows dot products of the
-// row's 4 input bytes at `x_at` (rows `depth` apart) by the weight's 4 vectors at `w`.
+// row's 4 input bytes at `offset` from its input `x[r]` by the weight's 4 vectors at `w`.
 template <int kRows>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) inline void
-dot_step(__m512i (&acc)[kRows][4], const uint8_t* x_at, int64_t depth, const int8_t* w) {
+dot_step(__m512i (&acc)[kRows][4], const uint8_t* const (&x)[kRows], int64_t offset,
+         const int8_t* w) {
   const __m512i b0 = _mm512_loadu_si512(w);
   const __m512i b1 = _mm512_loadu_si512(w + 64);
   const __m512i b2 = _mm512_loadu_si512(w + 128);
@@ -219,7 +226,7 @@ dot_step(__m512i (&acc)[kRows][4], const uint8_t* x_at, int64_t depth, const int
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     int32_t quad;
-    std::memcpy(&quad, x_at + r * depth, sizeof quad);
+    std::memcpy(&quad, x[r] + offset, sizeof quad);
     const __m512i x = _mm512_set1_epi32(quad);
     acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, b0);
     acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
@@ -230,15 +237,18 @@ dot_step(__m512i (&acc)[kRows][4], const uint8_t* x_at, int64_t depth, const int
 
 template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
-    const uint8_t* a, int64_t depth, const TapGroups& taps, const int8_t* b, RowWalk& walk,
-    int64_t width, int64_t out_channels, int64_t column, const Terms& terms,
+    const uint8_t* image, int64_t depth, const TapGroups& taps, const int8_t* b,
+    RowWalk& walk, int64_t width, int64_t out_channels, int64_t column, const Terms& terms,
     const Int8ConvEpilogue& e) {
-  // The rows' output pixels; the lines the next tile adds and writes, asked for early (they
-  // lie in memory by now, the tensor added written long before).
+  // The rows' output pixels and inputs (their plane rows in `image`); the lines the next
+  // tile adds and writes, asked for early (they lie in memory by now, the tensor added
+  // written long before).
   int64_t pixels[kRows];
+  const uint8_t* x[kRows];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     pixels[r] = walk.next();
+    x[r] = image + walk.plane_row * depth;
     const int64_t ahead =
         std::min((pixels[r] >= 0 ? pixels[r] : walk.image_base) + kRows, walk.last) *
             out_channels + column;
@@ -261,14 +271,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
     // Many short groups (a stem's): one loop over every step, its input's offset from a
     // table, the weight's rows in a row (groups' rows follow each other).
     for (int64_t k = 0; k < taps.n_steps; ++k) {
-      dot_step<kRows>(acc, a + taps.steps[k], depth, b + k * kDepthGroup * kColumnBlock);
+      dot_step<kRows>(acc, x, taps.steps[k], b + k * kDepthGroup * kColumnBlock);
     }
   } else {
     for (int64_t g = 0; g < taps.n_groups; ++g) {
-      const uint8_t* a_group = a + taps.groups[g].offset;
+      const int64_t offset = taps.groups[g].offset;
       const int8_t* b_group = b + taps.groups[g].weight_row * kColumnBlock;
       for (int64_t k = 0; k < taps.groups[g].depth; k += kDepthGroup) {
-        dot_step<kRows>(acc, a_group + k, depth, b_group + k * kColumnBlock);
+        dot_step<kRows>(acc, x, offset + k, b_group + k * kColumnBlock);
       }
     }
   }
@@ -339,16 +349,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   }
 }
 
-// `rows` GEMM rows (their inputs at `a`, `depth` bytes apart, their output pixels as `walk`
-// steps) by one block of output channels, in tiles of kTileRows and a shorter last one.
+// `rows` output pixels (as `walk` steps in pixels mode, their inputs in `image`'s planes)
+// by one block of output channels, in tiles of kTileRows and a shorter last one.
 template <bool kAddU8, bool kAddF32, bool kOutU8>
-void tile_rows(const uint8_t* a, int64_t rows, int64_t depth, const TapGroups& taps,
+void tile_rows(const uint8_t* image, int64_t rows, int64_t depth, const TapGroups& taps,
                const int8_t* b, RowWalk walk, int64_t width, int64_t out_channels,
                int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
-    register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(a + r * depth, depth, taps, b, walk,
-                                                      width, out_channels, column, terms, e);
+    register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(image, depth, taps, b, walk, width,
+                                                      out_channels, column, terms, e);
   }
   using Tile = void (*)(const uint8_t*, int64_t, const TapGroups&, const int8_t*, RowWalk&,
                         int64_t, int64_t, int64_t, const Terms&, const Int8ConvEpilogue&);
@@ -360,8 +370,7 @@ void tile_rows(const uint8_t* a, int64_t rows, int64_t depth, const TapGroups& t
                                     register_tile<5, kAddU8, kAddF32, kOutU8>};
   static_assert(std::size(kTails) == kTileRows);
   if (r < rows) {
-    kTails[rows - r](a + r * depth, depth, taps, b, walk, width, out_channels, column, terms,
-                     e);
+    kTails[rows - r](image, depth, taps, b, walk, width, out_channels, column, terms, e);
   }
 }
 #pragma GCC diagnostic pop
@@ -745,11 +754,13 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
 
   const Terms& terms = fold_terms(e, sums, out_channels, blocks * kColumnBlock);
 
-  // The GEMM's rows run over a plane's flat pixel index p = oh * plane_w + ow, up to the last
-  // output; columns ow >= out_w (past the image, or its padding) are computed and dropped.
-  // Each tap's rows then start at a fixed offset in its plane, one pixel apart, and the
-  // last one read is the plane's last pixel at most.
-  const int64_t rows = (out_h - 1) * plane_w + out_w;
+  // The microkernel's GEMM rows run over a plane's flat pixel index p = oh * plane_w + ow, up
+  // to the last output; columns ow >= out_w (past the image, or its padding) are computed
+  // and dropped. Each tap's rows then start at a fixed offset in its plane, one pixel apart,
+  // and the last one read is the plane's last pixel at most. The register tiles read each
+  // row's input at its own plane position, so their rows are the output pixels only.
+  const bool tiled = int8_conv_tiles_run();
+  const int64_t rows = tiled ? out_h * out_w : (out_h - 1) * plane_w + out_w;
   const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
   const int64_t step = (rows + row_blocks - 1) / row_blocks;
   // Each tap's input offset from a row's, in packing order; runs of taps reading adjacent
@@ -782,7 +793,6 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const TapGroups tap_groups{groups.data(), static_cast<int64_t>(groups.size()),
                              steps.empty() ? nullptr : steps.data(), n_steps};
   const auto finish = for_epilogue<FinishBlock>(e);
-  const bool tiled = int8_conv_tiles_run();
   const auto tiles = for_epilogue<TileRows>(e);
   const int64_t tasks = batch * row_blocks * blocks;
   // The threads take contiguous runs of tasks. Where the weight outweighs the input the
@@ -807,12 +817,14 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       const int64_t column = block * kColumnBlock;
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);
       const int8_t* b = weights + (column / kColumnBlock) * block_bytes;
-      const uint8_t* a = src + n * image_bytes + first * depth;
-      const RowWalk walk(n, first, plane_w, batch, out_h, out_w);
       if (tiled) {
-        tiles(a, count, depth, tap_groups, b, walk, width_here, out_channels, column, terms, e);
+        tiles(src + n * image_bytes, count, depth, tap_groups, b,
+              RowWalk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/true), width_here,
+              out_channels, column, terms, e);
         continue;
       }
+      const uint8_t* a = src + n * image_bytes + first * depth;
+      const RowWalk walk(n, first, plane_w, batch, out_h, out_w);
       // The microkernel's int32 block, one call per tap, then the epilogue.
       const int64_t n_columns = (width_here + 15) / 16 * 16;  // whole vectors: zeros past O
       for (int64_t t = 0; t < taps; ++t) {
