@@ -231,3 +231,20 @@ def count_calls(monkeypatch, owner, name: str) -> dict:
 
     monkeypatch.setattr(owner, name, counting)
     return count
+
+
+def run_both(op):
+    """`op()` by Blade's own int8 kernels, then by oneDNN's (blade._C.set_int8_conv_enabled),
+    and how many calls of Blade's kernels each made: the results and [calls, calls]."""
+    from blade import _C
+
+    results, ran = [], []
+    try:
+        for enabled in (True, False):
+            _C.set_int8_conv_enabled(enabled)
+            before = _C.int8_conv_calls()
+            results.append(op())
+            ran.append(_C.int8_conv_calls() - before)
+    finally:
+        _C.set_int8_conv_enabled(True)
+    return results, ran

@@ -215,9 +215,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_int8_conv_tiles", &ral::set_int8_conv_tiles, py::arg("enabled"),
         "False multiplies by oneDNN's microkernel where it answers (tests).");
   m.def("set_int8_conv_enabled", &ral::set_int8_conv_enabled, py::arg("enabled"),
-        "False runs every int8 convolution by oneDNN's qconv2d instead (tests).");
+        "False runs every int8 convolution and linear layer by oneDNN's instead (tests).");
   m.def("int8_conv_calls", &ral::int8_conv_calls,
-        "How many int8 convolutions the runtime's own kernel ran in this process.");
+        "How many int8 convolutions (depthwise too) and few-row linear layers the "
+        "runtime's own kernels ran in this process.");
   m.def("bf16_attention_supported", &ral::bf16_attention_supported,
         "Whether int8 engines multiply attention's operands in bfloat16 here (AMX-BF16).");
   m.def("set_bf16_attention_allowed", &ral::set_bf16_attention_allowed, py::arg("allowed"),

@@ -26,15 +26,15 @@ namespace blade::ral {
 // Whether the kernel runs here (AVX-512 VNNI, or AMX-INT8 where the microkernel answers).
 bool int8_conv_available();
 // Tests turn it off (false) to run oneDNN's kernel everywhere, and back on (int8
-// depthwise convolutions too, int8_kernels.cpp).
+// depthwise convolutions and few-row linear layers too, int8_kernels.cpp).
 void set_int8_conv_enabled(bool enabled);
 bool int8_conv_enabled();
 // Whether the register tiles multiply (else the microkernel): on AVX-512 VNNI without
 // AMX, unless turned off (tests: false tries the microkernel where it answers).
 bool int8_conv_tiles_run();
 void set_int8_conv_tiles(bool enabled);
-// How many convolutions it has run in this process (tests: that it ran), the int8
-// depthwise ones too (counted by note_int8_conv_call).
+// How many convolutions it has run in this process (tests: that it ran), and the int8
+// depthwise ones and few-row linear layers (counted by note_int8_conv_call).
 int64_t int8_conv_calls();
 void note_int8_conv_call();
 

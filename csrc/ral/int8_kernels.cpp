@@ -3,6 +3,7 @@
 #include "ral/cpu_features.h"
 #include "ral/depthwise_conv.h"
 #include "ral/int8_conv.h"
+#include "ral/int8_gemv.h"
 #include "ral/offered_buffers.h"
 #include "ral/kernel_trials.h"
 #include "ral/layout_kernels.h"
@@ -297,6 +298,33 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
       y = quantize_uint8(y, out_scale, out_zero_point).view(at::kChar);
     }
     return y.reshape(sizes);
+  }
+  if (rows.size(0) <= kGemvMaxRows && (post_op == "none" || post_op == "relu") &&
+      int8_conv_enabled() && int8_gemv_available()) {
+    // A few rows: Blade's matrix-vector product (int8_gemv.h), which streams the weight.
+    at::Tensor result = at::empty(sizes, input.options().dtype(out_dtype));
+    const at::Tensor packed = packed_weight(weight, kInt8GemvKey, [&] {
+      return pack_int8_gemv_weight(weight);
+    });
+    const at::Tensor scales = weight_scale.contiguous();
+    const at::Tensor bias_values = bias.has_value() ? bias->contiguous() : at::Tensor();
+    Int8GemvEpilogue e;
+    e.input_scale = static_cast<float>(scale);
+    e.input_zero_point = static_cast<int32_t>(zero_point);
+    e.weight_scale = scales.const_data_ptr<float>();
+    e.bias = bias_values.defined() ? bias_values.const_data_ptr<float>() : nullptr;
+    e.relu = post_op == "relu";
+    if (output_range.has_value()) {
+      e.out_u8 = reinterpret_cast<uint8_t*>(result.data_ptr<int8_t>());
+      e.out_scale = static_cast<float>(out_scale);
+      e.out_zero_point = static_cast<int32_t>(out_zero_point);
+    } else {
+      e.out_f32 = result.data_ptr<float>();
+    }
+    int8_gemv(static_cast<const uint8_t*>(quantized.const_data_ptr()), rows.size(0), k, packed,
+              n, e);
+    note_int8_conv_call();
+    return result;
   }
   const at::Tensor packed = packed_weight(weight, {}, [&] { return pack_linear(weight); });
   static const auto linear = onednn_op("onednn::qlinear_pointwise");

@@ -57,6 +57,8 @@ int64_t prepared_weights_bytes();
 // The int8_weight key of Blade's own int8 convolution pack (int8_conv.h): one for every
 // input size, where oneDNN's keys start with the input's sizes.
 inline const std::vector<int64_t> kInt8ConvKey{-1};
+// And of Blade's int8 matrix-vector product (int8_gemv.h): a linear layer's few rows.
+inline const std::vector<int64_t> kInt8GemvKey{-2};
 
 class PreparedWeights {
  public:

@@ -7,7 +7,7 @@ import torch
 
 import blade
 from blade import _C
-from helpers import assert_ran_compiled
+from helpers import assert_ran_compiled, run_both
 
 needs_kernel = pytest.mark.skipif(not _C.int8_conv_available(),
                                   reason="this CPU lacks AVX-512 VNNI and AMX-INT8")
@@ -85,17 +85,6 @@ def assert_rounds_to(result, want, onednn=None):
     assert (uint8_of(result) - clamped).abs().max() <= 0.5 * step + 1e-4
     if onednn is not None:
         assert (result.view(torch.uint8).int() - onednn.view(torch.uint8).int()).abs().max() <= 1
-
-
-def run_both(op):
-    """The op by Blade's kernel, then by oneDNN's, and how often Blade's ran for each."""
-    results, ran = [], []
-    for enabled in (True, False):
-        _C.set_int8_conv_enabled(enabled)
-        before = _C.int8_conv_calls()
-        results.append(op())
-        ran.append(_C.int8_conv_calls() - before)
-    return results, ran
 
 
 @needs_kernel
