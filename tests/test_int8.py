@@ -231,7 +231,9 @@ def test_quantized_conv2d_add_names_what_is_wrong():
 
 @pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, channels", [
     (3, 2, 1, 1, False, 64), (2, 2, 0, 1, True, 70), (3, 1, 1, 2, False, 130),
-    (3, 2, 0, 1, True, 5)])
+    (3, 2, 0, 1, True, 5),
+    # 3 x 3 windows inside the image read whole (64 channels at a time); the rest listed.
+    (3, 1, 0, 1, False, 128), (3, 2, 1, 1, True, 64)])
 def test_quantized_max_pool2d_is_max_pool2d_of_the_bytes(kernel, stride, padding, dilation,
                                                         ceil_mode, channels):
     torch.manual_seed(7)
