@@ -1042,6 +1042,28 @@ def test_pt2e_quantized_model_runs_as_fused_int8_layers(dynamic, form, tmp_path)
         torch.testing.assert_close(torch.jit.load(str(path))(x), got, rtol=0, atol=0)
 
 
+@needs_int8
+@pytest.mark.parametrize("block", [InvertedResidual, HardswishBlock])
+def test_pt2e_quantized_mobile_blocks_run_compiled(block):
+    """PT2E's depthwise and grouped convolutions, and its hardswish between them, run
+    fused in the int8 engine (Blade's depthwise kernel), as PT2E's own eager computes."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 15, 13)
+    quantized = pt2e_quantized(block().eval(), x, dynamic=False)
+    optimized = blade.optimize(quantized, (x,))
+    with torch.no_grad():
+        own = quantized(x)
+        for _ in range(3):  # the kernel trials' calls: Blade's kernels and oneDNN's
+            torch.testing.assert_close(optimized(x), own, rtol=0, atol=1e-4)
+    report = assert_ran_compiled(optimized)
+    assert report.coverage == 1.0, str(report)
+    assert [c.precision for c in report.clusters] == ["int8"], str(report)
+    # The depthwise convolution's trial timed Blade's kernel.
+    choices = [line for c in report.clusters for line in c.kernel_choices]
+    assert any(re.match(r"weight \[\d+, 1, [35], [35]\].*Blade int8 \d", line)
+               for line in choices), choices
+
+
 def test_lowered_quantize_ops_compute_as_pt2e_defines_them():
     """quant_fusion.lower's aten ops give PT2E's own quantize/dequantize results."""
     from torch.ao.quantization.fx import _decomposed  # noqa: F401  (registers the ops)
