@@ -2,6 +2,7 @@
 #include "ral/depthwise_conv.h"
 
 #include "ral/cpu_features.h"
+#include "ral/int8_epilogue.h"
 
 #include <ATen/Parallel.h>
 
@@ -21,12 +22,11 @@ struct Geometry {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// How a row's sums end: bias, ReLU, and for uint8 data the input's range (the sums are of
+// How a row's sums end: bias, the post-op, and for uint8 data the input's range (the sums are of
 // raw bytes) and the result's (rounded to uint8 when out_u8 is set).
 struct Finish {
   const float* bias;
-  bool relu;
-  bool hardswish = false;
+  DepthwisePostOp post_op;
   float in_scale = 1.0f;
   float in_zero_point = 0.0f;
   const float* channel_scale = nullptr;  // uint8 data: the filters' scales, per channel
@@ -116,19 +116,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
       sum = _mm512_fmadd_ps(_mm512_fnmadd_ps(_mm512_set1_ps(e.in_zero_point), taps, sum),
                             scale, bias);
     }
-    if (e.relu) {  // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu
+    if (e.post_op == DepthwisePostOp::kRelu) {
+      // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu
       sum = _mm512_max_ps(zero, sum);
-    } else if (e.hardswish) {
-      const __m512 gate = _mm512_min_ps(
-          _mm512_max_ps(_mm512_add_ps(sum, _mm512_set1_ps(3.0f)), zero), _mm512_set1_ps(6.0f));
-      sum = _mm512_mul_ps(sum, _mm512_mul_ps(gate, _mm512_set1_ps(1.0f / 6.0f)));
+    } else if (e.post_op == DepthwisePostOp::kHardswish) {
+      sum = hardswish_units(sum, _mm512_set1_ps(1.0f), zero);
     }
     if (e.out_u8 != nullptr) {  // to nearest, ties to even (NaN: 0), one multiply-add
-      __m512 v = _mm512_fmadd_ps(sum, _mm512_set1_ps(e.out_inverse),
-                                 _mm512_set1_ps(e.out_zero_point));
-      v = _mm512_min_ps(_mm512_max_ps(v, zero), _mm512_set1_ps(255.0f));
+      const __m512 v = _mm512_fmadd_ps(sum, _mm512_set1_ps(e.out_inverse),
+                                       _mm512_set1_ps(e.out_zero_point));
       _mm512_mask_cvtepi32_storeu_epi8(e.out_u8 + out_row + ox * g.c + ch, mask,
-                                       _mm512_cvtps_epi32(v));
+                                       uint8_steps(v, zero));
     } else {
       _mm512_mask_storeu_ps(y + out_row + ox * g.c + ch, mask, sum);
     }
@@ -186,7 +184,8 @@ bool depthwise_conv2d(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
                       const float* filters, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                       int64_t ph, int64_t pw, int64_t dh, int64_t dw, const float* bias,
                       bool relu, float* y, int64_t oh, int64_t ow) {
-  return run(x, n, kh, kw, filters, Finish{bias, relu}, y,
+  return run(x, n, kh, kw, filters,
+             Finish{bias, relu ? DepthwisePostOp::kRelu : DepthwisePostOp::kNone}, y,
              Geometry{h, w, c, sh, sw, ph, pw, dh, dw, oh, ow});
 }
 
@@ -195,8 +194,8 @@ bool depthwise_conv2d_uint8(const uint8_t* x, int64_t n, int64_t h, int64_t w, i
                             int64_t sw, int64_t ph, int64_t pw, const float* bias,
                             DepthwisePostOp post_op, const DepthwiseRanges& ranges, float* y,
                             int64_t oh, int64_t ow) {
-  Finish e{bias, post_op == DepthwisePostOp::kRelu, post_op == DepthwisePostOp::kHardswish,
-           ranges.scale, static_cast<float>(ranges.zero_point), ranges.channel_scale};
+  Finish e{bias, post_op, ranges.scale, static_cast<float>(ranges.zero_point),
+           ranges.channel_scale};
   if (ranges.out_u8 != nullptr) {
     e.out_u8 = ranges.out_u8;
     e.out_inverse = 1.0f / ranges.out_scale;

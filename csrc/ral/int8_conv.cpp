@@ -3,6 +3,7 @@
 #include "ral/int8_conv.h"
 
 #include "ral/cpu_features.h"
+#include "ral/int8_epilogue.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
@@ -51,6 +52,11 @@ struct Terms {
   float out_zero = 0.0f;
 };
 
+// GCC 12 warns inside its own intrinsics' headers here (their _mm512_undefined).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 // 16 results of the epilogue before rounding or storing: the int32 sums less the input
 // zero point's share, scaled and offset, then the tensor added (its values as float32, in
 // its own units) times its factor. Both ways of multiplying finish with it, so they agree
@@ -67,30 +73,9 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 epilogue_value(
   return v;
 }
 
-// Hardswish of 16 values in the result's units v = x / scale + zero: d = v - zero is
-// x / scale, and hardswish(x) / scale = d * min(max(x + 3, 0), 6) / 6.
-__attribute__((target("avx512f"), always_inline)) inline __m512 hardswish_units(
-    __m512 v, __m512 scale, __m512 zero) {
-  const __m512 d = _mm512_sub_ps(v, zero);
-  const __m512 gate = _mm512_min_ps(
-      _mm512_max_ps(_mm512_fmadd_ps(d, scale, _mm512_set1_ps(3.0f)), _mm512_setzero_ps()),
-      _mm512_set1_ps(6.0f));
-  return _mm512_fmadd_ps(d, _mm512_mul_ps(gate, _mm512_set1_ps(1.0f / 6.0f)), zero);
-}
-
-// A uint8 result's steps: clamped to [low, 255] (NaN gives the lower bound: max's second
-// operand), then to nearest, ties to even, as quantize_uint8 rounds.
-__attribute__((target("avx512f"), always_inline)) inline __m512i uint8_steps(__m512 v,
-                                                                          __m512 low) {
-  return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, low), _mm512_set1_ps(255.0f)));
-}
-
 // The epilogue of a block's rows, 16 output channels at a time (their terms held in
 // registers across the rows), masked past `width`. Row r of `acc` (64 int32 apart) goes
 // to output pixel `pixels[r]` (negative: dropped).
-// GCC 12 warns inside its own intrinsics' headers here (their _mm512_undefined).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <bool kAddU8, bool kAddF32, bool kOutU8>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
     const int32_t* acc, int64_t rows, const int64_t* pixels, int64_t width,
@@ -182,23 +167,22 @@ struct TapGroups {
 // output pixels, each reading its plane row `plane_row`): no row is dropped.
 struct RowWalk {
   int64_t image_base;  // the image's first output pixel
+  int64_t row_w;       // a walked row's length: plane_w, or out_w walking output pixels
   int64_t oh, ow;
   int64_t plane_w, out_w;
   int64_t last;  // the last pixel of the result (of every image)
-  bool pixels;
-  int64_t plane_row = 0;  // next()'s row's, in pixels mode
+  int64_t plane_row = 0;  // next()'s row's
 
   RowWalk(int64_t n, int64_t first_row, int64_t plane_w, int64_t batch, int64_t out_h,
           int64_t out_w, bool pixels = false)
-      : image_base(n * out_h * out_w),
-        oh(first_row / (pixels ? out_w : plane_w)),
-        ow(first_row % (pixels ? out_w : plane_w)),
-        plane_w(plane_w), out_w(out_w), last(batch * out_h * out_w - 1), pixels(pixels) {}
+      : image_base(n * out_h * out_w), row_w(pixels ? out_w : plane_w),
+        oh(first_row / row_w), ow(first_row % row_w), plane_w(plane_w), out_w(out_w),
+        last(batch * out_h * out_w - 1) {}
   // The row's output pixel (negative: dropped), then on to the next row.
   int64_t next() {
     const int64_t pixel = ow < out_w ? image_base + oh * out_w + ow : -1;
     plane_row = oh * plane_w + ow;
-    if (++ow == (pixels ? out_w : plane_w)) {
+    if (++ow == row_w) {
       ow = 0;
       ++oh;
     }
@@ -240,18 +224,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
     const uint8_t* image, int64_t depth, const TapGroups& taps, const int8_t* b,
     RowWalk& walk, int64_t width, int64_t out_channels, int64_t column, const Terms& terms,
     const Int8ConvEpilogue& e) {
-  // The rows' output pixels and inputs (their plane rows in `image`); the lines the next
-  // tile adds and writes, asked for early (they lie in memory by now, the tensor added
-  // written long before).
+  // The rows' output pixels (walked as output pixels: none dropped) and inputs (their
+  // plane rows in `image`); the lines the next tile adds and writes, asked for early (they
+  // lie in memory by now, the tensor added written long before).
   int64_t pixels[kRows];
   const uint8_t* x[kRows];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     pixels[r] = walk.next();
     x[r] = image + walk.plane_row * depth;
-    const int64_t ahead =
-        std::min((pixels[r] >= 0 ? pixels[r] : walk.image_base) + kRows, walk.last) *
-            out_channels + column;
+    const int64_t ahead = std::min(pixels[r] + kRows, walk.last) * out_channels + column;
     if constexpr (kAddU8) {
       _mm_prefetch(reinterpret_cast<const char*>(e.add_u8 + ahead), _MM_HINT_T0);
     }
@@ -303,9 +285,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
-    if (pixels[r] < 0) {
-      continue;
-    }
     const int64_t at = pixels[r] * out_channels + column;
     __m512 x[4];
     __m512i added_u8;
@@ -816,7 +795,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       const int64_t count = std::min(step, rows - first);
       const int64_t column = block * kColumnBlock;
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);
-      const int8_t* b = weights + (column / kColumnBlock) * block_bytes;
+      const int8_t* b = weights + block * block_bytes;
       if (tiled) {
         tiles(src + n * image_bytes, count, depth, tap_groups, b,
               RowWalk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/true), width_here,

@@ -2,6 +2,7 @@
 #include "ral/int8_gemv.h"
 
 #include "ral/cpu_features.h"
+#include "ral/int8_epilogue.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -67,9 +68,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void gemv_blocks
       if (e.out_u8 != nullptr) {  // to nearest, ties to even; NaN: 0
         v = _mm512_fmadd_ps(v, _mm512_set1_ps(1.0f / e.out_scale),
                             _mm512_set1_ps(static_cast<float>(e.out_zero_point)));
-        v = _mm512_min_ps(_mm512_max_ps(v, zero), _mm512_set1_ps(255.0f));
         _mm512_mask_cvtepi32_storeu_epi8(e.out_u8 + r * n + column, mask,
-                                         _mm512_cvtps_epi32(v));
+                                         uint8_steps(v, zero));
       } else {
         _mm512_mask_storeu_ps(e.out_f32 + r * n + column, mask, v);
       }

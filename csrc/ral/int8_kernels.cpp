@@ -453,6 +453,9 @@ at::Tensor packed_conv_weight(const ConvCall& call, const at::Tensor& weight,
   }
   key.insert(key.end(), {groups, bits_of(call.scale), call.zero_point});
   return packed_weight(weight, key, [&] {
+    // oneDNN's packing allocates raw memory, which fails on an offered buffer of its size
+    // (offered_buffers.h): the offer waits for the result.
+    const SuspendedOffer suspended;
     static const auto prepack = onednn_op("onednn::qconv_prepack");
     torch::jit::Stack stack{weight.contiguous(), weight_scale.contiguous(), call.scale,
                             call.zero_point, stride.vec(), padding.vec(), dilation.vec(),
@@ -726,11 +729,8 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
       },
       [&] {
         const at::Tensor quantized = quantize_input();
-        const at::Tensor packed = [&] {
-          const SuspendedOffer suspended;  // raw allocations
-          return packed_conv_weight(call, weight, weight_scale, stride, padding, dilation,
-                                    groups);
-        }();
+        const at::Tensor packed =
+            packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
         static const auto conv = onednn_op("onednn::qconv2d_pointwise");
         torch::jit::Stack stack;
         stack.reserve(17);
@@ -825,11 +825,8 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
           sum_scale = 1.0;
           sum_zero_point = 0;
         }
-        const at::Tensor packed = [&] {
-          const SuspendedOffer suspended;  // raw allocations
-          return packed_conv_weight(call, weight, weight_scale, stride, padding, dilation,
-                                    groups);
-        }();
+        const at::Tensor packed =
+            packed_conv_weight(call, weight, weight_scale, stride, padding, dilation, groups);
         static const auto conv = onednn_op("onednn::qconv2d_pointwise", "binary");
         torch::jit::Stack stack;
         stack.reserve(22);

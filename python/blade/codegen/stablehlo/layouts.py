@@ -462,12 +462,13 @@ class _Int8Convolutions:
         then sinks like a convolution's."""
         if len(op.results) != 1 or not _float_4d(op.results[0].type):
             return False
+        declaration = self.declaration(op)
         nhwc = _permuted_type(op.results[0].type, TO_NHWC)
         with ir.InsertionPoint(op), op.location:
             call = self._recreate(op, list(op.operands), [nhwc])
             back = _transpose(call.results[0], TO_NCHW)
-        self._mark(self.declaration(op), results=[0])
-        self._retype(self.declaration(op), list(op.operands), [nhwc])
+        self._mark(declaration, results=[0])
+        self._retype(declaration, list(op.operands), [nhwc])
         op.results[0].replace_all_uses_with(back)
         op.erase()
         return True
@@ -514,9 +515,8 @@ class _Int8Convolutions:
         fields = ir.StringAttr(declaration.attributes[SPEC_ATTRIBUTE]).value.split(" ")
         for field, positions in ((1, operands), (2, results)):
             dtypes = fields[field].split(",")
-            for i in positions:
-                if not dtypes[i].endswith(":nhwc"):
-                    dtypes[i] += ":nhwc"
+            for i in positions:  # unmarked: results once, operands past _marked
+                dtypes[i] += ":nhwc"
             fields[field] = ",".join(dtypes)
         declaration.attributes[SPEC_ATTRIBUTE] = ir.StringAttr.get(" ".join(fields))
 
