@@ -151,14 +151,11 @@ struct TapGroup {
   int64_t depth;
 };
 
-// A call's groups, and for many short ones the input offset of every step of 4 depth
-// units in order (null otherwise): a loop per group of 3 or 4 steps (a 7x7 stem's) costs a
-// mispredicted exit per group.
+// A call's groups. (A flat table of every step's input offset, tried for a stem's groups
+// of 3 or 4 steps, made GCC spill the tile's accumulators on every step: 2.3x slower.)
 struct TapGroups {
   const TapGroup* groups;
   int64_t n_groups;
-  const int64_t* steps;
-  int64_t n_steps;
 };
 
 // Where GEMM rows go: row p of image n (a plane's flat pixel index) is output pixel
@@ -249,19 +246,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       acc[r][v] = _mm512_setzero_si512();
     }
   }
-  if (taps.steps != nullptr) {
-    // Many short groups (a stem's): one loop over every step, its input's offset from a
-    // table, the weight's rows in a row (groups' rows follow each other).
-    for (int64_t k = 0; k < taps.n_steps; ++k) {
-      dot_step<kRows>(acc, x, taps.steps[k], b + k * kDepthGroup * kColumnBlock);
-    }
-  } else {
-    for (int64_t g = 0; g < taps.n_groups; ++g) {
-      const int64_t offset = taps.groups[g].offset;
-      const int8_t* b_group = b + taps.groups[g].weight_row * kColumnBlock;
-      for (int64_t k = 0; k < taps.groups[g].depth; k += kDepthGroup) {
-        dot_step<kRows>(acc, x, offset + k, b_group + k * kColumnBlock);
-      }
+  for (int64_t g = 0; g < taps.n_groups; ++g) {
+    const int64_t offset = taps.groups[g].offset;
+    const int8_t* b_group = b + taps.groups[g].weight_row * kColumnBlock;
+    for (int64_t k = 0; k < taps.groups[g].depth; k += kDepthGroup) {
+      dot_step<kRows>(acc, x, offset + k, b_group + k * kColumnBlock);
     }
   }
   // The terms of the block's columns, and the masks of its width (whole vectors first).
@@ -278,11 +267,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
     offset[v] = _mm512_maskz_loadu_ps(masks[v], terms.offset.data() + column + 16 * v);
   }
   const __m512 add_factor = _mm512_set1_ps(terms.add_factor);
-  const __m512 low = _mm512_set1_ps(terms.low);
+  const __m512i low_bytes = _mm512_set1_epi8(static_cast<char>(static_cast<uint8_t>(terms.low)));
   const __m512 zero = _mm512_setzero_ps();
-  // packus_epi32 then packus_epi16 leave 4 values of vector v from 128-bit lane k in dword
-  // 4k + v; this puts them back at 4v + k.
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     const int64_t at = pixels[r] * out_channels + column;
@@ -314,16 +300,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       }
     }
     if constexpr (kOutU8) {
-      // Rounded, then packed to 64 bytes, exactly (all in 0..255).
-      __m512i q[4];
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) {
-        q[v] = uint8_steps(x[v], low);
-      }
-      const __m512i packed = _mm512_packus_epi16(_mm512_packus_epi32(q[0], q[1]),
-                                                 _mm512_packus_epi32(q[2], q[3]));
-      _mm512_mask_storeu_epi8(e.out_u8 + at, bytes_mask,
-                              _mm512_permutexvar_epi32(order, packed));
+      _mm512_mask_storeu_epi8(e.out_u8 + at, bytes_mask, uint8_pack64(x, low_bytes));
     }
   }
 }
@@ -759,18 +736,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       groups.push_back({tap_offsets[t], t * depth, depth});
     }
   }
-  // Groups of fewer than 4 steps on average: every step's offset in a table.
-  std::vector<int64_t> steps;
-  const int64_t n_steps = taps * depth / kDepthGroup;
-  if (n_steps < 4 * static_cast<int64_t>(groups.size())) {
-    for (const TapGroup& group : groups) {
-      for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
-        steps.push_back(group.offset + k);
-      }
-    }
-  }
-  const TapGroups tap_groups{groups.data(), static_cast<int64_t>(groups.size()),
-                             steps.empty() ? nullptr : steps.data(), n_steps};
+  const TapGroups tap_groups{groups.data(), static_cast<int64_t>(groups.size())};
   const auto finish = for_epilogue<FinishBlock>(e);
   const auto tiles = for_epilogue<TileRows>(e);
   const int64_t tasks = batch * row_blocks * blocks;

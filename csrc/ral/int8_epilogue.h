@@ -19,6 +19,26 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i uint8_steps(__m
   return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, low), _mm512_set1_ps(255.0f)));
 }
 
+// 64 uint8 results from 16 values of each of 4 vectors (vector v to bytes 16v..16v+15),
+// as uint8_steps gives them: clamped above in float32 (NaN stays NaN: min's second
+// operand), rounded, saturated to 0..255 by the packs (NaN and large negatives give 0),
+// then raised to the lower bound `low` in bytes, fewer steps than clamping each vector.
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i uint8_pack64(
+    const __m512 (&v)[4], __m512i low) {
+  const __m512 top = _mm512_set1_ps(255.0f);
+  __m512i q[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    q[i] = _mm512_cvtps_epi32(_mm512_min_ps(top, v[i]));
+  }
+  // The packs leave 4 values of vector i from 128-bit lane k in dword 4k + i; the
+  // permutation puts them back at 4i + k.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i packed =
+      _mm512_packus_epi16(_mm512_packs_epi32(q[0], q[1]), _mm512_packs_epi32(q[2], q[3]));
+  return _mm512_permutexvar_epi32(order, _mm512_max_epu8(packed, low));
+}
+
 // Hardswish of 16 values in a result's units v = x / scale + zero (float32 results: scale
 // 1, zero 0): d = v - zero is x / scale, and hardswish(x) / scale = d * min(max(x + 3, 0),
 // 6) / 6.

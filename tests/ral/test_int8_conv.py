@@ -320,6 +320,26 @@ def test_depthwise_convolutions(batch, channels, size, kernel, stride, padding, 
 
 
 @needs_kernel
+@pytest.mark.parametrize("post_op, low", [("relu", 3), ("none", 0)])
+def test_uint8_results_far_past_their_range_agree_in_tiles_and_microkernel(post_op, low):
+    """A result scale so small that the sums land far past int32 in its units: the register
+    tiles' packed clamp saturates as the microkernel's epilogue does, value for value, to
+    255 above and the lower bound below (the zero point under ReLU)."""
+    x, weight, scale, bias = operands(1, 16, (4, 4), 64, 1, 9)
+    tiny = torch.tensor([1e-12, 3.0])
+    results = []
+    for tiles in (True, False):
+        _C.set_int8_conv_tiles(tiles)
+        if _C.int8_conv_tiles_run() != tiles:
+            pytest.skip("the tiles and the microkernel do not both run on this CPU")
+        results.append(torch.ops.blade.quantized_conv2d(
+            x, weight, scale, bias, [1, 1], [0, 0], [1, 1], 1, INPUT_RANGE, tiny,
+            post_op).view(torch.uint8))
+    assert torch.equal(results[0], results[1])
+    assert set(results[0].unique().tolist()) == {low, 255}
+
+
+@needs_kernel
 @pytest.mark.parametrize("kernel, stride", [(1, 1), (3, 2)])
 @pytest.mark.parametrize("uint8_result", [True, False])
 def test_hardswish_post_op(kernel, stride, uint8_result, multiply):
