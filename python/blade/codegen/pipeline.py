@@ -32,6 +32,7 @@ from blade.codegen.linalg.gathers import lower_dynamic_reverses, lower_gathers
 from blade.codegen.linalg.integer_division import lower_integer_divisions
 from blade.codegen.linalg.scatters import lower_scatters
 from blade.codegen.linalg.pooling import lower_reduce_windows
+from blade.codegen.linalg.result_dims import resolve_result_dims
 from blade.codegen.llvm import abi, identical, launchers
 from blade.codegen.loops import approximations, loop_order, parallel, serial, tiled_transpose
 from blade.codegen.stablehlo import folding, layouts, slices
@@ -213,6 +214,11 @@ def build(options: Options) -> List[Pass]:
             "func.func(stablehlo-legalize-to-linalg)",
             "func.func(shape-to-shape-lowering)",
             "convert-shape-to-std",
+            "canonicalize"),
+        # Size queries of loop nests' results asked of their sources, so that a producer
+        # whose result a dynamic size was read from still fuses (linalg/result_dims.py).
+        Pass("resolve-result-dims", lambda c: resolve_result_dims(c.module)),
+        *_upstream_passes(
             "canonicalize",
             "func.func(linalg-fuse-elementwise-ops)",
             "canonicalize",
@@ -297,7 +303,8 @@ def build(options: Options) -> List[Pass]:
         Pass("mark-noalias-pointers",
              lambda c: abi.mark_noalias_pointers(c.module, c.noalias)),
         Pass("define-parallel-launchers", lambda c: launchers.define_launchers(
-            c.module, c.parallel_tasks, parallel.MIN_TASK_ITERATIONS)),
+            c.module, c.parallel_tasks, parallel.MIN_TASK_ITERATIONS,
+            parallel.MIN_ITERATIONS)),
         Pass("define-entry-point", lambda c: abi.define_entry_point(
             c.module, c.options.num_buffers, c.options.returns_outputs)),
         Pass("tune-for-host", lambda c: abi.tune_for_host(c.module, c.options.avx512)),

@@ -104,6 +104,11 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int,
                         copy.operands[i] = mapping[operand]
                 mapping[original.result] = copy.result
             func.ReturnOp([mapping[op.result]])
+    if dynamic:
+        # A body that only allocates tells bufferization the operands are not read: two
+        # operands computed into one empty tensor (CSE merges equal ones) would then share
+        # a buffer, the later write landing before the call. They are marked read.
+        read_only(function)
     i64 = ir.IntegerType.get_signless(64)
     function.attributes[LIBRARY_CALL] = ir.StringAttr.get(attributes["kind"])
     for key in KERNEL_ARGUMENTS[attributes["kind"]]:

@@ -7,8 +7,12 @@ declared. Its body, written here, stores every word in an array on its stack and
 `blade_ral_parallel_for(extent, grain, trampoline, array)` (csrc/ral/ral_parallel.cpp):
 extent is loop 0's size, and grain the rows per chunk, so that a chunk runs at least
 MIN_TASK_ITERATIONS iterations of the loops inside it (constants where sizes are static,
-else read from the descriptors' size words). `blade_trampoline_N(begin, end, array)` loads
-the words back and calls the task on rows [begin, end).
+else read from the descriptors' size words). With dynamic sizes, a call of fewer than
+MIN_ITERATIONS iterations in all gets the whole extent as its grain, so it runs on the
+calling thread, as the static rule (blade.codegen.loops.parallel) leaves such loops serial:
+waking the pool for a short sequence's loops cost more than they took.
+`blade_trampoline_N(begin, end, array)` loads the words back and calls the task on rows
+[begin, end).
 """
 from typing import List
 
@@ -20,7 +24,8 @@ from blade.codegen.llvm.abi import descriptor_word_types
 PARALLEL_FOR = "blade_ral_parallel_for"
 
 
-def define_launchers(module, tasks: List[dict], min_task_iterations: int) -> None:
+def define_launchers(module, tasks: List[dict], min_task_iterations: int,
+                     min_iterations: int) -> None:
     """Defines each task's launcher (declared by the lowering) and its trampoline, and
     declares blade_ral_parallel_for. `tasks` are what parallel.outline returned."""
     if not tasks:
@@ -50,7 +55,7 @@ def define_launchers(module, tasks: List[dict], min_task_iterations: int) -> Non
         with ir.InsertionPoint(module.body):
             trampoline = llvm.LLVMFuncOp(f"blade_trampoline_{n}", ir.TypeAttr.get(
                 llvm.FunctionType.get(void, [i64, i64, ptr])))
-        _launcher_body(launcher, task, types, n, min_task_iterations)
+        _launcher_body(launcher, task, types, n, min_task_iterations, min_iterations)
         _trampoline_body(trampoline, types, n)
 
 
@@ -65,7 +70,8 @@ def _slot(base, index: int):
     return llvm.GEPOp(llvm.PointerType.get(), base, [], [index], i64, 0).result
 
 
-def _launcher_body(launcher, task: dict, types, n: int, min_task_iterations: int) -> None:
+def _launcher_body(launcher, task: dict, types, n: int, min_task_iterations: int,
+                   min_iterations: int) -> None:
     i64 = ir.IntegerType.get_signless(64)
     ptr = llvm.PointerType.get()
     block = launcher.regions[0].blocks.append(*types)
@@ -95,6 +101,12 @@ def _launcher_body(launcher, task: dict, types, n: int, min_task_iterations: int
             per_row = llvm.SelectOp(empty, one, inner).result
             wanted = llvm.AddOp(_constant(min_task_iterations - 1), per_row, 0).result
             grain = llvm.SDivOp(wanted, per_row).result
+            # Too few iterations in all: the whole extent (one row at least) in one chunk.
+            total = llvm.MulOp(extent, per_row, 0).result
+            few = llvm.ICmpOp(llvm.ICmpPredicate.slt, total, _constant(min_iterations)).result
+            no_rows = llvm.ICmpOp(llvm.ICmpPredicate.slt, extent, one).result
+            whole = llvm.SelectOp(no_rows, one, extent).result
+            grain = llvm.SelectOp(few, whole, grain).result
         function = llvm.AddressOfOp(ptr, f"blade_trampoline_{n}").result
         llvm.CallOp(None, [extent, grain, function, array], [], [], callee=PARALLEL_FOR)
         llvm.ReturnOp()
