@@ -19,7 +19,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i uint8_steps(__m
   return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, low), _mm512_set1_ps(255.0f)));
 }
 
-// 64 uint8 results from 16 values of each of 4 vectors (vector v to bytes 16v..16v+15),
+// 64 uint8 results from 16 values of each of 4 vectors (vector i to bytes 16i..16i+15),
 // as uint8_steps gives them: clamped above in float32 (NaN stays NaN: min's second
 // operand), rounded, saturated to 0..255 by the packs (NaN and large negatives give 0),
 // then raised to the lower bound `low` in bytes, fewer steps than clamping each vector.

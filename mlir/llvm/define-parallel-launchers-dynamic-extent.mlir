@@ -10,9 +10,10 @@ llvm.func @blade_task_0(%b: i64, %e: i64, %p0: !llvm.ptr, %p1: !llvm.ptr, %o: i6
 }
 
 // CHECK: llvm.func @blade_launch_0(%arg0: !llvm.ptr, %arg1: !llvm.ptr, %arg2: i64, %arg3: i64, %arg4: i64)
-// CHECK: %[[WANTED:.*]] = llvm.sdiv
+// CHECK: %[[ROWS_GRAIN:.*]] = llvm.sdiv
 // CHECK: %[[TOTAL:.*]] = llvm.mul %arg3,
-// CHECK: %[[FEW:.*]] = llvm.icmp "slt" %[[TOTAL]], %{{.*}} : i64
+// CHECK: %[[MIN:.*]] = llvm.mlir.constant(32768 : i64)
+// CHECK: %[[FEW:.*]] = llvm.icmp "slt" %[[TOTAL]], %[[MIN]] : i64
 // CHECK: %[[WHOLE:.*]] = llvm.select %{{.*}}, %{{.*}}, %arg3
-// CHECK: %[[GRAIN:.*]] = llvm.select %[[FEW]], %[[WHOLE]], %[[WANTED]]
+// CHECK: %[[GRAIN:.*]] = llvm.select %[[FEW]], %[[WHOLE]], %[[ROWS_GRAIN]]
 // CHECK: llvm.call @blade_ral_parallel_for(%arg3, %[[GRAIN]],

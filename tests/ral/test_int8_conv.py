@@ -332,9 +332,11 @@ def test_uint8_results_far_past_their_range_agree_in_tiles_and_microkernel(post_
         _C.set_int8_conv_tiles(tiles)
         if _C.int8_conv_tiles_run() != tiles:
             pytest.skip("the tiles and the microkernel do not both run on this CPU")
+        before = _C.int8_conv_calls()
         results.append(torch.ops.blade.quantized_conv2d(
             x, weight, scale, bias, [1, 1], [0, 0], [1, 1], 1, INPUT_RANGE, tiny,
             post_op).view(torch.uint8))
+        assert _C.int8_conv_calls() == before + 1   # Blade's kernel ran, not oneDNN's
     assert torch.equal(results[0], results[1])
     assert set(results[0].unique().tolist()) == {low, 255}
 

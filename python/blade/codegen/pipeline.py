@@ -32,7 +32,6 @@ from blade.codegen.linalg.gathers import lower_dynamic_reverses, lower_gathers
 from blade.codegen.linalg.integer_division import lower_integer_divisions
 from blade.codegen.linalg.scatters import lower_scatters
 from blade.codegen.linalg.pooling import lower_reduce_windows
-from blade.codegen.linalg.result_dims import resolve_result_dims
 from blade.codegen.llvm import abi, identical, launchers
 from blade.codegen.loops import approximations, loop_order, parallel, serial, tiled_transpose
 from blade.codegen.stablehlo import folding, layouts, slices
@@ -214,11 +213,12 @@ def build(options: Options) -> List[Pass]:
             "func.func(stablehlo-legalize-to-linalg)",
             "func.func(shape-to-shape-lowering)",
             "convert-shape-to-std",
-            "canonicalize"),
-        # Size queries of loop nests' results asked of their sources, so that a producer
-        # whose result a dynamic size was read from still fuses (linalg/result_dims.py).
-        Pass("resolve-result-dims", lambda c: resolve_result_dims(c.module)),
-        *_upstream_passes(
+            "canonicalize",
+            # Upstream's fusion takes a producer only when its result has one use; with
+            # dynamic sizes the empty tensor a consumer writes is sized by tensor.dim of
+            # that result, a second use. Asked of the sizes' sources first, a bias add
+            # and the transpose of attention heads after it fuse as with static sizes.
+            "resolve-ranked-shaped-type-result-dims",
             "canonicalize",
             "func.func(linalg-fuse-elementwise-ops)",
             "canonicalize",

@@ -1,7 +1,8 @@
 """Library calls kept as declarations through bufferization (a sort, a kernel call): they
 have no computation of their own to stand in for them until library calls are lowered, and
 a body that only allocated their results would tell bufferization their operands are not
-read (see codegen/kernels/outlining.py and lowering.py)."""
+read (see codegen/kernels/outlining.py and lowering.py). The same mark serves the library
+calls of dynamic size, whose bodies do only allocate their results."""
 from typing import List
 
 from torch_mlir import ir
@@ -9,10 +10,11 @@ from torch_mlir.dialects import arith, builtin, func, memref
 
 
 def read_only(function) -> None:
-    """Marks the arguments of the declaration `function` as only read: bufferization then
-    keeps their buffers unwritten until the call (a declaration's are read and written as
-    far as it knows, and a body that only allocates results would say they are not read,
-    letting a later write into an operand's buffer happen before the call)."""
+    """Marks the arguments of `function` (a declaration, or a body that only allocates its
+    results) as only read; bufferization takes the mark over any body and keeps their
+    buffers unwritten until the call (a declaration's are read and written as far as it
+    knows, and a body that only allocates results would say they are not read, letting a
+    later write into an operand's buffer happen before the call)."""
     arguments = len(ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)
                     .inputs)
     access = ir.DictAttr.get({"bufferization.access": ir.StringAttr.get("read")})

@@ -9,7 +9,9 @@ bias and ReLU), then each remaining dot_general, convolution and sort. Transpose
 last two dims and broadcasts of leading (batch) dims that feed a matmul move into the
 function too, so the kernel reads the original weight in place (no per-call transpose or
 broadcast copy). Until `lower-library-calls` (lowering.py) the function body is the real
-computation, so every analysis in between (fusion, bufferization) sees the truth.
+computation, so every analysis in between (fusion, bufferization) sees the truth; with
+dynamic sizes (which StableHLO's linalg lowering does not take) it only allocates the
+result, and its operands are marked read (`declarations.read_only`) for bufferization.
 
 A sort, and a kernel call (kernel_calls.py), has no computation of its own to stand in
 until then: it is outlined as a declaration whose operands are marked as only read

@@ -10,7 +10,7 @@ MIN_TASK_ITERATIONS iterations of the loops inside it (constants where sizes are
 else read from the descriptors' size words). With dynamic sizes, a call of fewer than
 MIN_ITERATIONS iterations in all gets the whole extent as its grain, so it runs on the
 calling thread, as the static rule (blade.codegen.loops.parallel) leaves such loops serial:
-waking the pool for a short sequence's loops cost more than they took.
+waking the pool for a short sequence's loops costs more than they take.
 `blade_trampoline_N(begin, end, array)` loads the words back and calls the task on rows
 [begin, end).
 """
@@ -102,7 +102,7 @@ def _launcher_body(launcher, task: dict, types, n: int, min_task_iterations: int
             wanted = llvm.AddOp(_constant(min_task_iterations - 1), per_row, 0).result
             grain = llvm.SDivOp(wanted, per_row).result
             # Too few iterations in all: the whole extent (one row at least) in one chunk.
-            total = llvm.MulOp(extent, per_row, 0).result
+            total = llvm.MulOp(extent, inner, 0).result
             few = llvm.ICmpOp(llvm.ICmpPredicate.slt, total, _constant(min_iterations)).result
             no_rows = llvm.ICmpOp(llvm.ICmpPredicate.slt, extent, one).result
             whole = llvm.SelectOp(no_rows, one, extent).result

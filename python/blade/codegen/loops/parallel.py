@@ -72,9 +72,9 @@ def _plan(op):
             inner *= size
         if sizes[0] < 2 or sizes[0] * inner < MIN_ITERATIONS:
             return None
-    # With dynamic sizes the launcher computes extent and grain at run time, and
-    # at::parallel_for runs a range no longer than the grain on the calling thread, so
-    # small calls stay serial.
+    # With dynamic sizes the launcher applies the same rule at run time: a call of fewer
+    # than MIN_ITERATIONS iterations gets its whole extent as the grain, and
+    # at::parallel_for runs a range no longer than the grain on the calling thread.
     return bounds, split
 
 
