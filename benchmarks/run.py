@@ -1,6 +1,6 @@
 """Blade's speed harness: every backend side by side in one process, interleaved
-round-robin so that machine drift cancels (the order rotated every round), 2 threads,
-medians and p10/p90.
+round-robin so that machine drift cancels (each timed call right after an untimed one of
+the same backend), 2 threads, medians and p10/p90.
 
     python benchmarks/run.py [--workloads ew_chain,mlp] [--backends blade,openvino] [--runs 30]
 
@@ -157,13 +157,12 @@ def bench(workload, names, runs, warmup):
         for _ in range(warmup):
             for fn in backends.values():
                 fn(*inputs)
-        order = list(backends.items())
-        for round_ in range(runs):
-            # Round-robin, so drift hits every backend alike, the order rotated every round:
-            # the backend after a peer pays for its threads winding down, so none may always
-            # follow the same one.
-            shift = round_ % len(order)
-            for name, fn in order[shift:] + order[:shift]:
+        for _ in range(runs):
+            for name, fn in backends.items():  # round-robin: drift hits every backend alike
+                # An untimed call first: the timed one then finds the backend's threads
+                # and caches as a service calling it again would, not the previous
+                # backend's threads still winding down on the same cores.
+                fn(*inputs)
                 start = time.perf_counter()
                 fn(*inputs)
                 times[name].append((time.perf_counter() - start) * 1e3)
