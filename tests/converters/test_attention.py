@@ -155,6 +155,27 @@ def test_heads_are_written_straight_into_the_tokens_layout(tmp_path, dtype):
     assert "blade.out_permutation = array<i64: 0, 2, 1, 3>" in bufferized
 
 
+def test_heads_of_dynamic_length_are_written_straight_into_the_tokens_layout(tmp_path):
+    """The same with the batch and the length dynamic: the importer's reshape of the
+    attention's result to its own sizes is dropped (drop-identity-broadcasts), so the
+    transpose still moves into the call, whose result is sized in the transposed order;
+    eager's results at other lengths."""
+    torch.manual_seed(0)
+    model = Projected()
+    config = blade.Config(allow_tracing=True, dynamic=True, dump_dir=str(tmp_path))
+    optimized, report = run_compiled(model, (torch.randn(2, 10, 64), padding_mask(2, 10)),
+                                     config, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+    assert report.clusters[0].inputs == "float32[s0,1,1,s1];float32[s0,s1,64]", str(report)
+    bufferized = ir_before(tmp_path, "mark-out-params")
+    assert "blade.out_permutation = array<i64: 0, 2, 1, 3>" in bufferized
+    with torch.no_grad():
+        for batch, length in ((1, 3), (3, 17), (2, 40)):
+            inputs = (torch.randn(batch, length, 64), padding_mask(batch, length))
+            assert_same(optimized(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    assert blade.report(optimized).runtime_fallbacks == 0
+
+
 def test_heads_read_twice_keep_their_own_layout(tmp_path):
     torch.manual_seed(0)
     inputs = (torch.randn(2, 10, 64), padding_mask(2, 10))

@@ -150,6 +150,31 @@ def test_a_layer_norm_after_a_linear_is_one_task_and_copies_nothing(tmp_path):
     assert "memref.copy" not in bufferized
 
 
+def test_a_layer_norm_of_dynamic_length_is_one_task():
+    """With a dynamic number of rows, the LayerNorm's passes still run as one group of
+    rows (the buffers sized by one value run over the same rows), with eager's results at
+    lengths that make one block of rows, several, and a partial last one. The bias add is
+    a task of its own: it reads the linear layer's result, which a dynamic engine's
+    library call allocates and returns (not a buffer of main's)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.LayerNorm(256)).eval()
+    previous = torch.get_num_threads()
+    try:
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            optimized, report = run_compiled(model, (torch.randn(1, 128, 256),),
+                                             blade.Config(dynamic=True))
+            assert report.clusters[0].parallel_loops == 2, str(report.clusters[0])
+            assert report.clusters[0].inputs == "float32[1,s0,256]", str(report.clusters[0])
+            with torch.no_grad():
+                for length in (3, 700, 1234):
+                    x = torch.randn(1, length, 256)
+                    assert_same(optimized(x), model(x), rtol=1e-5, atol=1e-5)
+            assert blade.report(optimized).runtime_fallbacks == 0
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_a_batch_of_one_runs_on_every_thread():
     """A model served one input at a time: the batch dim of 1 is dropped from the loop nests
     (unit_loops.py), so they split along the rows after it: the LayerNorm's passes as one

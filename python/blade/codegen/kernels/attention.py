@@ -305,11 +305,11 @@ def attention_chain(main, op) -> Optional[Tuple[object, List, List, dict]]:
 
 
 def _output_permutation(op) -> Optional[Tuple[object, List[int]]]:
-    """The transpose that is the only user of `op`'s static result, and its permutation
-    (the heads of an attention's output moved back next to the tokens, before the output
+    """The transpose that is the only user of `op`'s result, and its permutation (the
+    heads of an attention's output moved back next to the tokens, before the output
     projection), or None."""
     uses = list(op.result.uses)
-    if len(uses) != 1 or not ir.ShapedType(op.result.type).has_static_shape:
+    if len(uses) != 1:
         return None
     user = as_operation(uses[0].owner)
     if user.name != "stablehlo.transpose":

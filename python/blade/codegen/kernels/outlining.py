@@ -166,8 +166,11 @@ def _result_sizes(attributes, arguments, result_type) -> List:
                 sizes.append(dim(rhs, rhs_rank - 2 if attributes["transpose_b"] else
                                  rhs_rank - 1))
         elif attributes["kind"].startswith("attention"):
-            if d < rank - 1:            # batch dims and query rows come with q
-                sizes.append(dim(lhs, d))
+            # Dim d of a result the kernel writes transposed is dim permutation[d] of the
+            # attention's own result.
+            u = attributes["out_permutation"][d] if "out_permutation" in attributes else d
+            if u < rank - 1:            # batch dims and query rows come with q
+                sizes.append(dim(lhs, u))
             else:                       # v's last dim, or its rows if stored transposed
                 sizes.append(dim(arguments[2], rank - 2 if attributes["transpose_v"] else
                                  rank - 1))

@@ -20,15 +20,15 @@ which runs `at::parallel_for` (torch.get_num_threads() threads, PyTorch's own po
 trampoline unpacks the array and calls the task's C interface. Tasks never allocate and
 write disjoint rows, so they need no synchronization.
 """
-from typing import List
+from typing import List, Optional
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func, memref, scf
 
 from blade.codegen.loops import unit_loops
-from blade.codegen.ir_queries import (dims_used, identity_layout, loop_bounds, ops_named,
-                                      output_count, parallel_loops, remap_operands,
-                                      root_buffer, strides_of)
+from blade.codegen.ir_queries import (as_operation, dims_used, identity_layout, loop_bounds,
+                                      ops_named, output_count, parallel_loops,
+                                      remap_operands, root_buffer, strides_of)
 
 PARALLEL_TASK = "blade.parallel_task"
 MIN_ITERATIONS = 32768   # smaller loops are not worth waking threads for
@@ -181,31 +181,49 @@ _NEUTRAL = ("memref.alloc", "memref.expand_shape", "memref.collapse_shape", "ari
 ROW_BLOCK_BYTES = 512 * 1024   # the rows a group works on at a time stay in L2
 
 
-def _static_identity(t) -> bool:
+def _rows_layout(t) -> Optional[int]:
+    """For memref type `t` of identity layout whose dims are static but perhaps its first
+    one past leading size-1 dims (which unit_loops.py collapses away), that dim's index;
+    None for any other type."""
     t = ir.MemRefType(t)
-    return t.has_static_shape and t.rank > 0 and identity_layout(t)
+    if t.rank == 0 or not identity_layout(t):
+        return None
+    shape = list(t.shape)
+    lead = 0
+    while lead < len(shape) - 1 and shape[lead] == 1:
+        lead += 1
+    dynamic = ir.ShapedType.get_dynamic_size()
+    return lead if all(size != dynamic for size in shape[lead + 1:]) else None
 
 
-def _numel(t) -> int:
+def _row_elements(t) -> int:
+    """The elements of one row of a type _rows_layout takes (the dims after its rows')."""
+    shape = list(ir.MemRefType(t).shape)
     count = 1
-    for size in ir.MemRefType(t).shape:
+    for size in shape[_rows_layout(t) + 1:]:
         count *= size
     return count
 
 
-def _leading_rows(t) -> int:
-    """The first dim of static memref type `t` other than leading size-1 dims (which
-    unit_loops.py collapses away), 1 if all are."""
-    shape = list(ir.MemRefType(t).shape)
-    while len(shape) > 1 and shape[0] == 1:
-        shape.pop(0)
-    return shape[0] if shape else 1
+def _rows_key(root):
+    """What names the rows of buffer `root` (of a type _rows_layout takes): their number
+    where static, else the value that sizes them where a memref.alloc of one dynamic size
+    made it (loops over buffers sized by one value run over the same rows), else None."""
+    t = ir.MemRefType(root.type)
+    rows = t.shape[_rows_layout(t)]
+    if rows != ir.ShapedType.get_dynamic_size():
+        return rows
+    if isinstance(root.owner, ir.Block):
+        return None
+    alloc = as_operation(root.owner)
+    return alloc.operands[0] if len(alloc.operands) == 1 else None
 
 
 def _row_op(op):
     """(rows, [(operand index, value, root, split)], captured constants) for a fill or a
-    splittable generic of static shapes whose operands are row-aligned views of their
-    buffers, else None."""
+    splittable generic whose operands are row-aligned views of their buffers (of static
+    shapes, or with rows of dynamic number: `rows` is then the value that sizes them),
+    else None."""
     if op.name == "linalg.fill":
         scalar = op.operands[0].owner
         if isinstance(scalar, ir.Block) or not isinstance(op.operands[1].type, ir.MemRefType):
@@ -214,8 +232,6 @@ def _row_op(op):
         if scalar.name != "arith.constant":
             return None
         uses = [(1, op.operands[1], True)]
-        rows = ir.MemRefType(op.operands[1].type).shape[0] \
-            if _static_identity(op.operands[1].type) else None
         captured = [(op.operands[0], scalar)]    # the fill's value, a constant of main
     else:
         plan = _plan(op)
@@ -225,29 +241,39 @@ def _row_op(op):
         bounds, split = plan
         if any(at not in (None, 0) for at in split):
             return None   # row groups take rows of the first dim only
-        rows = bounds[0][2]
         uses = [(i, value, at == 0) for i, (value, at) in enumerate(zip(op.operands, split))]
-    if rows is None or rows < 2:
-        return None
+    rows = None
     found = []
     for position, value, split in uses:
         root = root_buffer(value)
         owner = root.owner
         if not isinstance(owner, ir.Block):
-            owner = owner.operation if hasattr(owner, "operation") else owner
+            owner = as_operation(owner)
             if owner.name != "memref.alloc":
                 return None
-        if not _static_identity(root.type) or not _static_identity(value.type):
+        if _rows_layout(root.type) is None or _rows_layout(value.type) != 0:
             return None
         if split:
-            if ir.MemRefType(value.type).shape[0] != rows or \
-                    _leading_rows(root.type) != rows or \
-                    _numel(value.type) != _numel(root.type):
-                return None  # not the same rows as its buffer's
+            key = _rows_key(root)
+            if key is None or (rows is not None and not key == rows) or \
+                    ir.MemRefType(value.type).shape[0] != \
+                    ir.MemRefType(root.type).shape[_rows_layout(root.type)] or \
+                    _row_elements(value.type) != _row_elements(root.type):
+                return None  # not the same rows as its buffer's, or as the others'
+            rows = key
         elif not value == root:
             return None
         found.append((position, value, root, split))
+    if rows is None or (isinstance(rows, int) and rows < 2):
+        return None
     return rows, found, captured
+
+
+def _same_rows(a, b) -> bool:
+    """Whether two _rows_key answers name the same rows."""
+    if isinstance(a, int) or isinstance(b, int):
+        return isinstance(a, int) and isinstance(b, int) and a == b
+    return a == b
 
 
 def _outline_row_groups(main, tasks) -> None:
@@ -262,7 +288,7 @@ def _outline_row_groups(main, tasks) -> None:
         if op.name in _NEUTRAL:
             continue
         row_op = _row_op(op)
-        if row_op is not None and (not current or row_op[0] == rows):
+        if row_op is not None and (not current or _same_rows(row_op[0], rows)):
             current.append((op,) + row_op[1:])
             rows = row_op[0]
             continue
@@ -289,8 +315,10 @@ def _outline_row_groups(main, tasks) -> None:
         n = len(tasks)
         types = [r.type for r in roots]
         # Sized as float32: only how many rows make a block depends on it.
-        row_bytes = sum(_numel(t) // rows * 4 for t, split in zip(types, split_of) if split)
-        block_rows = max(1, min(rows, ROW_BLOCK_BYTES // max(row_bytes, 1)))
+        row_bytes = sum(_row_elements(t) * 4 for t, split in zip(types, split_of) if split)
+        block_rows = max(1, ROW_BLOCK_BYTES // max(row_bytes, 1))
+        if isinstance(rows, int):
+            block_rows = min(rows, block_rows)
         body = _task_function(main, n, types)
         with ir.InsertionPoint(body):
             begin, end = body.arguments[0], body.arguments[1]
@@ -318,8 +346,12 @@ def _outline_row_groups(main, tasks) -> None:
         _launch(main, n, members[-1][0], roots)
         for member in members:
             member[0].erase()
+        # A dynamic number of rows is read from the first split buffer's descriptor.
+        first = split_of.index(True)
+        extent = rows if isinstance(rows, int) else ir.ShapedType.get_dynamic_size()
         tasks.append({"index": n, "ranks": [ir.MemRefType(t).rank for t in types],
-                      "bounds": [(split_of.index(True), 0, rows)], "grain": block_rows})
+                      "bounds": [(first, _rows_layout(types[first]), extent)],
+                      "grain": block_rows})
 
 
 def _launch(main, n: int, anchor, buffers) -> None:
@@ -352,7 +384,7 @@ def _rows_of(buffer, view_type, row, count):
     of the buffer that keeps its rows)."""
     t = ir.MemRefType(view_type)
     shape = list(t.shape)
-    strides = _identity_strides(shape)    # static: groups are of static shapes
+    strides = _identity_strides(shape)    # static: only the rows' number may be dynamic
     dynamic = ir.ShapedType.get_dynamic_size()
     result = _rows_type(t, strides)
     index = ir.IndexType.get()

@@ -46,7 +46,9 @@ def drop_identity_broadcasts(module) -> int:
     dims in order, by the operand: no dim of it is stretched (a static 1 stays a static 1),
     so under the assumptions above it copies nothing. Torch-MLIR wraps every operand of a
     broadcasting op of dynamic shape in one, which hides the producer of each operand from
-    the rewrites that follow (layouts.py, attention.py). Returns how many were dropped."""
+    the rewrites that follow (layouts.py, attention.py). So does a dynamic_reshape whose
+    sizes are provably its operand's own: replaced by the operand too. Returns how many
+    were dropped."""
     dropped = 0
     with module.context:
         for op in ops_named(module, "stablehlo.dynamic_broadcast_in_dim"):
@@ -56,7 +58,41 @@ def drop_identity_broadcasts(module) -> int:
                 result.replace_all_uses_with(operand)
                 op.erase()
                 dropped += 1
+        # A dynamic_reshape to its operand's own sizes (the importer's, after an attention's
+        # last product) hides that product from the transpose after it (attention.py).
+        for op in ops_named(module, "stablehlo.dynamic_reshape"):
+            operand, result = op.operands[0], op.results[0]
+            if operand.type != result.type:
+                continue
+            t = ir.RankedTensorType(result.type)
+            passed = _passed_through(operand, op.operands[1], t.rank)
+            if any(t.is_dynamic_dim(d) and passed[d] != d for d in range(t.rank)):
+                continue
+            shape = op.operands[1]
+            result.replace_all_uses_with(operand)
+            op.erase()
+            _erase_unused(shape)
+            dropped += 1
     return dropped
+
+
+# The ops that build a reshape's sizes: dropped with it when nothing else reads them.
+_SIZE_OPS = ("tensor.from_elements", "arith.index_cast", "tensor.dim")
+
+
+def _erase_unused(value) -> None:
+    """Erases the op defining `value`, and then those of its operands, while each is one
+    of _SIZE_OPS and nothing reads its result."""
+    op = value.owner
+    if isinstance(op, ir.Block):
+        return
+    op = op.operation if hasattr(op, "operation") else op
+    if op.name not in _SIZE_OPS or any(True for _ in op.results[0].uses):
+        return
+    operands = list(op.operands)
+    op.erase()
+    for operand in operands:
+        _erase_unused(operand)
 
 
 def _constant_int(value):
