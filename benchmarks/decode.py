@@ -64,7 +64,12 @@ class Backend:
         if cache == "static":
             model.generation_config.cache_implementation = "static"
         if compile_with is not None:
-            model.forward = torch.compile(model.forward, backend=compile_with)
+            # With the static cache every shape is fixed, and Hugging Face compiles it with
+            # dynamic=False. Without it, Dynamo would trace this model with the dims that
+            # varied for another instance of the same forward (automatic dynamic shapes
+            # are kept per code object), here the dynamic cache's length.
+            model.forward = torch.compile(model.forward, backend=compile_with,
+                                          dynamic=False if cache == "static" else None)
         self.times = {}
 
     def generate(self, tokens):
@@ -87,6 +92,12 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
     import blade  # noqa: F401  (registers backend="blade")
+
+    # Every backend compiles the same code object (LlamaForCausalLM.forward), each model
+    # with its own guards and each shape of prompt and cache with its own: Dynamo's
+    # default of 8 entries per code object would leave the backends compiled last
+    # running eager's code.
+    torch._dynamo.config.recompile_limit = 64
 
     kinds = {"eager": ("dynamic", None), "blade": ("dynamic", "blade"),
              "blade_static": ("static", "blade"), "inductor_static": ("static", "inductor")}
