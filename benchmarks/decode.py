@@ -8,9 +8,10 @@ Backends: eager (Hugging Face's default dynamic cache); Blade through
 `torch.compile(model.forward, backend="blade")` with the dynamic cache and with the static
 cache (`generation_config.cache_implementation = "static"`, what Hugging Face recommends
 for compiled generation, compiled with dynamic=False as Hugging Face compiles it); Inductor
-(`torch.compile` with its default backend) with the static cache. ms per token is the time of `generate` with `--tokens` new tokens less the
-time with one (the prefill and the first token), over the tokens between; the median of
-`--runs` interleaved rounds. Every backend's tokens are checked against eager's.
+(`torch.compile` with its default backend) with the static cache. ms per token is the
+time of `generate` with `--tokens` new tokens less the time with one (the prefill and the
+first token), over the tokens between; the median of `--runs` interleaved rounds. Every
+backend's tokens are checked against eager's.
 
 The floor: a decode step reads every weight once (the embedding table excepted: one row),
 so it cannot take less than those bytes over the machine's read bandwidth, measured here
