@@ -207,16 +207,27 @@ def _row_elements(t) -> int:
 
 def _rows_key(root):
     """What names the rows of buffer `root` (of a type _rows_layout takes): their number
-    where static, else the value that sizes them where a memref.alloc of one dynamic size
-    made it (loops over buffers sized by one value run over the same rows), else None."""
+    where static, else the value that sizes them (loops over buffers sized by one value
+    run over the same rows): a memref.alloc's one dynamic size, or for a buffer a library
+    call returned, main's query of its rows (`memref.dim`), which the buffers computed
+    from it are sized by; else None."""
     t = ir.MemRefType(root.type)
-    rows = t.shape[_rows_layout(t)]
-    if rows != ir.ShapedType.get_dynamic_size():
-        return rows
+    lead = _rows_layout(t)
+    if t.shape[lead] != ir.ShapedType.get_dynamic_size():
+        return t.shape[lead]
     if isinstance(root.owner, ir.Block):
         return None
-    alloc = as_operation(root.owner)
-    return alloc.operands[0] if len(alloc.operands) == 1 else None
+    owner = as_operation(root.owner)
+    if owner.name == "memref.alloc":
+        return owner.operands[0] if len(owner.operands) == 1 else None
+    for use in root.uses:
+        query = as_operation(use.owner)
+        if query.name == "memref.dim" and use.operand_number == 0:
+            index = query.operands[1].owner
+            if not isinstance(index, ir.Block) and as_operation(index).name == "arith.constant" \
+                    and ir.IntegerAttr(as_operation(index).attributes["value"]).value == lead:
+                return query.results[0]
+    return None
 
 
 def _row_op(op):
@@ -249,8 +260,8 @@ def _row_op(op):
         owner = root.owner
         if not isinstance(owner, ir.Block):
             owner = as_operation(owner)
-            if owner.name != "memref.alloc":
-                return None
+            if owner.name not in ("memref.alloc", "func.call"):
+                return None   # a buffer of main's own, or one a library call returned
         if _rows_layout(root.type) is None or _rows_layout(value.type) != 0:
             return None
         if split:
