@@ -22,17 +22,12 @@ struct Geometry {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// How a row's sums end: bias, the post-op, and for uint8 data the input's range (the sums are of
-// raw bytes) and the result's (rounded to uint8 when out_u8 is set).
+// How a row's sums end: bias, the post-op, and for uint8 data the ranges (the sums are
+// of raw bytes; the result is rounded to uint8 where ranges.out_u8 is set).
 struct Finish {
   const float* bias;
   DepthwisePostOp post_op;
-  float in_scale = 1.0f;
-  float in_zero_point = 0.0f;
-  const float* channel_scale = nullptr;  // uint8 data: the filters' scales, per channel
-  uint8_t* out_u8 = nullptr;
-  float out_inverse = 1.0f;
-  float out_zero_point = 0.0f;
+  DepthwiseRanges ranges;
 };
 
 // 16 channels of a pixel under `mask`, as float32.
@@ -65,10 +60,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
                                         : _mm512_setzero_ps();
   const __m512 start = kUint8 ? _mm512_setzero_ps() : bias;
   // uint8 data: the input's scale times the filters' (whose int8 values the filters are).
+  const DepthwiseRanges& r = e.ranges;
   const __m512 scale = _mm512_mul_ps(
-      _mm512_set1_ps(e.in_scale), e.channel_scale != nullptr
-                                      ? _mm512_maskz_loadu_ps(mask, e.channel_scale + ch)
-                                      : _mm512_set1_ps(1.0f));
+      _mm512_set1_ps(r.scale), r.channel_scale != nullptr
+                                   ? _mm512_maskz_loadu_ps(mask, r.channel_scale + ch)
+                                   : _mm512_set1_ps(1.0f));
+  const __m512 in_zero_point = _mm512_set1_ps(static_cast<float>(r.zero_point));
+  const __m512 out_inverse = _mm512_set1_ps(1.0f / r.out_scale);
+  const __m512 out_zero_point = _mm512_set1_ps(static_cast<float>(r.out_zero_point));
   const __m512 zero = _mm512_setzero_ps();
   const In* image = x + b * g.h * g.w * g.c;
   const int64_t out_row = (b * g.oh + oy) * g.ow * g.c;
@@ -113,8 +112,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
       }
     }
     if constexpr (kUint8) {
-      sum = _mm512_fmadd_ps(_mm512_fnmadd_ps(_mm512_set1_ps(e.in_zero_point), taps, sum),
-                            scale, bias);
+      sum = _mm512_fmadd_ps(_mm512_fnmadd_ps(in_zero_point, taps, sum), scale, bias);
     }
     if (e.post_op == DepthwisePostOp::kRelu) {
       // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu
@@ -122,10 +120,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
     } else if (e.post_op == DepthwisePostOp::kHardswish) {
       sum = hardswish_units(sum, _mm512_set1_ps(1.0f), zero);
     }
-    if (e.out_u8 != nullptr) {  // to nearest, ties to even (NaN: 0), one multiply-add
-      const __m512 v = _mm512_fmadd_ps(sum, _mm512_set1_ps(e.out_inverse),
-                                       _mm512_set1_ps(e.out_zero_point));
-      _mm512_mask_cvtepi32_storeu_epi8(e.out_u8 + out_row + ox * g.c + ch, mask,
+    if (r.out_u8 != nullptr) {  // to nearest, ties to even (NaN: 0), one multiply-add
+      const __m512 v = _mm512_fmadd_ps(sum, out_inverse, out_zero_point);
+      _mm512_mask_cvtepi32_storeu_epi8(r.out_u8 + out_row + ox * g.c + ch, mask,
                                        uint8_steps(v, zero));
     } else {
       _mm512_mask_storeu_ps(y + out_row + ox * g.c + ch, mask, sum);
@@ -185,7 +182,7 @@ bool depthwise_conv2d(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
                       int64_t ph, int64_t pw, int64_t dh, int64_t dw, const float* bias,
                       bool relu, float* y, int64_t oh, int64_t ow) {
   return run(x, n, kh, kw, filters,
-             Finish{bias, relu ? DepthwisePostOp::kRelu : DepthwisePostOp::kNone}, y,
+             Finish{bias, relu ? DepthwisePostOp::kRelu : DepthwisePostOp::kNone, {}}, y,
              Geometry{h, w, c, sh, sw, ph, pw, dh, dw, oh, ow});
 }
 
@@ -194,14 +191,8 @@ bool depthwise_conv2d_uint8(const uint8_t* x, int64_t n, int64_t h, int64_t w, i
                             int64_t sw, int64_t ph, int64_t pw, const float* bias,
                             DepthwisePostOp post_op, const DepthwiseRanges& ranges, float* y,
                             int64_t oh, int64_t ow) {
-  Finish e{bias, post_op, ranges.scale, static_cast<float>(ranges.zero_point),
-           ranges.channel_scale};
-  if (ranges.out_u8 != nullptr) {
-    e.out_u8 = ranges.out_u8;
-    e.out_inverse = 1.0f / ranges.out_scale;
-    e.out_zero_point = static_cast<float>(ranges.out_zero_point);
-  }
-  return run(x, n, kh, kw, filters, e, y, Geometry{h, w, c, sh, sw, ph, pw, 1, 1, oh, ow});
+  return run(x, n, kh, kw, filters, Finish{bias, post_op, ranges}, y,
+             Geometry{h, w, c, sh, sw, ph, pw, 1, 1, oh, ow});
 }
 
 }  // namespace blade::ral

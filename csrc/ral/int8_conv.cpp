@@ -152,13 +152,6 @@ struct TapGroup {
   int64_t depth;
 };
 
-// A call's groups. (A flat table of every step's input offset, tried for a stem's groups
-// of 3 or 4 steps, made GCC spill the tile's accumulators on every step.)
-struct TapGroups {
-  const TapGroup* groups;
-  int64_t n_groups;
-};
-
 // Where GEMM rows go: row p of image n (a plane's flat pixel index) is output pixel
 // (oh, ow) = (p / plane_w, p % plane_w), dropped if ow >= out_w. Stepped row by row, without
 // a division per row. The register tiles walk output pixels instead (`pixels`: rows are
@@ -219,7 +212,7 @@ dot_step(__m512i (&acc)[kRows][4], const uint8_t* const (&x)[kRows], int64_t off
 
 template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
-    const uint8_t* image, int64_t depth, const TapGroups& taps, const int8_t* b,
+    const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
     RowWalk& walk, int64_t width, int64_t out_channels, int64_t column, const Terms& terms,
     const Int8ConvEpilogue& e) {
   // The rows' output pixels (walked as output pixels: none dropped) and inputs (their
@@ -247,11 +240,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       acc[r][v] = _mm512_setzero_si512();
     }
   }
-  for (int64_t g = 0; g < taps.n_groups; ++g) {
-    const int64_t offset = taps.groups[g].offset;
-    const int8_t* b_group = b + taps.groups[g].weight_row * kColumnBlock;
-    for (int64_t k = 0; k < taps.groups[g].depth; k += kDepthGroup) {
-      dot_step<kRows>(acc, x, offset + k, b_group + k * kColumnBlock);
+  // One loop per group (a flat table of every step's offset, tried for a stem's short
+  // groups, made GCC spill the accumulators on every step).
+  for (const TapGroup& group : taps) {
+    const int8_t* b_group = b + group.weight_row * kColumnBlock;
+    for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
+      dot_step<kRows>(acc, x, group.offset + k, b_group + k * kColumnBlock);
     }
   }
   // The terms of the block's columns, and the masks of its width (whole vectors first).
@@ -270,6 +264,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   const __m512 add_factor = _mm512_set1_ps(terms.add_factor);
   const __m512i low_bytes = _mm512_set1_epi8(static_cast<char>(terms.low_byte));
   const __m512 zero = _mm512_setzero_ps();
+  const __m512 out_scale = _mm512_set1_ps(terms.out_scale);
+  const __m512 out_zero = _mm512_set1_ps(terms.out_zero);
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     const int64_t at = pixels[r] * out_channels + column;
@@ -290,8 +286,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       x[v] = epilogue_value<kAddU8 || kAddF32>(acc[r][v], correction[v], multiplier[v],
                                                offset[v], added, add_factor);
       if (terms.hardswish) {
-        x[v] = hardswish_units(x[v], _mm512_set1_ps(terms.out_scale),
-                               _mm512_set1_ps(terms.out_zero));
+        x[v] = hardswish_units(x[v], out_scale, out_zero);
       }
       if constexpr (!kOutU8) {
         if (e.relu) {
@@ -309,7 +304,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
 // `rows` output pixels (as `walk` steps in pixels mode, their inputs in `image`'s planes)
 // by one block of output channels, in tiles of kTileRows and a shorter last one.
 template <bool kAddU8, bool kAddF32, bool kOutU8>
-void tile_rows(const uint8_t* image, int64_t rows, int64_t depth, const TapGroups& taps,
+void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
+               const std::vector<TapGroup>& taps,
                const int8_t* b, RowWalk walk, int64_t width, int64_t out_channels,
                int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   int64_t r = 0;
@@ -317,8 +313,9 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth, const TapGroup
     register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(image, depth, taps, b, walk, width,
                                                       out_channels, column, terms, e);
   }
-  using Tile = void (*)(const uint8_t*, int64_t, const TapGroups&, const int8_t*, RowWalk&,
-                        int64_t, int64_t, int64_t, const Terms&, const Int8ConvEpilogue&);
+  using Tile = void (*)(const uint8_t*, int64_t, const std::vector<TapGroup>&, const int8_t*,
+                        RowWalk&, int64_t, int64_t, int64_t, const Terms&,
+                        const Int8ConvEpilogue&);
   static constexpr Tile kTails[] = {nullptr,
                                     register_tile<1, kAddU8, kAddF32, kOutU8>,
                                     register_tile<2, kAddU8, kAddF32, kOutU8>,
@@ -738,7 +735,6 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       groups.push_back({tap_offsets[t], t * depth, depth});
     }
   }
-  const TapGroups tap_groups{groups.data(), static_cast<int64_t>(groups.size())};
   const auto finish = for_epilogue<FinishBlock>(e);
   const auto tiles = for_epilogue<TileRows>(e);
   const int64_t tasks = batch * row_blocks * blocks;
@@ -765,7 +761,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);
       const int8_t* b = weights + block * block_bytes;
       if (tiled) {
-        tiles(src + n * image_bytes, count, depth, tap_groups, b,
+        tiles(src + n * image_bytes, count, depth, groups, b,
               RowWalk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/true), width_here,
               out_channels, column, terms, e);
         continue;

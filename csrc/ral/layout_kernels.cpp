@@ -1,6 +1,8 @@
 #include "ral/layout_kernels.h"
 
 #include "ral/cpu_features.h"
+#include "ral/int8_epilogue.h"
+#include "ral/int8_kernels.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -51,14 +53,11 @@ void transpose_tile(const float* src, float* dst, int64_t c, int64_t hw, int64_t
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// 16 floats quantized, as int32 lanes: times inverse, plus zero, clamped to [0, 255] and
-// rounded to nearest (ties to even, the MXCSR default).
+// 16 floats quantized, as int32 lanes: times inverse, plus zero (two roundings, as
+// quantize_one), then the uint8 steps of the int8 kernels (NaN gives 0).
 __attribute__((target("avx512f"))) inline __m512i quantize16(__m512 v, __m512 scale,
-                                                             __m512 offset, __m512 high) {
-  v = _mm512_add_ps(_mm512_mul_ps(v, scale), offset);
-  // max(v, 0) gives 0 for NaN (its second operand), as the scalar path does.
-  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), high);
-  return _mm512_cvtps_epi32(v);
+                                                             __m512 offset) {
+  return uint8_steps(_mm512_add_ps(_mm512_mul_ps(v, scale), offset), _mm512_setzero_ps());
 }
 
 // A whole 16 x 16 tile: each channel's 16 pixels loaded contiguously and quantized to 16
@@ -70,11 +69,10 @@ __attribute__((target("avx512f"))) void quantize_tile_avx512(const float* src, u
                                                               float inverse, float zero) {
   const __m512 scale = _mm512_set1_ps(inverse);
   const __m512 offset = _mm512_set1_ps(zero);
-  const __m512 high = _mm512_set1_ps(255.0f);
   __m128i rows[kTile];  // channel c0 + i: pixels p0..p0+15
   for (int i = 0; i < kTile; ++i) {
     rows[i] = _mm512_cvtepi32_epi8(
-        quantize16(_mm512_loadu_ps(src + (c0 + i) * hw + p0), scale, offset, high));
+        quantize16(_mm512_loadu_ps(src + (c0 + i) * hw + p0), scale, offset));
   }
   // Pairs of channels by pixel: pairs[2i] pixels 0-7, pairs[2i + 1] pixels 8-15.
   __m128i pairs[kTile];
@@ -104,22 +102,6 @@ __attribute__((target("avx512f"))) void quantize_tile_avx512(const float* src, u
   }
 }
 
-// Values [begin, end) of a tensor whose layout quantizing keeps (channels_last in, out):
-// 16 at a time, the tail masked.
-__attribute__((target("avx512f"))) void quantize_run_avx512(const float* src, uint8_t* dst,
-                                                             int64_t begin, int64_t end,
-                                                             float inverse, float zero) {
-  const __m512 scale = _mm512_set1_ps(inverse);
-  const __m512 offset = _mm512_set1_ps(zero);
-  const __m512 high = _mm512_set1_ps(255.0f);
-  for (int64_t i = begin; i < end; i += 16) {
-    const int64_t count = std::min<int64_t>(16, end - i);
-    const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
-    _mm512_mask_cvtepi32_storeu_epi8(
-        dst + i, mask, quantize16(_mm512_maskz_loadu_ps(mask, src + i), scale, offset, high));
-  }
-}
-
 // A whole 16 x 16 tile: for each channel, its 16 pixels gathered (stride c) and stored.
 __attribute__((target("avx512f"))) void transpose_tile_avx512(const float* src, float* dst,
                                                                int64_t c, int64_t hw,
@@ -141,7 +123,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) void quantize_pi
     float inverse, float zero) {
   const __m512 scale = _mm512_set1_ps(inverse);
   const __m512 offset = _mm512_set1_ps(zero);
-  const __m512 high = _mm512_set1_ps(255.0f);
   // Byte i of 3-channel pixels is byte i / 3 * 4 + i % 3 of 4-byte ones.
   alignas(64) static const std::array<uint8_t, 64> order = [] {
     std::array<uint8_t, 64> bytes{};
@@ -156,12 +137,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) void quantize_pi
     const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
     __m512i word = _mm512_setzero_si512();
     for (int64_t ch = 0; ch < c; ++ch) {
-      __m512 v = _mm512_maskz_loadu_ps(mask, src + ch * hw + p);
-      v = _mm512_add_ps(_mm512_mul_ps(v, scale), offset);
-      // max(v, 0) gives 0 for NaN (its second operand), as the scalar path does.
-      v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), high);
-      word = _mm512_or_si512(word, _mm512_slli_epi32(_mm512_cvtps_epi32(v),
-                                                     static_cast<unsigned>(8 * ch)));
+      const __m512i q = quantize16(_mm512_maskz_loadu_ps(mask, src + ch * hw + p), scale,
+                                   offset);
+      word = _mm512_or_si512(word, _mm512_slli_epi32(q, static_cast<unsigned>(8 * ch)));
     }
     uint8_t* to = dst + p * c;
     const __mmask64 bytes = count * c >= 64 ? ~__mmask64{0}
@@ -210,24 +188,8 @@ at::Tensor quantize_uint8_channels_last(const at::Tensor& input, double scale,
               "quantize_uint8_channels_last: expected a float32 [N, C, H, W] tensor, got ",
               input.scalar_type(), input.sizes());
   if (input.is_contiguous(at::MemoryFormat::ChannelsLast) && !input.is_contiguous()) {
-    // Already in the result's order: quantized value by value.
-    at::Tensor q = at::empty(input.sizes(), input.options().dtype(at::kByte),
-                             at::MemoryFormat::ChannelsLast);
-    const float* src = input.data_ptr<float>();
-    uint8_t* dst = q.data_ptr<uint8_t>();
-    const float inverse = static_cast<float>(1.0 / scale);
-    const float zero = static_cast<float>(zero_point);
-    const bool avx512 = use_avx512();
-    at::parallel_for(0, input.numel(), int64_t{1} << 14, [&](int64_t begin, int64_t end) {
-      if (avx512) {
-        quantize_run_avx512(src, dst, begin, end, inverse, zero);
-        return;
-      }
-      for (int64_t i = begin; i < end; ++i) {
-        dst[i] = quantize_one(src[i], inverse, zero);
-      }
-    });
-    return q;
+    // Already in the result's order: quantized value by value, as NHWC.
+    return quantize_uint8(input.permute({0, 2, 3, 1}), scale, zero_point).permute({0, 3, 1, 2});
   }
   const at::Tensor x = input.contiguous();
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kByte),

@@ -266,7 +266,7 @@ def _row_op(op):
             return None
         if split:
             key = _rows_key(root)
-            if key is None or (rows is not None and not key == rows) or \
+            if key is None or (rows is not None and not _same_rows(key, rows)) or \
                     ir.MemRefType(value.type).shape[0] != \
                     ir.MemRefType(root.type).shape[_rows_layout(root.type)] or \
                     _row_elements(value.type) != _row_elements(root.type):
