@@ -248,3 +248,19 @@ def run_both(op):
     finally:
         _C.set_int8_conv_enabled(True)
     return results, ran
+
+
+def assert_int8_linear_result(mine, onednn, want, output_range):
+    """A quantized linear layer's result by Blade's kernel (`mine`) against the float64
+    reference `want` and oneDNN's: a uint8 one (as int8 bytes, with `output_range`, or None
+    for float32) within half a step of the clamped reference and a step of oneDNN's, a
+    float32 one within float32 rounding of both."""
+    if output_range is None:
+        torch.testing.assert_close(mine.double(), want, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(mine, onednn, rtol=1e-5, atol=1e-4)
+        return
+    step, zero_point = output_range[0].item(), output_range[1].item()
+    got = (mine.view(torch.uint8).double() - zero_point) * step
+    clamped = want.clamp(min=-zero_point * step, max=(255 - zero_point) * step)
+    assert (got - clamped).abs().max() <= 0.5 * step + 1e-4
+    assert (mine.view(torch.uint8).int() - onednn.view(torch.uint8).int()).abs().max() <= 1

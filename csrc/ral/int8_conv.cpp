@@ -39,8 +39,8 @@ constexpr int64_t kDepthGroup = 4;
 // channel: the input zero point's share of the sum (exact, in int32), the multiplier of the
 // rest and the offset (bias, and the zero point of a uint8 tensor added). Then the factor
 // of the tensor added, and a uint8 result's lower bound (its zero point with ReLU: ReLU
-// before an increasing map is a bound after it). With hardswish, the result's scale and
-// zero point (1 and 0 for float32), to apply it in the result's units.
+// before an increasing map is a bound after it). The activation, and the result's scale
+// and zero point (1 and 0 for float32), to apply it in the result's units.
 struct Terms {
   std::vector<int32_t> correction;
   std::vector<float> multiplier;
@@ -48,7 +48,7 @@ struct Terms {
   float add_factor = 1.0f;
   float low = 0.0f;
   uint8_t low_byte = 0;  // `low` for the register tiles' byte clamp
-  bool hardswish = false;
+  Int8Activation activation = Int8Activation::kNone;
   float out_scale = 1.0f;
   float out_zero = 0.0f;
 };
@@ -74,10 +74,22 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 epilogue_value(
   return v;
 }
 
+// The activation of 16 values in the result's units. GELU's forms are compiled into
+// their own instances of the kernels (kGelu), so that the others carry no code for them.
+template <bool kGelu>
+__attribute__((target("avx512f"), always_inline)) inline __m512 activate(
+    __m512 v, Int8Activation activation, __m512 out_scale, __m512 out_zero) {
+  if constexpr (kGelu) {
+    return gelu_units(v, out_scale, out_zero, activation == Int8Activation::kGeluTanh);
+  }
+  return activation == Int8Activation::kHardswish ? hardswish_units(v, out_scale, out_zero)
+                                                  : v;
+}
+
 // The epilogue of a block's rows, 16 output channels at a time (their terms held in
 // registers across the rows), masked past `width`. Row r of `acc` (64 int32 apart) goes
 // to output pixel `pixels[r]` (negative: dropped).
-template <bool kAddU8, bool kAddF32, bool kOutU8>
+template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
     const int32_t* acc, int64_t rows, const int64_t* pixels, int64_t width,
     int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
@@ -109,9 +121,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
       __m512 v = epilogue_value<kAddU8 || kAddF32>(_mm512_loadu_si512(acc + r * 64 + j),
                                                    correction, multiplier, offset, added,
                                                    add_factor);
-      if (terms.hardswish) {
-        v = hardswish_units(v, out_scale, out_zero);
-      }
+      v = activate<kGelu>(v, terms.activation, out_scale, out_zero);
       if constexpr (kOutU8) {
         _mm_mask_storeu_epi8(e.out_u8 + at, mask, _mm512_cvtepi32_epi8(uint8_steps(v, low)));
       } else {
@@ -210,7 +220,7 @@ dot_step(__m512i (&acc)[kRows][4], const uint8_t* const (&x)[kRows], int64_t off
   }
 }
 
-template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8>
+template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
     const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
     RowWalk& walk, int64_t width, int64_t out_channels, int64_t column, const Terms& terms,
@@ -285,9 +295,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       }
       x[v] = epilogue_value<kAddU8 || kAddF32>(acc[r][v], correction[v], multiplier[v],
                                                offset[v], added, add_factor);
-      if (terms.hardswish) {
-        x[v] = hardswish_units(x[v], out_scale, out_zero);
-      }
+      x[v] = activate<kGelu>(x[v], terms.activation, out_scale, out_zero);
       if constexpr (!kOutU8) {
         if (e.relu) {
           x[v] = _mm512_max_ps(x[v], zero);
@@ -303,25 +311,25 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
 
 // `rows` output pixels (as `walk` steps in pixels mode, their inputs in `image`'s planes)
 // by one block of output channels, in tiles of kTileRows and a shorter last one.
-template <bool kAddU8, bool kAddF32, bool kOutU8>
+template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                const std::vector<TapGroup>& taps,
                const int8_t* b, RowWalk walk, int64_t width, int64_t out_channels,
                int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
-    register_tile<kTileRows, kAddU8, kAddF32, kOutU8>(image, depth, taps, b, walk, width,
+    register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(image, depth, taps, b, walk, width,
                                                       out_channels, column, terms, e);
   }
   using Tile = void (*)(const uint8_t*, int64_t, const std::vector<TapGroup>&, const int8_t*,
                         RowWalk&, int64_t, int64_t, int64_t, const Terms&,
                         const Int8ConvEpilogue&);
   static constexpr Tile kTails[] = {nullptr,
-                                    register_tile<1, kAddU8, kAddF32, kOutU8>,
-                                    register_tile<2, kAddU8, kAddF32, kOutU8>,
-                                    register_tile<3, kAddU8, kAddF32, kOutU8>,
-                                    register_tile<4, kAddU8, kAddF32, kOutU8>,
-                                    register_tile<5, kAddU8, kAddF32, kOutU8>};
+                                    register_tile<1, kAddU8, kAddF32, kOutU8, kGelu>,
+                                    register_tile<2, kAddU8, kAddF32, kOutU8, kGelu>,
+                                    register_tile<3, kAddU8, kAddF32, kOutU8, kGelu>,
+                                    register_tile<4, kAddU8, kAddF32, kOutU8, kGelu>,
+                                    register_tile<5, kAddU8, kAddF32, kOutU8, kGelu>};
   static_assert(std::size(kTails) == kTileRows);
   if (r < rows) {
     kTails[rows - r](image, depth, taps, b, walk, width, out_channels, column, terms, e);
@@ -329,27 +337,34 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
 }
 #pragma GCC diagnostic pop
 
-// The two epilogue-kind templates as types, and the instance of either for an epilogue.
-template <bool kAddU8, bool kAddF32, bool kOutU8>
+// The two epilogue-kind templates as types, and the instance of either for an epilogue
+// (GELU's without a tensor added: a linear layer's).
+template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 struct FinishBlock {
-  static constexpr auto run = finish_block<kAddU8, kAddF32, kOutU8>;
+  static constexpr auto run = finish_block<kAddU8, kAddF32, kOutU8, kGelu>;
 };
-template <bool kAddU8, bool kAddF32, bool kOutU8>
+template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 struct TileRows {
-  static constexpr auto run = tile_rows<kAddU8, kAddF32, kOutU8>;
+  static constexpr auto run = tile_rows<kAddU8, kAddF32, kOutU8, kGelu>;
 };
 
-template <template <bool, bool, bool> class Kernel>
+template <template <bool, bool, bool, bool> class Kernel>
 auto for_epilogue(const Int8ConvEpilogue& e) {
   const bool add_u8 = e.add_u8 != nullptr, add_f32 = e.add_f32 != nullptr;
-  if (e.out_u8 != nullptr) {
-    return add_u8 ? Kernel<true, false, true>::run
-           : add_f32 ? Kernel<false, true, true>::run
-                     : Kernel<false, false, true>::run;
+  if (e.activation == Int8Activation::kGelu || e.activation == Int8Activation::kGeluTanh) {
+    TORCH_CHECK(!add_u8 && !add_f32 && !e.relu,
+                "int8_conv: GELU takes no tensor added and no ReLU");
+    return e.out_u8 != nullptr ? Kernel<false, false, true, true>::run
+                               : Kernel<false, false, false, true>::run;
   }
-  return add_u8 ? Kernel<true, false, false>::run
-         : add_f32 ? Kernel<false, true, false>::run
-                   : Kernel<false, false, false>::run;
+  if (e.out_u8 != nullptr) {
+    return add_u8 ? Kernel<true, false, true, false>::run
+           : add_f32 ? Kernel<false, true, true, false>::run
+                     : Kernel<false, false, true, false>::run;
+  }
+  return add_u8 ? Kernel<true, false, false, false>::run
+         : add_f32 ? Kernel<false, true, false, false>::run
+                   : Kernel<false, false, false, false>::run;
 }
 
 // The epilogue's terms for this call (see Terms), for `columns` output channels padded to
@@ -375,7 +390,7 @@ const Terms& fold_terms(const Int8ConvEpilogue& e, const int32_t* sums, int64_t 
   terms.add_factor = static_cast<float>((e.add_u8 != nullptr ? e.add_scale : 1.0) * unit);
   terms.low = e.relu && to_uint8 ? static_cast<float>(e.out_zero_point) : 0.0f;
   terms.low_byte = static_cast<uint8_t>(std::clamp(terms.low, 0.0f, 255.0f));
-  terms.hardswish = e.hardswish;
+  terms.activation = e.activation;
   terms.out_scale = to_uint8 ? e.out_scale : 1.0f;
   terms.out_zero = static_cast<float>(base);
   return terms;

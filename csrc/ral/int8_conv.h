@@ -49,10 +49,19 @@ bool int8_conv_takes(int64_t channels, const at::Tensor& weight, at::IntArrayRef
 // weights (int32), for the zero-point correction.
 at::Tensor pack_int8_conv_weight(const at::Tensor& weight);
 
+// The function applied after the sums, scales, bias and residual, other than ReLU (which
+// the epilogue folds into the uint8 result's lower bound).
+enum class Int8Activation {
+  kNone,
+  kHardswish,  // x * min(max(x + 3, 0), 6) / 6
+  kGelu,       // x * (1 + erf(x / sqrt 2)) / 2
+  kGeluTanh,   // PyTorch's gelu(approximate="tanh")
+};
+
 // What happens to each result: scaled to float32, the bias added, a residual added
 // (uint8 with its scale and zero point, or float32; NHWC with the result's sizes), ReLU or
-// hardswish, then rounded to uint8 with the output range, or left float32. Pointers may be null
-// (no bias, no residual); exactly one of out_u8 and out_f32 is set.
+// the activation, then rounded to uint8 with the output range, or left float32. Pointers
+// may be null (no bias, no residual); exactly one of out_u8 and out_f32 is set.
 struct Int8ConvEpilogue {
   float input_scale = 1.0f;
   int32_t input_zero_point = 0;
@@ -62,8 +71,8 @@ struct Int8ConvEpilogue {
   const float* add_f32 = nullptr;
   float add_scale = 1.0f;
   int32_t add_zero_point = 0;
-  bool relu = false;
-  bool hardswish = false;  // x * min(max(x + 3, 0), 6) / 6
+  bool relu = false;  // not with an activation
+  Int8Activation activation = Int8Activation::kNone;
   uint8_t* out_u8 = nullptr;
   float* out_f32 = nullptr;
   float out_scale = 1.0f;

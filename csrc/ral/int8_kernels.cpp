@@ -160,6 +160,40 @@ int64_t bits_of(double value) {
   return bits;
 }
 
+// A convolution or linear layer by Blade's kernel (int8_conv.h) where it takes it, else by
+// oneDNN's. In an engine the two are kernel trials (PreparedWeights::next_kernel): its
+// first calls time both and keep the faster for the weight and input `size` (Blade's wins
+// the small convolutions of a batch-1 network, which oneDNN's per-call cost outweighs;
+// oneDNN's some larger ones). Outside an engine (TorchScript, tests), Blade's.
+at::Tensor blade_or_onednn(const std::vector<int64_t>& size, const at::Tensor& weight,
+                           bool blade_takes, c10::function_ref<at::Tensor()> blade,
+                           c10::function_ref<at::Tensor()> onednn) {
+  PreparedWeights* prepared = active_prepared_weights();
+  if (!blade_takes) {
+    return onednn();
+  }
+  if (prepared == nullptr) {
+    return blade();
+  }
+  using Kernel = PreparedWeights::Kernel;
+  const Kernel kernel = prepared->next_kernel(weight, false, size, Kernel::kInt8Conv);
+  Stopwatch stopwatch;
+  if (kernel == Kernel::kInt8Conv) {
+    at::Tensor result = blade();
+    prepared->record_kernel_time(weight, false, size, kernel, stopwatch.seconds());
+    // A trial's first call runs oneDNN's too, for its pack and primitive (result unused).
+    if (prepared->onednn_run_pending(weight, false, size)) {
+      Stopwatch again;
+      onednn();
+      prepared->record_kernel_time(weight, false, size, Kernel::kOneDnn, again.seconds());
+    }
+    return result;
+  }
+  at::Tensor result = onednn();
+  prepared->record_kernel_time(weight, false, size, Kernel::kOneDnn, stopwatch.seconds());
+  return result;
+}
+
 }  // namespace
 
 bool has_int8_dot_product() {
@@ -225,6 +259,37 @@ __attribute__((target("avx512f"))) void quantize_avx512(const float* src, uint8_
   quantize_scalar(src + i, dst + i, n - i, inverse, zero);
 }
 #pragma GCC diagnostic pop
+
+// The linear layer by oneDNN's qlinear_pointwise on the uint8 rows, its weight packed
+// once; the result [sizes], uint8 as int8 bytes with an output range, else float32.
+at::Tensor onednn_linear(const at::Tensor& quantized, double scale, int64_t zero_point,
+                         const at::Tensor& weight, const at::Tensor& weight_scale,
+                         const std::optional<at::Tensor>& bias, double out_scale,
+                         int64_t out_zero_point, bool quantized_out, c10::string_view post_op,
+                         const std::vector<int64_t>& sizes) {
+  const int64_t n = weight.size(0);
+  const at::Tensor packed = packed_weight(weight, {}, [&] { return pack_linear(weight); });
+  static const auto linear = onednn_op("onednn::qlinear_pointwise");
+  torch::jit::Stack stack;
+  stack.reserve(13);
+  stack.emplace_back(quantized);
+  stack.emplace_back(scale);
+  stack.emplace_back(zero_point);
+  stack.emplace_back(packed);
+  stack.emplace_back(weight_scale.contiguous());
+  stack.emplace_back(zero_points(n));
+  stack.emplace_back(bias.has_value() ? c10::IValue(bias->contiguous()) : c10::IValue());
+  // uint8 out: rounded by oneDNN with the next layer's range.
+  stack.emplace_back(out_scale);
+  stack.emplace_back(out_zero_point);
+  stack.emplace_back(static_cast<int64_t>(quantized_out ? at::kByte : at::kFloat));
+  stack.emplace_back(std::string(post_op == "gelu_tanh" ? "gelu" : post_op));
+  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+  stack.emplace_back(std::string(post_op == "gelu_tanh" ? "tanh" : "none"));
+  linear.callBoxed(stack);
+  const at::Tensor result = stack.at(0).toTensor().reshape(sizes);
+  return quantized_out ? result.view(at::kChar) : result;
+}
 
 }  // namespace
 
@@ -299,16 +364,12 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
     }
     return y.reshape(sizes);
   }
-  if (rows.size(0) <= kGemvMaxRows && (post_op == "none" || post_op == "relu") &&
-      int8_conv_enabled() && int8_gemv_available()) {
-    // A few rows: Blade's matrix-vector product (int8_gemv.h), which streams the weight.
+  // Blade's kernels: the result made first (an engine's offered buffer goes to the first
+  // allocation of its size), then the epilogue's fields both kernels have, then `run`.
+  const auto by_blade = [&](auto e, const auto& run) {
     at::Tensor result = at::empty(sizes, input.options().dtype(out_dtype));
-    const at::Tensor packed = packed_weight(weight, kInt8GemvKey, [&] {
-      return pack_int8_gemv_weight(weight);
-    });
     const at::Tensor scales = weight_scale.contiguous();
     const at::Tensor bias_values = bias.has_value() ? bias->contiguous() : at::Tensor();
-    Int8GemvEpilogue e;
     e.input_scale = static_cast<float>(scale);
     e.input_zero_point = static_cast<int32_t>(zero_point);
     e.weight_scale = scales.const_data_ptr<float>();
@@ -321,32 +382,40 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
     } else {
       e.out_f32 = result.data_ptr<float>();
     }
-    int8_gemv(static_cast<const uint8_t*>(quantized.const_data_ptr()), rows.size(0), k, packed,
-              n, e);
-    note_int8_conv_call();
+    run(e);
     return result;
+  };
+  const auto* rows_u8 = static_cast<const uint8_t*>(quantized.const_data_ptr());
+  if (rows.size(0) <= kGemvMaxRows && (post_op == "none" || post_op == "relu") &&
+      int8_conv_enabled() && int8_gemv_available()) {
+    // A few rows: Blade's matrix-vector product (int8_gemv.h), which streams the weight.
+    return by_blade(Int8GemvEpilogue{}, [&](const Int8GemvEpilogue& e) {
+      const at::Tensor packed = packed_weight(weight, kInt8GemvKey, [&] {
+        return pack_int8_gemv_weight(weight);
+      });
+      int8_gemv(rows_u8, rows.size(0), k, packed, n, e);
+      note_int8_conv_call();
+    });
   }
-  const at::Tensor packed = packed_weight(weight, {}, [&] { return pack_linear(weight); });
-  static const auto linear = onednn_op("onednn::qlinear_pointwise");
-  torch::jit::Stack stack;
-  stack.reserve(13);
-  stack.emplace_back(quantized);
-  stack.emplace_back(scale);
-  stack.emplace_back(zero_point);
-  stack.emplace_back(packed);
-  stack.emplace_back(weight_scale.contiguous());
-  stack.emplace_back(zero_points(n));
-  stack.emplace_back(bias.has_value() ? c10::IValue(bias->contiguous()) : c10::IValue());
-  // uint8 out: rounded by oneDNN with the next layer's range.
-  stack.emplace_back(out_scale);
-  stack.emplace_back(out_zero_point);
-  stack.emplace_back(static_cast<int64_t>(output_range.has_value() ? at::kByte : at::kFloat));
-  stack.emplace_back(std::string(post_op == "gelu_tanh" ? "gelu" : post_op));
-  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
-  stack.emplace_back(std::string(post_op == "gelu_tanh" ? "tanh" : "none"));
-  linear.callBoxed(stack);
-  const at::Tensor result = stack.at(0).toTensor().reshape(sizes);
-  return output_range.has_value() ? result.view(at::kChar) : result;
+  // Many rows: Blade's convolution kernel, the rows as pixels of a 1x1 convolution, or
+  // oneDNN's, whichever an engine's trials find faster.
+  const auto blade = [&] {
+    return by_blade(Int8ConvEpilogue{}, [&](Int8ConvEpilogue& e) {
+      e.activation = post_op == "gelu"        ? Int8Activation::kGelu
+                     : post_op == "gelu_tanh" ? Int8Activation::kGeluTanh
+                                              : Int8Activation::kNone;
+      const at::Tensor packed = packed_weight(weight, kInt8ConvKey, [&] {
+        return pack_int8_conv_weight(weight.reshape({n, k, 1, 1}));
+      });
+      int8_conv(rows_u8, 1, rows.size(0), 1, k, packed, n, 1, 1, {1, 1}, {0, 0}, e);
+    });
+  };
+  return blade_or_onednn(rows.sizes().vec(), weight,
+                         int8_conv_enabled() && int8_conv_available(), blade,
+                         [&] { return onednn_linear(quantized, scale, zero_point, weight,
+                                                    weight_scale, bias, out_scale,
+                                                    out_zero_point, output_range.has_value(),
+                                                    post_op, sizes); });
 }
 
 namespace {
@@ -556,7 +625,7 @@ at::Tensor blade_conv(const ConvCall& call, const at::Tensor& weight,
   e.add_scale = static_cast<float>(add_scale);
   e.add_zero_point = static_cast<int32_t>(add_zero_point);
   e.relu = post_op == "relu";
-  e.hardswish = post_op == "hardswish";
+  e.activation = post_op == "hardswish" ? Int8Activation::kHardswish : Int8Activation::kNone;
   if (call.quantized_out) {
     e.out_u8 = reinterpret_cast<uint8_t*>(result.data_ptr<int8_t>());
     e.out_scale = static_cast<float>(call.out_scale);
@@ -627,41 +696,6 @@ at::Tensor blade_depthwise(const ConvCall& call, const at::Tensor& weight,
   return result;
 }
 
-// The convolution by Blade's kernel where it takes it, else by oneDNN's. In an engine the
-// two are kernel trials (PreparedWeights::next_kernel): its first calls time both and keep
-// the faster for the weight and input size (Blade's wins the small convolutions of a batch-1
-// network, which oneDNN's per-call cost outweighs; oneDNN's its larger ones). Outside an
-// engine (TorchScript, tests), Blade's.
-at::Tensor blade_or_onednn(const ConvCall& call, const at::Tensor& weight, bool blade_takes,
-                           c10::function_ref<at::Tensor()> blade,
-                           c10::function_ref<at::Tensor()> onednn) {
-  PreparedWeights* prepared = active_prepared_weights();
-  if (!blade_takes) {
-    return onednn();
-  }
-  if (prepared == nullptr) {
-    return blade();
-  }
-  using Kernel = PreparedWeights::Kernel;
-  const std::vector<int64_t> size = call.image.sizes().vec();
-  const Kernel kernel = prepared->next_kernel(weight, false, size, Kernel::kInt8Conv);
-  Stopwatch stopwatch;
-  if (kernel == Kernel::kInt8Conv) {
-    at::Tensor result = blade();
-    prepared->record_kernel_time(weight, false, size, kernel, stopwatch.seconds());
-    // A trial's first call runs oneDNN's too, for its pack and primitive (result unused).
-    if (prepared->onednn_run_pending(weight, false, size)) {
-      Stopwatch again;
-      onednn();
-      prepared->record_kernel_time(weight, false, size, Kernel::kOneDnn, again.seconds());
-    }
-    return result;
-  }
-  at::Tensor result = onednn();
-  prepared->record_kernel_time(weight, false, size, Kernel::kOneDnn, stopwatch.seconds());
-  return result;
-}
-
 // Whether onednn::qconv2d_pointwise.binary writes its result into its accum operand (its
 // schema marks it as written). PyTorch 2.13's writes oneDNN's sum there and returns a copy
 // of it, so the result is already in the accum. Found out once, on a 1x1 convolution of
@@ -718,7 +752,7 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
   const auto quantize_input = [&] { return uint8_image(call); };
   const bool depthwise = depthwise_takes(call, weight, dilation, groups);
   return blade_or_onednn(
-      call, weight, depthwise || int8_conv_takes(call.image.size(1), weight, dilation, groups),
+      call.image.sizes().vec(), weight, depthwise || int8_conv_takes(call.image.size(1), weight, dilation, groups),
       [&] {
         if (depthwise) {
           return blade_depthwise(call, weight, weight_scale, bias, stride, padding, post_op,
@@ -800,7 +834,7 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
   };
   const bool float_sum = !carried_accum && !call.quantized_out;
   return blade_or_onednn(
-      call, weight, int8_conv_takes(call.image.size(1), weight, dilation, groups),
+      call.image.sizes().vec(), weight, int8_conv_takes(call.image.size(1), weight, dilation, groups),
       [&] {
         return blade_conv(call, weight, weight_scale, bias, stride, padding, dilation, groups,
                           post_op, quantize_input, added_input, float_sum ? 1.0 : accum_scale,

@@ -1,11 +1,12 @@
 """Blade's int8 matrix-vector product (csrc/ral/int8_gemv.*): blade::quantized_linear of at
-most 4 rows by Blade's kernel, which streams the weight; more rows, and GELU post-ops, run
-oneDNN's. Compared with the float64 reference and with oneDNN's result."""
+most 4 rows by Blade's kernel, which streams the weight (more rows, and GELU post-ops, run
+the convolution kernel: test_int8_linear.py). Compared with the float64 reference and with
+oneDNN's result."""
 import pytest
 import torch
 
 from blade import _C
-from helpers import run_both
+from helpers import assert_int8_linear_result, run_both
 
 needs_vnni = pytest.mark.skipif(not _C.int8_conv_available(),
                                 reason="this CPU lacks AVX-512 VNNI and AMX-INT8")
@@ -47,23 +48,5 @@ def test_few_rows_match_the_reference_and_onednn(rows, k, n, uint8_input, uint8_
     want = real @ (weight.double() * scale.double().unsqueeze(1)).t() + bias.double()
     if post_op == "relu":
         want = torch.relu(want)
-    if uint8_result:
-        step, zero_point = OUTPUT_RANGE[0].item(), OUTPUT_RANGE[1].item()
-        got = (mine.view(torch.uint8).double() - zero_point) * step
-        clamped = want.clamp(min=-zero_point * step, max=(255 - zero_point) * step)
-        assert (got - clamped).abs().max() <= 0.5 * step + 1e-4
-        assert (mine.view(torch.uint8).int() - onednn.view(torch.uint8).int()).abs().max() <= 1
-    else:
-        torch.testing.assert_close(mine.double(), want, rtol=1e-5, atol=1e-4)
-        torch.testing.assert_close(mine, onednn, rtol=1e-5, atol=1e-4)
+    assert_int8_linear_result(mine, onednn, want, OUTPUT_RANGE if uint8_result else None)
 
-
-@needs_vnni
-def test_more_rows_and_gelu_run_onednns():
-    weight = torch.randint(-127, 128, (24, 32), dtype=torch.int8)
-    scale, bias = torch.rand(24) * 0.01, torch.randn(24)
-    for rows, post_op in ((5, "none"), (1, "gelu")):
-        before = _C.int8_conv_calls()
-        torch.ops.blade.quantized_linear(torch.randn(rows, 32), weight, scale, bias,
-                                         INPUT_RANGE, None, post_op)
-        assert _C.int8_conv_calls() == before

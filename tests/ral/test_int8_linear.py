@@ -1,0 +1,73 @@
+"""blade::quantized_linear of more rows than the matrix-vector product takes, and with GELU:
+Blade's int8 convolution kernel (csrc/ral/int8_conv.*) runs it as a 1x1 convolution whose
+pixels are the rows, GELU's two forms in its epilogue. Compared with the float64 reference
+and with oneDNN's result (helpers.run_both)."""
+import math
+
+import pytest
+import torch
+
+from blade import _C
+from helpers import assert_int8_linear_result, run_both
+
+needs_vnni = pytest.mark.skipif(not _C.int8_conv_available(),
+                                reason="this CPU lacks AVX-512 VNNI and AMX-INT8")
+
+INPUT_RANGE = torch.tensor([0.02, 7.0])    # scale, zero point
+OUTPUT_RANGE = torch.tensor([0.05, 120.0])
+
+
+def reference(real, weight, scale, bias, post_op):
+    want = real @ (weight.double() * scale.double().unsqueeze(1)).t() + bias.double()
+    if post_op == "relu":
+        return torch.relu(want)
+    if post_op == "gelu":
+        return want * 0.5 * (1 + torch.erf(want / math.sqrt(2)))
+    if post_op == "gelu_tanh":
+        inner = math.sqrt(2 / math.pi) * (want + 0.044715 * want ** 3)
+        return want * 0.5 * (1 + torch.tanh(inner))
+    return want
+
+
+@needs_vnni
+@pytest.mark.parametrize("rows, k, n", [
+    (5, 32, 24),        # one row past the matrix-vector product's
+    (128, 96, 200),     # a sequence: whole tiles of 6 rows and a tail; a partial column block
+    (37, 30, 64),       # K no multiple of 4
+])
+@pytest.mark.parametrize("post_op", ["none", "relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("uint8_result", [False, True])
+def test_many_rows_match_the_reference_and_onednn(rows, k, n, post_op, uint8_result):
+    gen = torch.Generator().manual_seed(rows * 1000 + k)
+    q = torch.randint(0, 256, (1, rows, k), dtype=torch.uint8, generator=gen)
+    real = (q.double() - INPUT_RANGE[1]) * INPUT_RANGE[0]
+    weight = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    # Scales that spread the sums over a few units, where GELU bends.
+    scale = (torch.rand(n, generator=gen) + 0.5) * 0.02 / math.sqrt(k)
+    bias = torch.randn(n, generator=gen)
+    (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_linear(
+        q.view(torch.int8), weight, scale, bias, INPUT_RANGE,
+        OUTPUT_RANGE if uint8_result else None, post_op))
+    assert ran == [1, 0]
+    assert mine.shape == (1, rows, n)
+    want = reference(real, weight, scale, bias, post_op)
+    assert_int8_linear_result(mine, onednn, want, OUTPUT_RANGE if uint8_result else None)
+
+
+@needs_vnni
+def test_gelu_of_extreme_sums():
+    """Sums far past erf's and tanh's clamps give x or 0 (within float32 rounding of x:
+    the rational forms stop a few ulp short of +-1), and NaN comes out of a NaN bias."""
+    weight = torch.full((16, 8), 127, dtype=torch.int8)
+    weight[8:] = -127
+    q = torch.full((6, 8), 255, dtype=torch.uint8)
+    bias = torch.zeros(16)
+    bias[3] = float("nan")
+    for post_op in ("gelu", "gelu_tanh"):
+        got = torch.ops.blade.quantized_linear(q.view(torch.int8), weight, torch.ones(16),
+                                               bias, INPUT_RANGE, None, post_op)
+        big = (255 - 7) * 0.02 * 127 * 8
+        assert torch.isnan(got[:, 3]).all()
+        keep = [c for c in range(16) if c != 3]
+        want = torch.tensor([big if c < 8 else 0.0 for c in keep]).expand(6, -1)
+        torch.testing.assert_close(got[:, keep], want, rtol=1e-6, atol=big * 1e-6)
