@@ -575,7 +575,7 @@ class AttentionWithInt8Projection(torch.nn.Module):
 
 
 @needs_int8
-@pytest.mark.skipif(not _C.bf16_attention_supported(), reason="this CPU lacks AMX-BF16")
+@pytest.mark.skipif(not _C.bf16_attention_supported(), reason="this CPU lacks AVX512-BF16")
 @pytest.mark.parametrize("batch, heads, rows, keys, head_dim, masked", [
     (1, 12, 128, 128, 64, False),   # BERT-base's heads: one block of rows a head
     (2, 3, 600, 600, 32, True),     # several blocks a head, reusing its k and v
@@ -583,8 +583,9 @@ class AttentionWithInt8Projection(torch.nn.Module):
     (1, 2, 7, 37, 16, "empty row"),  # and a row the mask hides whole: zeros, not NaN
 ])
 def test_int8_engines_multiply_attention_in_bf16(batch, heads, rows, keys, head_dim, masked):
-    """An int8 engine's attention multiplies bfloat16 operands on AMX (float32 sums and
-    softmax): about bfloat16's rounding from the float32 products, never more."""
+    """An int8 engine's attention multiplies bfloat16 operands (float32 sums and softmax),
+    on AMX tiles or AVX512-BF16's dot products: about bfloat16's rounding from the float32
+    products, never more."""
     torch.manual_seed(0)
     q = torch.randn(batch, heads, rows, head_dim)
     k, v = torch.randn(batch, heads, keys, head_dim), torch.randn(batch, heads, keys, head_dim)

@@ -220,7 +220,22 @@ PYBIND11_MODULE(_C, m) {
         "How many int8 convolutions (depthwise too) and few-row linear layers the "
         "runtime's own kernels ran in this process.");
   m.def("bf16_attention_supported", &ral::bf16_attention_supported,
-        "Whether int8 engines multiply attention's operands in bfloat16 here (AMX-BF16).");
+        "Whether int8 engines multiply attention's operands in bfloat16 here (AVX512-BF16, "
+        "or AMX-BF16 tiles).");
+  m.def(
+      "fused_attention",
+      [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+         const std::optional<at::Tensor>& mask, double scale, bool bf16_products) {
+        ral::Bf16AttentionProducts products(bf16_products);
+        at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
+        TORCH_CHECK(ral::fused_attention_f32(q, k, v, mask, scale, true, out),
+                    "fused_attention: the kernel does not take these operands");
+        return out;
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"),
+      py::arg("bf16_products"),
+      "The runtime's fused attention as an int8 engine (bf16_products) or a float32 one "
+      "runs it, masked rows zeroed (tests).");
   m.def("set_bf16_attention_allowed", &ral::set_bf16_attention_allowed, py::arg("allowed"),
         "False makes int8 engines multiply attention's operands in float32 (tests).");
   m.def("kernel_call_result_counts", &ral::kernel_call_result_counts,

@@ -509,10 +509,106 @@ T* grown(std::vector<T>& buffer, int64_t n) {
   return buffer.data();
 }
 
+// The bf16 products on CPUs with AVX512-BF16 but no AMX (whose microkernel PyTorch's
+// brgemm runs only there): c[m x n] = a[m x k] @ b in float32 sums of the products of
+// bfloat16 pairs. a is row-major (lda elements apart, k even); b holds pairs of its rows
+// interleaved, k / 2 rows of ldb 32-bit pairs (as the microkernel reads it); c is row-major,
+// ldc apart. Register tiles of kRows rows by 64 columns, the sums kept in 4 x kRows
+// registers over all of k, as int8_conv's tiles keep theirs.
+// GCC 12 warns inside its own intrinsics' headers here (their _mm512_undefined).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+template <int kRows>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_dot_tile(
+    const c10::BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t k,
+    int64_t width, float* c, int64_t ldc) {
+  __mmask16 masks[4];
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    const int64_t left = std::clamp<int64_t>(width - 16 * v, 0, 16);
+    masks[v] = static_cast<__mmask16>((1u << left) - 1);
+  }
+  __m512 acc[kRows][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      acc[r][v] = _mm512_setzero_ps();
+    }
+  }
+  for (int64_t pair = 0; pair < k / 2; ++pair) {
+    const uint32_t* row = b + pair * ldb;
+    __m512bh w[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      w[v] = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(masks[v], row + 16 * v));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      uint32_t bits;
+      std::memcpy(&bits, a + r * lda + 2 * pair, sizeof bits);
+      const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(bits)));
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      _mm512_mask_storeu_ps(c + r * ldc + 16 * v, masks[v], acc[r][v]);
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
+constexpr int kBf16TileRows = 6;
+
+void bf16_dot_gemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda,
+                   const uint32_t* b, int64_t ldb, float* c, int64_t ldc) {
+  using Tile = void (*)(const c10::BFloat16*, int64_t, const uint32_t*, int64_t, int64_t,
+                        int64_t, float*, int64_t);
+  static constexpr Tile kTiles[] = {nullptr,          bf16_dot_tile<1>, bf16_dot_tile<2>,
+                                    bf16_dot_tile<3>, bf16_dot_tile<4>, bf16_dot_tile<5>,
+                                    bf16_dot_tile<6>};
+  static_assert(std::size(kTiles) == kBf16TileRows + 1);
+  for (int64_t column = 0; column < n; column += 64) {
+    const int64_t width = std::min<int64_t>(64, n - column);
+    for (int64_t r = 0; r < m; r += kBf16TileRows) {
+      const int64_t rows = std::min<int64_t>(kBf16TileRows, m - r);
+      kTiles[rows](a + r * lda, lda, b + column, ldb, k, width, c + r * ldc + column, ldc);
+    }
+  }
+}
+
+// b [k, n] bfloat16 row-major (ld elements apart; k even) as bf16_dot_gemm's pairs: rows
+// 2p and 2p + 1 interleaved into pair row p of n 32-bit pairs.
+void pair_rows(const c10::BFloat16* b, int64_t k, int64_t n, int64_t ld, uint32_t* pairs) {
+  for (int64_t p = 0; p < k / 2; ++p) {
+    const auto* even = reinterpret_cast<const uint16_t*>(b + 2 * p * ld);
+    const auto* odd = reinterpret_cast<const uint16_t*>(b + (2 * p + 1) * ld);
+    uint32_t* out = pairs + p * n;
+    for (int64_t j = 0; j < n; ++j) {
+      out[j] = static_cast<uint32_t>(even[j]) | (static_cast<uint32_t>(odd[j]) << 16);
+    }
+  }
+}
+
+// Whether the bf16 products run on AMX-BF16 tiles (PyTorch's brgemm microkernel), else on
+// AVX512-BF16's dot products (bf16_dot_gemm).
+bool bf16_amx() {
+  static const bool amx =
+      has_cpu_feature("amx_bf16") && at::native::cpublas::could_pack(at::kBFloat16);
+  return amx;
+}
+
 // run_blocks with bfloat16 products: per head, k^T and v rounded to bfloat16 and laid
-// out as the AMX microkernel reads its B operand (pairs of rows interleaved, "VNNI"); per
-// block, q's rows rounded, the scores and their softmax in float32 as above, and the
-// probabilities rounded for @ v, whose float32 sums go straight into the output.
+// out as both ways of multiplying read their B operand (pairs of rows interleaved,
+// "VNNI"); per block, q's rows rounded, the scores and their softmax in float32 as above,
+// and the probabilities rounded for @ v, whose float32 sums go straight into the output.
 void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** arguments) {
   using at::native::cpublas::brgemm;
   const Problem& p = *static_cast<const Problem*>(arguments[0]);
@@ -522,6 +618,7 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
   const int64_t e = p.head_dim;
   const int64_t ev = p.value_dim;
   Bf16Scratch& scratch = bf16_scratch;
+  const bool amx = bf16_amx();
   float* scores = grown(scratch.scores, p.rows_per_block * padded);
   float* inverse_sums = grown(scratch.inverse_sums, p.rows_per_block);
   c10::BFloat16* q16 = grown(scratch.q, p.rows_per_block * e);
@@ -547,35 +644,50 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
       // column r of pair rows 0..e/2 (a transpose of 32-bit values).
       transpose(reinterpret_cast<const float*>(k_rows), e / 2, p.keys, e / 2,
                 reinterpret_cast<float*>(k_pairs), padded);
-      at::native::cpublas::pack(padded, ev, ev, ev, at::kBFloat16, at::kBFloat16, v_rows,
-                                v_pairs);
+      if (amx) {
+        at::native::cpublas::pack(padded, ev, ev, ev, at::kBFloat16, at::kBFloat16, v_rows,
+                                  v_pairs);
+      } else {
+        pair_rows(v_rows, padded, ev, ev, reinterpret_cast<uint32_t*>(v_pairs));
+      }
       converted_head = block.head_index;
     }
     for (int64_t i = 0; i < count; ++i) {
       to_bf16(block.q + i * p.q.row_stride, q16 + i * e, e);
     }
-    brgemm(count, p.keys, e, e, padded, padded, /*add_C=*/false, q16, k_pairs, scores,
-           /*is_vnni=*/true);
+    if (amx) {
+      brgemm(count, p.keys, e, e, padded, padded, /*add_C=*/false, q16, k_pairs, scores,
+             /*is_vnni=*/true);
+    } else {
+      bf16_dot_gemm(count, p.keys, e, q16, e, reinterpret_cast<const uint32_t*>(k_pairs),
+                    padded, scores, padded);
+    }
     for (int64_t i = 0; i < count; ++i) {
       inverse_sums[i] = exp_row_bf16(scores + i * padded, mask_row(p, block, i), p.scale,
                                      p.keys, padded, p.empty_row, probabilities + i * padded);
     }
-    brgemm(count, ev, padded, padded, ev, p.out_row_stride, /*add_C=*/false,
-           probabilities, v_pairs, block.out, /*is_vnni=*/true);
+    if (amx) {
+      brgemm(count, ev, padded, padded, ev, p.out_row_stride, /*add_C=*/false,
+             probabilities, v_pairs, block.out, /*is_vnni=*/true);
+    } else {
+      bf16_dot_gemm(count, ev, padded, probabilities, padded,
+                    reinterpret_cast<const uint32_t*>(v_pairs), ev, block.out,
+                    p.out_row_stride);
+    }
     normalize_rows(p, block, inverse_sums);
   }
-  at::native::cpublas::brgemm_release(/*is_vnni=*/true);  // the thread's AMX tiles
+  if (amx) {
+    at::native::cpublas::brgemm_release(/*is_vnni=*/true);  // the thread's AMX tiles
+  }
   scratch.trim();
 }
 
 }  // namespace
 
 bool bf16_attention_supported() {
-  // AMX-BF16 tiles (oneDNN's microkernel packs its B operand there) and AVX512-BF16 for
-  // the rounding.
-  static const bool supported = has_cpu_feature("amx_bf16") &&
-                                has_cpu_feature("avx512_bf16") &&
-                                at::native::cpublas::could_pack(at::kBFloat16);
+  // AVX512-BF16 for the rounding and the dot products (or AMX-BF16 tiles: bf16_amx).
+  static const bool supported = has_cpu_feature("avx512_bf16") &&
+                                has_cpu_feature("avx512bw") && has_cpu_feature("avx512vl");
   return supported;
 }
 

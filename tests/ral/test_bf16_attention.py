@@ -1,0 +1,66 @@
+"""The runtime's fused attention with bfloat16 products (csrc/ral/fused_attention.*), as int8
+engines run it: q, k, v and the softmax's probabilities rounded to bfloat16, float32 sums
+and softmax. On a CPU without AMX its products are Blade's AVX512-BF16 tiles
+(bf16_dot_gemm). Compared with a float64 reference that rounds the same operands, which
+pins the products down to float32 summation order and exp's rounding."""
+import pytest
+import torch
+
+from blade import _C
+
+needs_bf16 = pytest.mark.skipif(not _C.bf16_attention_supported(),
+                                reason="this CPU lacks AVX512-BF16")
+
+
+def rounded(x):
+    return x.to(torch.bfloat16).double()
+
+
+def reference(q, k, v, mask, scale):
+    """softmax(q k^T scale + mask) v as the bf16 products compute it: rounded operands and
+    probabilities, the sum of the unrounded exponentials dividing the output."""
+    scores = rounded(q) @ rounded(k).transpose(-1, -2) * scale + mask.double()
+    top = scores.amax(-1, keepdim=True)
+    exps = torch.exp(scores - top).float()   # float32, as the kernel's
+    out = rounded(exps) @ rounded(v)
+    return out / exps.double().sum(-1, keepdim=True)
+
+
+@needs_bf16
+@pytest.mark.parametrize("batch, heads, rows, keys, head_dim, value_dim", [
+    (1, 12, 128, 128, 64, 64),    # BERT-base's heads
+    (1, 2, 13, 37, 16, 24),       # row tiles and column blocks with tails; padded keys
+    (2, 3, 300, 70, 32, 80),      # several blocks of rows a head; value columns past 64
+])
+def test_bf16_products_match_the_rounded_reference(batch, heads, rows, keys, head_dim,
+                                                   value_dim):
+    gen = torch.Generator().manual_seed(rows + keys)
+    q = torch.randn(batch, heads, rows, head_dim, generator=gen)
+    k = torch.randn(batch, heads, keys, head_dim, generator=gen)
+    v = torch.randn(batch, heads, keys, value_dim, generator=gen)
+    mask = torch.where(torch.rand(batch, 1, rows, keys, generator=gen) > 0.2, 0.0, -1e4)
+    scale = head_dim ** -0.5
+    got = _C.fused_attention(q, k, v, mask, scale, True)
+    want = reference(q, k, v, mask, scale)
+    # A probability within an ulp of a rounding boundary may round the other way than
+    # torch.exp's: a bfloat16 step (2^-8) of one term of a sum.
+    torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=5e-4)
+    # The float32 products differ from it by bfloat16's rounding, no more.
+    f32 = _C.fused_attention(q, k, v, mask, scale, False)
+    difference = float((got - f32).abs().max())
+    assert 0 < difference < 0.05
+
+
+@needs_bf16
+def test_bf16_products_zero_a_fully_masked_row_and_keep_nan():
+    q, k, v = torch.randn(1, 1, 5, 8), torch.randn(1, 1, 9, 8), torch.randn(1, 1, 9, 8)
+    mask = torch.zeros(1, 1, 5, 9)
+    mask[0, 0, 2] = -float("inf")
+    v[0, 0, 4, 1] = float("nan")
+    got = _C.fused_attention(q, k, v, mask, 0.3, True)
+    f32 = _C.fused_attention(q, k, v, mask, 0.3, False)
+    # Column 1 is NaN in every row (a zero probability times NaN too), as in float32.
+    assert torch.equal(got.isnan(), f32.isnan())
+    assert got[0, 0, :, 1].isnan().all()
+    assert not got[0, 0][:, [0, 2, 3, 4, 5, 6, 7]].isnan().any()
+    assert (got[0, 0, 2, [0, 2, 3, 4, 5, 6, 7]] == 0).all()
