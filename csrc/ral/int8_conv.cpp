@@ -318,8 +318,9 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
-    register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(image, depth, taps, b, walk, width,
-                                                      out_channels, column, terms, e);
+    register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(image, depth, taps, b, walk,
+                                                             width, out_channels, column,
+                                                             terms, e);
   }
   using Tile = void (*)(const uint8_t*, int64_t, const std::vector<TapGroup>&, const int8_t*,
                         RowWalk&, int64_t, int64_t, int64_t, const Terms&,

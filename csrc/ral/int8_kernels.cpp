@@ -752,7 +752,8 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
   const auto quantize_input = [&] { return uint8_image(call); };
   const bool depthwise = depthwise_takes(call, weight, dilation, groups);
   return blade_or_onednn(
-      call.image.sizes().vec(), weight, depthwise || int8_conv_takes(call.image.size(1), weight, dilation, groups),
+      call.image.sizes().vec(), weight,
+      depthwise || int8_conv_takes(call.image.size(1), weight, dilation, groups),
       [&] {
         if (depthwise) {
           return blade_depthwise(call, weight, weight_scale, bias, stride, padding, post_op,
@@ -834,7 +835,8 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
   };
   const bool float_sum = !carried_accum && !call.quantized_out;
   return blade_or_onednn(
-      call.image.sizes().vec(), weight, int8_conv_takes(call.image.size(1), weight, dilation, groups),
+      call.image.sizes().vec(), weight,
+      int8_conv_takes(call.image.size(1), weight, dilation, groups),
       [&] {
         return blade_conv(call, weight, weight_scale, bias, stride, padding, dilation, groups,
                           post_op, quantize_input, added_input, float_sum ? 1.0 : accum_scale,
