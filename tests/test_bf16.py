@@ -1,5 +1,6 @@
 """Config(precision="bf16"): the GEMMs and convolutions by an engine's weights run in
-bfloat16 with float32 accumulation on CPUs with avx512_bf16; everything else stays float32,
+bfloat16 with float32 accumulation on CPUs with avx512_bf16 (each convolution in whichever
+of bfloat16 and float32 its precision trial finds faster); everything else stays float32,
 the mode is signed into the engine, and a CPU without avx512_bf16 refuses it."""
 import zipfile
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 import blade
+from blade import _C
 from blade.codegen.llvm.native import host_cpu_features
 from helpers import assert_ran_compiled
 
@@ -132,6 +134,48 @@ def test_tampered_precision_line_in_a_saved_file_is_refused(tmp_path):
     assert "bf32" in report.clusters[0].status, str(report)
     assert report.runtime_fallbacks > 0, str(report)
 
+
+
+@needs_bf16
+def test_bf16_convolutions_keep_the_faster_precision_per_layer():
+    """Each convolution of one group has a precision trial, oneDNN's in bfloat16 against
+    the float32 path, decided by the engine's first calls (the depthwise one has none: it
+    stays float32); whichever wins, the result stays within bfloat16's error of eager."""
+    model, x = example()
+    half = blade.optimize(model, (x,), blade.Config(precision="bf16"))
+    with torch.no_grad():
+        want = model.double()(x.double())
+        model.float()
+        for _ in range(16):
+            got = half(x)
+    report = assert_ran_compiled(half)
+    choices = [line for c in report.clusters for line in c.kernel_choices]
+    precision = [line for line in choices if "oneDNN bfloat16" in line]
+    assert sorted(line.split(", input")[0] for line in precision) == \
+        ["weight [32, 16, 3, 3]", "weight [32, 32, 1, 1]"], choices
+    assert all(line.startswith(("weight [32, 16, 3, 3], input [2, 16, 8, 8]: float32 ",
+                                "weight [32, 32, 1, 1], input [2, 32, 8, 8]: float32 ")) and
+               line.endswith(("-> float32", "-> oneDNN bfloat16")) for line in precision), choices
+    assert not any("(transposed)" in line for line in precision)
+    assert float((got.double() - want).abs().max()) < 2e-2 * float(want.abs().max())
+
+
+@needs_bf16
+def test_without_kernel_trials_bf16_convolutions_run_in_bfloat16(request):
+    _C.set_kernel_trials(False)
+    request.addfinalizer(lambda: _C.set_kernel_trials(True))
+    torch.manual_seed(0)
+    model, x = torch.nn.Conv2d(16, 32, 3, padding=1).eval(), torch.randn(2, 16, 8, 8)
+    full = blade.optimize(model, (x,))
+    half = blade.optimize(model, (x,), blade.Config(precision="bf16"))
+    with torch.no_grad():
+        want = model.double()(x.double())
+        model.float()
+        error_full = float((full(x).double() - want).abs().max())
+        error_half = float((half(x).double() - want).abs().max())
+    assert_ran_compiled(half)
+    assert 20 * error_full < error_half < 2e-2 * float(want.abs().max()), \
+        (error_half, error_full)
 
 
 @needs_bf16

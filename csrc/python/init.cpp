@@ -188,7 +188,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_prepared_weights_limit", &ral::set_prepared_weights_limit, py::arg("bytes"),
         "The most bytes prepared weight copies may take, process-wide (negative: no limit).");
   m.def("set_kernel_trials", &ral::set_kernel_trials, py::arg("enabled"),
-        "Whether engines time a second kernel against oneDNN's (off: oneDNN's always).");
+        "Whether engines time a second kernel against oneDNN's (off: oneDNN's always, a bf16 "
+        "engine's convolutions in bfloat16).");
   m.def("host_cpu_flags", &ral::host_cpu_flags,
         "This CPU's flags as /proc/cpuinfo names them, as the runtime reads them (the "
         "features an engine records are checked against these when it loads).");

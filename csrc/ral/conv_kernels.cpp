@@ -231,71 +231,98 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
                   " values for ", w.size(0), " output channels");
     }
     PreparedWeights* prepared = active_prepared_weights();
-    // A bf16 engine's convolutions by its params (depthwise and grouped ones excepted:
-    // memory-bound, they ran slower in bfloat16 with the conversions) run in bfloat16.
-    if (channels_last && prepared != nullptr && prepared->bf16() && groups == 1 &&
-        convolve_bf16(prepared, x, w, false, target, bias, relu, padding, stride, dilation)) {
-      return;
-    }
-    // A second kernel where one applies (Winograd's algorithm, MKL's sgemm), timed
-    // against oneDNN's on the engine's first calls (PreparedWeights::next_kernel).
-    using Kernel = PreparedWeights::Kernel;
-    Kernel alternative = Kernel::kOneDnn;
-    if (channels_last && prepared != nullptr) {
-      if (winograd_applies(x, w, target, padding, stride, dilation, groups)) {
-        alternative = Kernel::kWinograd;
-      } else if (is_1x1_gemm(x, w, target, padding, stride, dilation, groups)) {
-        alternative = Kernel::kGemm;
-      } else if (depthwise_applies(x, w, target, groups)) {
-        alternative = Kernel::kDepthwise;
+    // The float32 path: oneDNN's kernel, or a second where one applies.
+    const auto convolve_f32 = [&] {
+      // A second kernel where one applies (Winograd's algorithm, MKL's sgemm), timed
+      // against oneDNN's on the engine's first calls (PreparedWeights::next_kernel).
+      using Kernel = PreparedWeights::Kernel;
+      Kernel alternative = Kernel::kOneDnn;
+      if (channels_last && prepared != nullptr) {
+        if (winograd_applies(x, w, target, padding, stride, dilation, groups)) {
+          alternative = Kernel::kWinograd;
+        } else if (is_1x1_gemm(x, w, target, padding, stride, dilation, groups)) {
+          alternative = Kernel::kGemm;
+        } else if (depthwise_applies(x, w, target, groups)) {
+          alternative = Kernel::kDepthwise;
+        }
       }
-    }
-    const std::vector<int64_t> input_size = x.sizes().vec();
-    const at::Tensor param = w;  // the trial's key (w may become a channels_last copy)
-    const Kernel kernel =
-        alternative == Kernel::kOneDnn
-            ? Kernel::kOneDnn
-            : prepared->next_kernel(w, false, input_size, alternative);
-    Stopwatch stopwatch;
-    bool done = false;
-    if ((kernel == Kernel::kWinograd &&
-         convolve_winograd(prepared, x, plain_weight(w), target, bias, relu)) ||
-        (kernel == Kernel::kGemm && convolve_1x1_by_gemm(prepared, x, w, target, bias, relu)) ||
-        (kernel == Kernel::kDepthwise &&
-         convolve_depthwise(prepared, x, w, target, bias, relu, padding, stride, dilation))) {
-      prepared->record_kernel_time(w, false, input_size, kernel, stopwatch.seconds());
-      // A trial's first call runs oneDNN's too (below; the same result within rounding).
-      if (!prepared->onednn_run_pending(w, false, input_size)) {
+      const std::vector<int64_t> input_size = x.sizes().vec();
+      const at::Tensor param = w;  // the trial's key (w may become a channels_last copy)
+      const Kernel kernel =
+          alternative == Kernel::kOneDnn
+              ? Kernel::kOneDnn
+              : prepared->next_kernel(w, false, input_size, alternative);
+      Stopwatch stopwatch;
+      bool done = false;
+      if ((kernel == Kernel::kWinograd &&
+           convolve_winograd(prepared, x, plain_weight(w), target, bias, relu)) ||
+          (kernel == Kernel::kGemm && convolve_1x1_by_gemm(prepared, x, w, target, bias, relu)) ||
+          (kernel == Kernel::kDepthwise &&
+           convolve_depthwise(prepared, x, w, target, bias, relu, padding, stride, dilation))) {
+        prepared->record_kernel_time(w, false, input_size, kernel, stopwatch.seconds());
+        // A trial's first call runs oneDNN's too (below; the same result within rounding).
+        if (!prepared->onednn_run_pending(w, false, input_size)) {
+          return;
+        }
+        done = true;
+        stopwatch = Stopwatch();
+      }  // else declined (Winograd: inf or NaN in the input): oneDNN's, and not a sample
+      at::Tensor reordered;  // oneDNN's copy, for convolve_into only
+      if (channels_last && prepared != nullptr) {
+        if (w.scalar_type() != at::kBFloat16 || onednn_takes_bf16()) {
+          reordered = prepared->onednn_weight(w, false, input_size, padding, stride, dilation,
+                                              groups);
+        }
+        // Without oneDNN's copy, a channels_last one (with it, no second copy is kept; the
+        // plain weight serves the rare call convolve_into declines).
+        if (!reordered.defined()) {
+          w = prepared->channels_last(w);
+        }
+      }
+      if (channels_last &&
+          convolve_into(target, x, reordered.defined() ? reordered : plain_weight(w), bias,
+                        relu, padding, stride, dilation, groups)) {
+        if ((kernel == Kernel::kOneDnn || done) && alternative != Kernel::kOneDnn) {
+          prepared->record_kernel_time(param, false, input_size, Kernel::kOneDnn,
+                                       stopwatch.seconds());
+        }
         return;
       }
-      done = true;
-      stopwatch = Stopwatch();
-    }  // else declined (Winograd: inf or NaN in the input): oneDNN's, and not a sample
-    at::Tensor reordered;  // oneDNN's copy, for convolve_into only
-    if (channels_last && prepared != nullptr) {
-      if (w.scalar_type() != at::kBFloat16 || onednn_takes_bf16()) {
-        reordered = prepared->onednn_weight(w, false, input_size, padding, stride, dilation,
-                                            groups);
+      if (done) {
+        return;  // the alternative's result stands
       }
-      // Without oneDNN's copy, a channels_last one (with it, no second copy is kept; the
-      // plain weight serves the rare call convolve_into declines).
-      if (!reordered.defined()) {
-        w = prepared->channels_last(w);
-      }
-    }
-    if (channels_last && convolve_into(target, x, reordered.defined() ? reordered : plain_weight(w),
-                                       bias, relu, padding, stride, dilation, groups)) {
-      if ((kernel == Kernel::kOneDnn || done) && alternative != Kernel::kOneDnn) {
-        prepared->record_kernel_time(param, false, input_size, Kernel::kOneDnn,
-                                     stopwatch.seconds());
-      }
+      at::Tensor result = at::conv2d(x, plain_weight(w), bias, stride, padding, dilation, groups);
+      target.copy_(relu ? at::relu(result) : result);
+    };
+    // A bf16 engine's convolutions by its params (depthwise and grouped ones excepted:
+    // memory-bound, they ran slower in bfloat16 with the conversions) run in bfloat16 or
+    // by the float32 path, whichever their precision trial finds faster: converting the
+    // activations to and from bfloat16 costs more than the faster products save in the
+    // small layers of a mobile network.
+    if (!(channels_last && prepared != nullptr && prepared->bf16() && groups == 1)) {
+      convolve_f32();
       return;
     }
-    if (done) {
-      return;  // the alternative's result stands
+    using Kernel = PreparedWeights::Kernel;
+    constexpr bool kTrial = PreparedWeights::kPrecisionTrial;
+    const std::vector<int64_t> input_size = x.sizes().vec();
+    const at::Tensor param = w;
+    if (prepared->next_kernel(param, kTrial, input_size, Kernel::kBf16) == Kernel::kBf16) {
+      Stopwatch stopwatch;
+      if (convolve_bf16(prepared, x, w, false, target, bias, relu, padding, stride,
+                        dilation)) {
+        prepared->record_kernel_time(param, kTrial, input_size, Kernel::kBf16,
+                                     stopwatch.seconds());
+        // A trial's first call runs the float32 path too (its result then stands).
+        if (!prepared->onednn_run_pending(param, kTrial, input_size)) {
+          return;
+        }
+      }
     }
-    at::Tensor result = at::conv2d(x, plain_weight(w), bias, stride, padding, dilation, groups);
-    target.copy_(relu ? at::relu(result) : result);
+    Stopwatch stopwatch;
+    convolve_f32();
+    prepared->record_kernel_time(param, kTrial, input_size, Kernel::kOneDnn,
+                                 stopwatch.seconds());
   });
 }
 

@@ -38,9 +38,12 @@ void set_kernel_trials(bool enabled) { kernel_trials.store(enabled, std::memory_
 PreparedWeights::Kernel PreparedWeights::next_kernel(
     const at::Tensor& weight, bool onednn_transposed,
     const std::vector<int64_t>& onednn_input_size, Kernel alternative) {
-  if (!is_param(weight) || (alternative == Kernel::kGemm && mkl_functions().sgemm == nullptr) ||
-      !kernel_trials.load(std::memory_order_relaxed)) {
+  if (!is_param(weight) || (alternative == Kernel::kGemm && mkl_functions().sgemm == nullptr)) {
     return Kernel::kOneDnn;  // nothing prepared without a param; no sgemm without MKL
+  }
+  if (!kernel_trials.load(std::memory_order_relaxed)) {
+    // Untried, oneDNN's; a bf16 engine's convolutions keep the precision asked for.
+    return alternative == Kernel::kBf16 ? Kernel::kBf16 : Kernel::kOneDnn;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   const TrialKey key(weight.data_ptr(), onednn_transposed, onednn_input_size);
@@ -139,7 +142,12 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
       erased = true;
     }
   };
-  if (trial.choice != Kernel::kOneDnn) {
+  if (trial.alternative == Kernel::kBf16) {
+    // A precision trial: the loser's oneDNN copy (the float32 path's other copies, if
+    // any, stay with that path's own trial).
+    const bool bf16_won = trial.choice == Kernel::kBf16;
+    erase(onednn_, std::make_tuple(data, false, onednn_key_size(std::get<2>(key), !bf16_won)));
+  } else if (trial.choice != Kernel::kOneDnn) {
     erase(onednn_, key);
     if (trial.alternative == Kernel::kInt8Conv) {
       // oneDNN's int8 packs of the weight (one per input size and range); one that another
@@ -169,7 +177,8 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
       case Kernel::kDepthwise: erase(depthwise_, data); break;
       case Kernel::kGemm: erase(k_by_n_, std::make_pair(data, transposed)); break;
       case Kernel::kInt8Conv: erase(int8_, std::make_pair(data, kInt8ConvKey)); break;
-      case Kernel::kOneDnn: break;
+      case Kernel::kOneDnn:
+      case Kernel::kBf16: break;  // handled above
     }
   }
   if (erased) {
@@ -188,6 +197,7 @@ const char* kernel_name(PreparedWeights::Kernel kernel) {
     case PreparedWeights::Kernel::kGemm: return "plain-weight GEMM";
     case PreparedWeights::Kernel::kDepthwise: return "Blade depthwise";
     case PreparedWeights::Kernel::kInt8Conv: return "Blade int8";
+    case PreparedWeights::Kernel::kBf16: return "oneDNN bfloat16";
   }
   return "?";
 }
@@ -204,20 +214,34 @@ std::vector<std::string> PreparedWeights::kernel_choices() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::pair<size_t, std::string>> lines;
   for (const auto& [key, trial] : trials_) {
+    // A float32 path that its precision trial left for bfloat16 (undecided, unused).
+    const auto precision_trial = trials_.find(
+        TrialKey(std::get<0>(key), kPrecisionTrial, std::get<2>(key)));
+    if (trial.alternative != Kernel::kBf16 && !std::get<1>(key) &&
+        precision_trial != trials_.end() &&
+        precision_trial->second.choice == Kernel::kBf16) {
+      continue;
+    }
     std::ostringstream line;
+    // A precision trial's flag is no transposition, and its kOneDnn is the float32 path.
+    const bool precision = trial.alternative == Kernel::kBf16;
     line << "weight " << sizes_text(trial.weight_sizes)
-         << (std::get<1>(key) ? " (transposed)" : "") << ", input "
+         << (std::get<1>(key) && !precision ? " (transposed)" : "") << ", input "
          << sizes_text(std::get<2>(key)) << ": ";
     const Kernel kernels[2] = {Kernel::kOneDnn, trial.alternative};
     for (int k = 0; k < 2; ++k) {
-      line << (k > 0 ? ", " : "") << kernel_name(kernels[k]) << " ";
+      line << (k > 0 ? ", " : "")
+           << (precision && k == 0 ? "float32" : kernel_name(kernels[k])) << " ";
       if (trial.runs[k] > 1) {
         line << std::fixed << std::setprecision(3) << trial.best[k] * 1e3 << " ms";
       } else {
         line << "untimed";
       }
     }
-    line << " -> " << (trial.choice.has_value() ? kernel_name(*trial.choice) : "undecided");
+    line << " -> "
+         << (!trial.choice.has_value()                          ? "undecided"
+             : precision && *trial.choice == Kernel::kOneDnn ? "float32"
+                                                              : kernel_name(*trial.choice));
     lines.emplace_back(trial.order, line.str());
   }
   std::sort(lines.begin(), lines.end());

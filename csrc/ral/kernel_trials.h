@@ -9,8 +9,8 @@
 namespace blade::ral {
 
 // Whether engines time a second kernel against oneDNN's (PreparedWeights::next_kernel;
-// on by default). Off, every kernel with a second way runs oneDNN's: tests use it to get
-// the same kernels on every CPU.
+// on by default). Off, every kernel with a second way runs oneDNN's (a bf16 engine's
+// convolutions in bfloat16): tests use it to get the same kernels on every CPU.
 void set_kernel_trials(bool enabled);
 
 // While one lives on a thread, its calls run one kernel per trial op (onednn_run_pending

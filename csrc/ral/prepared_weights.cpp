@@ -223,7 +223,8 @@ at::Tensor PreparedWeights::onednn_weight(const at::Tensor& weight, bool transpo
     return at::Tensor();
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto key = std::make_tuple(weight.data_ptr(), transposed, input_size);
+  const auto key =
+      std::make_tuple(weight.data_ptr(), transposed, onednn_key_size(input_size, bf16));
   auto it = onednn_.find(key);
   if (it != onednn_.end()) {
     return it->second;

@@ -60,6 +60,15 @@ inline const std::vector<int64_t> kInt8ConvKey{-1};
 // And of Blade's int8 matrix-vector product (int8_gemv.h): a linear layer's few rows.
 inline const std::vector<int64_t> kInt8GemvKey{-2};
 
+// The input size in the key of oneDNN's copy of a weight (onednn_weight): a bfloat16
+// copy's ends in -3, so that a convolution's float32 and bfloat16 copies never share one.
+inline std::vector<int64_t> onednn_key_size(std::vector<int64_t> input_size, bool bf16) {
+  if (bf16) {
+    input_size.push_back(-3);
+  }
+  return input_size;
+}
+
 class PreparedWeights {
  public:
   PreparedWeights(const std::vector<at::Tensor>& params, bool bf16);
@@ -94,8 +103,8 @@ class PreparedWeights {
   // 1x1 convolution weight [N, K, 1, 1] (rhs is [N, K] when `transposed`, else [K, N]).
   // Made once per input size, for at most a few; an undefined tensor when `weight` is not
   // a param or has all its copies (the caller then uses the weight as it is). With `bf16`
-  // the copy is bfloat16, for a bfloat16 input (a bf16 engine asks for bfloat16 copies of
-  // exactly the convolution weights it convolves in bfloat16, so the key needs no dtype).
+  // the copy is bfloat16, for a bfloat16 input, kept under its own key (a bf16 engine's
+  // convolution may hold both while its precision trial runs: kBf16 below).
   at::Tensor onednn_weight(const at::Tensor& weight, bool transposed,
                            const std::vector<int64_t>& input_size,
                            const std::vector<int64_t>& padding,
@@ -136,14 +145,20 @@ class PreparedWeights {
   // oneDNN's and the alternative, then the faster stays and the other's copy is freed:
   // from the third call on, a loaded model holds what it keeps (and gives back what
   // release_plain_weights can). Both give the result within float32 rounding.
-  enum class Kernel { kOneDnn, kWinograd, kGemm, kDepthwise, kInt8Conv };
+  enum class Kernel { kOneDnn, kWinograd, kGemm, kDepthwise, kInt8Conv, kBf16 };
   // int8 convolutions have a trial too: oneDNN's qconv2d (its pack in int8_weight, keyed by
   // input size) against Blade's kernel (int8_conv.h, its pack for every input size, under
-  // the key kInt8ConvKey); the loser's pack is freed the same way.
+  // the key kInt8ConvKey); the loser's pack is freed the same way. A bf16 engine's
+  // convolutions have one of precision: oneDNN's in bfloat16 (kBf16, its bfloat16 copy)
+  // against the float32 path (kOneDnn there: whichever float32 kernel that path's own
+  // trial keeps), which wins where converting the activations costs more than the faster
+  // products save (small and memory-bound layers); its key takes the flag a convolution's
+  // never needs, kPrecisionTrial.
   //
   // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
-  // and `onednn_input_size`) or `alternative` (kWinograd, kGemm, kDepthwise, kInt8Conv). kOneDnn when `weight`
-  // is not a param, or for kGemm without MKL.
+  // and `onednn_input_size`) or `alternative` (kWinograd, kGemm, kDepthwise, kInt8Conv,
+  // kBf16). kOneDnn when `weight` is not a param, or for kGemm without MKL.
+  static constexpr bool kPrecisionTrial = true;
   Kernel next_kernel(const at::Tensor& weight, bool onednn_transposed,
                      const std::vector<int64_t>& onednn_input_size, Kernel alternative);
   // Whether this call, which ran the alternative, should also run oneDNN's kernel (the
