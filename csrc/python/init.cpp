@@ -218,15 +218,26 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_int8_conv_enabled", &ral::set_int8_conv_enabled, py::arg("enabled"),
         "False runs every int8 convolution and linear layer by oneDNN's instead (tests).");
   m.def("int8_conv_calls", &ral::int8_conv_calls,
-        "How many int8 convolutions (depthwise too) and few-row linear layers the "
-        "runtime's own kernels ran in this process.");
+        "How many int8 convolutions (depthwise too) and linear layers the runtime's own "
+        "kernels ran in this process.");
   m.def("bf16_attention_supported", &ral::bf16_attention_supported,
-        "Whether int8 engines multiply attention's operands in bfloat16 here (AVX512-BF16, "
-        "or AMX-BF16 tiles).");
+        "Whether int8 engines multiply attention's operands in bfloat16 here (AVX512-BF16; "
+        "on AMX-BF16 tiles where the CPU has them).");
   m.def(
       "fused_attention",
       [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
          const std::optional<at::Tensor>& mask, double scale, bool bf16_products) {
+        // The kernel trusts its caller's shapes (attention_kernels.cpp checks them).
+        TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
+                        k.size(3) == q.size(3) && v.size(2) == k.size(2) &&
+                        k.sizes().slice(0, 2) == q.sizes().slice(0, 2) &&
+                        v.sizes().slice(0, 2) == q.sizes().slice(0, 2),
+                    "fused_attention: q ", q.sizes(), ", k ", k.sizes(), " and v ", v.sizes(),
+                    " are not [batch, heads, length, head dim] attention operands");
+        TORCH_CHECK(!mask.has_value() ||
+                        at::is_expandable_to(mask->sizes(),
+                                             {q.size(0), q.size(1), q.size(2), k.size(2)}),
+                    "fused_attention: the mask does not broadcast to the scores");
         ral::Bf16AttentionProducts products(bf16_products);
         at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
         TORCH_CHECK(ral::fused_attention_f32(q, k, v, mask, scale, true, out),

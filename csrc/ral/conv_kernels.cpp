@@ -17,6 +17,7 @@
 #include <ATen/core/stack.h>
 
 #include <algorithm>
+#include <limits>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -309,14 +310,16 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     const at::Tensor param = w;
     if (prepared->next_kernel(param, kTrial, input_size, Kernel::kBf16) == Kernel::kBf16) {
       Stopwatch stopwatch;
-      if (convolve_bf16(prepared, x, w, false, target, bias, relu, padding, stride,
-                        dilation)) {
-        prepared->record_kernel_time(param, kTrial, input_size, Kernel::kBf16,
-                                     stopwatch.seconds());
-        // A trial's first call runs the float32 path too (its result then stands).
-        if (!prepared->onednn_run_pending(param, kTrial, input_size)) {
-          return;
-        }
+      const bool ran = convolve_bf16(prepared, x, w, false, target, bias, relu, padding,
+                                     stride, dilation);
+      // A call bfloat16 declined (no copy: the limit, or oneDNN's reorder refused it)
+      // counts as endless, so that the trial settles on float32 instead of trying again.
+      prepared->record_kernel_time(param, kTrial, input_size, Kernel::kBf16,
+                                   ran ? stopwatch.seconds()
+                                       : std::numeric_limits<double>::infinity());
+      // A trial's first call runs the float32 path too (its result then stands).
+      if (ran && !prepared->onednn_run_pending(param, kTrial, input_size)) {
+        return;
       }
     }
     Stopwatch stopwatch;

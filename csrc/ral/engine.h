@@ -90,7 +90,8 @@ class Engine : public torch::CustomClassHolder {
   const std::string& fallback_ir() const { return fallback_ir_; }
   const std::string& cpu_features() const { return cpu_features_; }
   // "float32", or "bf16": GEMMs and convolutions by the engine's weights run in bfloat16
-  // with float32 accumulation (prepared_weights.h); needs avx512_bf16.
+  // with float32 accumulation (convolutions where their precision trials find it faster:
+  // prepared_weights.h); needs avx512_bf16.
   const std::string& precision() const { return precision_; }
   // "ed25519:<public key>:<signature>", as saved (empty when unsigned).
   const std::string& signature() const { return signature_; }

@@ -16,9 +16,10 @@ namespace blade::ral {
 
 // While a Bf16AttentionProducts(true) is alive on a thread, fused_attention_f32 on that
 // thread multiplies bfloat16 operands (float32 sums, a float32 softmax) where the CPU has
-// AMX-BF16: int8 engines run their attention so (Config(precision="int8")), as OpenVINO
-// runs the float parts of its int8 models in bfloat16 on such CPUs. Whether this CPU runs
-// them; tests turn them off (false) to compare with float32 products.
+// AVX512-BF16 (on AMX-BF16 tiles where it has those too): int8 engines run their attention
+// so (Config(precision="int8")), as OpenVINO runs the float parts of its int8 models in
+// bfloat16 on such CPUs. Whether this CPU runs them; tests turn them off (false) to
+// compare with float32 products.
 bool bf16_attention_supported();
 void set_bf16_attention_allowed(bool allowed);
 

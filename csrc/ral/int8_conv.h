@@ -11,10 +11,11 @@
 // - oneDNN's u8 x s8 -> s32 brgemm microkernel (PyTorch's exported cpublas::brgemm, VNNI
 //   or AMX code generated at run time), one call per tap into an int32 block that the
 //   epilogue then reads: on AMX, whose tiles multiply many times faster.
-// It runs the convolutions of quantized_conv2d(_add) (int8_kernels.h) that it takes, in
-// place of PyTorch's onednn::qconv2d_pointwise, whose per-call cost (its packed weight's
-// lookup, oneDNN's primitive cache, the boxed call) exceeds the work of the small
-// convolutions of a batch-1 network.
+// It runs the convolutions of quantized_conv2d(_add) (int8_kernels.h) that it takes, and
+// quantized_linear's layers of more rows than int8_gemv.h takes (as 1x1 convolutions whose
+// pixels are the rows), in place of PyTorch's onednn::qconv2d_pointwise and
+// qlinear_pointwise, whose per-call cost (the packed weight's lookup, oneDNN's primitive
+// cache, the boxed call) exceeds the work of the small convolutions of a batch-1 network.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -26,15 +27,15 @@ namespace blade::ral {
 // Whether the kernel runs here (AVX-512 VNNI, or AMX-INT8 where the microkernel answers).
 bool int8_conv_available();
 // Tests turn it off (false) to run oneDNN's kernel everywhere, and back on (int8
-// depthwise convolutions and few-row linear layers too, int8_kernels.cpp).
+// depthwise convolutions and linear layers too, int8_kernels.cpp).
 void set_int8_conv_enabled(bool enabled);
 bool int8_conv_enabled();
 // Whether the register tiles multiply (else the microkernel): on AVX-512 VNNI without
 // AMX, unless turned off (tests: false tries the microkernel where it answers).
 bool int8_conv_tiles_run();
 void set_int8_conv_tiles(bool enabled);
-// How many convolutions it has run in this process (tests: that it ran), and the int8
-// depthwise ones and few-row linear layers (counted by note_int8_conv_call).
+// How many convolutions and linear layers it has run in this process (tests: that it ran),
+// and the int8 depthwise ones and few-row linear layers (counted by note_int8_conv_call).
 int64_t int8_conv_calls();
 void note_int8_conv_call();
 

@@ -4,10 +4,11 @@
 //
 // The activation is quantized per tensor to uint8 with a zero point (given, from
 // calibration, or measured on each call when the scale is not positive), the weight is
-// int8 with one symmetric scale per output channel, and the product is oneDNN's u8 x s8
-// -> s32 GEMM (PyTorch's onednn::qlinear_pointwise: VNNI or AMX instructions), its result
-// scaled back to float32 with the bias added. oneDNN's packed copy of a param weight is
-// made once per engine (PreparedWeights::int8_linear_weight).
+// int8 with one symmetric scale per output channel, and the product is a u8 x s8 -> s32
+// GEMM (VNNI or AMX instructions: Blade's kernels, int8_gemv.h and int8_conv.h, or
+// PyTorch's onednn::qlinear_pointwise / qconv2d_pointwise, by kernel trial in engines), its
+// result scaled back to float32 with the bias added. A param weight's packed copies are
+// made once per engine (PreparedWeights::int8_weight).
 //
 // Without VNNI or AMX, x86's u8 x s8 multiply-add saturates its 16-bit pair sums, so the
 // same math runs in float32 instead (dequantized operands): slower, never wrong.

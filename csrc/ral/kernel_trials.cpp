@@ -50,7 +50,8 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
   auto it = trials_.find(key);
   if (it == trials_.end()) {
     if (trials_.size() >= kMaxTrials) {
-      return settled_kernel(weight.data_ptr(), onednn_transposed, onednn_input_size);
+      return settled_kernel(weight.data_ptr(), onednn_transposed, onednn_input_size,
+                            alternative);
     }
     KernelTrial trial;
     trial.alternative = alternative;
@@ -71,7 +72,8 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
 }
 
 PreparedWeights::Kernel PreparedWeights::settled_kernel(
-    const void* data, bool onednn_transposed, const std::vector<int64_t>& onednn_input_size) const {
+    const void* data, bool onednn_transposed, const std::vector<int64_t>& onednn_input_size,
+    Kernel alternative) const {
   const auto elements = [](const std::vector<int64_t>& sizes) {
     int64_t product = 1;
     for (const int64_t size : sizes) {
@@ -94,8 +96,8 @@ PreparedWeights::Kernel PreparedWeights::settled_kernel(
     }
   }
   // No size of this weight decided yet: oneDNN's, the usual winner on AVX-512 CPUs (where
-  // MKL may run its AVX2 code at half the speed).
-  return kept.value_or(Kernel::kOneDnn);
+  // MKL may run its AVX2 code at half the speed); a precision trial's bfloat16, as asked.
+  return kept.value_or(alternative == Kernel::kBf16 ? Kernel::kBf16 : Kernel::kOneDnn);
 }
 
 bool PreparedWeights::onednn_run_pending(const at::Tensor& weight, bool onednn_transposed,
@@ -142,18 +144,35 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
       erased = true;
     }
   };
+  // Whether another trial of this weight with the same alternative keeps, or may still
+  // keep, `kernel`.
+  const auto others_keep = [&](Kernel kernel) {
+    return std::any_of(trials_.begin(), trials_.end(), [&](const auto& other) {
+      return std::get<0>(other.first) == data && other.first != key &&
+             other.second.alternative == trial.alternative &&
+             other.second.choice.value_or(kernel) == kernel;
+    });
+  };
   if (trial.alternative == Kernel::kBf16) {
-    // A precision trial: the loser's oneDNN copy (the float32 path's other copies, if
-    // any, stay with that path's own trial).
+    // A precision trial: the loser's oneDNN copy for this size.
     const bool bf16_won = trial.choice == Kernel::kBf16;
     erase(onednn_, std::make_tuple(data, false, onednn_key_size(std::get<2>(key), !bf16_won)));
+    if (bf16_won && !others_keep(Kernel::kOneDnn)) {
+      // The float32 path's other copies serve every size (its own trial, left undecided,
+      // made them): freed once no size of the weight runs or tries float32.
+      erase(winograd_, data);
+      erase(channels_last_, data);
+      erase(k_by_n_, std::make_pair(data, true));
+    }
   } else if (trial.choice != Kernel::kOneDnn) {
     erase(onednn_, key);
-    if (trial.alternative == Kernel::kInt8Conv) {
-      // oneDNN's int8 packs of the weight (one per input size and range); one that another
-      // input size still needs is made again by its next call.
+    if (trial.alternative == Kernel::kInt8Conv && !others_keep(Kernel::kOneDnn)) {
+      // oneDNN's int8 packs of the weight (one per input size and range for a convolution,
+      // one for a linear layer's every row count), once no other input size keeps or
+      // tries oneDNN's; never the matrix-vector product's (int8_gemv.h), no trial's.
       for (auto pack = int8_.begin(); pack != int8_.end();) {
-        const bool loser = pack->first.first == data && pack->first.second != kInt8ConvKey;
+        const bool loser = pack->first.first == data && pack->first.second != kInt8ConvKey &&
+                           pack->first.second != kInt8GemvKey;
         if (loser) {
           uncount(pack->second);
           erased = true;
@@ -175,7 +194,10 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
     switch (trial.alternative) {
       case Kernel::kWinograd: erase(winograd_, data); break;
       case Kernel::kDepthwise: erase(depthwise_, data); break;
-      case Kernel::kGemm: erase(k_by_n_, std::make_pair(data, transposed)); break;
+      case Kernel::kGemm:
+        // A 1x1 convolution's [K, N] copy is its [O, C] weight's, kept as transposed.
+        erase(k_by_n_, std::make_pair(data, transposed || trial.weight_sizes.size() == 4));
+        break;
       case Kernel::kInt8Conv: erase(int8_, std::make_pair(data, kInt8ConvKey)); break;
       case Kernel::kOneDnn:
       case Kernel::kBf16: break;  // handled above

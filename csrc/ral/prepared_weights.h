@@ -22,10 +22,11 @@
 //
 // An engine built with precision='bf16' multiplies and convolves by its weights in
 // bfloat16 with float32 accumulation (oneDNN's avx512_bf16 kernels, about twice float32's
-// throughput): each weight gets one bfloat16 copy (`bf16_matrix`, or `onednn_weight` with
+// throughput): each weight gets a bfloat16 copy (`bf16_matrix`, or `onednn_weight` with
 // `bf16`), the float32 rows or NHWC input are rounded to bfloat16 on each call, and the
 // result (rounded to bfloat16 by oneDNN, as autocast's is) is widened into the engine's
-// float32 buffer. Everything else the engine computes stays float32.
+// float32 buffer; a convolution keeps that or its float32 kernels, whichever its precision
+// trial finds faster. Everything else the engine computes stays float32.
 //
 // One class, three files: the copies (prepared_weights.cpp), the kernel trials that decide
 // which copy a weight keeps (kernel_trials.cpp, kernel_trials.h) and the release of the
@@ -82,7 +83,8 @@ class PreparedWeights {
   bool matmul_f32(const float* lhs, int64_t lda, const at::Tensor& rhs, bool transposed,
                   float* out, int64_t ldc, int64_t m);
 
-  // Whether the engine's GEMMs and convolutions by its params run in bfloat16.
+  // Whether the engine's GEMMs by its params run in bfloat16, and its convolutions in
+  // bfloat16 where their precision trials keep it.
   bool bf16() const { return bf16_; }
 
   // A 2-d param as the [N, K] bfloat16 matrix a linear layer multiplies by (`weight` is
@@ -144,7 +146,8 @@ class PreparedWeights {
   // prepares its weight copy, and oneDNN creates its kernel), the second and third time
   // oneDNN's and the alternative, then the faster stays and the other's copy is freed:
   // from the third call on, a loaded model holds what it keeps (and gives back what
-  // release_plain_weights can). Both give the result within float32 rounding.
+  // release_plain_weights can). Both give the result within float32 rounding (a precision
+  // trial's: within bfloat16's).
   enum class Kernel { kOneDnn, kWinograd, kGemm, kDepthwise, kInt8Conv, kBf16 };
   // int8 convolutions have a trial too: oneDNN's qconv2d (its pack in int8_weight, keyed by
   // input size) against Blade's kernel (int8_conv.h, its pack for every input size, under
@@ -157,7 +160,8 @@ class PreparedWeights {
   //
   // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
   // and `onednn_input_size`) or `alternative` (kWinograd, kGemm, kDepthwise, kInt8Conv,
-  // kBf16). kOneDnn when `weight` is not a param, or for kGemm without MKL.
+  // kBf16). kOneDnn when `weight` is not a param, or for kGemm without MKL; with trials off
+  // (set_kernel_trials), kOneDnn, or kBf16 for a precision trial.
   static constexpr bool kPrecisionTrial = true;
   Kernel next_kernel(const at::Tensor& weight, bool onednn_transposed,
                      const std::vector<int64_t>& onednn_input_size, Kernel alternative);
@@ -240,12 +244,16 @@ class PreparedWeights {
     double best[2] = {0.0, 0.0};
     std::optional<Kernel> choice;
   };
-  // (weight data, transposed, input size): the key of oneDNN's copy (onednn_)
+  // (weight data, transposed, input size): a trial's key (a precision trial's flag is
+  // kPrecisionTrial), and that of oneDNN's copy (onednn_; a bfloat16 copy's size by
+  // onednn_key_size)
   using TrialKey = std::tuple<const void*, bool, std::vector<int64_t>>;
   // Past the most trials an engine keeps: the kernel kept for the same weight at the
-  // decided input size nearest in elements, else oneDNN's (mutex_ held).
+  // decided input size nearest in elements, else oneDNN's (a precision trial's:
+  // bfloat16) (mutex_ held).
   Kernel settled_kernel(const void* data, bool onednn_transposed,
-                        const std::vector<int64_t>& onednn_input_size) const;
+                        const std::vector<int64_t>& onednn_input_size,
+                        Kernel alternative) const;
   // Frees the copy the losing kernel of a decided trial prepared (mutex_ held).
   void release_loser(const TrialKey& key, const KernelTrial& trial);
 

@@ -64,3 +64,13 @@ def test_bf16_products_zero_a_fully_masked_row_and_keep_nan():
     assert got[0, 0, :, 1].isnan().all()
     assert not got[0, 0][:, [0, 2, 3, 4, 5, 6, 7]].isnan().any()
     assert (got[0, 0, 2, [0, 2, 3, 4, 5, 6, 7]] == 0).all()
+
+
+def test_the_binding_refuses_operands_that_are_no_attention():
+    q, k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
+    with pytest.raises(RuntimeError, match="not \\[batch, heads, length, head dim\\]"):
+        _C.fused_attention(q, k[:, :, :, :8], v, None, 0.25, False)
+    with pytest.raises(RuntimeError, match="not \\[batch, heads, length, head dim\\]"):
+        _C.fused_attention(q, k, v[:, :, :5], None, 0.25, False)
+    with pytest.raises(RuntimeError, match="does not broadcast"):
+        _C.fused_attention(q, k, v, torch.zeros(1, 1, 3, 9), 0.25, False)

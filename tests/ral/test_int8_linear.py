@@ -7,14 +7,31 @@ import math
 import pytest
 import torch
 
+import blade
 from blade import _C
-from helpers import assert_int8_linear_result, run_both
+from helpers import assert_int8_linear_result, assert_ran_compiled, run_both
 
 needs_vnni = pytest.mark.skipif(not _C.int8_conv_available(),
                                 reason="this CPU lacks AVX-512 VNNI and AMX-INT8")
 
 INPUT_RANGE = torch.tensor([0.02, 7.0])    # scale, zero point
 OUTPUT_RANGE = torch.tensor([0.05, 120.0])
+
+
+@pytest.fixture(autouse=True)
+def tiles_back_on():
+    yield
+    _C.set_int8_conv_tiles(True)
+
+
+@pytest.fixture(params=["tiles", "microkernel"])
+def multiply(request):
+    """Blade's register tiles, or oneDNN's brgemm microkernel with Blade's epilogue (where
+    each runs here)."""
+    _C.set_int8_conv_tiles(request.param == "tiles")
+    if _C.int8_conv_tiles_run() != (request.param == "tiles"):
+        pytest.skip(f"the {request.param} do not run on this CPU")
+    return request.param
 
 
 def reference(real, weight, scale, bias, post_op):
@@ -31,13 +48,15 @@ def reference(real, weight, scale, bias, post_op):
 
 @needs_vnni
 @pytest.mark.parametrize("rows, k, n", [
+    (2, 40, 24),        # few rows, which GELU sends here rather than to the matrix-vector
     (5, 32, 24),        # one row past the matrix-vector product's
     (128, 96, 200),     # a sequence: whole tiles of 6 rows and a tail; a partial column block
     (37, 30, 64),       # K no multiple of 4
 ])
 @pytest.mark.parametrize("post_op", ["none", "relu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("uint8_result", [False, True])
-def test_many_rows_match_the_reference_and_onednn(rows, k, n, post_op, uint8_result):
+def test_many_rows_match_the_reference_and_onednn(rows, k, n, post_op, uint8_result,
+                                                  multiply):
     gen = torch.Generator().manual_seed(rows * 1000 + k)
     q = torch.randint(0, 256, (1, rows, k), dtype=torch.uint8, generator=gen)
     real = (q.double() - INPUT_RANGE[1]) * INPUT_RANGE[0]
@@ -71,3 +90,25 @@ def test_gelu_of_extreme_sums():
         keep = [c for c in range(16) if c != 3]
         want = torch.tensor([big if c < 8 else 0.0 for c in keep]).expand(6, -1)
         torch.testing.assert_close(got[:, keep], want, rtol=1e-6, atol=big * 1e-6)
+
+
+@needs_vnni
+def test_an_int8_engine_times_its_linear_layers_against_onednns():
+    """In an engine each linear layer of many rows is a kernel trial, Blade's kernel against
+    oneDNN's; either way the output is the layer's within int8's error."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(),
+                                torch.nn.Linear(1024, 256)).eval()   # past q.MIN_MACS
+    x = torch.randn(128, 512)
+    int8 = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=[x]))
+    with torch.no_grad():
+        want = model(x)
+        for _ in range(10):
+            got = int8(x)
+    report = assert_ran_compiled(int8)
+    lines = [line for c in report.clusters for line in c.kernel_choices]
+    assert sorted(line.split(", input")[0] for line in lines) == \
+        ["weight [1024, 512]", "weight [256, 1024]"], lines
+    assert all(line.endswith(("-> Blade int8", "-> oneDNN")) for line in lines), lines
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert float(cosine) > 0.999
