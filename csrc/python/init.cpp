@@ -250,6 +250,9 @@ PYBIND11_MODULE(_C, m) {
       "runs it, masked rows zeroed (tests).");
   m.def("set_bf16_attention_allowed", &ral::set_bf16_attention_allowed, py::arg("allowed"),
         "False makes int8 engines multiply attention's operands in float32 (tests).");
+  m.def("set_bf16_attention_amx", &ral::set_bf16_attention_amx, py::arg("allowed"),
+        "False makes the bf16 attention products skip AMX tiles for AVX512-BF16's dot "
+        "products (tests).");
   m.def("kernel_call_result_counts", &ral::kernel_call_result_counts,
         "(placed, copied): kernel call results in this process that the op made in the "
         "engine's buffer, and that were copied into it.");

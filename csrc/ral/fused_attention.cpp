@@ -599,10 +599,12 @@ void pair_rows(const c10::BFloat16* b, int64_t k, int64_t n, int64_t ld, uint32_
 
 // Whether the bf16 products run on AMX-BF16 tiles (PyTorch's brgemm microkernel), else on
 // AVX512-BF16's dot products (bf16_dot_gemm).
+std::atomic<bool> bf16_amx_allowed{true};
+
 bool bf16_amx() {
   static const bool amx =
       has_cpu_feature("amx_bf16") && at::native::cpublas::could_pack(at::kBFloat16);
-  return amx;
+  return amx && bf16_amx_allowed.load(std::memory_order_relaxed);
 }
 
 // run_blocks with bfloat16 products: per head, k^T and v rounded to bfloat16 and laid
@@ -692,6 +694,8 @@ bool bf16_attention_supported() {
 }
 
 void set_bf16_attention_allowed(bool allowed) { bf16_products_allowed.store(allowed); }
+
+void set_bf16_attention_amx(bool allowed) { bf16_amx_allowed.store(allowed); }
 
 Bf16AttentionProducts::Bf16AttentionProducts(bool enabled) : previous_(bf16_products) {
   bf16_products = enabled && bf16_products_allowed.load(std::memory_order_relaxed);

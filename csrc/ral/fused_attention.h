@@ -22,6 +22,9 @@ namespace blade::ral {
 // compare with float32 products.
 bool bf16_attention_supported();
 void set_bf16_attention_allowed(bool allowed);
+// Tests turn the AMX tiles off (false) so that an AMX CPU runs the AVX512-BF16 products
+// too.
+void set_bf16_attention_amx(bool allowed);
 
 class Bf16AttentionProducts {
  public:

@@ -12,6 +12,15 @@ needs_bf16 = pytest.mark.skipif(not _C.bf16_attention_supported(),
                                 reason="this CPU lacks AVX512-BF16")
 
 
+@pytest.fixture(params=["amx tiles where the CPU has them", "dot products"])
+def products(request):
+    """The bf16 products as the CPU runs them, then with AMX off (the same on a CPU without
+    AMX): both ways of multiplying, on an AMX host."""
+    _C.set_bf16_attention_amx(request.param != "dot products")
+    yield
+    _C.set_bf16_attention_amx(True)
+
+
 def rounded(x):
     return x.to(torch.bfloat16).double()
 
@@ -33,7 +42,7 @@ def reference(q, k, v, mask, scale):
     (2, 3, 300, 70, 32, 80),      # several blocks of rows a head; value columns past 64
 ])
 def test_bf16_products_match_the_rounded_reference(batch, heads, rows, keys, head_dim,
-                                                   value_dim):
+                                                   value_dim, products):
     gen = torch.Generator().manual_seed(rows + keys)
     q = torch.randn(batch, heads, rows, head_dim, generator=gen)
     k = torch.randn(batch, heads, keys, head_dim, generator=gen)
@@ -52,7 +61,7 @@ def test_bf16_products_match_the_rounded_reference(batch, heads, rows, keys, hea
 
 
 @needs_bf16
-def test_bf16_products_zero_a_fully_masked_row_and_keep_nan():
+def test_bf16_products_zero_a_fully_masked_row_and_keep_nan(products):
     q, k, v = torch.randn(1, 1, 5, 8), torch.randn(1, 1, 9, 8), torch.randn(1, 1, 9, 8)
     mask = torch.zeros(1, 1, 5, 9)
     mask[0, 0, 2] = -float("inf")
