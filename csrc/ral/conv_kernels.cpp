@@ -4,6 +4,7 @@
 // convolution where none of them applies.
 #include "ral/conv_kernels.h"
 
+#include "ral/bf16_rounding.h"
 #include "ral/cpu_features.h"
 #include "ral/depthwise_conv.h"
 #include "ral/kernel_trials.h"
@@ -26,31 +27,6 @@
 
 namespace blade::ral {
 namespace {
-
-// `result` (bfloat16) widened into `target` (float32, of the same shape and strides, both
-// dense), then max(x, 0) keeping NaN where `relu`: one pass over the memory where a copy
-// and a ReLU took two (ResNet-50's convolutions are mostly followed by one).
-void widen_bf16(const at::Tensor& result, const at::Tensor& target, bool relu) {
-  if (result.strides() != target.strides() || !result.is_non_overlapping_and_dense() ||
-      result.sizes() != target.sizes()) {
-    target.copy_(result);
-    if (relu) {
-      target.relu_();  // max(x, 0) keeping NaN, as eager
-    }
-    return;
-  }
-  const auto* source = static_cast<const uint16_t*>(result.data_ptr());
-  auto* destination = static_cast<float*>(target.data_ptr());
-  at::parallel_for(0, result.numel(), 16384, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint32_t bits = static_cast<uint32_t>(source[i]) << 16;  // bfloat16's bits
-      float value = 0.0F;
-      std::memcpy(&value, &bits, sizeof(value));
-      // NaN < 0 is false: NaN stays, as torch.relu keeps it.
-      destination[i] = relu && value < 0.0F ? 0.0F : value;
-    }
-  });
-}
 
 // rows[r, j] += bias[j] (where given), then max(x, 0) keeping NaN where `relu`, for rows
 // [begin, end) of a dense [rows, cols] float32 matrix. (target_clones: each listed name is
@@ -419,7 +395,7 @@ bool convolve_bf16(PreparedWeights* prepared, const at::Tensor& x, const at::Ten
   if (!reordered.defined()) {
     return false;
   }
-  torch::jit::Stack stack{x.to(at::kBFloat16),
+  torch::jit::Stack stack{rounded_to_bf16(x),
                           reordered,
                           bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
                           padding,

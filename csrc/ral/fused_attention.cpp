@@ -1,5 +1,6 @@
 #include "ral/fused_attention.h"
 
+#include "ral/bf16_rounding.h"
 #include "ral/cpu_features.h"
 #include "ral/mkl_functions.h"
 #include "ral/ral_abi.h"
@@ -211,9 +212,10 @@ struct InPlace {
 };
 
 // Or rounded to bfloat16 into another row (the bf16 products' probabilities), to nearest
-// with ties to even as PyTorch rounds (NaN stays NaN), in the vector's own width. (to_bf16
-// below rounds alike with AVX512-BF16's one instruction, faster; GCC cannot inline that
-// intrinsic into exp_row_lanes, a template of no target, so this one uses integer ops.)
+// with ties to even as PyTorch rounds (NaN stays NaN), in the vector's own width.
+// (round_to_bf16_avx512 rounds alike with AVX512-BF16's one instruction, faster; GCC cannot
+// inline that intrinsic into exp_row_lanes, a template of no target, so this one uses
+// integer ops.)
 struct RoundedToBf16 {
   c10::BFloat16* row;
   template <int Lanes>
@@ -339,22 +341,6 @@ const ExpRow exp_row = exp_row_for_host();
 
 thread_local bool bf16_products = false;
 std::atomic<bool> bf16_products_allowed{true};
-
-// src rounded to bfloat16 (to nearest, ties to even, as PyTorch rounds), n values: 16 at a
-// time with AVX512-BF16's conversion, the tail one by one.
-__attribute__((target("avx512f,avx512bf16"))) void to_bf16(const float* __restrict src,
-                                                            c10::BFloat16* __restrict dst,
-                                                            int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)rounded);
-  }
-  for (; i < n; ++i) {
-    dst[i] = c10::BFloat16(src[i]);
-  }
-}
-
 
 struct Problem {
   Matrix q;
@@ -639,8 +625,8 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
     if (block.head_index != converted_head) {
       const float *k = block.k, *v = block.v;
       for (int64_t r = 0; r < p.keys; ++r) {
-        to_bf16(k + r * p.k.ld, k_rows + r * e, e);
-        to_bf16(v + r * p.v.ld, v_rows + r * ev, ev);
+        round_to_bf16_avx512(k + r * p.k.ld, k_rows + r * e, e);
+        round_to_bf16_avx512(v + r * p.v.ld, v_rows + r * ev, ev);
       }
       // k^T's pairs: k's row r holds the pairs (r, 0..e/2), 32 bits each, which go to
       // column r of pair rows 0..e/2 (a transpose of 32-bit values).
@@ -655,7 +641,7 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
       converted_head = block.head_index;
     }
     for (int64_t i = 0; i < count; ++i) {
-      to_bf16(block.q + i * p.q.row_stride, q16 + i * e, e);
+      round_to_bf16_avx512(block.q + i * p.q.row_stride, q16 + i * e, e);
     }
     if (amx) {
       brgemm(count, p.keys, e, e, padded, padded, /*add_C=*/false, q16, k_pairs, scores,

@@ -6,6 +6,7 @@
 // packed GEMM; anything else is ATen's matmul.
 #include "ral/matmul_kernels.h"
 
+#include "ral/bf16_rounding.h"
 #include "ral/blocked_gemm.h"
 #include "ral/conv_kernels.h"
 #include "ral/few_rows_gemm.h"
@@ -109,7 +110,7 @@ bool bf16_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
     return false;
   }
   const at::Tensor a =
-      at::from_blob(lhs.data_ptr(), {rows, k}, {lda, 1}, lhs.options()).to(at::kBFloat16);
+      rounded_to_bf16(at::from_blob(lhs.data_ptr(), {rows, k}, {lda, 1}, lhs.options()));
   at::from_blob(result.data_ptr(), {rows, n}, {ldc, 1}, result.options())
       .copy_(at::linear(a, matrix));
   return true;
