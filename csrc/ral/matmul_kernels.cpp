@@ -111,8 +111,8 @@ bool bf16_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
   }
   const at::Tensor a =
       rounded_to_bf16(at::from_blob(lhs.data_ptr(), {rows, k}, {lda, 1}, lhs.options()));
-  at::from_blob(result.data_ptr(), {rows, n}, {ldc, 1}, result.options())
-      .copy_(at::linear(a, matrix));
+  widen_bf16(at::linear(a, matrix),
+             at::from_blob(result.data_ptr(), {rows, n}, {ldc, 1}, result.options()), false);
   return true;
 }
 
