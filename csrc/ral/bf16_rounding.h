@@ -12,7 +12,8 @@
 namespace blade::ral {
 
 // n values of `src` to the nearest bfloat16, ties to even (NaN stays NaN), as PyTorch
-// rounds. Only on a CPU with AVX512-BF16 (the callers check).
+// rounds, but for values under 2^-126 (subnormal), which become 0: the instruction treats
+// them as 0. Only on a CPU with AVX512-BF16 (the callers check).
 void round_to_bf16_avx512(const float* src, c10::BFloat16* dst, int64_t n);
 
 // `x` (float32) as bfloat16 with the same sizes and strides. A tensor that is not dense,

@@ -583,10 +583,10 @@ void pair_rows(const c10::BFloat16* b, int64_t k, int64_t n, int64_t ld, uint32_
   }
 }
 
+std::atomic<bool> bf16_amx_allowed{true};  // set_bf16_attention_amx
+
 // Whether the bf16 products run on AMX-BF16 tiles (PyTorch's brgemm microkernel), else on
 // AVX512-BF16's dot products (bf16_dot_gemm).
-std::atomic<bool> bf16_amx_allowed{true};
-
 bool bf16_amx() {
   static const bool amx =
       has_cpu_feature("amx_bf16") && at::native::cpublas::could_pack(at::kBFloat16);
