@@ -1,4 +1,5 @@
 """Shared checks: a compiled model must match eager AND have really run compiled code."""
+import math
 import zipfile
 
 import torch
@@ -248,6 +249,21 @@ def run_both(op):
     finally:
         _C.set_int8_conv_enabled(True)
     return results, ran
+
+
+def int8_linear_reference(real, weight, scale, bias, post_op):
+    """A quantized linear layer in float64: the dequantized input `real` by the int8
+    `weight` times its per-channel `scale`, plus `bias`, then `post_op` ("none", "relu",
+    "gelu" or "gelu_tanh")."""
+    want = real @ (weight.double() * scale.double().unsqueeze(1)).t() + bias.double()
+    if post_op == "relu":
+        return torch.relu(want)
+    if post_op == "gelu":
+        return want * 0.5 * (1 + torch.erf(want / math.sqrt(2)))
+    if post_op == "gelu_tanh":
+        inner = math.sqrt(2 / math.pi) * (want + 0.044715 * want ** 3)
+        return want * 0.5 * (1 + torch.tanh(inner))
+    return want
 
 
 def assert_int8_linear_result(mine, onednn, want, output_range):

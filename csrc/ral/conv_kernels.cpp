@@ -18,7 +18,6 @@
 #include <ATen/core/stack.h>
 
 #include <algorithm>
-#include <limits>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -280,28 +279,17 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       convolve_f32();
       return;
     }
-    using Kernel = PreparedWeights::Kernel;
-    constexpr bool kTrial = PreparedWeights::kPrecisionTrial;
-    const std::vector<int64_t> input_size = x.sizes().vec();
-    const at::Tensor param = w;
-    if (prepared->next_kernel(param, kTrial, input_size, Kernel::kBf16) == Kernel::kBf16) {
-      Stopwatch stopwatch;
-      const bool ran = convolve_bf16(prepared, x, w, false, target, bias, relu, padding,
-                                     stride, dilation);
-      // A call bfloat16 declined (no copy: the limit, or oneDNN's reorder refused it)
-      // counts as endless, so that the trial settles on float32 instead of trying again.
-      prepared->record_kernel_time(param, kTrial, input_size, Kernel::kBf16,
-                                   ran ? stopwatch.seconds()
-                                       : std::numeric_limits<double>::infinity());
-      // A trial's first call runs the float32 path too (its result then stands).
-      if (ran && !prepared->onednn_run_pending(param, kTrial, input_size)) {
-        return;
-      }
-    }
-    Stopwatch stopwatch;
-    convolve_f32();
-    prepared->record_kernel_time(param, kTrial, input_size, Kernel::kOneDnn,
-                                 stopwatch.seconds());
+    // bfloat16 declines without a copy (the limit, or oneDNN's reorder refused it); on a
+    // trial's first call the float32 path runs after it, and its result stands.
+    const at::Tensor param = w;  // the trial's key (convolve_f32 may replace w)
+    prepared->run_trial(
+        param, PreparedWeights::kPrecisionTrial, x.sizes().vec(),
+        PreparedWeights::Kernel::kBf16,
+        [&] {
+          return convolve_bf16(prepared, x, param, false, target, bias, relu, padding, stride,
+                               dilation);
+        },
+        convolve_f32);
   });
 }
 

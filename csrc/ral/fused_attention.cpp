@@ -570,12 +570,12 @@ void bf16_dot_gemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int6
   }
 }
 
-// b [k, n] bfloat16 row-major (ld elements apart; k even) as bf16_dot_gemm's pairs: rows
-// 2p and 2p + 1 interleaved into pair row p of n 32-bit pairs.
-void pair_rows(const c10::BFloat16* b, int64_t k, int64_t n, int64_t ld, uint32_t* pairs) {
+// b [k, n] bfloat16 row-major (k even) as bf16_dot_gemm's pairs: rows 2p and 2p + 1
+// interleaved into pair row p of n 32-bit pairs.
+void pair_rows(const c10::BFloat16* b, int64_t k, int64_t n, uint32_t* pairs) {
   for (int64_t p = 0; p < k / 2; ++p) {
-    const auto* even = reinterpret_cast<const uint16_t*>(b + 2 * p * ld);
-    const auto* odd = reinterpret_cast<const uint16_t*>(b + (2 * p + 1) * ld);
+    const auto* even = reinterpret_cast<const uint16_t*>(b + 2 * p * n);
+    const auto* odd = reinterpret_cast<const uint16_t*>(b + (2 * p + 1) * n);
     uint32_t* out = pairs + p * n;
     for (int64_t j = 0; j < n; ++j) {
       out[j] = static_cast<uint32_t>(even[j]) | (static_cast<uint32_t>(odd[j]) << 16);
@@ -593,12 +593,23 @@ bool bf16_amx() {
   return amx && bf16_amx_allowed.load(std::memory_order_relaxed);
 }
 
+// c[m x n] = a @ b (b's rows in pairs, the layout both ways read) by the AMX microkernel or
+// bf16_dot_gemm.
+void pairs_gemm(bool amx, int64_t m, int64_t n, int64_t k, const c10::BFloat16* a,
+                int64_t lda, const c10::BFloat16* b, int64_t ldb, float* c, int64_t ldc) {
+  if (amx) {
+    at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, /*add_C=*/false, a, b, c,
+                                /*is_vnni=*/true);
+  } else {
+    bf16_dot_gemm(m, n, k, a, lda, reinterpret_cast<const uint32_t*>(b), ldb, c, ldc);
+  }
+}
+
 // run_blocks with bfloat16 products: per head, k^T and v rounded to bfloat16 and laid
 // out as both ways of multiplying read their B operand (pairs of rows interleaved,
 // "VNNI"); per block, q's rows rounded, the scores and their softmax in float32 as above,
 // and the probabilities rounded for @ v, whose float32 sums go straight into the output.
 void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** arguments) {
-  using at::native::cpublas::brgemm;
   const Problem& p = *static_cast<const Problem*>(arguments[0]);
   auto& next_block = *static_cast<std::atomic<int64_t>*>(arguments[1]);
   const int64_t blocks = p.batches * p.heads * p.blocks_per_head;
@@ -636,32 +647,20 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
         at::native::cpublas::pack(padded, ev, ev, ev, at::kBFloat16, at::kBFloat16, v_rows,
                                   v_pairs);
       } else {
-        pair_rows(v_rows, padded, ev, ev, reinterpret_cast<uint32_t*>(v_pairs));
+        pair_rows(v_rows, padded, ev, reinterpret_cast<uint32_t*>(v_pairs));
       }
       converted_head = block.head_index;
     }
     for (int64_t i = 0; i < count; ++i) {
       round_to_bf16_avx512(block.q + i * p.q.row_stride, q16 + i * e, e);
     }
-    if (amx) {
-      brgemm(count, p.keys, e, e, padded, padded, /*add_C=*/false, q16, k_pairs, scores,
-             /*is_vnni=*/true);
-    } else {
-      bf16_dot_gemm(count, p.keys, e, q16, e, reinterpret_cast<const uint32_t*>(k_pairs),
-                    padded, scores, padded);
-    }
+    pairs_gemm(amx, count, p.keys, e, q16, e, k_pairs, padded, scores, padded);
     for (int64_t i = 0; i < count; ++i) {
       inverse_sums[i] = exp_row_bf16(scores + i * padded, mask_row(p, block, i), p.scale,
                                      p.keys, padded, p.empty_row, probabilities + i * padded);
     }
-    if (amx) {
-      brgemm(count, ev, padded, padded, ev, p.out_row_stride, /*add_C=*/false,
-             probabilities, v_pairs, block.out, /*is_vnni=*/true);
-    } else {
-      bf16_dot_gemm(count, ev, padded, probabilities, padded,
-                    reinterpret_cast<const uint32_t*>(v_pairs), ev, block.out,
-                    p.out_row_stride);
-    }
+    pairs_gemm(amx, count, ev, padded, probabilities, padded, v_pairs, ev, block.out,
+               p.out_row_stride);
     normalize_rows(p, block, inverse_sums);
   }
   if (amx) {

@@ -5,7 +5,6 @@
 #include "ral/int8_conv.h"
 #include "ral/int8_gemv.h"
 #include "ral/offered_buffers.h"
-#include "ral/kernel_trials.h"
 #include "ral/layout_kernels.h"
 #include "ral/prepared_weights.h"
 
@@ -175,22 +174,21 @@ at::Tensor blade_or_onednn(const std::vector<int64_t>& size, const at::Tensor& w
   if (prepared == nullptr) {
     return blade();
   }
-  using Kernel = PreparedWeights::Kernel;
-  const Kernel kernel = prepared->next_kernel(weight, false, size, Kernel::kInt8Conv);
-  Stopwatch stopwatch;
-  if (kernel == Kernel::kInt8Conv) {
-    at::Tensor result = blade();
-    prepared->record_kernel_time(weight, false, size, kernel, stopwatch.seconds());
-    // A trial's first call runs oneDNN's too, for its pack and primitive (result unused).
-    if (prepared->onednn_run_pending(weight, false, size)) {
-      Stopwatch again;
-      onednn();
-      prepared->record_kernel_time(weight, false, size, Kernel::kOneDnn, again.seconds());
-    }
-    return result;
-  }
-  at::Tensor result = onednn();
-  prepared->record_kernel_time(weight, false, size, Kernel::kOneDnn, stopwatch.seconds());
+  // A trial's first call runs oneDNN's after Blade's, for its pack and primitive: Blade's
+  // result stands.
+  at::Tensor result;
+  prepared->run_trial(
+      weight, false, size, PreparedWeights::Kernel::kInt8Conv,
+      [&] {
+        result = blade();
+        return true;
+      },
+      [&] {
+        at::Tensor onednn_result = onednn();
+        if (!result.defined()) {
+          result = std::move(onednn_result);
+        }
+      });
   return result;
 }
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +32,14 @@ constexpr size_t kMaxTrials = 256;
 thread_local bool one_kernel_per_call = false;
 std::atomic<bool> kernel_trials{true};
 
+// What a weight runs untried (trials off, or past kMaxTrials with no size decided):
+// oneDNN's, the usual winner on AVX-512 CPUs (where MKL may run its AVX2 code at half the
+// speed); a precision trial's bfloat16, the precision asked for.
+PreparedWeights::Kernel untried(PreparedWeights::Kernel alternative) {
+  using Kernel = PreparedWeights::Kernel;
+  return alternative == Kernel::kBf16 ? Kernel::kBf16 : Kernel::kOneDnn;
+}
+
 }  // namespace
 
 void set_kernel_trials(bool enabled) { kernel_trials.store(enabled, std::memory_order_relaxed); }
@@ -42,8 +51,7 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
     return Kernel::kOneDnn;  // nothing prepared without a param; no sgemm without MKL
   }
   if (!kernel_trials.load(std::memory_order_relaxed)) {
-    // Untried, oneDNN's; a bf16 engine's convolutions keep the precision asked for.
-    return alternative == Kernel::kBf16 ? Kernel::kBf16 : Kernel::kOneDnn;
+    return untried(alternative);
   }
   std::lock_guard<std::mutex> lock(mutex_);
   const TrialKey key(weight.data_ptr(), onednn_transposed, onednn_input_size);
@@ -95,9 +103,7 @@ PreparedWeights::Kernel PreparedWeights::settled_kernel(
       distance = apart;
     }
   }
-  // No size of this weight decided yet: oneDNN's, the usual winner on AVX-512 CPUs (where
-  // MKL may run its AVX2 code at half the speed); a precision trial's bfloat16, as asked.
-  return kept.value_or(alternative == Kernel::kBf16 ? Kernel::kBf16 : Kernel::kOneDnn);
+  return kept.value_or(untried(alternative));  // no size of this weight decided yet
 }
 
 bool PreparedWeights::onednn_run_pending(const at::Tensor& weight, bool onednn_transposed,
@@ -130,6 +136,25 @@ void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_t
     release_loser(key, trial);
     release_due_.store(!keep_all_plain_, std::memory_order_relaxed);
   }
+}
+
+void PreparedWeights::run_trial(const at::Tensor& weight, bool onednn_transposed,
+                                const std::vector<int64_t>& onednn_input_size,
+                                Kernel alternative, c10::function_ref<bool()> run_alternative,
+                                c10::function_ref<void()> run_onednn) {
+  if (next_kernel(weight, onednn_transposed, onednn_input_size, alternative) == alternative) {
+    Stopwatch stopwatch;
+    const bool ran = run_alternative();
+    record_kernel_time(weight, onednn_transposed, onednn_input_size, alternative,
+                       ran ? stopwatch.seconds() : std::numeric_limits<double>::infinity());
+    if (ran && !onednn_run_pending(weight, onednn_transposed, onednn_input_size)) {
+      return;
+    }
+  }
+  Stopwatch stopwatch;
+  run_onednn();
+  record_kernel_time(weight, onednn_transposed, onednn_input_size, Kernel::kOneDnn,
+                     stopwatch.seconds());
 }
 
 void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& trial) {

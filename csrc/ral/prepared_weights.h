@@ -34,6 +34,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/FunctionRef.h>
 
 #include <atomic>
 #include <functional>
@@ -173,6 +174,14 @@ class PreparedWeights {
   void record_kernel_time(const at::Tensor& weight, bool onednn_transposed,
                           const std::vector<int64_t>& onednn_input_size, Kernel kernel,
                           double seconds);
+  // One call of a trial's two kernels, as next_kernel says, timed: `run_alternative` (false
+  // when it declines: counted as endless, so that the trial settles on the other), or
+  // `run_onednn`, which also runs after the alternative on a trial's first call (the
+  // callers say whose result stands).
+  void run_trial(const at::Tensor& weight, bool onednn_transposed,
+                 const std::vector<int64_t>& onednn_input_size, Kernel alternative,
+                 c10::function_ref<bool()> run_alternative,
+                 c10::function_ref<void()> run_onednn);
 
   // The trials so far, one line each, in the order they began: the weight's sizes, the
   // input size oneDNN's kernel is made for, each kernel's best timed call, and the kernel

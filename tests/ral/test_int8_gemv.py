@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from blade import _C
-from helpers import assert_int8_linear_result, run_both
+from helpers import assert_int8_linear_result, int8_linear_reference, run_both
 
 needs_vnni = pytest.mark.skipif(not _C.int8_conv_available(),
                                 reason="this CPU lacks AVX-512 VNNI and AMX-INT8")
@@ -45,8 +45,6 @@ def test_few_rows_match_the_reference_and_onednn(rows, k, n, uint8_input, uint8_
     (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_linear(
         x, weight, scale, bias, INPUT_RANGE, OUTPUT_RANGE if uint8_result else None, post_op))
     assert ran == [1, 0]
-    want = real @ (weight.double() * scale.double().unsqueeze(1)).t() + bias.double()
-    if post_op == "relu":
-        want = torch.relu(want)
+    want = int8_linear_reference(real, weight, scale, bias, post_op)
     assert_int8_linear_result(mine, onednn, want, OUTPUT_RANGE if uint8_result else None)
 

@@ -9,7 +9,8 @@ import torch
 
 import blade
 from blade import _C
-from helpers import assert_int8_linear_result, assert_ran_compiled, run_both
+from helpers import (assert_int8_linear_result, assert_ran_compiled, int8_linear_reference,
+                     run_both)
 
 needs_vnni = pytest.mark.skipif(not _C.int8_conv_available(),
                                 reason="this CPU lacks AVX-512 VNNI and AMX-INT8")
@@ -32,18 +33,6 @@ def multiply(request):
     if _C.int8_conv_tiles_run() != (request.param == "tiles"):
         pytest.skip(f"the {request.param} do not run on this CPU")
     return request.param
-
-
-def reference(real, weight, scale, bias, post_op):
-    want = real @ (weight.double() * scale.double().unsqueeze(1)).t() + bias.double()
-    if post_op == "relu":
-        return torch.relu(want)
-    if post_op == "gelu":
-        return want * 0.5 * (1 + torch.erf(want / math.sqrt(2)))
-    if post_op == "gelu_tanh":
-        inner = math.sqrt(2 / math.pi) * (want + 0.044715 * want ** 3)
-        return want * 0.5 * (1 + torch.tanh(inner))
-    return want
 
 
 @needs_vnni
@@ -69,7 +58,7 @@ def test_many_rows_match_the_reference_and_onednn(rows, k, n, post_op, uint8_res
         OUTPUT_RANGE if uint8_result else None, post_op))
     assert ran == [1, 0]
     assert mine.shape == (1, rows, n)
-    want = reference(real, weight, scale, bias, post_op)
+    want = int8_linear_reference(real, weight, scale, bias, post_op)
     assert_int8_linear_result(mine, onednn, want, OUTPUT_RANGE if uint8_result else None)
 
 

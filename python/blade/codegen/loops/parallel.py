@@ -281,10 +281,8 @@ def _row_op(op):
 
 
 def _same_rows(a, b) -> bool:
-    """Whether two _rows_key answers name the same rows."""
-    if isinstance(a, int) or isinstance(b, int):
-        return isinstance(a, int) and isinstance(b, int) and a == b
-    return a == b
+    """Whether two _rows_key answers name the same rows (a count and a value never do)."""
+    return isinstance(a, int) == isinstance(b, int) and a == b
 
 
 def _outline_row_groups(main, tasks) -> None:
