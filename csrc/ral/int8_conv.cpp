@@ -2,6 +2,7 @@
 // brgemm microkernel (int8_conv.h).
 #include "ral/int8_conv.h"
 
+#include "ral/conv_planes.h"
 #include "ral/cpu_features.h"
 #include "ral/int8_epilogue.h"
 
@@ -133,63 +134,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
     }
   }
 }
-
-// The order of a filter's taps in the packed weight (which does not know the stride), as
-// (row, column) pairs: row by row; within a row of 5 or more columns (a stem's filter,
-// run with stride 2) the even columns before the odd ones, so that a stride-2 row's taps
-// of one phase are adjacent pixels of one plane, as a stride-1 row's are in the natural
-// order. A stride-1 filter of 5 columns or more then merges no taps: right, a little
-// slower.
-std::vector<std::pair<int64_t, int64_t>> tap_order(int64_t kh, int64_t kw) {
-  std::vector<std::pair<int64_t, int64_t>> order;
-  order.reserve(kh * kw);
-  for (int64_t i = 0; i < kh; ++i) {
-    for (int64_t parity = 0; parity < (kw >= 5 ? 2 : 1); ++parity) {
-      for (int64_t j = kw >= 5 ? parity : 0; j < kw; j += kw >= 5 ? 2 : 1) {
-        order.emplace_back(i, j);
-      }
-    }
-  }
-  return order;
-}
-
-// Taps in packing order whose inputs are adjacent pixels, multiplied as one: the input
-// at `offset` from a row's (depth bytes, `depth` a multiple of 4), the weight's rows from
-// its `weight_row` (in depth units of the packed block).
-struct TapGroup {
-  int64_t offset;
-  int64_t weight_row;
-  int64_t depth;
-};
-
-// Where GEMM rows go: row p of image n (a plane's flat pixel index) is output pixel
-// (oh, ow) = (p / plane_w, p % plane_w), dropped if ow >= out_w. Stepped row by row, without
-// a division per row. The register tiles walk output pixels instead (`pixels`: rows are
-// output pixels, each reading its plane row `plane_row`): no row is dropped.
-struct RowWalk {
-  int64_t image_base;  // the image's first output pixel
-  int64_t row_w;       // a walked row's length: plane_w, or out_w walking output pixels
-  int64_t oh, ow;
-  int64_t plane_w, out_w;
-  int64_t last;  // the last pixel of the result (of every image)
-  int64_t plane_row = 0;  // next()'s row's
-
-  RowWalk(int64_t n, int64_t first_row, int64_t plane_w, int64_t batch, int64_t out_h,
-          int64_t out_w, bool pixels = false)
-      : image_base(n * out_h * out_w), row_w(pixels ? out_w : plane_w),
-        oh(first_row / row_w), ow(first_row % row_w), plane_w(plane_w), out_w(out_w),
-        last(batch * out_h * out_w - 1) {}
-  // The row's output pixel (negative: dropped), then on to the next row.
-  int64_t next() {
-    const int64_t pixel = ow < out_w ? image_base + oh * out_w + ow : -1;
-    plane_row = oh * plane_w + ow;
-    if (++ow == row_w) {
-      ow = 0;
-      ++oh;
-    }
-    return pixel;
-  }
-};
 
 // A tile of kTileRows GEMM rows by 64 output channels with the epilogue done in registers:
 // VNNI dot products over every tap's depth into 4 x kTileRows accumulators, then finished as
@@ -611,8 +555,10 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
                int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding,
                const Int8ConvEpilogue& e) {
   const int64_t sh = stride[0], sw = stride[1], ph = padding[0], pw = padding[1];
-  const int64_t out_h = (height + 2 * ph - kh) / sh + 1;
-  const int64_t out_w = (width + 2 * pw - kw) / sw + 1;
+  TORCH_CHECK(sh > 0 && sw > 0 && ph >= 0 && pw >= 0, "int8_conv: strides must be positive "
+              "and padding not negative, got ", stride, " and ", padding);
+  const ConvPlanes planes(height, width, kh, kw, sh, sw, ph, pw);
+  const int64_t out_h = planes.out_h, out_w = planes.out_w;
   const int64_t taps = kh * kw;
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
   const int64_t depth = padded_depth(channels);
@@ -620,8 +566,6 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   TORCH_CHECK(packed.numel() == blocks * block_bytes + out_channels * 4,
               "int8_conv: the packed weight does not fit ", out_channels, " x ", channels,
               " x ", kh, " x ", kw);
-  TORCH_CHECK(sh > 0 && sw > 0 && ph >= 0 && pw >= 0, "int8_conv: strides must be positive "
-              "and padding not negative, got ", stride, " and ", padding);
   calls.fetch_add(1, std::memory_order_relaxed);
   if (batch <= 0 || out_h <= 0 || out_w <= 0 || out_channels <= 0) {
     return;
@@ -629,57 +573,42 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int8_t* weights = packed.const_data_ptr<int8_t>();
   const int32_t* sums = reinterpret_cast<const int32_t*>(weights + blocks * block_bytes);
 
-  // The planes the taps read. The padded image (padding: the input's zero point, a real 0)
-  // split by position modulo the stride: plane (a, b) holds padded pixels (y * sh + a,
-  // x * sw + b), so tap (i, j) of output pixel (oh, ow) reads plane (i % sh, j % sw) at
-  // (oh + i / sh, ow + j / sw): a stride-1 convolution in every plane. Without padding or
-  // stride the input is the one plane; otherwise they are copied. With a column stride of 1
-  // (and padding narrower than the filter) a row holds its left padding only: a tap past
-  // the right edge reads on into the next row's left padding (or a last row of padding),
-  // so fewer of the GEMM's rows are dropped.
-  const int64_t phases_h = std::min(sh, kh), phases_w = std::min(sw, kw);
-  const bool shared_padding = sw == 1 && pw < kw;
-  const int64_t plane_h = (height + 2 * ph + sh - 1) / sh + (shared_padding && pw > 0 ? 1 : 0);
-  const int64_t plane_w = shared_padding ? width + pw : (width + 2 * pw + sw - 1) / sw;
-  const int64_t plane_bytes = plane_h * plane_w * depth;
-  const int64_t image_bytes = phases_h * phases_w * plane_bytes;
+  // The planes the taps read (conv_planes.h; padding: the input's zero point, a real 0).
+  // Without padding or stride the input is the one plane; otherwise they are copied.
+  const int64_t plane_w = planes.plane_w;
+  const int64_t image_bytes = planes.image_elements(depth);
   const uint8_t* src = input;
   at::Tensor large_planes;  // planes past kKeptPlaneBytes, for this call only
-  if (ph > 0 || pw > 0 || sh > 1 || sw > 1 || depth != channels) {
+  if (!planes.input_is_plane() || depth != channels) {
     // The calling thread's buffer, grown to the largest planes it has copied up to
     // kKeptPlaneBytes: a fresh allocation per call cost more than the copy for a small
     // image (malloc's large blocks are returned and faulted in again).
-    thread_local std::vector<uint8_t> planes;
+    thread_local std::vector<uint8_t> kept;
     const int64_t bytes = batch * image_bytes;
     uint8_t* dst = nullptr;
     if (bytes <= kKeptPlaneBytes) {
-      planes.resize(std::max<size_t>(planes.size(), static_cast<size_t>(bytes)));
-      dst = planes.data();
+      kept.resize(std::max<size_t>(kept.size(), static_cast<size_t>(bytes)));
+      dst = kept.data();
     } else {
       large_planes = at::empty({bytes}, at::kByte);
       dst = large_planes.data_ptr<uint8_t>();
     }
-    const int64_t plane_rows = batch * phases_h * phases_w * plane_h;
     // A thread a 64 KB at least: a small image is copied by the calling thread alone.
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plane_w * depth));
-    at::parallel_for(0, plane_rows, grain, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, planes.plane_rows(batch), grain, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
-        const int64_t y = row % plane_h;
-        const int64_t phase = row / plane_h % (phases_h * phases_w);
-        const int64_t n = row / plane_h / (phases_h * phases_w);
-        const int64_t h = y * sh + phase / phases_w - ph;
+        const auto [n, h, first_w] = planes.row(row);
         uint8_t* out = dst + row * plane_w * depth;
         if (h < 0 || h >= height) {
           std::memset(out, e.input_zero_point, plane_w * depth);
           continue;
         }
         const uint8_t* line = input + (n * height + h) * width * channels;
-        if (shared_padding && depth == channels) {  // the left padding, then the row
+        if (planes.shared_padding && depth == channels) {  // the left padding, then the row
           std::memset(out, e.input_zero_point, pw * channels);
           std::memcpy(out + pw * channels, line, width * channels);
           continue;
         }
-        const int64_t first_w = phase % phases_w - pw;  // the input column of x = 0
         // An image's (16 pixels at a time; their bytes within two vectors' reach).
         if (depth == 4 && sw * channels <= 8 && few_channels_avx512()) {
           // Plane columns [lo, hi) lie inside the image; the rest is padding.
@@ -734,21 +663,13 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t rows = tiled ? out_h * out_w : (out_h - 1) * plane_w + out_w;
   const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
   const int64_t step = (rows + row_blocks - 1) / row_blocks;
-  // Each tap's input offset from a row's, in packing order; runs of taps reading adjacent
-  // pixels grouped.
+  // Each tap's input offset from a row's (the microkernel's calls), and runs of taps
+  // reading adjacent pixels grouped (the register tiles').
+  const std::vector<TapGroup> groups = planes.tap_groups(depth);
   std::vector<int64_t> tap_offsets;
-  tap_offsets.reserve(taps);
-  for (const auto& [i, j] : tap_order(kh, kw)) {
-    tap_offsets.push_back(((i % sh) * phases_w + j % sw) * plane_bytes +
-                          ((i / sh) * plane_w + j / sw) * depth);
-  }
-  std::vector<TapGroup> groups;
-  for (int64_t t = 0; t < taps; ++t) {
-    if (!groups.empty() &&
-        tap_offsets[t] == groups.back().offset + groups.back().depth) {
-      groups.back().depth += depth;
-    } else {
-      groups.push_back({tap_offsets[t], t * depth, depth});
+  for (const TapGroup& group : groups) {
+    for (int64_t d = 0; d < group.depth; d += depth) {
+      tap_offsets.push_back(group.offset + d);
     }
   }
   const auto finish = for_epilogue<FinishBlock>(e);

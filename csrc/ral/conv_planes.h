@@ -1,0 +1,134 @@
+// What Blade's own implicit-GEMM convolutions (int8_conv.h, bf16_conv.h) share: the
+// padded input split into stride-phase planes, so that every convolution is a stride-1
+// one over a plane's flat pixel index; the order of a filter's taps in a packed weight;
+// runs of taps that read adjacent pixels, multiplied as one; and the walk of a block's rows
+// over output pixels.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace blade::ral {
+
+// The order of a filter's taps in a packed weight (which does not know the stride), as
+// (row, column) pairs: row by row; within a row of 5 or more columns (a stem's filter,
+// run with stride 2) the even columns before the odd ones, so that a stride-2 row's taps
+// of one phase are adjacent pixels of one plane, as a stride-1 row's are in the natural
+// order. A stride-1 filter of 5 columns or more then merges no taps: right, a little
+// slower.
+inline std::vector<std::pair<int64_t, int64_t>> tap_order(int64_t kh, int64_t kw) {
+  std::vector<std::pair<int64_t, int64_t>> order;
+  order.reserve(kh * kw);
+  for (int64_t i = 0; i < kh; ++i) {
+    for (int64_t parity = 0; parity < (kw >= 5 ? 2 : 1); ++parity) {
+      for (int64_t j = kw >= 5 ? parity : 0; j < kw; j += kw >= 5 ? 2 : 1) {
+        order.emplace_back(i, j);
+      }
+    }
+  }
+  return order;
+}
+
+// Taps in packing order whose inputs are adjacent pixels, multiplied as one: the input
+// at `offset` elements from a row's (`depth` elements a pixel), the weight's rows from its
+// `weight_row` (in depth units of the packed block).
+struct TapGroup {
+  int64_t offset;
+  int64_t weight_row;
+  int64_t depth;
+};
+
+// The planes a convolution's taps read: the padded image (padding: a value that counts as
+// 0) split by position modulo the stride, so plane (a, b) holds padded pixels
+// (y * sh + a, x * sw + b) and tap (i, j) of output pixel (oh, ow) reads plane
+// (i % sh, j % sw) at (oh + i / sh, ow + j / sw): a stride-1 convolution in every plane.
+// With a column stride of 1 (and padding narrower than the filter) a row holds its left
+// padding only: a tap past the right edge reads on into the next row's left padding (or a
+// last row of padding), so fewer GEMM rows are dropped.
+struct ConvPlanes {
+  int64_t height, width, kh, kw, sh, sw, ph, pw;
+  int64_t out_h, out_w;
+  int64_t phases_h, phases_w;
+  bool shared_padding;
+  int64_t plane_h, plane_w;
+
+  ConvPlanes(int64_t height, int64_t width, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+             int64_t ph, int64_t pw)
+      : height(height), width(width), kh(kh), kw(kw), sh(sh), sw(sw), ph(ph), pw(pw),
+        out_h((height + 2 * ph - kh) / sh + 1), out_w((width + 2 * pw - kw) / sw + 1),
+        phases_h(std::min(sh, kh)), phases_w(std::min(sw, kw)),
+        shared_padding(sw == 1 && pw < kw),
+        plane_h((height + 2 * ph + sh - 1) / sh + (shared_padding && pw > 0 ? 1 : 0)),
+        plane_w(shared_padding ? width + pw : (width + 2 * pw + sw - 1) / sw) {}
+
+  // Whether the input, as it is, is the one plane (no padding or stride).
+  bool input_is_plane() const { return ph == 0 && pw == 0 && sh == 1 && sw == 1; }
+  int64_t phases() const { return phases_h * phases_w; }
+  // Elements of a plane and of an image's planes, `depth` elements a pixel.
+  int64_t plane_elements(int64_t depth) const { return plane_h * plane_w * depth; }
+  int64_t image_elements(int64_t depth) const { return phases() * plane_elements(depth); }
+  // Plane rows of `batch` images, in the order (image, phase, row).
+  int64_t plane_rows(int64_t batch) const { return batch * phases() * plane_h; }
+
+  // Plane row `row`: its image, the input row it copies (outside [0, height): padding),
+  // and the input column of its pixel x = 0 (x steps sw columns).
+  struct Row {
+    int64_t image, input_row, first_column;
+  };
+  Row row(int64_t row) const {
+    const int64_t y = row % plane_h;
+    const int64_t phase = row / plane_h % phases();
+    return {row / plane_h / phases(), y * sh + phase / phases_w - ph, phase % phases_w - pw};
+  }
+
+  // Each tap's input offset from a row's, in tap_order; runs of taps reading adjacent
+  // pixels grouped.
+  std::vector<TapGroup> tap_groups(int64_t depth) const {
+    std::vector<TapGroup> groups;
+    int64_t t = 0;
+    for (const auto& [i, j] : tap_order(kh, kw)) {
+      const int64_t offset = ((i % sh) * phases_w + j % sw) * plane_elements(depth) +
+                             ((i / sh) * plane_w + j / sw) * depth;
+      if (!groups.empty() && offset == groups.back().offset + groups.back().depth) {
+        groups.back().depth += depth;
+      } else {
+        groups.push_back({offset, t * depth, depth});
+      }
+      ++t;
+    }
+    return groups;
+  }
+};
+
+// Where GEMM rows go: row p of image n (a plane's flat pixel index) is output pixel
+// (oh, ow) = (p / plane_w, p % plane_w), dropped if ow >= out_w. Stepped row by row, without
+// a division per row. The register tiles walk output pixels instead (`pixels`: rows are
+// output pixels, each reading its plane row `plane_row`): no row is dropped.
+struct RowWalk {
+  int64_t image_base;  // the image's first output pixel
+  int64_t row_w;       // a walked row's length: plane_w, or out_w walking output pixels
+  int64_t oh, ow;
+  int64_t plane_w, out_w;
+  int64_t last;  // the last pixel of the result (of every image)
+  int64_t plane_row = 0;  // next()'s row's
+
+  RowWalk(int64_t n, int64_t first_row, int64_t plane_w, int64_t batch, int64_t out_h,
+          int64_t out_w, bool pixels = false)
+      : image_base(n * out_h * out_w), row_w(pixels ? out_w : plane_w),
+        oh(first_row / row_w), ow(first_row % row_w), plane_w(plane_w), out_w(out_w),
+        last(batch * out_h * out_w - 1) {}
+  // The row's output pixel (negative: dropped), then on to the next row.
+  int64_t next() {
+    const int64_t pixel = ow < out_w ? image_base + oh * out_w + ow : -1;
+    plane_row = oh * plane_w + ow;
+    if (++ow == row_w) {
+      ow = 0;
+      ++oh;
+    }
+    return pixel;
+  }
+};
+
+}  // namespace blade::ral
