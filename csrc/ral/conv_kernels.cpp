@@ -4,6 +4,7 @@
 // convolution where none of them applies.
 #include "ral/conv_kernels.h"
 
+#include "ral/bf16_conv.h"
 #include "ral/bf16_rounding.h"
 #include "ral/cpu_features.h"
 #include "ral/depthwise_conv.h"
@@ -122,6 +123,34 @@ bool winograd_applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor
          x.size(1) >= kWinogradMinChannels && w.size(0) >= kWinogradMinChannels &&
          x.size(1) * w.size(0) >= kWinogradMinChannelPairs && x.is_contiguous(cl) &&
          target.is_contiguous(cl);
+}
+
+// Blade's bfloat16 convolution (bf16_conv.h) where it applies: a float32 NHWC input and
+// result, a param weight of one group, no dilation. It rounds the input as it copies it
+// into its planes and adds the bias and ReLU in registers, with no library call around it.
+// False where it does not apply (oneDNN's bfloat16 kernel is tried next).
+bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
+                         const at::Tensor& target, const std::optional<at::Tensor>& bias,
+                         bool relu, const std::vector<int64_t>& padding,
+                         const std::vector<int64_t>& stride,
+                         const std::vector<int64_t>& dilation) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  if (!bf16_conv_available() || x.scalar_type() != at::kFloat || w.dim() != 4 ||
+      target.scalar_type() != at::kFloat || !x.is_contiguous(cl) ||
+      !target.is_contiguous(cl) || w.size(1) != x.size(1) ||
+      std::any_of(dilation.begin(), dilation.end(), [](int64_t d) { return d != 1; }) ||
+      (bias.has_value() && (bias->scalar_type() != at::kFloat || !bias->is_contiguous()))) {
+    return false;
+  }
+  const at::Tensor packed = prepared->bf16_conv(w);
+  if (!packed.defined()) {
+    return false;
+  }
+  bf16_conv(x.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
+            w.size(0), w.size(2), w.size(3), stride, padding,
+            bias.has_value() ? bias->const_data_ptr<float>() : nullptr, relu,
+            target.data_ptr<float>());
+  return true;
 }
 
 // Blade's depthwise convolution (depthwise_conv.h) where it applies: float32 NHWC data, one
@@ -286,7 +315,9 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
         param, PreparedWeights::kPrecisionTrial, x.sizes().vec(),
         PreparedWeights::Kernel::kBf16,
         [&] {
-          return convolve_bf16(prepared, x, param, false, target, bias, relu, padding, stride,
+          return convolve_bf16_tiles(prepared, x, param, target, bias, relu, padding, stride,
+                                     dilation) ||
+                 convolve_bf16(prepared, x, param, false, target, bias, relu, padding, stride,
                                dilation);
         },
         convolve_f32);

@@ -182,6 +182,9 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
     // A precision trial: the loser's oneDNN copy for this size.
     const bool bf16_won = trial.choice == Kernel::kBf16;
     erase(onednn_, std::make_tuple(data, false, onednn_key_size(std::get<2>(key), !bf16_won)));
+    if (!bf16_won && !others_keep(Kernel::kBf16)) {
+      erase(bf16_convs_, data);  // Blade's bfloat16 pack serves every size
+    }
     if (bf16_won && !others_keep(Kernel::kOneDnn)) {
       // The float32 path's other copies serve every size (its own trial, left undecided,
       // made them): freed once no size of the weight runs or tries float32.
@@ -244,7 +247,7 @@ const char* kernel_name(PreparedWeights::Kernel kernel) {
     case PreparedWeights::Kernel::kGemm: return "plain-weight GEMM";
     case PreparedWeights::Kernel::kDepthwise: return "Blade depthwise";
     case PreparedWeights::Kernel::kInt8Conv: return "Blade int8";
-    case PreparedWeights::Kernel::kBf16: return "oneDNN bfloat16";
+    case PreparedWeights::Kernel::kBf16: return "bfloat16";
   }
   return "?";
 }

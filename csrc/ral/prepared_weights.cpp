@@ -1,5 +1,6 @@
 #include "ral/prepared_weights.h"
 
+#include "ral/bf16_conv.h"
 #include "ral/blocked_gemm.h"
 #include "ral/mkl_functions.h"
 #include "ral/winograd.h"
@@ -112,6 +113,23 @@ at::Tensor PreparedWeights::channels_last(const at::Tensor& weight) {
     it = channels_last_
              .emplace(weight.data_ptr(), weight.clone(at::MemoryFormat::ChannelsLast))
              .first;
+    count(it->second);
+  }
+  return it->second;
+}
+
+at::Tensor PreparedWeights::bf16_conv(const at::Tensor& weight) {
+  if (weight.dim() != 4 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
+    return at::Tensor();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = bf16_convs_.find(weight.data_ptr());
+  if (it == bf16_convs_.end()) {
+    if (!fits_limit(static_cast<int64_t>(weight.nbytes() / 2))) {
+      return at::Tensor();
+    }
+    restore_locked(weight.data_ptr());
+    it = bf16_convs_.emplace(weight.data_ptr(), pack_bf16_conv_weight(weight)).first;
     count(it->second);
   }
   return it->second;
@@ -320,7 +338,8 @@ int64_t PreparedWeights::packed_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t count =
       static_cast<int64_t>(packs_.size() + winograd_.size() + depthwise_.size() +
-                           bf16_matrices_.size() + k_by_n_.size() + int8_.size());
+                           bf16_convs_.size() + bf16_matrices_.size() + k_by_n_.size() +
+                           int8_.size());
   for (const auto& entry : onednn_) {
     count += entry.second.defined() ? 1 : 0;
   }

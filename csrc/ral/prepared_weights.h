@@ -126,6 +126,10 @@ class PreparedWeights {
   // (depthwise_conv.h), made once for every input size; undefined when `weight` is not
   // such a param or the copy would pass the limit.
   at::Tensor depthwise(const at::Tensor& weight);
+  // A float32 convolution param [O, C, kh, kw] as Blade's bfloat16 kernel multiplies it
+  // (bf16_conv.h), made once for every input size; undefined when `weight` is not such a
+  // param or the copy would pass the limit.
+  at::Tensor bf16_conv(const at::Tensor& weight);
   // An int8 weight as oneDNN's packed copy (`pack()`: onednn::qlinear_prepack or
   // qconv_prepack), made once per `key` (what else the packing depends on: a convolution's
   // input size, strides, input range) if `weight` is a param; otherwise an undefined
@@ -297,6 +301,7 @@ class PreparedWeights {
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
   std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
   std::map<const void*, at::Tensor> depthwise_;      // weight data -> its [kh, kw, C] filters
+  std::map<const void*, at::Tensor> bf16_convs_;     // weight data -> bf16_conv's pack
   // (weight data, key) -> oneDNN's int8 pack
   std::map<std::pair<const void*, std::vector<int64_t>>, at::Tensor> int8_;
   std::map<std::pair<const void*, bool>, at::Tensor> bf16_matrices_;  // (data, transposed)

@@ -1,0 +1,277 @@
+// Blade's bfloat16 convolution: float32 input rounded into bfloat16 planes, register tiles
+// of AVX512-BF16 dot products (bf16_conv.h).
+#include "ral/bf16_conv.h"
+
+#include "ral/conv_planes.h"
+#include "ral/cpu_features.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <iterator>
+#include <vector>
+
+namespace blade::ral {
+namespace {
+
+// Output channels per block (four 16-lane vectors), output pixels per tile, and the most
+// output pixels a task's block of rows covers.
+constexpr int64_t kColumnBlock = 64;
+constexpr int64_t kTileRows = 6;
+constexpr int64_t kMaxRowBlock = 120;
+// The most bytes of planes a thread keeps between calls (larger ones are made per call).
+constexpr int64_t kKeptPlaneBytes = int64_t{8} << 20;
+
+std::atomic<int64_t> calls{0};
+
+// Input channels in pairs: a pixel's depth, padded with a zero channel to an even count.
+int64_t padded_depth(int64_t channels) { return (channels + 1) / 2 * 2; }
+
+// GCC 12 warns inside its own intrinsics' headers here (their _mm512_undefined).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// n float32 values rounded to bfloat16 (to nearest, ties to even; NaN stays NaN) at `dst`,
+// then `pad` zeros.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_values(
+    const float* src, uint16_t* dst, int64_t n, int64_t pad) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<__m256i>(rounded));
+  }
+  if (i < n) {
+    const auto mask = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, src + i));
+    _mm256_mask_storeu_epi16(dst + i, mask, reinterpret_cast<__m256i>(rounded));
+  }
+  std::fill(dst + n, dst + n + pad, uint16_t{0});
+}
+
+// A tile of kRows output pixels (as `walk` steps over them) by one block of 64 output
+// channels (`width` of them real): the products of every tap group summed in 4 x kRows
+// registers, then the bias and ReLU, stored as float32.
+template <int kRows>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_tile(
+    const uint16_t* image, int64_t depth, const std::vector<TapGroup>& taps, const uint32_t* b,
+    RowWalk& walk, int64_t width, int64_t out_channels, int64_t column, const float* bias,
+    bool relu, float* out) {
+  int64_t pixels[kRows];
+  const uint16_t* x[kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    pixels[r] = walk.next();
+    x[r] = image + walk.plane_row * depth;
+  }
+  __m512 acc[kRows][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      acc[r][v] = _mm512_setzero_ps();
+    }
+  }
+  for (const TapGroup& group : taps) {
+    const uint32_t* b_group = b + group.weight_row / 2 * kColumnBlock;
+    for (int64_t k = 0; k < group.depth; k += 2) {
+      const uint32_t* row = b_group + k / 2 * kColumnBlock;
+      __m512bh w[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        w[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + 16 * v));
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) {
+        uint32_t bits;
+        std::memcpy(&bits, x[r] + group.offset + k, sizeof bits);
+        const __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(bits)));
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          acc[r][v] = _mm512_dpbf16_ps(acc[r][v], pair, w[v]);
+        }
+      }
+    }
+  }
+  __mmask16 masks[4];
+  __m512 offset[4];
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    const int64_t left = std::clamp<int64_t>(width - 16 * v, 0, 16);
+    masks[v] = static_cast<__mmask16>((1u << left) - 1);
+    offset[v] = bias != nullptr ? _mm512_maskz_loadu_ps(masks[v], bias + column + 16 * v)
+                                : _mm512_setzero_ps();
+  }
+  const __m512 zero = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    float* at = out + pixels[r] * out_channels + column;
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      __m512 value = _mm512_add_ps(acc[r][v], offset[v]);
+      if (relu) {
+        value = _mm512_max_ps(zero, value);  // the second operand where either is NaN
+      }
+      _mm512_mask_storeu_ps(at + 16 * v, masks[v], value);
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
+// `rows` output pixels from `walk`'s on by one block of output channels, in tiles of
+// kTileRows and a shorter last one.
+void tile_rows(const uint16_t* image, int64_t rows, int64_t depth,
+               const std::vector<TapGroup>& taps, const uint32_t* b, RowWalk walk,
+               int64_t width, int64_t out_channels, int64_t column, const float* bias,
+               bool relu, float* out) {
+  using Tile = void (*)(const uint16_t*, int64_t, const std::vector<TapGroup>&,
+                        const uint32_t*, RowWalk&, int64_t, int64_t, int64_t, const float*,
+                        bool, float*);
+  static constexpr Tile kTiles[] = {nullptr,      bf16_tile<1>, bf16_tile<2>, bf16_tile<3>,
+                                    bf16_tile<4>, bf16_tile<5>, bf16_tile<6>};
+  static_assert(std::size(kTiles) == kTileRows + 1);
+  for (int64_t r = 0; r < rows; r += kTileRows) {
+    kTiles[std::min(kTileRows, rows - r)](image, depth, taps, b, walk, width, out_channels,
+                                          column, bias, relu, out);
+  }
+}
+
+}  // namespace
+
+int64_t bf16_conv_calls() { return calls.load(std::memory_order_relaxed); }
+
+bool bf16_conv_available() {
+  static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
+                                has_cpu_feature("avx512vl") &&
+                                has_cpu_feature("avx512_bf16") && !has_cpu_feature("amx_bf16");
+  return available;
+}
+
+at::Tensor pack_bf16_conv_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 4,
+              "pack_bf16_conv_weight: a float32 [O, C, kh, kw] weight is needed, got ",
+              weight.scalar_type(), weight.sizes());
+  const int64_t out_channels = weight.size(0), channels = weight.size(1);
+  const int64_t kh = weight.size(2), kw = weight.size(3);
+  const int64_t depth = padded_depth(channels);
+  const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
+  // Rounded as the input is (ATen's rounding: to nearest, ties to even), then laid out.
+  const at::Tensor rounded = weight.contiguous().to(at::kBFloat16);
+  const auto* w = reinterpret_cast<const uint16_t*>(rounded.const_data_ptr<at::BFloat16>());
+  at::Tensor packed = at::zeros({blocks * kh * kw * depth * kColumnBlock}, at::kShort);
+  auto* data = reinterpret_cast<uint16_t*>(packed.data_ptr<int16_t>());
+  const auto order = tap_order(kh, kw);
+  for (int64_t o = 0; o < out_channels; ++o) {
+    uint16_t* block = data + (o / kColumnBlock) * kh * kw * depth * kColumnBlock;
+    for (int64_t t = 0; t < kh * kw; ++t) {
+      const auto [i, j] = order[t];
+      for (int64_t c = 0; c < channels; ++c) {
+        block[(t * depth + c / 2 * 2) * kColumnBlock + (o % kColumnBlock) * 2 + c % 2] =
+            w[((o * channels + c) * kh + i) * kw + j];
+      }
+    }
+  }
+  return packed;
+}
+
+void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
+               int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
+               int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
+               bool relu, float* out) {
+  TORCH_CHECK(bf16_conv_available(), "bf16_conv: this CPU lacks AVX512-BF16");
+  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && stride[0] > 0 && stride[1] > 0 &&
+                  padding[0] >= 0 && padding[1] >= 0,
+              "bf16_conv: two positive strides and two paddings not negative are needed, got ",
+              stride, " and ", padding);
+  const ConvPlanes planes(height, width, kh, kw, stride[0], stride[1], padding[0],
+                          padding[1]);
+  const int64_t depth = padded_depth(channels);
+  const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
+  const int64_t block_elements = kh * kw * depth * kColumnBlock;
+  TORCH_CHECK(packed.scalar_type() == at::kShort && packed.numel() == blocks * block_elements,
+              "bf16_conv: the packed weight does not fit ", out_channels, " x ", channels,
+              " x ", kh, " x ", kw);
+  const int64_t out_h = planes.out_h, out_w = planes.out_w;
+  calls.fetch_add(1, std::memory_order_relaxed);
+  if (batch <= 0 || out_h <= 0 || out_w <= 0 || out_channels <= 0) {
+    return;
+  }
+
+  // The input rounded into the planes, in the calling thread's buffer up to
+  // kKeptPlaneBytes (a fresh large allocation is faulted in on every call).
+  const int64_t plane_w = planes.plane_w;
+  const int64_t image_elements = planes.image_elements(depth);
+  const int64_t elements = batch * image_elements;
+  thread_local std::vector<uint16_t> kept;
+  at::Tensor large;
+  uint16_t* dst = nullptr;
+  if (elements * 2 <= kKeptPlaneBytes) {
+    kept.resize(std::max<size_t>(kept.size(), static_cast<size_t>(elements)));
+    dst = kept.data();
+  } else {
+    large = at::empty({elements}, at::kShort);
+    dst = reinterpret_cast<uint16_t*>(large.data_ptr<int16_t>());
+  }
+  const int64_t row_elements = plane_w * depth;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / row_elements);
+  at::parallel_for(0, planes.plane_rows(batch), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const auto [n, h, first_w] = planes.row(row);
+      uint16_t* line_out = dst + row * row_elements;
+      if (h < 0 || h >= height) {
+        std::fill(line_out, line_out + row_elements, uint16_t{0});
+        continue;
+      }
+      const float* line = input + (n * height + h) * width * channels;
+      if (planes.sw == 1 && depth == channels) {  // whole runs of pixels at once
+        const int64_t lo = std::clamp<int64_t>(-first_w, 0, plane_w);
+        const int64_t hi = std::clamp<int64_t>(width - first_w, lo, plane_w);
+        std::fill(line_out, line_out + lo * depth, uint16_t{0});
+        round_values(line + (lo + first_w) * channels, line_out + lo * depth,
+                     (hi - lo) * channels, (plane_w - hi) * depth);
+        continue;
+      }
+      for (int64_t x = 0; x < plane_w; ++x) {
+        const int64_t w = x * planes.sw + first_w;
+        uint16_t* pixel = line_out + x * depth;
+        if (w < 0 || w >= width) {
+          std::fill(pixel, pixel + depth, uint16_t{0});
+        } else {
+          round_values(line + w * channels, pixel, channels, depth - channels);
+        }
+      }
+    }
+  });
+
+  const std::vector<TapGroup> taps = planes.tap_groups(depth);
+  const auto* weights = reinterpret_cast<const uint32_t*>(packed.const_data_ptr<int16_t>());
+  // Tasks: blocks of output pixels (whole tiles but the last) by column blocks. Where the
+  // weight outweighs the planes (a deep layer's), column blocks are the outer order, so
+  // each thread reads its share of the weight; else each reads its share of the input.
+  const int64_t rows = out_h * out_w;
+  const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
+  const int64_t step =
+      ((rows + row_blocks - 1) / row_blocks + kTileRows - 1) / kTileRows * kTileRows;
+  const int64_t steps = (rows + step - 1) / step;
+  const int64_t tasks = batch * steps * blocks;
+  const bool columns_outer = blocks * block_elements > batch * rows * depth;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t block = columns_outer ? task / (batch * steps) : task % blocks;
+      const int64_t image_row = columns_outer ? task % (batch * steps) : task / blocks;
+      const int64_t n = image_row / steps;
+      const int64_t first = (image_row % steps) * step;
+      const int64_t column = block * kColumnBlock;
+      tile_rows(dst + n * image_elements, std::min(step, rows - first), depth, taps,
+                weights + block * block_elements / 2,
+                RowWalk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/true),
+                std::min(kColumnBlock, out_channels - column), out_channels, column, bias,
+                relu, out);
+    }
+  });
+}
+
+}  // namespace blade::ral

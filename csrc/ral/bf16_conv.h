@@ -1,0 +1,38 @@
+// Blade's own bfloat16 convolution, for a bf16 engine's convolutions on CPUs with
+// AVX512-BF16: the float32 NHWC input rounded to bfloat16 while it is copied into the
+// stride-phase planes (conv_planes.h), then an implicit GEMM in register tiles of 6 output
+// pixels by 64 output channels, `vdpbf16ps` sums of bfloat16 pairs in float32 kept in
+// registers over every tap, and the bias and ReLU added there before the float32 result is
+// stored. The library's call (PyTorch's mkldnn convolution) cost more per call than a small
+// layer's products: building its tensors, finding its kernel in its cache, allocating the
+// result; here a call costs the copy and the products.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace blade::ral {
+
+// Whether the kernel runs here: AVX512-BF16 (with AVX512-BW/VL), and no AMX-BF16, whose
+// tiles make oneDNN's kernel the faster.
+bool bf16_conv_available();
+// How many convolutions it has run in this process (tests: that it ran).
+int64_t bf16_conv_calls();
+
+// The float32 weight [O, C, kh, kw] as the kernel multiplies it: 64 output channels at a
+// time, per tap (conv_planes.h's order), pairs of input channels rounded to bfloat16 and
+// interleaved per output channel (C padded with a zero channel to an even count, zeros past
+// O).
+at::Tensor pack_bf16_conv_weight(const at::Tensor& weight);
+
+// The convolution of `input` (float32 NHWC [batch, height, width, channels], contiguous) by
+// `packed` (pack_bf16_conv_weight of an [out_channels, channels, kh, kw] weight), plus
+// `bias` ([out_channels] or null), then max(x, 0) keeping NaN where `relu`, into `out`
+// (float32 NHWC [batch, out_h, out_w, out_channels]). The padding is zeros.
+void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
+               int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
+               int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
+               bool relu, float* out);
+
+}  // namespace blade::ral

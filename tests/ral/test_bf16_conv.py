@@ -1,0 +1,116 @@
+"""Blade's own bfloat16 convolution (csrc/ral/bf16_conv.*), as a bf16 engine runs it on a
+CPU with AVX512-BF16 and no AMX: the float32 input rounded to bfloat16 into stride-phase
+planes, register tiles of bf16 pair products summed in float32, bias and ReLU in the
+registers. Compared with a float64 convolution of the same rounded operands, which leaves
+only float32 summation order between them."""
+import pytest
+import torch
+
+import blade
+from blade import _C
+from helpers import assert_ran_compiled
+
+needs_kernel = pytest.mark.skipif(not _C.bf16_conv_available(),
+                                  reason="the kernel runs on AVX512-BF16 CPUs without AMX")
+
+
+def reference(x, weight, bias, stride, padding, relu):
+    out = torch.nn.functional.conv2d(x.bfloat16().double(), weight.bfloat16().double(),
+                                     None if bias is None else bias.double(), stride, padding)
+    return out.clamp_min(0) if relu else out
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [
+    # batch, channels, height, width, out channels, kernel, stride, padding
+    (1, 3, 23, 21, 64, 7, 2, 3),     # a stem: 3 channels (one zero channel), taps in phases
+    (2, 5, 9, 8, 70, 3, 1, 1),       # odd channels; a partial second column block
+    (1, 64, 14, 14, 130, 1, 1, 0),   # a 1x1: the input is rounded without padding
+    (1, 33, 11, 10, 64, 3, 2, 1),    # stride 2 with padding
+    (1, 16, 7, 7, 16, 5, 1, 2),      # a 5x5 (even and odd columns apart in the pack)
+    (3, 8, 6, 9, 20, 3, 2, 0),       # several images, no padding, rows of unequal planes
+    (1, 128, 8, 8, 64, 1, 2, 0),     # a strided 1x1 (a projection shortcut)
+    (1, 7, 5, 4, 9, 3, 3, 2),        # stride 3: 3 x 3 phases
+])
+@pytest.mark.parametrize("relu", [False, True])
+def test_bf16_convolution_matches_the_rounded_reference(shape, relu):
+    n, c, h, w, o, k, s, p = shape
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(n, c, h, w), torch.randn(o, c, k, k), torch.randn(o)
+    calls = _C.bf16_conv_calls()
+    got = _C.bf16_conv2d(x, weight, bias, [s, s], [p, p], relu)
+    assert _C.bf16_conv_calls() == calls + 1
+    want = reference(x, weight, bias, [s, s], [p, p], relu)
+    assert got.shape == want.shape
+    assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
+
+
+@needs_kernel
+def test_bf16_convolution_without_bias_and_past_the_kept_planes():
+    """No bias; planes larger than a thread keeps between calls (made for the call)."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(1, 64, 260, 260), torch.randn(8, 64, 3, 3)
+    got = _C.bf16_conv2d(x, weight, None, [1, 1], [1, 1], False)
+    want = reference(x, weight, None, [1, 1], [1, 1], False)
+    assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
+
+
+@needs_kernel
+def test_bf16_convolution_keeps_nan_and_infinities():
+    """A NaN input gives NaN outputs where its taps reach, ReLU keeps it (torch.relu's NaN),
+    and an infinite one gives infinities (or NaN where signs meet), as eager in bfloat16."""
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(1, 8, 6, 6), torch.randn(4, 8, 3, 3), torch.randn(4)
+    x[0, 2, 1, 1] = float("nan")
+    x[0, 5, 4, 4] = float("inf")
+    for relu in (False, True):
+        got = _C.bf16_conv2d(x, weight, bias, [1, 1], [1, 1], relu)
+        want = reference(x, weight, bias, [1, 1], [1, 1], relu)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.isinf(), want.isinf())
+        finite = want.isfinite()
+        assert float((got.double() - want)[finite].abs().max()) < \
+            1e-5 * float(want[finite].abs().max())
+
+
+@needs_kernel
+def test_bf16_convolution_refuses_mismatched_operands():
+    with pytest.raises(RuntimeError, match=r"bf16_conv2d: float32 x \[N, C, H, W\]"):
+        _C.bf16_conv2d(torch.randn(1, 4, 5, 5), torch.randn(8, 3, 3, 3), None, [1, 1],
+                       [1, 1], False)
+    with pytest.raises(RuntimeError, match="does not fit the padded input"):
+        _C.bf16_conv2d(torch.randn(1, 4, 2, 2), torch.randn(8, 4, 5, 5), None, [1, 1],
+                       [0, 0], False)
+    with pytest.raises(RuntimeError, match="the bias needs 8 float32 values"):
+        _C.bf16_conv2d(torch.randn(1, 4, 5, 5), torch.randn(8, 4, 3, 3), torch.randn(7),
+                       [1, 1], [1, 1], False)
+
+
+@needs_kernel
+def test_bf16_engine_convolves_with_blades_kernel(request):
+    """A bf16 engine's convolutions (trials off: bfloat16 runs) go through the kernel: a
+    ResNet-like block with a strided 3x3, a 1x1 projection and a residual stays within
+    bfloat16's error of eager."""
+    _C.set_kernel_trials(False)
+    request.addfinalizer(lambda: _C.set_kernel_trials(True))
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(24, 48, 3, stride=2, padding=1)
+            self.conv2 = torch.nn.Conv2d(48, 48, 3, padding=1)
+            self.project = torch.nn.Conv2d(24, 48, 1, stride=2)
+
+        def forward(self, x):
+            return torch.relu(self.conv2(torch.relu(self.conv1(x))) + self.project(x))
+
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(2, 24, 15, 15)
+    half = blade.optimize(model, (x,), blade.Config(precision="bf16"))
+    calls = _C.bf16_conv_calls()
+    with torch.no_grad():
+        got = half(x)
+        want = model.double()(x.double())
+    assert _C.bf16_conv_calls() == calls + 3
+    assert_ran_compiled(half)
+    assert float((got.double() - want).abs().max()) < 2e-2 * float(want.abs().max())
