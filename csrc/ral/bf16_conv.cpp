@@ -139,6 +139,56 @@ void tile_rows(const uint16_t* image, int64_t rows, int64_t depth,
   }
 }
 
+// The planes of `batch` NHWC float32 images rounded to bfloat16, `depth` elements a pixel
+// (zeros past the channels and in the padding), at `dst`, plane row by plane row.
+void round_planes(const float* input, int64_t batch, int64_t height, int64_t width,
+                  int64_t channels, int64_t depth, const ConvPlanes& planes, uint16_t* dst) {
+  const int64_t plane_w = planes.plane_w;
+  const int64_t row_elements = plane_w * depth;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / row_elements);
+  at::parallel_for(0, planes.plane_rows(batch), grain, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<uint16_t> rounded;  // an input row, for a few channels a pixel
+    for (int64_t row = begin; row < end; ++row) {
+      const auto [n, h, first_w] = planes.row(row);
+      uint16_t* line_out = dst + row * row_elements;
+      if (h < 0 || h >= height) {
+        std::fill(line_out, line_out + row_elements, uint16_t{0});
+        continue;
+      }
+      const float* line = input + (n * height + h) * width * channels;
+      if (planes.sw == 1 && depth == channels) {  // whole runs of pixels at once
+        const int64_t lo = std::clamp<int64_t>(-first_w, 0, plane_w);
+        const int64_t hi = std::clamp<int64_t>(width - first_w, lo, plane_w);
+        std::fill(line_out, line_out + lo * depth, uint16_t{0});
+        round_values(line + (lo + first_w) * channels, line_out + lo * depth,
+                     (hi - lo) * channels, (plane_w - hi) * depth);
+        continue;
+      }
+      // A few channels a pixel (a stem's): the row rounded in one call, then its pixels
+      // picked, with no call per pixel.
+      const bool whole_row = channels < 16;
+      if (whole_row) {
+        rounded.resize(static_cast<size_t>(width * channels));
+        round_values(line, rounded.data(), width * channels, 0);
+      }
+      for (int64_t x = 0; x < plane_w; ++x) {
+        const int64_t w = x * planes.sw + first_w;
+        uint16_t* pixel = line_out + x * depth;
+        if (w < 0 || w >= width) {
+          std::fill(pixel, pixel + depth, uint16_t{0});
+        } else if (whole_row) {
+          const uint16_t* from = rounded.data() + w * channels;
+          for (int64_t c = 0; c < depth; ++c) {  // no call per pixel
+            pixel[c] = c < channels ? from[c] : uint16_t{0};
+          }
+        } else {
+          round_values(line + w * channels, pixel, channels, depth - channels);
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 int64_t bf16_conv_calls() { return calls.load(std::memory_order_relaxed); }
@@ -215,36 +265,15 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
     large = at::empty({elements}, at::kShort);
     dst = reinterpret_cast<uint16_t*>(large.data_ptr<int16_t>());
   }
-  const int64_t row_elements = plane_w * depth;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / row_elements);
-  at::parallel_for(0, planes.plane_rows(batch), grain, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const auto [n, h, first_w] = planes.row(row);
-      uint16_t* line_out = dst + row * row_elements;
-      if (h < 0 || h >= height) {
-        std::fill(line_out, line_out + row_elements, uint16_t{0});
-        continue;
-      }
-      const float* line = input + (n * height + h) * width * channels;
-      if (planes.sw == 1 && depth == channels) {  // whole runs of pixels at once
-        const int64_t lo = std::clamp<int64_t>(-first_w, 0, plane_w);
-        const int64_t hi = std::clamp<int64_t>(width - first_w, lo, plane_w);
-        std::fill(line_out, line_out + lo * depth, uint16_t{0});
-        round_values(line + (lo + first_w) * channels, line_out + lo * depth,
-                     (hi - lo) * channels, (plane_w - hi) * depth);
-        continue;
-      }
-      for (int64_t x = 0; x < plane_w; ++x) {
-        const int64_t w = x * planes.sw + first_w;
-        uint16_t* pixel = line_out + x * depth;
-        if (w < 0 || w >= width) {
-          std::fill(pixel, pixel + depth, uint16_t{0});
-        } else {
-          round_values(line + w * channels, pixel, channels, depth - channels);
-        }
-      }
-    }
-  });
+  if (planes.input_is_plane() && depth == channels) {
+    // The input is the plane: rounded in even shares (a linear layer's rows are one image
+    // row).
+    at::parallel_for(0, elements, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+      round_values(input + begin, dst + begin, end - begin, 0);
+    });
+  } else {
+    round_planes(input, batch, height, width, channels, depth, planes, dst);
+  }
 
   const std::vector<TapGroup> taps = planes.tap_groups(depth);
   const auto* weights = reinterpret_cast<const uint32_t*>(packed.const_data_ptr<int16_t>());

@@ -6,6 +6,7 @@
 // packed GEMM; anything else is ATen's matmul.
 #include "ral/matmul_kernels.h"
 
+#include "ral/bf16_conv.h"
 #include "ral/bf16_rounding.h"
 #include "ral/blocked_gemm.h"
 #include "ral/conv_kernels.h"
@@ -82,7 +83,8 @@ bool onednn_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t row
   return convolve_into(target, x, w, std::nullopt, false, {0, 0}, {1, 1}, {1, 1}, 1);
 }
 
-// lhs[M, K] @ op(weight) in bfloat16 (a bf16 engine): oneDNN's 1x1 convolution of the rows
+// lhs[M, K] @ op(weight) in bfloat16 (a bf16 engine): Blade's bfloat16 convolution of dense
+// rows by the weight's pack where it runs, else oneDNN's 1x1 convolution of the rows
 // as [1, K, 1, M] channels_last data (convolve_bf16), or, for a row count past the weight's
 // reordered copies, its plain bfloat16 copy in oneDNN's matmul (which reorders it on every
 // call, so slower), the result widened into the rows of `result`. False
@@ -94,6 +96,16 @@ bool bf16_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
   const int64_t n = result.size(-1);
   if (rows <= 0 || k <= 0 || n <= 0) {
     return false;
+  }
+  // Blade's bfloat16 convolution of the rows as a 1 x rows image (bf16_conv.h): no
+  // library call, the rounding and the float32 result in its own passes.
+  if (bf16_conv_available() && lda == k && ldc == n) {
+    const at::Tensor packed = prepared->bf16_linear(weight, transposed);
+    if (packed.defined()) {
+      bf16_conv(lhs.const_data_ptr<float>(), 1, 1, rows, k, packed, n, 1, 1, {1, 1}, {0, 0},
+                nullptr, false, result.data_ptr<float>());
+      return true;
+    }
   }
   const at::Tensor x =
       at::from_blob(lhs.data_ptr(), {1, k, 1, rows}, {rows * lda, 1, rows * lda, lda},

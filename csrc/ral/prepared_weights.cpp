@@ -135,6 +135,27 @@ at::Tensor PreparedWeights::bf16_conv(const at::Tensor& weight) {
   return it->second;
 }
 
+at::Tensor PreparedWeights::bf16_linear(const at::Tensor& weight, bool transposed) {
+  if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
+    return at::Tensor();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto key = std::make_pair(static_cast<const void*>(weight.data_ptr()), transposed);
+  auto it = bf16_linears_.find(key);
+  if (it == bf16_linears_.end()) {
+    if (!fits_limit(static_cast<int64_t>(weight.nbytes() / 2))) {
+      return at::Tensor();
+    }
+    restore_locked(weight.data_ptr());
+    const at::Tensor n_by_k = transposed ? weight : weight.t();
+    it = bf16_linears_
+             .emplace(key, pack_bf16_conv_weight(n_by_k.contiguous().unsqueeze(2).unsqueeze(3)))
+             .first;
+    count(it->second);
+  }
+  return it->second;
+}
+
 at::Tensor PreparedWeights::depthwise(const at::Tensor& weight) {
   if (weight.dim() != 4 || weight.size(1) != 1 || weight.scalar_type() != at::kFloat ||
       !is_param(weight)) {
@@ -338,8 +359,8 @@ int64_t PreparedWeights::packed_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t count =
       static_cast<int64_t>(packs_.size() + winograd_.size() + depthwise_.size() +
-                           bf16_convs_.size() + bf16_matrices_.size() + k_by_n_.size() +
-                           int8_.size());
+                           bf16_convs_.size() + bf16_linears_.size() +
+                           bf16_matrices_.size() + k_by_n_.size() + int8_.size());
   for (const auto& entry : onednn_) {
     count += entry.second.defined() ? 1 : 0;
   }

@@ -130,6 +130,10 @@ class PreparedWeights {
   // (bf16_conv.h), made once for every input size; undefined when `weight` is not such a
   // param or the copy would pass the limit.
   at::Tensor bf16_conv(const at::Tensor& weight);
+  // A 2-d float32 param as that pack of the 1x1 convolution weight [N, K, 1, 1] of the
+  // linear layer multiplying by it (`weight` is [N, K] when `transposed`, else [K, N]),
+  // made once for every row count; undefined as above.
+  at::Tensor bf16_linear(const at::Tensor& weight, bool transposed);
   // An int8 weight as oneDNN's packed copy (`pack()`: onednn::qlinear_prepack or
   // qconv_prepack), made once per `key` (what else the packing depends on: a convolution's
   // input size, strides, input range) if `weight` is a param; otherwise an undefined
@@ -302,6 +306,7 @@ class PreparedWeights {
   std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
   std::map<const void*, at::Tensor> depthwise_;      // weight data -> its [kh, kw, C] filters
   std::map<const void*, at::Tensor> bf16_convs_;     // weight data -> bf16_conv's pack
+  std::map<std::pair<const void*, bool>, at::Tensor> bf16_linears_;  // (data, transposed)
   // (weight data, key) -> oneDNN's int8 pack
   std::map<std::pair<const void*, std::vector<int64_t>>, at::Tensor> int8_;
   std::map<std::pair<const void*, bool>, at::Tensor> bf16_matrices_;  // (data, transposed)

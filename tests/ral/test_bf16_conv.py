@@ -114,3 +114,25 @@ def test_bf16_engine_convolves_with_blades_kernel(request):
     assert _C.bf16_conv_calls() == calls + 3
     assert_ran_compiled(half)
     assert float((got.double() - want).abs().max()) < 2e-2 * float(want.abs().max())
+
+
+@needs_kernel
+def test_bf16_engine_multiplies_linear_layers_with_blades_kernel():
+    """A bf16 engine's linear layers are 1x1 convolutions of their rows by each weight's
+    pack, made once for every row count: a dynamic engine serves other row counts with it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 130), torch.nn.GELU(),
+                                torch.nn.Linear(130, 33)).eval()
+    half = blade.optimize(model, (torch.randn(7, 64),),
+                          blade.Config(precision="bf16", dynamic=True))
+    with torch.no_grad():
+        for rows in (7, 1, 12, 100):
+            x = torch.randn(rows, 64)
+            calls = _C.bf16_conv_calls()
+            got = half(x)
+            assert _C.bf16_conv_calls() == calls + 2
+            want = model.double()(x.double())
+            model.float()
+            assert float((got.double() - want).abs().max()) < 2e-2 * float(want.abs().max())
+    report = assert_ran_compiled(half)
+    assert report.clusters[0].packed_weights == 2, str(report)
