@@ -268,10 +268,12 @@ PYBIND11_MODULE(_C, m) {
         TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && stride[0] > 0 &&
                         stride[1] > 0 && padding[0] >= 0 && padding[1] >= 0,
                     "bf16_conv2d: two positive strides and two paddings are needed");
+        TORCH_CHECK(x.size(2) + 2 * padding[0] >= weight.size(2) &&
+                        x.size(3) + 2 * padding[1] >= weight.size(3),
+                    "bf16_conv2d: the filter ", weight.sizes(), " does not fit the padded input ",
+                    x.sizes());
         const int64_t out_h = (x.size(2) + 2 * padding[0] - weight.size(2)) / stride[0] + 1;
         const int64_t out_w = (x.size(3) + 2 * padding[1] - weight.size(3)) / stride[1] + 1;
-        TORCH_CHECK(out_h > 0 && out_w > 0, "bf16_conv2d: the filter ", weight.sizes(),
-                    " does not fit the padded input ", x.sizes());
         const at::Tensor nhwc = x.permute({0, 2, 3, 1}).contiguous();
         const at::Tensor packed = ral::pack_bf16_conv_weight(weight);
         const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();

@@ -200,6 +200,11 @@ bool bf16_conv_available() {
   return available;
 }
 
+int64_t bf16_conv_pack_bytes(int64_t out_channels, int64_t channels, int64_t kh, int64_t kw) {
+  const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
+  return blocks * kh * kw * padded_depth(channels) * kColumnBlock * 2;
+}
+
 at::Tensor pack_bf16_conv_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 4,
               "pack_bf16_conv_weight: a float32 [O, C, kh, kw] weight is needed, got ",
@@ -238,6 +243,8 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
               stride, " and ", padding);
   const ConvPlanes planes(height, width, kh, kw, stride[0], stride[1], padding[0],
                           padding[1]);
+  TORCH_CHECK(planes.filter_fits(), "bf16_conv: a ", kh, " x ", kw, " filter does not fit the ",
+              height, " x ", width, " input padded by ", padding);
   const int64_t depth = padded_depth(channels);
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
   const int64_t block_elements = kh * kw * depth * kColumnBlock;
@@ -247,6 +254,15 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
   const int64_t out_h = planes.out_h, out_w = planes.out_w;
   calls.fetch_add(1, std::memory_order_relaxed);
   if (batch <= 0 || out_h <= 0 || out_w <= 0 || out_channels <= 0) {
+    return;
+  }
+  if (channels == 0) {  // no products: the bias (and ReLU) alone
+    for (int64_t p = 0; p < batch * out_h * out_w; ++p) {
+      for (int64_t o = 0; o < out_channels; ++o) {
+        const float value = bias != nullptr ? bias[o] : 0.0f;
+        out[p * out_channels + o] = relu && value < 0.0f ? 0.0f : value;
+      }
+    }
     return;
   }
 

@@ -25,11 +25,14 @@ int64_t bf16_conv_calls();
 // interleaved per output channel (C padded with a zero channel to an even count, zeros past
 // O).
 at::Tensor pack_bf16_conv_weight(const at::Tensor& weight);
+// The bytes of that pack for an [out_channels, channels, kh, kw] weight.
+int64_t bf16_conv_pack_bytes(int64_t out_channels, int64_t channels, int64_t kh, int64_t kw);
 
 // The convolution of `input` (float32 NHWC [batch, height, width, channels], contiguous) by
 // `packed` (pack_bf16_conv_weight of an [out_channels, channels, kh, kw] weight), plus
 // `bias` ([out_channels] or null), then max(x, 0) keeping NaN where `relu`, into `out`
-// (float32 NHWC [batch, out_h, out_w, out_channels]). The padding is zeros.
+// (float32 NHWC [batch, out_h, out_w, out_channels]). The padding is zeros. The filter must
+// fit the padded input.
 void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
                int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
                int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,

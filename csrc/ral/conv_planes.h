@@ -63,6 +63,8 @@ struct ConvPlanes {
         plane_h((height + 2 * ph + sh - 1) / sh + (shared_padding && pw > 0 ? 1 : 0)),
         plane_w(shared_padding ? width + pw : (width + 2 * pw + sw - 1) / sw) {}
 
+  // Whether the filter fits the padded input (else the sizes above mean nothing).
+  bool filter_fits() const { return height + 2 * ph >= kh && width + 2 * pw >= kw; }
   // Whether the input, as it is, is the one plane (no padding or stride).
   bool input_is_plane() const { return ph == 0 && pw == 0 && sh == 1 && sw == 1; }
   int64_t phases() const { return phases_h * phases_w; }
@@ -83,14 +85,20 @@ struct ConvPlanes {
     return {row / plane_h / phases(), y * sh + phase / phases_w - ph, phase % phases_w - pw};
   }
 
-  // Each tap's input offset from a row's, in tap_order; runs of taps reading adjacent
-  // pixels grouped.
+  // Each tap's input offset from a row's, in tap_order.
+  std::vector<int64_t> tap_offsets(int64_t depth) const {
+    std::vector<int64_t> offsets;
+    for (const auto& [i, j] : tap_order(kh, kw)) {
+      offsets.push_back(((i % sh) * phases_w + j % sw) * plane_elements(depth) +
+                        ((i / sh) * plane_w + j / sw) * depth);
+    }
+    return offsets;
+  }
+  // The same taps, runs of them reading adjacent pixels grouped.
   std::vector<TapGroup> tap_groups(int64_t depth) const {
     std::vector<TapGroup> groups;
     int64_t t = 0;
-    for (const auto& [i, j] : tap_order(kh, kw)) {
-      const int64_t offset = ((i % sh) * phases_w + j % sw) * plane_elements(depth) +
-                             ((i / sh) * plane_w + j / sw) * depth;
+    for (const int64_t offset : tap_offsets(depth)) {
       if (!groups.empty() && offset == groups.back().offset + groups.back().depth) {
         groups.back().depth += depth;
       } else {

@@ -558,6 +558,8 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   TORCH_CHECK(sh > 0 && sw > 0 && ph >= 0 && pw >= 0, "int8_conv: strides must be positive "
               "and padding not negative, got ", stride, " and ", padding);
   const ConvPlanes planes(height, width, kh, kw, sh, sw, ph, pw);
+  TORCH_CHECK(planes.filter_fits(), "int8_conv: a ", kh, " x ", kw, " filter does not fit the ",
+              height, " x ", width, " input padded by ", padding);
   const int64_t out_h = planes.out_h, out_w = planes.out_w;
   const int64_t taps = kh * kw;
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
@@ -665,13 +667,8 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t step = (rows + row_blocks - 1) / row_blocks;
   // Each tap's input offset from a row's (the microkernel's calls), and runs of taps
   // reading adjacent pixels grouped (the register tiles').
+  const std::vector<int64_t> tap_offsets = planes.tap_offsets(depth);
   const std::vector<TapGroup> groups = planes.tap_groups(depth);
-  std::vector<int64_t> tap_offsets;
-  for (const TapGroup& group : groups) {
-    for (int64_t d = 0; d < group.depth; d += depth) {
-      tap_offsets.push_back(group.offset + d);
-    }
-  }
   const auto finish = for_epilogue<FinishBlock>(e);
   const auto tiles = for_epilogue<TileRows>(e);
   const int64_t tasks = batch * row_blocks * blocks;

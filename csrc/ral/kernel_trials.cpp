@@ -2,6 +2,7 @@
 // the copy the other prepared freed (PreparedWeights::next_kernel, prepared_weights.h).
 #include "ral/kernel_trials.h"
 
+#include "ral/bf16_conv.h"
 #include "ral/mkl_functions.h"
 #include "ral/prepared_weights.h"
 
@@ -247,7 +248,8 @@ const char* kernel_name(PreparedWeights::Kernel kernel) {
     case PreparedWeights::Kernel::kGemm: return "plain-weight GEMM";
     case PreparedWeights::Kernel::kDepthwise: return "Blade depthwise";
     case PreparedWeights::Kernel::kInt8Conv: return "Blade int8";
-    case PreparedWeights::Kernel::kBf16: return "bfloat16";
+    case PreparedWeights::Kernel::kBf16:  // Blade's where it runs (bf16_conv.h)
+      return bf16_conv_available() ? "Blade bfloat16" : "oneDNN bfloat16";
   }
   return "?";
 }

@@ -97,12 +97,13 @@ bool bf16_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
   if (rows <= 0 || k <= 0 || n <= 0) {
     return false;
   }
-  // Blade's bfloat16 convolution of the rows as a 1 x rows image (bf16_conv.h): no
-  // library call, the rounding and the float32 result in its own passes.
+  // Blade's bfloat16 convolution of the rows as a rows x 1 image (bf16_conv.h; its plane
+  // rows are the matrix's, rounded on the threads): no library call, the rounding and the
+  // float32 result in its own passes.
   if (bf16_conv_available() && lda == k && ldc == n) {
     const at::Tensor packed = prepared->bf16_linear(weight, transposed);
     if (packed.defined()) {
-      bf16_conv(lhs.const_data_ptr<float>(), 1, 1, rows, k, packed, n, 1, 1, {1, 1}, {0, 0},
+      bf16_conv(lhs.const_data_ptr<float>(), 1, rows, 1, k, packed, n, 1, 1, {1, 1}, {0, 0},
                 nullptr, false, result.data_ptr<float>());
       return true;
     }

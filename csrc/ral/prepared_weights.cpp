@@ -125,7 +125,8 @@ at::Tensor PreparedWeights::bf16_conv(const at::Tensor& weight) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = bf16_convs_.find(weight.data_ptr());
   if (it == bf16_convs_.end()) {
-    if (!fits_limit(static_cast<int64_t>(weight.nbytes() / 2))) {
+    if (!fits_limit(bf16_conv_pack_bytes(weight.size(0), weight.size(1), weight.size(2),
+                                         weight.size(3)))) {
       return at::Tensor();
     }
     restore_locked(weight.data_ptr());
@@ -143,7 +144,8 @@ at::Tensor PreparedWeights::bf16_linear(const at::Tensor& weight, bool transpose
   const auto key = std::make_pair(static_cast<const void*>(weight.data_ptr()), transposed);
   auto it = bf16_linears_.find(key);
   if (it == bf16_linears_.end()) {
-    if (!fits_limit(static_cast<int64_t>(weight.nbytes() / 2))) {
+    const int64_t n = weight.size(transposed ? 0 : 1), k = weight.size(transposed ? 1 : 0);
+    if (!fits_limit(bf16_conv_pack_bytes(n, k, 1, 1))) {
       return at::Tensor();
     }
     restore_locked(weight.data_ptr());

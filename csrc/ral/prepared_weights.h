@@ -21,12 +21,14 @@
 // (mkl_functions.h), nothing is packed and matmuls run as before.
 //
 // An engine built with precision='bf16' multiplies and convolves by its weights in
-// bfloat16 with float32 accumulation (oneDNN's avx512_bf16 kernels, about twice float32's
-// throughput): each weight gets a bfloat16 copy (`bf16_matrix`, or `onednn_weight` with
-// `bf16`), the float32 rows or NHWC input are rounded to bfloat16 on each call, and the
-// result (rounded to bfloat16 by oneDNN, as autocast's is) is widened into the engine's
-// float32 buffer; a convolution keeps that or its float32 kernels, whichever its precision
-// trial finds faster. Everything else the engine computes stays float32.
+// bfloat16 with float32 accumulation (about twice float32's throughput): on AVX512-BF16
+// without AMX by Blade's kernel (bf16_conv.h) and a pack of each weight (`bf16_conv`,
+// `bf16_linear`), which rounds the float32 rows or NHWC input as it reads them and writes
+// the float32 sums; elsewhere by oneDNN's kernels and a bfloat16 copy (`bf16_matrix`, or
+// `onednn_weight` with `bf16`), the input rounded on each call and the result (rounded to
+// bfloat16 by oneDNN, as autocast's is) widened into the engine's float32 buffer. A
+// convolution keeps that or its float32 kernels, whichever its precision trial finds
+// faster. Everything else the engine computes stays float32.
 //
 // One class, three files: the copies (prepared_weights.cpp), the kernel trials that decide
 // which copy a weight keeps (kernel_trials.cpp, kernel_trials.h) and the release of the

@@ -31,18 +31,40 @@ def reference(x, weight, bias, stride, padding, relu):
     (3, 8, 6, 9, 20, 3, 2, 0),       # several images, no padding, rows of unequal planes
     (1, 128, 8, 8, 64, 1, 2, 0),     # a strided 1x1 (a projection shortcut)
     (1, 7, 5, 4, 9, 3, 3, 2),        # stride 3: 3 x 3 phases
+    # kernel (rows, columns), stride and padding differing between the two axes
+    (1, 6, 9, 10, 12, (3, 1), (2, 1), (1, 0)),  # row phases, shared padding's extra row
+    (1, 6, 9, 10, 12, (1, 3), (1, 2), (0, 1)),  # column phases only
+    (2, 4, 7, 8, 8, (5, 7), (2, 1), (2, 3)),    # a 5 x 7 filter
+    (1, 4, 6, 6, 8, (3, 3), (1, 1), (3, 3)),    # padding as wide as the filter: no sharing
+    (1, 5, 2, 2, 8, (2, 2), (3, 3), (0, 0)),    # stride past the filter
 ])
 @pytest.mark.parametrize("relu", [False, True])
 def test_bf16_convolution_matches_the_rounded_reference(shape, relu):
     n, c, h, w, o, k, s, p = shape
+    k, s, p = [v if isinstance(v, tuple) else (v, v) for v in (k, s, p)]
     torch.manual_seed(0)
-    x, weight, bias = torch.randn(n, c, h, w), torch.randn(o, c, k, k), torch.randn(o)
+    x, weight, bias = torch.randn(n, c, h, w), torch.randn(o, c, *k), torch.randn(o)
     calls = _C.bf16_conv_calls()
-    got = _C.bf16_conv2d(x, weight, bias, [s, s], [p, p], relu)
+    got = _C.bf16_conv2d(x, weight, bias, list(s), list(p), relu)
     assert _C.bf16_conv_calls() == calls + 1
-    want = reference(x, weight, bias, [s, s], [p, p], relu)
+    want = reference(x, weight, bias, list(s), list(p), relu)
     assert got.shape == want.shape
     assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
+
+
+@needs_kernel
+def test_bf16_convolution_of_empty_sizes():
+    """No input channels: an empty sum, so the bias alone (and its ReLU); no images:
+    nothing."""
+    bias = torch.tensor([1.5, -2.0, 0.25])
+    for relu in (False, True):
+        got = _C.bf16_conv2d(torch.randn(2, 0, 5, 4), torch.randn(3, 0, 3, 3), bias, [1, 1],
+                             [1, 1], relu)
+        want = (bias.clamp_min(0) if relu else bias).view(1, 3, 1, 1).expand(2, 3, 5, 4)
+        torch.testing.assert_close(got, want)
+    got = _C.bf16_conv2d(torch.randn(0, 4, 5, 5), torch.randn(3, 4, 3, 3), None, [1, 1],
+                         [1, 1], False)
+    assert got.shape == (0, 3, 5, 5)
 
 
 @needs_kernel
@@ -78,9 +100,13 @@ def test_bf16_convolution_refuses_mismatched_operands():
     with pytest.raises(RuntimeError, match=r"bf16_conv2d: float32 x \[N, C, H, W\]"):
         _C.bf16_conv2d(torch.randn(1, 4, 5, 5), torch.randn(8, 3, 3, 3), None, [1, 1],
                        [1, 1], False)
-    with pytest.raises(RuntimeError, match="does not fit the padded input"):
-        _C.bf16_conv2d(torch.randn(1, 4, 2, 2), torch.randn(8, 4, 5, 5), None, [1, 1],
-                       [0, 0], False)
+    for stride in ([1, 1], [2, 2]):  # with stride 2 the output size alone would pass
+        with pytest.raises(RuntimeError, match="does not fit the padded input"):
+            _C.bf16_conv2d(torch.randn(1, 4, 2, 2), torch.randn(8, 4, 5, 5), None, stride,
+                           [0, 0], False)
+        with pytest.raises(RuntimeError, match="does not fit the padded input"):
+            _C.bf16_conv2d(torch.randn(1, 4, 2, 2), torch.randn(8, 4, 3, 3), None, stride,
+                           [0, 0], False)
     with pytest.raises(RuntimeError, match="the bias needs 8 float32 values"):
         _C.bf16_conv2d(torch.randn(1, 4, 5, 5), torch.randn(8, 4, 3, 3), torch.randn(7),
                        [1, 1], [1, 1], False)
@@ -121,13 +147,13 @@ def test_bf16_engine_multiplies_linear_layers_with_blades_kernel():
     """A bf16 engine's linear layers are 1x1 convolutions of their rows by each weight's
     pack, made once for every row count: a dynamic engine serves other row counts with it."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 130), torch.nn.GELU(),
-                                torch.nn.Linear(130, 33)).eval()
-    half = blade.optimize(model, (torch.randn(7, 64),),
+    model = torch.nn.Sequential(torch.nn.Linear(63, 130), torch.nn.GELU(),
+                                torch.nn.Linear(130, 33)).eval()  # an odd depth: padded
+    half = blade.optimize(model, (torch.randn(7, 63),),
                           blade.Config(precision="bf16", dynamic=True))
     with torch.no_grad():
         for rows in (7, 1, 12, 100):
-            x = torch.randn(rows, 64)
+            x = torch.randn(rows, 63)
             calls = _C.bf16_conv_calls()
             got = half(x)
             assert _C.bf16_conv_calls() == calls + 2
