@@ -52,20 +52,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_value
   std::fill(dst + n, dst + n + pad, uint16_t{0});
 }
 
-// A tile of kRows output pixels (as `walk` steps over them) by one block of 64 output
-// channels (`width` of them real): the products of every tap group summed in 4 x kRows
-// registers, then the bias and ReLU, stored as float32.
+// A tile of kRows output pixels (as `walk` steps over them; plane pixel p at `image` + (p -
+// `base`) x depth) by one block of 64 output channels (`width` of them real): the products
+// of every tap group summed in 4 x kRows registers, then the bias and ReLU, stored as
+// float32.
 template <int kRows>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_tile(
-    const uint16_t* image, int64_t depth, const std::vector<TapGroup>& taps, const uint32_t* b,
-    RowWalk& walk, int64_t width, int64_t out_channels, int64_t column, const float* bias,
-    bool relu, float* out) {
+    const uint16_t* image, int64_t base, int64_t depth, const std::vector<TapGroup>& taps,
+    const uint32_t* b, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
+    const float* bias, bool relu, float* out) {
   int64_t pixels[kRows];
   const uint16_t* x[kRows];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     pixels[r] = walk.next();
-    x[r] = image + walk.plane_row * depth;
+    x[r] = image + (walk.plane_row - base) * depth;
   }
   __m512 acc[kRows][4];
 #pragma GCC unroll 8
@@ -123,19 +124,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_tile(
 
 // `rows` output pixels from `walk`'s on by one block of output channels, in tiles of
 // kTileRows and a shorter last one.
-void tile_rows(const uint16_t* image, int64_t rows, int64_t depth,
+void tile_rows(const uint16_t* image, int64_t base, int64_t rows, int64_t depth,
                const std::vector<TapGroup>& taps, const uint32_t* b, RowWalk walk,
                int64_t width, int64_t out_channels, int64_t column, const float* bias,
                bool relu, float* out) {
-  using Tile = void (*)(const uint16_t*, int64_t, const std::vector<TapGroup>&,
+  using Tile = void (*)(const uint16_t*, int64_t, int64_t, const std::vector<TapGroup>&,
                         const uint32_t*, RowWalk&, int64_t, int64_t, int64_t, const float*,
                         bool, float*);
   static constexpr Tile kTiles[] = {nullptr,      bf16_tile<1>, bf16_tile<2>, bf16_tile<3>,
                                     bf16_tile<4>, bf16_tile<5>, bf16_tile<6>};
   static_assert(std::size(kTiles) == kTileRows + 1);
   for (int64_t r = 0; r < rows; r += kTileRows) {
-    kTiles[std::min(kTileRows, rows - r)](image, depth, taps, b, walk, width, out_channels,
-                                          column, bias, relu, out);
+    kTiles[std::min(kTileRows, rows - r)](image, base, depth, taps, b, walk, width,
+                                          out_channels, column, bias, relu, out);
   }
 }
 
@@ -266,35 +267,10 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
     return;
   }
 
-  // The input rounded into the planes, in the calling thread's buffer up to
-  // kKeptPlaneBytes (a fresh large allocation is faulted in on every call).
-  const int64_t plane_w = planes.plane_w;
-  const int64_t image_elements = planes.image_elements(depth);
-  const int64_t elements = batch * image_elements;
-  thread_local std::vector<uint16_t> kept;
-  at::Tensor large;
-  uint16_t* dst = nullptr;
-  if (elements * 2 <= kKeptPlaneBytes) {
-    kept.resize(std::max<size_t>(kept.size(), static_cast<size_t>(elements)));
-    dst = kept.data();
-  } else {
-    large = at::empty({elements}, at::kShort);
-    dst = reinterpret_cast<uint16_t*>(large.data_ptr<int16_t>());
-  }
-  if (planes.input_is_plane() && depth == channels) {
-    // The input is the plane: rounded in even shares (a linear layer's rows are one image
-    // row).
-    at::parallel_for(0, elements, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
-      round_values(input + begin, dst + begin, end - begin, 0);
-    });
-  } else {
-    round_planes(input, batch, height, width, channels, depth, planes, dst);
-  }
-
   const std::vector<TapGroup> taps = planes.tap_groups(depth);
   const auto* weights = reinterpret_cast<const uint32_t*>(packed.const_data_ptr<int16_t>());
   // Tasks: blocks of output pixels (whole tiles but the last) by column blocks. Where the
-  // weight outweighs the planes (a deep layer's), column blocks are the outer order, so
+  // weight outweighs the input (a deep layer's), column blocks are the outer order, so
   // each thread reads its share of the weight; else each reads its share of the input.
   const int64_t rows = out_h * out_w;
   const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
@@ -303,16 +279,62 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
   const int64_t steps = (rows + step - 1) / step;
   const int64_t tasks = batch * steps * blocks;
   const bool columns_outer = blocks * block_elements > batch * rows * depth;
+  // A 1x1 convolution of stride 1 taking its rows in turn rounds each block of them just
+  // before its products, in the thread's cache (a large image's planes went through
+  // memory twice more). Otherwise the planes are made first.
+  const bool rows_in_turn = !columns_outer && kh == 1 && kw == 1 &&
+                            planes.input_is_plane() && depth == channels;
+  const int64_t image_elements = planes.image_elements(depth);
+  uint16_t* dst = nullptr;
+  at::Tensor large;
+  if (!rows_in_turn) {
+    // The calling thread's buffer up to kKeptPlaneBytes (a fresh large allocation is
+    // faulted in on every call).
+    const int64_t elements = batch * image_elements;
+    thread_local std::vector<uint16_t> kept;
+    if (elements * 2 <= kKeptPlaneBytes) {
+      kept.resize(std::max<size_t>(kept.size(), static_cast<size_t>(elements)));
+      dst = kept.data();
+    } else {
+      large = at::empty({elements}, at::kShort);
+      dst = reinterpret_cast<uint16_t*>(large.data_ptr<int16_t>());
+    }
+    if (planes.input_is_plane() && depth == channels) {
+      // The input is the plane: rounded in even shares.
+      at::parallel_for(0, elements, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+        round_values(input + begin, dst + begin, end - begin, 0);
+      });
+    } else {
+      round_planes(input, batch, height, width, channels, depth, planes, dst);
+    }
+  }
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<uint16_t> block_rows;  // rows_in_turn's rounded rows
+    int64_t rounded = -1;                           // the image row they are
     for (int64_t task = begin; task < end; ++task) {
       const int64_t block = columns_outer ? task / (batch * steps) : task % blocks;
       const int64_t image_row = columns_outer ? task % (batch * steps) : task / blocks;
       const int64_t n = image_row / steps;
       const int64_t first = (image_row % steps) * step;
+      const int64_t count = std::min(step, rows - first);
+      const uint16_t* image = nullptr;
+      int64_t base = 0;
+      if (!rows_in_turn) {
+        image = dst + n * image_elements;
+      } else {
+        if (rounded != image_row) {  // the row block's other column blocks reuse it
+          block_rows.resize(std::max<size_t>(block_rows.size(),
+                                             static_cast<size_t>(count * depth)));
+          round_values(input + (n * rows + first) * channels, block_rows.data(),
+                       count * channels, 0);
+          rounded = image_row;
+        }
+        image = block_rows.data();
+        base = first;
+      }
       const int64_t column = block * kColumnBlock;
-      tile_rows(dst + n * image_elements, std::min(step, rows - first), depth, taps,
-                weights + block * block_elements / 2,
-                RowWalk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/true),
+      tile_rows(image, base, count, depth, taps, weights + block * block_elements / 2,
+                RowWalk(n, first, planes.plane_w, batch, out_h, out_w, /*pixels=*/true),
                 std::min(kColumnBlock, out_channels - column), out_channels, column, bias,
                 relu, out);
     }

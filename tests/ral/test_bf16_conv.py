@@ -25,7 +25,9 @@ def reference(x, weight, bias, stride, padding, relu):
     # batch, channels, height, width, out channels, kernel, stride, padding
     (1, 3, 23, 21, 64, 7, 2, 3),     # a stem: 3 channels (one zero channel), taps in phases
     (2, 5, 9, 8, 70, 3, 1, 1),       # odd channels; a partial second column block
-    (1, 64, 14, 14, 130, 1, 1, 0),   # a 1x1: the input is rounded without padding
+    (1, 64, 14, 14, 130, 1, 1, 0),   # a 1x1 (more input than weight): rows rounded in turn
+    (2, 32, 25, 21, 40, 1, 1, 0),    # the same over several images and row blocks
+    (1, 64, 3, 3, 256, 1, 1, 0),     # a 1x1 with more weight than input: rounded first
     (1, 33, 11, 10, 64, 3, 2, 1),    # stride 2 with padding
     (1, 16, 7, 7, 16, 5, 1, 2),      # a 5x5 (even and odd columns apart in the pack)
     (3, 8, 6, 9, 20, 3, 2, 0),       # several images, no padding, rows of unequal planes
