@@ -17,10 +17,13 @@
 namespace blade::ral {
 namespace {
 
-// Output channels per block (four 16-lane vectors), output pixels per tile, and the most
-// output pixels a task's block of rows covers.
+// Output channels per block (four 16-lane vectors), output pixels per tile of a whole
+// block, and the most output pixels a task's block of rows covers: a multiple of
+// kTileRows, or of kStepRows where a narrower block's tiles (8 or 12 rows) run too, so that
+// its tiles are whole but the last.
 constexpr int64_t kColumnBlock = 64;
 constexpr int64_t kTileRows = 6;
+constexpr int64_t kStepRows = 24;
 constexpr int64_t kMaxRowBlock = 120;
 // The most bytes of planes a thread keeps between calls (larger ones are made per call).
 constexpr int64_t kKeptPlaneBytes = int64_t{8} << 20;
@@ -53,26 +56,26 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_value
 }
 
 // A tile of kRows output pixels (as `walk` steps over them; plane pixel p at `image` + (p -
-// `base`) x depth) by one block of 64 output channels (`width` of them real): the products
-// of every tap group summed in 4 x kRows registers, then the bias and ReLU, stored as
-// float32.
-template <int kRows>
+// `base`) x depth) by kVecs x 16 output channels of a block (`width` of them real): the
+// products of every tap group summed in kVecs x kRows registers, then the bias and ReLU,
+// stored as float32.
+template <int kRows, int kVecs>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_tile(
     const uint16_t* image, int64_t base, int64_t depth, const std::vector<TapGroup>& taps,
     const uint32_t* b, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
     const float* bias, bool relu, float* out) {
   int64_t pixels[kRows];
   const uint16_t* x[kRows];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
     pixels[r] = walk.next();
     x[r] = image + (walk.plane_row - base) * depth;
   }
-  __m512 acc[kRows][4];
-#pragma GCC unroll 8
+  __m512 acc[kRows][kVecs];
+#pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < kVecs; ++v) {
       acc[r][v] = _mm512_setzero_ps();
     }
   }
@@ -80,38 +83,38 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_tile(
     const uint32_t* b_group = b + group.weight_row / 2 * kColumnBlock;
     for (int64_t k = 0; k < group.depth; k += 2) {
       const uint32_t* row = b_group + k / 2 * kColumnBlock;
-      __m512bh w[4];
+      __m512bh w[kVecs];
 #pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) {
+      for (int v = 0; v < kVecs; ++v) {
         w[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + 16 * v));
       }
-#pragma GCC unroll 8
+#pragma GCC unroll 12
       for (int r = 0; r < kRows; ++r) {
         uint32_t bits;
         std::memcpy(&bits, x[r] + group.offset + k, sizeof bits);
         const __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(bits)));
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; ++v) {
+        for (int v = 0; v < kVecs; ++v) {
           acc[r][v] = _mm512_dpbf16_ps(acc[r][v], pair, w[v]);
         }
       }
     }
   }
-  __mmask16 masks[4];
-  __m512 offset[4];
+  __mmask16 masks[kVecs];
+  __m512 offset[kVecs];
 #pragma GCC unroll 4
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < kVecs; ++v) {
     const int64_t left = std::clamp<int64_t>(width - 16 * v, 0, 16);
     masks[v] = static_cast<__mmask16>((1u << left) - 1);
     offset[v] = bias != nullptr ? _mm512_maskz_loadu_ps(masks[v], bias + column + 16 * v)
                                 : _mm512_setzero_ps();
   }
   const __m512 zero = _mm512_setzero_ps();
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
     float* at = out + pixels[r] * out_channels + column;
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < kVecs; ++v) {
       __m512 value = _mm512_add_ps(acc[r][v], offset[v]);
       if (relu) {
         value = _mm512_max_ps(zero, value);  // the second operand where either is NaN
@@ -122,21 +125,63 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_tile(
 }
 #pragma GCC diagnostic pop
 
-// `rows` output pixels from `walk`'s on by one block of output channels, in tiles of
-// kTileRows and a shorter last one.
+// The tile of `left` < kRows rows (the last of a block), by kVecs vectors.
+template <int kVecs, int kRows>
+void tail_tile(int64_t left, const uint16_t* image, int64_t base, int64_t depth,
+               const std::vector<TapGroup>& taps, const uint32_t* b, RowWalk& walk,
+               int64_t width, int64_t out_channels, int64_t column, const float* bias,
+               bool relu, float* out) {
+  if constexpr (kRows > 0) {
+    if (left == kRows) {
+      bf16_tile<kRows, kVecs>(image, base, depth, taps, b, walk, width, out_channels, column,
+                              bias, relu, out);
+      return;
+    }
+    tail_tile<kVecs, kRows - 1>(left, image, base, depth, taps, b, walk, width, out_channels,
+                                column, bias, relu, out);
+  }
+}
+
+// `rows` output pixels from `walk`'s on by kVecs vectors of one block of output channels,
+// in tiles of kRows (about 24 sums in registers, which the dot products' latency needs)
+// and a shorter last one.
+template <int kVecs, int kRows>
+void tiles_of(const uint16_t* image, int64_t base, int64_t rows, int64_t depth,
+              const std::vector<TapGroup>& taps, const uint32_t* b, RowWalk& walk,
+              int64_t width, int64_t out_channels, int64_t column, const float* bias,
+              bool relu, float* out) {
+  int64_t r = 0;
+  for (; r + kRows <= rows; r += kRows) {
+    bf16_tile<kRows, kVecs>(image, base, depth, taps, b, walk, width, out_channels, column,
+                            bias, relu, out);
+  }
+  tail_tile<kVecs, kRows - 1>(rows - r, image, base, depth, taps, b, walk, width,
+                              out_channels, column, bias, relu, out);
+}
+
+// `rows` output pixels from `walk`'s on by one block of output channels, its `width` real
+// ones in as few vectors as cover them (a narrow layer's block is mostly padding).
 void tile_rows(const uint16_t* image, int64_t base, int64_t rows, int64_t depth,
                const std::vector<TapGroup>& taps, const uint32_t* b, RowWalk walk,
                int64_t width, int64_t out_channels, int64_t column, const float* bias,
                bool relu, float* out) {
-  using Tile = void (*)(const uint16_t*, int64_t, int64_t, const std::vector<TapGroup>&,
-                        const uint32_t*, RowWalk&, int64_t, int64_t, int64_t, const float*,
-                        bool, float*);
-  static constexpr Tile kTiles[] = {nullptr,      bf16_tile<1>, bf16_tile<2>, bf16_tile<3>,
-                                    bf16_tile<4>, bf16_tile<5>, bf16_tile<6>};
-  static_assert(std::size(kTiles) == kTileRows + 1);
-  for (int64_t r = 0; r < rows; r += kTileRows) {
-    kTiles[std::min(kTileRows, rows - r)](image, base, depth, taps, b, walk, width,
-                                          out_channels, column, bias, relu, out);
+  switch ((width + 15) / 16) {
+    case 1:
+      tiles_of<1, 12>(image, base, rows, depth, taps, b, walk, width, out_channels, column,
+                      bias, relu, out);
+      break;
+    case 2:
+      tiles_of<2, 12>(image, base, rows, depth, taps, b, walk, width, out_channels, column,
+                      bias, relu, out);
+      break;
+    case 3:
+      tiles_of<3, 8>(image, base, rows, depth, taps, b, walk, width, out_channels, column,
+                     bias, relu, out);
+      break;
+    default:
+      tiles_of<4, kTileRows>(image, base, rows, depth, taps, b, walk, width, out_channels,
+                             column, bias, relu, out);
+      break;
   }
 }
 
@@ -274,8 +319,8 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
   // each thread reads its share of the weight; else each reads its share of the input.
   const int64_t rows = out_h * out_w;
   const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
-  const int64_t step =
-      ((rows + row_blocks - 1) / row_blocks + kTileRows - 1) / kTileRows * kTileRows;
+  const int64_t whole = out_channels % kColumnBlock == 0 ? kTileRows : kStepRows;
+  const int64_t step = ((rows + row_blocks - 1) / row_blocks + whole - 1) / whole * whole;
   const int64_t steps = (rows + step - 1) / step;
   const int64_t tasks = batch * steps * blocks;
   const bool columns_outer = blocks * block_elements > batch * rows * depth;

@@ -1,9 +1,9 @@
 // Blade's own bfloat16 convolution, for a bf16 engine's convolutions on CPUs with
 // AVX512-BF16: the float32 NHWC input rounded to bfloat16 while it is copied into the
 // stride-phase planes (conv_planes.h), then an implicit GEMM in register tiles of 6 output
-// pixels by 64 output channels, `vdpbf16ps` sums of bfloat16 pairs in float32 kept in
-// registers over every tap, and the bias and ReLU added there before the float32 result is
-// stored. The library's call (PyTorch's mkldnn convolution) cost more per call than a small
+// pixels by 64 output channels (a narrow last block: 8 or 12 pixels by fewer), `vdpbf16ps`
+// sums of bfloat16 pairs in float32 kept in registers over every tap, and the bias and ReLU
+// added there before the float32 result is stored. The library's call (PyTorch's mkldnn convolution) cost more per call than a small
 // layer's products: building its tensors, finding its kernel in its cache, allocating the
 // result; here a call costs the copy and the products.
 #pragma once
