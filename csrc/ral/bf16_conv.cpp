@@ -214,21 +214,33 @@ void round_planes(const float* input, int64_t batch, int64_t height, int64_t wid
       // picked, with no call per pixel.
       const bool whole_row = channels < 16;
       if (whole_row) {
-        rounded.resize(static_cast<size_t>(width * channels));
-        round_values(line, rounded.data(), width * channels, 0);
+        // One element of slack: an image's pixel is moved as 8 bytes below.
+        rounded.resize(static_cast<size_t>(width * channels + 1));
+        round_values(line, rounded.data(), width * channels, 1);
       }
-      for (int64_t x = 0; x < plane_w; ++x) {
-        const int64_t w = x * planes.sw + first_w;
+      // Plane columns [lo, hi) lie inside the image; the rest is padding.
+      const int64_t sw = planes.sw;
+      const int64_t lo = std::min(plane_w, first_w >= 0 ? 0 : (-first_w + sw - 1) / sw);
+      const int64_t hi = first_w >= width
+                             ? lo
+                             : std::max(lo, std::min(plane_w, (width - 1 - first_w) / sw + 1));
+      std::fill(line_out, line_out + lo * depth, uint16_t{0});
+      std::fill(line_out + hi * depth, line_out + plane_w * depth, uint16_t{0});
+      for (int64_t x = lo; x < hi; ++x) {
+        const int64_t w = x * sw + first_w;
         uint16_t* pixel = line_out + x * depth;
-        if (w < 0 || w >= width) {
-          std::fill(pixel, pixel + depth, uint16_t{0});
-        } else if (whole_row) {
+        if (!whole_row) {
+          round_values(line + w * channels, pixel, channels, depth - channels);
+        } else if (channels == 3 && depth == 4) {  // an image's: one 8-byte move, the 4th 0
+          uint64_t bits;
+          std::memcpy(&bits, rounded.data() + w * channels, sizeof bits);
+          bits &= 0x0000FFFFFFFFFFFFull;
+          std::memcpy(pixel, &bits, sizeof bits);
+        } else {
           const uint16_t* from = rounded.data() + w * channels;
           for (int64_t c = 0; c < depth; ++c) {  // no call per pixel
             pixel[c] = c < channels ? from[c] : uint16_t{0};
           }
-        } else {
-          round_values(line + w * channels, pixel, channels, depth - channels);
         }
       }
     }
