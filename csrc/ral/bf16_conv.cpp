@@ -325,16 +325,11 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
 
   const std::vector<TapGroup> taps = planes.tap_groups(depth);
   const auto* weights = reinterpret_cast<const uint32_t*>(packed.const_data_ptr<int16_t>());
-  // Tasks: blocks of output pixels (whole tiles but the last) by column blocks. Where the
-  // weight outweighs the input (a deep layer's), column blocks are the outer order, so
-  // each thread reads its share of the weight; else each reads its share of the input.
+  // Tasks: blocks of output pixels (whole tiles but the last) by column blocks.
   const int64_t rows = out_h * out_w;
-  const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
-  const int64_t whole = out_channels % kColumnBlock == 0 ? kTileRows : kStepRows;
-  const int64_t step = ((rows + row_blocks - 1) / row_blocks + whole - 1) / whole * whole;
-  const int64_t steps = (rows + step - 1) / step;
-  const int64_t tasks = batch * steps * blocks;
   const bool columns_outer = blocks * block_elements > batch * rows * depth;
+  const ConvTasks work(batch, rows, blocks, kMaxRowBlock,
+                       out_channels % kColumnBlock == 0 ? kTileRows : kStepRows, columns_outer);
   // A 1x1 convolution of stride 1 taking its rows in turn rounds each block of them just
   // before its products, in the thread's cache (a large image's planes went through
   // memory twice more). Otherwise the planes are made first.
@@ -344,17 +339,8 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
   uint16_t* dst = nullptr;
   at::Tensor large;
   if (!rows_in_turn) {
-    // The calling thread's buffer up to kKeptPlaneBytes (a fresh large allocation is
-    // faulted in on every call).
     const int64_t elements = batch * image_elements;
-    thread_local std::vector<uint16_t> kept;
-    if (elements * 2 <= kKeptPlaneBytes) {
-      kept.resize(std::max<size_t>(kept.size(), static_cast<size_t>(elements)));
-      dst = kept.data();
-    } else {
-      large = at::empty({elements}, at::kShort);
-      dst = reinterpret_cast<uint16_t*>(large.data_ptr<int16_t>());
-    }
+    dst = planes_buffer<uint16_t>(elements, kKeptPlaneBytes, large);
     if (planes.input_is_plane() && depth == channels) {
       // The input is the plane: rounded in even shares.
       at::parallel_for(0, elements, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
@@ -364,15 +350,11 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
       round_planes(input, batch, height, width, channels, depth, planes, dst);
     }
   }
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<uint16_t> block_rows;  // rows_in_turn's rounded rows
     int64_t rounded = -1;                           // the image row they are
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t block = columns_outer ? task / (batch * steps) : task % blocks;
-      const int64_t image_row = columns_outer ? task % (batch * steps) : task / blocks;
-      const int64_t n = image_row / steps;
-      const int64_t first = (image_row % steps) * step;
-      const int64_t count = std::min(step, rows - first);
+      const auto [block, image_row, n, first, count] = work.at(task);
       const uint16_t* image = nullptr;
       int64_t base = 0;
       if (!rows_in_turn) {

@@ -5,6 +5,8 @@
 // over output pixels.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -109,6 +111,56 @@ struct ConvPlanes {
     return groups;
   }
 };
+
+// The convolution's work in tasks: blocks of at most `max_rows` GEMM rows of each image
+// (split evenly, rounded up to whole multiples of `whole` rows: the tiles') by column
+// blocks. The threads take contiguous runs of tasks; with `columns_outer` (where the weight
+// outweighs the input: a deep layer's) column blocks are the outer order, so each thread
+// reads its share of the weight, not all of it; else rows are, so each reads its share of
+// the input.
+struct ConvTasks {
+  int64_t batch, rows, blocks;
+  bool columns_outer;
+  int64_t step, steps;  // rows a block, blocks an image
+
+  ConvTasks(int64_t batch, int64_t rows, int64_t blocks, int64_t max_rows, int64_t whole,
+            bool columns_outer)
+      : batch(batch), rows(rows), blocks(blocks), columns_outer(columns_outer) {
+    const int64_t split = std::max<int64_t>(1, (rows + max_rows - 1) / max_rows);
+    const int64_t even = (rows + split - 1) / split;
+    step = std::max<int64_t>(1, (even + whole - 1) / whole * whole);
+    steps = (rows + step - 1) / step;
+  }
+  int64_t count() const { return batch * steps * blocks; }
+
+  struct Task {
+    int64_t block;      // the column block
+    int64_t image_row;  // the block of rows, over every image
+    int64_t image;
+    int64_t first, rows;  // its rows in the image
+  };
+  Task at(int64_t task) const {
+    const int64_t block = columns_outer ? task / (batch * steps) : task % blocks;
+    const int64_t image_row = columns_outer ? task % (batch * steps) : task / blocks;
+    const int64_t first = (image_row % steps) * step;
+    return {block, image_row, image_row / steps, first, std::min(step, rows - first)};
+  }
+};
+
+// A buffer of `elements` T for one call's planes: the calling thread's own, grown to the
+// largest it has needed up to `kept_bytes` (a fresh large allocation per call cost more
+// than the copy for a small image: malloc's large blocks are returned and faulted in
+// again), else `large`, made for this call.
+template <typename T>
+T* planes_buffer(int64_t elements, int64_t kept_bytes, at::Tensor& large) {
+  thread_local std::vector<T> kept;
+  if (elements * static_cast<int64_t>(sizeof(T)) <= kept_bytes) {
+    kept.resize(std::max<size_t>(kept.size(), static_cast<size_t>(elements)));
+    return kept.data();
+  }
+  large = at::empty({elements * static_cast<int64_t>(sizeof(T))}, at::kByte);
+  return reinterpret_cast<T*>(large.data_ptr<uint8_t>());
+}
 
 // Where GEMM rows go: row p of image n (a plane's flat pixel index) is output pixel
 // (oh, ow) = (p / plane_w, p % plane_w), dropped if ow >= out_w. Stepped row by row, without

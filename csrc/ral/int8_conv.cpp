@@ -582,19 +582,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const uint8_t* src = input;
   at::Tensor large_planes;  // planes past kKeptPlaneBytes, for this call only
   if (!planes.input_is_plane() || depth != channels) {
-    // The calling thread's buffer, grown to the largest planes it has copied up to
-    // kKeptPlaneBytes: a fresh allocation per call cost more than the copy for a small
-    // image (malloc's large blocks are returned and faulted in again).
-    thread_local std::vector<uint8_t> kept;
-    const int64_t bytes = batch * image_bytes;
-    uint8_t* dst = nullptr;
-    if (bytes <= kKeptPlaneBytes) {
-      kept.resize(std::max<size_t>(kept.size(), static_cast<size_t>(bytes)));
-      dst = kept.data();
-    } else {
-      large_planes = at::empty({bytes}, at::kByte);
-      dst = large_planes.data_ptr<uint8_t>();
-    }
+    uint8_t* dst = planes_buffer<uint8_t>(batch * image_bytes, kKeptPlaneBytes, large_planes);
     // A thread a 64 KB at least: a small image is copied by the calling thread alone.
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plane_w * depth));
     at::parallel_for(0, planes.plane_rows(batch), grain, [&](int64_t begin, int64_t end) {
@@ -663,21 +651,15 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   // row's input at its own plane position, so their rows are the output pixels only.
   const bool tiled = int8_conv_tiles_run();
   const int64_t rows = tiled ? out_h * out_w : (out_h - 1) * plane_w + out_w;
-  const int64_t row_blocks = (rows + kMaxRowBlock - 1) / kMaxRowBlock;
-  const int64_t step = (rows + row_blocks - 1) / row_blocks;
   // Each tap's input offset from a row's (the microkernel's calls), and runs of taps
   // reading adjacent pixels grouped (the register tiles').
   const std::vector<int64_t> tap_offsets = planes.tap_offsets(depth);
   const std::vector<TapGroup> groups = planes.tap_groups(depth);
   const auto finish = for_epilogue<FinishBlock>(e);
   const auto tiles = for_epilogue<TileRows>(e);
-  const int64_t tasks = batch * row_blocks * blocks;
-  // The threads take contiguous runs of tasks. Where the weight outweighs the input the
-  // convolution reads (a deep layer's), column blocks are the outer order, so each thread
-  // reads its share of the weight, not all of it; else rows are, so each reads its share
-  // of the input.
-  const bool columns_outer = blocks * block_bytes > batch * rows * depth;
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  const ConvTasks work(batch, rows, blocks, kMaxRowBlock, 1,
+                       /*columns_outer=*/blocks * block_bytes > batch * rows * depth);
+  at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
     // The microkernel's int32 block and its rows' pixels.
     thread_local std::vector<int32_t> acc;
     thread_local std::vector<int64_t> pixels;
@@ -686,11 +668,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       pixels.resize(kMaxRowBlock);
     }
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t block = columns_outer ? task / (batch * row_blocks) : task % blocks;
-      const int64_t image_row = columns_outer ? task % (batch * row_blocks) : task / blocks;
-      const int64_t n = image_row / row_blocks;
-      const int64_t first = (image_row % row_blocks) * step;
-      const int64_t count = std::min(step, rows - first);
+      const auto [block, image_row, n, first, count] = work.at(task);
       const int64_t column = block * kColumnBlock;
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);
       const int8_t* b = weights + block * block_bytes;
