@@ -81,81 +81,61 @@ bool PreparedWeights::is_param(const at::Tensor& t) const {
   });
 }
 
+template <typename Copies, typename Make>
+at::Tensor PreparedWeights::made_once(Copies& copies, const typename Copies::key_type& key,
+                                      const at::Tensor& weight, int64_t bytes, Make make) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = copies.find(key);
+  if (it == copies.end()) {
+    if (!fits_limit(bytes)) {
+      return at::Tensor();
+    }
+    restore_locked(weight.data_ptr());
+    it = copies.emplace(key, make()).first;
+    count(it->second);
+  }
+  return it->second;
+}
+
 at::Tensor PreparedWeights::int8_weight(const at::Tensor& weight,
                                         const std::vector<int64_t>& key,
                                         const std::function<at::Tensor()>& pack) {
   if (weight.scalar_type() != at::kChar || !is_param(weight)) {
     return at::Tensor();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = int8_.find({weight.data_ptr(), key});
-  if (it == int8_.end()) {
-    if (!fits_limit(static_cast<int64_t>(weight.nbytes()))) {
-      return at::Tensor();
-    }
-    it = int8_.emplace(std::make_pair(weight.data_ptr(), key), pack()).first;
-    count(it->second);
-  }
-  return it->second;
+  return made_once(int8_, {weight.data_ptr(), key}, weight,
+                   static_cast<int64_t>(weight.nbytes()), pack);
 }
 
 at::Tensor PreparedWeights::channels_last(const at::Tensor& weight) {
   if (weight.dim() != 4 || !is_param(weight)) {
     return weight;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = channels_last_.find(weight.data_ptr());
-  if (it == channels_last_.end()) {
-    if (!fits_limit(static_cast<int64_t>(weight.nbytes()))) {
-      return weight;
-    }
-    restore_locked(weight.data_ptr());
-    it = channels_last_
-             .emplace(weight.data_ptr(), weight.clone(at::MemoryFormat::ChannelsLast))
-             .first;
-    count(it->second);
-  }
-  return it->second;
+  const at::Tensor copy =
+      made_once(channels_last_, weight.data_ptr(), weight, static_cast<int64_t>(weight.nbytes()),
+                [&] { return weight.clone(at::MemoryFormat::ChannelsLast); });
+  return copy.defined() ? copy : weight;
 }
 
 at::Tensor PreparedWeights::bf16_conv(const at::Tensor& weight) {
   if (weight.dim() != 4 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
     return at::Tensor();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = bf16_convs_.find(weight.data_ptr());
-  if (it == bf16_convs_.end()) {
-    if (!fits_limit(bf16_conv_pack_bytes(weight.size(0), weight.size(1), weight.size(2),
-                                         weight.size(3)))) {
-      return at::Tensor();
-    }
-    restore_locked(weight.data_ptr());
-    it = bf16_convs_.emplace(weight.data_ptr(), pack_bf16_conv_weight(weight)).first;
-    count(it->second);
-  }
-  return it->second;
+  return made_once(bf16_convs_, weight.data_ptr(), weight,
+                   bf16_conv_pack_bytes(weight.size(0), weight.size(1), weight.size(2),
+                                        weight.size(3)),
+                   [&] { return pack_bf16_conv_weight(weight); });
 }
 
 at::Tensor PreparedWeights::bf16_linear(const at::Tensor& weight, bool transposed) {
   if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
     return at::Tensor();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto key = std::make_pair(static_cast<const void*>(weight.data_ptr()), transposed);
-  auto it = bf16_linears_.find(key);
-  if (it == bf16_linears_.end()) {
-    const int64_t n = weight.size(transposed ? 0 : 1), k = weight.size(transposed ? 1 : 0);
-    if (!fits_limit(bf16_conv_pack_bytes(n, k, 1, 1))) {
-      return at::Tensor();
-    }
-    restore_locked(weight.data_ptr());
-    const at::Tensor n_by_k = transposed ? weight : weight.t();
-    it = bf16_linears_
-             .emplace(key, pack_bf16_conv_weight(n_by_k.contiguous().unsqueeze(2).unsqueeze(3)))
-             .first;
-    count(it->second);
-  }
-  return it->second;
+  const at::Tensor n_by_k = transposed ? weight : weight.t();
+  return made_once(bf16_linears_, {weight.data_ptr(), transposed}, weight,
+                   bf16_conv_pack_bytes(n_by_k.size(0), n_by_k.size(1), 1, 1), [&] {
+                     return pack_bf16_conv_weight(n_by_k.contiguous().unsqueeze(2).unsqueeze(3));
+                   });
 }
 
 at::Tensor PreparedWeights::depthwise(const at::Tensor& weight) {
@@ -163,54 +143,27 @@ at::Tensor PreparedWeights::depthwise(const at::Tensor& weight) {
       !is_param(weight)) {
     return at::Tensor();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = depthwise_.find(weight.data_ptr());
-  if (it == depthwise_.end()) {
-    if (!fits_limit(static_cast<int64_t>(weight.nbytes()))) {
-      return at::Tensor();
-    }
-    restore_locked(weight.data_ptr());
-    it = depthwise_.emplace(weight.data_ptr(), weight.squeeze(1).permute({1, 2, 0}).contiguous())
-             .first;
-    count(it->second);
-  }
-  return it->second;
+  return made_once(depthwise_, weight.data_ptr(), weight, static_cast<int64_t>(weight.nbytes()),
+                   [&] { return weight.squeeze(1).permute({1, 2, 0}).contiguous(); });
 }
 
 at::Tensor PreparedWeights::winograd(const at::Tensor& weight) {
   if (weight.dim() != 4 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
     return at::Tensor();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = winograd_.find(weight.data_ptr());
-  if (it == winograd_.end()) {
-    if (!fits_limit(static_cast<int64_t>(weight.nbytes()) * 16 / 9)) {
-      return at::Tensor();
-    }
-    restore_locked(weight.data_ptr());
-    it = winograd_.emplace(weight.data_ptr(), winograd_weight(weight)).first;
-    count(it->second);
-  }
-  return it->second;
+  return made_once(winograd_, weight.data_ptr(), weight,
+                   static_cast<int64_t>(weight.nbytes()) * 16 / 9,
+                   [&] { return winograd_weight(weight); });
 }
 
 at::Tensor PreparedWeights::bf16_matrix(const at::Tensor& weight, bool transposed) {
   if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
     return at::Tensor();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto key = std::make_pair(weight.data_ptr(), transposed);
-  auto it = bf16_matrices_.find(key);
-  if (it == bf16_matrices_.end()) {
-    if (!fits_limit(static_cast<int64_t>(weight.nbytes()) / 2)) {
-      return at::Tensor();
-    }
-    restore_locked(weight.data_ptr());
-    const at::Tensor rows = transposed ? weight : weight.t();  // [N, K]
-    it = bf16_matrices_.emplace(key, rows.to(at::kBFloat16).contiguous()).first;
-    count(it->second);
-  }
-  return it->second;
+  const at::Tensor rows = transposed ? weight : weight.t();  // [N, K]
+  return made_once(bf16_matrices_, {weight.data_ptr(), transposed}, weight,
+                   static_cast<int64_t>(weight.nbytes()) / 2,
+                   [&] { return rows.to(at::kBFloat16).contiguous(); });
 }
 
 at::Tensor PreparedWeights::k_by_n(const at::Tensor& weight, bool transposed) {
@@ -220,25 +173,17 @@ at::Tensor PreparedWeights::k_by_n(const at::Tensor& weight, bool transposed) {
       !is_param(weight)) {
     return at::Tensor();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
   if (!transposed && weight.is_contiguous()) {
     // Already [K, N]: read as it is, so never released (weight_release.cpp).
+    std::lock_guard<std::mutex> lock(mutex_);
     restore_locked(weight.data_ptr());
     kept_plain_.insert(weight.data_ptr());
     return weight;
   }
-  const auto key = std::make_pair(weight.data_ptr(), transposed);
-  auto it = k_by_n_.find(key);
-  if (it == k_by_n_.end()) {
-    if (!fits_limit(static_cast<int64_t>(weight.nbytes()))) {
-      return at::Tensor();
-    }
-    restore_locked(weight.data_ptr());
-    const at::Tensor matrix = pointwise ? weight.view({weight.size(0), weight.size(1)}) : weight;
-    it = k_by_n_.emplace(key, column_panels(transposed ? matrix.t() : matrix)).first;
-    count(it->second);
-  }
-  return it->second;
+  const at::Tensor matrix = pointwise ? weight.view({weight.size(0), weight.size(1)}) : weight;
+  return made_once(k_by_n_, {weight.data_ptr(), transposed}, weight,
+                   static_cast<int64_t>(weight.nbytes()),
+                   [&] { return column_panels(transposed ? matrix.t() : matrix); });
 }
 
 size_t PreparedWeights::copies_of(const void* data) const {

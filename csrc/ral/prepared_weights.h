@@ -246,6 +246,12 @@ class PreparedWeights {
 
  private:
   bool is_param(const at::Tensor& t) const;
+  // The copy of `weight` under `key` in `copies`: made by `make()` on the first call, if
+  // `bytes` more fit the limit (the weight's values are put back first: make reads them),
+  // and counted; an undefined tensor when they do not fit.
+  template <typename Copies, typename Make>
+  at::Tensor made_once(Copies& copies, const typename Copies::key_type& key,
+                       const at::Tensor& weight, int64_t bytes, Make make);
   // Adds a new copy to this engine's and the process's bytes (mutex_ held).
   void count(const at::Tensor& copy);
   // Takes a freed copy off them (mutex_ held).
