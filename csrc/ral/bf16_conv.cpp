@@ -55,14 +55,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_value
 }
 
 // A tile of kRows output pixels (as `walk` steps over them; plane pixel p at `image` + (p -
-// `base`) x depth) by kVecs x 16 output channels of a block (`width` of them real): the
-// products of every tap group summed in kVecs x kRows registers, then the bias and ReLU,
-// stored as float32.
-template <int kRows, int kVecs>
+// `base`) x depth) by kVecs x 16 output channels of a block (`width` of them real; the
+// block's weight rows of pairs `ldb` apart, read whole: a pack's padding, or with kMaskB
+// masked to the width: a GEMM's b, which may end there; masked loads took 15% longer in a
+// ResNet-50): the products of every tap group summed in kVecs x kRows registers, then the
+// bias and ReLU, stored as float32 (`out_channels` apart).
+template <int kRows, int kVecs, bool kMaskB>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_tile(
     const uint16_t* image, int64_t base, int64_t depth, const std::vector<TapGroup>& taps,
-    const uint32_t* b, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
-    const float* bias, bool relu, float* out) {
+    const uint32_t* b, int64_t ldb, RowWalk& walk, int64_t width, int64_t out_channels,
+    int64_t column, const float* bias, bool relu, float* out) {
   int64_t pixels[kRows];
   const uint16_t* x[kRows];
 #pragma GCC unroll 12
@@ -78,14 +80,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_tile(
       acc[r][v] = _mm512_setzero_ps();
     }
   }
+  __mmask16 masks[kVecs];
+#pragma GCC unroll 4
+  for (int v = 0; v < kVecs; ++v) {
+    masks[v] = static_cast<__mmask16>((1u << std::clamp<int64_t>(width - 16 * v, 0, 16)) - 1);
+  }
   for (const TapGroup& group : taps) {
-    const uint32_t* b_group = b + group.weight_row / 2 * kColumnBlock;
+    const uint32_t* b_group = b + group.weight_row / 2 * ldb;
     for (int64_t k = 0; k < group.depth; k += 2) {
-      const uint32_t* row = b_group + k / 2 * kColumnBlock;
+      const uint32_t* row = b_group + k / 2 * ldb;
       __m512bh w[kVecs];
 #pragma GCC unroll 4
       for (int v = 0; v < kVecs; ++v) {
-        w[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + 16 * v));
+        w[v] = reinterpret_cast<__m512bh>(kMaskB ? _mm512_maskz_loadu_epi32(masks[v], row + 16 * v)
+                                                 : _mm512_loadu_si512(row + 16 * v));
       }
 #pragma GCC unroll 12
       for (int r = 0; r < kRows; ++r) {
@@ -99,12 +107,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_tile(
       }
     }
   }
-  __mmask16 masks[kVecs];
   __m512 offset[kVecs];
 #pragma GCC unroll 4
   for (int v = 0; v < kVecs; ++v) {
-    const int64_t left = std::clamp<int64_t>(width - 16 * v, 0, 16);
-    masks[v] = static_cast<__mmask16>((1u << left) - 1);
     offset[v] = bias != nullptr ? _mm512_maskz_loadu_ps(masks[v], bias + column + 16 * v)
                                 : _mm512_setzero_ps();
   }
@@ -125,61 +130,62 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_tile(
 #pragma GCC diagnostic pop
 
 // The tile of `left` < kRows rows (the last of a block), by kVecs vectors.
-template <int kVecs, int kRows>
+template <int kVecs, int kRows, bool kMaskB>
 void tail_tile(int64_t left, const uint16_t* image, int64_t base, int64_t depth,
-               const std::vector<TapGroup>& taps, const uint32_t* b, RowWalk& walk,
+               const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
                int64_t width, int64_t out_channels, int64_t column, const float* bias,
                bool relu, float* out) {
   if constexpr (kRows > 0) {
     if (left == kRows) {
-      bf16_tile<kRows, kVecs>(image, base, depth, taps, b, walk, width, out_channels, column,
-                              bias, relu, out);
+      bf16_tile<kRows, kVecs, kMaskB>(image, base, depth, taps, b, ldb, walk, width,
+                                      out_channels, column, bias, relu, out);
       return;
     }
-    tail_tile<kVecs, kRows - 1>(left, image, base, depth, taps, b, walk, width, out_channels,
-                                column, bias, relu, out);
+    tail_tile<kVecs, kRows - 1, kMaskB>(left, image, base, depth, taps, b, ldb, walk, width,
+                                        out_channels, column, bias, relu, out);
   }
 }
 
 // `rows` output pixels from `walk`'s on by kVecs vectors of one block of output channels,
 // in tiles of kRows (about 24 sums in registers, which the dot products' latency needs)
 // and a shorter last one.
-template <int kVecs, int kRows>
+template <int kVecs, int kRows, bool kMaskB>
 void tiles_of(const uint16_t* image, int64_t base, int64_t rows, int64_t depth,
-              const std::vector<TapGroup>& taps, const uint32_t* b, RowWalk& walk,
+              const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
               int64_t width, int64_t out_channels, int64_t column, const float* bias,
               bool relu, float* out) {
   int64_t r = 0;
   for (; r + kRows <= rows; r += kRows) {
-    bf16_tile<kRows, kVecs>(image, base, depth, taps, b, walk, width, out_channels, column,
-                            bias, relu, out);
+    bf16_tile<kRows, kVecs, kMaskB>(image, base, depth, taps, b, ldb, walk, width,
+                                    out_channels, column, bias, relu, out);
   }
-  tail_tile<kVecs, kRows - 1>(rows - r, image, base, depth, taps, b, walk, width,
-                              out_channels, column, bias, relu, out);
+  tail_tile<kVecs, kRows - 1, kMaskB>(rows - r, image, base, depth, taps, b, ldb, walk,
+                                      width, out_channels, column, bias, relu, out);
 }
 
 // `rows` output pixels from `walk`'s on by one block of output channels, its `width` real
 // ones in as few vectors as cover them (a narrow layer's block is mostly padding).
+template <bool kMaskB>
 void tile_rows(const uint16_t* image, int64_t base, int64_t rows, int64_t depth,
-               const std::vector<TapGroup>& taps, const uint32_t* b, RowWalk walk,
+               const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk walk,
                int64_t width, int64_t out_channels, int64_t column, const float* bias,
                bool relu, float* out) {
   switch ((width + 15) / 16) {
     case 1:
-      tiles_of<1, 12>(image, base, rows, depth, taps, b, walk, width, out_channels, column,
-                      bias, relu, out);
+      tiles_of<1, 12, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
+                              out_channels, column, bias, relu, out);
       break;
     case 2:
-      tiles_of<2, 12>(image, base, rows, depth, taps, b, walk, width, out_channels, column,
-                      bias, relu, out);
+      tiles_of<2, 12, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
+                              out_channels, column, bias, relu, out);
       break;
     case 3:
-      tiles_of<3, 8>(image, base, rows, depth, taps, b, walk, width, out_channels, column,
-                     bias, relu, out);
+      tiles_of<3, 8, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
+                             out_channels, column, bias, relu, out);
       break;
     default:
-      tiles_of<4, kTileRows>(image, base, rows, depth, taps, b, walk, width, out_channels,
-                             column, bias, relu, out);
+      tiles_of<4, kTileRows, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
+                                     out_channels, column, bias, relu, out);
       break;
   }
 }
@@ -371,12 +377,27 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
         base = first;
       }
       const int64_t column = block * kColumnBlock;
-      tile_rows(image, base, count, depth, taps, weights + block * block_elements / 2,
-                RowWalk(n, first, planes.plane_w, batch, out_h, out_w, /*pixels=*/true),
-                std::min(kColumnBlock, out_channels - column), out_channels, column, bias,
-                relu, out);
+      tile_rows<false>(image, base, count, depth, taps, weights + block * block_elements / 2,
+                       kColumnBlock,
+                       RowWalk(n, first, planes.plane_w, batch, out_h, out_w, /*pixels=*/true),
+                       std::min(kColumnBlock, out_channels - column), out_channels, column,
+                       bias, relu, out);
     }
   });
+}
+
+void bf16_pairs_gemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda,
+                     const uint32_t* b, int64_t ldb, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) {
+    return;
+  }
+  // The rows of a are the pixels of one image row, one tap of depth k over them.
+  const std::vector<TapGroup> taps{{0, 0, k}};
+  const auto* rows = reinterpret_cast<const uint16_t*>(a);
+  for (int64_t column = 0; column < n; column += kColumnBlock) {
+    tile_rows<true>(rows, 0, m, lda, taps, b + column, ldb, RowWalk(0, 0, m, 1, 1, m, true),
+              std::min(kColumnBlock, n - column), ldc, column, nullptr, false, c);
+  }
 }
 
 }  // namespace blade::ral

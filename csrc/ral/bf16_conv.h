@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
 
 #include <cstdint>
 
@@ -37,5 +38,12 @@ void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
                int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
                int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
                bool relu, float* out);
+
+// c[m x n] = a @ b by the same register tiles, on the calling thread: a bfloat16 row-major
+// [m, k] (lda apart, k even), b its k / 2 rows of n bfloat16 pairs (rows 2p and 2p + 1
+// interleaved, ldb pairs apart: the "VNNI" layout), c float32 row-major (ldc apart). The
+// bf16 products of an int8 engine's attention on a CPU without AMX.
+void bf16_pairs_gemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda,
+                     const uint32_t* b, int64_t ldb, float* c, int64_t ldc);
 
 }  // namespace blade::ral

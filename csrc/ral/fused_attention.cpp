@@ -1,5 +1,6 @@
 #include "ral/fused_attention.h"
 
+#include "ral/bf16_conv.h"
 #include "ral/bf16_rounding.h"
 #include "ral/cpu_features.h"
 #include "ral/mkl_functions.h"
@@ -495,82 +496,7 @@ T* grown(std::vector<T>& buffer, int64_t n) {
   return buffer.data();
 }
 
-// The bf16 products on CPUs with AVX512-BF16 but no AMX (whose microkernel PyTorch's
-// brgemm runs only there): c[m x n] = a[m x k] @ b in float32 sums of the products of
-// bfloat16 pairs. a is row-major (lda elements apart, k even); b holds pairs of its rows
-// interleaved, k / 2 rows of ldb 32-bit pairs (as the microkernel reads it); c is row-major,
-// ldc apart. Register tiles of kRows rows by 64 columns, the sums kept in 4 x kRows
-// registers over all of k, as int8_conv's tiles keep theirs.
-// GCC 12 warns inside its own intrinsics' headers here (their _mm512_undefined).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-template <int kRows>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_dot_tile(
-    const c10::BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t k,
-    int64_t width, float* c, int64_t ldc) {
-  __mmask16 masks[4];
-#pragma GCC unroll 4
-  for (int v = 0; v < 4; ++v) {
-    const int64_t left = std::clamp<int64_t>(width - 16 * v, 0, 16);
-    masks[v] = static_cast<__mmask16>((1u << left) - 1);
-  }
-  __m512 acc[kRows][4];
-#pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      acc[r][v] = _mm512_setzero_ps();
-    }
-  }
-  for (int64_t pair = 0; pair < k / 2; ++pair) {
-    const uint32_t* row = b + pair * ldb;
-    __m512bh w[4];
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      w[v] = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(masks[v], row + 16 * v));
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) {
-      uint32_t bits;
-      std::memcpy(&bits, a + r * lda + 2 * pair, sizeof bits);
-      const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(bits)));
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) {
-        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      _mm512_mask_storeu_ps(c + r * ldc + 16 * v, masks[v], acc[r][v]);
-    }
-  }
-}
-#pragma GCC diagnostic pop
-
-constexpr int kBf16TileRows = 6;
-
-void bf16_dot_gemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda,
-                   const uint32_t* b, int64_t ldb, float* c, int64_t ldc) {
-  using Tile = void (*)(const c10::BFloat16*, int64_t, const uint32_t*, int64_t, int64_t,
-                        int64_t, float*, int64_t);
-  static constexpr Tile kTiles[] = {nullptr,          bf16_dot_tile<1>, bf16_dot_tile<2>,
-                                    bf16_dot_tile<3>, bf16_dot_tile<4>, bf16_dot_tile<5>,
-                                    bf16_dot_tile<6>};
-  static_assert(std::size(kTiles) == kBf16TileRows + 1);
-  for (int64_t column = 0; column < n; column += 64) {
-    const int64_t width = std::min<int64_t>(64, n - column);
-    for (int64_t r = 0; r < m; r += kBf16TileRows) {
-      const int64_t rows = std::min<int64_t>(kBf16TileRows, m - r);
-      kTiles[rows](a + r * lda, lda, b + column, ldb, k, width, c + r * ldc + column, ldc);
-    }
-  }
-}
-
-// b [k, n] bfloat16 row-major (k even) as bf16_dot_gemm's pairs: rows 2p and 2p + 1
+// b [k, n] bfloat16 row-major (k even) as bf16_pairs_gemm's pairs: rows 2p and 2p + 1
 // interleaved into pair row p of n 32-bit pairs.
 void pair_rows(const c10::BFloat16* b, int64_t k, int64_t n, uint32_t* pairs) {
   for (int64_t p = 0; p < k / 2; ++p) {
@@ -586,7 +512,8 @@ void pair_rows(const c10::BFloat16* b, int64_t k, int64_t n, uint32_t* pairs) {
 std::atomic<bool> bf16_amx_allowed{true};  // set_bf16_attention_amx
 
 // Whether the bf16 products run on AMX-BF16 tiles (PyTorch's brgemm microkernel), else on
-// AVX512-BF16's dot products (bf16_dot_gemm).
+// AVX512-BF16's dot products (bf16_pairs_gemm, bf16_conv.h: PyTorch's brgemm runs bf16 only
+// on AMX).
 bool bf16_amx() {
   static const bool amx =
       has_cpu_feature("amx_bf16") && at::native::cpublas::could_pack(at::kBFloat16);
@@ -594,14 +521,14 @@ bool bf16_amx() {
 }
 
 // c[m x n] = a @ b (b's rows in pairs, the layout both ways read) by the AMX microkernel or
-// bf16_dot_gemm.
+// bf16_pairs_gemm.
 void pairs_gemm(bool amx, int64_t m, int64_t n, int64_t k, const c10::BFloat16* a,
                 int64_t lda, const c10::BFloat16* b, int64_t ldb, float* c, int64_t ldc) {
   if (amx) {
     at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, /*add_C=*/false, a, b, c,
                                 /*is_vnni=*/true);
   } else {
-    bf16_dot_gemm(m, n, k, a, lda, reinterpret_cast<const uint32_t*>(b), ldb, c, ldc);
+    bf16_pairs_gemm(m, n, k, a, lda, reinterpret_cast<const uint32_t*>(b), ldb, c, ldc);
   }
 }
 
