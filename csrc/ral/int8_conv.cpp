@@ -27,6 +27,13 @@ constexpr int64_t kMaxRowBlock = 128;
 // The most bytes of padded planes a thread keeps between calls (larger ones are made per
 // call), so a large image's planes are not held for the thread's life.
 constexpr int64_t kKeptPlaneBytes = int64_t{4} << 20;
+// The input of a 1x1 convolution past which its tiles fetch rows ahead (more than two
+// cores' 1 MB L2 caches hold), and how many tiles ahead.
+constexpr int64_t kStreamedBytes = int64_t{2} << 20;
+constexpr int64_t kFetchAheadTiles = 2;
+// The deepest unfolded filter (unfolds): a block of rows unfolded stays in L1.
+constexpr int64_t kMaxUnfoldedDepth = 256;
+constexpr int64_t kUnfoldSlack = 64;
 
 std::atomic<bool> enabled{true};
 std::atomic<bool> tiles_enabled{true};
@@ -167,7 +174,7 @@ dot_step(__m512i (&acc)[kRows][4], const uint8_t* const (&x)[kRows], int64_t off
 template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
     const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
-    RowWalk& walk, int64_t width, int64_t out_channels, int64_t column, const Terms& terms,
+    int64_t fetch_ahead, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column, const Terms& terms,
     const Int8ConvEpilogue& e) {
   // The rows' output pixels (walked as output pixels: none dropped) and inputs (their
   // plane rows in `image`); the lines the next tile adds and writes, asked for early (they
@@ -184,6 +191,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
     }
     if constexpr (kOutU8) {
       _mm_prefetch(reinterpret_cast<const char*>(e.out_u8 + ahead), _MM_HINT_T0);
+    }
+  }
+  // A streamed input's rows `fetch_ahead` bytes on, into L2: with the hardware's
+  // prefetchers alone, a 1x1 layer over a batch's 56 x 56 x 256 bytes stalled on its input
+  // (fetched ahead, its time fell by a fifth; layers whose input stays in cache lost).
+  if (fetch_ahead > 0) {
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      for (int64_t line = 0; line < depth; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(x[r] + fetch_ahead + line), _MM_HINT_T1);
+      }
     }
   }
   __m512i acc[kRows][4];
@@ -257,17 +275,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
 // by one block of output channels, in tiles of kTileRows and a shorter last one.
 template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
-               const std::vector<TapGroup>& taps,
-               const int8_t* b, RowWalk walk, int64_t width, int64_t out_channels,
+               const std::vector<TapGroup>& taps, const int8_t* b,
+               int64_t fetch_ahead, RowWalk walk, int64_t width, int64_t out_channels,
                int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
-    register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(image, depth, taps, b, walk,
-                                                             width, out_channels, column,
+    register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(image, depth, taps, b,
+                                                             fetch_ahead, walk, width, out_channels, column,
                                                              terms, e);
   }
   using Tile = void (*)(const uint8_t*, int64_t, const std::vector<TapGroup>&, const int8_t*,
-                        RowWalk&, int64_t, int64_t, int64_t, const Terms&,
+                        int64_t, RowWalk&, int64_t, int64_t, int64_t, const Terms&,
                         const Int8ConvEpilogue&);
   static constexpr Tile kTails[] = {nullptr,
                                     register_tile<1, kAddU8, kAddF32, kOutU8, kGelu>,
@@ -277,7 +295,7 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                                     register_tile<5, kAddU8, kAddF32, kOutU8, kGelu>};
   static_assert(std::size(kTails) == kTileRows);
   if (r < rows) {
-    kTails[rows - r](image, depth, taps, b, walk, width, out_channels, column, terms, e);
+    kTails[rows - r](image, depth, taps, b, fetch_ahead, walk, width, out_channels, column, terms, e);
   }
 }
 #pragma GCC diagnostic pop
@@ -425,6 +443,89 @@ int64_t padded_depth(int64_t channels) {
   return (channels + kDepthGroup - 1) / kDepthGroup * kDepthGroup;
 }
 
+// Whether a filter of few input channels (an image's 3) is unfolded: each output pixel's
+// kh x kw x C inputs side by side in one row, multiplied as a 1x1 convolution of that
+// depth. As planes, each tap pads its 3 channels to 4 and a strided row's taps split by
+// phase (a 7 x 7 stem: 196 bytes of depth for 147); unfolded, 147 pad to 148. A filter row
+// (kw * C bytes) moves as one masked vector.
+bool unfolds(int64_t channels, int64_t kh, int64_t kw) {
+  return kh * kw > 1 && kh <= 64 && channels < kDepthGroup && kw * channels <= 64 &&
+         padded_depth(kh * kw * channels) <= kMaxUnfoldedDepth;
+}
+
+// Rows [first, first + count) of image n's output pixels unfolded into `out`, `depth`
+// bytes a row: filter row i's kw * C inputs at i * kw * C, the rest (padding, and depth
+// past kh * kw * C) the input's zero point. A filter row is read by a masked load and
+// written whole as a 32- or 64-byte vector, its spill overwritten by the next filter row
+// or pixel (masked byte stores are slow on AMD's cores); `out` has kUnfoldSlack bytes past
+// the last row for the last spill.
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void put_filter_row(
+    uint8_t* to, const uint8_t* from, const uint8_t* end, __mmask64 mask, bool narrow,
+    uint8_t zero_point) {
+  if (narrow) {
+    const __m256i v =
+        from == nullptr ? _mm256_set1_epi8(static_cast<char>(zero_point))
+        : from + 32 <= end ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from))
+                           : _mm256_maskz_loadu_epi8(static_cast<__mmask32>(mask), from);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), v);
+  } else {
+    _mm512_storeu_si512(to, from == nullptr ? _mm512_set1_epi8(static_cast<char>(zero_point))
+                            : from + 64 <= end ? _mm512_loadu_si512(from)
+                                               : _mm512_maskz_loadu_epi8(mask, from));
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void unfold_block(
+    const uint8_t* image, const ConvPlanes& g, int64_t channels, int64_t first, int64_t count,
+    int64_t depth, uint8_t zero_point, uint8_t* out) {
+  // The geometry in locals: the byte stores below may alias anything in memory.
+  const int64_t kh = g.kh, kw = g.kw, sh = g.sh, sw = g.sw, ph = g.ph, pw = g.pw;
+  const int64_t height = g.height, width = g.width, out_w = g.out_w;
+  const int64_t row_bytes = kw * channels, line_bytes = width * channels;
+  const uint8_t* const image_end = image + height * line_bytes;
+  const int64_t tail = depth - kh * row_bytes;
+  const bool narrow = row_bytes <= 32;
+  const __mmask64 row_mask =
+      row_bytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << row_bytes) - 1;
+  int64_t oh = first / out_w, ow = first % out_w;
+  for (int64_t r = 0; r < count;) {
+    // The output row's input rows (null: padding), then its pixels in this block.
+    const uint8_t* lines[64];
+    for (int64_t i = 0; i < kh; ++i) {
+      const int64_t h = oh * sh - ph + i;
+      lines[i] = h >= 0 && h < height ? image + h * line_bytes : nullptr;
+    }
+    const int64_t end = std::min(count, r + out_w - ow);
+    for (; r < end; ++r, ++ow) {
+      uint8_t* row = out + r * depth;
+      const int64_t left = ow * sw - pw;
+      if (left >= 0 && left + kw <= width) {
+        for (int64_t i = 0; i < kh; ++i) {
+          put_filter_row(row + i * row_bytes,
+                         lines[i] != nullptr ? lines[i] + left * channels : nullptr, image_end,
+                         row_mask, narrow, zero_point);
+        }
+      } else {
+        for (int64_t i = 0; i < kh; ++i) {
+          uint8_t* to = row + i * row_bytes;
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t w = left + j;
+            const bool real = lines[i] != nullptr && w >= 0 && w < width;
+            for (int64_t c = 0; c < channels; ++c) {
+              to[j * channels + c] = real ? lines[i][w * channels + c] : zero_point;
+            }
+          }
+        }
+      }
+      for (int64_t k = 0; k < tail; ++k) {
+        row[kh * row_bytes + k] = zero_point;
+      }
+    }
+    ow = 0;
+    ++oh;
+  }
+}
+
 // Whether the microkernel computes products of the kinds int8_conv asks for right (it may
 // refuse a CPU, be missing from this PyTorch's oneDNN, or take another path on another
 // ISA, e.g. AMX tiles): tried once, on a few shapes (a row tail, a partial column block,
@@ -536,7 +637,11 @@ at::Tensor pack_int8_conv_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 4,
               "pack_int8_conv_weight: an int8 [O, C, kh, kw] weight is needed, got ",
               weight.scalar_type(), weight.sizes());
-  const at::Tensor w = weight.contiguous();
+  // An unfolded filter is packed as a 1x1 one of its kh x kw x C inputs, C fastest.
+  const bool unfolded = unfolds(weight.size(1), weight.size(2), weight.size(3));
+  const at::Tensor w =
+      unfolded ? weight.permute({0, 2, 3, 1}).reshape({weight.size(0), -1, 1, 1}).contiguous()
+               : weight.contiguous();
   const int64_t out_channels = w.size(0);
   const int64_t channels = w.size(1);
   const int64_t depth = padded_depth(channels);
@@ -545,8 +650,8 @@ at::Tensor pack_int8_conv_weight(const at::Tensor& weight) {
   const int64_t packed_bytes = blocks * taps * depth * kColumnBlock;  // a multiple of 4
   at::Tensor packed = at::empty({packed_bytes + out_channels * 4}, w.options());
   int8_t* data = packed.data_ptr<int8_t>();
-  pack_weight(w.const_data_ptr<int8_t>(), out_channels, channels, depth, w.size(2), w.size(3), data,
-              reinterpret_cast<int32_t*>(data + packed_bytes));
+  pack_weight(w.const_data_ptr<int8_t>(), out_channels, channels, depth, w.size(2), w.size(3),
+              data, reinterpret_cast<int32_t*>(data + packed_bytes));
   return packed;
 }
 
@@ -561,9 +666,10 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   TORCH_CHECK(planes.filter_fits(), "int8_conv: a ", kh, " x ", kw, " filter does not fit the ",
               height, " x ", width, " input padded by ", padding);
   const int64_t out_h = planes.out_h, out_w = planes.out_w;
-  const int64_t taps = kh * kw;
+  const bool unfolded = unfolds(channels, kh, kw);
+  const int64_t taps = unfolded ? 1 : kh * kw;
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
-  const int64_t depth = padded_depth(channels);
+  const int64_t depth = padded_depth(unfolded ? kh * kw * channels : channels);
   const int64_t block_bytes = taps * depth * kColumnBlock;
   TORCH_CHECK(packed.numel() == blocks * block_bytes + out_channels * 4,
               "int8_conv: the packed weight does not fit ", out_channels, " x ", channels,
@@ -581,7 +687,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t image_bytes = planes.image_elements(depth);
   const uint8_t* src = input;
   at::Tensor large_planes;  // planes past kKeptPlaneBytes, for this call only
-  if (!planes.input_is_plane() || depth != channels) {
+  if (!unfolded && (!planes.input_is_plane() || depth != channels)) {
     uint8_t* dst = planes_buffer<uint8_t>(batch * image_bytes, kKeptPlaneBytes, large_planes);
     // A thread a 64 KB at least: a small image is copied by the calling thread alone.
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plane_w * depth));
@@ -649,16 +755,24 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   // and dropped. Each tap's rows then start at a fixed offset in its plane, one pixel apart,
   // and the last one read is the plane's last pixel at most. The register tiles read each
   // row's input at its own plane position, so their rows are the output pixels only.
+  // Unfolded rows are the output pixels in both ways, one tap of the whole depth.
   const bool tiled = int8_conv_tiles_run();
-  const int64_t rows = tiled ? out_h * out_w : (out_h - 1) * plane_w + out_w;
+  const int64_t rows = tiled || unfolded ? out_h * out_w : (out_h - 1) * plane_w + out_w;
   // Each tap's input offset from a row's (the microkernel's calls), and runs of taps
   // reading adjacent pixels grouped (the register tiles').
-  const std::vector<int64_t> tap_offsets = planes.tap_offsets(depth);
-  const std::vector<TapGroup> groups = planes.tap_groups(depth);
+  const std::vector<int64_t> tap_offsets =
+      unfolded ? std::vector<int64_t>{0} : planes.tap_offsets(depth);
+  const std::vector<TapGroup> groups =
+      unfolded ? std::vector<TapGroup>{{0, 0, depth}} : planes.tap_groups(depth);
   const auto finish = for_epilogue<FinishBlock>(e);
   const auto tiles = for_epilogue<TileRows>(e);
   const ConvTasks work(batch, rows, blocks, kMaxRowBlock, 1,
                        /*columns_outer=*/blocks * block_bytes > batch * rows * depth);
+  // A 1x1 convolution over more input than the cores' L2 caches hold streams it in; the
+  // tiles ask for the rows two tiles ahead (see register_tile).
+  const int64_t fetch_ahead = !unfolded && taps == 1 && batch * rows * depth >= kStreamedBytes
+                                  ? kFetchAheadTiles * kTileRows * depth
+                                  : 0;
   at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
     // The microkernel's int32 block and its rows' pixels.
     thread_local std::vector<int32_t> acc;
@@ -667,13 +781,43 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       acc.resize(kMaxRowBlock * kColumnBlock);
       pixels.resize(kMaxRowBlock);
     }
+    // An unfolded filter's block of rows, and which block of rows it holds.
+    thread_local std::vector<uint8_t> unfolded_rows;
+    int64_t unfolded_block = -1;
+    if (unfolded) {
+      unfolded_rows.resize(kMaxRowBlock * depth + kUnfoldSlack);
+    }
     for (int64_t task = begin; task < end; ++task) {
       const auto [block, image_row, n, first, count] = work.at(task);
       const int64_t column = block * kColumnBlock;
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);
       const int8_t* b = weights + block * block_bytes;
+      if (unfolded) {
+        if (image_row != unfolded_block) {
+          unfold_block(input + n * height * width * channels, planes, channels, first, count,
+                       depth, static_cast<uint8_t>(e.input_zero_point), unfolded_rows.data());
+          unfolded_block = image_row;
+        }
+        const int64_t image_first = n * out_h * out_w + first;
+        if (tiled) {
+          // Row r reads unfolded row r and writes output pixel image_first + r.
+          RowWalk walk(n, 0, out_w, batch, out_h, out_w, /*pixels=*/true);
+          walk.image_base = image_first;
+          tiles(unfolded_rows.data(), count, depth, groups, b, 0, walk, width_here,
+                out_channels, column, terms, e);
+          continue;
+        }
+        at::native::cpublas::brgemm(count, (width_here + 15) / 16 * 16, depth, depth,
+                                    kColumnBlock, kColumnBlock, /*add_C=*/false,
+                                    unfolded_rows.data(), b, acc.data(), /*is_vnni=*/true);
+        for (int64_t r = 0; r < count; ++r) {
+          pixels[r] = image_first + r;
+        }
+        finish(acc.data(), count, pixels.data(), width_here, out_channels, column, terms, e);
+        continue;
+      }
       if (tiled) {
-        tiles(src + n * image_bytes, count, depth, groups, b,
+        tiles(src + n * image_bytes, count, depth, groups, b, fetch_ahead,
               RowWalk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/true), width_here,
               out_channels, column, terms, e);
         continue;

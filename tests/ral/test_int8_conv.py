@@ -95,12 +95,16 @@ def assert_rounds_to(result, want, onednn=None):
     (2, 68, (12, 12), 8, 1, 2, 0),     # a strided 1x1: one plane, subsampled
     (1, 16, (11, 9), 24, 5, 1, 2),     # a 5x5 filter
     (1, 4, (23, 23), 64, 7, 2, 3),     # a 7x7 stem of four channels
-    (2, 3, (20, 17), 64, 7, 2, 3),     # an image's 3 channels, padded to 4 in the planes
-    (1, 3, (45, 44), 24, 7, 2, 3),     # a wider one: rows of 16 planes' pixels and a tail
-    (1, 3, (40, 37), 16, 3, 1, 1),     # 3 channels at stride 1, spread a row at a time
-    (1, 3, (32, 32), 32, 4, 4, 0),     # a 4x4 patchify stem: spread pixel by pixel
-    (1, 2, (5, 1), 8, 3, 3, 1),        # a plane column past a 1-pixel row: all padding
-    (1, 2, (6, 2), 8, 3, 4, 1),        # the same at stride 4, spread 16 at a time
+    (2, 3, (20, 17), 64, 7, 2, 3),     # an image's 3 channels: unfolded, 147 bytes a pixel
+    (1, 3, (45, 44), 24, 7, 2, 3),     # a wider one: blocks of rows span output rows
+    (1, 3, (40, 37), 16, 3, 1, 1),     # 3 channels at stride 1
+    (1, 3, (32, 32), 32, 4, 4, 0),     # a 4x4 patchify stem, no padding
+    (1, 2, (5, 1), 8, 3, 3, 1),        # a 1-pixel row: every filter row partly padding
+    (1, 2, (6, 2), 8, 3, 4, 1),        # the same at stride 4
+    (1, 1, (9, 8), 16, 3, 1, 1),       # one channel: 9 bytes a pixel, padded to 12
+    (1, 3, (19, 23), 130, 5, 2, 2),    # unfolded rows reused by three blocks of outputs
+    (1, 3, (5, 3), 8, 1, 2, 0),        # a strided 1x1 of 3 channels: planes, spread
+    (1, 4, (9, 9), 8, 3, 2, 1),        # 4 channels: planes (nothing padded), spread
     (1, 6, (7, 7), 24, 1, 1, 0),       # no padding or stride: copied to pad 6 channels to 8
     (1, 5, (8, 9), 16, 3, 1, 1),       # rows keep their left padding; 5 channels padded
     (1, 32, (9, 9), 48, 3, 1, 0),      # no padding, a filter wider than 1
@@ -129,6 +133,8 @@ def test_blades_kernel_matches_the_real_convolution_and_onednns(
     (1, 16, (6, 13), (1, 7), (1, 1), (0, 3)),  # a 1 x 7 filter: seven taps merged
     (1, 16, (13, 6), (7, 1), (1, 1), (3, 0)),  # a 7 x 1 filter
     (2, 2, (7, 9), (3, 3), (1, 1), (2, 1)),    # unequal padding; 2 channels padded to 4
+    (1, 3, (12, 30), (5, 11), (2, 3), (2, 5)),  # filter rows of 33 bytes: 64-byte moves
+    (2, 3, (10, 9), (3, 5), (1, 2), (0, 2)),   # unfolded with unequal strides and padding
 ])
 @pytest.mark.parametrize("post_op, uint8_result", [("relu", True), ("hardswish", True),
                                                    ("hardswish", False)])
