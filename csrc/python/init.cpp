@@ -22,7 +22,7 @@
 #include "ral/blocked_gemm.h"
 #include "ral/engine.h"
 #include "ral/few_rows_gemm.h"
-#include "ral/bf16_conv.h"
+#include "ral/float_conv.h"
 #include "ral/fused_attention.h"
 #include "ral/int8_conv.h"
 #include "ral/int8_kernels.h"
@@ -60,6 +60,41 @@ ral::Digest to_digest(const py::bytes& bytes) {
               " bytes, got ", text.size());
   std::copy(text.begin(), text.end(), digest.begin());
   return digest;
+}
+
+// A float convolution by one of the runtime's tile kernels (float_conv.h), NCHW in and
+// out, its weight packed by `pack` for this call; checked as an op would check it.
+using FloatConv = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, const at::Tensor&,
+                           int64_t, int64_t, int64_t, at::IntArrayRef, at::IntArrayRef,
+                           const float*, bool, float*);
+at::Tensor float_conv2d(const char* what, at::Tensor (*pack)(const at::Tensor&),
+                        FloatConv conv, const at::Tensor& x, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& bias, const std::vector<int64_t>& stride,
+                        const std::vector<int64_t>& padding, bool relu) {
+  TORCH_CHECK(x.dim() == 4 && weight.dim() == 4 && x.scalar_type() == at::kFloat &&
+                  weight.scalar_type() == at::kFloat && weight.size(1) == x.size(1),
+              what, ": float32 x [N, C, H, W] and weight [O, C, kh, kw] are needed, got ",
+              x.sizes(), " and ", weight.sizes());
+  TORCH_CHECK(!bias.has_value() ||
+                  (bias->scalar_type() == at::kFloat && bias->numel() == weight.size(0)),
+              what, ": the bias needs ", weight.size(0), " float32 values");
+  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && stride[0] > 0 && stride[1] > 0 &&
+                  padding[0] >= 0 && padding[1] >= 0,
+              what, ": two positive strides and two paddings are needed");
+  TORCH_CHECK(x.size(2) + 2 * padding[0] >= weight.size(2) &&
+                  x.size(3) + 2 * padding[1] >= weight.size(3),
+              what, ": the filter ", weight.sizes(), " does not fit the padded input ",
+              x.sizes());
+  const int64_t out_h = (x.size(2) + 2 * padding[0] - weight.size(2)) / stride[0] + 1;
+  const int64_t out_w = (x.size(3) + 2 * padding[1] - weight.size(3)) / stride[1] + 1;
+  const at::Tensor nhwc = x.permute({0, 2, 3, 1}).contiguous();
+  const at::Tensor packed = pack(weight);
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  at::Tensor out = at::empty({x.size(0), out_h, out_w, weight.size(0)}, x.options());
+  conv(nhwc.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
+       weight.size(0), weight.size(2), weight.size(3), stride, padding,
+       b.defined() ? b.const_data_ptr<float>() : nullptr, relu, out.data_ptr<float>());
+  return out.permute({0, 3, 1, 2});
 }
 
 }  // namespace
@@ -258,36 +293,32 @@ PYBIND11_MODULE(_C, m) {
       [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
          std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu) {
         TORCH_CHECK(ral::bf16_conv_available(), "bf16_conv2d: this CPU lacks AVX512-BF16");
-        TORCH_CHECK(x.dim() == 4 && weight.dim() == 4 && x.scalar_type() == at::kFloat &&
-                        weight.scalar_type() == at::kFloat && weight.size(1) == x.size(1),
-                    "bf16_conv2d: float32 x [N, C, H, W] and weight [O, C, kh, kw] are "
-                    "needed, got ", x.sizes(), " and ", weight.sizes());
-        TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat &&
-                                          bias->numel() == weight.size(0)),
-                    "bf16_conv2d: the bias needs ", weight.size(0), " float32 values");
-        TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && stride[0] > 0 &&
-                        stride[1] > 0 && padding[0] >= 0 && padding[1] >= 0,
-                    "bf16_conv2d: two positive strides and two paddings are needed");
-        TORCH_CHECK(x.size(2) + 2 * padding[0] >= weight.size(2) &&
-                        x.size(3) + 2 * padding[1] >= weight.size(3),
-                    "bf16_conv2d: the filter ", weight.sizes(), " does not fit the padded input ",
-                    x.sizes());
-        const int64_t out_h = (x.size(2) + 2 * padding[0] - weight.size(2)) / stride[0] + 1;
-        const int64_t out_w = (x.size(3) + 2 * padding[1] - weight.size(3)) / stride[1] + 1;
-        const at::Tensor nhwc = x.permute({0, 2, 3, 1}).contiguous();
-        const at::Tensor packed = ral::pack_bf16_conv_weight(weight);
-        const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
-        at::Tensor out = at::empty({x.size(0), out_h, out_w, weight.size(0)}, x.options());
-        ral::bf16_conv(nhwc.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3),
-                       x.size(1), packed, weight.size(0), weight.size(2), weight.size(3),
-                       stride, padding, b.defined() ? b.const_data_ptr<float>() : nullptr,
-                       relu, out.data_ptr<float>());
-        return out.permute({0, 3, 1, 2});
+        return float_conv2d("bf16_conv2d", ral::pack_bf16_conv_weight, ral::bf16_conv, x,
+                            weight, bias, stride, padding, relu);
       },
       py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
       py::arg("relu"),
       "The runtime's own bfloat16 convolution (NCHW in and out, the weight packed per "
       "call; tests).");
+  m.def("f32_conv_available", &ral::f32_conv_available,
+        "Whether the runtime's own float32 convolution runs here (AVX-512F/BW/VL).");
+  m.def("set_f32_conv_enabled", &ral::set_f32_conv_enabled, py::arg("enabled"),
+        "False makes float32 engines try Winograd's, MKL's or no kernel against oneDNN's "
+        "convolution, as without AVX-512 (tests).");
+  m.def("f32_conv_calls", &ral::f32_conv_calls,
+        "How many convolutions the runtime's own float32 kernel ran in this process.");
+  m.def(
+      "f32_conv2d",
+      [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+         std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu) {
+        TORCH_CHECK(ral::f32_conv_available(), "f32_conv2d: this CPU lacks AVX512-F/BW/VL");
+        return float_conv2d("f32_conv2d", ral::pack_f32_conv_weight, ral::f32_conv, x, weight,
+                            bias, stride, padding, relu);
+      },
+      py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
+      py::arg("relu"),
+      "The runtime's own float32 convolution (NCHW in and out, the weight packed per call; "
+      "tests).");
   m.def("set_bf16_attention_allowed", &ral::set_bf16_attention_allowed, py::arg("allowed"),
         "False makes int8 engines multiply attention's operands in float32 (tests).");
   m.def("set_bf16_attention_amx", &ral::set_bf16_attention_amx, py::arg("allowed"),

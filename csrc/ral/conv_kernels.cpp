@@ -4,7 +4,7 @@
 // convolution where none of them applies.
 #include "ral/conv_kernels.h"
 
-#include "ral/bf16_conv.h"
+#include "ral/float_conv.h"
 #include "ral/bf16_rounding.h"
 #include "ral/cpu_features.h"
 #include "ral/depthwise_conv.h"
@@ -125,7 +125,7 @@ bool winograd_applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor
          target.is_contiguous(cl);
 }
 
-// Blade's bfloat16 convolution (bf16_conv.h) where it applies: a float32 NHWC input and
+// Blade's bfloat16 convolution (float_conv.h) where it applies: a float32 NHWC input and
 // result, a param weight of one group, no dilation. It rounds the input as it copies it
 // into its planes and adds the bias and ReLU in registers, with no library call around it.
 // False where it does not apply (oneDNN's bfloat16 kernel is tried next).
@@ -150,6 +150,35 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
             w.size(0), w.size(2), w.size(3), stride, padding,
             bias.has_value() ? bias->const_data_ptr<float>() : nullptr, relu,
             target.data_ptr<float>());
+  return true;
+}
+
+// Whether Blade's float32 convolution (float_conv.h) is the 1x1 convolution's alternative
+// to oneDNN's: on AVX-512, in place of MKL's sgemm (which runs AVX2 code on AMD's cores),
+// reading the input as it is. Tried on every convolution of one group, it lost as many
+// strided and kxk layers as it won: their planes copy costs what the products save.
+bool f32_tiles_apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                     const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                     const std::vector<int64_t>& dilation, int64_t groups) {
+  return f32_conv_available() && f32_conv_enabled() &&
+         is_1x1_gemm(x, w, target, padding, stride, dilation, groups);
+}
+
+// The convolution by Blade's float32 kernel into `target`, by the param's pack; false when
+// there is none (not a param, or the pack would pass the limit).
+bool convolve_f32_tiles(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
+                        const at::Tensor& target, const std::optional<at::Tensor>& bias,
+                        bool relu, const std::vector<int64_t>& padding,
+                        const std::vector<int64_t>& stride) {
+  const at::Tensor packed = prepared->f32_conv(w);
+  if (!packed.defined()) {
+    return false;
+  }
+  const at::Tensor dense_bias = bias.has_value() ? bias->contiguous() : at::Tensor();
+  f32_conv(x.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
+           w.size(0), w.size(2), w.size(3), stride, padding,
+           dense_bias.defined() ? dense_bias.const_data_ptr<float>() : nullptr, relu,
+           target.data_ptr<float>());
   return true;
 }
 
@@ -245,6 +274,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       if (channels_last && prepared != nullptr) {
         if (winograd_applies(x, w, target, padding, stride, dilation, groups)) {
           alternative = Kernel::kWinograd;
+        } else if (f32_tiles_apply(x, w, target, padding, stride, dilation, groups)) {
+          alternative = Kernel::kF32Tiles;
         } else if (is_1x1_gemm(x, w, target, padding, stride, dilation, groups)) {
           alternative = Kernel::kGemm;
         } else if (depthwise_applies(x, w, target, groups)) {
@@ -259,7 +290,9 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
               : prepared->next_kernel(w, false, input_size, alternative);
       Stopwatch stopwatch;
       bool done = false;
-      if ((kernel == Kernel::kWinograd &&
+      if ((kernel == Kernel::kF32Tiles &&
+           convolve_f32_tiles(prepared, x, w, target, bias, relu, padding, stride)) ||
+          (kernel == Kernel::kWinograd &&
            convolve_winograd(prepared, x, plain_weight(w), target, bias, relu)) ||
           (kernel == Kernel::kGemm && convolve_1x1_by_gemm(prepared, x, w, target, bias, relu)) ||
           (kernel == Kernel::kDepthwise &&

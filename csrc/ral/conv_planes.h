@@ -1,4 +1,4 @@
-// What Blade's own implicit-GEMM convolutions (int8_conv.h, bf16_conv.h) share: the
+// What Blade's own implicit-GEMM convolutions (int8_conv.h, float_conv.h) share: the
 // padded input split into stride-phase planes, so that every convolution is a stride-1
 // one over a plane's flat pixel index; the order of a filter's taps in a packed weight;
 // runs of taps that read adjacent pixels, multiplied as one; and the walk of a block's rows

@@ -1,6 +1,6 @@
 #include "ral/fused_attention.h"
 
-#include "ral/bf16_conv.h"
+#include "ral/float_conv.h"
 #include "ral/bf16_rounding.h"
 #include "ral/cpu_features.h"
 #include "ral/mkl_functions.h"
@@ -512,7 +512,7 @@ void pair_rows(const c10::BFloat16* b, int64_t k, int64_t n, uint32_t* pairs) {
 std::atomic<bool> bf16_amx_allowed{true};  // set_bf16_attention_amx
 
 // Whether the bf16 products run on AMX-BF16 tiles (PyTorch's brgemm microkernel), else on
-// AVX512-BF16's dot products (bf16_pairs_gemm, bf16_conv.h: PyTorch's brgemm runs bf16 only
+// AVX512-BF16's dot products (bf16_pairs_gemm, float_conv.h: PyTorch's brgemm runs bf16 only
 // on AMX).
 bool bf16_amx() {
   static const bool amx =

@@ -2,7 +2,7 @@
 // the copy the other prepared freed (PreparedWeights::next_kernel, prepared_weights.h).
 #include "ral/kernel_trials.h"
 
-#include "ral/bf16_conv.h"
+#include "ral/float_conv.h"
 #include "ral/mkl_functions.h"
 #include "ral/prepared_weights.h"
 
@@ -190,6 +190,7 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
       // The float32 path's other copies serve every size (its own trial, left undecided,
       // made them): freed once no size of the weight runs or tries float32.
       erase(winograd_, data);
+      erase(f32_convs_, data);
       erase(channels_last_, data);
       erase(k_by_n_, std::make_pair(data, true));
     }
@@ -211,7 +212,8 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
     }
   } else if (std::none_of(trials_.begin(), trials_.end(), [&](const auto& other) {
                // oneDNN won. The alternative's copy serves every input size of the weight
-               // (Winograd's form, the depthwise filters, blocked_gemm's [K, N] copy; MKL's
+               // (Winograd's form, the depthwise filters, Blade's float32 pack,
+               // blocked_gemm's [K, N] copy; MKL's
                // sgemm reads the weight as it is): freed once no size still uses or tries
                // it (a dynamic engine's size past its oneDNN copies makes [K, N] again).
                return std::get<0>(other.first) == data &&
@@ -228,6 +230,7 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
         erase(k_by_n_, std::make_pair(data, transposed || trial.weight_sizes.size() == 4));
         break;
       case Kernel::kInt8Conv: erase(int8_, std::make_pair(data, kInt8ConvKey)); break;
+      case Kernel::kF32Tiles: erase(f32_convs_, data); break;
       case Kernel::kOneDnn:
       case Kernel::kBf16: break;  // handled above
     }
@@ -248,7 +251,8 @@ const char* kernel_name(PreparedWeights::Kernel kernel) {
     case PreparedWeights::Kernel::kGemm: return "plain-weight GEMM";
     case PreparedWeights::Kernel::kDepthwise: return "Blade depthwise";
     case PreparedWeights::Kernel::kInt8Conv: return "Blade int8";
-    case PreparedWeights::Kernel::kBf16:  // Blade's where it runs (bf16_conv.h)
+    case PreparedWeights::Kernel::kF32Tiles: return "Blade float32";
+    case PreparedWeights::Kernel::kBf16:  // Blade's where it runs (float_conv.h)
       return bf16_conv_available() ? "Blade bfloat16" : "oneDNN bfloat16";
   }
   return "?";

@@ -6,7 +6,7 @@
 // packed GEMM; anything else is ATen's matmul.
 #include "ral/matmul_kernels.h"
 
-#include "ral/bf16_conv.h"
+#include "ral/float_conv.h"
 #include "ral/bf16_rounding.h"
 #include "ral/blocked_gemm.h"
 #include "ral/conv_kernels.h"
@@ -97,7 +97,7 @@ bool bf16_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
   if (rows <= 0 || k <= 0 || n <= 0) {
     return false;
   }
-  // Blade's bfloat16 convolution of the rows as a rows x 1 image (bf16_conv.h; its plane
+  // Blade's bfloat16 convolution of the rows as a rows x 1 image (float_conv.h; its plane
   // rows are the matrix's, rounded on the threads): no library call, the rounding and the
   // float32 result in its own passes.
   if (bf16_conv_available() && lda == k && ldc == n) {

@@ -1,6 +1,6 @@
 #include "ral/prepared_weights.h"
 
-#include "ral/bf16_conv.h"
+#include "ral/float_conv.h"
 #include "ral/blocked_gemm.h"
 #include "ral/mkl_functions.h"
 #include "ral/winograd.h"
@@ -125,6 +125,16 @@ at::Tensor PreparedWeights::bf16_conv(const at::Tensor& weight) {
                    bf16_conv_pack_bytes(weight.size(0), weight.size(1), weight.size(2),
                                         weight.size(3)),
                    [&] { return pack_bf16_conv_weight(weight); });
+}
+
+at::Tensor PreparedWeights::f32_conv(const at::Tensor& weight) {
+  if (weight.dim() != 4 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
+    return at::Tensor();
+  }
+  return made_once(f32_convs_, weight.data_ptr(), weight,
+                   f32_conv_pack_bytes(weight.size(0), weight.size(1), weight.size(2),
+                                       weight.size(3)),
+                   [&] { return pack_f32_conv_weight(weight); });
 }
 
 at::Tensor PreparedWeights::bf16_linear(const at::Tensor& weight, bool transposed) {
@@ -306,7 +316,7 @@ int64_t PreparedWeights::packed_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t count =
       static_cast<int64_t>(packs_.size() + winograd_.size() + depthwise_.size() +
-                           bf16_convs_.size() + bf16_linears_.size() +
+                           bf16_convs_.size() + f32_convs_.size() + bf16_linears_.size() +
                            bf16_matrices_.size() + k_by_n_.size() + int8_.size());
   for (const auto& entry : onednn_) {
     count += entry.second.defined() ? 1 : 0;

@@ -22,7 +22,7 @@
 //
 // An engine built with precision='bf16' multiplies and convolves by its weights in
 // bfloat16 with float32 accumulation (about twice float32's throughput): on AVX512-BF16
-// without AMX by Blade's kernel (bf16_conv.h) and a pack of each weight (`bf16_conv`,
+// without AMX by Blade's kernel (float_conv.h) and a pack of each weight (`bf16_conv`,
 // `bf16_linear`), which rounds the float32 rows or NHWC input as it reads them and writes
 // the float32 sums; elsewhere by oneDNN's kernels and a bfloat16 copy (`bf16_matrix`, or
 // `onednn_weight` with `bf16`), the input rounded on each call and the result (rounded to
@@ -129,9 +129,11 @@ class PreparedWeights {
   // such a param or the copy would pass the limit.
   at::Tensor depthwise(const at::Tensor& weight);
   // A float32 convolution param [O, C, kh, kw] as Blade's bfloat16 kernel multiplies it
-  // (bf16_conv.h), made once for every input size; undefined when `weight` is not such a
+  // (float_conv.h), made once for every input size; undefined when `weight` is not such a
   // param or the copy would pass the limit.
   at::Tensor bf16_conv(const at::Tensor& weight);
+  // The same param as Blade's float32 kernel multiplies it (float_conv.h).
+  at::Tensor f32_conv(const at::Tensor& weight);
   // A 2-d float32 param as that pack of the 1x1 convolution weight [N, K, 1, 1] of the
   // linear layer multiplying by it (`weight` is [N, K] when `transposed`, else [K, N]),
   // made once for every row count; undefined as above.
@@ -159,7 +161,7 @@ class PreparedWeights {
   // from the third call on, a loaded model holds what it keeps (and gives back what
   // release_plain_weights can). Both give the result within float32 rounding (a precision
   // trial's: within bfloat16's).
-  enum class Kernel { kOneDnn, kWinograd, kGemm, kDepthwise, kInt8Conv, kBf16 };
+  enum class Kernel { kOneDnn, kWinograd, kGemm, kDepthwise, kInt8Conv, kBf16, kF32Tiles };
   // int8 convolutions have a trial too: oneDNN's qconv2d (its pack in int8_weight, keyed by
   // input size) against Blade's kernel (int8_conv.h, its pack for every input size, under
   // the key kInt8ConvKey); the loser's pack is freed the same way. A bf16 engine's
@@ -171,7 +173,7 @@ class PreparedWeights {
   //
   // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
   // and `onednn_input_size`) or `alternative` (kWinograd, kGemm, kDepthwise, kInt8Conv,
-  // kBf16). kOneDnn when `weight` is not a param, or for kGemm without MKL; with trials off
+  // kBf16, kF32Tiles: Blade's float32 kernel on a 1x1 convolution, float_conv.h). kOneDnn when `weight` is not a param, or for kGemm without MKL; with trials off
   // (set_kernel_trials), kOneDnn, or kBf16 for a precision trial.
   static constexpr bool kPrecisionTrial = true;
   Kernel next_kernel(const at::Tensor& weight, bool onednn_transposed,
@@ -314,6 +316,7 @@ class PreparedWeights {
   std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
   std::map<const void*, at::Tensor> depthwise_;      // weight data -> its [kh, kw, C] filters
   std::map<const void*, at::Tensor> bf16_convs_;     // weight data -> bf16_conv's pack
+  std::map<const void*, at::Tensor> f32_convs_;      // weight data -> f32_conv's pack
   std::map<std::pair<const void*, bool>, at::Tensor> bf16_linears_;  // (data, transposed)
   // (weight data, key) -> oneDNN's int8 pack
   std::map<std::pair<const void*, std::vector<int64_t>>, at::Tensor> int8_;

@@ -429,13 +429,16 @@ def run_logging_onednn(capfd, optimized, x):
     return y, [line for line in log.splitlines() if ",exec," in line and "convolution" in line]
 
 
-def test_3x3_convolutions_time_winograd_against_onednn_and_keep_the_faster(capfd):
+def test_3x3_convolutions_time_winograd_against_onednn_and_keep_the_faster(capfd, request):
     """The stride-1 3x3 convolution that both algorithms take runs Winograd's on its first
     call (it never reaches oneDNN: the verbose log shows only the other two) and oneDNN's
     direct one on the next, alternating until each has been timed three times; then it stays
     with one, the other's weight copy is freed (the report's prepared copies: 4 during the
     trial, 3 after), and every call matches eager, at odd sizes (edge tiles) and under a
-    dynamic batch."""
+    dynamic batch. Blade's float32 kernel, which would try the other two, is off (as on a
+    CPU without AVX-512)."""
+    _C.set_f32_conv_enabled(False)
+    request.addfinalizer(lambda: _C.set_f32_conv_enabled(True))
     torch.manual_seed(0)
     model = WinogradAndDirect().eval()
     for config in (None, blade.Config(dynamic_dims={0: [0]})):
@@ -473,12 +476,14 @@ class Pointwise(torch.nn.Module):
         return self.project(torch.relu(self.expand(x)))
 
 
-def test_1x1_convolutions_time_mkl_against_onednn_and_match_eager_every_call(capfd):
-    """A 1x1 convolution runs the plain-weight GEMM on the first call (no oneDNN
-    convolution in the verbose log: MKL's sgemm on the weight as it is, or on an AVX-512 CPU
-    blocked_gemm on its [K, N] copy) and oneDNN's on the next, alternating until each has
-    been timed, then keeps one and frees the other's copy; every call matches eager, NaN
-    kept by the ReLU."""
+def test_1x1_convolutions_time_mkl_against_onednn_and_match_eager_every_call(capfd, request):
+    """Without Blade's float32 kernel (as on a CPU without AVX-512), a 1x1 convolution runs
+    the plain-weight GEMM on the first call (no oneDNN convolution in the verbose log: MKL's
+    sgemm on the weight as it is, or on an AVX-512 CPU blocked_gemm on its [K, N] copy) and
+    oneDNN's on the next, alternating until each has been timed, then keeps one and frees
+    the other's copy; every call matches eager, NaN kept by the ReLU."""
+    _C.set_f32_conv_enabled(False)
+    request.addfinalizer(lambda: _C.set_f32_conv_enabled(True))
     torch.manual_seed(0)
     model = Pointwise().eval()
     x = torch.randn(2, 32, 9, 7)

@@ -1,7 +1,7 @@
 """The runtime's fused attention with bfloat16 products (csrc/ral/fused_attention.*), as int8
 engines run it: q, k, v and the softmax's probabilities rounded to bfloat16, float32 sums
 and softmax. On a CPU without AMX its products are Blade's AVX512-BF16 tiles
-(bf16_pairs_gemm, bf16_conv.h). Compared with a float64 reference that rounds the same operands, which
+(bf16_pairs_gemm, float_conv.h). Compared with a float64 reference that rounds the same operands, which
 pins the products down to float32 summation order and exp's rounding."""
 import pytest
 import torch

@@ -1,8 +1,9 @@
-"""Blade's own bfloat16 convolution (csrc/ral/bf16_conv.*), as a bf16 engine runs it on a
-CPU with AVX512-BF16 and no AMX: the float32 input rounded to bfloat16 into stride-phase
-planes, register tiles of bf16 pair products summed in float32, bias and ReLU in the
-registers. Compared with a float64 convolution of the same rounded operands, which leaves
-only float32 summation order between them."""
+"""Blade's own float convolutions (csrc/ral/float_conv.*): in bfloat16, as a bf16 engine runs
+it on a CPU with AVX512-BF16 and no AMX (the float32 input rounded to bfloat16 into
+stride-phase planes, bf16 pair products summed in float32), and in float32, as any engine's
+float32 path tries it on an AVX-512 CPU; register tiles, bias and ReLU in the registers.
+Compared with a float64 convolution of the same (rounded) operands, which leaves only
+float32 summation order between them."""
 import pytest
 import torch
 
@@ -12,20 +13,36 @@ from helpers import assert_ran_compiled
 
 needs_kernel = pytest.mark.skipif(not _C.bf16_conv_available(),
                                   reason="the kernel runs on AVX512-BF16 CPUs without AMX")
+needs_f32_kernel = pytest.mark.skipif(not _C.f32_conv_available(),
+                                      reason="the float32 kernel runs on AVX-512 CPUs")
+
+# Each kind: its availability, the op, its call count, and how it rounds its operands.
+KINDS = {
+    "bf16": (_C.bf16_conv_available, _C.bf16_conv2d, _C.bf16_conv_calls,
+             lambda t: t.bfloat16().double()),
+    "f32": (_C.f32_conv_available, _C.f32_conv2d, _C.f32_conv_calls, lambda t: t.double()),
+}
 
 
-def reference(x, weight, bias, stride, padding, relu):
-    out = torch.nn.functional.conv2d(x.bfloat16().double(), weight.bfloat16().double(),
+@pytest.fixture(params=list(KINDS))
+def kind(request):
+    available, conv, calls, rounded = KINDS[request.param]
+    if not available():
+        pytest.skip(f"the {request.param} kernel does not run on this CPU")
+    return conv, calls, rounded
+
+
+def reference(x, weight, bias, stride, padding, relu, rounded=lambda t: t.bfloat16().double()):
+    out = torch.nn.functional.conv2d(rounded(x), rounded(weight),
                                      None if bias is None else bias.double(), stride, padding)
     return out.clamp_min(0) if relu else out
 
 
-@needs_kernel
 @pytest.mark.parametrize("shape", [
     # batch, channels, height, width, out channels, kernel, stride, padding
-    (1, 3, 23, 21, 64, 7, 2, 3),     # a stem: 3 channels (one zero channel), taps in phases
+    (1, 3, 23, 21, 64, 7, 2, 3),     # a stem: 3 channels (bf16: one zero channel), phases
     (2, 5, 9, 8, 70, 3, 1, 1),       # odd channels; a partial second column block
-    (1, 64, 14, 14, 130, 1, 1, 0),   # a 1x1 (more input than weight): rows rounded in turn
+    (1, 64, 14, 14, 130, 1, 1, 0),   # a 1x1 (more input than weight): bf16 rows in turn
     (2, 32, 25, 21, 40, 1, 1, 0),    # the same over several images and row blocks
     (1, 64, 3, 3, 256, 1, 1, 0),     # a 1x1 with more weight than input: rounded first
     (1, 33, 11, 10, 64, 3, 2, 1),    # stride 2 with padding
@@ -33,6 +50,7 @@ def reference(x, weight, bias, stride, padding, relu):
     (3, 8, 6, 9, 20, 3, 2, 0),       # several images, no padding, rows of unequal planes
     (1, 128, 8, 8, 64, 1, 2, 0),     # a strided 1x1 (a projection shortcut)
     (1, 7, 5, 4, 9, 3, 3, 2),        # stride 3: 3 x 3 phases
+    (1, 240, 1, 1, 960, 1, 1, 0),    # a squeeze-excitation's: one pixel
     # kernel (rows, columns), stride and padding differing between the two axes
     (1, 6, 9, 10, 12, (3, 1), (2, 1), (1, 0)),  # row phases, shared padding's extra row
     (1, 6, 9, 10, 12, (1, 3), (1, 2), (0, 1)),  # column phases only
@@ -41,55 +59,56 @@ def reference(x, weight, bias, stride, padding, relu):
     (1, 5, 2, 2, 8, (2, 2), (3, 3), (0, 0)),    # stride past the filter
 ])
 @pytest.mark.parametrize("relu", [False, True])
-def test_bf16_convolution_matches_the_rounded_reference(shape, relu):
+def test_convolution_matches_the_rounded_reference(kind, shape, relu):
+    conv, conv_calls, rounded = kind
     n, c, h, w, o, k, s, p = shape
     k, s, p = [v if isinstance(v, tuple) else (v, v) for v in (k, s, p)]
     torch.manual_seed(0)
     x, weight, bias = torch.randn(n, c, h, w), torch.randn(o, c, *k), torch.randn(o)
-    calls = _C.bf16_conv_calls()
-    got = _C.bf16_conv2d(x, weight, bias, list(s), list(p), relu)
-    assert _C.bf16_conv_calls() == calls + 1
-    want = reference(x, weight, bias, list(s), list(p), relu)
+    calls = conv_calls()
+    got = conv(x, weight, bias, list(s), list(p), relu)
+    assert conv_calls() == calls + 1
+    want = reference(x, weight, bias, list(s), list(p), relu, rounded)
     assert got.shape == want.shape
     assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
 
 
-@needs_kernel
-def test_bf16_convolution_of_empty_sizes():
+def test_convolution_of_empty_sizes(kind):
     """No input channels: an empty sum, so the bias alone (and its ReLU); no images:
     nothing."""
+    conv = kind[0]
     bias = torch.tensor([1.5, -2.0, 0.25])
     for relu in (False, True):
-        got = _C.bf16_conv2d(torch.randn(2, 0, 5, 4), torch.randn(3, 0, 3, 3), bias, [1, 1],
+        got = conv(torch.randn(2, 0, 5, 4), torch.randn(3, 0, 3, 3), bias, [1, 1],
                              [1, 1], relu)
         want = (bias.clamp_min(0) if relu else bias).view(1, 3, 1, 1).expand(2, 3, 5, 4)
         torch.testing.assert_close(got, want)
-    got = _C.bf16_conv2d(torch.randn(0, 4, 5, 5), torch.randn(3, 4, 3, 3), None, [1, 1],
+    got = conv(torch.randn(0, 4, 5, 5), torch.randn(3, 4, 3, 3), None, [1, 1],
                          [1, 1], False)
     assert got.shape == (0, 3, 5, 5)
 
 
-@needs_kernel
-def test_bf16_convolution_without_bias_and_past_the_kept_planes():
+def test_convolution_without_bias_and_past_the_kept_planes(kind):
     """No bias; planes larger than a thread keeps between calls (made for the call)."""
+    conv, _, rounded = kind
     torch.manual_seed(0)
     x, weight = torch.randn(1, 64, 260, 260), torch.randn(8, 64, 3, 3)
-    got = _C.bf16_conv2d(x, weight, None, [1, 1], [1, 1], False)
-    want = reference(x, weight, None, [1, 1], [1, 1], False)
+    got = conv(x, weight, None, [1, 1], [1, 1], False)
+    want = reference(x, weight, None, [1, 1], [1, 1], False, rounded)
     assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
 
 
-@needs_kernel
-def test_bf16_convolution_keeps_nan_and_infinities():
+def test_convolution_keeps_nan_and_infinities(kind):
     """A NaN input gives NaN outputs where its taps reach, ReLU keeps it (torch.relu's NaN),
-    and an infinite one gives infinities (or NaN where signs meet), as eager in bfloat16."""
+    and an infinite one gives infinities (or NaN where signs meet), as eager does."""
+    conv, _, rounded = kind
     torch.manual_seed(0)
     x, weight, bias = torch.randn(1, 8, 6, 6), torch.randn(4, 8, 3, 3), torch.randn(4)
     x[0, 2, 1, 1] = float("nan")
     x[0, 5, 4, 4] = float("inf")
     for relu in (False, True):
-        got = _C.bf16_conv2d(x, weight, bias, [1, 1], [1, 1], relu)
-        want = reference(x, weight, bias, [1, 1], [1, 1], relu)
+        got = conv(x, weight, bias, [1, 1], [1, 1], relu)
+        want = reference(x, weight, bias, [1, 1], [1, 1], relu, rounded)
         assert torch.equal(got.isnan(), want.isnan())
         assert torch.equal(got.isinf(), want.isinf())
         finite = want.isfinite()
@@ -97,20 +116,23 @@ def test_bf16_convolution_keeps_nan_and_infinities():
             1e-5 * float(want[finite].abs().max())
 
 
-@needs_kernel
-def test_bf16_convolution_refuses_mismatched_operands():
-    with pytest.raises(RuntimeError, match=r"bf16_conv2d: float32 x \[N, C, H, W\]"):
-        _C.bf16_conv2d(torch.randn(1, 4, 5, 5), torch.randn(8, 3, 3, 3), None, [1, 1],
+@pytest.mark.parametrize("name", list(KINDS))
+def test_convolution_refuses_mismatched_operands(name):
+    available, conv = KINDS[name][:2]
+    if not available():
+        pytest.skip(f"the {name} kernel does not run on this CPU")
+    with pytest.raises(RuntimeError, match=rf"{name}_conv2d: float32 x \[N, C, H, W\]"):
+        conv(torch.randn(1, 4, 5, 5), torch.randn(8, 3, 3, 3), None, [1, 1],
                        [1, 1], False)
     for stride in ([1, 1], [2, 2]):  # with stride 2 the output size alone would pass
         with pytest.raises(RuntimeError, match="does not fit the padded input"):
-            _C.bf16_conv2d(torch.randn(1, 4, 2, 2), torch.randn(8, 4, 5, 5), None, stride,
+            conv(torch.randn(1, 4, 2, 2), torch.randn(8, 4, 5, 5), None, stride,
                            [0, 0], False)
         with pytest.raises(RuntimeError, match="does not fit the padded input"):
-            _C.bf16_conv2d(torch.randn(1, 4, 2, 2), torch.randn(8, 4, 3, 3), None, stride,
+            conv(torch.randn(1, 4, 2, 2), torch.randn(8, 4, 3, 3), None, stride,
                            [0, 0], False)
     with pytest.raises(RuntimeError, match="the bias needs 8 float32 values"):
-        _C.bf16_conv2d(torch.randn(1, 4, 5, 5), torch.randn(8, 4, 3, 3), torch.randn(7),
+        conv(torch.randn(1, 4, 5, 5), torch.randn(8, 4, 3, 3), torch.randn(7),
                        [1, 1], [1, 1], False)
 
 
@@ -164,3 +186,35 @@ def test_bf16_engine_multiplies_linear_layers_with_blades_kernel():
             assert float((got.double() - want).abs().max()) < 2e-2 * float(want.abs().max())
     report = assert_ran_compiled(half)
     assert report.clusters[0].packed_weights == 2, str(report)
+
+
+@needs_f32_kernel
+def test_float32_engine_tries_blades_kernel_and_matches_eager_on_every_call():
+    """A float32 engine's 1x1 convolutions of stride 1 try Blade's float32 kernel against
+    oneDNN's on their first calls (its strided and 3x3 ones do not): the kernel runs, every
+    call's result (whichever kernel ran it) matches eager, and the trials name it."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = torch.nn.Conv2d(3, 24, 3, stride=2, padding=1)
+            self.expand = torch.nn.Conv2d(24, 80, 1)
+            self.project = torch.nn.Conv2d(80, 24, 1, bias=False)
+            self.down = torch.nn.Conv2d(24, 48, 1, stride=2)
+
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            return self.down(self.project(torch.relu(self.expand(x))) + x)
+
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(2, 3, 31, 29)
+    engine = blade.optimize(model, (x,))
+    calls = _C.f32_conv_calls()
+    with torch.no_grad():
+        want = model(x)
+        for _ in range(8):  # the trials' calls, then the kept kernels'
+            torch.testing.assert_close(engine(x), want, rtol=1e-4, atol=1e-4)
+    assert _C.f32_conv_calls() >= calls + 2 * 4  # each trial's first call and 3 timed
+    report = assert_ran_compiled(engine)
+    choices = [line for cluster in report.clusters for line in cluster.kernel_choices]
+    assert sum("Blade float32" in line for line in choices) == 2, choices

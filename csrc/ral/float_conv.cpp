@@ -1,0 +1,540 @@
+// Blade's float32 and bfloat16 convolutions: the input copied (or rounded) into planes,
+// register tiles of FMAs or AVX512-BF16 dot products (float_conv.h).
+#include "ral/float_conv.h"
+
+#include "ral/conv_planes.h"
+#include "ral/cpu_features.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+namespace blade::ral {
+namespace {
+
+// Output channels per block (four 16-lane vectors), output pixels per tile of a whole
+// block, and the most output pixels a task's block of rows covers: a multiple of
+// kTileRows, or of kStepRows where a narrower block's tiles (8 or 12 rows) run too, so that
+// its tiles are whole but the last.
+constexpr int64_t kColumnBlock = 64;
+constexpr int64_t kTileRows = 6;
+constexpr int64_t kStepRows = 24;
+constexpr int64_t kMaxRowBlock = 120;
+// The most bytes of planes a thread keeps between calls (larger ones are made per call).
+constexpr int64_t kKeptPlaneBytes = int64_t{8} << 20;
+
+// The two kinds of element the kernel multiplies: bfloat16 pairs (storage uint16_t, a
+// pixel's depth padded with a zero channel to an even count) summed by `vdpbf16ps`, or
+// float32 values summed by `vfmadd231ps`. Either way one step of the depth is 4 bytes of a
+// pixel broadcast against 4-byte weight words, 64 output channels in 256 bytes.
+enum class Kind { kBf16, kF32 };
+
+template <Kind K>
+struct Element;
+template <>
+struct Element<Kind::kBf16> {
+  using Type = uint16_t;
+  static constexpr int64_t kStep = 2;
+};
+template <>
+struct Element<Kind::kF32> {
+  using Type = float;
+  static constexpr int64_t kStep = 1;
+};
+template <Kind K>
+using ElementType = typename Element<K>::Type;
+
+std::atomic<bool> f32_enabled{true};
+std::atomic<int64_t> bf16_calls{0};
+std::atomic<int64_t> f32_calls{0};
+
+// A pixel's depth: the channels, padded to whole steps.
+template <Kind K>
+int64_t padded_depth(int64_t channels) {
+  return (channels + Element<K>::kStep - 1) / Element<K>::kStep * Element<K>::kStep;
+}
+
+// GCC 12 warns inside its own intrinsics' headers here (their _mm512_undefined).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// n float32 values rounded to bfloat16 (to nearest, ties to even; NaN stays NaN) at `dst`,
+// then `pad` zeros.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_values(
+    const float* src, uint16_t* dst, int64_t n, int64_t pad) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<__m256i>(rounded));
+  }
+  if (i < n) {
+    const auto mask = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, src + i));
+    _mm256_mask_storeu_epi16(dst + i, mask, reinterpret_cast<__m256i>(rounded));
+  }
+  std::fill(dst + n, dst + n + pad, uint16_t{0});
+}
+
+// n float32 values stored as the kind's elements at `dst` (bfloat16: rounded), then `pad`
+// zeros.
+void store_values(const float* src, uint16_t* dst, int64_t n, int64_t pad) {
+  round_values(src, dst, n, pad);
+}
+void store_values(const float* src, float* dst, int64_t n, int64_t pad) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  std::fill(dst + n, dst + n + pad, 0.0f);
+}
+
+// acc + the products of one depth step: 16 float32 sums, `x` the pixel's step broadcast,
+// `w` 16 output channels' weight words. The bfloat16 dot product is written as an
+// instruction so that the tiles need no AVX512-BF16 target, and their float32 instances
+// none of its code.
+template <Kind K>
+__attribute__((target("avx512f"), always_inline)) inline __m512 multiply_add(__m512 acc,
+                                                                              __m512i x,
+                                                                              __m512i w) {
+  if constexpr (K == Kind::kF32) {
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(w), acc);
+  } else {
+    asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+    return acc;
+  }
+}
+
+// A tile of kRows output pixels (as `walk` steps over them; plane pixel p at `image` + (p -
+// `base`) x depth) by kVecs x 16 output channels of a block (`width` of them real; the
+// block's weight rows of words `ldb` apart, a row per depth step, read whole: a pack's
+// padding, or with kMaskB masked to the width: a GEMM's b, which may end there; masked
+// loads took 15% longer in a ResNet-50): the products of every tap group summed in kVecs x
+// kRows registers, then the bias and ReLU, stored as float32 (`out_channels` apart).
+template <Kind K, int kRows, int kVecs, bool kMaskB>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
+    const ElementType<K>* image, int64_t base, int64_t depth, const std::vector<TapGroup>& taps,
+    const uint32_t* b, int64_t ldb, RowWalk& walk, int64_t width, int64_t out_channels,
+    int64_t column, const float* bias, bool relu, float* out) {
+  constexpr int64_t kStep = Element<K>::kStep;
+  int64_t pixels[kRows];
+  const ElementType<K>* x[kRows];
+#pragma GCC unroll 12
+  for (int r = 0; r < kRows; ++r) {
+    pixels[r] = walk.next();
+    x[r] = image + (walk.plane_row - base) * depth;
+  }
+  __m512 acc[kRows][kVecs];
+#pragma GCC unroll 12
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) {
+      acc[r][v] = _mm512_setzero_ps();
+    }
+  }
+  __mmask16 masks[kVecs];
+#pragma GCC unroll 4
+  for (int v = 0; v < kVecs; ++v) {
+    masks[v] = static_cast<__mmask16>((1u << std::clamp<int64_t>(width - 16 * v, 0, 16)) - 1);
+  }
+  for (const TapGroup& group : taps) {
+    const uint32_t* b_group = b + group.weight_row / kStep * ldb;
+    for (int64_t k = 0; k < group.depth; k += kStep) {
+      const uint32_t* row = b_group + k / kStep * ldb;
+      __m512i w[kVecs];
+#pragma GCC unroll 4
+      for (int v = 0; v < kVecs; ++v) {
+        w[v] = kMaskB ? _mm512_maskz_loadu_epi32(masks[v], row + 16 * v)
+                      : _mm512_loadu_si512(row + 16 * v);
+      }
+#pragma GCC unroll 12
+      for (int r = 0; r < kRows; ++r) {
+        uint32_t bits;
+        std::memcpy(&bits, x[r] + group.offset + k, sizeof bits);
+        const __m512i step = _mm512_set1_epi32(static_cast<int>(bits));
+#pragma GCC unroll 4
+        for (int v = 0; v < kVecs; ++v) {
+          acc[r][v] = multiply_add<K>(acc[r][v], step, w[v]);
+        }
+      }
+    }
+  }
+  __m512 offset[kVecs];
+#pragma GCC unroll 4
+  for (int v = 0; v < kVecs; ++v) {
+    offset[v] = bias != nullptr ? _mm512_maskz_loadu_ps(masks[v], bias + column + 16 * v)
+                                : _mm512_setzero_ps();
+  }
+  const __m512 zero = _mm512_setzero_ps();
+#pragma GCC unroll 12
+  for (int r = 0; r < kRows; ++r) {
+    float* at = out + pixels[r] * out_channels + column;
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) {
+      __m512 value = _mm512_add_ps(acc[r][v], offset[v]);
+      if (relu) {
+        value = _mm512_max_ps(zero, value);  // the second operand where either is NaN
+      }
+      // A whole vector's store unmasked: masked stores are slow on AMD's cores.
+      if (masks[v] == 0xFFFF) {
+        _mm512_storeu_ps(at + 16 * v, value);
+      } else {
+        _mm512_mask_storeu_ps(at + 16 * v, masks[v], value);
+      }
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
+// The tile of `left` < kRows rows (the last of a block), by kVecs vectors.
+template <Kind K, int kVecs, int kRows, bool kMaskB>
+void tail_tile(int64_t left, const ElementType<K>* image, int64_t base, int64_t depth,
+               const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
+               int64_t width, int64_t out_channels, int64_t column, const float* bias,
+               bool relu, float* out) {
+  if constexpr (kRows > 0) {
+    if (left == kRows) {
+      conv_tile<K, kRows, kVecs, kMaskB>(image, base, depth, taps, b, ldb, walk, width,
+                                         out_channels, column, bias, relu, out);
+      return;
+    }
+    tail_tile<K, kVecs, kRows - 1, kMaskB>(left, image, base, depth, taps, b, ldb, walk,
+                                           width, out_channels, column, bias, relu, out);
+  }
+}
+
+// `rows` output pixels from `walk`'s on by kVecs vectors of one block of output channels,
+// in tiles of kRows (about 24 sums in registers, which the products' latency needs) and a
+// shorter last one.
+template <Kind K, int kVecs, int kRows, bool kMaskB>
+void tiles_of(const ElementType<K>* image, int64_t base, int64_t rows, int64_t depth,
+              const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
+              int64_t width, int64_t out_channels, int64_t column, const float* bias,
+              bool relu, float* out) {
+  int64_t r = 0;
+  for (; r + kRows <= rows; r += kRows) {
+    conv_tile<K, kRows, kVecs, kMaskB>(image, base, depth, taps, b, ldb, walk, width,
+                                       out_channels, column, bias, relu, out);
+  }
+  tail_tile<K, kVecs, kRows - 1, kMaskB>(rows - r, image, base, depth, taps, b, ldb, walk,
+                                         width, out_channels, column, bias, relu, out);
+}
+
+// `rows` output pixels from `walk`'s on by one block of output channels, its `width` real
+// ones in as few vectors as cover them (a narrow layer's block is mostly padding).
+template <Kind K, bool kMaskB>
+void tile_rows(const ElementType<K>* image, int64_t base, int64_t rows, int64_t depth,
+               const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk walk,
+               int64_t width, int64_t out_channels, int64_t column, const float* bias,
+               bool relu, float* out) {
+  switch ((width + 15) / 16) {
+    case 1:
+      tiles_of<K, 1, 12, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
+                                 out_channels, column, bias, relu, out);
+      break;
+    case 2:
+      tiles_of<K, 2, 12, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
+                                 out_channels, column, bias, relu, out);
+      break;
+    case 3:
+      tiles_of<K, 3, 8, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
+                                out_channels, column, bias, relu, out);
+      break;
+    default:
+      tiles_of<K, 4, kTileRows, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
+                                        out_channels, column, bias, relu, out);
+      break;
+  }
+}
+
+// The planes of `batch` NHWC float32 images as the kind's elements, `depth` a pixel (zeros
+// past the channels and in the padding), at `dst`, plane row by plane row.
+template <Kind K>
+void fill_planes(const float* input, int64_t batch, int64_t height, int64_t width,
+                 int64_t channels, int64_t depth, const ConvPlanes& planes,
+                 ElementType<K>* dst) {
+  using T = ElementType<K>;
+  const int64_t plane_w = planes.plane_w;
+  const int64_t row_elements = plane_w * depth;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / row_elements);
+  at::parallel_for(0, planes.plane_rows(batch), grain, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<T> rounded;  // a bfloat16 input row, for a few channels a pixel
+    for (int64_t row = begin; row < end; ++row) {
+      const auto [n, h, first_w] = planes.row(row);
+      T* line_out = dst + row * row_elements;
+      if (h < 0 || h >= height) {
+        std::fill(line_out, line_out + row_elements, T{0});
+        continue;
+      }
+      const float* line = input + (n * height + h) * width * channels;
+      if (planes.sw == 1 && depth == channels) {  // whole runs of pixels at once
+        const int64_t lo = std::clamp<int64_t>(-first_w, 0, plane_w);
+        const int64_t hi = std::clamp<int64_t>(width - first_w, lo, plane_w);
+        std::fill(line_out, line_out + lo * depth, T{0});
+        store_values(line + (lo + first_w) * channels, line_out + lo * depth,
+                     (hi - lo) * channels, (plane_w - hi) * depth);
+        continue;
+      }
+      // A few channels a pixel (a stem's): a bfloat16 row rounded in one call, then its
+      // pixels picked, with no call per pixel.
+      const bool whole_row = channels < 16;
+      const T* source = nullptr;
+      if constexpr (K == Kind::kBf16) {
+        if (whole_row) {
+          // One element of slack: an image's pixel is moved as 8 bytes below.
+          rounded.resize(static_cast<size_t>(width * channels + 1));
+          round_values(line, rounded.data(), width * channels, 1);
+          source = rounded.data();
+        }
+      } else {
+        source = line;
+      }
+      // Plane columns [lo, hi) lie inside the image; the rest is padding.
+      const int64_t sw = planes.sw;
+      const int64_t lo = std::min(plane_w, first_w >= 0 ? 0 : (-first_w + sw - 1) / sw);
+      const int64_t hi = first_w >= width
+                             ? lo
+                             : std::max(lo, std::min(plane_w, (width - 1 - first_w) / sw + 1));
+      std::fill(line_out, line_out + lo * depth, T{0});
+      std::fill(line_out + hi * depth, line_out + plane_w * depth, T{0});
+      for (int64_t x = lo; x < hi; ++x) {
+        const int64_t w = x * sw + first_w;
+        T* pixel = line_out + x * depth;
+        if (!whole_row) {
+          store_values(line + w * channels, pixel, channels, depth - channels);
+        } else if (K == Kind::kBf16 && channels == 3 && depth == 4) {
+          // An image's: one 8-byte move, the 4th 0.
+          uint64_t bits;
+          std::memcpy(&bits, source + w * channels, sizeof bits);
+          bits &= 0x0000FFFFFFFFFFFFull;
+          std::memcpy(pixel, &bits, sizeof bits);
+        } else {
+          const T* from = source + w * channels;
+          for (int64_t c = 0; c < depth; ++c) {  // no call per pixel
+            pixel[c] = c < channels ? from[c] : T{0};
+          }
+        }
+      }
+    }
+  });
+}
+
+// The kind's pack of a float32 weight [O, C, kh, kw] (float_conv.h), as `Packed` elements
+// (bfloat16 bits, or float32).
+template <Kind K, typename Packed, at::ScalarType kDtype>
+at::Tensor pack_weight(const at::Tensor& weight, const char* what) {
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 4, what,
+              ": a float32 [O, C, kh, kw] weight is needed, got ", weight.scalar_type(),
+              weight.sizes());
+  constexpr int64_t kStep = Element<K>::kStep;
+  const int64_t out_channels = weight.size(0), channels = weight.size(1);
+  const int64_t kh = weight.size(2), kw = weight.size(3);
+  const int64_t depth = padded_depth<K>(channels);
+  const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
+  // bfloat16: rounded as the input is (ATen's rounding: to nearest, ties to even).
+  const at::Tensor values = K == Kind::kBf16 ? weight.contiguous().to(at::kBFloat16)
+                                             : weight.contiguous();
+  const auto* w = static_cast<const Packed*>(values.const_data_ptr());
+  at::Tensor packed = at::zeros({blocks * kh * kw * depth * kColumnBlock}, kDtype);
+  auto* data = static_cast<Packed*>(packed.data_ptr());
+  const auto order = tap_order(kh, kw);
+  for (int64_t o = 0; o < out_channels; ++o) {
+    Packed* block = data + (o / kColumnBlock) * kh * kw * depth * kColumnBlock;
+    for (int64_t t = 0; t < kh * kw; ++t) {
+      const auto [i, j] = order[t];
+      for (int64_t c = 0; c < channels; ++c) {
+        block[(t * depth + c / kStep * kStep) * kColumnBlock + (o % kColumnBlock) * kStep +
+              c % kStep] = w[((o * channels + c) * kh + i) * kw + j];
+      }
+    }
+  }
+  return packed;
+}
+
+template <Kind K>
+int64_t pack_bytes(int64_t out_channels, int64_t channels, int64_t kh, int64_t kw) {
+  const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
+  return blocks * kh * kw * padded_depth<K>(channels) * kColumnBlock *
+         static_cast<int64_t>(sizeof(ElementType<K>));
+}
+
+// The convolution by the kind's tiles (float_conv.h's bf16_conv and f32_conv).
+template <Kind K>
+void convolve(const char* what, const float* input, int64_t batch, int64_t height,
+              int64_t width, int64_t channels, const at::Tensor& packed, int64_t out_channels,
+              int64_t kh, int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding,
+              const float* bias, bool relu, float* out) {
+  using T = ElementType<K>;
+  TORCH_CHECK(K == Kind::kBf16 ? bf16_conv_available() : f32_conv_available(), what,
+              ": this CPU lacks ", K == Kind::kBf16 ? "AVX512-BF16" : "AVX512-F/BW/VL");
+  TORCH_CHECK(packed.scalar_type() == (K == Kind::kBf16 ? at::kShort : at::kFloat), what,
+              ": the packed weight is ", packed.scalar_type(), ", not ",
+              K == Kind::kBf16 ? "bfloat16 bits" : "float32");
+  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && stride[0] > 0 && stride[1] > 0 &&
+                  padding[0] >= 0 && padding[1] >= 0,
+              what, ": two positive strides and two paddings not negative are needed, got ",
+              stride, " and ", padding);
+  const ConvPlanes planes(height, width, kh, kw, stride[0], stride[1], padding[0],
+                          padding[1]);
+  TORCH_CHECK(planes.filter_fits(), what, ": a ", kh, " x ", kw, " filter does not fit the ",
+              height, " x ", width, " input padded by ", padding);
+  const int64_t depth = padded_depth<K>(channels);
+  const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
+  const int64_t block_elements = kh * kw * depth * kColumnBlock;
+  TORCH_CHECK(packed.nbytes() == static_cast<size_t>(pack_bytes<K>(out_channels, channels, kh,
+                                                                    kw)) &&
+                  packed.is_contiguous(),
+              what, ": the packed weight does not fit ", out_channels, " x ", channels, " x ",
+              kh, " x ", kw);
+  const int64_t out_h = planes.out_h, out_w = planes.out_w;
+  (K == Kind::kBf16 ? bf16_calls : f32_calls).fetch_add(1, std::memory_order_relaxed);
+  if (batch <= 0 || out_h <= 0 || out_w <= 0 || out_channels <= 0) {
+    return;
+  }
+  if (channels == 0) {  // no products: the bias (and ReLU) alone
+    for (int64_t p = 0; p < batch * out_h * out_w; ++p) {
+      for (int64_t o = 0; o < out_channels; ++o) {
+        const float value = bias != nullptr ? bias[o] : 0.0f;
+        out[p * out_channels + o] = relu && value < 0.0f ? 0.0f : value;
+      }
+    }
+    return;
+  }
+
+  const std::vector<TapGroup> taps = planes.tap_groups(depth);
+  const auto* weights = static_cast<const uint32_t*>(packed.const_data_ptr());
+  const int64_t block_words = block_elements / Element<K>::kStep;
+  // Tasks: blocks of output pixels (whole tiles but the last) by column blocks.
+  const int64_t rows = out_h * out_w;
+  const bool columns_outer = blocks * block_elements > batch * rows * depth;
+  const ConvTasks work(batch, rows, blocks, kMaxRowBlock,
+                       out_channels % kColumnBlock == 0 ? kTileRows : kStepRows, columns_outer);
+  // Without padding or stride the input is the plane: a float32 one is read as it is; a
+  // bfloat16 1x1 convolution taking its rows in turn rounds each block of them just before
+  // its products, in the thread's cache (a large image's planes went through memory twice
+  // more). Otherwise the planes are made first.
+  const bool input_is_plane = planes.input_is_plane() && depth == channels;
+  const bool as_it_is = K == Kind::kF32 && input_is_plane;
+  const bool rows_in_turn =
+      K == Kind::kBf16 && !columns_outer && kh == 1 && kw == 1 && input_is_plane;
+  const int64_t image_elements = planes.image_elements(depth);
+  const T* planes_data = nullptr;
+  at::Tensor large;
+  if (as_it_is) {
+    planes_data = reinterpret_cast<const T*>(input);
+  } else if (!rows_in_turn) {
+    const int64_t elements = batch * image_elements;
+    T* dst = planes_buffer<T>(elements, kKeptPlaneBytes, large);
+    if (input_is_plane) {
+      // The input is the plane: rounded in even shares.
+      at::parallel_for(0, elements, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+        store_values(input + begin, dst + begin, end - begin, 0);
+      });
+    } else {
+      fill_planes<K>(input, batch, height, width, channels, depth, planes, dst);
+    }
+    planes_data = dst;
+  }
+  at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<T> block_rows;  // rows_in_turn's rounded rows
+    int64_t rounded = -1;                    // the image row they are
+    for (int64_t task = begin; task < end; ++task) {
+      const auto [block, image_row, n, first, count] = work.at(task);
+      const T* image = nullptr;
+      int64_t base = 0;
+      if (!rows_in_turn) {
+        image = planes_data + n * image_elements;
+      } else {
+        if (rounded != image_row) {  // the row block's other column blocks reuse it
+          block_rows.resize(std::max<size_t>(block_rows.size(),
+                                             static_cast<size_t>(count * depth)));
+          store_values(input + (n * rows + first) * channels, block_rows.data(),
+                       count * channels, 0);
+          rounded = image_row;
+        }
+        image = block_rows.data();
+        base = first;
+      }
+      const int64_t column = block * kColumnBlock;
+      tile_rows<K, false>(image, base, count, depth, taps, weights + block * block_words,
+                          kColumnBlock,
+                          RowWalk(n, first, planes.plane_w, batch, out_h, out_w,
+                                  /*pixels=*/true),
+                          std::min(kColumnBlock, out_channels - column), out_channels, column,
+                          bias, relu, out);
+    }
+  });
+}
+
+}  // namespace
+
+void set_f32_conv_enabled(bool enabled) { f32_enabled.store(enabled, std::memory_order_relaxed); }
+
+bool f32_conv_enabled() { return f32_enabled.load(std::memory_order_relaxed); }
+
+int64_t bf16_conv_calls() { return bf16_calls.load(std::memory_order_relaxed); }
+
+int64_t f32_conv_calls() { return f32_calls.load(std::memory_order_relaxed); }
+
+bool bf16_conv_available() {
+  static const bool available = f32_conv_available() && has_cpu_feature("avx512_bf16") &&
+                                !has_cpu_feature("amx_bf16");
+  return available;
+}
+
+bool f32_conv_available() {
+  static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
+                                has_cpu_feature("avx512vl");
+  return available;
+}
+
+int64_t bf16_conv_pack_bytes(int64_t out_channels, int64_t channels, int64_t kh, int64_t kw) {
+  return pack_bytes<Kind::kBf16>(out_channels, channels, kh, kw);
+}
+
+int64_t f32_conv_pack_bytes(int64_t out_channels, int64_t channels, int64_t kh, int64_t kw) {
+  return pack_bytes<Kind::kF32>(out_channels, channels, kh, kw);
+}
+
+at::Tensor pack_bf16_conv_weight(const at::Tensor& weight) {
+  return pack_weight<Kind::kBf16, uint16_t, at::kShort>(weight, "pack_bf16_conv_weight");
+}
+
+at::Tensor pack_f32_conv_weight(const at::Tensor& weight) {
+  return pack_weight<Kind::kF32, float, at::kFloat>(weight, "pack_f32_conv_weight");
+}
+
+void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
+               int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
+               int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
+               bool relu, float* out) {
+  convolve<Kind::kBf16>("bf16_conv", input, batch, height, width, channels, packed,
+                        out_channels, kh, kw, stride, padding, bias, relu, out);
+}
+
+void f32_conv(const float* input, int64_t batch, int64_t height, int64_t width,
+              int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
+              int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
+              bool relu, float* out) {
+  convolve<Kind::kF32>("f32_conv", input, batch, height, width, channels, packed,
+                       out_channels, kh, kw, stride, padding, bias, relu, out);
+}
+
+void bf16_pairs_gemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda,
+                     const uint32_t* b, int64_t ldb, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) {
+    return;
+  }
+  // The rows of a are the pixels of one image row, one tap of depth k over them.
+  const std::vector<TapGroup> taps{{0, 0, k}};
+  const auto* rows = reinterpret_cast<const uint16_t*>(a);
+  for (int64_t column = 0; column < n; column += kColumnBlock) {
+    tile_rows<Kind::kBf16, true>(rows, 0, m, lda, taps, b + column, ldb,
+                                 RowWalk(0, 0, m, 1, 1, m, true),
+                                 std::min(kColumnBlock, n - column), ldc, column, nullptr,
+                                 false, c);
+  }
+}
+
+}  // namespace blade::ral
