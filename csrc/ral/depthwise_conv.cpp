@@ -120,10 +120,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
     } else if (e.post_op == DepthwisePostOp::kHardswish) {
       sum = hardswish_units(sum, _mm512_set1_ps(1.0f), zero);
     }
+    // A whole vector's store unmasked, its bytes narrowed in a register: masked and
+    // narrowing stores are slow on AMD's cores.
     if (r.out_u8 != nullptr) {  // to nearest, ties to even (NaN: 0), one multiply-add
       const __m512 v = _mm512_fmadd_ps(sum, out_inverse, out_zero_point);
-      _mm512_mask_cvtepi32_storeu_epi8(r.out_u8 + out_row + ox * g.c + ch, mask,
-                                       uint8_steps(v, zero));
+      const __m128i bytes = _mm512_cvtepi32_epi8(uint8_steps(v, zero));
+      uint8_t* to = r.out_u8 + out_row + ox * g.c + ch;
+      if (mask == 0xFFFF) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(to), bytes);
+      } else {
+        _mm_mask_storeu_epi8(to, mask, bytes);
+      }
+    } else if (mask == 0xFFFF) {
+      _mm512_storeu_ps(y + out_row + ox * g.c + ch, sum);
     } else {
       _mm512_mask_storeu_ps(y + out_row + ox * g.c + ch, mask, sum);
     }

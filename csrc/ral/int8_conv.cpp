@@ -262,11 +262,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
         if (e.relu) {
           x[v] = _mm512_max_ps(x[v], zero);
         }
-        _mm512_mask_storeu_ps(e.out_f32 + at + 16 * v, masks[v], x[v]);
+        // Whole vectors unmasked: masked stores are slow on AMD's cores.
+        if (masks[v] == 0xFFFF) {
+          _mm512_storeu_ps(e.out_f32 + at + 16 * v, x[v]);
+        } else {
+          _mm512_mask_storeu_ps(e.out_f32 + at + 16 * v, masks[v], x[v]);
+        }
       }
     }
     if constexpr (kOutU8) {
-      _mm512_mask_storeu_epi8(e.out_u8 + at, bytes_mask, uint8_pack64(x, low_bytes));
+      const __m512i bytes = uint8_pack64(x, low_bytes);
+      if (width >= 64) {
+        _mm512_storeu_si512(e.out_u8 + at, bytes);
+      } else {
+        _mm512_mask_storeu_epi8(e.out_u8 + at, bytes_mask, bytes);
+      }
     }
   }
 }
