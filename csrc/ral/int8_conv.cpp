@@ -21,7 +21,8 @@ namespace blade::ral {
 namespace {
 
 // Output channels per block (four 16-lane vectors of the epilogue), and GEMM rows per
-// microkernel call at most (a stride-1 convolution's blocks split its rows evenly).
+// block (a microkernel call) at most, the register tiles' rounded up to whole tiles (a
+// convolution's blocks split its rows evenly).
 constexpr int64_t kColumnBlock = 64;
 constexpr int64_t kMaxRowBlock = 128;
 // The most bytes of padded planes a thread keeps between calls (larger ones are made per
@@ -776,7 +777,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       unfolded ? std::vector<TapGroup>{{0, 0, depth}} : planes.tap_groups(depth);
   const auto finish = for_epilogue<FinishBlock>(e);
   const auto tiles = for_epilogue<TileRows>(e);
-  const ConvTasks work(batch, rows, blocks, kMaxRowBlock, 1,
+  // The tiles' blocks of rows are whole tiles but the last: a short tile (a 2-row one runs
+  // 8 dot-product chains, too few to hide their latency) once per image, not per block.
+  const ConvTasks work(batch, rows, blocks, kMaxRowBlock, tiled ? kTileRows : 1,
                        /*columns_outer=*/blocks * block_bytes > batch * rows * depth);
   // A 1x1 convolution over more input than the cores' L2 caches hold streams it in; the
   // tiles ask for the rows two tiles ahead (see register_tile).
@@ -788,14 +791,14 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
     thread_local std::vector<int32_t> acc;
     thread_local std::vector<int64_t> pixels;
     if (!tiled) {
-      acc.resize(kMaxRowBlock * kColumnBlock);
-      pixels.resize(kMaxRowBlock);
+      acc.resize(work.step * kColumnBlock);
+      pixels.resize(work.step);
     }
     // An unfolded filter's block of rows, and which block of rows it holds.
     thread_local std::vector<uint8_t> unfolded_rows;
     int64_t unfolded_block = -1;
     if (unfolded) {
-      unfolded_rows.resize(kMaxRowBlock * depth + kUnfoldSlack);
+      unfolded_rows.resize(work.step * depth + kUnfoldSlack);
     }
     for (int64_t task = begin; task < end; ++task) {
       const auto [block, image_row, n, first, count] = work.at(task);
