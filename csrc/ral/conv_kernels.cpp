@@ -154,9 +154,10 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
 }
 
 // Whether Blade's float32 convolution (float_conv.h) is the 1x1 convolution's alternative
-// to oneDNN's: on AVX-512, in place of MKL's sgemm (which runs AVX2 code on AMD's cores),
-// reading the input as it is. Tried on every convolution of one group, it lost as many
-// strided and kxk layers as it won: their planes copy costs what the products save.
+// to oneDNN's: on AVX-512, in place of MKL's sgemm (which runs its AVX2 code on AMD's
+// cores; on Intel's its AVX-512 code may win against both, untried), reading the input as
+// it is. Tried on an AMD EPYC on every convolution of one group, it lost as many strided
+// and kxk layers as it won: their planes copy cost what the products saved.
 bool f32_tiles_apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                      const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                      const std::vector<int64_t>& dilation, int64_t groups) {
@@ -170,6 +171,9 @@ bool convolve_f32_tiles(PreparedWeights* prepared, const at::Tensor& x, const at
                         const at::Tensor& target, const std::optional<at::Tensor>& bias,
                         bool relu, const std::vector<int64_t>& padding,
                         const std::vector<int64_t>& stride) {
+  if (!f32_conv_enabled()) {  // turned off after its trial began: declined, oneDNN's runs
+    return false;
+  }
   const at::Tensor packed = prepared->f32_conv(w);
   if (!packed.defined()) {
     return false;

@@ -101,7 +101,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 multiply_add(__m
   if constexpr (K == Kind::kF32) {
     return _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(w), acc);
   } else {
-    asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+    asm("vdpbf16ps {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(x), "v"(w));
     return acc;
   }
 }

@@ -28,11 +28,13 @@ constexpr int64_t kMaxRowBlock = 128;
 // The most bytes of padded planes a thread keeps between calls (larger ones are made per
 // call), so a large image's planes are not held for the thread's life.
 constexpr int64_t kKeptPlaneBytes = int64_t{4} << 20;
-// The input of a 1x1 convolution past which its tiles fetch rows ahead (more than two
-// cores' 1 MB L2 caches hold), and how many tiles ahead.
+// The input of a 1x1 convolution past which its tiles fetch rows ahead (more than the two
+// cores' L2 caches of the machine it was measured on, 1 MB each, hold), and how many
+// tiles ahead.
 constexpr int64_t kStreamedBytes = int64_t{2} << 20;
 constexpr int64_t kFetchAheadTiles = 2;
-// The deepest unfolded filter (unfolds): a block of rows unfolded stays in L1.
+// The deepest unfolded filter (unfolds): a block of rows unfolded takes at most 132 x 256
+// bytes, about an L1 cache.
 constexpr int64_t kMaxUnfoldedDepth = 256;
 constexpr int64_t kUnfoldSlack = 64;
 
@@ -175,8 +177,8 @@ dot_step(__m512i (&acc)[kRows][4], const uint8_t* const (&x)[kRows], int64_t off
 template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
     const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
-    int64_t fetch_ahead, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column, const Terms& terms,
-    const Int8ConvEpilogue& e) {
+    int64_t fetch_ahead, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
+    const Terms& terms, const Int8ConvEpilogue& e) {
   // The rows' output pixels (walked as output pixels: none dropped) and inputs (their
   // plane rows in `image`); the lines the next tile adds and writes, asked for early (they
   // lie in memory by now, the tensor added written long before).
@@ -196,7 +198,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   }
   // A streamed input's rows `fetch_ahead` bytes on, into L2: with the hardware's
   // prefetchers alone, a 1x1 layer over a batch's 56 x 56 x 256 bytes stalled on its input
-  // (fetched ahead, its time fell by a fifth; layers whose input stays in cache lost).
+  // on an AMD EPYC (fetched ahead, its time fell by a fifth there; layers whose input stays
+  // in cache lost).
   if (fetch_ahead > 0) {
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
@@ -291,9 +294,8 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
-    register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(image, depth, taps, b,
-                                                             fetch_ahead, walk, width, out_channels, column,
-                                                             terms, e);
+    register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(
+        image, depth, taps, b, fetch_ahead, walk, width, out_channels, column, terms, e);
   }
   using Tile = void (*)(const uint8_t*, int64_t, const std::vector<TapGroup>&, const int8_t*,
                         int64_t, RowWalk&, int64_t, int64_t, int64_t, const Terms&,
@@ -306,7 +308,8 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                                     register_tile<5, kAddU8, kAddF32, kOutU8, kGelu>};
   static_assert(std::size(kTails) == kTileRows);
   if (r < rows) {
-    kTails[rows - r](image, depth, taps, b, fetch_ahead, walk, width, out_channels, column, terms, e);
+    kTails[rows - r](image, depth, taps, b, fetch_ahead, walk, width, out_channels, column,
+                     terms, e);
   }
 }
 #pragma GCC diagnostic pop
@@ -458,18 +461,20 @@ int64_t padded_depth(int64_t channels) {
 // kh x kw x C inputs side by side in one row, multiplied as a 1x1 convolution of that
 // depth. As planes, each tap pads its 3 channels to 4 and a strided row's taps split by
 // phase (a 7 x 7 stem: 196 bytes of depth for 147); unfolded, 147 pad to 148. A filter row
-// (kw * C bytes) moves as one masked vector.
+// (kw * C bytes) moves as one vector.
 bool unfolds(int64_t channels, int64_t kh, int64_t kw) {
-  return kh * kw > 1 && kh <= 64 && channels < kDepthGroup && kw * channels <= 64 &&
+  return kh * kw > 1 && kh <= 64 && channels > 0 && channels < kDepthGroup &&
+         kw * channels <= 64 &&
          padded_depth(kh * kw * channels) <= kMaxUnfoldedDepth;
 }
 
 // Rows [first, first + count) of image n's output pixels unfolded into `out`, `depth`
 // bytes a row: filter row i's kw * C inputs at i * kw * C, the rest (padding, and depth
-// past kh * kw * C) the input's zero point. A filter row is read by a masked load and
-// written whole as a 32- or 64-byte vector, its spill overwritten by the next filter row
-// or pixel (masked byte stores are slow on AMD's cores); `out` has kUnfoldSlack bytes past
-// the last row for the last spill.
+// past kh * kw * C) the input's zero point. A filter row is read as a 32- or 64-byte
+// vector (masked to its bytes near the image's end) and written whole, its spill
+// overwritten by the next filter row or pixel (masked byte stores took 40% of the tiles'
+// time on an AMD EPYC); `out` has kUnfoldSlack bytes past the last row for the last
+// spill.
 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void put_filter_row(
     uint8_t* to, const uint8_t* from, const uint8_t* end, __mmask64 mask, bool narrow,
     uint8_t zero_point) {
@@ -830,7 +835,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
         continue;
       }
       if (tiled) {
-        tiles(src + n * image_bytes, count, depth, groups, b, fetch_ahead,
+        // Rows taken in turn by every column block are fetched ahead by the first only.
+        tiles(src + n * image_bytes, count, depth, groups, b,
+              work.columns_outer || block == 0 ? fetch_ahead : 0,
               RowWalk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/true), width_here,
               out_channels, column, terms, e);
         continue;

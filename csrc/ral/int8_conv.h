@@ -3,8 +3,9 @@
 // padded input is split into stride-phase planes (int8_conv.cpp), so every convolution is a
 // stride-1 one over a plane's flat pixel index: one block of rows covers several output
 // rows, the padding columns' results dropped. A filter over fewer than 4 channels (an
-// image's) is unfolded instead: each pixel's kh x kw x C inputs side by side, multiplied as
-// a 1x1 convolution of that depth, and its weight packed so.
+// image's) of a few taps (kw * C <= 64 bytes a filter row, kh * kw * C <= 256) is unfolded
+// instead: each pixel's kh x kw x C inputs side by side, multiplied as a 1x1 convolution of
+// that depth, and its weight packed so.
 //
 // Two ways to multiply, with the same epilogue (zero-point correction, per-channel scales,
 // bias, residual add, ReLU, requantization):
@@ -47,9 +48,10 @@ bool int8_conv_takes(int64_t channels, const at::Tensor& weight, at::IntArrayRef
                      int64_t groups);
 
 // The weight [O, C, kh, kw] int8 in the multiplication's layout (an unfolded filter's as
-// the 1x1 weight [O, kh * kw * C, 1, 1]): 64 output channels at a time, per tap, groups of 4 channels (VNNI's depth; C padded with zeros to a multiple of
-// 4) interleaved per output channel (zeros past O), then each output channel's sum of
-// weights (int32), for the zero-point correction.
+// the 1x1 weight [O, kh * kw * C, 1, 1]): 64 output channels at a time, per tap, groups of
+// 4 channels (VNNI's depth; C padded with zeros to a multiple of 4) interleaved per output
+// channel (zeros past O), then each output channel's sum of weights (int32), for the
+// zero-point correction.
 at::Tensor pack_int8_conv_weight(const at::Tensor& weight);
 
 // The function applied after the sums, scales, bias and residual, other than ReLU (which

@@ -148,8 +148,9 @@ class PreparedWeights {
   // Kernel trials (kernel_trials.cpp).
   //
   // Kernels with a second way to compute them: 3x3 convolutions (Winograd's algorithm or
-  // oneDNN's direct one), 1x1 convolutions and GEMMs by a weight (MKL's sgemm on the weight
-  // as it is, or oneDNN's convolution by its reordered copy). Which is faster depends on
+  // oneDNN's direct one), 1x1 convolutions and GEMMs by a weight (MKL's sgemm on the
+  // weight as it is, or oneDNN's convolution by its reordered copy; on AVX-512 a 1x1
+  // convolution's alternative is Blade's float32 kernel instead, kF32Tiles, float_conv.h). Which is faster depends on
   // the CPU as much as on the sizes: Winograd wins on large images with few channels and
   // loses on small ones with many, and where it wins moves with the cache sizes; MKL's
   // sgemm beats oneDNN's 1x1 convolution on AVX2 hosts, where oneDNN's AVX-512 kernels
@@ -173,8 +174,8 @@ class PreparedWeights {
   //
   // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
   // and `onednn_input_size`) or `alternative` (kWinograd, kGemm, kDepthwise, kInt8Conv,
-  // kBf16, kF32Tiles: Blade's float32 kernel on a 1x1 convolution, float_conv.h). kOneDnn when `weight` is not a param, or for kGemm without MKL; with trials off
-  // (set_kernel_trials), kOneDnn, or kBf16 for a precision trial.
+  // kBf16, kF32Tiles). kOneDnn when `weight` is not a param, or for kGemm without MKL; with
+  // trials off (set_kernel_trials), kOneDnn, or kBf16 for a precision trial.
   static constexpr bool kPrecisionTrial = true;
   Kernel next_kernel(const at::Tensor& weight, bool onednn_transposed,
                      const std::vector<int64_t>& onednn_input_size, Kernel alternative);

@@ -112,6 +112,10 @@ def assert_rounds_to(result, want, onednn=None):
     (1, 12, (6, 7), 20, 3, 1, 2),      # padding 2: taps read two columns into the next row
     (1, 8, (5, 6), 16, 1, 1, 1),       # padding as wide as the filter: rows padded both sides
     (4, 32, (180, 180), 8, 3, 2, 1),   # planes past what a thread keeps: made per call
+    (1, 256, (96, 96), 64, 1, 1, 0),   # a 1x1 over 2.3 MB of input: rows fetched ahead
+    (1, 256, (96, 96), 130, 1, 1, 0),  # the same by three column blocks taking rows in turn
+    (1, 2, (7, 9), 8, 1, 3, 0),        # a strided 1x1 of 2 channels: spread at stride 3
+    (1, 2, (9, 10), 8, 1, 4, 0),       # and at stride 4
 ])
 def test_blades_kernel_matches_the_real_convolution_and_onednns(
         batch, channels, size, out_channels, kernel, stride, padding, threads, multiply):
