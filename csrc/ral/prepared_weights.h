@@ -150,15 +150,16 @@ class PreparedWeights {
   // Kernels with a second way to compute them: 3x3 convolutions (Winograd's algorithm or
   // oneDNN's direct one), 1x1 convolutions and GEMMs by a weight (MKL's sgemm on the
   // weight as it is, or oneDNN's convolution by its reordered copy; on AVX-512 a 1x1
-  // convolution's alternative is Blade's float32 kernel instead, kF32Tiles, float_conv.h). Which is faster depends on
-  // the CPU as much as on the sizes: Winograd wins on large images with few channels and
-  // loses on small ones with many, and where it wins moves with the cache sizes; MKL's
-  // sgemm beats oneDNN's 1x1 convolution on AVX2 hosts, where oneDNN's AVX-512 kernels
-  // beat MKL's AVX2 ones on AVX-512 hosts. (MKL's packed copies are no alternative: larger
-  // than a BERT weight, where its sgemm needs no copy and was as fast.) So the engine's own
-  // calls decide, per weight and oneDNN input size: the first call runs both, untimed (each
-  // prepares its weight copy, and oneDNN creates its kernel), the second and third time
-  // oneDNN's and the alternative, then the faster stays and the other's copy is freed:
+  // convolution's alternative is Blade's float32 kernel instead, kF32Tiles, float_conv.h).
+  // Which is faster depends on the CPU as much as on the sizes: Winograd wins on large
+  // images with few channels and loses on small ones with many, and where it wins moves
+  // with the cache sizes; MKL's sgemm beats oneDNN's 1x1 convolution on AVX2 hosts, where
+  // oneDNN's AVX-512 kernels beat MKL's AVX2 ones on AVX-512 hosts. (MKL's packed copies
+  // are no alternative: larger than a BERT weight, where its sgemm needs no copy and was as
+  // fast.) So the engine's own calls decide, per weight and oneDNN input size: the first
+  // call runs both, untimed (each prepares its weight copy, and oneDNN creates its kernel),
+  // the second and third time oneDNN's and the alternative, then the faster stays and the
+  // other's copy is freed:
   // from the third call on, a loaded model holds what it keeps (and gives back what
   // release_plain_weights can). Both give the result within float32 rounding (a precision
   // trial's: within bfloat16's).
