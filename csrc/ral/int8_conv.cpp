@@ -33,6 +33,8 @@ constexpr int64_t kKeptPlaneBytes = int64_t{4} << 20;
 // tiles ahead.
 constexpr int64_t kStreamedBytes = int64_t{2} << 20;
 constexpr int64_t kFetchAheadTiles = 2;
+// How many depth steps (256 bytes each) ahead a block's first tile fetches its weight rows.
+constexpr int64_t kWeightAheadSteps = 32;
 // The deepest unfolded filter (unfolds): a block of rows unfolded takes at most 132 x 256
 // bytes, about an L1 cache.
 constexpr int64_t kMaxUnfoldedDepth = 256;
@@ -177,8 +179,8 @@ dot_step(__m512i (&acc)[kRows][4], const uint8_t* const (&x)[kRows], int64_t off
 template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
     const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
-    int64_t fetch_ahead, RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
-    const Terms& terms, const Int8ConvEpilogue& e) {
+    int64_t fetch_ahead, bool fetch_weights, RowWalk& walk, int64_t width,
+    int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   // The rows' output pixels (walked as output pixels: none dropped) and inputs (their
   // plane rows in `image`); the lines the next tile adds and writes, asked for early (they
   // lie in memory by now, the tensor added written long before).
@@ -217,10 +219,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
     }
   }
   // One loop per group (a flat table of every step's offset, tried for a stem's short
-  // groups, made GCC spill the accumulators on every step).
+  // groups, made GCC spill the accumulators on every step). A block's first tile reads its
+  // weight from memory (an engine's weights do not stay in the caches between calls) and
+  // asks for the rows kWeightAheadSteps on; the tiles after it find them in cache.
   for (const TapGroup& group : taps) {
     const int8_t* b_group = b + group.weight_row * kColumnBlock;
     for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
+      if (fetch_weights) {
+        const int8_t* ahead = b_group + (k + kWeightAheadSteps * kDepthGroup) * kColumnBlock;
+#pragma GCC unroll 4
+        for (int line = 0; line < 4; ++line) {
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * line), _MM_HINT_T0);
+        }
+      }
       dot_step<kRows>(acc, x, group.offset + k, b_group + k * kColumnBlock);
     }
   }
@@ -294,11 +305,12 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
-    register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(
-        image, depth, taps, b, fetch_ahead, walk, width, out_channels, column, terms, e);
+    register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(image, depth, taps, b,
+                                                             fetch_ahead, r == 0, walk, width,
+                                                             out_channels, column, terms, e);
   }
   using Tile = void (*)(const uint8_t*, int64_t, const std::vector<TapGroup>&, const int8_t*,
-                        int64_t, RowWalk&, int64_t, int64_t, int64_t, const Terms&,
+                        int64_t, bool, RowWalk&, int64_t, int64_t, int64_t, const Terms&,
                         const Int8ConvEpilogue&);
   static constexpr Tile kTails[] = {nullptr,
                                     register_tile<1, kAddU8, kAddF32, kOutU8, kGelu>,
@@ -308,8 +320,8 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                                     register_tile<5, kAddU8, kAddF32, kOutU8, kGelu>};
   static_assert(std::size(kTails) == kTileRows);
   if (r < rows) {
-    kTails[rows - r](image, depth, taps, b, fetch_ahead, walk, width, out_channels, column,
-                     terms, e);
+    kTails[rows - r](image, depth, taps, b, fetch_ahead, r == 0, walk, width, out_channels,
+                     column, terms, e);
   }
 }
 #pragma GCC diagnostic pop
