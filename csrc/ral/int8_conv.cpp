@@ -277,7 +277,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
         if (e.relu) {
           x[v] = _mm512_max_ps(x[v], zero);
         }
-        // Whole vectors unmasked: masked stores are slow on AMD's cores.
+        // Whole vectors unmasked, as in float_conv.cpp's tiles.
         if (masks[v] == 0xFFFF) {
           _mm512_storeu_ps(e.out_f32 + at + 16 * v, x[v]);
         } else {
@@ -484,9 +484,8 @@ bool unfolds(int64_t channels, int64_t kh, int64_t kw) {
 // bytes a row: filter row i's kw * C inputs at i * kw * C, the rest (padding, and depth
 // past kh * kw * C) the input's zero point. A filter row is read as a 32- or 64-byte
 // vector (masked to its bytes near the image's end) and written whole, its spill
-// overwritten by the next filter row or pixel (masked byte stores took 40% of the tiles'
-// time on an AMD EPYC); `out` has kUnfoldSlack bytes past the last row for the last
-// spill.
+// overwritten by the next filter row or pixel; `out` has kUnfoldSlack bytes past the last
+// row for the last spill.
 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void put_filter_row(
     uint8_t* to, const uint8_t* from, const uint8_t* end, __mmask64 mask, bool narrow,
     uint8_t zero_point) {
