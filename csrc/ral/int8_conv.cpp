@@ -821,40 +821,29 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       const int64_t column = block * kColumnBlock;
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);
       const int8_t* b = weights + block * block_bytes;
+      // The rows' input: the image's planes (tap offsets from each row's plane position),
+      // or an unfolded filter's block of rows, row r unfolded row r (output pixel
+      // `first` + r of the image).
+      const uint8_t* image = src + n * image_bytes;
+      RowWalk walk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/tiled);
       if (unfolded) {
         if (image_row != unfolded_block) {
           unfold_block(input + n * height * width * channels, planes, channels, first, count,
                        depth, static_cast<uint8_t>(e.input_zero_point), unfolded_rows.data());
           unfolded_block = image_row;
         }
-        const int64_t image_first = n * out_h * out_w + first;
-        if (tiled) {
-          // Row r reads unfolded row r and writes output pixel image_first + r.
-          RowWalk walk(n, 0, out_w, batch, out_h, out_w, /*pixels=*/true);
-          walk.image_base = image_first;
-          tiles(unfolded_rows.data(), count, depth, groups, b, 0, walk, width_here,
-                out_channels, column, terms, e);
-          continue;
-        }
-        at::native::cpublas::brgemm(count, (width_here + 15) / 16 * 16, depth, depth,
-                                    kColumnBlock, kColumnBlock, /*add_C=*/false,
-                                    unfolded_rows.data(), b, acc.data(), /*is_vnni=*/true);
-        for (int64_t r = 0; r < count; ++r) {
-          pixels[r] = image_first + r;
-        }
-        finish(acc.data(), count, pixels.data(), width_here, out_channels, column, terms, e);
-        continue;
+        image = unfolded_rows.data();
+        walk = RowWalk(n, 0, out_w, batch, out_h, out_w, /*pixels=*/true);
+        walk.image_base += first;
       }
       if (tiled) {
         // Rows taken in turn by every column block are fetched ahead by the first only.
-        tiles(src + n * image_bytes, count, depth, groups, b,
-              work.columns_outer || block == 0 ? fetch_ahead : 0,
-              RowWalk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/true), width_here,
+        tiles(image, count, depth, groups, b,
+              work.columns_outer || block == 0 ? fetch_ahead : 0, walk, width_here,
               out_channels, column, terms, e);
         continue;
       }
-      const uint8_t* a = src + n * image_bytes + first * depth;
-      const RowWalk walk(n, first, plane_w, batch, out_h, out_w);
+      const uint8_t* a = unfolded ? image : image + first * depth;
       // The microkernel's int32 block, one call per tap, then the epilogue.
       const int64_t n_columns = (width_here + 15) / 16 * 16;  // whole vectors: zeros past O
       for (int64_t t = 0; t < taps; ++t) {
@@ -863,9 +852,8 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
                                     b + t * depth * kColumnBlock, acc.data(),
                                     /*is_vnni=*/true);
       }
-      RowWalk row_walk = walk;
       for (int64_t r = 0; r < count; ++r) {
-        pixels[r] = row_walk.next();
+        pixels[r] = walk.next();
       }
       finish(acc.data(), count, pixels.data(), width_here, out_channels, column, terms, e);
     }
