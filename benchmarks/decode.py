@@ -15,9 +15,11 @@ backend's tokens are checked against eager's.
 
 The floor: a decode step reads every weight once (the embedding table excepted: one row),
 so it cannot take less than those bytes over the machine's read bandwidth, measured here
-(`peak.measure_read_bandwidth`: vector loads of a buffer as large as the weights, read
-round after round as decode reads them) on the benchmarks' 2 threads. The KV cache and the
-activations are left out of the bytes: the floor is a lower bound.
+(`peak.ReadBandwidth`: vector loads of a buffer as large as the weights, read round after
+round as decode reads them) on the benchmarks' 2 threads. The KV cache and the
+activations are left out of the bytes: the floor is a lower bound. A shared host's
+bandwidth changes from minute to minute, so the floor is measured again just before each
+backend's timing in each round, and /floor is the median of those side-by-side ratios.
 """
 import argparse
 import statistics
@@ -30,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from child import TORCHSCRIPT_DEPRECATION  # noqa: E402
-from peak import THREADS, measure_read_bandwidth  # noqa: E402
+from peak import THREADS, ReadBandwidth  # noqa: E402
 
 warnings.filterwarnings("ignore", message=TORCHSCRIPT_DEPRECATION)
 
@@ -79,10 +81,12 @@ class Backend:
                                        min_new_tokens=tokens, pad_token_id=0)
 
     def timed(self, tokens):
+        """The tokens, and the seconds they took."""
         start = time.perf_counter()
         out = self.generate(tokens)
-        self.times.setdefault(tokens, []).append(time.perf_counter() - start)
-        return out
+        seconds = time.perf_counter() - start
+        self.times.setdefault(tokens, []).append(seconds)
+        return out, seconds
 
 
 def main():
@@ -120,17 +124,23 @@ def main():
     # A buffer as large as the weights, read again and again as decode reads them: on a CPU
     # whose last-level cache holds a share of them, that share is read from the cache in
     # both.
-    bandwidth = measure_read_bandwidth(THREADS, bytes_per_token)
-    floor_ms = bytes_per_token / (bandwidth * 1e9) * 1e3
+    bandwidth = ReadBandwidth(THREADS, bytes_per_token)
+    rates, ratios = [], {backend.name: [] for backend in backends}
     for _ in range(args.runs):
         for backend in backends:
-            backend.timed(1)
-            backend.same &= torch.equal(backend.timed(args.tokens), reference)
+            rates.append(bandwidth.measure())
+            floor = bytes_per_token / (rates[-1] * 1e9) * 1e3
+            short = backend.timed(1)[1]
+            tokens, long = backend.timed(args.tokens)
+            backend.same &= torch.equal(tokens, reference)
+            ratios[backend.name].append((long - short) / (args.tokens - 1) * 1e3 / floor)
+    rate = statistics.median(rates)
+    floor_ms = bytes_per_token / (rate * 1e9) * 1e3
     print(f"model: Llama-architecture, {bytes_per_token / 1e6:.0f} MB of weights read per "
           f"token (float32), prompt {PROMPT}, {args.tokens} new tokens, {THREADS} threads")
-    print(f"read bandwidth: {bandwidth:.1f} GB/s over {bytes_per_token / 1e6:.0f} MB "
-          f"(benchmarks/peak.py); floor "
-          f"{floor_ms:.2f} ms per token")
+    print(f"read bandwidth: {rate:.1f} GB/s over {bytes_per_token / 1e6:.0f} MB, median of "
+          f"{len(rates)} measures ({min(rates):.1f}-{max(rates):.1f}; benchmarks/peak.py); "
+          f"floor {floor_ms:.2f} ms per token")
     print(f"{'backend':<18}{'ms/token':>10}{'/floor':>8}{'/eager':>8}{'setup s':>9}  tokens")
     per_token = {}
     for backend in backends:
@@ -139,7 +149,7 @@ def main():
     for backend in backends:
         ms = per_token[backend.name]
         eager = per_token.get("eager")
-        print(f"{backend.name:<18}{ms:>10.2f}{ms / floor_ms:>8.2f}"
+        print(f"{backend.name:<18}{ms:>10.2f}{statistics.median(ratios[backend.name]):>8.2f}"
               f"{ms / eager if eager else float('nan'):>8.2f}{backend.setup_seconds:>9.1f}  "
               f"{'same as ' + names[0] if backend.same else 'DIFFER from ' + names[0]}")
 

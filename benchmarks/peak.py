@@ -248,23 +248,39 @@ def int8_gemm_gops(threads: int, size: int = INT8_GEMM_SIZE) -> float:
 READ_BANDWIDTH_BYTES = 1 << 30
 
 
-def measure_read_bandwidth(threads: int = THREADS, size: int = READ_BANDWIDTH_BYTES) -> float:
-    """The rate in GB/s at which `threads` threads read memory at once: each reads its
-    share of a buffer far larger than the caches with vector loads (`read_loop`), the best
-    of 5 rounds. What a decode step that reads every weight once is bound by."""
-    import torch
+class ReadBandwidth:
+    """Times how fast `threads` threads read memory at once: each reads its share of a
+    buffer of `size` bytes, far larger than the caches, with vector loads (`read_loop`).
+    The kernel is built and the buffer paged in once, so a bench can measure the rate
+    beside each of its own timings: on a shared host it changes by a third from minute to
+    minute."""
 
-    buffer = torch.ones(size // 4)
-    share = buffer.numel() // threads // 1024 * 1024
-    assert share > 0, f"a buffer of {size} bytes is too small to time"
-    with tempfile.TemporaryDirectory() as tmp:
-        kernel, _ = build_kernel(Path(tmp))
+    def __init__(self, threads: int = THREADS, size: int = READ_BANDWIDTH_BYTES):
+        import torch
+
+        self.threads = threads
+        self.buffer = torch.ones(size // 4)
+        self.share = self.buffer.numel() // threads // 1024 * 1024
+        assert self.share > 0, f"a buffer of {size} bytes is too small to time"
+        with tempfile.TemporaryDirectory() as tmp:   # the loaded library outlives its file
+            self.kernel, _ = build_kernel(Path(tmp))
+        self.measure(1)   # pages the buffer in
+
+    def measure(self, rounds: int = 3) -> float:
+        """GB/s: the fastest of `rounds` reads of the whole buffer."""
         rates = []
-        for _ in range(8):   # the first round pages the buffer in
-            elapsed = _at_once([(kernel.read_loop, (buffer.data_ptr() + t * share * 4, share))
-                                for t in range(threads)])
-            rates.append(threads * share * 4 / elapsed / 1e9)
-        return max(rates[1:])
+        for _ in range(rounds):
+            elapsed = _at_once([(self.kernel.read_loop,
+                                 (self.buffer.data_ptr() + t * self.share * 4, self.share))
+                                for t in range(self.threads)])
+            rates.append(self.threads * self.share * 4 / elapsed / 1e9)
+        return max(rates)
+
+
+def measure_read_bandwidth(threads: int = THREADS, size: int = READ_BANDWIDTH_BYTES) -> float:
+    """The rate in GB/s at which `threads` threads read memory at once (ReadBandwidth), the
+    best of 7 rounds. What a decode step that reads every weight once is bound by."""
+    return ReadBandwidth(threads, size).measure(7)
 
 
 if __name__ == "__main__":
