@@ -85,6 +85,39 @@ def test_a_kv_cache_written_through_a_slice_keeps_its_write_in_place():
     assert engine_writes(report) == 0 and report.compiled_ops > 0, str(report)
 
 
+class StaticCacheLayers(torch.nn.Module):
+    """Two decoding layers over a static KV cache, written as Hugging Face's StaticCache
+    does: a position counter and the caches updated in place, then attention with a mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x, mask, k1, v1, n1, k2, v2, n2):
+        for proj, (k, v, n) in zip(self.proj, ((k1, v1, n1), (k2, v2, n2))):
+            position = torch.arange(1) + n
+            n.add_(1)
+            k.index_copy_(2, position, proj(x))
+            v.index_copy_(2, position, x * 2)
+            x = proj(torch.nn.functional.scaled_dot_product_attention(x, k, v, attn_mask=mask))
+        return x
+
+
+def test_static_cache_layers_compile_into_one_engine_that_writes_the_caches():
+    """Neither the writes into the other layer's tensors nor the attention's branch on its
+    mask split the layers: one engine computes both and writes all four caches."""
+    model = StaticCacheLayers().eval()
+    inputs = (torch.randn(1, 2, 1, 8), torch.tensor([[[[True] * 5 + [False]]]])) + tuple(
+        t for _ in range(2) for t in (torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8),
+                                      torch.tensor(0)))
+    optimized = blade.optimize(model, clones(inputs))
+    assert_writes_like_eager(model, optimized, inputs, calls=3)
+    report = assert_ran_compiled(optimized)
+    layers = max(report.clusters, key=lambda c: sum(c.ops.values()))
+    assert layers.ops.get("blade::write_back", 0) == 4, str(report)
+    assert layers.ops.get("aten::linear", 0) == 4, str(report)
+
+
 class ScatterInto(torch.nn.Module):
     def forward(self, x, i, v):
         x.index_put_((i,), v, accumulate=True)

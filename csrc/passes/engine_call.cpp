@@ -110,8 +110,19 @@ std::vector<std::pair<int64_t, int64_t>> absorbable_write_backs(Node* cluster) {
             [](const Candidate& a, const Candidate& b) { return a.node->isBefore(b.node); });
   torch::jit::AliasDb db(cluster->owningGraph()->shared_from_this());
   Node* last = cluster;
+  // Past the nodes between that leave its tensor alone (AliasDb alone takes a graph input
+  // to alias every other, so a write into another input would hold it back).
+  const auto hoist = [&](Node* write, Node* after) {
+    for (Node* n = after->next(); n != write; n = n->next()) {
+      if (!leaves_alone(n, write->input(0), db)) {
+        return false;
+      }
+    }
+    write->moveAfter(after);
+    return true;
+  };
   for (const auto& c : candidates) {
-    if (!db.moveAfterTopologicallyValid(c.node, last)) {
+    if (!db.moveAfterTopologicallyValid(c.node, last) && !hoist(c.node, last)) {
       continue;
     }
     last = c.node;

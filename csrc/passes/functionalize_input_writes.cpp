@@ -189,9 +189,10 @@ bool is_view_of_first_input(const Node* node) {
          !schema->arguments()[0].alias_info()->isWrite();
 }
 
-// The value `v` is a view of, through views of views, or `v` itself.
+// The value `v` is a view of, through views of views (and unchecked_cast, which is its
+// input as it is), or `v` itself.
 Value* viewed_base(Value* v) {
-  while (is_view_of_first_input(v->node())) {
+  while (is_view_of_first_input(v->node()) || v->node()->kind() == c10::prim::unchecked_cast) {
     v = v->node()->input(0);
   }
   return v;
@@ -208,10 +209,17 @@ bool other_input(Value* v, Value* root) {
          base->type()->kind() == c10::TypeKind::TensorType;
 }
 
+bool may_hold(Value* v, Value* root, const AliasDb& db);
+
 // Whether `n` may write into %root: AliasDb's answer, less the writes into other inputs.
 bool may_write(Node* n, Value* root, const AliasDb& db) {
   if (!db.writesToAlias(n, {root})) {
     return false;
+  }
+  // An engine writes only into tensors of its list of inputs (engine_call.h).
+  static const c10::Symbol execute_writing = c10::Symbol::fromQualString("blade::execute_writing");
+  if (n->kind() == execute_writing) {
+    return may_hold(n->input(1), root, db);
   }
   // A write-back or an in-place op (no block: nothing else inside) writes its first input.
   return !in_place_on_first(n->maybeSchema()) || !other_input(n->input(0), root);
@@ -293,6 +301,21 @@ bool reads_only(Node* user, size_t offset, Node* limit, int depth = 0) {
   return user->maybeSchema() != nullptr && only_reads(torch::jit::Use(user, offset));
 }
 
+// Whether `node` or a node of its blocks may write to %root.
+bool may_write_inside(Node* node, Value* root, const AliasDb& db) {
+  if (may_write(node, root, db)) {
+    return true;
+  }
+  for (Block* sub : node->blocks()) {
+    for (Node* inner : sub->nodes()) {
+      if (may_write_inside(inner, root, db)) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 // Reads of %root after the write-back `written` read `value` instead, until a node that
 // may write to %root.
 void redirect_reads(Value* root, Value* value, Node* written, const AliasDb& db) {
@@ -303,8 +326,16 @@ void redirect_reads(Value* root, Value* value, Node* written, const AliasDb& db)
          !may_write(next_write, root, db)) {
     next_write = next_write->next();
   }
-  // (up to a node with blocks: reads inside them are not redirected, nor those after it)
-  for (Node* n = written->next(); n != next_write && n->blocks().empty(); n = n->next()) {
+  for (Node* n = written->next(); n != next_write; n = n->next()) {
+    // Reads inside blocks are not redirected, nor those after a node with blocks that may
+    // read or write %root; one that leaves it alone (a decomposition's branch on an
+    // optional mask) is passed.
+    if (!n->blocks().empty()) {
+      if (may_read(n, root, db) || may_write_inside(n, root, db)) {
+        break;
+      }
+      continue;
+    }
     for (size_t i = 0; i < n->inputs().size(); ++i) {
       if (n->input(i) == root && reads_only(n, i, next_write)) {
         n->replaceInput(i, value);
@@ -415,6 +446,10 @@ void check_in_place_casts(const std::shared_ptr<Graph>& graph) {
     }
     n->removeAttribute(in_place_cast_attribute());
   }
+}
+
+bool leaves_alone(Node* node, Value* root, const AliasDb& db) {
+  return !may_read(node, root, db) && !may_write(node, root, db);
 }
 
 c10::Symbol write_back_kind() {

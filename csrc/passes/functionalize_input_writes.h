@@ -39,6 +39,7 @@
 // block are rewritten; the rest stay TorchScript.
 #pragma once
 
+#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/ir.h>
 
 namespace blade::passes {
@@ -59,5 +60,12 @@ void check_in_place_casts(const std::shared_ptr<torch::jit::Graph>& graph);
 
 // The attribute that marks those casts.
 c10::Symbol in_place_cast_attribute();
+
+// Whether `node` (and its blocks) neither reads nor may write the tensor %root, a graph
+// input or module attribute that the graph writes into: AliasDb's answer, except that a
+// written graph input shares no memory with other inputs (the guard's promise, above) and
+// an engine writes only into the tensors it is given.
+bool leaves_alone(torch::jit::Node* node, torch::jit::Value* root,
+                  const torch::jit::AliasDb& db);
 
 }  // namespace blade::passes

@@ -1,7 +1,7 @@
 """functionalize_input_writes: in-place writes into graph inputs become functional values and
 blade::write_back nodes; the graph then computes the same results and leaves the same values
 in the caller's tensors. Writes it does not handle stay."""
-from typing import List
+from typing import List, Optional
 
 import torch
 from torch.testing import FileCheck
@@ -245,6 +245,53 @@ def test_writes_around_branches_and_narrow_integers_give_eagers_values():
     mine = x.clone()
     torch.testing.assert_close(run_graph(graph, mine, y), scripted(x, y))
     torch.testing.assert_close(mine, x)
+
+
+def masked_twos(y, mask: Optional[torch.Tensor]):
+    if mask is not None:             # as an attention decomposition branches on its mask
+        y = y.masked_fill(mask, 2.0)
+    return y
+
+
+def read_after_a_branch_on_another_input(x, mask):
+    x.add_(1.0)
+    y = masked_twos(torch.zeros(3), mask)   # inlined: a branch that reads only the mask
+    return x * 2.0 + y.sum()
+
+
+def read_after_a_branch_reading_it(x, flag: bool):
+    x.add_(1.0)
+    y = x
+    if flag:
+        y = x * 3.0
+    return x * 2.0 + y
+
+
+def test_reads_after_a_branch_that_leaves_the_tensor_alone_take_the_new_value():
+    """A branch that neither reads nor writes %x (only other inputs, the guard's promise
+    says they share no memory with x) does not stop the reads after it from taking the new
+    value, so the write's compute and those reads can join one engine; one that reads %x
+    does."""
+    scripted, graph = scripted_graph(read_after_a_branch_on_another_input)
+    torch._C._jit_pass_inline(graph)
+    _C.functionalize_input_writes(graph)
+    product = next(n for n in graph.nodes() if n.kind() == "aten::mul")
+    assert product.inputsAt(0).node().kind() == "aten::type_as", str(graph)
+    for mask in (torch.tensor([True, False, True]), torch.tensor([False, True, True])):
+        x = torch.randn(3)
+        mine = x.clone()
+        torch.testing.assert_close(run_graph(graph, mine, mask), scripted(x, mask))
+        torch.testing.assert_close(mine, x)
+    scripted, graph = scripted_graph(read_after_a_branch_reading_it)
+    _C.functionalize_input_writes(graph)
+    product = next(n for n in graph.nodes() if n.kind() == "aten::mul" and
+                   n.owningBlock() == graph.block())
+    assert product.inputsAt(0) == next(graph.inputs()), str(graph)
+    for flag in (True, False):
+        x = torch.randn(4)
+        mine = x.clone()
+        torch.testing.assert_close(run_graph(graph, mine, flag), scripted(x, flag))
+        torch.testing.assert_close(mine, x)
 
 
 def read_through_a_list(x, ys: List[torch.Tensor]):
