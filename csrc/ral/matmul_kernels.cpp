@@ -1,7 +1,8 @@
 // The matmul library calls (blade_ral_matmul_*, ral_kernels.h). A GEMM by one of the
 // engine's weights takes one of four paths: oneDNN's 1x1 convolution over its rows by the
-// weight's reordered copy, MKL's sgemm on the weight as it is or, for a few rows,
-// few_rows_gemm (whichever the engine's kernel trials find faster), bfloat16 for a bf16
+// weight's reordered copy, MKL's sgemm on the weight as it is, for a few rows
+// few_rows_gemm, or for more rows of a linear layer on AVX-512 Blade's float32 tiles
+// (whichever the engine's kernel trials find faster), bfloat16 for a bf16
 // engine, or, where oneDNN has no copy for the rows, blocked_gemm on AVX-512 CPUs or MKL's
 // packed GEMM; anything else is ATen's matmul.
 #include "ral/matmul_kernels.h"
@@ -129,6 +130,32 @@ bool bf16_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
   return true;
 }
 
+// Whether Blade's float32 tiles (float_conv.h, the rows as a 1 x rows image convolved by
+// the weight as a 1x1 filter) are the alternative to oneDNN's kernel: on AVX-512, for more
+// rows than few_rows_gemm streams, a linear layer's [N, K] weight (a view of it is the
+// filter) and dense rows.
+bool f32_tiles_take(const at::Tensor& weight, bool transposed, int64_t rows, int64_t lda,
+                    int64_t ldc, const at::Tensor& lhs, const at::Tensor& result) {
+  return rows > kFewRows && transposed && f32_conv_available() && f32_conv_enabled() &&
+         weight.is_contiguous() && lda == lhs.size(-1) && ldc == result.size(-1);
+}
+
+// lhs[rows, K] @ weight[N, K]^T by the float32 tiles and the param's pack; false when there
+// is none (the pack would pass the limit, or the kernel was turned off).
+bool matmul_by_f32_tiles(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
+                         const at::Tensor& weight, const at::Tensor& result) {
+  if (!f32_conv_enabled()) {
+    return false;
+  }
+  const at::Tensor packed = prepared->f32_linear(weight);
+  if (!packed.defined()) {
+    return false;
+  }
+  f32_conv(lhs.const_data_ptr<float>(), 1, 1, rows, weight.size(1), packed, weight.size(0), 1,
+           1, {1, 1}, {0, 0}, nullptr, false, result.data_ptr<float>());
+  return true;
+}
+
 // lhs @ weight through the engine's packed copy of the weight, when `weight` is a param of
 // the running engine and both row operands fold to 2-d (see prepared_weights.h).
 bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transposed,
@@ -153,12 +180,15 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
   if (prepared->bf16() && bf16_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
     return true;
   }
-  // oneDNN's 1x1 convolution or a GEMM on the weight as it is, whichever the engine's
-  // first calls find faster (PreparedWeights::next_kernel); MKL's packed GEMM where
-  // neither applies.
+  // oneDNN's 1x1 convolution or the alternative (a GEMM on the weight as it is, or the
+  // float32 tiles), whichever the engine's first calls find faster
+  // (PreparedWeights::next_kernel); MKL's packed GEMM where neither applies.
   using Kernel = PreparedWeights::Kernel;
   const std::vector<int64_t> input_size{1, lhs.size(-1), 1, rows};
-  const Kernel kernel = prepared->next_kernel(weight, transposed, input_size, Kernel::kGemm);
+  const Kernel alternative = f32_tiles_take(weight, transposed, rows, lda, ldc, lhs, result)
+                                 ? Kernel::kF32Tiles
+                                 : Kernel::kGemm;
+  const Kernel kernel = prepared->next_kernel(weight, transposed, input_size, alternative);
   // oneDNN's kernel stands for its reordered copy for these rows or, once the weight has
   // all the copies it may have (a dynamic engine's), its one [K, N] copy through oneDNN's
   // microkernel on AVX-512 CPUs (blocked_gemm.h): the trial times whichever ran.
@@ -168,23 +198,32 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
                           result.data_ptr<float>(), ldc, rows);
   };
   const Stopwatch stopwatch;
-  if ((kernel == Kernel::kOneDnn && reordered()) ||
-      (kernel == Kernel::kGemm &&
-       trial_gemm(prepared, lhs.data_ptr<float>(), lda, weight, transposed,
-                  result.data_ptr<float>(), ldc, rows))) {
+  const bool ran =
+      kernel == Kernel::kOneDnn ? reordered()
+      : kernel == Kernel::kGemm ? trial_gemm(prepared, lhs.data_ptr<float>(), lda, weight,
+                                             transposed, result.data_ptr<float>(), ldc, rows)
+                                : matmul_by_f32_tiles(prepared, lhs, rows, weight, result);
+  if (ran) {
     prepared->record_kernel_time(weight, transposed, input_size, kernel, stopwatch.seconds());
-    // A trial's first call runs oneDNN's too (its result the same within rounding).
-    if (kernel == Kernel::kGemm && prepared->onednn_run_pending(weight, transposed, input_size)) {
-      const Stopwatch again;
-      if (reordered()) {
-        prepared->record_kernel_time(weight, transposed, input_size, Kernel::kOneDnn,
-                                     again.seconds());
-      }
-    }
-    return true;
   }
-  return prepared->matmul_f32(lhs.data_ptr<float>(), lda, weight, transposed,
-                              result.data_ptr<float>(), ldc, rows);
+  // A trial's first call runs oneDNN's too (its result the same within rounding); an
+  // alternative that declined (its copy refused by the limit, its kernel turned off) counts
+  // as endless, so that the trial settles on oneDNN's, which runs instead.
+  if (kernel != Kernel::kOneDnn &&
+      (!ran || prepared->onednn_run_pending(weight, transposed, input_size))) {
+    if (!ran) {
+      prepared->record_kernel_time(weight, transposed, input_size, kernel,
+                                   std::numeric_limits<double>::infinity());
+    }
+    const Stopwatch again;
+    if (reordered()) {
+      prepared->record_kernel_time(weight, transposed, input_size, Kernel::kOneDnn,
+                                   again.seconds());
+      return true;
+    }
+  }
+  return ran || prepared->matmul_f32(lhs.data_ptr<float>(), lda, weight, transposed,
+                                     result.data_ptr<float>(), ldc, rows);
 }
 
 void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* b,

@@ -137,6 +137,18 @@ at::Tensor PreparedWeights::f32_conv(const at::Tensor& weight) {
                    [&] { return pack_f32_conv_weight(weight); });
 }
 
+at::Tensor PreparedWeights::f32_linear(const at::Tensor& weight) {
+  if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !weight.is_contiguous() ||
+      !is_param(weight)) {
+    return at::Tensor();
+  }
+  return made_once(f32_convs_, weight.data_ptr(), weight,
+                   f32_conv_pack_bytes(weight.size(0), weight.size(1), 1, 1), [&] {
+                     return pack_f32_conv_weight(
+                         weight.view({weight.size(0), weight.size(1), 1, 1}));
+                   });
+}
+
 at::Tensor PreparedWeights::bf16_linear(const at::Tensor& weight, bool transposed) {
   if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
     return at::Tensor();

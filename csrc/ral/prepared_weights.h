@@ -134,6 +134,9 @@ class PreparedWeights {
   at::Tensor bf16_conv(const at::Tensor& weight);
   // The same param as Blade's float32 kernel multiplies it (float_conv.h).
   at::Tensor f32_conv(const at::Tensor& weight);
+  // The same pack of a linear layer's [N, K] float32 param, as the [N, K, 1, 1] filter the
+  // float32 tiles multiply rows by (matmul_kernels.cpp); undefined where f32_conv's would be.
+  at::Tensor f32_linear(const at::Tensor& weight);
   // A 2-d float32 param as that pack of the 1x1 convolution weight [N, K, 1, 1] of the
   // linear layer multiplying by it (`weight` is [N, K] when `transposed`, else [K, N]),
   // made once for every row count; undefined as above.
@@ -150,7 +153,8 @@ class PreparedWeights {
   // Kernels with a second way to compute them: 3x3 convolutions (Winograd's algorithm or
   // oneDNN's direct one), 1x1 convolutions and GEMMs by a weight (MKL's sgemm on the
   // weight as it is, or oneDNN's convolution by its reordered copy; on AVX-512 a 1x1
-  // convolution's alternative is Blade's float32 kernel instead, kF32Tiles, float_conv.h).
+  // convolution's alternative, and a linear layer's for more than a few rows, is Blade's
+  // float32 kernel instead, kF32Tiles, float_conv.h).
   // Which is faster depends on the CPU as much as on the sizes: Winograd wins on large
   // images with few channels and loses on small ones with many, and where it wins moves
   // with the cache sizes; MKL's sgemm beats oneDNN's 1x1 convolution on AVX2 hosts, where

@@ -218,3 +218,53 @@ def test_float32_engine_tries_blades_kernel_and_matches_eager_on_every_call():
     report = assert_ran_compiled(engine)
     choices = [line for cluster in report.clusters for line in cluster.kernel_choices]
     assert sum("Blade float32" in line for line in choices) == 2, choices
+
+
+class TwoLinears(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(40, 96)
+        self.down = torch.nn.Linear(96, 24, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+@needs_f32_kernel
+@pytest.mark.parametrize("rows, tried", [(3, False), (24, True)])
+def test_float32_engine_tries_blades_kernel_for_linear_layers_past_a_few_rows(rows, tried):
+    """A linear layer's rows are a 1 x rows image to the float32 kernel, its weight a 1x1
+    filter: past the few rows few_rows_gemm streams, the engine tries the kernel against
+    oneDNN's, and every call's result matches eager."""
+    torch.manual_seed(0)
+    model, x = TwoLinears().eval(), torch.randn(rows, 40)
+    calls = _C.f32_conv_calls()
+    engine = blade.optimize(model, (x,))
+    with torch.no_grad():
+        want = model(x)
+        for _ in range(8):
+            torch.testing.assert_close(engine(x), want, rtol=1e-4, atol=1e-4)
+    assert (_C.f32_conv_calls() >= calls + 2 * 4) == tried
+    report = assert_ran_compiled(engine)
+    choices = [line for cluster in report.clusters for line in cluster.kernel_choices]
+    assert sum("Blade float32" in line for line in choices) == (2 if tried else 0), choices
+
+
+@needs_f32_kernel
+def test_a_linear_layers_trial_settles_on_onednn_when_the_kernel_declines():
+    """Turned off after its trial began, the float32 kernel declines: each such call counts
+    as endless and runs oneDNN's, so the trial ends on oneDNN's kernel, results eager's."""
+    torch.manual_seed(0)
+    model, x = TwoLinears().eval(), torch.randn(24, 40)
+    engine = blade.optimize(model, (x,))   # its check ran the trials' first calls
+    try:
+        _C.set_f32_conv_enabled(False)
+        with torch.no_grad():
+            want = model(x)
+            for _ in range(8):
+                torch.testing.assert_close(engine(x), want, rtol=1e-4, atol=1e-4)
+    finally:
+        _C.set_f32_conv_enabled(True)
+    choices = [line for cluster in assert_ran_compiled(engine).clusters
+               for line in cluster.kernel_choices]
+    assert len(choices) == 2 and all(line.endswith("-> oneDNN") for line in choices), choices
