@@ -19,6 +19,7 @@
 #include "python/tolerance.h"
 #include "ral/call_profile.h"
 #include "ral/cpu_features.h"
+#include "ral/depthwise_conv.h"
 #include "ral/blocked_gemm.h"
 #include "ral/engine.h"
 #include "ral/few_rows_gemm.h"
@@ -330,6 +331,48 @@ PYBIND11_MODULE(_C, m) {
   m.def("settled_result_counts", &ral::settled_result_counts,
         "(placed, copied): results of ops offered the engine's buffer (convolutions, int8 "
         "kernel calls) in this process that they made there, and that were copied into it.");
+  m.def(
+      "depthwise_conv2d",
+      [](const at::Tensor& x, const at::Tensor& filters, const std::optional<at::Tensor>& bias,
+         std::vector<int64_t> stride, std::vector<int64_t> padding,
+         std::vector<int64_t> dilation, bool relu, std::optional<at::Tensor> out) {
+        TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 4 &&
+                        filters.scalar_type() == at::kFloat && filters.dim() == 3 &&
+                        filters.size(2) == x.size(3) && stride.size() == 2 &&
+                        padding.size() == 2 && dilation.size() == 2,
+                    "depthwise_conv2d: x float32 NHWC [n, h, w, c], filters [kh, kw, c], "
+                    "stride, padding and dilation of 2; got ", x.sizes(), " and ",
+                    filters.sizes());
+        const at::Tensor input = x.contiguous();
+        const at::Tensor f = filters.contiguous();
+        const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+        const int64_t kh = f.size(0), kw = f.size(1);
+        const auto out_size = [&](int64_t size, int d, int64_t k) {
+          return (size + 2 * padding[d] - dilation[d] * (k - 1) - 1) / stride[d] + 1;
+        };
+        const int64_t oh = out_size(x.size(1), 0, kh);
+        const int64_t ow = out_size(x.size(2), 1, kw);
+        at::Tensor y = out.has_value() ? *out : at::empty({x.size(0), oh, ow, x.size(3)},
+                                                           x.options());
+        TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kFloat &&
+                        y.sizes() == at::IntArrayRef({x.size(0), oh, ow, x.size(3)}),
+                    "depthwise_conv2d: out must be a dense float32 [", x.size(0), ", ", oh, ", ",
+                    ow, ", ", x.size(3), "], got ", y.sizes());
+        TORCH_CHECK(oh > 0 && ow > 0 &&
+                        ral::depthwise_conv2d(
+                            input.data_ptr<float>(), x.size(0), x.size(1), x.size(2), x.size(3),
+                            f.data_ptr<float>(), kh, kw, stride[0], stride[1], padding[0],
+                            padding[1], dilation[0], dilation[1],
+                            b.defined() ? b.data_ptr<float>() : nullptr, relu,
+                            y.data_ptr<float>(), oh, ow),
+                    "depthwise_conv2d: does not run here (AVX-512) or for a ", kh, "x", kw,
+                    " filter");
+        return y;
+      },
+      py::arg("x"), py::arg("filters"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("relu"), py::arg("out") = py::none(),
+      "The runtime's own depthwise convolution (NHWC in and out, into `out` when given; "
+      "tests and benchmarks).");
   m.def("few_rows_gemm_available", &ral::few_rows_gemm_available,
         "Whether GEMMs of a few rows by a weight run the runtime's own loop here (AVX-512F).");
   m.def(

@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <type_traits>
 
 namespace blade::ral {
@@ -40,102 +41,181 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const 
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, p)));
 }
 
+// The vectors a row's pixels end with: the bias, uint8 data's scales and zero points.
+struct Ends {
+  __m512 bias, start, scale, in_zero_point, out_inverse, out_zero_point, zero;
+};
+
+// A pixel's sum (`taps`: the filters of its taps inside the image, for uint8 data's zero
+// point) finished as e says and stored at pixel `ox` of the output row.
+template <typename In>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void finish(
+    __m512 sum, __m512 taps, const Finish& e, const Ends& v, float* y, int64_t out_row,
+    int64_t ox, const Geometry& g, int64_t ch, __mmask16 mask) {
+  const DepthwiseRanges& r = e.ranges;
+  if constexpr (std::is_same_v<In, uint8_t>) {
+    sum = _mm512_fmadd_ps(_mm512_fnmadd_ps(v.in_zero_point, taps, sum), v.scale, v.bias);
+  }
+  if (e.post_op == DepthwisePostOp::kRelu) {
+    // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu
+    sum = _mm512_max_ps(v.zero, sum);
+  } else if (e.post_op == DepthwisePostOp::kHardswish) {
+    sum = hardswish_units(sum, _mm512_set1_ps(1.0f), v.zero);
+  }
+  // A whole vector's store unmasked, its bytes narrowed in a register (masked stores cost
+  // float_conv.cpp's tiles much on an AMD EPYC; here no change was measurable).
+  if (r.out_u8 != nullptr) {  // to nearest, ties to even (NaN: 0), one multiply-add
+    const __m512 u = _mm512_fmadd_ps(sum, v.out_inverse, v.out_zero_point);
+    const __m128i bytes = _mm512_cvtepi32_epi8(uint8_steps(u, v.zero));
+    uint8_t* to = r.out_u8 + out_row + ox * g.c + ch;
+    if (mask == 0xFFFF) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(to), bytes);
+    } else {
+      _mm_mask_storeu_epi8(to, mask, bytes);
+    }
+  } else if (mask == 0xFFFF) {
+    _mm512_storeu_ps(y + out_row + ox * g.c + ch, sum);
+  } else {
+    _mm512_mask_storeu_ps(y + out_row + ox * g.c + ch, mask, sum);
+  }
+}
+
+// A pixel's sum from one partial sum per filter row: KH chains of KW multiply-adds, where
+// one chain of all the taps would make a lone pixel wait on each multiply-add's latency.
+template <int KH>
+__attribute__((target("avx512f"), always_inline)) inline __m512 sum_rows(const __m512* part) {
+  if constexpr (KH == 3) {
+    return _mm512_add_ps(_mm512_add_ps(part[0], part[1]), part[2]);
+  } else {
+    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(part[0], part[1]),
+                                       _mm512_add_ps(part[2], part[3])),
+                         part[4]);
+  }
+}
+
+// What a tap outside the image reads: zeros (16 lanes of any input type).
+alignas(64) constexpr uint8_t kZeroBytes[64] = {};
+
 // One output row (image row `oy` of image `b`) for the channels [ch, ch + 16) under
-// `mask`: the KH x KW filter vectors loaded once, then each output pixel's sum of the taps
-// inside the image. Float32 data sums from the bias; uint8 data sums its bytes, and the
+// `mask`: the KH x KW filter vectors loaded once, then the pixels whose taps all lie
+// inside the image four at a time (four sums in flight: one pixel's taps are a chain of
+// dependent multiply-adds), and the others one at a time, each tap outside reading zeros
+// instead (no branch). Float32 data sums from the bias; uint8 data sums its bytes, and the
 // zero point times the taps' filters inside the image is taken off before scaling (a tap
 // outside is a real zero).
 template <int KH, int KW, typename In>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
-    const In* x, const float* filters, const Finish& e, float* y, const Geometry& g,
-    int64_t b, int64_t oy, int64_t ch, __mmask16 mask) {
+    const In* x, const float* filters, const Finish& finish_as, float* y,
+    const Geometry& geometry, int64_t b, int64_t oy, int64_t ch, __mmask16 mask) {
   constexpr bool kUint8 = std::is_same_v<In, uint8_t>;
+  // Copies in locals: a vector store may alias anything, so fields read through the
+  // references were loaded again after each one (and the taps' offsets computed again).
+  const Geometry g = geometry;
+  const Finish e = finish_as;
   __m512 f[KH * KW];
   __m512 all_taps = _mm512_setzero_ps();
+  // Unrolled, as every loop over the taps: with constant indices the filters stay in
+  // registers (an indexed array lives on the stack, each multiply-add loading from it).
+#pragma GCC unroll 25
   for (int t = 0; t < KH * KW; ++t) {
     f[t] = _mm512_maskz_loadu_ps(mask, filters + t * g.c + ch);
     all_taps = _mm512_add_ps(all_taps, f[t]);
   }
-  const __m512 bias = e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + ch)
-                                        : _mm512_setzero_ps();
-  const __m512 start = kUint8 ? _mm512_setzero_ps() : bias;
+  Ends v;
+  v.bias = e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + ch) : _mm512_setzero_ps();
+  v.start = kUint8 ? _mm512_setzero_ps() : v.bias;
   // uint8 data: the input's scale times the filters' (whose int8 values the filters are).
   const DepthwiseRanges& r = e.ranges;
-  const __m512 scale = _mm512_mul_ps(
-      _mm512_set1_ps(r.scale), r.channel_scale != nullptr
-                                   ? _mm512_maskz_loadu_ps(mask, r.channel_scale + ch)
-                                   : _mm512_set1_ps(1.0f));
-  const __m512 in_zero_point = _mm512_set1_ps(static_cast<float>(r.zero_point));
-  const __m512 out_inverse = _mm512_set1_ps(1.0f / r.out_scale);
-  const __m512 out_zero_point = _mm512_set1_ps(static_cast<float>(r.out_zero_point));
-  const __m512 zero = _mm512_setzero_ps();
+  v.scale = _mm512_mul_ps(_mm512_set1_ps(r.scale),
+                          r.channel_scale != nullptr
+                              ? _mm512_maskz_loadu_ps(mask, r.channel_scale + ch)
+                              : _mm512_set1_ps(1.0f));
+  v.in_zero_point = _mm512_set1_ps(static_cast<float>(r.zero_point));
+  v.out_inverse = _mm512_set1_ps(1.0f / r.out_scale);
+  v.out_zero_point = _mm512_set1_ps(static_cast<float>(r.out_zero_point));
+  v.zero = _mm512_setzero_ps();
   const In* image = x + b * g.h * g.w * g.c;
   const int64_t out_row = (b * g.oh + oy) * g.ow * g.c;
-  // The columns whose taps all lie inside the image, on rows that all do: no bounds to
-  // check there (reach is negative only when no column qualifies).
-  const int64_t first = (g.pw + g.sw - 1) / g.sw;
-  const int64_t reach = g.w - 1 + g.pw - (KW - 1) * g.dw;
-  const int64_t last = reach < 0 ? -1 : reach / g.sw;  // inclusive
+  // The columns [first, end) whose taps all lie inside the image, on rows that all do: no
+  // bounds to check there.
   int64_t iy[KH];
+  bool row_in[KH];
   bool all_rows = true;
   for (int i = 0; i < KH; ++i) {
     iy[i] = oy * g.sh - g.ph + i * g.dh;
-    all_rows = all_rows && iy[i] >= 0 && iy[i] < g.h;
+    row_in[i] = iy[i] >= 0 && iy[i] < g.h;
+    all_rows = all_rows && row_in[i];
   }
+  const int64_t first = std::min((g.pw + g.sw - 1) / g.sw, g.ow);
+  const int64_t reach = g.w - 1 + g.pw - (KW - 1) * g.dw;
+  const int64_t end = all_rows && reach >= 0 ? std::max(first, std::min(reach / g.sw + 1, g.ow))
+                                             : first;
+  const In* zeros = reinterpret_cast<const In*>(kZeroBytes);
   for (int64_t ox = 0; ox < g.ow; ++ox) {
-    __m512 sum = start;
-    __m512 taps = all_taps;  // the filters of the taps inside the image
-    if (all_rows && ox >= first && ox <= last) {
-      const In* tap = image + (iy[0] * g.w + ox * g.sw - g.pw) * g.c + ch;
+    if (ox == first && end > first) {
+      // The inside pixels, four at a time, then one at a time.
+      const int64_t step = g.sw * g.c;
+      for (; ox + 4 <= end; ox += 4) {
+        const In* tap = image + (iy[0] * g.w + ox * g.sw - g.pw) * g.c + ch;
+        __m512 s0 = v.start;
+        __m512 s1 = v.start;
+        __m512 s2 = v.start;
+        __m512 s3 = v.start;
 #pragma GCC unroll 5
-      for (int i = 0; i < KH; ++i) {
+        for (int i = 0; i < KH; ++i) {
 #pragma GCC unroll 5
-        for (int j = 0; j < KW; ++j) {
-          sum = _mm512_fmadd_ps(load16(tap + (i * g.dh * g.w + j * g.dw) * g.c, mask),
-                                f[i * KW + j], sum);
-        }
-      }
-    } else {
-      taps = zero;
-      for (int i = 0; i < KH; ++i) {
-        if (iy[i] < 0 || iy[i] >= g.h) {
-          continue;
-        }
-        const In* line = image + iy[i] * g.w * g.c + ch;
-        for (int j = 0; j < KW; ++j) {
-          const int64_t ix = ox * g.sw - g.pw + j * g.dw;
-          if (ix >= 0 && ix < g.w) {
-            sum = _mm512_fmadd_ps(load16(line + ix * g.c, mask), f[i * KW + j], sum);
-            taps = _mm512_add_ps(taps, f[i * KW + j]);
+          for (int j = 0; j < KW; ++j) {
+            const In* p = tap + (i * g.dh * g.w + j * g.dw) * g.c;
+            const __m512 w = f[i * KW + j];
+            s0 = _mm512_fmadd_ps(load16(p, mask), w, s0);
+            s1 = _mm512_fmadd_ps(load16(p + step, mask), w, s1);
+            s2 = _mm512_fmadd_ps(load16(p + 2 * step, mask), w, s2);
+            s3 = _mm512_fmadd_ps(load16(p + 3 * step, mask), w, s3);
           }
         }
+        finish<In>(s0, all_taps, e, v, y, out_row, ox, g, ch, mask);
+        finish<In>(s1, all_taps, e, v, y, out_row, ox + 1, g, ch, mask);
+        finish<In>(s2, all_taps, e, v, y, out_row, ox + 2, g, ch, mask);
+        finish<In>(s3, all_taps, e, v, y, out_row, ox + 3, g, ch, mask);
+      }
+      for (; ox < end; ++ox) {
+        const In* tap = image + (iy[0] * g.w + ox * g.sw - g.pw) * g.c + ch;
+        __m512 part[KH];
+#pragma GCC unroll 5
+        for (int i = 0; i < KH; ++i) {
+          part[i] = i == 0 ? v.start : v.zero;
+#pragma GCC unroll 5
+          for (int j = 0; j < KW; ++j) {
+            part[i] = _mm512_fmadd_ps(load16(tap + (i * g.dh * g.w + j * g.dw) * g.c, mask),
+                                      f[i * KW + j], part[i]);
+          }
+        }
+        finish<In>(sum_rows<KH>(part), all_taps, e, v, y, out_row, ox, g, ch, mask);
+      }
+      if (ox >= g.ow) {
+        break;
       }
     }
-    if constexpr (kUint8) {
-      sum = _mm512_fmadd_ps(_mm512_fnmadd_ps(in_zero_point, taps, sum), scale, bias);
-    }
-    if (e.post_op == DepthwisePostOp::kRelu) {
-      // vmaxps returns its second operand for a NaN: NaN stays, as torch.relu
-      sum = _mm512_max_ps(zero, sum);
-    } else if (e.post_op == DepthwisePostOp::kHardswish) {
-      sum = hardswish_units(sum, _mm512_set1_ps(1.0f), zero);
-    }
-    // A whole vector's store unmasked, its bytes narrowed in a register (masked stores cost
-    // float_conv.cpp's tiles much on an AMD EPYC; here no change was measurable).
-    if (r.out_u8 != nullptr) {  // to nearest, ties to even (NaN: 0), one multiply-add
-      const __m512 v = _mm512_fmadd_ps(sum, out_inverse, out_zero_point);
-      const __m128i bytes = _mm512_cvtepi32_epi8(uint8_steps(v, zero));
-      uint8_t* to = r.out_u8 + out_row + ox * g.c + ch;
-      if (mask == 0xFFFF) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(to), bytes);
-      } else {
-        _mm_mask_storeu_epi8(to, mask, bytes);
+    // A pixel at the image's edge: each tap outside reads zeros.
+    __m512 part[KH];
+    __m512 taps = v.zero;  // the filters of the taps inside the image
+#pragma GCC unroll 5
+    for (int i = 0; i < KH; ++i) {
+      const In* line = row_in[i] ? image + iy[i] * g.w * g.c + ch : zeros;
+      part[i] = i == 0 ? v.start : v.zero;
+#pragma GCC unroll 5
+      for (int j = 0; j < KW; ++j) {
+        const int64_t ix = ox * g.sw - g.pw + j * g.dw;
+        const bool inside = row_in[i] && ix >= 0 && ix < g.w;
+        part[i] = _mm512_fmadd_ps(load16(inside ? line + ix * g.c : zeros, mask),
+                                  f[i * KW + j], part[i]);
+        if constexpr (kUint8) {
+          taps = _mm512_mask_add_ps(taps, inside ? mask : 0, taps, f[i * KW + j]);
+        }
       }
-    } else if (mask == 0xFFFF) {
-      _mm512_storeu_ps(y + out_row + ox * g.c + ch, sum);
-    } else {
-      _mm512_mask_storeu_ps(y + out_row + ox * g.c + ch, mask, sum);
     }
+    finish<In>(sum_rows<KH>(part), kUint8 ? taps : all_taps, e, v, y, out_row, ox, g, ch,
+               mask);
   }
 }
 

@@ -570,20 +570,23 @@ class Depthwise(torch.nn.Module):
 
 @pytest.mark.skipif(not _C.blocked_gemm_available(), reason="this CPU lacks AVX-512F: "
                     "depthwise convolutions run oneDNN's only")
-@pytest.mark.parametrize("channels, kernel, stride, dilation, bias",
-                         [(24, 3, 1, 1, True), (40, 5, 2, 1, False), (16, 3, 2, 2, True),
-                          (37, 5, 1, 1, True)])
+@pytest.mark.parametrize("channels, kernel, stride, dilation, bias, size",
+                         [(24, 3, 1, 1, True, (13, 11)), (40, 5, 2, 1, False, (13, 11)),
+                          (16, 3, 2, 2, True, (13, 11)), (37, 5, 1, 1, True, (13, 11)),
+                          (48, 5, 1, 1, False, (7, 7)), (32, 5, 1, 1, True, (4, 9)),
+                          (20, 3, 1, 1, True, (2, 17)), (16, 5, 2, 2, True, (9, 6))])
 def test_depthwise_convolutions_time_blades_kernel_and_match_eager(channels, kernel, stride,
-                                                                   dilation, bias):
+                                                                   dilation, bias, size):
     """A 3x3 or 5x5 depthwise convolution runs Blade's kernel (depthwise_conv.h) on its first
     call and alternates with oneDNN's until both are timed: every call matches eager (edges,
-    strides, dilation, a channel count off the 16-lane blocks, a NaN kept by the ReLU), and
-    the trial lists both kernels' times."""
+    strides, dilation, a channel count off the 16-lane blocks, images smaller than the
+    filter's reach, rows with four pixels inside and with fewer, a NaN kept by the ReLU),
+    and the trial lists both kernels' times."""
     torch.manual_seed(channels)
     model = Depthwise(channels, kernel, stride, dilation, bias).eval()
-    x = torch.randn(2, channels, 13, 11)
+    x = torch.randn(2, channels, *size)
     optimized = blade.optimize(model, (x,))
-    x[1, 5, 6, 3] = float("nan")
+    x[1, 5, min(6, size[0] - 1), min(3, size[1] - 1)] = float("nan")
     with torch.no_grad():
         for _ in range(8):
             assert_same_values(optimized(x), model(x), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,68 @@
+"""Blade's depthwise convolution (csrc/ral/depthwise_conv.*) called directly: every
+geometry an engine may hand it (3x3 and 5x5 filters, strides, dilations, paddings, images
+smaller than the filter's reach, channel counts off the 16-lane blocks) against a float64
+convolution of the same operands, and the bias, ReLU and NaN handling."""
+import pytest
+import torch
+
+from blade import _C
+
+pytestmark = pytest.mark.skipif(not _C.blocked_gemm_available(),
+                                reason="the kernel runs on AVX-512 CPUs")
+F = torch.nn.functional
+
+
+def reference(x, weight, bias, stride, padding, dilation, relu):
+    """float64 NCHW convolution of the NHWC input, back to NHWC."""
+    y = F.conv2d(x.double().permute(0, 3, 1, 2), weight.double(),
+                 None if bias is None else bias.double(), stride, padding, dilation,
+                 groups=x.shape[3]).permute(0, 2, 3, 1)
+    return torch.relu(y) if relu else y
+
+
+@pytest.mark.parametrize("kernel", [3, 5])
+@pytest.mark.parametrize("stride, dilation", [(1, 1), (2, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("channels, size", [(16, (7, 7)), (37, (13, 11)), (5, (2, 17)),
+                                            (48, (1, 1)), (33, (9, 4))])
+def test_matches_a_float64_convolution(kernel, stride, dilation, channels, size):
+    torch.manual_seed(channels * 10 + kernel)
+    x = torch.randn(2, *size, channels)
+    weight = torch.randn(channels, 1, kernel, kernel)
+    bias = torch.randn(channels)
+    padding = dilation * (kernel // 2)
+    filters = weight[:, 0].permute(1, 2, 0).contiguous()
+    for relu, b in ((False, bias), (True, None)):
+        got = _C.depthwise_conv2d(x, filters, b, [stride] * 2, [padding] * 2,
+                                  [dilation] * 2, relu)
+        want = reference(x, weight, b, stride, padding, dilation, relu)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_asymmetric_and_missing_padding():
+    torch.manual_seed(0)
+    x = torch.randn(1, 9, 12, 20)
+    weight = torch.randn(20, 1, 5, 5)
+    filters = weight[:, 0].permute(1, 2, 0).contiguous()
+    for padding in ([0, 0], [2, 0], [0, 2], [1, 2]):
+        got = _C.depthwise_conv2d(x, filters, None, [1, 1], padding, [1, 1], False)
+        want = reference(x, weight, None, 1, padding, 1, False)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_nan_stays_through_the_relu_and_reaches_only_its_neighbours():
+    x = torch.ones(1, 6, 6, 16)
+    x[0, 2, 3, 4] = float("nan")
+    filters = torch.ones(3, 3, 16)
+    y = _C.depthwise_conv2d(x, filters, None, [1, 1], [1, 1], [1, 1], True)
+    nan = torch.isnan(y[0, :, :, 4])
+    assert nan.sum() == 9 and nan[1:4, 2:5].all()
+    assert not torch.isnan(y[0, :, :, 5]).any()
+
+
+def test_refuses_other_filters_and_mismatched_operands():
+    x = torch.randn(1, 5, 5, 8)
+    with pytest.raises(RuntimeError, match="does not run here .* or for a 7x7 filter"):
+        _C.depthwise_conv2d(x, torch.randn(7, 7, 8), None, [1, 1], [3, 3], [1, 1], False)
+    with pytest.raises(RuntimeError, match="filters \\[kh, kw, c\\]"):
+        _C.depthwise_conv2d(x, torch.randn(3, 3, 9), None, [1, 1], [1, 1], [1, 1], False)
