@@ -153,16 +153,23 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
   return true;
 }
 
-// Whether Blade's float32 convolution (float_conv.h) is the 1x1 convolution's alternative
-// to oneDNN's: on AVX-512, in place of MKL's sgemm (which runs its AVX2 code on AMD's
+// Whether Blade's float32 convolution (float_conv.h) is the alternative to oneDNN's: on
+// AVX-512, for a 1x1 convolution in place of MKL's sgemm (which runs its AVX2 code on AMD's
 // cores; on Intel's its AVX-512 code may win against both, untried), reading the input as
-// it is. Tried on an AMD EPYC on every convolution of one group, it lost as many strided
-// and kxk layers as it won: their planes copy cost what the products saved.
+// it is, and for an image's stem (at most 3 input channels, any filter and stride), which
+// oneDNN runs slowly on so few channels. Tried on an AMD EPYC on every convolution of one
+// group, it lost as many other strided and kxk layers as it won: their planes copy cost
+// what the products saved.
 bool f32_tiles_apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                      const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                      const std::vector<int64_t>& dilation, int64_t groups) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  const bool stem = x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+                    groups == 1 && x.size(1) <= 3 && w.size(1) == x.size(1) &&
+                    dilation == std::vector<int64_t>{1, 1} && x.is_contiguous(cl) &&
+                    target.is_contiguous(cl) && x.numel() > 0 && target.numel() > 0;
   return f32_conv_available() && f32_conv_enabled() &&
-         is_1x1_gemm(x, w, target, padding, stride, dilation, groups);
+         (stem || is_1x1_gemm(x, w, target, padding, stride, dilation, groups));
 }
 
 // The convolution by Blade's float32 kernel into `target`, by the param's pack; false when

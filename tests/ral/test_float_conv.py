@@ -190,9 +190,10 @@ def test_bf16_engine_multiplies_linear_layers_with_blades_kernel():
 
 @needs_f32_kernel
 def test_float32_engine_tries_blades_kernel_and_matches_eager_on_every_call():
-    """A float32 engine's 1x1 convolutions of stride 1 try Blade's float32 kernel against
-    oneDNN's on their first calls (its strided and 3x3 ones do not): the kernel runs, every
-    call's result (whichever kernel ran it) matches eager, and the trials name it."""
+    """A float32 engine's 1x1 convolutions of stride 1 and its stem (3 input channels, any
+    filter and stride) try Blade's float32 kernel against oneDNN's on their first calls
+    (its other strided and kxk ones do not): the kernel runs, every call's result
+    (whichever kernel ran it) matches eager, and the trials name it."""
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -214,10 +215,12 @@ def test_float32_engine_tries_blades_kernel_and_matches_eager_on_every_call():
         want = model(x)
         for _ in range(8):  # the trials' calls, then the kept kernels'
             torch.testing.assert_close(engine(x), want, rtol=1e-4, atol=1e-4)
-    assert _C.f32_conv_calls() >= calls + 2 * 4  # each trial's first call and 3 timed
+    assert _C.f32_conv_calls() >= calls + 3 * 4  # each trial's first call and 3 timed
     report = assert_ran_compiled(engine)
     choices = [line for cluster in report.clusters for line in cluster.kernel_choices]
-    assert sum("Blade float32" in line for line in choices) == 2, choices
+    assert sum("Blade float32" in line for line in choices) == 3, choices
+    assert any("[24, 3, 3, 3]" in line and "Blade float32" in line for line in choices), \
+        choices
 
 
 class TwoLinears(torch.nn.Module):
