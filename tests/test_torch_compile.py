@@ -136,6 +136,31 @@ def test_what_dynamos_example_cannot_tell_is_in_the_report_not_a_warning():
     assert any("dim 0 has size 1" in note for note in report.dynamic_notes), str(report)
 
 
+class TensorLiterals(torch.nn.Module):
+    def forward(self, x):
+        return x * torch.tensor([0.5, 2.0]) + torch.tensor([], dtype=torch.float32).sum()
+
+
+def test_tensor_literals_trace_without_warnings_and_computed_ones_would_warn():
+    """torch.tensor of literals (Hugging Face's empty tensors) is a constant, so tracing's
+    warning about it is not said; a graph whose torch.tensor takes a value it computes
+    keeps the warning."""
+    from blade.torch_compile import _tensor_literals_only
+
+    literals = torch.compile(TensorLiterals().eval(), backend="blade")
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(literals(torch.randn(3, 2)) * 0, torch.zeros(3, 2))
+    assert not [w for w in caught if "registered as constants" in str(w.message)]
+    for computed in (False, True):   # torch.tensor([0.5, 2.0]), torch.tensor(x.size(0))
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        value = graph.call_method("size", (x, 0)) if computed else [0.5, 2.0]
+        graph.output(graph.call_function(torch.tensor, (value,)))
+        module = torch.fx.GraphModule(torch.nn.Module(), graph)
+        assert _tensor_literals_only(module) != computed, graph
+
+
 class Printing(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -375,6 +375,22 @@ def _size_sources(nodes: Sequence[Optional[torch.fx.Node]], example_inputs: Sequ
     return sizes, unmatched
 
 
+_TENSOR_CONSTANT_WARNING = "torch.tensor results are registered as constants in the trace"
+
+
+def _tensor_literals_only(gm: torch.fx.GraphModule) -> bool:
+    """Whether every torch.tensor call of the FX graph (Dynamo writes torch._refs.tensor
+    where a size goes in) is made of literals: no argument a node (a value the graph
+    computes, which tracing would freeze)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "tensor":
+            found = []
+            torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+            if found:
+                return False
+    return True
+
+
 def _optimize_graph(gm, inputs: Sequence[Any], state: Dict[int, torch.Tensor],
                     sizes: Dict[int, Tuple[int, int]], config: Config) -> torch.jit.ScriptModule:
     wrapper = _StateFrozen(gm, len(inputs), state, sizes).eval()
@@ -386,7 +402,11 @@ def _optimize_graph(gm, inputs: Sequence[Any], state: Dict[int, torch.Tensor],
         return private_copy(tuple(inputs[i] for i in wrapper.runtime_positions))
 
     try:
-        with torch.no_grad(), quiet_torchscript():
+        with torch.no_grad(), quiet_torchscript(), warnings.catch_warnings():
+            if _tensor_literals_only(gm):
+                # Tracing warns that each torch.tensor(...) becomes a constant; in this graph
+                # every one is made of literals, so it is one, and the warning is noise.
+                warnings.filterwarnings("ignore", message=_TENSOR_CONSTANT_WARNING)
             traced = torch.jit.trace(wrapper, runtime_inputs(), check_trace=False)
     except (RuntimeError, TypeError, ValueError) as e:   # what torch.jit.trace raises
         raise TraceError(str(e)) from e
