@@ -117,16 +117,29 @@ struct ConvPlanes {
 // blocks. The threads take contiguous runs of tasks; with `columns_outer` (where the weight
 // outweighs the input: a deep layer's) column blocks are the outer order, so each thread
 // reads its share of the weight, not all of it; else rows are, so each reads its share of
-// the input.
+// the input. Given the `threads` that share them, too few tasks to share evenly (a 7 x 7
+// image's 3 column blocks on 2 threads: one thread idle a third of the call) split the
+// rows further, in whole tiles, until they do or there are 4 a thread.
 struct ConvTasks {
   int64_t batch, rows, blocks;
   bool columns_outer;
   int64_t step, steps;  // rows a block, blocks an image
 
   ConvTasks(int64_t batch, int64_t rows, int64_t blocks, int64_t max_rows, int64_t whole,
-            bool columns_outer)
+            bool columns_outer, int64_t threads = 1)
       : batch(batch), rows(rows), blocks(blocks), columns_outer(columns_outer) {
-    const int64_t split = std::max<int64_t>(1, (rows + max_rows - 1) / max_rows);
+    int64_t split = std::max<int64_t>(1, (rows + max_rows - 1) / max_rows);
+    layout(split, whole);
+    while (threads > 1 && step > whole) {
+      const int64_t tasks = count();
+      if (tasks % threads == 0 || tasks >= 4 * threads) {
+        break;
+      }
+      layout(++split, whole);
+    }
+  }
+  // `split` blocks of rows an image, rounded up to whole tiles.
+  void layout(int64_t split, int64_t whole) {
     const int64_t even = (rows + split - 1) / split;
     step = std::max<int64_t>(1, (even + whole - 1) / whole * whole);
     steps = (rows + step - 1) / step;

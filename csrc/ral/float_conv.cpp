@@ -410,7 +410,8 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   const int64_t rows = out_h * out_w;
   const bool columns_outer = blocks * block_elements > batch * rows * depth;
   const ConvTasks work(batch, rows, blocks, kMaxRowBlock,
-                       out_channels % kColumnBlock == 0 ? kTileRows : kStepRows, columns_outer);
+                       out_channels % kColumnBlock == 0 ? kTileRows : kStepRows, columns_outer,
+                       at::get_num_threads());
   // Without padding or stride the input is the plane: a float32 one is read as it is; a
   // bfloat16 1x1 convolution taking its rows in turn rounds each block of them just before
   // its products, in the thread's cache (a large image's planes went through memory twice

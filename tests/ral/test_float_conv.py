@@ -51,6 +51,7 @@ def reference(x, weight, bias, stride, padding, relu, rounded=lambda t: t.bfloat
     (1, 128, 8, 8, 64, 1, 2, 0),     # a strided 1x1 (a projection shortcut)
     (1, 7, 5, 4, 9, 3, 3, 2),        # stride 3: 3 x 3 phases
     (1, 240, 1, 1, 960, 1, 1, 0),    # a squeeze-excitation's: one pixel
+    (1, 96, 7, 7, 192, 1, 1, 0),     # 3 column blocks of 49 rows: rows split for the threads
     # kernel (rows, columns), stride and padding differing between the two axes
     (1, 6, 9, 10, 12, (3, 1), (2, 1), (1, 0)),  # row phases, shared padding's extra row
     (1, 6, 9, 10, 12, (1, 3), (1, 2), (0, 1)),  # column phases only
