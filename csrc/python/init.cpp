@@ -343,6 +343,13 @@ PYBIND11_MODULE(_C, m) {
                     "depthwise_conv2d: x float32 NHWC [n, h, w, c], filters [kh, kw, c], "
                     "stride, padding and dilation of 2; got ", x.sizes(), " and ",
                     filters.sizes());
+        TORCH_CHECK(stride[0] > 0 && stride[1] > 0 && dilation[0] > 0 && dilation[1] > 0 &&
+                        padding[0] >= 0 && padding[1] >= 0,
+                    "depthwise_conv2d: positive strides and dilations and paddings of 0 or "
+                    "more are needed");
+        TORCH_CHECK(!bias.has_value() ||
+                        (bias->scalar_type() == at::kFloat && bias->numel() == x.size(3)),
+                    "depthwise_conv2d: the bias needs ", x.size(3), " float32 values");
         const at::Tensor input = x.contiguous();
         const at::Tensor f = filters.contiguous();
         const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();

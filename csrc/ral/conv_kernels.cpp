@@ -77,15 +77,22 @@ bool convolve_1x1_by_gemm(PreparedWeights* prepared, const at::Tensor& x, const 
   return true;
 }
 
+// A float32 convolution of one group over dense, non-empty NHWC input and result: what
+// the kernels reading the input as GEMM rows or planes need.
+bool dense_float_conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                      int64_t groups) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  return x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && groups == 1 &&
+         w.size(1) == x.size(1) && x.is_contiguous(cl) && target.is_contiguous(cl) &&
+         x.numel() > 0 && target.numel() > 0;
+}
+
 bool is_1x1_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                  const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                  const std::vector<int64_t>& dilation, int64_t groups) {
-  const auto cl = at::MemoryFormat::ChannelsLast;
-  return x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && groups == 1 &&
-         w.size(1) == x.size(1) && w.size(2) == 1 && w.size(3) == 1 && w.is_contiguous() &&
-         padding == std::vector<int64_t>{0, 0} && stride == std::vector<int64_t>{1, 1} &&
-         x.is_contiguous(cl) && target.is_contiguous(cl) && x.numel() > 0 &&
-         target.numel() > 0;
+  return dense_float_conv(x, w, target, groups) && w.size(2) == 1 && w.size(3) == 1 &&
+         w.is_contiguous() && padding == std::vector<int64_t>{0, 0} &&
+         stride == std::vector<int64_t>{1, 1};
 }
 
 // The [N, O, H, W] sizes of conv2d(x, w) with symmetric `padding`.
@@ -163,11 +170,8 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
 bool f32_tiles_apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                      const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                      const std::vector<int64_t>& dilation, int64_t groups) {
-  const auto cl = at::MemoryFormat::ChannelsLast;
-  const bool stem = x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-                    groups == 1 && x.size(1) <= 3 && w.size(1) == x.size(1) &&
-                    dilation == std::vector<int64_t>{1, 1} && x.is_contiguous(cl) &&
-                    target.is_contiguous(cl) && x.numel() > 0 && target.numel() > 0;
+  const bool stem = dense_float_conv(x, w, target, groups) && x.size(1) <= 3 &&
+                    dilation == std::vector<int64_t>{1, 1};
   return f32_conv_available() && f32_conv_enabled() &&
          (stem || is_1x1_gemm(x, w, target, padding, stride, dilation, groups));
 }

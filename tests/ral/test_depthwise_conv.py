@@ -66,3 +66,8 @@ def test_refuses_other_filters_and_mismatched_operands():
         _C.depthwise_conv2d(x, torch.randn(7, 7, 8), None, [1, 1], [3, 3], [1, 1], False)
     with pytest.raises(RuntimeError, match="filters \\[kh, kw, c\\]"):
         _C.depthwise_conv2d(x, torch.randn(3, 3, 9), None, [1, 1], [1, 1], [1, 1], False)
+    with pytest.raises(RuntimeError, match="positive strides"):
+        _C.depthwise_conv2d(x, torch.randn(3, 3, 8), None, [0, 1], [1, 1], [1, 1], False)
+    with pytest.raises(RuntimeError, match="the bias needs 8 float32 values"):
+        _C.depthwise_conv2d(x, torch.randn(3, 3, 8), torch.randn(3), [1, 1], [1, 1], [1, 1],
+                            False)
