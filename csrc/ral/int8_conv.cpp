@@ -176,10 +176,21 @@ dot_step(__m512i (&acc)[kRows][4], const uint8_t* const (&x)[kRows], int64_t off
   }
 }
 
+// The weight block of the thread's next task, where it differs from this task's: the
+// tiles after a block's first ask for one of its lines into L2 per depth step, so that
+// its first tile finds it there instead of waiting on memory. An engine's weights come
+// from memory on every call, and a late layer's 64 x 9 x 512 bytes of a block were read
+// at a rate its first tile could not wait out (a 3x3 layer over 7 x 7 pixels: a third
+// slower than with its weight in cache).
+struct NextWeights {
+  const int8_t* line = nullptr;
+  const int8_t* end = nullptr;
+};
+
 template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
     const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
-    int64_t fetch_ahead, bool fetch_weights, RowWalk& walk, int64_t width,
+    int64_t fetch_ahead, bool fetch_weights, NextWeights& next, RowWalk& walk, int64_t width,
     int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   // The rows' output pixels (walked as output pixels: none dropped) and inputs (their
   // plane rows in `image`); the lines the next tile adds and writes, asked for early (they
@@ -222,6 +233,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   // groups, made GCC spill the accumulators on every step). A block's first tile reads its
   // weight from memory (an engine's weights do not stay in the caches between calls) and
   // asks for the rows kWeightAheadSteps on; the tiles after it find them in cache.
+  // The next block's lines in locals: the stores below may alias `next`.
+  const int8_t* next_line = next.line;
+  const int8_t* const next_end = next.end;
   for (const TapGroup& group : taps) {
     const int8_t* b_group = b + group.weight_row * kColumnBlock;
     for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
@@ -231,10 +245,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
         for (int line = 0; line < 4; ++line) {
           _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * line), _MM_HINT_T0);
         }
+      } else if (next_line < next_end) {
+        _mm_prefetch(reinterpret_cast<const char*>(next_line), _MM_HINT_T1);
+        next_line += 64;
       }
       dot_step<kRows>(acc, x, group.offset + k, b_group + k * kColumnBlock);
     }
   }
+  next.line = next_line;
   // The terms of the block's columns, and the masks of its width (whole vectors first).
   const __mmask64 bytes_mask =
       width >= 64 ? ~__mmask64{0} : (__mmask64{1} << std::max<int64_t>(width, 0)) - 1;
@@ -301,17 +319,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
 template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                const std::vector<TapGroup>& taps, const int8_t* b,
-               int64_t fetch_ahead, RowWalk walk, int64_t width, int64_t out_channels,
-               int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
+               int64_t fetch_ahead, NextWeights next, RowWalk walk, int64_t width,
+               int64_t out_channels, int64_t column, const Terms& terms,
+               const Int8ConvEpilogue& e) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
     register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(image, depth, taps, b,
-                                                             fetch_ahead, r == 0, walk, width,
-                                                             out_channels, column, terms, e);
+                                                             fetch_ahead, r == 0, next, walk,
+                                                             width, out_channels, column,
+                                                             terms, e);
   }
   using Tile = void (*)(const uint8_t*, int64_t, const std::vector<TapGroup>&, const int8_t*,
-                        int64_t, bool, RowWalk&, int64_t, int64_t, int64_t, const Terms&,
-                        const Int8ConvEpilogue&);
+                        int64_t, bool, NextWeights&, RowWalk&, int64_t, int64_t, int64_t,
+                        const Terms&, const Int8ConvEpilogue&);
   static constexpr Tile kTails[] = {nullptr,
                                     register_tile<1, kAddU8, kAddF32, kOutU8, kGelu>,
                                     register_tile<2, kAddU8, kAddF32, kOutU8, kGelu>,
@@ -320,8 +340,8 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                                     register_tile<5, kAddU8, kAddF32, kOutU8, kGelu>};
   static_assert(std::size(kTails) == kTileRows);
   if (r < rows) {
-    kTails[rows - r](image, depth, taps, b, fetch_ahead, r == 0, walk, width, out_channels,
-                     column, terms, e);
+    kTails[rows - r](image, depth, taps, b, fetch_ahead, r == 0, next, walk, width,
+                     out_channels, column, terms, e);
   }
 }
 #pragma GCC diagnostic pop
@@ -514,6 +534,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void unfold_block(
   const bool narrow = row_bytes <= 32;
   const __mmask64 row_mask =
       row_bytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << row_bytes) - 1;
+  const __m512i zero_row = _mm512_set1_epi8(static_cast<char>(zero_point));
+  const __m256i zero_row_256 = _mm256_set1_epi8(static_cast<char>(zero_point));
   int64_t oh = first / out_w, ow = first % out_w;
   for (int64_t r = 0; r < count;) {
     // The output row's input rows (null: padding), then its pixels in this block.
@@ -533,14 +555,28 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void unfold_block(
                          row_mask, narrow, zero_point);
         }
       } else {
+        // A pixel by the left or right edge: each filter row's bytes inside the line
+        // loaded under a mask, the rest the zero point (a masked load reads nothing
+        // outside its mask, so the address may lie before the line).
+        const int64_t first_byte = left * channels;
+        const int64_t lo = std::max<int64_t>(0, -first_byte);
+        const int64_t hi = std::min(row_bytes, line_bytes - first_byte);
+        const __mmask64 inside =
+            hi <= lo ? 0 : ((hi >= 64 ? ~__mmask64{0} : (__mmask64{1} << hi) - 1) >> lo) << lo;
         for (int64_t i = 0; i < kh; ++i) {
           uint8_t* to = row + i * row_bytes;
-          for (int64_t j = 0; j < kw; ++j) {
-            const int64_t w = left + j;
-            const bool real = lines[i] != nullptr && w >= 0 && w < width;
-            for (int64_t c = 0; c < channels; ++c) {
-              to[j * channels + c] = real ? lines[i][w * channels + c] : zero_point;
-            }
+          if (lines[i] == nullptr) {
+            put_filter_row(to, nullptr, image_end, row_mask, narrow, zero_point);
+            continue;
+          }
+          const void* from = reinterpret_cast<const void*>(
+              reinterpret_cast<uintptr_t>(lines[i]) + first_byte);
+          if (narrow) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(to),
+                                _mm256_mask_loadu_epi8(zero_row_256, static_cast<__mmask32>(inside),
+                                                       from));
+          } else {
+            _mm512_storeu_si512(to, _mm512_mask_loadu_epi8(zero_row, inside, from));
           }
         }
       }
@@ -837,9 +873,17 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
         walk.image_base += first;
       }
       if (tiled) {
+        NextWeights next;
+        if (task + 1 < end) {
+          const int64_t next_block = work.at(task + 1).block;
+          if (next_block != block) {
+            next.line = weights + next_block * block_bytes;
+            next.end = next.line + block_bytes;
+          }
+        }
         // Rows taken in turn by every column block are fetched ahead by the first only.
         tiles(image, count, depth, groups, b,
-              work.columns_outer || block == 0 ? fetch_ahead : 0, walk, width_here,
+              work.columns_outer || block == 0 ? fetch_ahead : 0, next, walk, width_here,
               out_channels, column, terms, e);
         continue;
       }

@@ -139,6 +139,8 @@ def test_blades_kernel_matches_the_real_convolution_and_onednns(
     (2, 2, (7, 9), (3, 3), (1, 1), (2, 1)),    # unequal padding; 2 channels padded to 4
     (1, 3, (12, 30), (5, 11), (2, 3), (2, 5)),  # filter rows of 33 bytes: 64-byte moves
     (2, 3, (10, 9), (3, 5), (1, 2), (0, 2)),   # unfolded with unequal strides and padding
+    (1, 1, (9, 12), (5, 7), (2, 1), (2, 4)),   # unfolded, one channel: many edge pixels
+    (1, 3, (6, 5), (3, 7), (1, 1), (1, 3)),    # filter rows past both edges of a line
 ])
 @pytest.mark.parametrize("post_op, uint8_result", [("relu", True), ("hardswish", True),
                                                    ("hardswish", False)])
