@@ -76,13 +76,13 @@ bool as_matrix(const at::Tensor& t, Matrix* m) {
 }
 
 // Rows of scores are padded to a multiple of this many floats (-inf scores, exp 0), so
-// that exp_row's loops have no tail at any of its vector widths.
+// that exp_rows' loops have no tail at any of its vector widths.
 constexpr int64_t kLanes = 16;
 
-// `Lanes` floats (or int32s) as one value, GCC's vector extensions: exp_row is compiled
+// `Lanes` floats (or int32s) as one value, GCC's vector extensions: exp_rows is compiled
 // once per instruction set with the width of its registers (16 on AVX-512, 8 on AVX2, 4
 // on SSE). A width past the target's registers compiles, but GCC splits it through the
-// stack: 16 lanes on AVX2 made exp_row half the attention workload's time. The helpers
+// stack: 16 lanes on AVX2 made exp_rows half the attention workload's time. The helpers
 // are always inlined into their caller's target, so the ABI of passing such a value
 // (what -Wpsabi warns about) never applies.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -204,6 +204,7 @@ __attribute__((target_clones("avx2", "default"))) void transpose(
 // Where exp_row_lanes writes a row's exponentials: back into the row, as float32.
 struct InPlace {
   float* row;
+  void next(int64_t padded) { row += padded; }
   template <int Lanes>
   BLADE_INLINE void put(int64_t j, typename Vector<Lanes>::Floats e) const {
     store(row + j, e);
@@ -219,6 +220,7 @@ struct InPlace {
 // integer ops.)
 struct RoundedToBf16 {
   c10::BFloat16* row;
+  void next(int64_t padded) { row += padded; }
   template <int Lanes>
   BLADE_INLINE void put(int64_t j, typename Vector<Lanes>::Floats e) const {
     using Bits = typename Vector<Lanes>::Bits;
@@ -300,45 +302,68 @@ BLADE_INLINE float exp_row_lanes(float* __restrict row, const float* __restrict 
   return 1.0f / sum;
 }
 
-using ExpRow = float (*)(float*, const float*, float, int64_t, int64_t, float);
-
-__attribute__((target("avx512f"))) float exp_row_avx512(
-    float* row, const float* mask, float scale, int64_t n, int64_t padded, float empty_row) {
-  return exp_row_lanes<16>(row, mask, scale, n, padded, empty_row, InPlace{row});
+// exp_row_lanes over `count` rows of a block (`padded` floats apart), their mask rows
+// `mask_stride` apart (null: none), each row's 1 / sum into inverse_sums: one call a
+// block, so that the constants and the call's cost are not paid per row.
+template <int Lanes, typename Out>
+BLADE_INLINE void exp_rows_lanes(float* rows, int64_t count, const float* mask,
+                                 int64_t mask_stride, float scale, int64_t n, int64_t padded,
+                                 float empty_row, float* inverse_sums, Out out) {
+  for (int64_t i = 0; i < count; ++i) {
+    inverse_sums[i] = exp_row_lanes<Lanes>(rows + i * padded,
+                                           mask == nullptr ? nullptr : mask + i * mask_stride,
+                                           scale, n, padded, empty_row, out);
+    out.next(padded);
+  }
 }
 
-__attribute__((target("avx2,fma"))) float exp_row_avx2(
-    float* row, const float* mask, float scale, int64_t n, int64_t padded, float empty_row) {
-  return exp_row_lanes<8>(row, mask, scale, n, padded, empty_row, InPlace{row});
+using ExpRows = void (*)(float*, int64_t, const float*, int64_t, float, int64_t, int64_t,
+                         float, float*);
+
+__attribute__((target("avx512f"))) void exp_rows_avx512(
+    float* rows, int64_t count, const float* mask, int64_t mask_stride, float scale,
+    int64_t n, int64_t padded, float empty_row, float* inverse_sums) {
+  exp_rows_lanes<16>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
+                     inverse_sums, InPlace{rows});
 }
 
-float exp_row_baseline(float* row, const float* mask, float scale, int64_t n,
-                       int64_t padded, float empty_row) {
-  return exp_row_lanes<4>(row, mask, scale, n, padded, empty_row, InPlace{row});
+__attribute__((target("avx2,fma"))) void exp_rows_avx2(
+    float* rows, int64_t count, const float* mask, int64_t mask_stride, float scale,
+    int64_t n, int64_t padded, float empty_row, float* inverse_sums) {
+  exp_rows_lanes<8>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
+                    inverse_sums, InPlace{rows});
 }
 
-// exp_row whose exponentials go to `probabilities` as bfloat16 (the bf16 products run on
-// AVX-512 CPUs only).
-__attribute__((target("avx512f"))) float exp_row_bf16(float* row, const float* mask,
-                                                      float scale, int64_t n, int64_t padded,
-                                                      float empty_row,
-                                                      c10::BFloat16* probabilities) {
-  return exp_row_lanes<16>(row, mask, scale, n, padded, empty_row,
-                           RoundedToBf16{probabilities});
+void exp_rows_baseline(float* rows, int64_t count, const float* mask, int64_t mask_stride,
+                       float scale, int64_t n, int64_t padded, float empty_row,
+                       float* inverse_sums) {
+  exp_rows_lanes<4>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
+                    inverse_sums, InPlace{rows});
 }
 
-// exp_row for this CPU, picked once.
-ExpRow exp_row_for_host() {
+// exp_rows whose exponentials go to `probabilities` (rows `padded` apart) as bfloat16 (the
+// bf16 products run on AVX-512 CPUs only). AVX512BW lets GCC narrow the rounded values in
+// one permutation.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void exp_rows_bf16(
+    float* rows, int64_t count, const float* mask, int64_t mask_stride, float scale,
+    int64_t n, int64_t padded, float empty_row, float* inverse_sums,
+    c10::BFloat16* probabilities) {
+  exp_rows_lanes<16>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
+                     inverse_sums, RoundedToBf16{probabilities});
+}
+
+// exp_rows for this CPU, picked once.
+ExpRows exp_rows_for_host() {
   if (has_cpu_feature("avx512f")) {
-    return exp_row_avx512;
+    return exp_rows_avx512;
   }
   if (has_cpu_feature("avx2") && has_cpu_feature("fma")) {
-    return exp_row_avx2;
+    return exp_rows_avx2;
   }
-  return exp_row_baseline;
+  return exp_rows_baseline;
 }
 
-const ExpRow exp_row = exp_row_for_host();
+const ExpRows exp_rows = exp_rows_for_host();
 
 thread_local bool bf16_products = false;
 std::atomic<bool> bf16_products_allowed{true};
@@ -362,7 +387,7 @@ struct Problem {
   int64_t rows_per_block = 0;
   int64_t blocks_per_head = 0;
   float scale = 1.0f;
-  float empty_row = 0.0f;  // exp_row's value for a row of -inf scores
+  float empty_row = 0.0f;  // exp_rows' value for a row of -inf scores
   // q and v stored as is (unit stride along their rows): both products run on
   // brgemm_row_major, k^T copied per block unless k is stored transposed. Otherwise MKL's
   // sgemm, which reads either operand transposed.
@@ -426,7 +451,7 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
   const Problem& p = *static_cast<const Problem*>(arguments[0]);
   auto& next_block = *static_cast<std::atomic<int64_t>*>(arguments[1]);
   const int64_t blocks = p.batches * p.heads * p.blocks_per_head;
-  // Rows of scores padded to whole vectors (exp_row).
+  // Rows of scores padded to whole vectors (exp_rows).
   const int64_t padded = (p.keys + kLanes - 1) / kLanes * kLanes;
   std::unique_ptr<float[]> scores(new float[p.rows_per_block * padded]);
   std::unique_ptr<float[]> inverse_sums(new float[p.rows_per_block]);
@@ -438,7 +463,7 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
     const int64_t count = block.count;
     const float *q = block.q, *k = block.k, *v = block.v;
     float* out = block.out;
-    // scores = q @ k^T (exp_row scales them).
+    // scores = q @ k^T (exp_rows scales them).
     if (p.microkernel) {
       const float* k_t = k;
       int64_t ld_k_t = p.k.ld;
@@ -453,10 +478,8 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
       sgemm_row_major(p.q.transposed, !p.k.transposed, count, p.keys, p.head_dim, 1.0f, q,
                      p.q.ld, k, p.k.ld, 0.0f, scores.get(), padded);
     }
-    for (int64_t i = 0; i < count; ++i) {
-      inverse_sums[i] = exp_row(scores.get() + i * padded, mask_row(p, block, i), p.scale,
-                                p.keys, padded, p.empty_row);
-    }
+    exp_rows(scores.get(), count, mask_row(p, block, 0), p.mask_strides[2], p.scale, p.keys,
+             padded, p.empty_row, inverse_sums.get());
     if (p.microkernel) {
       brgemm_row_major(count, p.value_dim, p.keys, scores.get(), padded, v, p.v.ld, out,
                        p.out_row_stride);
@@ -582,10 +605,8 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
       round_to_bf16_avx512(block.q + i * p.q.row_stride, q16 + i * e, e);
     }
     pairs_gemm(amx, count, p.keys, e, q16, e, k_pairs, padded, scores, padded);
-    for (int64_t i = 0; i < count; ++i) {
-      inverse_sums[i] = exp_row_bf16(scores + i * padded, mask_row(p, block, i), p.scale,
-                                     p.keys, padded, p.empty_row, probabilities + i * padded);
-    }
+    exp_rows_bf16(scores, count, mask_row(p, block, 0), p.mask_strides[2], p.scale, p.keys,
+                  padded, p.empty_row, inverse_sums, probabilities);
     pairs_gemm(amx, count, ev, padded, probabilities, padded, v_pairs, ev, block.out,
                p.out_row_stride);
     normalize_rows(p, block, inverse_sums);

@@ -702,7 +702,7 @@ void test_attention_library_call() {
   EXPECT(blade::ral::take_kernel_error().empty());
   EXPECT(at::allclose(out, reference_attention(q, k, v, at::zeros({1}), 0.3), 1e-4, 1e-5));
 
-  // A negative scale, on the ragged key count (exp_row applies it, not the GEMM).
+  // A negative scale, on the ragged key count (exp_rows applies it, not the GEMM).
   blade_ral_attention_masked_f32(4, &dq, 4, &dk, 4, &dv, 4, &dmask, 4, &dout, 0, 0, -0.3, 0);
   EXPECT(blade::ral::take_kernel_error().empty());
   EXPECT(at::allclose(out, reference_attention(q, k, v, mask, -0.3), 1e-4, 1e-5,
