@@ -112,6 +112,15 @@ struct ConvPlanes {
   }
 };
 
+// The weight block of a thread's next task, where it is another block than this task's:
+// the register tiles after a block's first ask for one of its lines into L2 per depth
+// step, so that the next block's first tile finds it there instead of waiting on memory
+// (an engine's weights come from memory on every call). Empty when there is none.
+struct NextBlock {
+  const char* line = nullptr;
+  const char* end = nullptr;
+};
+
 // The convolution's work in tasks: blocks of at most `max_rows` GEMM rows of each image
 // (split evenly, rounded up to whole multiples of `whole` rows: the tiles') by column
 // blocks. The threads take contiguous runs of tasks; with `columns_outer` (where the weight
@@ -157,6 +166,20 @@ struct ConvTasks {
     const int64_t image_row = columns_outer ? task % (batch * steps) : task / blocks;
     const int64_t first = (image_row % steps) * step;
     return {block, image_row, image_row / steps, first, std::min(step, rows - first)};
+  }
+  // What task `task` of a thread's run [.., end) fetches ahead: the next task's block of
+  // `block_bytes` at `weights`, when it is another block.
+  NextBlock next_block(int64_t task, int64_t end, const void* weights,
+                       int64_t block_bytes) const {
+    if (task + 1 >= end) {
+      return {};
+    }
+    const int64_t block = at(task).block, next = at(task + 1).block;
+    if (next == block) {
+      return {};
+    }
+    const char* start = static_cast<const char*>(weights) + next * block_bytes;
+    return {start, start + block_bytes};
   }
 };
 

@@ -108,6 +108,10 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 multiply_add(__m
 
 // How many depth steps ahead a block's first tile fetches its weight rows.
 constexpr int64_t kFetchSteps = 32;
+// The largest block of weights the tiles fetch ahead for the thread's next task: it and
+// the block being read both stay in a 1 MB L2 cache (a float32 block of a deep 3x3 layer
+// does not).
+constexpr int64_t kNextBlockBytes = int64_t{256} << 10;
 
 // A tile of kRows output pixels (as `walk` steps over them; plane pixel p at `image` + (p -
 // `base`) x depth) by kVecs x 16 output channels of a block (`width` of them real; the
@@ -119,7 +123,7 @@ template <Kind K, int kRows, int kVecs, bool kMaskB, bool kFetch = false>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
     const ElementType<K>* image, int64_t base, int64_t depth, const std::vector<TapGroup>& taps,
     const uint32_t* b, int64_t ldb, RowWalk& walk, int64_t width, int64_t out_channels,
-    int64_t column, const float* bias, bool relu, float* out) {
+    int64_t column, const float* bias, bool relu, float* out, NextBlock& next) {
   constexpr int64_t kStep = Element<K>::kStep;
   int64_t pixels[kRows];
   const ElementType<K>* x[kRows];
@@ -141,10 +145,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
   for (int v = 0; v < kVecs; ++v) {
     masks[v] = static_cast<__mmask16>((1u << std::clamp<int64_t>(width - 16 * v, 0, 16)) - 1);
   }
+  // The next block's lines (conv_planes.h) in locals: the stores below may alias `next`.
+  const char* next_line = next.line;
+  const char* const next_end = next.end;
   for (const TapGroup& group : taps) {
     const uint32_t* b_group = b + group.weight_row / kStep * ldb;
     for (int64_t k = 0; k < group.depth; k += kStep) {
       const uint32_t* row = b_group + k / kStep * ldb;
+      if constexpr (!kFetch) {
+        if (next_line < next_end) {
+          _mm_prefetch(next_line, _MM_HINT_T1);
+          next_line += 64;
+        }
+      }
       __m512i w[kVecs];
 #pragma GCC unroll 4
       for (int v = 0; v < kVecs; ++v) {
@@ -167,6 +180,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
       }
     }
   }
+  next.line = next_line;
   __m512 offset[kVecs];
 #pragma GCC unroll 4
   for (int v = 0; v < kVecs; ++v) {
@@ -200,15 +214,15 @@ template <Kind K, int kVecs, int kRows, bool kMaskB>
 void tail_tile(int64_t left, const ElementType<K>* image, int64_t base, int64_t depth,
                const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
                int64_t width, int64_t out_channels, int64_t column, const float* bias,
-               bool relu, float* out) {
+               bool relu, float* out, NextBlock& next) {
   if constexpr (kRows > 0) {
     if (left == kRows) {
       conv_tile<K, kRows, kVecs, kMaskB>(image, base, depth, taps, b, ldb, walk, width,
-                                         out_channels, column, bias, relu, out);
+                                         out_channels, column, bias, relu, out, next);
       return;
     }
     tail_tile<K, kVecs, kRows - 1, kMaskB>(left, image, base, depth, taps, b, ldb, walk,
-                                           width, out_channels, column, bias, relu, out);
+                                           width, out_channels, column, bias, relu, out, next);
   }
 }
 
@@ -219,19 +233,19 @@ template <Kind K, int kVecs, int kRows, bool kMaskB>
 void tiles_of(const ElementType<K>* image, int64_t base, int64_t rows, int64_t depth,
               const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
               int64_t width, int64_t out_channels, int64_t column, const float* bias,
-              bool relu, float* out) {
+              bool relu, float* out, NextBlock next) {
   int64_t r = 0;
   if (kRows <= rows) {  // the first tile reads the block's weight from memory: fetched ahead
     conv_tile<K, kRows, kVecs, kMaskB, true>(image, base, depth, taps, b, ldb, walk, width,
-                                             out_channels, column, bias, relu, out);
+                                             out_channels, column, bias, relu, out, next);
     r = kRows;
   }
   for (; r + kRows <= rows; r += kRows) {
     conv_tile<K, kRows, kVecs, kMaskB>(image, base, depth, taps, b, ldb, walk, width,
-                                       out_channels, column, bias, relu, out);
+                                       out_channels, column, bias, relu, out, next);
   }
   tail_tile<K, kVecs, kRows - 1, kMaskB>(rows - r, image, base, depth, taps, b, ldb, walk,
-                                         width, out_channels, column, bias, relu, out);
+                                         width, out_channels, column, bias, relu, out, next);
 }
 
 // `rows` output pixels from `walk`'s on by one block of output channels, its `width` real
@@ -240,23 +254,23 @@ template <Kind K, bool kMaskB>
 void tile_rows(const ElementType<K>* image, int64_t base, int64_t rows, int64_t depth,
                const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk walk,
                int64_t width, int64_t out_channels, int64_t column, const float* bias,
-               bool relu, float* out) {
+               bool relu, float* out, NextBlock next = {}) {
   switch ((width + 15) / 16) {
     case 1:
       tiles_of<K, 1, 12, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
-                                 out_channels, column, bias, relu, out);
+                                 out_channels, column, bias, relu, out, next);
       break;
     case 2:
       tiles_of<K, 2, 12, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
-                                 out_channels, column, bias, relu, out);
+                                 out_channels, column, bias, relu, out, next);
       break;
     case 3:
       tiles_of<K, 3, 8, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
-                                out_channels, column, bias, relu, out);
+                                out_channels, column, bias, relu, out, next);
       break;
     default:
       tiles_of<K, 4, kTileRows, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
-                                        out_channels, column, bias, relu, out);
+                                        out_channels, column, bias, relu, out, next);
       break;
   }
 }
@@ -418,6 +432,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   const std::vector<TapGroup> taps = planes.tap_groups(depth);
   const auto* weights = static_cast<const uint32_t*>(packed.const_data_ptr());
   const int64_t block_words = block_elements / Element<K>::kStep;
+  const int64_t block_bytes = block_words * static_cast<int64_t>(sizeof(uint32_t));
   // Tasks: blocks of output pixels (whole tiles but the last) by column blocks.
   const int64_t rows = out_h * out_w;
   const bool columns_outer = blocks * block_elements > batch * rows * depth;
@@ -476,7 +491,10 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
                           RowWalk(n, first, planes.plane_w, batch, out_h, out_w,
                                   /*pixels=*/true),
                           std::min(kColumnBlock, out_channels - column), out_channels, column,
-                          bias, relu, out);
+                          bias, relu, out,
+                          block_bytes <= kNextBlockBytes
+                              ? work.next_block(task, end, weights, block_bytes)
+                              : NextBlock{});
     }
   });
 }

@@ -176,21 +176,10 @@ dot_step(__m512i (&acc)[kRows][4], const uint8_t* const (&x)[kRows], int64_t off
   }
 }
 
-// The weight block of the thread's next task, where it differs from this task's: the
-// tiles after a block's first ask for one of its lines into L2 per depth step, so that
-// its first tile finds it there instead of waiting on memory. An engine's weights come
-// from memory on every call, and a late layer's 64 x 9 x 512 bytes of a block were read
-// at a rate its first tile could not wait out (a 3x3 layer over 7 x 7 pixels: a third
-// slower than with its weight in cache).
-struct NextWeights {
-  const int8_t* line = nullptr;
-  const int8_t* end = nullptr;
-};
-
 template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
     const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
-    int64_t fetch_ahead, bool fetch_weights, NextWeights& next, RowWalk& walk, int64_t width,
+    int64_t fetch_ahead, bool fetch_weights, NextBlock& next, RowWalk& walk, int64_t width,
     int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   // The rows' output pixels (walked as output pixels: none dropped) and inputs (their
   // plane rows in `image`); the lines the next tile adds and writes, asked for early (they
@@ -233,9 +222,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   // groups, made GCC spill the accumulators on every step). A block's first tile reads its
   // weight from memory (an engine's weights do not stay in the caches between calls) and
   // asks for the rows kWeightAheadSteps on; the tiles after it find them in cache.
-  // The next block's lines in locals: the stores below may alias `next`.
-  const int8_t* next_line = next.line;
-  const int8_t* const next_end = next.end;
+  // The next block's lines (conv_planes.h) in locals: the stores below may alias `next`.
+  // A late layer's 64 x 9 x 512 bytes of a block, read from memory by its first tile, made
+  // a 3x3 layer over 7 x 7 pixels a third slower than with its weight in cache.
+  const char* next_line = next.line;
+  const char* const next_end = next.end;
   for (const TapGroup& group : taps) {
     const int8_t* b_group = b + group.weight_row * kColumnBlock;
     for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
@@ -319,7 +310,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
 template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                const std::vector<TapGroup>& taps, const int8_t* b,
-               int64_t fetch_ahead, NextWeights next, RowWalk walk, int64_t width,
+               int64_t fetch_ahead, NextBlock next, RowWalk walk, int64_t width,
                int64_t out_channels, int64_t column, const Terms& terms,
                const Int8ConvEpilogue& e) {
   int64_t r = 0;
@@ -330,7 +321,7 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                                                              terms, e);
   }
   using Tile = void (*)(const uint8_t*, int64_t, const std::vector<TapGroup>&, const int8_t*,
-                        int64_t, bool, NextWeights&, RowWalk&, int64_t, int64_t, int64_t,
+                        int64_t, bool, NextBlock&, RowWalk&, int64_t, int64_t, int64_t,
                         const Terms&, const Int8ConvEpilogue&);
   static constexpr Tile kTails[] = {nullptr,
                                     register_tile<1, kAddU8, kAddF32, kOutU8, kGelu>,
@@ -873,17 +864,10 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
         walk.image_base += first;
       }
       if (tiled) {
-        NextWeights next;
-        if (task + 1 < end) {
-          const int64_t next_block = work.at(task + 1).block;
-          if (next_block != block) {
-            next.line = weights + next_block * block_bytes;
-            next.end = next.line + block_bytes;
-          }
-        }
         // Rows taken in turn by every column block are fetched ahead by the first only.
         tiles(image, count, depth, groups, b,
-              work.columns_outer || block == 0 ? fetch_ahead : 0, next, walk, width_here,
+              work.columns_outer || block == 0 ? fetch_ahead : 0,
+              work.next_block(task, end, weights, block_bytes), walk, width_here,
               out_channels, column, terms, e);
         continue;
       }
