@@ -457,6 +457,9 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
   std::unique_ptr<float[]> inverse_sums(new float[p.rows_per_block]);
   std::unique_ptr<float[]> k_transposed(
       p.microkernel && !p.k.transposed ? new float[p.head_dim * padded] : nullptr);
+  // The (batch, head) whose k^T k_transposed holds: a thread's blocks are mostly of one
+  // head in turn (at 384 keys a head's 5 blocks had each copied it again).
+  int64_t transposed_head = -1;
   for (int64_t task = next_block.fetch_add(1, std::memory_order_relaxed); task < blocks;
        task = next_block.fetch_add(1, std::memory_order_relaxed)) {
     const Block block = block_of(p, task);
@@ -468,7 +471,10 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
       const float* k_t = k;
       int64_t ld_k_t = p.k.ld;
       if (!p.k.transposed) {
-        transpose(k, p.k.ld, p.keys, p.head_dim, k_transposed.get(), padded);
+        if (transposed_head != block.head_index) {
+          transpose(k, p.k.ld, p.keys, p.head_dim, k_transposed.get(), padded);
+          transposed_head = block.head_index;
+        }
         k_t = k_transposed.get();
         ld_k_t = padded;
       }
