@@ -90,8 +90,6 @@ template <int Lanes>
 struct Vector {
   typedef float Floats __attribute__((vector_size(Lanes * sizeof(float))));
   typedef int32_t Ints __attribute__((vector_size(Lanes * sizeof(int32_t))));
-  typedef uint32_t Bits __attribute__((vector_size(Lanes * sizeof(uint32_t))));
-  typedef uint16_t Halves __attribute__((vector_size(Lanes * sizeof(uint16_t))));
 };
 
 #define BLADE_INLINE __attribute__((always_inline)) inline
@@ -201,54 +199,15 @@ __attribute__((target_clones("avx2", "default"))) void transpose(
   }
 }
 
-// Where exp_row_lanes writes a row's exponentials: back into the row, as float32.
-struct InPlace {
-  float* row;
-  void next(int64_t padded) { row += padded; }
-  template <int Lanes>
-  BLADE_INLINE void put(int64_t j, typename Vector<Lanes>::Floats e) const {
-    store(row + j, e);
-  }
-  // A row of -inf scores: its first n values (the padding is never read).
-  void fill(int64_t n, int64_t /*padded*/, float value) const { std::fill(row, row + n, value); }
-};
-
-// Or rounded to bfloat16 into another row (the bf16 products' probabilities), to nearest
-// with ties to even as PyTorch rounds (NaN stays NaN), in the vector's own width.
-// (round_to_bf16_avx512 rounds alike with AVX512-BF16's one instruction, faster; GCC cannot
-// inline that intrinsic into exp_row_lanes, a template of no target, so this one uses
-// integer ops.)
-struct RoundedToBf16 {
-  c10::BFloat16* row;
-  void next(int64_t padded) { row += padded; }
-  template <int Lanes>
-  BLADE_INLINE void put(int64_t j, typename Vector<Lanes>::Floats e) const {
-    using Bits = typename Vector<Lanes>::Bits;
-    Bits bits;
-    std::memcpy(&bits, &e, sizeof bits);
-    const Bits nan = (Bits)(e != e);  // all ones where e is NaN
-    Bits rounded = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
-    rounded = (rounded & ~nan) | (nan & 0x7FC0u);
-    const auto narrow = __builtin_convertvector(rounded, typename Vector<Lanes>::Halves);
-    std::memcpy(row + j, &narrow, sizeof narrow);
-  }
-  // Its padding is read (@ v runs over whole pairs of keys) and must be 0, not -inf.
-  void fill(int64_t n, int64_t padded, float value) const {
-    std::fill(row, row + n, c10::BFloat16(value));
-    std::fill(row + n, row + padded, c10::BFloat16(0.0f));
-  }
-};
-
 // One row of scores: scales it and adds the mask row, then exp(score - max) in place;
 // returns the reciprocal of the row's sum, by which the caller scales the row's output
 // (fewer multiplies than scaling the row when the value dim is under the key count). When
 // every score is -inf the row and the result are `empty_row` (0, so the output row is 0,
 // or NaN, softmax's 0/0 unfused). Rows are padded to a multiple of kLanes with -inf
 // scores (exp 0) in the scratch block, so the exp loop has no tail.
-template <int Lanes, typename Out>
+template <int Lanes>
 BLADE_INLINE float exp_row_lanes(float* __restrict row, const float* __restrict mask,
-                                 float scale, int64_t n, int64_t padded, float empty_row,
-                                 const Out& out) {
+                                 float scale, int64_t n, int64_t padded, float empty_row) {
   using Floats = typename Vector<Lanes>::Floats;
   static_assert(kLanes % Lanes == 0, "rows are padded to whole vectors");
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -285,14 +244,14 @@ BLADE_INLINE float exp_row_lanes(float* __restrict row, const float* __restrict 
     largest = std::max(largest, top[l]);
   }
   if (largest == kNegInf) {
-    out.fill(n, padded, empty_row);
+    std::fill(row, row + n, empty_row);  // (its padding stays -inf)
     return empty_row;
   }
   const Floats shift = splat<Lanes>(largest);
   Floats sums{};
   for (int64_t j = 0; j < padded; j += Lanes) {
     const Floats e = exp_nonpositive<Lanes>(load<Lanes>(row + j) - shift);
-    out.template put<Lanes>(j, e);
+    store(row + j, e);
     sums += e;
   }
   float sum = 0.0f;
@@ -305,15 +264,14 @@ BLADE_INLINE float exp_row_lanes(float* __restrict row, const float* __restrict 
 // exp_row_lanes over `count` rows of a block (`padded` floats apart), their mask rows
 // `mask_stride` apart (null: none), each row's 1 / sum into inverse_sums: one call a
 // block, so that the constants and the call's cost are not paid per row.
-template <int Lanes, typename Out>
+template <int Lanes>
 BLADE_INLINE void exp_rows_lanes(float* rows, int64_t count, const float* mask,
                                  int64_t mask_stride, float scale, int64_t n, int64_t padded,
-                                 float empty_row, float* inverse_sums, Out out) {
+                                 float empty_row, float* inverse_sums) {
   for (int64_t i = 0; i < count; ++i) {
     inverse_sums[i] = exp_row_lanes<Lanes>(rows + i * padded,
                                            mask == nullptr ? nullptr : mask + i * mask_stride,
-                                           scale, n, padded, empty_row, out);
-    out.next(padded);
+                                           scale, n, padded, empty_row);
   }
 }
 
@@ -324,32 +282,39 @@ __attribute__((target("avx512f"))) void exp_rows_avx512(
     float* rows, int64_t count, const float* mask, int64_t mask_stride, float scale,
     int64_t n, int64_t padded, float empty_row, float* inverse_sums) {
   exp_rows_lanes<16>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
-                     inverse_sums, InPlace{rows});
+                     inverse_sums);
 }
 
 __attribute__((target("avx2,fma"))) void exp_rows_avx2(
     float* rows, int64_t count, const float* mask, int64_t mask_stride, float scale,
     int64_t n, int64_t padded, float empty_row, float* inverse_sums) {
   exp_rows_lanes<8>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
-                    inverse_sums, InPlace{rows});
+                    inverse_sums);
 }
 
 void exp_rows_baseline(float* rows, int64_t count, const float* mask, int64_t mask_stride,
                        float scale, int64_t n, int64_t padded, float empty_row,
                        float* inverse_sums) {
   exp_rows_lanes<4>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
-                    inverse_sums, InPlace{rows});
+                    inverse_sums);
 }
 
-// exp_rows whose exponentials go to `probabilities` (rows `padded` apart) as bfloat16 (the
-// bf16 products run on AVX-512 CPUs only). AVX512BW lets GCC narrow the rounded values in
-// one permutation.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void exp_rows_bf16(
+// exp_rows, then the rows rounded to bfloat16 into `probabilities` (rows `padded` apart,
+// their padding 0: @ v reads whole pairs of keys) by AVX512-BF16's one instruction per
+// vector (the bf16 products run on such CPUs only). Rounded in the exponentials' loop
+// instead, by integer steps (GCC cannot inline that instruction into exp_row_lanes, a
+// template of no target), the block took 4% longer at 128 keys.
+__attribute__((target("avx512f"))) void exp_rows_bf16(
     float* rows, int64_t count, const float* mask, int64_t mask_stride, float scale,
     int64_t n, int64_t padded, float empty_row, float* inverse_sums,
     c10::BFloat16* probabilities) {
   exp_rows_lanes<16>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
-                     inverse_sums, RoundedToBf16{probabilities});
+                     inverse_sums);
+  for (int64_t i = 0; i < count; ++i) {
+    float* row = rows + i * padded;
+    std::fill(row + n, row + padded, 0.0f);  // an empty row's padding is still -inf
+    round_to_bf16_avx512(row, probabilities + i * padded, padded);
+  }
 }
 
 // exp_rows for this CPU, picked once.
