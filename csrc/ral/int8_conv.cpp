@@ -147,36 +147,42 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
   }
 }
 
-// A tile of kTileRows GEMM rows by 64 output channels with the epilogue done in registers:
-// VNNI dot products over every tap's depth into 4 x kTileRows accumulators, then finished as
-// finish_block finishes a row. The microkernel's int32 block, stored and read back by the
-// epilogue, costs as much as the products for a shallow depth; here it never leaves the
-// registers.
+// A tile of kRows GEMM rows by kVecs x 16 output channels of a block with the epilogue
+// done in registers: VNNI dot products over every tap's depth into kVecs x kRows
+// accumulators, then finished as finish_block finishes a row. The microkernel's int32
+// block, stored and read back by the epilogue, costs as much as the products for a shallow
+// depth; here it never leaves the registers. A block of 64 channels takes 6 rows a tile; a
+// narrower one (a layer of 16, 24 or 40 channels, or a layer's last block) takes as few
+// vectors as cover it, 12 rows a tile for one (enough chains of products to hide their
+// latency): computed at 64 channels, MobileNetV3's 16-channel stem did four times its work.
 constexpr int64_t kTileRows = 6;
+constexpr int64_t kNarrowTileRows = 12;
 
-// One step of 4 depth units for every row of a tile: 4 x kRows dot products of the
-// row's 4 input bytes at `offset` from its input `x[r]` by the weight's 4 vectors at `w`.
-template <int kRows>
+// One step of 4 depth units for every row of a tile: kVecs x kRows dot products of the
+// row's 4 input bytes at `offset` from its input `x[r]` by the weight's kVecs vectors at
+// `w` (64 bytes apart).
+template <int kRows, int kVecs>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) inline void
-dot_step(__m512i (&acc)[kRows][4], const uint8_t* const (&x)[kRows], int64_t offset,
+dot_step(__m512i (&acc)[kRows][kVecs], const uint8_t* const (&x)[kRows], int64_t offset,
          const int8_t* w) {
-  const __m512i b0 = _mm512_loadu_si512(w);
-  const __m512i b1 = _mm512_loadu_si512(w + 64);
-  const __m512i b2 = _mm512_loadu_si512(w + 128);
-  const __m512i b3 = _mm512_loadu_si512(w + 192);
-#pragma GCC unroll 8
+  __m512i b[kVecs];
+#pragma GCC unroll 4
+  for (int v = 0; v < kVecs; ++v) {
+    b[v] = _mm512_loadu_si512(w + 64 * v);
+  }
+#pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
     int32_t quad;
     std::memcpy(&quad, x[r] + offset, sizeof quad);
     const __m512i x = _mm512_set1_epi32(quad);
-    acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, b0);
-    acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
-    acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], x, b2);
-    acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], x, b3);
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) {
+      acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], x, b[v]);
+    }
   }
 }
 
-template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
+template <int kRows, int kVecs, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
     const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
     int64_t fetch_ahead, bool fetch_weights, NextBlock& next, RowWalk& walk, int64_t width,
@@ -186,7 +192,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   // lie in memory by now, the tensor added written long before).
   int64_t pixels[kRows];
   const uint8_t* x[kRows];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
     pixels[r] = walk.next();
     x[r] = image + walk.plane_row * depth;
@@ -203,18 +209,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   // on an AMD EPYC (fetched ahead, its time fell by a fifth there; layers whose input stays
   // in cache lost).
   if (fetch_ahead > 0) {
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int r = 0; r < kRows; ++r) {
       for (int64_t line = 0; line < depth; line += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(x[r] + fetch_ahead + line), _MM_HINT_T1);
       }
     }
   }
-  __m512i acc[kRows][4];
-#pragma GCC unroll 8
+  __m512i acc[kRows][kVecs];
+#pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < kVecs; ++v) {
       acc[r][v] = _mm512_setzero_si512();
     }
   }
@@ -233,25 +239,25 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       if (fetch_weights) {
         const int8_t* ahead = b_group + (k + kWeightAheadSteps * kDepthGroup) * kColumnBlock;
 #pragma GCC unroll 4
-        for (int line = 0; line < 4; ++line) {
+        for (int line = 0; line < kVecs; ++line) {
           _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * line), _MM_HINT_T0);
         }
       } else if (next_line < next_end) {
         _mm_prefetch(reinterpret_cast<const char*>(next_line), _MM_HINT_T1);
         next_line += 64;
       }
-      dot_step<kRows>(acc, x, group.offset + k, b_group + k * kColumnBlock);
+      dot_step<kRows, kVecs>(acc, x, group.offset + k, b_group + k * kColumnBlock);
     }
   }
   next.line = next_line;
   // The terms of the block's columns, and the masks of its width (whole vectors first).
   const __mmask64 bytes_mask =
       width >= 64 ? ~__mmask64{0} : (__mmask64{1} << std::max<int64_t>(width, 0)) - 1;
-  __mmask16 masks[4];
-  __m512i correction[4];
-  __m512 multiplier[4], offset[4];
+  __mmask16 masks[kVecs];
+  __m512i correction[kVecs];
+  __m512 multiplier[kVecs], offset[kVecs];
 #pragma GCC unroll 4
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < kVecs; ++v) {
     masks[v] = static_cast<__mmask16>(bytes_mask >> (16 * v));
     correction[v] = _mm512_maskz_loadu_epi32(masks[v], terms.correction.data() + column + 16 * v);
     multiplier[v] = _mm512_maskz_loadu_ps(masks[v], terms.multiplier.data() + column + 16 * v);
@@ -262,7 +268,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   const __m512 zero = _mm512_setzero_ps();
   const __m512 out_scale = _mm512_set1_ps(terms.out_scale);
   const __m512 out_zero = _mm512_set1_ps(terms.out_zero);
-#pragma GCC unroll 8
+  const __m512 low = _mm512_set1_ps(terms.low);
+#pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
     const int64_t at = pixels[r] * out_channels + column;
     __m512 x[4];
@@ -271,7 +278,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       added_u8 = _mm512_maskz_loadu_epi8(bytes_mask, e.add_u8 + at);
     }
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < kVecs; ++v) {
       __m512 added = zero;
       if constexpr (kAddU8) {
         added = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(added_u8, v)));
@@ -294,45 +301,89 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
         }
       }
     }
-    if constexpr (kOutU8) {
+    if constexpr (kOutU8 && kVecs == 4) {
       const __m512i bytes = uint8_pack64(x, low_bytes);
       if (width >= 64) {
         _mm512_storeu_si512(e.out_u8 + at, bytes);
       } else {
         _mm512_mask_storeu_epi8(e.out_u8 + at, bytes_mask, bytes);
       }
+    } else if constexpr (kOutU8) {  // 16 bytes a vector, as finish_block rounds them
+#pragma GCC unroll 4
+      for (int v = 0; v < kVecs; ++v) {
+        _mm_mask_storeu_epi8(e.out_u8 + at + 16 * v, masks[v],
+                             _mm512_cvtepi32_epi8(uint8_steps(x[v], low)));
+      }
     }
   }
 }
 
+// The tile of `left` < kRows rows (a block's last), by kVecs vectors.
+template <int kVecs, int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
+void tail_tile(int64_t left, const uint8_t* image, int64_t depth,
+               const std::vector<TapGroup>& taps, const int8_t* b, int64_t fetch_ahead,
+               bool first, NextBlock& next, RowWalk& walk, int64_t width, int64_t out_channels,
+               int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
+  if constexpr (kRows > 0) {
+    if (left == kRows) {
+      register_tile<kRows, kVecs, kAddU8, kAddF32, kOutU8, kGelu>(
+          image, depth, taps, b, fetch_ahead, first, next, walk, width, out_channels, column,
+          terms, e);
+      return;
+    }
+    tail_tile<kVecs, kRows - 1, kAddU8, kAddF32, kOutU8, kGelu>(
+        left, image, depth, taps, b, fetch_ahead, first, next, walk, width, out_channels,
+        column, terms, e);
+  }
+}
+
 // `rows` output pixels (as `walk` steps in pixels mode, their inputs in `image`'s planes)
-// by one block of output channels, in tiles of kTileRows and a shorter last one.
+// by kVecs vectors of one block of output channels, in tiles of kRows and a shorter last.
+template <int kVecs, int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
+void tiles_of(const uint8_t* image, int64_t rows, int64_t depth,
+              const std::vector<TapGroup>& taps, const int8_t* b, int64_t fetch_ahead,
+              NextBlock next, RowWalk& walk, int64_t width, int64_t out_channels,
+              int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
+  int64_t r = 0;
+  for (; r + kRows <= rows; r += kRows) {
+    register_tile<kRows, kVecs, kAddU8, kAddF32, kOutU8, kGelu>(
+        image, depth, taps, b, fetch_ahead, r == 0, next, walk, width, out_channels, column,
+        terms, e);
+  }
+  tail_tile<kVecs, kRows - 1, kAddU8, kAddF32, kOutU8, kGelu>(
+      rows - r, image, depth, taps, b, fetch_ahead, r == 0, next, walk, width, out_channels,
+      column, terms, e);
+}
+
+// `rows` output pixels by one block of output channels, its `width` real ones in as few
+// vectors as cover them.
 template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                const std::vector<TapGroup>& taps, const int8_t* b,
                int64_t fetch_ahead, NextBlock next, RowWalk walk, int64_t width,
                int64_t out_channels, int64_t column, const Terms& terms,
                const Int8ConvEpilogue& e) {
-  int64_t r = 0;
-  for (; r + kTileRows <= rows; r += kTileRows) {
-    register_tile<kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(image, depth, taps, b,
-                                                             fetch_ahead, r == 0, next, walk,
-                                                             width, out_channels, column,
-                                                             terms, e);
-  }
-  using Tile = void (*)(const uint8_t*, int64_t, const std::vector<TapGroup>&, const int8_t*,
-                        int64_t, bool, NextBlock&, RowWalk&, int64_t, int64_t, int64_t,
-                        const Terms&, const Int8ConvEpilogue&);
-  static constexpr Tile kTails[] = {nullptr,
-                                    register_tile<1, kAddU8, kAddF32, kOutU8, kGelu>,
-                                    register_tile<2, kAddU8, kAddF32, kOutU8, kGelu>,
-                                    register_tile<3, kAddU8, kAddF32, kOutU8, kGelu>,
-                                    register_tile<4, kAddU8, kAddF32, kOutU8, kGelu>,
-                                    register_tile<5, kAddU8, kAddF32, kOutU8, kGelu>};
-  static_assert(std::size(kTails) == kTileRows);
-  if (r < rows) {
-    kTails[rows - r](image, depth, taps, b, fetch_ahead, r == 0, next, walk, width,
-                     out_channels, column, terms, e);
+  switch ((width + 15) / 16) {
+    case 1:
+      tiles_of<1, kNarrowTileRows, kAddU8, kAddF32, kOutU8, kGelu>(
+          image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels, column,
+          terms, e);
+      break;
+    case 2:
+      tiles_of<2, kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(
+          image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels, column,
+          terms, e);
+      break;
+    case 3:
+      tiles_of<3, kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(
+          image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels, column,
+          terms, e);
+      break;
+    default:
+      tiles_of<4, kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(
+          image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels, column,
+          terms, e);
+      break;
   }
 }
 #pragma GCC diagnostic pop

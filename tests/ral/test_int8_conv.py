@@ -199,18 +199,20 @@ def test_float_results_and_float_inputs(kernel, stride, padding, channels, layou
 @pytest.mark.parametrize("added_dtype", [torch.int8, torch.float32])
 @pytest.mark.parametrize("uint8_result", [True, False])
 @pytest.mark.parametrize("kernel", [1, 3])
-def test_residual_adds(added_dtype, uint8_result, kernel, threads, multiply):
+@pytest.mark.parametrize("out_channels", [72, 24, 40])  # narrow tiles of 1, 2 and 3 vectors
+def test_residual_adds(added_dtype, uint8_result, kernel, out_channels, threads, multiply):
     """The tensor added: the uint8 activation of another int8 layer (NHWC bytes), or
     float32 (rounded with its range first for a uint8 result, as oneDNN's sum takes it)."""
-    x, weight, scale, bias = operands(2, 32, (8, 8), 72, kernel, 2)
+    x, weight, scale, bias = operands(2, 32, (8, 8), out_channels, kernel, 2)
     padding = kernel // 2
     gen = torch.Generator().manual_seed(3)
     if added_dtype == torch.int8:
-        added = torch.randint(0, 256, (2, 8, 8, 72), dtype=torch.uint8, generator=gen)
+        added = torch.randint(0, 256, (2, 8, 8, out_channels), dtype=torch.uint8,
+                              generator=gen)
         added_real = ((added.double() - ADDED_RANGE[1]) * ADDED_RANGE[0]).permute(0, 3, 1, 2)
         added = added.view(torch.int8)
     else:
-        added = torch.randn(2, 72, 8, 8, generator=gen)
+        added = torch.randn(2, out_channels, 8, 8, generator=gen)
         added_real = added.double()
         if uint8_result:
             q = torch.clamp(torch.round(added_real / ADDED_RANGE[0] + ADDED_RANGE[1]), 0, 255)

@@ -41,6 +41,8 @@ def multiply(request):
     (5, 32, 24),        # one row past the matrix-vector product's
     (128, 96, 200),     # a sequence: whole tiles of 6 rows and a tail; a partial column block
     (37, 30, 64),       # K no multiple of 4
+    (30, 48, 16),       # one vector of outputs: two tiles of 12 rows and a tail of 6
+    (64, 32, 100),      # a last block of 36 outputs: tiles of 3 vectors
 ])
 @pytest.mark.parametrize("post_op", ["none", "relu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("uint8_result", [False, True])
