@@ -168,10 +168,11 @@ struct ConvTasks {
     return {block, image_row, image_row / steps, first, std::min(step, rows - first)};
   }
   // What task `task` of a thread's run [.., end) fetches ahead: the next task's block of
-  // `block_bytes` at `weights`, when it is another block.
-  NextBlock next_block(int64_t task, int64_t end, const void* weights,
-                       int64_t block_bytes) const {
-    if (task + 1 >= end) {
+  // `block_bytes` at `weights`, when it is another block and at most `max_bytes` (it and
+  // the block being read both stay in L2).
+  NextBlock next_block(int64_t task, int64_t end, const void* weights, int64_t block_bytes,
+                       int64_t max_bytes) const {
+    if (task + 1 >= end || block_bytes > max_bytes) {
       return {};
     }
     const int64_t block = at(task).block, next = at(task + 1).block;

@@ -492,9 +492,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
                                   /*pixels=*/true),
                           std::min(kColumnBlock, out_channels - column), out_channels, column,
                           bias, relu, out,
-                          block_bytes <= kNextBlockBytes
-                              ? work.next_block(task, end, weights, block_bytes)
-                              : NextBlock{});
+                          work.next_block(task, end, weights, block_bytes, kNextBlockBytes));
     }
   });
 }
