@@ -303,7 +303,7 @@ void exp_rows_baseline(float* rows, int64_t count, const float* mask, int64_t ma
 // their padding 0: @ v reads whole pairs of keys) by AVX512-BF16's one instruction per
 // vector (the bf16 products run on such CPUs only). Rounded in the exponentials' loop
 // instead, by integer steps (GCC cannot inline that instruction into exp_row_lanes, a
-// template of no target), the block took 4% longer at 128 keys.
+// template of no target), BERT-base's attention at 128 keys took 8% longer.
 __attribute__((target("avx512f"))) void exp_rows_bf16(
     float* rows, int64_t count, const float* mask, int64_t mask_stride, float scale,
     int64_t n, int64_t padded, float empty_row, float* inverse_sums,
