@@ -41,6 +41,9 @@ void brgemm_row_major(int64_t m, int64_t n, int64_t k, const float* a, int64_t l
 // floats) stays within this many, in L2 next to its k and v.
 constexpr int64_t kScoresPerBlock = 32 * 1024;
 constexpr int64_t kMinRowsPerBlock = 16;
+// Query rows per block where a causal mask ends rows early: a block multiplies only the
+// keys its rows attend, so smaller blocks skip more (32 rows: 5/8 of a head's products).
+constexpr int64_t kTrimmedRowsPerBlock = 32;
 
 // A [rows, cols] matrix of a rank-4 tensor for CBLAS (row-major): stored as is (unit
 // stride along cols) or transposed (unit stride along rows), `ld` apart.
@@ -261,59 +264,61 @@ BLADE_INLINE float exp_row_lanes(float* __restrict row, const float* __restrict 
   return 1.0f / sum;
 }
 
-// exp_row_lanes over `count` rows of a block (`padded` floats apart), their mask rows
-// `mask_stride` apart (null: none), each row's 1 / sum into inverse_sums: one call a
-// block, so that the constants and the call's cost are not paid per row.
+// exp_row_lanes over `count` rows of a block (`stride` floats apart; each row's first n
+// scores, padded to `padded`), their mask rows `mask_stride` apart (null: none), each
+// row's 1 / sum into inverse_sums: one call a block, so that the constants and the call's
+// cost are not paid per row.
 template <int Lanes>
-BLADE_INLINE void exp_rows_lanes(float* rows, int64_t count, const float* mask,
-                                 int64_t mask_stride, float scale, int64_t n, int64_t padded,
-                                 float empty_row, float* inverse_sums) {
+BLADE_INLINE void exp_rows_lanes(float* rows, int64_t count, int64_t stride,
+                                 const float* mask, int64_t mask_stride, float scale,
+                                 int64_t n, int64_t padded, float empty_row,
+                                 float* inverse_sums) {
   for (int64_t i = 0; i < count; ++i) {
-    inverse_sums[i] = exp_row_lanes<Lanes>(rows + i * padded,
+    inverse_sums[i] = exp_row_lanes<Lanes>(rows + i * stride,
                                            mask == nullptr ? nullptr : mask + i * mask_stride,
                                            scale, n, padded, empty_row);
   }
 }
 
-using ExpRows = void (*)(float*, int64_t, const float*, int64_t, float, int64_t, int64_t,
-                         float, float*);
+using ExpRows = void (*)(float*, int64_t, int64_t, const float*, int64_t, float, int64_t,
+                         int64_t, float, float*);
 
 __attribute__((target("avx512f"))) void exp_rows_avx512(
-    float* rows, int64_t count, const float* mask, int64_t mask_stride, float scale,
-    int64_t n, int64_t padded, float empty_row, float* inverse_sums) {
-  exp_rows_lanes<16>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
+    float* rows, int64_t count, int64_t stride, const float* mask, int64_t mask_stride,
+    float scale, int64_t n, int64_t padded, float empty_row, float* inverse_sums) {
+  exp_rows_lanes<16>(rows, count, stride, mask, mask_stride, scale, n, padded, empty_row,
                      inverse_sums);
 }
 
 __attribute__((target("avx2,fma"))) void exp_rows_avx2(
-    float* rows, int64_t count, const float* mask, int64_t mask_stride, float scale,
-    int64_t n, int64_t padded, float empty_row, float* inverse_sums) {
-  exp_rows_lanes<8>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
+    float* rows, int64_t count, int64_t stride, const float* mask, int64_t mask_stride,
+    float scale, int64_t n, int64_t padded, float empty_row, float* inverse_sums) {
+  exp_rows_lanes<8>(rows, count, stride, mask, mask_stride, scale, n, padded, empty_row,
                     inverse_sums);
 }
 
-void exp_rows_baseline(float* rows, int64_t count, const float* mask, int64_t mask_stride,
-                       float scale, int64_t n, int64_t padded, float empty_row,
-                       float* inverse_sums) {
-  exp_rows_lanes<4>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
+void exp_rows_baseline(float* rows, int64_t count, int64_t stride, const float* mask,
+                       int64_t mask_stride, float scale, int64_t n, int64_t padded,
+                       float empty_row, float* inverse_sums) {
+  exp_rows_lanes<4>(rows, count, stride, mask, mask_stride, scale, n, padded, empty_row,
                     inverse_sums);
 }
 
-// exp_rows, then the rows rounded to bfloat16 into `probabilities` (rows `padded` apart,
+// exp_rows, then the rows rounded to bfloat16 into `probabilities` (rows `stride` apart,
 // their padding 0: @ v reads whole pairs of keys) by AVX512-BF16's one instruction per
 // vector (the bf16 products run on such CPUs only). Rounded in the exponentials' loop
 // instead, by integer steps (GCC cannot inline that instruction into exp_row_lanes, a
 // template of no target), BERT-base's attention at 128 keys took 8% longer.
 __attribute__((target("avx512f"))) void exp_rows_bf16(
-    float* rows, int64_t count, const float* mask, int64_t mask_stride, float scale,
-    int64_t n, int64_t padded, float empty_row, float* inverse_sums,
+    float* rows, int64_t count, int64_t stride, const float* mask, int64_t mask_stride,
+    float scale, int64_t n, int64_t padded, float empty_row, float* inverse_sums,
     c10::BFloat16* probabilities) {
-  exp_rows_lanes<16>(rows, count, mask, mask_stride, scale, n, padded, empty_row,
+  exp_rows_lanes<16>(rows, count, stride, mask, mask_stride, scale, n, padded, empty_row,
                      inverse_sums);
   for (int64_t i = 0; i < count; ++i) {
-    float* row = rows + i * padded;
+    float* row = rows + i * stride;
     std::fill(row + n, row + padded, 0.0f);  // an empty row's padding is still -inf
-    round_to_bf16_avx512(row, probabilities + i * padded, padded);
+    round_to_bf16_avx512(row, probabilities + i * stride, padded);
   }
 }
 
@@ -351,6 +356,9 @@ struct Problem {
   int64_t value_dim = 0;
   int64_t rows_per_block = 0;
   int64_t blocks_per_head = 0;
+  // Per block of a head's query rows, the keys its rows attend at most (empty: all), where
+  // a mask shared by every (batch, head) ends rows early (a causal one).
+  std::vector<int64_t> block_keys;
   float scale = 1.0f;
   float empty_row = 0.0f;  // exp_rows' value for a row of -inf scores
   // q and v stored as is (unit stride along their rows): both products run on
@@ -388,6 +396,12 @@ Block block_of(const Problem& p, int64_t task) {
   block.out = p.out + block.b * p.out_batch_stride + block.h * p.out_head_stride +
               block.first * p.out_row_stride;
   return block;
+}
+
+// The keys the block's rows multiply: block_keys' count (the rest are masked for all of
+// them), or every key.
+int64_t keys_of(const Problem& p, int64_t task) {
+  return p.block_keys.empty() ? p.keys : p.block_keys[task % p.blocks_per_head];
 }
 
 // The mask's row for the block's row i (null without a mask).
@@ -429,6 +443,8 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
        task = next_block.fetch_add(1, std::memory_order_relaxed)) {
     const Block block = block_of(p, task);
     const int64_t count = block.count;
+    const int64_t keys = keys_of(p, task);
+    const int64_t keys_padded = (keys + kLanes - 1) / kLanes * kLanes;
     const float *q = block.q, *k = block.k, *v = block.v;
     float* out = block.out;
     // scores = q @ k^T (exp_rows scales them).
@@ -443,19 +459,19 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
         k_t = k_transposed.get();
         ld_k_t = padded;
       }
-      brgemm_row_major(count, p.keys, p.head_dim, q, p.q.ld, k_t, ld_k_t, scores.get(),
+      brgemm_row_major(count, keys, p.head_dim, q, p.q.ld, k_t, ld_k_t, scores.get(),
                        padded);
     } else {
-      sgemm_row_major(p.q.transposed, !p.k.transposed, count, p.keys, p.head_dim, 1.0f, q,
+      sgemm_row_major(p.q.transposed, !p.k.transposed, count, keys, p.head_dim, 1.0f, q,
                      p.q.ld, k, p.k.ld, 0.0f, scores.get(), padded);
     }
-    exp_rows(scores.get(), count, mask_row(p, block, 0), p.mask_strides[2], p.scale, p.keys,
-             padded, p.empty_row, inverse_sums.get());
+    exp_rows(scores.get(), count, padded, mask_row(p, block, 0), p.mask_strides[2], p.scale,
+             keys, keys_padded, p.empty_row, inverse_sums.get());
     if (p.microkernel) {
-      brgemm_row_major(count, p.value_dim, p.keys, scores.get(), padded, v, p.v.ld, out,
+      brgemm_row_major(count, p.value_dim, keys, scores.get(), padded, v, p.v.ld, out,
                        p.out_row_stride);
     } else {
-      sgemm_row_major(false, p.v.transposed, count, p.value_dim, p.keys, 1.0f, scores.get(),
+      sgemm_row_major(false, p.v.transposed, count, p.value_dim, keys, 1.0f, scores.get(),
                      padded, v, p.v.ld, 0.0f, out, p.out_row_stride);
     }
     normalize_rows(p, block, inverse_sums.get());
@@ -575,10 +591,13 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
     for (int64_t i = 0; i < count; ++i) {
       round_to_bf16_avx512(block.q + i * p.q.row_stride, q16 + i * e, e);
     }
-    pairs_gemm(amx, count, p.keys, e, q16, e, k_pairs, padded, scores, padded);
-    exp_rows_bf16(scores, count, mask_row(p, block, 0), p.mask_strides[2], p.scale, p.keys,
-                  padded, p.empty_row, inverse_sums, probabilities);
-    pairs_gemm(amx, count, ev, padded, probabilities, padded, v_pairs, ev, block.out,
+    // The keys the block's rows attend (AMX's packed v is read whole: untried on part).
+    const int64_t keys = amx ? p.keys : keys_of(p, task);
+    const int64_t keys_padded = (keys + kLanes - 1) / kLanes * kLanes;
+    pairs_gemm(amx, count, keys, e, q16, e, k_pairs, padded, scores, padded);
+    exp_rows_bf16(scores, count, padded, mask_row(p, block, 0), p.mask_strides[2], p.scale,
+                  keys, keys_padded, p.empty_row, inverse_sums, probabilities);
+    pairs_gemm(amx, count, ev, keys_padded, probabilities, padded, v_pairs, ev, block.out,
                p.out_row_stride);
     normalize_rows(p, block, inverse_sums);
   }
@@ -586,6 +605,31 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
     at::native::cpublas::brgemm_release(/*is_vnni=*/true);  // the thread's AMX tiles
   }
   scratch.trim();
+}
+
+// Per query row, 1 + its last key whose mask is not -inf (NaN counts: it must reach the
+// output), where the mask is one for every (batch, head), varies by row and ends some
+// row before the last key (a causal mask); else empty. Read once a call. Keys past a
+// block's rows are then never multiplied: a NaN in v there no longer reaches those rows
+// (0 x NaN), as PyTorch's CPU flash attention skips them with is_causal.
+std::vector<int64_t> attended_keys(const Problem& p) {
+  if (p.mask == nullptr || p.mask_strides[0] != 0 || p.mask_strides[1] != 0 ||
+      p.mask_strides[2] == 0) {
+    return {};
+  }
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  std::vector<int64_t> keys(p.rows);
+  bool trimmed = false;
+  for (int64_t i = 0; i < p.rows; ++i) {
+    const float* row = p.mask + i * p.mask_strides[2];
+    int64_t j = p.keys;
+    while (j > 0 && row[j - 1] == kNegInf) {
+      --j;
+    }
+    keys[i] = j;
+    trimmed = trimmed || j < p.keys;
+  }
+  return trimmed ? keys : std::vector<int64_t>{};
 }
 
 }  // namespace
@@ -652,7 +696,18 @@ bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Ten
   p.empty_row = zero_masked_rows ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   p.rows_per_block =
       std::min(p.rows, std::max(kMinRowsPerBlock, kScoresPerBlock / p.keys));
+  const std::vector<int64_t> row_keys = attended_keys(p);
+  if (!row_keys.empty()) {
+    p.rows_per_block = std::min(p.rows_per_block, kTrimmedRowsPerBlock);
+  }
   p.blocks_per_head = (p.rows + p.rows_per_block - 1) / p.rows_per_block;
+  if (!row_keys.empty()) {
+    p.block_keys.assign(p.blocks_per_head, 1);  // at least one key (an empty row's)
+    for (int64_t i = 0; i < p.rows; ++i) {
+      int64_t& keys = p.block_keys[i / p.rows_per_block];
+      keys = std::max(keys, row_keys[i]);
+    }
+  }
   p.batches = q.size(0);
   std::atomic<int64_t> next_block{0};
   void* arguments[] = {&p, &next_block};
