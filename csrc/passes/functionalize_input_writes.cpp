@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
+#include <algorithm>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -256,26 +257,37 @@ bool may_hold(Value* v, Value* root, const AliasDb& db) {
   return !other_input(v, root);
 }
 
-// Whether `node` (or a node of its blocks) reads a value that may alias `root`.
-bool may_read(Node* node, Value* root, const AliasDb& db) {
-  for (Value* v : node->inputs()) {
-    if (may_hold(v, root, db)) {
-      return true;
-    }
+// Whether `test` holds for `node` or a node of its blocks, however deep.
+template <typename Test>
+bool any_inside(Node* node, const Test& test) {
+  if (test(node)) {
+    return true;
   }
   for (Block* sub : node->blocks()) {
     for (Node* inner : sub->nodes()) {
-      if (may_read(inner, root, db)) {
-        return true;
-      }
-    }
-    for (Value* v : sub->outputs()) {
-      if (may_hold(v, root, db)) {
+      if (any_inside(inner, test)) {
         return true;
       }
     }
   }
   return false;
+}
+
+// Whether `node` (or a node of its blocks) reads a value that may alias `root`: as an
+// input, or as a value its block returns.
+bool may_read(Node* node, Value* root, const AliasDb& db) {
+  const auto holds = [&](Value* v) { return may_hold(v, root, db); };
+  return any_inside(node, [&](Node* n) {
+    if (std::any_of(n->inputs().begin(), n->inputs().end(), holds)) {
+      return true;
+    }
+    for (Block* sub : n->blocks()) {
+      if (std::any_of(sub->outputs().begin(), sub->outputs().end(), holds)) {
+        return true;
+      }
+    }
+    return false;
+  });
 }
 
 // Whether `user` only reads the value it takes at input `offset`, before `limit`: an op
@@ -303,17 +315,7 @@ bool reads_only(Node* user, size_t offset, Node* limit, int depth = 0) {
 
 // Whether `node` or a node of its blocks may write to %root.
 bool may_write_inside(Node* node, Value* root, const AliasDb& db) {
-  if (may_write(node, root, db)) {
-    return true;
-  }
-  for (Block* sub : node->blocks()) {
-    for (Node* inner : sub->nodes()) {
-      if (may_write_inside(inner, root, db)) {
-        return true;
-      }
-    }
-  }
-  return false;
+  return any_inside(node, [&](Node* n) { return may_write(n, root, db); });
 }
 
 // Reads of %root after the write-back `written` read `value` instead, until a node that
@@ -331,7 +333,7 @@ void redirect_reads(Value* root, Value* value, Node* written, const AliasDb& db)
     // read or write %root; one that leaves it alone (a decomposition's branch on an
     // optional mask) is passed.
     if (!n->blocks().empty()) {
-      if (may_read(n, root, db) || may_write_inside(n, root, db)) {
+      if (!leaves_alone(n, root, db)) {
         break;
       }
       continue;
@@ -449,7 +451,7 @@ void check_in_place_casts(const std::shared_ptr<Graph>& graph) {
 }
 
 bool leaves_alone(Node* node, Value* root, const AliasDb& db) {
-  return !may_read(node, root, db) && !may_write(node, root, db);
+  return !may_read(node, root, db) && !may_write_inside(node, root, db);
 }
 
 c10::Symbol write_back_kind() {

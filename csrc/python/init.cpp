@@ -34,6 +34,7 @@
 #include "ral/signing.h"
 #include "ral/tensor_spec.h"
 
+#include <ATen/native/ConvUtils.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
@@ -354,11 +355,10 @@ PYBIND11_MODULE(_C, m) {
         const at::Tensor f = filters.contiguous();
         const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
         const int64_t kh = f.size(0), kw = f.size(1);
-        const auto out_size = [&](int64_t size, int d, int64_t k) {
-          return (size + 2 * padding[d] - dilation[d] * (k - 1) - 1) / stride[d] + 1;
-        };
-        const int64_t oh = out_size(x.size(1), 0, kh);
-        const int64_t ow = out_size(x.size(2), 1, kw);
+        const std::vector<int64_t> made = at::native::conv_output_size(
+            {x.size(0), x.size(3), x.size(1), x.size(2)}, {x.size(3), 1, kh, kw}, padding,
+            stride, dilation);
+        const int64_t oh = made[2], ow = made[3];
         at::Tensor y = out.has_value() ? *out : at::empty({x.size(0), oh, ow, x.size(3)},
                                                            x.options());
         TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kFloat &&
