@@ -584,8 +584,8 @@ class AttentionWithInt8Projection(torch.nn.Module):
 ])
 def test_int8_engines_multiply_attention_in_bf16(batch, heads, rows, keys, head_dim, masked):
     """An int8 engine's attention multiplies bfloat16 operands (float32 sums and softmax),
-    on AMX tiles or AVX512-BF16's dot products: about bfloat16's rounding from the float32
-    products, never more."""
+    on AMX tiles or AVX512-BF16's dot products, where those are faster than float32 ones
+    here (made to here): about bfloat16's rounding from the float32 products, never more."""
     torch.manual_seed(0)
     q = torch.randn(batch, heads, rows, head_dim)
     k, v = torch.randn(batch, heads, keys, head_dim), torch.randn(batch, heads, keys, head_dim)
@@ -602,13 +602,17 @@ def test_int8_engines_multiply_attention_in_bf16(batch, heads, rows, keys, head_
     report = assert_ran_compiled(optimized)
     assert [c.precision for c in report.clusters] == ["int8"], str(report)
     with torch.no_grad():
-        bf16 = optimized(*inputs)
-        _C.set_bf16_attention_allowed(False)
+        chosen = optimized(*inputs)
         try:
+            _C.set_bf16_attention("always")
+            bf16 = optimized(*inputs)
+            _C.set_bf16_attention("never")
             f32 = optimized(*inputs)
         finally:
-            _C.set_bf16_attention_allowed(True)
+            _C.set_bf16_attention("when faster")
     assert_ran_compiled(optimized)
+    # By default the faster products run: bf16 where this CPU multiplies them faster.
+    assert torch.equal(chosen, bf16 if _C.bf16_attention_faster() else f32)
     assert not bf16.isnan().any()
     difference = float((bf16 - f32).abs().max())
     # Rounded operands move the answer (the products ran in bfloat16), by about 2^-8 of

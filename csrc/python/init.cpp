@@ -38,6 +38,9 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
+#include <map>
+#include <string>
+
 namespace py = pybind11;
 
 namespace blade {
@@ -259,8 +262,10 @@ PYBIND11_MODULE(_C, m) {
         "How many int8 convolutions (depthwise too) and linear layers the runtime's own "
         "kernels ran in this process.");
   m.def("bf16_attention_supported", &ral::bf16_attention_supported,
-        "Whether int8 engines multiply attention's operands in bfloat16 here (AVX512-BF16; "
-        "on AMX-BF16 tiles where the CPU has them).");
+        "Whether this CPU can multiply attention's operands in bfloat16 (AVX512-BF16).");
+  m.def("bf16_attention_faster", &ral::bf16_attention_faster,
+        "Whether int8 engines multiply attention's operands in bfloat16 here: supported, "
+        "and faster than float32 (AMX-BF16 tiles, or the dot products as timed once).");
   m.def(
       "fused_attention",
       [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -276,7 +281,7 @@ PYBIND11_MODULE(_C, m) {
                         at::is_expandable_to(mask->sizes(),
                                              {q.size(0), q.size(1), q.size(2), k.size(2)}),
                     "fused_attention: the mask does not broadcast to the scores");
-        ral::Bf16AttentionProducts products(bf16_products);
+        ral::Bf16AttentionProducts products(bf16_products, /*even_if_slower=*/true);
         at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
         TORCH_CHECK(ral::fused_attention_f32(q, k, v, mask, scale, true, out),
                     "fused_attention: the kernel does not take these operands");
@@ -284,8 +289,8 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"),
       py::arg("bf16_products"),
-      "The runtime's fused attention as an int8 engine (bf16_products) or a float32 one "
-      "runs it, masked rows zeroed (tests).");
+      "The runtime's fused attention with bfloat16 products where the CPU has them, faster "
+      "or not (bf16_products), or float32 ones, masked rows zeroed (tests).");
   m.def("bf16_conv_available", &ral::bf16_conv_available,
         "Whether the runtime's own bfloat16 convolution runs here (AVX512-BF16, no AMX).");
   m.def("bf16_conv_calls", &ral::bf16_conv_calls,
@@ -321,8 +326,21 @@ PYBIND11_MODULE(_C, m) {
       py::arg("relu"),
       "The runtime's own float32 convolution (NCHW in and out, the weight packed per call; "
       "tests).");
-  m.def("set_bf16_attention_allowed", &ral::set_bf16_attention_allowed, py::arg("allowed"),
-        "False makes int8 engines multiply attention's operands in float32 (tests).");
+  m.def(
+      "set_bf16_attention",
+      [](const std::string& mode) {
+        static const std::map<std::string, ral::Bf16Attention> modes = {
+            {"when faster", ral::Bf16Attention::kWhenFaster},
+            {"always", ral::Bf16Attention::kAlways},
+            {"never", ral::Bf16Attention::kNever}};
+        const auto found = modes.find(mode);
+        TORCH_CHECK(found != modes.end(), "set_bf16_attention: mode '", mode,
+                    "' is not 'when faster', 'always' or 'never'");
+        ral::set_bf16_attention(found->second);
+      },
+      py::arg("mode"),
+      "Whether int8 engines multiply attention's operands in bfloat16: 'when faster' "
+      "(the default), 'always' (where supported) or 'never' (tests).");
   m.def("set_bf16_attention_amx", &ral::set_bf16_attention_amx, py::arg("allowed"),
         "False makes the bf16 attention products skip AMX tiles for AVX512-BF16's dot "
         "products (tests).");

@@ -3,6 +3,7 @@
 #include "ral/float_conv.h"
 #include "ral/bf16_rounding.h"
 #include "ral/cpu_features.h"
+#include "ral/kernel_trials.h"
 #include "ral/mkl_functions.h"
 #include "ral/ral_abi.h"
 
@@ -336,7 +337,7 @@ ExpRows exp_rows_for_host() {
 const ExpRows exp_rows = exp_rows_for_host();
 
 thread_local bool bf16_products = false;
-std::atomic<bool> bf16_products_allowed{true};
+std::atomic<Bf16Attention> bf16_attention_mode{Bf16Attention::kWhenFaster};
 
 struct Problem {
   Matrix q;
@@ -524,11 +525,13 @@ std::atomic<bool> bf16_amx_allowed{true};  // set_bf16_attention_amx
 // Whether the bf16 products run on AMX-BF16 tiles (PyTorch's brgemm microkernel), else on
 // AVX512-BF16's dot products (bf16_pairs_gemm, float_conv.h: PyTorch's brgemm runs bf16 only
 // on AMX).
-bool bf16_amx() {
+bool has_amx_bf16() {
   static const bool amx =
       has_cpu_feature("amx_bf16") && at::native::cpublas::could_pack(at::kBFloat16);
-  return amx && bf16_amx_allowed.load(std::memory_order_relaxed);
+  return amx;
 }
+
+bool bf16_amx() { return has_amx_bf16() && bf16_amx_allowed.load(std::memory_order_relaxed); }
 
 // c[m x n] = a @ b (b's rows in pairs, the layout both ways read) by the AMX microkernel or
 // bf16_pairs_gemm.
@@ -632,6 +635,42 @@ std::vector<int64_t> attended_keys(const Problem& p) {
   return trimmed ? keys : std::vector<int64_t>{};
 }
 
+// The fastest of `rounds` calls of `product`, in seconds (after one untimed call).
+template <typename Product>
+double fastest_call(const Product& product, int rounds) {
+  product();
+  double fastest = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < rounds; ++i) {
+    const Stopwatch stopwatch;
+    product();
+    fastest = std::min(fastest, stopwatch.seconds());
+  }
+  return fastest;
+}
+
+// Whether bfloat16 products beat float32 ones on this CPU. AMX tiles do. AVX512-BF16's dot
+// products run at twice the FMA rate on some CPUs and at half of it on others (Intel's
+// without AMX), so one block's scores product (32 rows, 128 keys, 64 deep) is timed once
+// both ways; bf16 must win by a fifth, the rounding of q, k, v and the probabilities'
+// share of its call.
+bool bf16_products_win() {
+  if (has_amx_bf16()) {
+    return true;
+  }
+  constexpr int64_t m = 32, n = 128, k = 64;
+  std::vector<float> a(m * k, 0.5f), b(k * n, 0.25f), c(m * n);
+  std::vector<c10::BFloat16> a16(m * k, c10::BFloat16(0.5f));
+  std::vector<uint32_t> pairs(k / 2 * n, 0x3e803e80u);  // pairs of bfloat16 0.25
+  constexpr int kRounds = 50;
+  const double f32 = fastest_call([&] {
+    brgemm_row_major(m, n, k, a.data(), k, b.data(), n, c.data(), n);
+  }, kRounds);
+  const double bf16 = fastest_call([&] {
+    bf16_pairs_gemm(m, n, k, a16.data(), k, pairs.data(), n, c.data(), n);
+  }, kRounds);
+  return bf16 < 0.8 * f32;
+}
+
 }  // namespace
 
 bool bf16_attention_supported() {
@@ -641,12 +680,20 @@ bool bf16_attention_supported() {
   return supported;
 }
 
-void set_bf16_attention_allowed(bool allowed) { bf16_products_allowed.store(allowed); }
+bool bf16_attention_faster() {
+  static const bool faster = bf16_attention_supported() && bf16_products_win();
+  return faster;
+}
+
+void set_bf16_attention(Bf16Attention mode) { bf16_attention_mode.store(mode); }
 
 void set_bf16_attention_amx(bool allowed) { bf16_amx_allowed.store(allowed); }
 
-Bf16AttentionProducts::Bf16AttentionProducts(bool enabled) : previous_(bf16_products) {
-  bf16_products = enabled && bf16_products_allowed.load(std::memory_order_relaxed);
+Bf16AttentionProducts::Bf16AttentionProducts(bool enabled, bool even_if_slower)
+    : previous_(bf16_products) {
+  const Bf16Attention mode = bf16_attention_mode.load(std::memory_order_relaxed);
+  bf16_products = enabled && mode != Bf16Attention::kNever &&
+                  (even_if_slower || mode == Bf16Attention::kAlways || bf16_attention_faster());
 }
 
 Bf16AttentionProducts::~Bf16AttentionProducts() { bf16_products = previous_; }

@@ -16,19 +16,24 @@ namespace blade::ral {
 
 // While a Bf16AttentionProducts(true) is alive on a thread, fused_attention_f32 on that
 // thread multiplies bfloat16 operands (float32 sums, a float32 softmax) where the CPU has
-// AVX512-BF16 (on AMX-BF16 tiles where it has those too): int8 engines run their attention
-// so (Config(precision="int8")), as OpenVINO runs the float parts of its int8 models in
-// bfloat16 on such CPUs. Whether this CPU runs them; tests turn them off (false) to
-// compare with float32 products.
+// AVX512-BF16 and they are faster there than float32 ones (AMX-BF16 tiles, or dot products
+// measured once per process: bf16_attention_faster): int8 engines run their attention so
+// (Config(precision="int8")), as OpenVINO runs the float parts of its int8 models in
+// bfloat16 on such CPUs.
 bool bf16_attention_supported();
-void set_bf16_attention_allowed(bool allowed);
+bool bf16_attention_faster();
+// Tests make every int8 engine's attention take bf16 products where supported (kAlways)
+// or none (kNever), to compare the two.
+enum class Bf16Attention { kWhenFaster, kAlways, kNever };
+void set_bf16_attention(Bf16Attention mode);
 // Tests turn the AMX tiles off (false) so that an AMX CPU runs the AVX512-BF16 products
 // too.
 void set_bf16_attention_amx(bool allowed);
 
 class Bf16AttentionProducts {
  public:
-  explicit Bf16AttentionProducts(bool enabled);
+  // even_if_slower: the bf16 products where supported, faster or not (tests).
+  explicit Bf16AttentionProducts(bool enabled, bool even_if_slower = false);
   ~Bf16AttentionProducts();
   Bf16AttentionProducts(const Bf16AttentionProducts&) = delete;
   Bf16AttentionProducts& operator=(const Bf16AttentionProducts&) = delete;
