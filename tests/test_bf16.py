@@ -1,7 +1,7 @@
 """Config(precision="bf16"): the GEMMs and convolutions by an engine's weights run in
-bfloat16 with float32 accumulation on CPUs with avx512_bf16 (each convolution in whichever
-of bfloat16 and float32 its precision trial finds faster); everything else stays float32,
-the mode is signed into the engine, and a CPU without avx512_bf16 refuses it."""
+bfloat16 with float32 accumulation on CPUs with avx512_bf16 (each in whichever of bfloat16
+and float32 its precision trial finds faster); everything else stays float32, the mode is
+signed into the engine, and a CPU without avx512_bf16 refuses it."""
 import zipfile
 
 import pytest
@@ -52,7 +52,10 @@ def test_cpu_without_avx512_bf16_refuses_bf16_at_compile_time():
 
 
 @needs_bf16
-def test_bf16_engine_multiplies_in_bfloat16_and_stays_close_to_eager():
+def test_bf16_engine_multiplies_in_bfloat16_and_stays_close_to_eager(request):
+    # Without trials every weight runs bfloat16 (with them, a layer may keep float32).
+    _C.set_kernel_trials(False)
+    request.addfinalizer(lambda: _C.set_kernel_trials(True))
     model, x = example()
     full = blade.optimize(model, (x,))
     half = blade.optimize(model, (x,), blade.Config(precision="bf16"))
@@ -136,30 +139,55 @@ def test_tampered_precision_line_in_a_saved_file_is_refused(tmp_path):
 
 
 
-@needs_bf16
-def test_bf16_convolutions_keep_the_faster_precision_per_layer():
-    """Each convolution of one group has a precision trial, bfloat16 (Blade's kernel, or
-    oneDNN's where that does not run) against the float32 path, decided by the engine's
-    first calls (the depthwise one has none: it stays float32); whichever wins, the result
-    stays within bfloat16's error of eager."""
-    model, x = example()
+def decided_bf16_engine(model, x):
+    """A bf16 engine of `model` called until its trials have decided: its last result,
+    float64 eager's and its report."""
     half = blade.optimize(model, (x,), blade.Config(precision="bf16"))
     with torch.no_grad():
         want = model.double()(x.double())
         model.float()
         for _ in range(16):
             got = half(x)
-    report = assert_ran_compiled(half)
+    return got, want, assert_ran_compiled(half)
+
+
+@needs_bf16
+def test_bf16_convolutions_and_linear_layers_keep_the_faster_precision_per_layer():
+    """Each convolution of one group and each linear layer has a precision trial, bfloat16
+    (Blade's kernel, or oneDNN's where that does not run) against the float32 path, decided
+    by the engine's first calls (the depthwise one has none: it stays float32); whichever
+    wins, the result stays within bfloat16's error of eager."""
+    model, x = example()
+    got, want, report = decided_bf16_engine(model, x)
     choices = [line for c in report.clusters for line in c.kernel_choices]
     precision = [line for line in choices if "bfloat16" in line]
     kernel = "Blade bfloat16" if _C.bf16_conv_available() else "oneDNN bfloat16"
     assert sorted(line.split(", input")[0] for line in precision) == \
-        ["weight [32, 16, 3, 3]", "weight [32, 32, 1, 1]"], choices
+        ["weight [10, 64]", "weight [32, 16, 3, 3]", "weight [32, 32, 1, 1]",
+         "weight [64, 2048]"], choices
+    # A linear layer's input is its rows as oneDNN's 1x1 convolution takes them.
     assert all(line.startswith(("weight [32, 16, 3, 3], input [2, 16, 8, 8]: float32 ",
-                                "weight [32, 32, 1, 1], input [2, 32, 8, 8]: float32 ")) and
+                                "weight [32, 32, 1, 1], input [2, 32, 8, 8]: float32 ",
+                                "weight [64, 2048], input [1, 2048, 1, 2]: float32 ",
+                                "weight [10, 64], input [1, 64, 1, 2]: float32 ")) and
                line.endswith(("-> float32", f"-> {kernel}")) and
                f", {kernel} " in line for line in precision), choices
     assert not any("(transposed)" in line for line in precision)
+    assert float((got.double() - want).abs().max()) < 2e-2 * float(want.abs().max())
+
+
+@needs_bf16
+def test_bf16_linear_layers_keep_one_copy_of_the_precision_that_won():
+    """Once a linear layer's precision trial is decided, the loser's copies are freed:
+    bfloat16's pack, or the float32 path's (its oneDNN copy and Blade's float32 pack)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 256)).eval()
+    got, want, report = decided_bf16_engine(model, torch.randn(64, 256))
+    choices = report.clusters[0].kernel_choices
+    decided = [line for line in choices if ": float32 " in line]
+    assert len(decided) == 2 and all("undecided" not in line for line in decided), choices
+    assert report.clusters[0].packed_weights == 2, (str(report), choices)
     assert float((got.double() - want).abs().max()) < 2e-2 * float(want.abs().max())
 
 

@@ -179,10 +179,35 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
              other.second.choice.value_or(kernel) == kernel;
     });
   };
-  if (trial.alternative == Kernel::kBf16) {
-    // A precision trial: the loser's oneDNN copy for this size.
+  const std::vector<int64_t>& size = std::get<2>(key);
+  if (trial.alternative == Kernel::kBf16 && !size.empty() &&
+      size.back() == kMatmulPrecisionMark) {
+    // A linear layer's precision trial: the loser's oneDNN copy for these rows, and its
+    // copies for every row count once no other row count keeps or tries it.
     const bool bf16_won = trial.choice == Kernel::kBf16;
-    erase(onednn_, std::make_tuple(data, false, onednn_key_size(std::get<2>(key), !bf16_won)));
+    const std::vector<int64_t> rows_size(size.begin(), size.end() - 1);
+    erase(onednn_, std::make_tuple(data, transposed, onednn_key_size(rows_size, !bf16_won)));
+    if (!bf16_won && !others_keep(Kernel::kBf16)) {
+      erase(bf16_linears_, std::make_pair(data, transposed));
+      erase(bf16_matrices_, std::make_pair(data, transposed));
+    }
+    if (bf16_won && !others_keep(Kernel::kOneDnn)) {
+      erase(f32_convs_, data);
+      erase(k_by_n_, std::make_pair(data, transposed));
+      for (auto pack = packs_.begin(); pack != packs_.end();) {
+        const bool loser =
+            std::get<0>(pack->first) == data && std::get<1>(pack->first) == transposed;
+        if (loser) {
+          uncount(pack->second);
+          erased = true;
+        }
+        pack = loser ? packs_.erase(pack) : std::next(pack);
+      }
+    }
+  } else if (trial.alternative == Kernel::kBf16) {
+    // A convolution's precision trial: the loser's oneDNN copy for this size.
+    const bool bf16_won = trial.choice == Kernel::kBf16;
+    erase(onednn_, std::make_tuple(data, false, onednn_key_size(size, !bf16_won)));
     if (!bf16_won && !others_keep(Kernel::kBf16)) {
       erase(bf16_convs_, data);  // Blade's bfloat16 pack serves every size
     }
@@ -270,20 +295,31 @@ std::vector<std::string> PreparedWeights::kernel_choices() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::pair<size_t, std::string>> lines;
   for (const auto& [key, trial] : trials_) {
-    // A float32 path that its precision trial left for bfloat16 (undecided, unused).
-    const auto precision_trial = trials_.find(
-        TrialKey(std::get<0>(key), kPrecisionTrial, std::get<2>(key)));
-    if (trial.alternative != Kernel::kBf16 && !std::get<1>(key) &&
-        precision_trial != trials_.end() &&
-        precision_trial->second.choice == Kernel::kBf16) {
+    // A float32 path that its precision trial left for bfloat16 (undecided, unused): a
+    // convolution's (keyed by kPrecisionTrial) or a linear layer's (matmul_precision_key).
+    const auto left_for_bf16 = [&](const TrialKey& precision_key) {
+      const auto precision_trial = trials_.find(precision_key);
+      return precision_trial != trials_.end() &&
+             precision_trial->second.choice == Kernel::kBf16;
+    };
+    if (trial.alternative != Kernel::kBf16 &&
+        ((!std::get<1>(key) &&
+          left_for_bf16(TrialKey(std::get<0>(key), kPrecisionTrial, std::get<2>(key)))) ||
+         left_for_bf16(TrialKey(std::get<0>(key), std::get<1>(key),
+                                matmul_precision_key(std::get<2>(key)))))) {
       continue;
     }
     std::ostringstream line;
-    // A precision trial's flag is no transposition, and its kOneDnn is the float32 path.
+    // A precision trial's flag is no transposition, and its kOneDnn is the float32 path;
+    // a linear layer's input size ends in its mark, not printed.
     const bool precision = trial.alternative == Kernel::kBf16;
+    std::vector<int64_t> input_size = std::get<2>(key);
+    if (precision && !input_size.empty() && input_size.back() == kMatmulPrecisionMark) {
+      input_size.pop_back();
+    }
     line << "weight " << sizes_text(trial.weight_sizes)
          << (std::get<1>(key) && !precision ? " (transposed)" : "") << ", input "
-         << sizes_text(std::get<2>(key)) << ": ";
+         << sizes_text(input_size) << ": ";
     const Kernel kernels[2] = {Kernel::kOneDnn, trial.alternative};
     for (int k = 0; k < 2; ++k) {
       line << (k > 0 ? ", " : "")

@@ -156,6 +156,10 @@ bool matmul_by_f32_tiles(PreparedWeights* prepared, const at::Tensor& lhs, int64
   return true;
 }
 
+bool f32_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows, int64_t lda,
+                const at::Tensor& weight, bool transposed, const at::Tensor& result,
+                int64_t ldc);
+
 // lhs @ weight through the engine's packed copy of the weight, when `weight` is a param of
 // the running engine and both row operands fold to 2-d (see prepared_weights.h).
 bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transposed,
@@ -177,9 +181,32 @@ bool packed_matmul(const at::Tensor& lhs, const at::Tensor& weight, bool transpo
   if (lhs.scalar_type() != at::kFloat) {
     return false;
   }
-  if (prepared->bf16() && bf16_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
-    return true;
+  if (!prepared->bf16()) {
+    return f32_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc);
   }
+  // A bf16 engine's linear layers run in bfloat16 or by the float32 path, whichever their
+  // precision trial finds faster (as its convolutions do): AVX512-BF16's dot products run
+  // at twice the FMA rate on AMD's Zen 4/5 but at half of it on Intel's CPUs without AMX.
+  // bfloat16 declines without a copy; on a trial's first call the float32 path runs after
+  // it, and its result stands.
+  const std::vector<int64_t> input_size{1, lhs.size(-1), 1, rows};
+  prepared->run_trial(
+      weight, transposed, matmul_precision_key(input_size), PreparedWeights::Kernel::kBf16,
+      [&] { return bf16_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc); },
+      [&] {
+        if (!f32_matmul(prepared, lhs, rows, lda, weight, transposed, result, ldc)) {
+          plain_weight(weight);
+          at::Tensor out = result;
+          at::matmul_out(out, lhs, transposed ? weight.transpose(-1, -2) : weight);
+        }
+      });
+  return true;
+}
+
+// lhs[M, K] @ op(weight) in float32 by the running engine's copies (packed_matmul).
+bool f32_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows, int64_t lda,
+                const at::Tensor& weight, bool transposed, const at::Tensor& result,
+                int64_t ldc) {
   // oneDNN's 1x1 convolution or the alternative (a GEMM on the weight as it is, or the
   // float32 tiles), whichever the engine's first calls find faster
   // (PreparedWeights::next_kernel); MKL's packed GEMM where neither applies.

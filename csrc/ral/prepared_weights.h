@@ -73,6 +73,15 @@ inline std::vector<int64_t> onednn_key_size(std::vector<int64_t> input_size, boo
   return input_size;
 }
 
+// The input size in the key of a linear layer's precision trial in a bf16 engine
+// (PreparedWeights::run_trial with kBf16): its rows' [1, K, 1, rows] and -4, so that it
+// never shares a key with the float32 path's own trial for those rows.
+inline constexpr int64_t kMatmulPrecisionMark = -4;
+inline std::vector<int64_t> matmul_precision_key(std::vector<int64_t> input_size) {
+  input_size.push_back(kMatmulPrecisionMark);
+  return input_size;
+}
+
 class PreparedWeights {
  public:
   PreparedWeights(const std::vector<at::Tensor>& params, bool bf16);
@@ -175,7 +184,9 @@ class PreparedWeights {
   // against the float32 path (kOneDnn there: whichever float32 kernel that path's own
   // trial keeps), which wins where converting the activations costs more than the faster
   // products save (small and memory-bound layers); its key takes the flag a convolution's
-  // never needs, kPrecisionTrial.
+  // never needs, kPrecisionTrial. Its linear layers have one too, keyed by
+  // matmul_precision_key: bfloat16 wins on AMD's Zen 4/5 and loses on Intel's CPUs without
+  // AMX, whose AVX512-BF16 dot products run at half the FMA rate.
   //
   // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
   // and `onednn_input_size`) or `alternative` (kWinograd, kGemm, kDepthwise, kInt8Conv,
