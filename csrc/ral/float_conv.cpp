@@ -108,10 +108,6 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 multiply_add(__m
 
 // How many depth steps ahead a block's first tile fetches its weight rows.
 constexpr int64_t kFetchSteps = 32;
-// The largest block of weights the tiles fetch ahead for the thread's next task: it and
-// the block being read both stay in a 1 MB L2 cache (a float32 block of a deep 3x3 layer
-// does not).
-constexpr int64_t kNextBlockBytes = int64_t{256} << 10;
 
 // A tile of kRows output pixels (as `walk` steps over them; plane pixel p at `image` + (p -
 // `base`) x depth) by kVecs x 16 output channels of a block (`width` of them real; the
@@ -148,14 +144,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
   // The next block's lines (conv_planes.h) in locals: the stores below may alias `next`.
   const char* next_line = next.line;
   const char* const next_end = next.end;
+  const int64_t next_every = next.every;
+  int64_t next_wait = next.wait;
   for (const TapGroup& group : taps) {
     const uint32_t* b_group = b + group.weight_row / kStep * ldb;
     for (int64_t k = 0; k < group.depth; k += kStep) {
       const uint32_t* row = b_group + k / kStep * ldb;
       if constexpr (!kFetch) {
-        if (next_line < next_end) {
+        if (next_line < next_end && --next_wait <= 0) {
           _mm_prefetch(next_line, _MM_HINT_T1);
           next_line += 64;
+          next_wait = next_every;
         }
       }
       __m512i w[kVecs];
@@ -181,6 +180,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
     }
   }
   next.line = next_line;
+  next.wait = next_wait;
   __m512 offset[kVecs];
 #pragma GCC unroll 4
   for (int v = 0; v < kVecs; ++v) {
@@ -234,6 +234,11 @@ void tiles_of(const ElementType<K>* image, int64_t base, int64_t rows, int64_t d
               const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
               int64_t width, int64_t out_channels, int64_t column, const float* bias,
               bool relu, float* out, NextBlock next) {
+  int64_t depth_steps = 0;
+  for (const TapGroup& group : taps) {
+    depth_steps += group.depth / Element<K>::kStep;
+  }
+  next.spread_over(std::max<int64_t>(1, rows / kRows - 1), depth_steps);
   int64_t r = 0;
   if (kRows <= rows) {  // the first tile reads the block's weight from memory: fetched ahead
     conv_tile<K, kRows, kVecs, kMaskB, true>(image, base, depth, taps, b, ldb, walk, width,
@@ -492,7 +497,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
                                   /*pixels=*/true),
                           std::min(kColumnBlock, out_channels - column), out_channels, column,
                           bias, relu, out,
-                          work.next_block(task, end, weights, block_bytes, kNextBlockBytes));
+                          work.next_block(task, end, weights, block_bytes, next_block_limit()));
     }
   });
 }

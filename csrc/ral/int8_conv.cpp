@@ -35,9 +35,6 @@ constexpr int64_t kStreamedBytes = int64_t{2} << 20;
 constexpr int64_t kFetchAheadTiles = 2;
 // How many depth steps (256 bytes each) ahead a block's first tile fetches its weight rows.
 constexpr int64_t kWeightAheadSteps = 32;
-// The largest block of weights the tiles fetch ahead for the thread's next task (a 3x3
-// block of 512 channels, 288 KB, is; two such blocks stay in a 1 MB L2 cache).
-constexpr int64_t kNextBlockBytes = int64_t{384} << 10;
 // The deepest unfolded filter (unfolds): a block of rows unfolded takes at most 132 x 256
 // bytes, about an L1 cache.
 constexpr int64_t kMaxUnfoldedDepth = 256;
@@ -236,6 +233,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   // a 3x3 layer over 7 x 7 pixels a third slower than with its weight in cache.
   const char* next_line = next.line;
   const char* const next_end = next.end;
+  const int64_t next_every = next.every;
+  int64_t next_wait = next.wait;
   for (const TapGroup& group : taps) {
     const int8_t* b_group = b + group.weight_row * kColumnBlock;
     for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
@@ -245,14 +244,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
         for (int line = 0; line < kVecs; ++line) {
           _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * line), _MM_HINT_T0);
         }
-      } else if (next_line < next_end) {
+      } else if (next_line < next_end && --next_wait <= 0) {
         _mm_prefetch(reinterpret_cast<const char*>(next_line), _MM_HINT_T1);
         next_line += 64;
+        next_wait = next_every;
       }
       dot_step<kRows, kVecs>(acc, x, group.offset + k, b_group + k * kColumnBlock);
     }
   }
   next.line = next_line;
+  next.wait = next_wait;
   // The terms of the block's columns, and the masks of its width (whole vectors first).
   const __mmask64 bytes_mask =
       width >= 64 ? ~__mmask64{0} : (__mmask64{1} << std::max<int64_t>(width, 0)) - 1;
@@ -347,6 +348,11 @@ void tiles_of(const uint8_t* image, int64_t rows, int64_t depth,
               const std::vector<TapGroup>& taps, const int8_t* b, int64_t fetch_ahead,
               NextBlock next, RowWalk& walk, int64_t width, int64_t out_channels,
               int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
+  int64_t depth_steps = 0;
+  for (const TapGroup& group : taps) {
+    depth_steps += (group.depth + kDepthGroup - 1) / kDepthGroup;
+  }
+  next.spread_over(std::max<int64_t>(1, rows / kRows - 1), depth_steps);
   int64_t r = 0;
   for (; r + kRows <= rows; r += kRows) {
     register_tile<kRows, kVecs, kAddU8, kAddF32, kOutU8, kGelu>(
@@ -921,7 +927,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
         // Rows taken in turn by every column block are fetched ahead by the first only.
         tiles(image, count, depth, groups, b,
               work.columns_outer || block == 0 ? fetch_ahead : 0,
-              work.next_block(task, end, weights, block_bytes, kNextBlockBytes), walk,
+              work.next_block(task, end, weights, block_bytes, next_block_limit()), walk,
               width_here, out_channels, column, terms, e);
         continue;
       }
