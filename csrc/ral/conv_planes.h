@@ -114,17 +114,11 @@ struct ConvPlanes {
   }
 };
 
-// The weight block of a thread's next task, where it is another block than this task's:
-// the register tiles after a block's first ask for one of its lines into L2 every `every`
-// depth steps, so that the next block's first tile finds it there instead of waiting on
-// memory (an engine's weights come from memory on every call). Empty when there is none.
-// spread_over() sets `every` so that the lines come over all the tiles left, not in the
-// first few: a block fetched early was pushed out of L2 by the rows streaming through it
-// before the next task read it. `wait` counts down the steps to the next line.
-// The largest weight block fetched so: it and the block being read both stay in the core's
-// L2 with room for the rows streaming through (2/5 of it: 410 KB of AMD Zen 4/5's 1 MB,
-// 820 KB of the 2 MB of Intel's Xeons since Sapphire Rapids, where BERT-base's 786 KB
-// blocks of [768, 3072] then came in time), as sysconf reports it (1 MB where it does not).
+// The largest weight block the register tiles fetch ahead (NextBlock, below): it and the
+// block being read both stay in the core's L2 with room for the rows streaming through
+// (2/5 of it: 410 KB of AMD Zen 4/5's 1 MB, 820 KB of the 2 MB of Intel's Xeons since
+// Sapphire Rapids, where BERT-base's 786 KB blocks of [768, 3072] then came in time), as
+// sysconf reports it (1 MB where it does not).
 inline int64_t next_block_limit() {
   static const int64_t limit = [] {
     const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
@@ -133,6 +127,13 @@ inline int64_t next_block_limit() {
   return limit;
 }
 
+// The weight block of a thread's next task, where it is another block than this task's:
+// the register tiles after a block's first ask for one of its lines into L2 every `every`
+// depth steps, so that the next block's first tile finds it there instead of waiting on
+// memory (an engine's weights come from memory on every call). Empty when there is none.
+// spread_over() sets `every` so that the lines come over all the tiles left, not in the
+// first few: a block fetched early was pushed out of L2 by the rows streaming through it
+// before the next task read it. `wait` counts down the steps to the next line.
 struct NextBlock {
   const char* line = nullptr;
   const char* end = nullptr;
