@@ -197,18 +197,50 @@ BLADE_INLINE void transpose_tile(const float* src, int64_t ld_src, float* dst, i
   }
 }
 
+// The 8 x 8 tile at `src` transposed into `dst` as transpose_tile, by AVX intrinsics: the
+// vector-extension version's row loads, split in halves by GCC's generic tuning, went
+// through the stack and stalled its 32-byte reloads (a fifth of gpt_block's attention).
+__attribute__((target("avx2"))) inline void transpose_tile_avx2(const float* src,
+                                                                int64_t ld_src, float* dst,
+                                                                int64_t ld_dst) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm256_loadu_ps(src + i * ld_src);
+  }
+  __m256 t[8];  // pairs of rows interleaved: columns 0, 1, 4, 5 and 2, 3, 6, 7
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  __m256 u[8];  // quads: u[4q + j] holds column j (low half) and j + 4 (high half)
+  for (int q = 0; q < 2; ++q) {
+    const __m256* tq = t + 4 * q;
+    u[4 * q + 0] = _mm256_shuffle_ps(tq[0], tq[2], 0x44);
+    u[4 * q + 1] = _mm256_shuffle_ps(tq[0], tq[2], 0xEE);
+    u[4 * q + 2] = _mm256_shuffle_ps(tq[1], tq[3], 0x44);
+    u[4 * q + 3] = _mm256_shuffle_ps(tq[1], tq[3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {
+    _mm256_storeu_ps(dst + c * ld_dst, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
+    _mm256_storeu_ps(dst + (c + 4) * ld_dst, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+  }
+}
+
 // dst[c, r] = src[r, c] for a [rows, cols] matrix: k^T for the microkernel, which reads
 // both operands untransposed. 8 x 8 tiles in registers (an element-wise copy, its stores
 // each a row apart, was a visible share of attention), element-wise at the edges.
-// (target_clones: each listed name is one clone; the tiles need AVX at least.)
-__attribute__((target_clones("avx2", "default"))) void transpose(
-    const float* __restrict src, int64_t ld_src, int64_t rows, int64_t cols,
-    float* __restrict dst, int64_t ld_dst) {
+template <bool kAvx2>
+BLADE_INLINE void transpose_tiles(const float* __restrict src, int64_t ld_src, int64_t rows,
+                                  int64_t cols, float* __restrict dst, int64_t ld_dst) {
   const int64_t whole_rows = rows - rows % 8;
   const int64_t whole_cols = cols - cols % 8;
   for (int64_t r = 0; r < whole_rows; r += 8) {
     for (int64_t c = 0; c < whole_cols; c += 8) {
-      transpose_tile(src + r * ld_src + c, ld_src, dst + c * ld_dst + r, ld_dst);
+      if constexpr (kAvx2) {
+        transpose_tile_avx2(src + r * ld_src + c, ld_src, dst + c * ld_dst + r, ld_dst);
+      } else {
+        transpose_tile(src + r * ld_src + c, ld_src, dst + c * ld_dst + r, ld_dst);
+      }
     }
     for (int64_t c = whole_cols; c < cols; ++c) {
       for (int64_t i = r; i < r + 8; ++i) {
@@ -221,6 +253,23 @@ __attribute__((target_clones("avx2", "default"))) void transpose(
       dst[c * ld_dst + r] = src[r * ld_src + c];
     }
   }
+}
+
+__attribute__((target("avx2"))) void transpose_avx2(const float* src, int64_t ld_src,
+                                                    int64_t rows, int64_t cols, float* dst,
+                                                    int64_t ld_dst) {
+  transpose_tiles<true>(src, ld_src, rows, cols, dst, ld_dst);
+}
+
+void transpose_baseline(const float* src, int64_t ld_src, int64_t rows, int64_t cols,
+                        float* dst, int64_t ld_dst) {
+  transpose_tiles<false>(src, ld_src, rows, cols, dst, ld_dst);
+}
+
+void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst,
+               int64_t ld_dst) {
+  static const bool avx2 = has_cpu_feature("avx2");
+  (avx2 ? transpose_avx2 : transpose_baseline)(src, ld_src, rows, cols, dst, ld_dst);
 }
 
 // One row of scores: scales it and adds the mask row, then exp(score - max) in place;
@@ -450,9 +499,12 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
   std::unique_ptr<float[]> inverse_sums(new float[p.rows_per_block]);
   std::unique_ptr<float[]> k_transposed(
       p.microkernel && !p.k.transposed ? new float[p.head_dim * padded] : nullptr);
-  // The (batch, head) whose k^T k_transposed holds: a thread's blocks are mostly of one
-  // head in turn (at 384 keys a head's 5 blocks had each copied it again).
+  // The (batch, head) whose k^T k_transposed holds, and for how many keys: a thread's
+  // blocks are mostly of one head in turn (at 384 keys a head's 5 blocks had each copied
+  // it again), and under a causal mask a block multiplies only the keys its rows attend
+  // (copying all of them, gpt_block's 4 x 8 heads spent a fifth of their time there).
   int64_t transposed_head = -1;
+  int64_t transposed_keys = 0;
   for (int64_t task = next_block.fetch_add(1, std::memory_order_relaxed); task < blocks;
        task = next_block.fetch_add(1, std::memory_order_relaxed)) {
     const Block block = block_of(p, task);
@@ -467,8 +519,13 @@ void run_blocks(int64_t /*first_worker*/, int64_t /*end_worker*/, void** argumen
       int64_t ld_k_t = p.k.ld;
       if (!p.k.transposed) {
         if (transposed_head != block.head_index) {
-          transpose(k, p.k.ld, p.keys, p.head_dim, k_transposed.get(), padded);
           transposed_head = block.head_index;
+          transposed_keys = 0;
+        }
+        if (transposed_keys < keys) {
+          transpose(k + transposed_keys * p.k.ld, p.k.ld, keys - transposed_keys, p.head_dim,
+                    k_transposed.get() + transposed_keys, padded);
+          transposed_keys = keys;
         }
         k_t = k_transposed.get();
         ld_k_t = padded;
