@@ -140,10 +140,15 @@ struct NextBlock {
   int64_t every = 1;
   int64_t wait = 0;
 
-  // Spreads the block's lines over `tiles` tiles of `steps` depth steps each.
-  void spread_over(int64_t tiles, int64_t steps) {
+  // Spreads the block's lines over `tiles` tiles, each a depth step of `step` units at a
+  // time over every tap group.
+  void spread_over(int64_t tiles, const std::vector<TapGroup>& taps, int64_t step) {
+    int64_t steps = 0;
+    for (const TapGroup& group : taps) {
+      steps += (group.depth + step - 1) / step;
+    }
     const int64_t lines = (end - line) / 64;
-    every = lines > 0 ? std::max<int64_t>(1, tiles * steps / lines) : 1;
+    every = lines > 0 ? std::max<int64_t>(1, std::max<int64_t>(1, tiles) * steps / lines) : 1;
   }
 };
 
@@ -194,11 +199,11 @@ struct ConvTasks {
     return {block, image_row, image_row / steps, first, std::min(step, rows - first)};
   }
   // What task `task` of a thread's run [.., end) fetches ahead: the next task's block of
-  // `block_bytes` at `weights`, when it is another block and at most `max_bytes` (it and
-  // the block being read both stay in L2).
-  NextBlock next_block(int64_t task, int64_t end, const void* weights, int64_t block_bytes,
-                       int64_t max_bytes) const {
-    if (task + 1 >= end || block_bytes > max_bytes) {
+  // `block_bytes` at `weights`, when it is another block and at most next_block_limit (it
+  // and the block being read both stay in L2).
+  NextBlock next_block(int64_t task, int64_t end, const void* weights,
+                       int64_t block_bytes) const {
+    if (task + 1 >= end || block_bytes > next_block_limit()) {
       return {};
     }
     const int64_t block = at(task).block, next = at(task + 1).block;

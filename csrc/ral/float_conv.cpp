@@ -234,11 +234,7 @@ void tiles_of(const ElementType<K>* image, int64_t base, int64_t rows, int64_t d
               const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
               int64_t width, int64_t out_channels, int64_t column, const float* bias,
               bool relu, float* out, NextBlock next) {
-  int64_t depth_steps = 0;
-  for (const TapGroup& group : taps) {
-    depth_steps += group.depth / Element<K>::kStep;
-  }
-  next.spread_over(std::max<int64_t>(1, rows / kRows - 1), depth_steps);
+  next.spread_over(rows / kRows - 1, taps, Element<K>::kStep);
   int64_t r = 0;
   if (kRows <= rows) {  // the first tile reads the block's weight from memory: fetched ahead
     conv_tile<K, kRows, kVecs, kMaskB, true>(image, base, depth, taps, b, ldb, walk, width,
@@ -497,7 +493,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
                                   /*pixels=*/true),
                           std::min(kColumnBlock, out_channels - column), out_channels, column,
                           bias, relu, out,
-                          work.next_block(task, end, weights, block_bytes, next_block_limit()));
+                          work.next_block(task, end, weights, block_bytes));
     }
   });
 }

@@ -592,15 +592,15 @@ void pair_rows(const c10::BFloat16* b, int64_t k, int64_t n, uint32_t* pairs) {
 
 std::atomic<bool> bf16_amx_allowed{true};  // set_bf16_attention_amx
 
-// Whether the bf16 products run on AMX-BF16 tiles (PyTorch's brgemm microkernel), else on
-// AVX512-BF16's dot products (bf16_pairs_gemm, float_conv.h: PyTorch's brgemm runs bf16 only
-// on AMX).
+// Whether this CPU has AMX-BF16 tiles that PyTorch's brgemm microkernel packs for.
 bool has_amx_bf16() {
   static const bool amx =
       has_cpu_feature("amx_bf16") && at::native::cpublas::could_pack(at::kBFloat16);
   return amx;
 }
 
+// Whether the bf16 products run on those tiles, else on AVX512-BF16's dot products
+// (bf16_pairs_gemm, float_conv.h: PyTorch's brgemm runs bf16 only on AMX).
 bool bf16_amx() { return has_amx_bf16() && bf16_amx_allowed.load(std::memory_order_relaxed); }
 
 // c[m x n] = a @ b (b's rows in pairs, the layout both ways read) by the AMX microkernel or

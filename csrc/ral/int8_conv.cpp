@@ -348,11 +348,7 @@ void tiles_of(const uint8_t* image, int64_t rows, int64_t depth,
               const std::vector<TapGroup>& taps, const int8_t* b, int64_t fetch_ahead,
               NextBlock next, RowWalk& walk, int64_t width, int64_t out_channels,
               int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
-  int64_t depth_steps = 0;
-  for (const TapGroup& group : taps) {
-    depth_steps += (group.depth + kDepthGroup - 1) / kDepthGroup;
-  }
-  next.spread_over(std::max<int64_t>(1, rows / kRows - 1), depth_steps);
+  next.spread_over(rows / kRows - 1, taps, kDepthGroup);
   int64_t r = 0;
   for (; r + kRows <= rows; r += kRows) {
     register_tile<kRows, kVecs, kAddU8, kAddF32, kOutU8, kGelu>(
@@ -927,7 +923,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
         // Rows taken in turn by every column block are fetched ahead by the first only.
         tiles(image, count, depth, groups, b,
               work.columns_outer || block == 0 ? fetch_ahead : 0,
-              work.next_block(task, end, weights, block_bytes, next_block_limit()), walk,
+              work.next_block(task, end, weights, block_bytes), walk,
               width_here, out_channels, column, terms, e);
         continue;
       }

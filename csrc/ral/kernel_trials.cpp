@@ -170,6 +170,17 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
       erased = true;
     }
   };
+  // Every copy in `copies` whose key `matches`.
+  const auto erase_all = [&](auto& copies, const auto& matches) {
+    for (auto copy = copies.begin(); copy != copies.end();) {
+      const bool loser = matches(copy->first);
+      if (loser) {
+        uncount(copy->second);
+        erased = true;
+      }
+      copy = loser ? copies.erase(copy) : std::next(copy);
+    }
+  };
   // Whether another trial of this weight with the same alternative keeps, or may still
   // keep, `kernel`.
   const auto others_keep = [&](Kernel kernel) {
@@ -194,15 +205,9 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
     if (bf16_won && !others_keep(Kernel::kOneDnn)) {
       erase(f32_convs_, data);
       erase(k_by_n_, std::make_pair(data, transposed));
-      for (auto pack = packs_.begin(); pack != packs_.end();) {
-        const bool loser =
-            std::get<0>(pack->first) == data && std::get<1>(pack->first) == transposed;
-        if (loser) {
-          uncount(pack->second);
-          erased = true;
-        }
-        pack = loser ? packs_.erase(pack) : std::next(pack);
-      }
+      erase_all(packs_, [&](const auto& pack) {
+        return std::get<0>(pack) == data && std::get<1>(pack) == transposed;
+      });
     }
   } else if (trial.alternative == Kernel::kBf16) {
     // A convolution's precision trial: the loser's oneDNN copy for this size.
@@ -225,15 +230,10 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
       // oneDNN's int8 packs of the weight (one per input size and range for a convolution,
       // one for a linear layer's every row count), once no other input size keeps or
       // tries oneDNN's; never the matrix-vector product's (int8_gemv.h), no trial's.
-      for (auto pack = int8_.begin(); pack != int8_.end();) {
-        const bool loser = pack->first.first == data && pack->first.second != kInt8ConvKey &&
-                           pack->first.second != kInt8GemvKey;
-        if (loser) {
-          uncount(pack->second);
-          erased = true;
-        }
-        pack = loser ? int8_.erase(pack) : std::next(pack);
-      }
+      erase_all(int8_, [&](const auto& pack) {
+        return pack.first == data && pack.second != kInt8ConvKey &&
+               pack.second != kInt8GemvKey;
+      });
     }
   } else if (std::none_of(trials_.begin(), trials_.end(), [&](const auto& other) {
                // oneDNN won. The alternative's copy serves every input size of the weight
