@@ -372,27 +372,38 @@ def test_int8_engine_runs_quantized_layers_close_to_eager():
 def test_int8_results_are_made_in_the_engine_buffers():
     """An int8 layer's result is oneDNN's output made in the buffer the engine allocated for
     it, not copied there; where a temporary of the same size takes that buffer (a float
-    input of K = 4N features, rounded to uint8), the result is copied and still right."""
+    input of K = 4N features, rounded to uint8 by the kernel), the result is copied and
+    still right."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.LayerNorm(256),
-                                torch.nn.Linear(256, 64)).eval()
-    x = torch.randn(32, 64)
-    optimized = blade.optimize(model, (x,), blade.Config(precision="int8",
-                                                        calibration=calibration()))
+    model = TwoInputs().eval()
+    x, z = torch.randn(32, 64), torch.randn(32, 256)
+    cal = [(torch.randn(32, 64), torch.randn(32, 256)) for _ in range(4)]
+    optimized = blade.optimize(model, (x, z), blade.Config(precision="int8", calibration=cal))
     with torch.no_grad():
-        optimized(x)
+        optimized(x, z)
     report = assert_ran_compiled(optimized)
     assert len(report.int8["layers"]) == 2, str(report)
     engine = getattr(optimized, report.clusters[0].name)
     placed, copied = _C.kernel_call_result_counts()
-    with torch.no_grad():
-        got = engine.run_code([x])
+    with torch.no_grad():  # the engine's inputs in its graph's order: z, then x
+        got = engine.run_code([z, x])
     placed_now, copied_now = _C.kernel_call_result_counts()
     # The first layer's [32, 256] float32 result is made in place; the second's input
-    # (32 x 256 bytes, rounded to uint8) is as large as its [32, 64] float32 result.
+    # (32 x 256 bytes, rounded to uint8: a graph input, which the kernel rounds) is as
+    # large as its [32, 64] float32 result.
     assert (placed_now - placed, copied_now - copied) == (1, 1)
     with torch.no_grad():
-        torch.testing.assert_close(got, engine.run_subgraph([x]), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, engine.run_subgraph([z, x]), rtol=1e-5, atol=1e-5)
+
+
+class TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+    def forward(self, x, z):
+        y = self.a(x)
+        return y, self.b(z) + y[:, :64]
 
 
 class ResidualBlock(torch.nn.Module):

@@ -130,3 +130,64 @@ def test_residual_blocks_run_compiled_in_uint8_close_to_eager():
         engine = getattr(optimized, report.clusters[0].name)
         torch.testing.assert_close(engine.run_code([x]), engine.run_subgraph([x]),
                                    rtol=1e-4, atol=1e-4)
+
+
+class NormedLinears(torch.nn.Module):
+    """A transformer block's shape: a layer norm read by two linears (query and key), a
+    linear reading the block's input itself, a second norm before an MLP."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.ln1, self.ln2 = nn.LayerNorm(32), nn.LayerNorm(32)
+        self.q, self.k, self.direct = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 32)
+
+    def forward(self, x):
+        y = self.ln1(x)
+        h = x + self.q(y) * torch.sigmoid(self.k(y)) + self.direct(x)
+        return h + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(h))))
+
+
+def normed_linears_calibration():
+    torch.manual_seed(4)
+    return [(torch.randn(2, 16, 32),) for _ in range(4)]
+
+
+def test_hand_on_uint8_rounds_layer_norm_results_in_the_graph():
+    torch.manual_seed(3)
+    _, _, after, c = run_pass(NormedLinears().eval(), (torch.randn(2, 16, 32),),
+                              "hand_on_uint8", blade.Config(precision="int8"),
+                              normed_linears_calibration())
+    # ln1's result, read by q and k with one range, is rounded once; ln2's once; the
+    # block's input (read by `direct`) is left to the kernel, and fc1's GELU result is
+    # handed on by fc1 itself.
+    assert c.int8.rounded_in_code == 2 and c.int8.chained == 1, after
+    assert after.count("aten::round(") == 2, after
+    linears = [line for line in after.splitlines() if "blade::quantized_linear(" in line]
+    assert len(linears) == 5
+    reads_bytes = [line.split("quantized_linear(")[1].split(",")[0] for line in linears]
+    byte_values = {line.split(" : ")[0].strip() for line in after.splitlines()
+                   if " : Char(" in line}
+    assert sum(v in byte_values for v in reads_bytes) == 4, after  # all but `direct`
+
+
+def test_layer_norm_results_rounded_by_the_engine_code_match_the_kernel_rounding():
+    torch.manual_seed(3)
+    model, cal = NormedLinears().eval(), [x for (x,) in normed_linears_calibration()]
+    x = torch.randn(2, 16, 32)
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    with torch.no_grad():
+        got, want = optimized(x), model(x)
+        cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+        assert float(cosine) > 0.999, float(cosine)
+        assert float((got - want).abs().max()) > 1e-5  # int8 ran
+    report = assert_ran_compiled(optimized)
+    assert report.coverage == 1.0 and report.int8["rounded_in_code"] == 2, str(report)
+    assert "2 float activations rounded to uint8 by the engines' code" in str(report)
+    with torch.no_grad():
+        # The compiled rounding against eager's aten ops on the same graph: same bytes,
+        # so the same answer but for float32 summation order.
+        engine = getattr(optimized, report.clusters[0].name)
+        torch.testing.assert_close(engine.run_code([x]), engine.run_subgraph([x]),
+                                   rtol=1e-4, atol=1e-4)

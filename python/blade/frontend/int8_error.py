@@ -5,7 +5,8 @@ A cluster with Blade's int8 ops runs, on each calibration input, the inputs the 
 gives it there (recorded as the engine check records examples,
 `self_check.capture_cluster_examples`), twice: as it is, and as its float twin, where each
 int8 op is the float op it stands for, with the layer's float weight (a folded BatchNorm's
-in it), without rounding: a uint8 input dequantized with the range it was rounded to, the
+in it), without rounding: a uint8 input dequantized with the range it was rounded to (the float
+activation itself where the graph rounded it, int8_handoffs.round_in_code), the
 ReLU, GELU or hardswish post-op in float, the residual operand added. Both read the same inputs, so
 the error is the engine's own, not the error of the engines before it. Outputs are
 compared in float: uint8 results dequantized (NHWC bytes back to NCHW), integer and bool
@@ -21,7 +22,7 @@ import torch
 from blade.engines import ENGINE_PREFIX
 from blade.frontend.int8_handoffs import (QUANTIZED_CONV2D, QUANTIZED_CONV2D_ADD,
                                           QUANTIZED_LINEAR, QUANTIZED_MAX_POOL2D,
-                                          RANGE_OPERANDS, constant_value)
+                                          RANGE_OPERANDS, constant_value, rounded_in_code)
 from blade.self_check import capture_cluster_examples
 
 TWIN = "blade_float_twin"
@@ -137,6 +138,8 @@ def float_twin(subgraph: torch._C.Graph,
             continue
         name, dropped = _TWINS[node.kind()]
         operands = [v for k, v in enumerate(node.inputs()) if k not in dropped]
+        # An activation the graph rounded for the layer: the float one, unrounded.
+        operands[0] = rounded_in_code(operands[0]) or operands[0]
         if node.kind() != QUANTIZED_MAX_POOL2D:
             weight, scales = constant_value(node.inputsAt(1)), constant_value(node.inputsAt(2))
             if not isinstance(weight, torch.Tensor) or not isinstance(scales, torch.Tensor):

@@ -17,7 +17,11 @@ Two rewrites keep data in uint8 between layers, as a quantized ResNet needs:
   reader would have done, but for float32 rounding of the value before it. A max pooling
   between a convolution and its readers (ResNet's stem) pools the uint8 bytes
   (`blade::quantized_max_pool2d`): rounding keeps order, so that is the same answer.
+  In the same pass, `round_in_code` has the graph round a float activation that int8
+  linears read (a layer norm's result) with graph ops, so that the engine's loop making
+  the activation writes its uint8 bytes and the linears take those.
 """
+import functools
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
@@ -122,6 +126,48 @@ def hand_on_uint8(graph: torch._C.Graph) -> int:
     return count
 
 
+def round_in_code(graph: torch._C.Graph) -> int:
+    """Each float32 value that the graph computes and int8 linear layers read with one
+    constant range is rounded to uint8 by graph ops (the bytes as int8, as a layer hands
+    them on) that its readers then take: the engine's loop that makes the value (a layer
+    norm, a residual add) writes the bytes too, instead of each layer reading the float32
+    tensor back and rounding it itself (BERT's three projections each did). The rounding is
+    the kernel's: clamp(x * (1 / scale) + zero_point, 0, 255) to nearest, ties to even.
+    Graph inputs, uint8 handed on by a layer, and layers with ranges measured per call are
+    left as they are. Returns
+    how many values it rounds."""
+    readers: Dict[tuple, List[torch._C.Node]] = {}
+    for layer in graph.findAllNodes(QUANTIZED_LINEAR, True):
+        value = layer.inputsAt(0)
+        value_type = value.type()
+        value_range = _range(layer.inputsAt(RANGE_OPERANDS[QUANTIZED_LINEAR][0]))
+        if value.node().kind() == "prim::Param" or _hands_on_uint8(value.node()) or \
+                value_range is None or \
+                not value_range[0] > 0 or not isinstance(value_type, torch._C.TensorType) or \
+                value_type.scalarType() != "Float":
+            continue
+        if layer.owningBlock() == value.node().owningBlock():
+            readers.setdefault((value, value_range), []).append(layer)
+    for (value, (scale, zero_point)), layers in readers.items():
+        first = min(layers, key=functools.cmp_to_key(
+            lambda a, b: -1 if a.isBefore(b) else 1 if b.isBefore(a) else 0))
+        with graph.insert_point_guard(first):
+            def call(kind, *operands):
+                return graph.insert(kind, [v if isinstance(v, torch._C.Value) else
+                                           graph.insertConstant(v) for v in operands])
+            inverse = float(torch.tensor(1.0 / scale, dtype=torch.float32))
+            steps = call("aten::clamp", call("aten::add", call("aten::mul", value, inverse),
+                                             float(zero_point)), 0.0, 255.0)
+            # 0..255 as int32, then the low byte (integer narrowing wraps): uint8's bits.
+            rounded = call("aten::to", call("aten::to", call("aten::round", steps),
+                                            torch.int32), torch.int8)
+            shared = graph.insertConstant(torch.tensor([scale, zero_point]))
+        for layer in layers:
+            layer.replaceInput(0, rounded)
+            layer.replaceInput(RANGE_OPERANDS[QUANTIZED_LINEAR][0], shared)
+    return len(readers)
+
+
 def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
     kind = producer.kind()
     _, output_at, post_at = RANGE_OPERANDS[kind]
@@ -171,6 +217,29 @@ def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
         pool.output().replaceAllUsesWith(pooled.output())
         pool.destroy()
     return True
+
+
+# The ops round_in_code writes, from its result back to the float activation.
+_ROUNDING_CHAIN = ("aten::to", "aten::to", "aten::round", "aten::clamp", "aten::add",
+                   "aten::mul")
+
+
+def rounded_in_code(value: torch._C.Value) -> Optional[torch._C.Value]:
+    """The float activation that `value` is round_in_code's rounding of (None if not)."""
+    for kind in _ROUNDING_CHAIN:
+        if value.node().kind() != kind:
+            return None
+        value = value.node().inputsAt(0)
+    return value
+
+
+def _hands_on_uint8(node: torch._C.Node) -> bool:
+    """Whether `node` is an int8 op whose result is uint8 (its value's type may still say
+    float32 until the types are recorded again)."""
+    if node.kind() == QUANTIZED_MAX_POOL2D:
+        return True
+    return node.kind() in RANGE_OPERANDS and \
+        constant_value(node.inputsAt(RANGE_OPERANDS[node.kind()][1])) is not None
 
 
 def _max_pool(value: torch._C.Value) -> Optional[torch._C.Node]:

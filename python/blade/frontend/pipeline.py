@@ -24,7 +24,8 @@ hit ends there. Then, for one Config, `build` lists:
     simplify_shapes             with shapes known: sizes fold, splits become slices, ...
     functionalize_typed_view_writes
                                 writes through slices with negative bounds, placed by types
-    hand_on_uint8               (int8) int8 layers pass uint8 to the int8 layers reading them
+    hand_on_uint8               (int8) int8 layers pass uint8 to the int8 layers reading them;
+                                float activations of int8 linears rounded by graph ops
     duplicate_shape_arithmetic  (Config.dynamic) each use of a run-time size its own copy
     judge_ops                   the registry's verdict on every op; the report's counts
     cluster                     acyclic clusters of supported ops (partition/clustering)
@@ -59,7 +60,7 @@ from blade.frontend.dynamic_shapes import (DynamicShapesWarning, find_dynamic_gr
                                            resized_variants, undecided_dims, untried_variants)
 from blade.frontend.inputs import ExampleInputsError
 from blade.frontend.int8_error import measure_engines
-from blade.frontend.int8_handoffs import hand_on_uint8
+from blade.frontend.int8_handoffs import hand_on_uint8, round_in_code
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
 from blade.frontend.quant_fusion import quantized_tensor_pairs
 from blade.frontend.quantize import (from_dynamic_quantized, from_static_quantized,
@@ -346,10 +347,12 @@ def _functionalize_typed_view_writes(c: GraphCompilation) -> int:
 
 
 def _hand_on_uint8(c: GraphCompilation) -> None:
-    """int8 layers that hand uint8 on (frontend/int8_handoffs); their results' new types
-    (uint8 bytes, NHWC for convolutions) recorded by a run on the example inputs."""
+    """int8 layers that hand uint8 on and linears' inputs rounded by graph ops
+    (frontend/int8_handoffs); the new types (uint8 bytes, NHWC for convolutions) recorded
+    by a run on the example inputs."""
     c.int8.chained = hand_on_uint8(c.graph)
-    if c.int8.chained:
+    c.int8.rounded_in_code = round_in_code(c.graph)
+    if c.int8.chained or c.int8.rounded_in_code:
         torch._C._jit_pass_dce(c.graph)
         c.results = record_types(c.graph, c.module, c.inputs, c.resized_inputs)
     if (c.int8.chained or c.int8.residual_adds) and not c.config.dynamic and \

@@ -102,6 +102,9 @@ class Int8Summary:
     computed_weights: int = 0
     # Layers that hand uint8 activations to the next (int8_handoffs.hand_on_uint8).
     chained: int = 0
+    # Float activations that the engines' code rounds to uint8 for the int8 linears
+    # reading them (int8_handoffs.round_in_code).
+    rounded_in_code: int = 0
     # Residual adds folded into the convolution before them (int8_handoffs).
     residual_adds: int = 0
     # Linears the calibration never reached that read a quantized weight (or rows of one):
@@ -129,6 +132,7 @@ class Int8Summary:
         return {"layers": self.layers, "float_layers": self.float_layers,
                 "unreached": self.unreached, "computed_weights": self.computed_weights,
                 "uncalibrated": self.uncalibrated, "chained": self.chained,
+                "rounded_in_code": self.rounded_in_code,
                 "residual_adds": self.residual_adds,
                 "calibration_inputs": self.calibration_inputs, "cosine": self.cosine,
                 "max_abs_error": self.max_abs_error, "engines": self.engines}
