@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstring>
 #include <iterator>
@@ -53,7 +54,8 @@ constexpr int64_t kDepthGroup = 4;
 // rest and the offset (bias, and the zero point of a uint8 tensor added). Then the factor
 // of the tensor added, and a uint8 result's lower bound (its zero point with ReLU: ReLU
 // before an increasing map is a bound after it). The activation, and the result's scale
-// and zero point (1 and 0 for float32), to apply it in the result's units.
+// and zero point (1 and 0 for float32), to apply it in the result's units; GELU's gate
+// table.
 struct Terms {
   std::vector<int32_t> correction;
   std::vector<float> multiplier;
@@ -62,6 +64,7 @@ struct Terms {
   float low = 0.0f;
   uint8_t low_byte = 0;  // `low` for the register tiles' byte clamp
   Int8Activation activation = Int8Activation::kNone;
+  const GateTable* gelu_gate = nullptr;
   float out_scale = 1.0f;
   float out_zero = 0.0f;
 };
@@ -91,12 +94,13 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 epilogue_value(
 // their own instances of the kernels (kGelu), so that the others carry no code for them.
 template <bool kGelu>
 __attribute__((target("avx512f"), always_inline)) inline __m512 activate(
-    __m512 v, Int8Activation activation, __m512 out_scale, __m512 out_zero) {
+    __m512 v, const Terms& terms, __m512 out_scale, __m512 out_zero) {
   if constexpr (kGelu) {
-    return gelu_units(v, out_scale, out_zero, activation == Int8Activation::kGeluTanh);
+    return gelu_units(v, out_scale, out_zero, *terms.gelu_gate);
   }
-  return activation == Int8Activation::kHardswish ? hardswish_units(v, out_scale, out_zero)
-                                                  : v;
+  return terms.activation == Int8Activation::kHardswish
+             ? hardswish_units(v, out_scale, out_zero)
+             : v;
 }
 
 // The epilogue of a block's rows, 16 output channels at a time (their terms held in
@@ -134,7 +138,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
       __m512 v = epilogue_value<kAddU8 || kAddF32>(_mm512_loadu_si512(acc + r * 64 + j),
                                                    correction, multiplier, offset, added,
                                                    add_factor);
-      v = activate<kGelu>(v, terms.activation, out_scale, out_zero);
+      v = activate<kGelu>(v, terms, out_scale, out_zero);
       if constexpr (kOutU8) {
         _mm_mask_storeu_epi8(e.out_u8 + at, mask, _mm512_cvtepi32_epi8(uint8_steps(v, low)));
       } else {
@@ -292,7 +296,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       }
       x[v] = epilogue_value<kAddU8 || kAddF32>(acc[r][v], correction[v], multiplier[v],
                                                offset[v], added, add_factor);
-      x[v] = activate<kGelu>(x[v], terms.activation, out_scale, out_zero);
+      x[v] = activate<kGelu>(x[v], terms, out_scale, out_zero);
       if constexpr (!kOutU8) {
         if (e.relu) {
           x[v] = _mm512_max_ps(x[v], zero);
@@ -447,6 +451,10 @@ const Terms& fold_terms(const Int8ConvEpilogue& e, const int32_t* sums, int64_t 
   terms.low = e.relu && to_uint8 ? static_cast<float>(e.out_zero_point) : 0.0f;
   terms.low_byte = static_cast<uint8_t>(std::clamp(terms.low, 0.0f, 255.0f));
   terms.activation = e.activation;
+  const bool gelu =
+      e.activation == Int8Activation::kGelu || e.activation == Int8Activation::kGeluTanh;
+  terms.gelu_gate =
+      gelu ? &gelu_gate_table(e.activation == Int8Activation::kGeluTanh) : nullptr;
   terms.out_scale = to_uint8 ? e.out_scale : 1.0f;
   terms.out_zero = static_cast<float>(base);
   return terms;
@@ -945,6 +953,48 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       at::native::cpublas::brgemm_release(true);
     }
   });
+}
+
+const GateTable& gelu_gate_table(bool tanh_form) {
+  const auto make = [](bool tanh_gate) {
+    GateTable table{};
+    const double width = double{kGateEnd} / kGateSegments;
+    for (int segment = 0; segment < kGateSegments; ++segment) {
+      // The cubic through the gate at 4 Chebyshev nodes of the segment, in f = 0..1:
+      // Lagrange's basis polynomials expanded into powers of f.
+      double node[4], value[4];
+      for (int j = 0; j < 4; ++j) {
+        node[j] = 0.5 - 0.5 * std::cos((2 * j + 1) * M_PI / 8);
+        const double x = (segment + node[j]) * width;
+        value[j] = tanh_gate
+                       ? 0.5 * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)))
+                       : 0.5 * (1 + std::erf(x / std::sqrt(2.0)));
+      }
+      double power[4] = {0, 0, 0, 0};
+      for (int j = 0; j < 4; ++j) {
+        double basis[4] = {1, 0, 0, 0};  // prod over m != j of (f - node[m]) / (node[j] - node[m])
+        int degree = 0;
+        for (int m = 0; m < 4; ++m) {
+          if (m == j) {
+            continue;
+          }
+          const double denominator = node[j] - node[m];
+          for (int k = ++degree; k >= 0; --k) {
+            basis[k] = ((k > 0 ? basis[k - 1] : 0.0) - node[m] * basis[k]) / denominator;
+          }
+        }
+        for (int k = 0; k < 4; ++k) {
+          power[k] += value[j] * basis[k];
+        }
+      }
+      for (int k = 0; k < 4; ++k) {
+        table.c[k][segment] = static_cast<float>(power[k]);
+      }
+    }
+    return table;
+  };
+  static const GateTable erf_table = make(false), tanh_table = make(true);
+  return tanh_form ? tanh_table : erf_table;
 }
 
 }  // namespace blade::ral

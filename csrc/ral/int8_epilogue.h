@@ -51,61 +51,48 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 hardswish_units(
   return _mm512_fmadd_ps(d, _mm512_mul_ps(gate, _mm512_set1_ps(1.0f / 6.0f)), zero);
 }
 
-// x * P(x^2) / Q(x^2) with x clamped to [-bound, bound], P and Q by Horner from their
-// highest coefficient: the odd rational forms of erf and tanh that the generated code's
-// approximations use (python/blade/codegen/loops/approximations.py, same coefficients).
-template <int kP, int kQ>
-__attribute__((target("avx512f"), always_inline)) inline __m512 odd_rational(
-    __m512 x, float bound, const float (&p)[kP], const float (&q)[kQ]) {
-  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-bound)), _mm512_set1_ps(bound));
-  const __m512 x2 = _mm512_mul_ps(xc, xc);
-  __m512 num = _mm512_set1_ps(p[0]);
-#pragma GCC unroll 8
-  for (int i = 1; i < kP; ++i) {
-    num = _mm512_fmadd_ps(num, x2, _mm512_set1_ps(p[i]));
-  }
-  __m512 den = _mm512_set1_ps(q[0]);
-#pragma GCC unroll 8
-  for (int i = 1; i < kQ; ++i) {
-    den = _mm512_fmadd_ps(den, x2, _mm512_set1_ps(q[i]));
-  }
-  return _mm512_div_ps(_mm512_mul_ps(xc, num), den);
+// GELU's gate g (erf's form (1 + erf(x / sqrt 2)) / 2, or PyTorch's approximate="tanh"
+// (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2) as a cubic on each of kGateSegments
+// equal segments of |x| in [0, kGateEnd); g(-x) = 1 - g(x), and past the end g is 1 within
+// float32 rounding. Each cubic interpolates g at its segment's 4 Chebyshev nodes (in f,
+// the offset within the segment, 0..1), within float32 rounding of g. Two-register
+// permutations give 16 values' coefficients at once: cheaper than a rational form of erf
+// or tanh (a dozen multiply-adds and a divide), which the epilogue of a GELU layer with
+// K = 512 spent a fifth of its time on.
+constexpr int kGateSegments = 32;
+constexpr float kGateEnd = 5.5f;
+
+struct GateTable {
+  // c[k][s]: segment s's coefficient of f^k.
+  alignas(64) float c[4][kGateSegments];
+};
+
+// The table of the tanh form (tanh_form) or of erf's, made once.
+const GateTable& gelu_gate_table(bool tanh_form);
+
+// Coefficient k of each of 16 values' segments.
+__attribute__((target("avx512f"), always_inline)) inline __m512 gate_coefficient(
+    const GateTable& table, int k, __m512i segment) {
+  return _mm512_permutex2var_ps(_mm512_load_ps(table.c[k]), segment,
+                                _mm512_load_ps(table.c[k] + 16));
 }
 
-// GELU of 16 values in a result's units, as hardswish_units: d * g(x) + zero with x = d *
-// scale and g(x) = (1 + erf(x / sqrt 2)) / 2, or with `tanh_form` (1 + tanh(sqrt(2 / pi) *
-// (x + 0.044715 x^3))) / 2, PyTorch's approximate="tanh".
+// GELU of 16 values in a result's units, as hardswish_units: d * g(d * scale) + zero.
 __attribute__((target("avx512f"), always_inline)) inline __m512 gelu_units(
-    __m512 v, __m512 scale, __m512 zero, bool tanh_form) {
-  static constexpr float kErfP[] = {-2.72614225801306e-10f, 2.77068142495902e-08f,
-                                    -2.10102402082508e-06f, -5.69250639462346e-05f,
-                                    -7.34990630326855e-04f, -2.95459980854025e-03f,
-                                    -1.60960333262415e-02f};
-  static constexpr float kErfQ[] = {-1.45660718464996e-05f, -2.13374055278905e-04f,
-                                    -1.68282697438203e-03f, -7.37332916720468e-03f,
-                                    -1.42647390514189e-02f};
-  static constexpr float kTanhP[] = {-2.76076847742355e-16f, 2.00018790482477e-13f,
-                                     -8.60467152213735e-11f, 5.12229709037114e-08f,
-                                     1.48572235717979e-05f,  6.37261928875436e-04f,
-                                     4.89352455891786e-03f};
-  static constexpr float kTanhQ[] = {1.19825839466702e-06f, 1.18534705686654e-04f,
-                                     2.26843463243900e-03f, 4.89352518554385e-03f};
+    __m512 v, __m512 scale, __m512 zero, const GateTable& table) {
   const __m512 d = _mm512_sub_ps(v, zero);
   const __m512 x = _mm512_mul_ps(d, scale);
-  __m512 t;
-  if (tanh_form) {
-    // sqrt(2 / pi) * (x + 0.044715 x^3); near 0 the rational form is u * P(0) / Q(0),
-    // within float32 rounding of u.
-    const __m512 x2 = _mm512_mul_ps(x, x);
-    const __m512 u = _mm512_mul_ps(
-        _mm512_mul_ps(x, _mm512_set1_ps(0.7978845608028654f)),
-        _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.0f)));
-    t = odd_rational(u, 7.90531110763549805f, kTanhP, kTanhQ);
-  } else {
-    t = odd_rational(_mm512_mul_ps(x, _mm512_set1_ps(0.7071067811865476f)), 4.0f, kErfP,
-                     kErfQ);
-  }
-  const __m512 gate = _mm512_fmadd_ps(t, _mm512_set1_ps(0.5f), _mm512_set1_ps(0.5f));
+  const __m512 a = _mm512_abs_ps(x);
+  const __m512 t = _mm512_min_ps(_mm512_mul_ps(a, _mm512_set1_ps(kGateSegments / kGateEnd)),
+                                 _mm512_set1_ps(kGateSegments - 0.5f));
+  const __m512i segment = _mm512_cvttps_epi32(t);
+  const __m512 f = _mm512_sub_ps(t, _mm512_cvtepi32_ps(segment));
+  __m512 g = _mm512_fmadd_ps(gate_coefficient(table, 3, segment), f,
+                             gate_coefficient(table, 2, segment));
+  g = _mm512_fmadd_ps(g, f, gate_coefficient(table, 1, segment));
+  g = _mm512_fmadd_ps(g, f, gate_coefficient(table, 0, segment));
+  const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __m512 gate = _mm512_mask_sub_ps(g, negative, _mm512_set1_ps(1.0f), g);
   return _mm512_fmadd_ps(d, gate, zero);
 }
 

@@ -65,9 +65,27 @@ def test_many_rows_match_the_reference_and_onednn(rows, k, n, post_op, uint8_res
 
 
 @needs_vnni
+@pytest.mark.parametrize("post_op", ["gelu", "gelu_tanh"])
+def test_gelu_along_its_whole_curve(post_op, multiply):
+    """Every uint8 input of one feature, by 16 channels whose scales spread the sums over
+    [-8, 8]: GELU in float32 results is within float32 rounding of the float64 reference
+    (the gate's cubics per segment, from both sides of zero and past the table's end)."""
+    q = torch.arange(256, dtype=torch.uint8).reshape(256, 1).repeat(1, 4)
+    weight = torch.full((16, 4), 127, dtype=torch.int8)
+    scale = 8 / (128 * 0.02 * 127 * 4) * torch.arange(1, 17) / 16
+    got = torch.ops.blade.quantized_linear(q.view(torch.int8), weight, scale, None,
+                                           torch.tensor([0.02, 128.0]), None, post_op)
+    sums = ((q.double() - 128) * 0.02) @ (weight.double() * scale.double()[:, None]).T
+    assert float(sums.min()) < -7.9 and float(sums.max()) > 7.8
+    want = torch.nn.functional.gelu(sums, approximate="tanh" if post_op == "gelu_tanh"
+                                    else "none")
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=3e-6)
+
+
+@needs_vnni
 def test_gelu_of_extreme_sums():
-    """Sums far past erf's and tanh's clamps give x or 0 (within float32 rounding of x:
-    the rational forms stop a few ulp short of +-1), and NaN comes out of a NaN bias."""
+    """Sums far past the gate's table give x or 0 (within float32 rounding of x: the gate's
+    last cubic stops an ulp short of 1), and NaN comes out of a NaN bias."""
     weight = torch.full((16, 8), 127, dtype=torch.int8)
     weight[8:] = -127
     q = torch.full((6, 8), 255, dtype=torch.uint8)
