@@ -31,14 +31,18 @@ struct Finish {
   DepthwiseRanges ranges;
 };
 
-// 16 channels of a pixel under `mask`, as float32.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const float* p,
-                                                                          __mmask16 mask) {
-  return _mm512_maskz_loadu_ps(mask, p);
+// 16 channels of a pixel under `mask` (all of them: kFull), as float32.
+template <bool kFull>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline __m512 load16(
+    const float* p, __mmask16 mask) {
+  return kFull ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask, p);
 }
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const uint8_t* p,
-                                                                          __mmask16 mask) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, p)));
+template <bool kFull>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline __m512 load16(
+    const uint8_t* p, __mmask16 mask) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+      kFull ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
+            : _mm_maskz_loadu_epi8(mask, p)));
 }
 
 // The vectors a row's pixels end with: the bias, uint8 data's scales and zero points.
@@ -93,6 +97,9 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 sum_rows(const _
   }
 }
 
+// Pixels a stride-1 row sums at once from one window of input columns.
+constexpr int kSlide = 8;
+
 // What a tap outside the image reads: zeros (16 lanes of any input type).
 alignas(64) constexpr uint8_t kZeroBytes[64] = {};
 
@@ -103,7 +110,7 @@ alignas(64) constexpr uint8_t kZeroBytes[64] = {};
 // instead (no branch). Float32 data sums from the bias; uint8 data sums its bytes, and the
 // zero point times the taps' filters inside the image is taken off before scaling (a tap
 // outside is a real zero).
-template <int KH, int KW, typename In>
+template <int KH, int KW, bool kFull, typename In>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
     const In* x, const float* filters, const Finish& finish_as, float* y,
     const Geometry& geometry, int64_t b, int64_t oy, int64_t ch, __mmask16 mask) {
@@ -153,7 +160,39 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
   const In* zeros = reinterpret_cast<const In*>(kZeroBytes);
   for (int64_t ox = 0; ox < g.ow; ++ox) {
     if (ox == first && end > first) {
-      // The inside pixels, four at a time, then one at a time.
+      // The inside pixels: uint8 data at stride 1 kSlide at a time, each input column of
+      // their window widened to float32 once for the KW sums that read it (float32 data
+      // lost so: its loads cost nothing to redo); then four at a time, then one at a time.
+      if (kUint8 && g.sw == 1 && g.dw == 1) {
+        for (; ox + kSlide <= end; ox += kSlide) {
+          const In* tap = image + (iy[0] * g.w + ox - g.pw) * g.c + ch;
+          __m512 sums[kSlide];
+#pragma GCC unroll 8
+          for (int p = 0; p < kSlide; ++p) {
+            sums[p] = v.start;
+          }
+#pragma GCC unroll 5
+          for (int i = 0; i < KH; ++i) {
+            const In* line = tap + i * g.dh * g.w * g.c;
+            __m512 column[kSlide + KW - 1];
+#pragma GCC unroll 12
+            for (int c = 0; c < kSlide + KW - 1; ++c) {
+              column[c] = load16<kFull>(line + c * g.c, mask);
+            }
+#pragma GCC unroll 5
+            for (int j = 0; j < KW; ++j) {
+#pragma GCC unroll 8
+              for (int p = 0; p < kSlide; ++p) {
+                sums[p] = _mm512_fmadd_ps(column[p + j], f[i * KW + j], sums[p]);
+              }
+            }
+          }
+#pragma GCC unroll 8
+          for (int p = 0; p < kSlide; ++p) {
+            finish<In>(sums[p], all_taps, e, v, y, out_row, ox + p, g, ch, mask);
+          }
+        }
+      }
       const int64_t step = g.sw * g.c;
       for (; ox + 4 <= end; ox += 4) {
         const In* tap = image + (iy[0] * g.w + ox * g.sw - g.pw) * g.c + ch;
@@ -167,10 +206,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
           for (int j = 0; j < KW; ++j) {
             const In* p = tap + (i * g.dh * g.w + j * g.dw) * g.c;
             const __m512 w = f[i * KW + j];
-            s0 = _mm512_fmadd_ps(load16(p, mask), w, s0);
-            s1 = _mm512_fmadd_ps(load16(p + step, mask), w, s1);
-            s2 = _mm512_fmadd_ps(load16(p + 2 * step, mask), w, s2);
-            s3 = _mm512_fmadd_ps(load16(p + 3 * step, mask), w, s3);
+            s0 = _mm512_fmadd_ps(load16<kFull>(p, mask), w, s0);
+            s1 = _mm512_fmadd_ps(load16<kFull>(p + step, mask), w, s1);
+            s2 = _mm512_fmadd_ps(load16<kFull>(p + 2 * step, mask), w, s2);
+            s3 = _mm512_fmadd_ps(load16<kFull>(p + 3 * step, mask), w, s3);
           }
         }
         finish<In>(s0, all_taps, e, v, y, out_row, ox, g, ch, mask);
@@ -186,7 +225,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
           part[i] = i == 0 ? v.start : v.zero;
 #pragma GCC unroll 5
           for (int j = 0; j < KW; ++j) {
-            part[i] = _mm512_fmadd_ps(load16(tap + (i * g.dh * g.w + j * g.dw) * g.c, mask),
+            part[i] = _mm512_fmadd_ps(load16<kFull>(tap + (i * g.dh * g.w + j * g.dw) * g.c, mask),
                                       f[i * KW + j], part[i]);
           }
         }
@@ -207,7 +246,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
       for (int j = 0; j < KW; ++j) {
         const int64_t ix = ox * g.sw - g.pw + j * g.dw;
         const bool inside = row_in[i] && ix >= 0 && ix < g.w;
-        part[i] = _mm512_fmadd_ps(load16(inside ? line + ix * g.c : zeros, mask),
+        part[i] = _mm512_fmadd_ps(load16<kFull>(inside ? line + ix * g.c : zeros, mask),
                                   f[i * KW + j], part[i]);
         if constexpr (kUint8) {
           taps = _mm512_mask_add_ps(taps, inside ? mask : 0, taps, f[i * KW + j]);
@@ -233,7 +272,11 @@ void convolve(const In* x, int64_t n, const float* filters, const Finish& e, flo
       const int64_t ch = task % blocks * 16;
       const __mmask16 mask = ch + 16 <= g.c ? static_cast<__mmask16>(0xffff)
                                             : static_cast<__mmask16>((1u << (g.c - ch)) - 1u);
-      row_block<KH, KW>(x, filters, e, y, g, row / g.oh, row % g.oh, ch, mask);
+      if (mask == 0xffff) {
+        row_block<KH, KW, true>(x, filters, e, y, g, row / g.oh, row % g.oh, ch, mask);
+      } else {
+        row_block<KH, KW, false>(x, filters, e, y, g, row / g.oh, row % g.oh, ch, mask);
+      }
     }
   });
 }

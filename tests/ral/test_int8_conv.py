@@ -305,6 +305,7 @@ def test_an_int8_engine_times_blades_kernel_against_onednns():
     (1, 72, (14, 13), 5, 2, 2),   # a 5x5 at stride 2
     (1, 40, (7, 7), 5, 1, 2),     # a 5x5 wider than half the image: every column a border
     (1, 16, (9, 8), 3, 2, 0),     # no padding: every tap inside
+    (1, 40, (6, 21), 5, 1, 2),    # rows of 17 inside pixels: two windows of 8 and one
 ])
 @pytest.mark.parametrize("uint8_result", [True, False])
 @pytest.mark.parametrize("float_input", [False, True])
