@@ -225,8 +225,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
           part[i] = i == 0 ? v.start : v.zero;
 #pragma GCC unroll 5
           for (int j = 0; j < KW; ++j) {
-            part[i] = _mm512_fmadd_ps(load16<kFull>(tap + (i * g.dh * g.w + j * g.dw) * g.c, mask),
-                                      f[i * KW + j], part[i]);
+            const In* p = tap + (i * g.dh * g.w + j * g.dw) * g.c;
+            part[i] = _mm512_fmadd_ps(load16<kFull>(p, mask), f[i * KW + j], part[i]);
           }
         }
         finish<In>(sum_rows<KH>(part), all_taps, e, v, y, out_row, ox, g, ch, mask);

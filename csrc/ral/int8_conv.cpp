@@ -11,8 +11,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <utility>

@@ -131,11 +131,10 @@ def round_in_code(graph: torch._C.Graph) -> int:
     constant range is rounded to uint8 by graph ops (the bytes as int8, as a layer hands
     them on) that its readers then take: the engine's loop that makes the value (a layer
     norm, a residual add) writes the bytes too, instead of each layer reading the float32
-    tensor back and rounding it itself (BERT's three projections each did). The rounding is
-    the kernel's: clamp(x * (1 / scale) + zero_point, 0, 255) to nearest, ties to even.
-    Graph inputs, uint8 handed on by a layer, and layers with ranges measured per call are
-    left as they are. Returns
-    how many values it rounds."""
+    tensor back and rounding it itself. The rounding is the kernel's: clamp(x * (1 / scale)
+    + zero_point, 0, 255) to nearest, ties to even. Graph inputs, uint8 handed on by a
+    layer, and layers with ranges measured per call are left as they are. Returns how many
+    values it rounds."""
     readers: Dict[tuple, List[torch._C.Node]] = {}
     for layer in graph.findAllNodes(QUANTIZED_LINEAR, True):
         value = layer.inputsAt(0)
