@@ -11,8 +11,10 @@ at::Tensor buffer_view(const BladeUnrankedMemRef* memref, c10::ScalarType scalar
   const int64_t rank = memref->rank;
   auto* aligned = reinterpret_cast<char*>(d[1]);
   const int64_t element_size = static_cast<int64_t>(c10::elementSize(scalar_type));
-  std::vector<int64_t> sizes(d + 3, d + 3 + rank);
-  std::vector<int64_t> strides(d + 3 + rank, d + 3 + 2 * rank);
+  // The descriptor's sizes and strides read in place (from_blob copies them into the
+  // tensor): two vectors a view cost two allocations, a kernel call's operands a dozen.
+  const c10::IntArrayRef sizes(d + 3, static_cast<size_t>(rank));
+  const c10::IntArrayRef strides(d + 3 + rank, static_cast<size_t>(rank));
   return at::from_blob(aligned + d[2] * element_size, sizes, strides,
                        at::TensorOptions().dtype(scalar_type));
 }
