@@ -23,11 +23,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <unordered_map>
 #include <limits>
 #include <sstream>
 #include <string_view>
 #include <system_error>
+#include <unordered_map>
 
 namespace blade::ral {
 namespace {
