@@ -124,17 +124,20 @@ struct CachedView {
 };
 constexpr size_t kCachedCalls = 4096;
 
-const at::Tensor& operand_view(const KernelCall& call, size_t operand,
-                               const BladeUnrankedMemRef* buffer) {
+// This thread's cached views of `call`'s operands, one per operand.
+std::vector<CachedView>& cached_views(const KernelCall& call) {
   thread_local std::unordered_map<const KernelCall*, std::vector<CachedView>> cache;
   if (cache.size() > kCachedCalls) {
     cache.clear();
   }
   std::vector<CachedView>& views = cache[&call];
-  if (views.size() <= operand) {
-    views.resize(call.operand_types.size());
-  }
-  CachedView& cached = views.at(operand);
+  views.resize(call.operand_types.size());
+  return views;
+}
+
+// Operand `operand` of `call` in `buffer`, its cached view where the buffer is the same.
+const at::Tensor& operand_view(const KernelCall& call, size_t operand,
+                               const BladeUnrankedMemRef* buffer, CachedView& cached) {
   const auto* d = static_cast<const int64_t*>(buffer->descriptor);
   const int64_t* first = d + 1;  // the aligned address, the offset, sizes, strides
   const int64_t* last = d + 3 + 2 * buffer->rank;
@@ -328,11 +331,13 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
                 call.result_types.size());
     torch::jit::Stack stack;
     stack.reserve(call.constants.size());
+    std::vector<CachedView>& views = cached_views(call);
     for (size_t a = 0; a < call.constants.size(); ++a) {
       const int64_t operand = call.tensor_operand[a];
       stack.push_back(operand < 0 ? call.constants[a]
                                   : c10::IValue(operand_view(call, static_cast<size_t>(operand),
-                                                             &buffers[operand])));
+                                                             &buffers[operand],
+                                                             views[operand])));
     }
     // Timed to the end of the try block while calls are profiled, keyed by the op and the
     // sizes of its tensor operands (e.g. an int8 convolution's input, weight and bias),

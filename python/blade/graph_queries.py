@@ -1,6 +1,7 @@
 """Questions every level asks of a TorchScript graph: walks of its nodes, which op a node
 calls, whether it computes tensors, ran in the example run, or may be written, and the
-user's names for inputs and attributes. A leaf: it imports nothing of Blade's."""
+user's names for inputs and attributes; and `insert_op`, the one way passes add an op. A
+leaf: it imports nothing of Blade's."""
 import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -121,3 +122,9 @@ def argument_names(node: torch._C.Node) -> List[str]:
     if schema == "(no schema)":
         return [f"input{i}" for i in range(len(list(node.inputs())))]
     return [a.name for a in torch._C.parse_schema(schema).arguments]
+
+
+def insert_op(graph: torch._C.Graph, kind: str, *operands) -> torch._C.Value:
+    """`kind` called on `operands` (Python values become constants), at the insert point."""
+    return graph.insert(kind, [v if isinstance(v, torch._C.Value) else graph.insertConstant(v)
+                               for v in operands])

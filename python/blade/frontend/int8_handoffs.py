@@ -26,6 +26,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 
+from blade.graph_queries import insert_op
+
 QUANTIZED_LINEAR = "blade::quantized_linear"
 QUANTIZED_CONV2D = "blade::quantized_conv2d"
 QUANTIZED_CONV2D_ADD = "blade::quantized_conv2d_add"
@@ -151,20 +153,33 @@ def round_in_code(graph: torch._C.Graph) -> int:
         first = min(layers, key=functools.cmp_to_key(
             lambda a, b: -1 if a.isBefore(b) else 1 if b.isBefore(a) else 0))
         with graph.insert_point_guard(first):
-            def call(kind, *operands):
-                return graph.insert(kind, [v if isinstance(v, torch._C.Value) else
-                                           graph.insertConstant(v) for v in operands])
             inverse = float(torch.tensor(1.0 / scale, dtype=torch.float32))
-            steps = call("aten::clamp", call("aten::add", call("aten::mul", value, inverse),
-                                             float(zero_point)), 0.0, 255.0)
+            scaled = insert_op(graph, "aten::mul", value, inverse)
+            steps = insert_op(graph, "aten::clamp",
+                              insert_op(graph, "aten::add", scaled, float(zero_point)), 0.0, 255.0)
             # 0..255 as int32, then the low byte (integer narrowing wraps): uint8's bits.
-            rounded = call("aten::to", call("aten::to", call("aten::round", steps),
-                                            torch.int32), torch.int8)
+            wide = insert_op(graph, "aten::to", insert_op(graph, "aten::round", steps),
+                             torch.int32)
+            rounded = insert_op(graph, "aten::to", wide, torch.int8)
             shared = graph.insertConstant(torch.tensor([scale, zero_point]))
         for layer in layers:
             layer.replaceInput(0, rounded)
             layer.replaceInput(RANGE_OPERANDS[QUANTIZED_LINEAR][0], shared)
     return len(readers)
+
+
+# The ops round_in_code writes, from its result back to the float activation.
+_ROUNDING_CHAIN = ("aten::to", "aten::to", "aten::round", "aten::clamp", "aten::add",
+                   "aten::mul")
+
+
+def rounded_in_code(value: torch._C.Value) -> Optional[torch._C.Value]:
+    """The float activation that `value` is round_in_code's rounding of (None if not)."""
+    for kind in _ROUNDING_CHAIN:
+        if value.node().kind() != kind:
+            return None
+        value = value.node().inputsAt(0)
+    return value
 
 
 def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
@@ -216,20 +231,6 @@ def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
         pool.output().replaceAllUsesWith(pooled.output())
         pool.destroy()
     return True
-
-
-# The ops round_in_code writes, from its result back to the float activation.
-_ROUNDING_CHAIN = ("aten::to", "aten::to", "aten::round", "aten::clamp", "aten::add",
-                   "aten::mul")
-
-
-def rounded_in_code(value: torch._C.Value) -> Optional[torch._C.Value]:
-    """The float activation that `value` is round_in_code's rounding of (None if not)."""
-    for kind in _ROUNDING_CHAIN:
-        if value.node().kind() != kind:
-            return None
-        value = value.node().inputsAt(0)
-    return value
 
 
 def _hands_on_uint8(node: torch._C.Node) -> bool:

@@ -24,8 +24,8 @@ from typing import Optional
 import torch
 
 from blade.graph_queries import all_nodes, schema_name
+from blade.graph_queries import insert_op as _op
 from blade.frontend.quantize import QUANTIZED_CONV2D, QUANTIZED_LINEAR
-from blade.frontend.quantize import insert_op as _op  # shared with from_static_quantized
 
 _PREFIX = "quantized_decomposed::"
 # TorchScript's ScalarType numbers.

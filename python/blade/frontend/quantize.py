@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from blade import _C
-from blade.graph_queries import all_nodes, argument_name, nodes_of
+from blade.graph_queries import all_nodes, argument_name, insert_op, nodes_of
 from blade.frontend.inputs import ExampleInputsError, describe_inputs, failure_summary
 from blade.frontend.int8_handoffs import (QUANTIZED_CONV2D, QUANTIZED_LINEAR, ResidualAdd,
                                           fuse_residual_adds, residual_adds)
@@ -563,12 +563,6 @@ def _packed_int8_weight(graph: torch._C.Graph, node: torch._C.Node,
     name = packed.debugName()
     suffix = "._packed_params._packed_params"
     return values, scales, name[:-len(suffix)] if name.endswith(suffix) else name, bias_value
-
-
-def insert_op(graph: torch._C.Graph, kind: str, *operands) -> torch._C.Value:
-    """`kind` called on `operands` (Python values become constants), at the insert point."""
-    return graph.insert(kind, [v if isinstance(v, torch._C.Value) else graph.insertConstant(v)
-                               for v in operands])
 
 
 def from_static_quantized(graph: torch._C.Graph) -> int:
