@@ -109,6 +109,7 @@ def assert_rounds_to(result, want, onednn=None):
     (1, 5, (8, 9), 16, 3, 1, 1),       # rows keep their left padding; 5 channels padded
     (1, 32, (9, 9), 48, 3, 1, 0),      # no padding, a filter wider than 1
     (1, 260, (3, 3), 1, 3, 1, 1),      # more channels than rows, one output channel
+    (1, 128, (4, 5), 200, 3, 1, 1),    # a weight 16x its input and more: column blocks split
     (1, 12, (6, 7), 20, 3, 1, 2),      # padding 2: taps read two columns into the next row
     (1, 8, (5, 6), 16, 1, 1, 1),       # padding as wide as the filter: rows padded both sides
     (4, 32, (180, 180), 8, 3, 2, 1),   # planes past what a thread keeps: made per call
