@@ -54,11 +54,15 @@ class Projected(torch.nn.Module):
         super().__init__()
         self.qkv = torch.nn.Linear(64, 192)
 
-    def forward(self, x, mask):
+    def heads(self, x, mask):
+        """q's, k's and v's heads, and the attention's."""
         b, n, _ = x.shape
         q, k, v = (t.view(b, n, 4, 16).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
-        out = torch.softmax(q @ k.transpose(-2, -1) * 0.25 + mask, dim=-1) @ v
-        return out.transpose(1, 2).reshape(b, n, 64)
+        return q, k, v, torch.softmax(q @ k.transpose(-2, -1) * 0.25 + mask, dim=-1) @ v
+
+    def forward(self, x, mask):
+        out = self.heads(x, mask)[3]
+        return out.transpose(1, 2).reshape(x.size(0), x.size(1), 64)
 
 
 def qkv(*shape, dtype=torch.float32):
@@ -70,6 +74,16 @@ def padding_mask(batch, keys, dtype=torch.float32):
     mask = torch.zeros(batch, 1, 1, keys, dtype=dtype)
     mask[0, ..., keys // 2:] = -1e4
     return mask
+
+
+def assert_serves_other_sizes(optimized, model):
+    """A dynamic engine of Projected's form gives eager's results at other batch sizes and
+    lengths, every call compiled."""
+    with torch.no_grad():
+        for batch, length in ((1, 3), (3, 17), (2, 40)):
+            inputs = (torch.randn(batch, length, 64), padding_mask(batch, length))
+            assert_same(optimized(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    assert blade.report(optimized).runtime_fallbacks == 0
 
 
 def fused(report) -> int:
@@ -133,10 +147,8 @@ class ProjectedTwice(Projected):
     """The heads are an output too, besides their transpose back next to the tokens."""
 
     def forward(self, x, mask):
-        b, n, _ = x.shape
-        q, k, v = (t.view(b, n, 4, 16).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
-        out = torch.softmax(q @ k.transpose(-2, -1) * 0.25 + mask, dim=-1) @ v
-        return out.transpose(1, 2).reshape(b, n, 64), out
+        out = self.heads(x, mask)[3]
+        return out.transpose(1, 2).reshape(x.size(0), x.size(1), 64), out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -166,14 +178,10 @@ def test_heads_of_dynamic_length_are_written_straight_into_the_tokens_layout(tmp
     optimized, report = run_compiled(model, (torch.randn(2, 10, 64), padding_mask(2, 10)),
                                      config, rtol=1e-4, atol=1e-5)
     assert fused(report) == 1, str(report)
-    assert report.clusters[0].inputs == "float32[s0,1,1,s1];float32[s0,s1,64]", str(report)
+    assert report.clusters[0].inputs == "float32[s0,s1,64];float32[s0,1,1,s1]", str(report)
     bufferized = ir_before(tmp_path, "mark-out-params")
     assert "blade.out_permutation = array<i64: 0, 2, 1, 3>" in bufferized
-    with torch.no_grad():
-        for batch, length in ((1, 3), (3, 17), (2, 40)):
-            inputs = (torch.randn(batch, length, 64), padding_mask(batch, length))
-            assert_same(optimized(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
-    assert blade.report(optimized).runtime_fallbacks == 0
+    assert_serves_other_sizes(optimized, model)
 
 
 def test_heads_read_twice_keep_their_own_layout(tmp_path):
@@ -183,6 +191,87 @@ def test_heads_read_twice_keep_their_own_layout(tmp_path):
     _, report = run_compiled(ProjectedTwice(), inputs, config, rtol=1e-4, atol=1e-5)
     assert fused(report) == 1, str(report)
     assert "out_permutation" not in ir_before(tmp_path, "mark-out-params")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_heads_are_read_in_place_from_the_projection(tmp_path, bias):
+    """q, k and v, heads of one fused projection, are not copied head by head: each
+    operand of the call is the value its heads are split from, read through a strided
+    view ([start, heads, head dim, *permutation]). Without a bias that is the projection's
+    result three times, from elements 0, 64 and 128 of its rows; with one, each slice plus
+    its bias."""
+    torch.manual_seed(0)
+    model = Projected()
+    if not bias:
+        model.qkv = torch.nn.Linear(64, 192, bias=False)
+    inputs = (torch.randn(2, 10, 64), padding_mask(2, 10))
+    config = blade.Config(allow_tracing=True, dump_dir=str(tmp_path))
+    _, report = run_compiled(model, inputs, config, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+    bufferized = ir_before(tmp_path, "mark-out-params")
+    for name, start in (("q", 0), ("k", 64), ("v", 128)):
+        start = 0 if bias else start
+        assert f"blade.{name}_view = array<i64: {start}, 4, 16, 0, 2, 1, 3>" in bufferized
+    if not bias:
+        lowered = ir_before(tmp_path, "tile-transposes")
+        assert "offset: [128], sizes: [2, 4, 10, 16], strides: [1920, 16, 192, 1]" in lowered
+
+
+def test_heads_of_dynamic_length_are_read_in_place(tmp_path):
+    """The same with the batch and the length dynamic (the slices and reshapes of the
+    importer's dynamic form); eager's results at other sizes, none run by TorchScript."""
+    torch.manual_seed(0)
+    model = Projected()
+    model.qkv = torch.nn.Linear(64, 192, bias=False)
+    config = blade.Config(allow_tracing=True, dynamic=True, dump_dir=str(tmp_path))
+    optimized, report = run_compiled(model, (torch.randn(2, 10, 64), padding_mask(2, 10)),
+                                     config, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+    bufferized = ir_before(tmp_path, "mark-out-params")
+    for name, start in (("q", 0), ("k", 64), ("v", 128)):
+        assert f"blade.{name}_view = array<i64: {start}, 4, 16, 0, 2, 1, 3>" in bufferized
+    assert_serves_other_sizes(optimized, model)
+
+
+class KeysReturned(Projected):
+    """The keys' heads are an output too (a cache), besides the attention's."""
+
+    def forward(self, x, mask):
+        _, k, _, out = self.heads(x, mask)
+        return out.transpose(1, 2).reshape(x.size(0), x.size(1), 64), k
+
+
+class QueryHeadsOnly(torch.nn.Module):
+    """Only q is a head view of a projection; k and v come in as heads already."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(64, 64)
+
+    def forward(self, x, k, v):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, 4, 16).transpose(1, 2)
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.25, dim=-1) @ v
+
+
+def test_heads_used_elsewhere_are_copied_and_views_mix_with_plain_operands(tmp_path):
+    """Heads that are also an output stay the transposed copy the output needs (the
+    attention reads that copy) while q and v are read in place; a call may view q alone."""
+    torch.manual_seed(0)
+    inputs = (torch.randn(2, 10, 64), padding_mask(2, 10))
+    config = blade.Config(allow_tracing=True, dump_dir=str(tmp_path / "returned"))
+    _, report = run_compiled(KeysReturned(), inputs, config, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+    bufferized = ir_before(tmp_path / "returned", "mark-out-params")
+    assert "blade.q_view" in bufferized and "blade.v_view" in bufferized
+    assert "blade.k_view" not in bufferized
+    inputs = (torch.randn(2, 10, 64),) + qkv(2, 4, 7, 16)[:2]
+    config = blade.Config(allow_tracing=True, dump_dir=str(tmp_path / "mixed"))
+    _, report = run_compiled(QueryHeadsOnly(), inputs, config, rtol=1e-4, atol=1e-5)
+    assert fused(report) == 1, str(report)
+    bufferized = ir_before(tmp_path / "mixed", "mark-out-params")
+    assert "blade.q_view = array<i64: 0, 4, 16, 0, 2, 1, 3>" in bufferized
+    assert "blade.k_view" not in bufferized and "blade.v_view" not in bufferized
 
 
 def test_probabilities_used_elsewhere_are_not_fused():

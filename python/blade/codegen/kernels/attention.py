@@ -16,18 +16,26 @@ replaces it with a call to `blade_ral_attention[_masked]_<type>` (csrc/ral/ral_k
 A chain whose intermediate values are used anywhere else (the scores or the probabilities
 returned, say) is left alone and compiled op by op.
 
+Heads split out of a projection's result (`x.view(b, n, heads, d).transpose(1, 2)`, q, k
+and v often slices of one fused projection) would be copied head by head before the
+call. Where q, k or v is such a transpose of a reshape that splits the last dim of a value
+(or of a slice of that dim), the call takes that value instead and `lowering.lower`
+hands the kernel a strided view of it (`head_view`): the kernel reads the heads in place.
+
 A query row whose scores are all -inf (its mask excludes every key) makes softmax 0/0 =
 NaN. `F.scaled_dot_product_attention` gives 0 there (PyTorch's safe softmax; its
 decomposition selects 0 for rows whose max is -inf): a chain with that select runs with
 the kernel's `zero_masked_rows`, one without it keeps NaN.
 """
+import itertools
 from typing import List, Optional, Tuple
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
 
-from blade.codegen.ir_queries import as_operation, defining_op as _op, i64_array
+from blade.codegen.ir_queries import as_operation, defining_op as _op, i64_array, producer
 from blade.codegen.kernels.matmul import matmul_form
+from blade.codegen.stablehlo.shape_assumptions import passed_through
 
 
 # Ops between a reduction and the op that broadcasts its result back over the row.
@@ -204,6 +212,100 @@ def _mask_source(value, rank: int, element_type):
     return value
 
 
+def head_view(value) -> Optional[Tuple[object, dict]]:
+    """(base, view) when `value` is `transpose(reshape(x))`, the reshape splitting the last
+    dim of x into [heads, head dim] and keeping the others, and x is `base` or a slice of
+    base's last dim with unit step: `value` is then a strided view of base, `view` =
+    {"start": the slice's first element, "split": [heads, head dim], "permutation": the
+    transpose's}. None otherwise.
+
+    Example:
+        >>> head_view(q)   # q = transpose(reshape(slice(qkv, 512:1024), [b, n, 8, 64]))
+        (qkv, {'start': 512, 'split': [8, 64], 'permutation': [0, 2, 1, 3]})
+    """
+    transpose = producer(value, "stablehlo.transpose")
+    if transpose is None:
+        return None
+    reshaped = transpose.operands[0]
+    reshape = _op(reshaped)
+    if reshape is None or reshape.name not in ("stablehlo.reshape",
+                                               "stablehlo.dynamic_reshape"):
+        return None
+    x = reshape.operands[0]
+    x_type, split_type = ir.RankedTensorType(x.type), ir.RankedTensorType(reshaped.type)
+    n = x_type.rank
+    if n < 1 or split_type.rank != n + 1 or not isinstance(x_type.element_type, ir.FloatType):
+        return None
+    if any(t.is_dynamic_dim(d) for t, d in ((x_type, n - 1), (split_type, n - 1),
+                                            (split_type, n))):
+        return None
+    heads, dim = split_type.shape[n - 1], split_type.shape[n]
+    if heads * dim != x_type.shape[n - 1]:
+        return None
+    passed = passed_through(x, reshape.operands[1], n + 1) \
+        if reshape.name == "stablehlo.dynamic_reshape" else [None] * (n + 1)
+    for d in range(n - 1):
+        if x_type.is_dynamic_dim(d) or split_type.is_dynamic_dim(d):
+            if not (x_type.is_dynamic_dim(d) and split_type.is_dynamic_dim(d) and
+                    passed[d] == d):
+                return None
+        elif x_type.shape[d] != split_type.shape[d]:
+            return None
+    base, start = _last_dim_slice(x)
+    return base, {"start": start, "split": [heads, dim],
+                  "permutation": i64_array(transpose.attributes["permutation"])}
+
+
+def _view_choices(found) -> List[Tuple[bool, ...]]:
+    """Which of the found head views to take, most first, ending with none."""
+    choices = [tuple(bool(view) and keep for view, keep in zip(found, mask))
+               for mask in itertools.product((True, False), repeat=len(found))]
+    return sorted(set(choices), key=lambda c: -sum(c))
+
+
+def _last_dim_slice(x) -> Tuple[object, int]:
+    """(base, start) when `x` is a slice of base's last dim from `start` with unit step
+    (every other dim whole), else (x, 0)."""
+    op = _op(x)
+    x_type = ir.RankedTensorType(x.type)
+    n = x_type.rank
+    if op is None or op.name not in ("stablehlo.slice", "stablehlo.real_dynamic_slice"):
+        return x, 0
+    base = op.operands[0]
+    base_type = ir.RankedTensorType(base.type)
+    if base_type.is_dynamic_dim(n - 1):
+        return x, 0
+    if op.name == "stablehlo.slice":
+        starts = i64_array(op.attributes["start_indices"])
+        limits = i64_array(op.attributes["limit_indices"])
+        steps = i64_array(op.attributes["strides"])
+        whole = all(starts[d] == 0 and not base_type.is_dynamic_dim(d) and
+                    limits[d] == base_type.shape[d] for d in range(n - 1))
+    else:
+        starts, steps = _constant_ints(op.operands[1]), _constant_ints(op.operands[3])
+        if starts is None or steps is None:
+            return x, 0
+        limits = passed_through(base, op.operands[2], n)
+        whole = all(starts[d] == 0 and limits[d] == d for d in range(n - 1))
+    if not whole or any(step != 1 for step in steps):
+        return x, 0
+    return base, starts[n - 1]
+
+
+def _constant_ints(value) -> Optional[List[int]]:
+    """The elements of a constant integer tensor, None for anything else."""
+    op = _op(value)
+    if op is None or op.name not in _CONSTANTS:
+        return None
+    attr = op.attributes["value"]
+    if not isinstance(attr, ir.DenseIntElementsAttr):
+        return None
+    shaped = ir.ShapedType(attr.type)
+    if attr.is_splat:
+        return [int(ir.IntegerAttr(attr.get_splat_value()).value)] * shaped.shape[0]
+    return [int(v) for v in attr]
+
+
 def attention_form(main, dot) -> Optional[Tuple[List, List, dict]]:
     """(sources [q, k, v, mask?], the chain's other ops in block order, attributes) when
     the dot_general `dot` in `main` is the `@ v` of an attention chain; None otherwise.
@@ -258,15 +360,29 @@ def attention_form(main, dot) -> Optional[Tuple[List, List, dict]]:
         if ir.ShapedType(operand.type).rank != rank:
             return None
     sources = [q, k, v] + ([mask] if mask is not None else [])
-    run_time_scale = {}
+    # The heads read in place where the chain can take their views (see the module
+    # docstring): as many of q, k and v as can be (heads that are also used elsewhere
+    # keep their copy), else none.
+    found = [head_view(s) for s in sources[:3]]
+    extra = {}
     if not isinstance(scale, float):
         # The scalar's tensor is the function's last operand; `lowering.lower` reads
         # it and passes its value (or its reciprocal) as the kernel's scale.
         scalar, divides = scale
-        run_time_scale = {"scale_operand": len(sources), "scale_divides": int(divides)}
+        extra = {"scale_operand": len(sources), "scale_divides": int(divides)}
         sources.append(scalar)
         scale = 1.0
-    chain = _chain(main, _op(dot.result), sources)
+    dot_op = _op(dot.result)
+    chain = None
+    for kept in _view_choices(found):
+        views = [view if keep else None for view, keep in zip(found, kept)]
+        viewed = [view[0] if view else s for view, s in zip(views, sources)] + sources[3:]
+        chain = _chain(main, dot_op, viewed)
+        if chain is not None:
+            sources = viewed
+            if any(views):
+                extra["views"] = [view[1] if view else None for view in views]
+            break
     if chain is None:
         return None
     return sources, chain, {
@@ -276,7 +392,7 @@ def attention_form(main, dot) -> Optional[Tuple[List, List, dict]]:
         "transpose_v": v_attributes["transpose_b"],
         "scale": scale,
         "zero_masked_rows": int(zeroed is not None),
-        **run_time_scale}
+        **extra}
 
 
 def attention_chain(main, op) -> Optional[Tuple[object, List, List, dict]]:

@@ -54,6 +54,10 @@ SORT_ELEMENT_TYPES = ("f32", "f64", "f16", "bf16", "i32", "i64")
 # `lowering.lower` hands the kernel a view of that buffer in the kernel's own dim order (see
 # `attention.attention_chain`).
 OUT_PERMUTATION = "blade.out_permutation"
+# Attention operands read in place as heads of a wider value (attention.head_view): the
+# function's q, k or v operand is that value, and `lowering.lower` hands the kernel a view
+# of it, from [start, heads, head dim, *permutation].
+HEAD_VIEWS = ("blade.q_view", "blade.k_view", "blade.v_view")
 # An attention scale computed at run time (attention._run_time_scalar): the function's
 # operand at this index is a one-element tensor holding it, which `lowering.lower` reads and
 # passes as the kernel's scale (its reciprocal when SCALE_DIVIDES is 1) instead of a memref.

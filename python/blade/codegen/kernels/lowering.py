@@ -18,8 +18,8 @@ from torch_mlir.dialects import arith, func, memref
 from blade.codegen.ir_queries import i64_array, strides_of
 from blade.codegen.kernels import kernel_calls
 from blade.codegen.kernels.declarations import define_returning
-from blade.codegen.kernels.library_calls import (KERNEL_ARGUMENTS, LIBRARY_CALL, OUT_PERMUTATION,
-                                                 SCALE_DIVIDES, SCALE_OPERAND)
+from blade.codegen.kernels.library_calls import (HEAD_VIEWS, KERNEL_ARGUMENTS, LIBRARY_CALL,
+                                                 OUT_PERMUTATION, SCALE_DIVIDES, SCALE_OPERAND)
 from blade.codegen.kernels.weight_arguments import embed_weight_arguments
 
 
@@ -70,6 +70,10 @@ def lower(module) -> None:
                 if OUT_PERMUTATION in function.attributes:
                     arguments[-1] = _transposed_view(
                         arguments[-1], i64_array(function.attributes[OUT_PERMUTATION]))
+                for operand, name in enumerate(HEAD_VIEWS):
+                    if name in function.attributes:
+                        arguments[operand] = _head_view(
+                            arguments[operand], i64_array(function.attributes[name]))
                 scale = None
                 if SCALE_OPERAND in function.attributes:
                     scale = _run_time_scale(
@@ -114,6 +118,52 @@ def _transposed_view(value, permutation: List[int]):
     return memref.TransposeOp(view, value,
                               ir.AffineMapAttr.get(ir.AffineMap.get_permutation(inverse))
                               ).result
+
+
+def _head_view(value, view: List[int]):
+    """The heads that `attention.head_view` found in `value` (a memref of identity layout),
+    as a strided view of it: `view` = [start, heads, head dim, *permutation]; the last dim
+    from `start` on is split into [heads, head dim] and the dims are then permuted."""
+    start, heads, head_dim, permutation = view[0], view[1], view[2], view[3:]
+    t = ir.MemRefType(value.type)
+    index = ir.IndexType.get()
+    dynamic = ir.ShapedType.get_dynamic_size()
+    dynamic_stride = ir.ShapedType.get_dynamic_stride_or_offset()
+
+    def size(d):
+        # (static size, or the index value of a dynamic one)
+        if not t.is_dynamic_dim(d):
+            return t.shape[d], None
+        return dynamic, memref.DimOp(value, arith.ConstantOp(index, d).result).result
+
+    # Sizes and strides of [kept dims..., heads, head dim], each (static or dynamic marker,
+    # its value if dynamic); identity layout: each kept dim's stride is the product of the
+    # sizes after it.
+    kept = t.rank - 1
+    sizes = [size(d) for d in range(kept)] + [(heads, None), (head_dim, None)]
+    strides = [None] * (kept + 2)
+    strides[kept], strides[kept + 1] = (head_dim, None), (1, None)
+    running = (t.shape[kept], None)  # the stride after dim d: the base's last dim first
+    for d in reversed(range(kept)):
+        strides[d] = running
+        static, dynamic_size = sizes[d]
+        if running[1] is None and dynamic_size is None:
+            running = (running[0] * static, None)
+        else:
+            left = running[1] if running[1] is not None else \
+                arith.ConstantOp(index, running[0]).result
+            right = dynamic_size if dynamic_size is not None else \
+                arith.ConstantOp(index, static).result
+            running = (dynamic_stride, arith.MulIOp(left, right).result)
+    sizes = [sizes[p] for p in permutation]
+    strides = [strides[p] for p in permutation]
+    view_type = ir.MemRefType.get(
+        [s for s, _ in sizes], t.element_type,
+        ir.StridedLayoutAttr.get(start, [s for s, _ in strides]))
+    return memref.ReinterpretCastOp(
+        view_type, value, [], [v for _, v in sizes if v is not None],
+        [v for _, v in strides if v is not None], [start], [s for s, _ in sizes],
+        [s for s, _ in strides]).result
 
 
 def _declare(module, declared: set, callee: str, operands) -> None:

@@ -25,8 +25,8 @@ from torch_mlir.dialects import arith, func, tensor
 from blade.codegen.ir_queries import SHAPE_QUERIES, as_operation, defining_op
 from blade.codegen.kernels import attention, convolution, kernel_calls, matmul, sort
 from blade.codegen.kernels.declarations import read_only
-from blade.codegen.kernels.library_calls import (KERNEL_ARGUMENTS, LIBRARY_CALL, OUT_PERMUTATION,
-                                                 SCALE_DIVIDES, SCALE_OPERAND)
+from blade.codegen.kernels.library_calls import (HEAD_VIEWS, KERNEL_ARGUMENTS, LIBRARY_CALL,
+                                                 OUT_PERMUTATION, SCALE_DIVIDES, SCALE_OPERAND)
 
 
 def outline(module, main) -> Dict[str, int]:
@@ -121,6 +121,10 @@ def _outline_one(module, main, op, sources, peeled, attributes, index: int,
     if "out_permutation" in attributes:
         function.attributes[OUT_PERMUTATION] = \
             ir.DenseI64ArrayAttr.get(attributes["out_permutation"])
+    for operand, view in enumerate(attributes.get("views", [])):
+        if view is not None:
+            function.attributes[HEAD_VIEWS[operand]] = ir.DenseI64ArrayAttr.get(
+                [view["start"], *view["split"], *view["permutation"]])
     if "scale_operand" in attributes:
         function.attributes[SCALE_OPERAND] = ir.IntegerAttr.get(i64, attributes["scale_operand"])
         function.attributes[SCALE_DIVIDES] = ir.IntegerAttr.get(i64, attributes["scale_divides"])
@@ -153,6 +157,18 @@ def _result_sizes(attributes, arguments, result_type) -> List:
     def const(v):
         return arith.ConstantOp(index, v).result
 
+    def operand_dim(operand, d):
+        """Dim d of the attention's operand: a dim of the value it views (attention.head_view;
+        a dynamic dim is one of the value's kept dims), or of the argument itself."""
+        views = attributes.get("views") or [None] * 3
+        view = views[operand]
+        if view is None:
+            return dim(arguments[operand], d)
+        kept = ir.RankedTensorType(arguments[operand].type).rank - 1
+        before = view["permutation"][d]
+        return dim(arguments[operand], before) if before < kept else \
+            const(view["split"][before - kept])
+
     lhs, rhs = arguments[0], arguments[1]
     rank, rhs_rank = result.rank, ir.RankedTensorType(rhs.type).rank
     sizes = []
@@ -170,10 +186,10 @@ def _result_sizes(attributes, arguments, result_type) -> List:
             # attention's own result.
             u = attributes["out_permutation"][d] if "out_permutation" in attributes else d
             if u < rank - 1:            # batch dims and query rows come with q
-                sizes.append(dim(lhs, u))
+                sizes.append(operand_dim(0, u))
             else:                       # v's last dim, or its rows if stored transposed
-                sizes.append(dim(arguments[2], rank - 2 if attributes["transpose_v"] else
-                                 rank - 1))
+                sizes.append(operand_dim(2, rank - 2 if attributes["transpose_v"] else
+                                         rank - 1))
         elif d == 0:                    # conv2d: the batch
             sizes.append(dim(lhs, 0))
         elif d == (3 if attributes["kind"].startswith("conv2d_nhwc") else 1):

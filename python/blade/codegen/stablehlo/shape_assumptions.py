@@ -65,7 +65,7 @@ def drop_identity_broadcasts(module) -> int:
             if operand.type != result.type:
                 continue
             t = ir.RankedTensorType(result.type)
-            passed = _passed_through(operand, op.operands[1], t.rank)
+            passed = passed_through(operand, op.operands[1], t.rank)
             if any(t.is_dynamic_dim(d) and passed[d] != d for d in range(t.rank)):
                 continue
             shape = op.operands[1]
@@ -100,7 +100,7 @@ def _constant_int(value):
     return None if constant is None else ir.IntegerAttr(constant.attributes["value"]).value
 
 
-def _passed_through(source, shape, rank: int):
+def passed_through(source, shape, rank: int):
     """Per result dim of a `dynamic_reshape(source, shape)`, the source dim whose run-time
     size it provably has (`shape` is built from `tensor.dim(source, i)`, as the importer
     writes it for dims that keep their shape symbol), else None."""
@@ -190,7 +190,7 @@ def lower_dynamic_reshapes(module) -> int:
     """Rewrites each `stablehlo.dynamic_reshape` (a view of dynamic size) as a collapse of
     its operand and an expansion to the result's sizes, read from the shape operand:
     StableHLO's linalg lowering leaves most dynamic reshapes unconverted. Dims that provably
-    pass through unchanged (see `_passed_through`) and static groups of equal element count
+    pass through unchanged (see `passed_through`) and static groups of equal element count
     are grouped apart, so a strided operand stays a view; otherwise the operand collapses
     to one dimension, which copies it unless it is contiguous. Returns how many were
     rewritten."""
@@ -217,7 +217,7 @@ def lower_dynamic_reshapes(module) -> int:
                 continue  # a scalar has no dynamic size; left to StableHLO
             source_dims, result_dims = sizes_of(source_type), sizes_of(result_type)
             grouping = reassociation(source_dims, result_dims,
-                                     _passed_through(source, shape, result_type.rank))
+                                     passed_through(source, shape, result_type.rank))
             if grouping is None:
                 grouping = [list(range(source_type.rank))], [list(range(result_type.rank))]
             groups_src, groups_res = grouping
