@@ -209,7 +209,7 @@ class Report:
                          "layers reading them (activation and rounding in the kernel)")
         if q.get("rounded_in_code"):
             lines.append(f"    {q['rounded_in_code']} float activations rounded to uint8 by "
-                         "the engines' code for the int8 linears reading them")
+                         "the engines' code for the int8 layers reading them")
         for name, e in sorted(q.get("engines", {}).items(),
                               key=lambda item: int(item[0].rpartition("_")[2])):
             if "not_measured" in e:

@@ -191,3 +191,65 @@ def test_layer_norm_results_rounded_by_the_engine_code_match_the_kernel_rounding
         engine = getattr(optimized, report.clusters[0].name)
         torch.testing.assert_close(engine.run_code([x]), engine.run_subgraph([x]),
                                    rtol=1e-4, atol=1e-4)
+
+
+class SqueezeExcited(torch.nn.Module):
+    """MobileNetV3's block: an expanding 1x1, a depthwise 3x3 with a hardswish whose float32
+    result a squeeze-excitation reads (global pool, two 1x1s, hardsigmoid), the scaled
+    result projected by a 1x1."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.expand = nn.Conv2d(8, 32, 1)
+        self.depthwise = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.squeeze, self.excite = nn.Conv2d(32, 8, 1), nn.Conv2d(8, 32, 1)
+        self.project = nn.Conv2d(32, 8, 1)
+
+    def forward(self, x):
+        y = torch.nn.functional.hardswish(self.depthwise(torch.relu(self.expand(x))))
+        gate = torch.nn.functional.adaptive_avg_pool2d(y, 1)
+        gate = torch.nn.functional.hardsigmoid(self.excite(torch.relu(self.squeeze(gate))))
+        return self.project(y * gate)
+
+
+def squeeze_excited_calibration():
+    torch.manual_seed(6)
+    return [(torch.randn(1, 8, 14, 14),) for _ in range(4)]
+
+
+def test_squeeze_excitation_reads_activated_results_and_projects_rounded_bytes():
+    """The depthwise layer's hardswish moves into the layer (its float32 result only the
+    activation read); the scaled result, channels-last, is rounded by graph ops and taken
+    by the projection as NHWC bytes, as is the pooled vector by the squeeze."""
+    torch.manual_seed(5)
+    before, _, after, c = run_pass(SqueezeExcited().eval(), (torch.randn(1, 8, 14, 14),),
+                                   "hand_on_uint8", blade.Config(precision="int8"),
+                                   squeeze_excited_calibration())
+    assert "aten::hardswish(" in before and "aten::hardswish(" not in after, after
+    assert '"hardswish"' in after
+    assert c.int8.rounded_in_code == 2, after
+    assert after.count("aten::permute(") == 2, after
+    project = next(line for line in after.splitlines()
+                   if "blade::quantized_conv2d(" in line and "project" in line)
+    operand = project.split("quantized_conv2d(")[1].split(",")[0]
+    assert any(line.strip().startswith(operand + " : Char(1, 14, 14, 32")
+               for line in after.splitlines()), after
+
+
+def test_squeeze_excitation_compiled_in_bytes_matches_eager_and_its_graph():
+    model = SqueezeExcited().eval()
+    cal = [x for (x,) in squeeze_excited_calibration()]
+    x = torch.randn(1, 8, 14, 14)
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    with torch.no_grad():
+        got, want = optimized(x), model(x)
+        cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+        assert float(cosine) > 0.999, float(cosine)
+    report = assert_ran_compiled(optimized)
+    assert report.coverage == 1.0 and report.int8["rounded_in_code"] == 2, str(report)
+    assert report.int8["engines"], str(report)  # the float twin measured the engine
+    with torch.no_grad():
+        engine = getattr(optimized, report.clusters[0].name)
+        torch.testing.assert_close(engine.run_code([x]), engine.run_subgraph([x]),
+                                   rtol=1e-4, atol=1e-4)

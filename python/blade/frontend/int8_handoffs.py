@@ -20,6 +20,10 @@ Two rewrites keep data in uint8 between layers, as a quantized ResNet needs:
   In the same pass, `round_in_code` has the graph round a float activation that int8
   linears read (a layer norm's result) with graph ops, so that the engine's loop making
   the activation writes its uint8 bytes and the linears take those.
+
+A layer whose float32 result only an activation reads (MobileNetV3's depthwise layers
+before a squeeze-excitation, which reads float32) applies that activation itself
+(`activate_float_results`, after hand_on_uint8): one pass over the tensor less.
 """
 import functools
 from typing import Dict, List, NamedTuple, Optional, Sequence
@@ -128,28 +132,65 @@ def hand_on_uint8(graph: torch._C.Graph) -> int:
     return count
 
 
+def activate_float_results(graph: torch._C.Graph) -> int:
+    """Moves the activation (as _post_op takes them) that alone reads an int8 layer's
+    float32 result into the layer's post-op. Returns how many it moved."""
+    moved = 0
+    for kind in (QUANTIZED_CONV2D, QUANTIZED_LINEAR):
+        _, output_at, post_at = RANGE_OPERANDS[kind]
+        for producer in graph.findAllNodes(kind, True):
+            uses = producer.output().uses()
+            if not _is_none(producer.inputsAt(output_at)) or \
+                    constant_value(producer.inputsAt(post_at)) != "none" or len(uses) != 1:
+                continue
+            user = uses[0].user
+            activation = _post_op(user, kind)
+            if activation is None or uses[0].offset != 0 or \
+                    user.owningBlock() != producer.owningBlock():
+                continue
+            with graph.insert_point_guard(producer):
+                producer.replaceInput(post_at, graph.insertConstant(activation))
+            user.output().replaceAllUsesWith(producer.output())
+            user.destroy()
+            moved += 1
+    return moved
+
+
+def _is_none(value: torch._C.Value) -> bool:
+    return value.node().kind() == "prim::Constant" and \
+        isinstance(value.type(), torch._C.NoneType)
+
+
 def round_in_code(graph: torch._C.Graph) -> int:
-    """Each float32 value that the graph computes and int8 linear layers read with one
-    constant range is rounded to uint8 by graph ops (the bytes as int8, as a layer hands
-    them on) that its readers then take: the engine's loop that makes the value (a layer
-    norm, a residual add) writes the bytes too, instead of each layer reading the float32
-    tensor back and rounding it itself. The rounding is the kernel's: clamp(x * (1 / scale)
-    + zero_point, 0, 255) to nearest, ties to even. Graph inputs, uint8 handed on by a
-    layer, and layers with ranges measured per call are left as they are. Returns how many
-    values it rounds."""
+    """Each float32 value that the graph computes and int8 layers read with one constant
+    range is rounded to uint8 by graph ops (the bytes as int8, as a layer hands them on)
+    that its readers then take: the engine's loop that makes the value (a layer norm, a
+    residual add, a squeeze-excitation's scaling) writes the bytes too, instead of each
+    layer reading the float32 tensor back and rounding it itself. The rounding is the
+    kernel's: clamp(x * (1 / scale) + zero_point, 0, 255) to nearest, ties to even. A
+    convolution takes the bytes as NHWC, so only a value stored channels-last is rounded
+    for one (the permutation to NHWC is then a view). Graph inputs and int8 layers' float
+    results (no loop makes them: their reader rounds them as well as a loop would), uint8
+    handed on by a layer, and layers with ranges measured per call are left as they are.
+    Returns how many values it rounds."""
     readers: Dict[tuple, List[torch._C.Node]] = {}
-    for layer in graph.findAllNodes(QUANTIZED_LINEAR, True):
-        value = layer.inputsAt(0)
-        value_type = value.type()
-        value_range = _range(layer.inputsAt(RANGE_OPERANDS[QUANTIZED_LINEAR][0]))
-        if value.node().kind() == "prim::Param" or _hands_on_uint8(value.node()) or \
-                value_range is None or \
-                not value_range[0] > 0 or not isinstance(value_type, torch._C.TensorType) or \
-                value_type.scalarType() != "Float":
-            continue
-        if layer.owningBlock() == value.node().owningBlock():
-            readers.setdefault((value, value_range), []).append(layer)
-    for (value, (scale, zero_point)), layers in readers.items():
+    for kind in (QUANTIZED_LINEAR,) + _CONVOLUTIONS:
+        for layer in graph.findAllNodes(kind, True):
+            value = layer.inputsAt(0)
+            value_type = value.type()
+            value_range = _range(layer.inputsAt(RANGE_OPERANDS[kind][0]))
+            if value.node().kind() == "prim::Param" or value.node().kind() in RANGE_OPERANDS or \
+                    _hands_on_uint8(value.node()) or \
+                    value_range is None or not value_range[0] > 0 or \
+                    not isinstance(value_type, torch._C.TensorType) or \
+                    value_type.scalarType() != "Float" or \
+                    layer.owningBlock() != value.node().owningBlock():
+                continue
+            nhwc = kind != QUANTIZED_LINEAR
+            if nhwc and not _channels_last(value_type):
+                continue
+            readers.setdefault((value, value_range, nhwc), []).append(layer)
+    for (value, (scale, zero_point), nhwc), layers in readers.items():
         first = min(layers, key=functools.cmp_to_key(
             lambda a, b: -1 if a.isBefore(b) else 1 if b.isBefore(a) else 0))
         with graph.insert_point_guard(first):
@@ -161,11 +202,24 @@ def round_in_code(graph: torch._C.Graph) -> int:
             wide = insert_op(graph, "aten::to", insert_op(graph, "aten::round", steps),
                              torch.int32)
             rounded = insert_op(graph, "aten::to", wide, torch.int8)
+            if nhwc:
+                rounded = insert_op(graph, "aten::permute", rounded, [0, 2, 3, 1])
             shared = graph.insertConstant(torch.tensor([scale, zero_point]))
         for layer in layers:
             layer.replaceInput(0, rounded)
-            layer.replaceInput(RANGE_OPERANDS[QUANTIZED_LINEAR][0], shared)
+            layer.replaceInput(RANGE_OPERANDS[layer.kind()][0], shared)
     return len(readers)
+
+
+def _channels_last(value_type: torch._C.TensorType) -> bool:
+    """Whether a tensor type is of a 4-d tensor stored channels-last (NHWC in memory)."""
+    sizes, strides = value_type.sizes(), value_type.strides()
+    if sizes is None or strides is None or len(sizes) != 4 or None in sizes or \
+            None in strides:
+        return False
+    n, c, h, w = sizes
+    return (c == 1 or strides[1] == 1) and (w == 1 or strides[3] == c) and \
+        (h == 1 or strides[2] == w * c) and (n == 1 or strides[0] == h * w * c)
 
 
 # The ops round_in_code writes, from its result back to the float activation.
@@ -175,6 +229,8 @@ _ROUNDING_CHAIN = ("aten::to", "aten::to", "aten::round", "aten::clamp", "aten::
 
 def rounded_in_code(value: torch._C.Value) -> Optional[torch._C.Value]:
     """The float activation that `value` is round_in_code's rounding of (None if not)."""
+    if value.node().kind() == "aten::permute":   # a convolution's NHWC view of the bytes
+        value = value.node().inputsAt(0)
     for kind in _ROUNDING_CHAIN:
         if value.node().kind() != kind:
             return None

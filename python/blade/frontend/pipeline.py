@@ -60,7 +60,7 @@ from blade.frontend.dynamic_shapes import (DynamicShapesWarning, find_dynamic_gr
                                            resized_variants, undecided_dims, untried_variants)
 from blade.frontend.inputs import ExampleInputsError
 from blade.frontend.int8_error import measure_engines
-from blade.frontend.int8_handoffs import hand_on_uint8, round_in_code
+from blade.frontend.int8_handoffs import activate_float_results, hand_on_uint8, round_in_code
 from blade.frontend.pools import POOLING_OVERLOADS, explicit_pool_windows
 from blade.frontend.quant_fusion import quantized_tensor_pairs
 from blade.frontend.quantize import (from_dynamic_quantized, from_static_quantized,
@@ -351,8 +351,9 @@ def _hand_on_uint8(c: GraphCompilation) -> None:
     (frontend/int8_handoffs); the new types (uint8 bytes, NHWC for convolutions) recorded
     by a run on the example inputs."""
     c.int8.chained = hand_on_uint8(c.graph)
+    activated = activate_float_results(c.graph)
     c.int8.rounded_in_code = round_in_code(c.graph)
-    if c.int8.chained or c.int8.rounded_in_code:
+    if c.int8.chained or activated or c.int8.rounded_in_code:
         torch._C._jit_pass_dce(c.graph)
         c.results = record_types(c.graph, c.module, c.inputs, c.resized_inputs)
     if (c.int8.chained or c.int8.residual_adds) and not c.config.dynamic and \

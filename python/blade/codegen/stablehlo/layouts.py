@@ -43,10 +43,12 @@ from blade.kernel_call_spec import SPEC_ATTRIBUTE
 TO_NHWC = [0, 2, 3, 1]   # NHWC dim i is NCHW dim TO_NHWC[i]
 TO_NCHW = [0, 3, 1, 2]   # NCHW dim i is NHWC dim TO_NCHW[i]
 
-# Ops that apply one scalar function lane by lane to operands of the result's shape.
+# Ops that apply one scalar function lane by lane to operands of the result's shape (a
+# clamp's bounds may be scalars: rank 0, taken as they are).
 ELEMENTWISE = frozenset(f"stablehlo.{name}" for name in (
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "negate", "abs",
-    "exponential", "log", "logistic", "tanh", "sqrt", "rsqrt", "convert"))
+    "exponential", "log", "logistic", "tanh", "sqrt", "rsqrt", "convert", "clamp",
+    "round_nearest_even"))
 
 
 def _permutation(op) -> List[int]:
@@ -168,7 +170,8 @@ def _sink(op, attributes: Optional[dict] = None) -> bool:
             not any(_is_transpose(v, p) for v in op.operands):
         return False
     with ir.InsertionPoint(op), op.location:
-        operands = [_operand_in_layout(v, p, op) for v in op.operands]
+        operands = [v if ir.RankedTensorType(v.type).rank == 0 else
+                    _operand_in_layout(v, p, op) for v in op.operands]
         if any(v is None for v in operands):
             return False
         inner = ir.Operation.create(
