@@ -18,8 +18,9 @@ Two rewrites keep data in uint8 between layers, as a quantized ResNet needs:
   between a convolution and its readers (ResNet's stem) pools the uint8 bytes
   (`blade::quantized_max_pool2d`): rounding keeps order, so that is the same answer.
   In the same pass, `round_in_code` has the graph round a float activation that int8
-  linears read (a layer norm's result) with graph ops, so that the engine's loop making
-  the activation writes its uint8 bytes and the linears take those.
+  layers read (a layer norm's result, a squeeze-excitation's scaling) with graph ops, so
+  that the engine's loop making the activation writes its uint8 bytes and the layers take
+  those.
 
 A layer whose float32 result only an activation reads (MobileNetV3's depthwise layers
 before a squeeze-excitation, which reads float32) applies that activation itself

@@ -25,7 +25,8 @@ hit ends there. Then, for one Config, `build` lists:
     functionalize_typed_view_writes
                                 writes through slices with negative bounds, placed by types
     hand_on_uint8               (int8) int8 layers pass uint8 to the int8 layers reading them;
-                                float activations of int8 linears rounded by graph ops
+                                activations of float results in the layer; float inputs of
+                                int8 layers rounded by graph ops
     duplicate_shape_arithmetic  (Config.dynamic) each use of a run-time size its own copy
     judge_ops                   the registry's verdict on every op; the report's counts
     cluster                     acyclic clusters of supported ops (partition/clustering)
@@ -347,9 +348,9 @@ def _functionalize_typed_view_writes(c: GraphCompilation) -> int:
 
 
 def _hand_on_uint8(c: GraphCompilation) -> None:
-    """int8 layers that hand uint8 on and linears' inputs rounded by graph ops
-    (frontend/int8_handoffs); the new types (uint8 bytes, NHWC for convolutions) recorded
-    by a run on the example inputs."""
+    """int8 layers that hand uint8 on, apply the activation of their float results, and
+    whose inputs graph ops round (frontend/int8_handoffs); the new types (uint8 bytes, NHWC
+    for convolutions) recorded by a run on the example inputs."""
     c.int8.chained = hand_on_uint8(c.graph)
     activated = activate_float_results(c.graph)
     c.int8.rounded_in_code = round_in_code(c.graph)

@@ -19,8 +19,9 @@ returned, say) is left alone and compiled op by op.
 Heads split out of a projection's result (`x.view(b, n, heads, d).transpose(1, 2)`, q, k
 and v often slices of one fused projection) would be copied head by head before the
 call. Where q, k or v is such a transpose of a reshape that splits the last dim of a value
-(or of a slice of that dim), the call takes that value instead and `lowering.lower`
-hands the kernel a strided view of it (`head_view`): the kernel reads the heads in place.
+no loop computes (an input, a library or kernel call's result), or of a slice of that dim,
+the call takes that value instead and `lowering.lower` hands the kernel a strided view of
+it (`head_view`): the kernel reads the heads in place.
 
 A query row whose scores are all -inf (its mask excludes every key) makes softmax 0/0 =
 NaN. `F.scaled_dot_product_attention` gives 0 there (PyTorch's safe softmax; its
