@@ -27,7 +27,7 @@ before a squeeze-excitation, which reads float32) applies that activation itself
 (`activate_float_results`, after hand_on_uint8): one pass over the tensor less.
 """
 import functools
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -138,28 +138,40 @@ def activate_float_results(graph: torch._C.Graph) -> int:
     float32 result into the layer's post-op. Returns how many it moved."""
     moved = 0
     for kind in (QUANTIZED_CONV2D, QUANTIZED_LINEAR):
-        _, output_at, post_at = RANGE_OPERANDS[kind]
         for producer in graph.findAllNodes(kind, True):
-            uses = producer.output().uses()
-            if not _is_none(producer.inputsAt(output_at)) or \
-                    constant_value(producer.inputsAt(post_at)) != "none" or len(uses) != 1:
+            reading = _reading_activation(producer)
+            if reading is None or _hands_on_uint8(producer) or \
+                    reading[0].owningBlock() != producer.owningBlock():
                 continue
-            user = uses[0].user
-            activation = _post_op(user, kind)
-            if activation is None or uses[0].offset != 0 or \
-                    user.owningBlock() != producer.owningBlock():
-                continue
-            with graph.insert_point_guard(producer):
-                producer.replaceInput(post_at, graph.insertConstant(activation))
-            user.output().replaceAllUsesWith(producer.output())
-            user.destroy()
+            _apply_in_layer(graph, producer, *reading)
             moved += 1
     return moved
 
 
-def _is_none(value: torch._C.Value) -> bool:
-    return value.node().kind() == "prim::Constant" and \
-        isinstance(value.type(), torch._C.NoneType)
+def _reading_activation(producer: torch._C.Node) -> Optional[Tuple[torch._C.Node, str]]:
+    """The activation node that alone reads int8 layer `producer`'s result (as its input),
+    and the post-op that applies it in the layer, where the layer applies none yet."""
+    kind = producer.kind()
+    uses = producer.output().uses()
+    if constant_value(producer.inputsAt(RANGE_OPERANDS[kind][2])) != "none" or \
+            len(uses) != 1 or uses[0].offset != 0:
+        return None
+    post_op = _post_op(uses[0].user, kind)
+    return (uses[0].user, post_op) if post_op is not None else None
+
+
+def _apply_in_layer(graph: torch._C.Graph, producer: torch._C.Node,
+                    activation: torch._C.Node, post_op: str) -> None:
+    """`activation`, which alone reads `producer`'s result, becomes its post-op."""
+    with graph.insert_point_guard(producer):
+        producer.replaceInput(RANGE_OPERANDS[producer.kind()][2],
+                              graph.insertConstant(post_op))
+    activation.output().replaceAllUsesWith(producer.output())
+    activation.destroy()
+
+
+# What makes a value that round_in_code leaves to its readers: a graph input, an int8 op.
+_NOT_ROUNDED = ("prim::Param", QUANTIZED_MAX_POOL2D, *RANGE_OPERANDS)
 
 
 def round_in_code(graph: torch._C.Graph) -> int:
@@ -180,8 +192,7 @@ def round_in_code(graph: torch._C.Graph) -> int:
             value = layer.inputsAt(0)
             value_type = value.type()
             value_range = _range(layer.inputsAt(RANGE_OPERANDS[kind][0]))
-            if value.node().kind() == "prim::Param" or value.node().kind() in RANGE_OPERANDS or \
-                    _hands_on_uint8(value.node()) or \
+            if value.node().kind() in _NOT_ROUNDED or \
                     value_range is None or not value_range[0] > 0 or \
                     not isinstance(value_type, torch._C.TensorType) or \
                     value_type.scalarType() != "Float" or \
@@ -241,18 +252,11 @@ def rounded_in_code(value: torch._C.Value) -> Optional[torch._C.Value]:
 
 def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
     kind = producer.kind()
-    _, output_at, post_at = RANGE_OPERANDS[kind]
+    output_at = RANGE_OPERANDS[kind][1]
     if constant_value(producer.inputsAt(output_at)) is not None:
         return False
-    value = producer.output()
-    activation = None
-    uses = value.uses()
-    if constant_value(producer.inputsAt(post_at)) == "none" and len(uses) == 1:
-        activation = _post_op(uses[0].user, kind)
-        if activation is not None and uses[0].user.inputsAt(0) is value:
-            value = uses[0].user.output()
-        else:
-            activation = None
+    reading = _reading_activation(producer)
+    value = reading[0].output() if reading is not None else producer.output()
     # A convolution's result max-pooled (ResNet's stem) is pooled as uint8 instead.
     pool = _max_pool(value) if kind != QUANTIZED_LINEAR else None
     readers = pool.output().uses() if pool is not None else value.uses()
@@ -275,13 +279,10 @@ def _hand_on(graph: torch._C.Graph, producer: torch._C.Node) -> bool:
     with graph.insert_point_guard(producer):  # the readers' constants come later
         shared = graph.insertConstant(torch.tensor(list(ranges[0])))
         producer.replaceInput(output_at, shared)
-        if activation is not None:
-            producer.replaceInput(post_at, graph.insertConstant(activation))
     for user in accums:
         user.replaceInput(_ACCUM_RANGE, shared)
-    if activation is not None:
-        value.replaceAllUsesWith(producer.output())
-        value.node().destroy()
+    if reading is not None:
+        _apply_in_layer(graph, producer, *reading)
     if pool is not None:
         pooled = graph.create(QUANTIZED_MAX_POOL2D, list(pool.inputs()), 1)
         pooled.insertBefore(pool)
