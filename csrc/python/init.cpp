@@ -20,6 +20,7 @@
 #include "ral/call_profile.h"
 #include "ral/cpu_features.h"
 #include "ral/depthwise_conv.h"
+#include "ral/depthwise_int8.h"
 #include "ral/blocked_gemm.h"
 #include "ral/engine.h"
 #include "ral/few_rows_gemm.h"
@@ -256,6 +257,9 @@ PYBIND11_MODULE(_C, m) {
         "microkernel).");
   m.def("set_int8_conv_tiles", &ral::set_int8_conv_tiles, py::arg("enabled"),
         "False multiplies by oneDNN's microkernel where it answers (tests).");
+  m.def("set_depthwise_int8_enabled", &ral::set_depthwise_int8_enabled, py::arg("enabled"),
+        "False packs int8 depthwise weights for the float32 kernel from now on, as on CPUs "
+        "without VBMI (tests).");
   m.def("set_int8_conv_enabled", &ral::set_int8_conv_enabled, py::arg("enabled"),
         "False runs every int8 convolution and linear layer by oneDNN's instead (tests).");
   m.def("int8_conv_calls", &ral::int8_conv_calls,

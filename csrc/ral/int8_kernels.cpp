@@ -2,6 +2,7 @@
 
 #include "ral/cpu_features.h"
 #include "ral/depthwise_conv.h"
+#include "ral/depthwise_int8.h"
 #include "ral/int8_conv.h"
 #include "ral/int8_gemv.h"
 #include "ral/offered_buffers.h"
@@ -660,12 +661,16 @@ at::Tensor blade_depthwise(const ConvCall& call, const at::Tensor& weight,
       call.image.sizes(), weight.sizes(), padding, stride, {1, 1});
   at::Tensor result = conv_result_tensor(call, made);
   const at::Tensor quantized = quantized_input().contiguous(at::MemoryFormat::ChannelsLast);
+  // VNNI's dot products where the CPU has them (an int8 pack), else the float kernel's
+  // float32 filters.
   const at::Tensor filters = packed_weight(weight, kInt8ConvKey, [&] {
-    return weight.to(at::kFloat)
-        .view({weight.size(0), weight.size(2), weight.size(3)})
-        .permute({1, 2, 0})
-        .contiguous();
+    return depthwise_int8_chosen() ? pack_depthwise_int8(weight)
+                                   : weight.to(at::kFloat)
+                                         .view({weight.size(0), weight.size(2), weight.size(3)})
+                                         .permute({1, 2, 0})
+                                         .contiguous();
   });
+  const bool dot_products = filters.scalar_type() == at::kChar;
   const at::Tensor bias_values = bias.has_value() ? bias->contiguous() : at::Tensor();
   const at::Tensor scales = weight_scale.contiguous();
   DepthwiseRanges ranges;
@@ -677,17 +682,23 @@ at::Tensor blade_depthwise(const ConvCall& call, const at::Tensor& weight,
     ranges.out_scale = static_cast<float>(call.out_scale);
     ranges.out_zero_point = static_cast<int32_t>(call.out_zero_point);
   }
-  const bool ran = depthwise_conv2d_uint8(
-      static_cast<const uint8_t*>(quantized.const_data_ptr()), call.image.size(0),
-      call.image.size(2), call.image.size(3), call.image.size(1),
-      filters.const_data_ptr<float>(), weight.size(2), weight.size(3), stride[0], stride[1],
-      padding[0], padding[1],
-      bias_values.defined() ? bias_values.const_data_ptr<float>() : nullptr,
-      post_op == "relu"        ? DepthwisePostOp::kRelu
-      : post_op == "hardswish" ? DepthwisePostOp::kHardswish
-                               : DepthwisePostOp::kNone,
-      ranges, call.quantized_out ? nullptr : result.data_ptr<float>(),
-      made[2], made[3]);
+  const uint8_t* x = static_cast<const uint8_t*>(quantized.const_data_ptr());
+  const float* bias_data = bias_values.defined() ? bias_values.const_data_ptr<float>() : nullptr;
+  const DepthwisePostOp post = post_op == "relu"        ? DepthwisePostOp::kRelu
+                               : post_op == "hardswish" ? DepthwisePostOp::kHardswish
+                                                        : DepthwisePostOp::kNone;
+  float* y = call.quantized_out ? nullptr : result.data_ptr<float>();
+  const at::IntArrayRef size = call.image.sizes();
+  const bool ran =
+      dot_products
+          ? depthwise_conv2d_int8(x, size[0], size[2], size[3], size[1], filters,
+                                  weight.size(2), weight.size(3), stride[0], stride[1],
+                                  padding[0], padding[1], bias_data, post, ranges, y, made[2],
+                                  made[3])
+          : depthwise_conv2d_uint8(x, size[0], size[2], size[3], size[1],
+                                   filters.const_data_ptr<float>(), weight.size(2),
+                                   weight.size(3), stride[0], stride[1], padding[0],
+                                   padding[1], bias_data, post, ranges, y, made[2], made[3]);
   TORCH_CHECK(ran, "blade::quantized_conv2d: the depthwise kernel refused ", weight.sizes(),
               " on ", call.image.sizes());
   note_int8_conv_call();
