@@ -166,7 +166,8 @@ __attribute__((target("avx512f"))) Constants block_constants(const Job& job, int
 // at `to` (float32, pixel p at to + p * c) or, for uint8 results, put in `tile` in the
 // result's units.
 template <int KW, int S>
-__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline void sum_vector(
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"),
+               always_inline)) inline void sum_vector(
     const Job& job, const Column* quads, int64_t quad, int quads_read, const int8_t* filters,
     int64_t ox, int64_t pixels, int v, const Constants& k, float* to, __mmask16 mask,
     __m512 (*tile)[4]) {
@@ -225,7 +226,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline voi
 // Output row oy of image b, the block's channels: `quads` holds its band's interleaved rows
 // from the band's first window, `t` rows of the band before it.
 template <int KW, int S>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void output_row(
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void output_row(
     const Job& job, const Column* quads, int64_t t, int64_t b, int64_t oy, int64_t block,
     const Constants& k) {
   const int64_t first = t * job.sh;
@@ -237,12 +238,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void output_row(
   const int64_t out_pixel = (b * job.oh + oy) * job.ow;
   const __mmask64 bytes_mask = job.c - ch >= 64 ? ~__mmask64{0}
                                                 : (__mmask64{1} << (job.c - ch)) - 1;
-  __m512 tile[kPixels][4];
-  for (int p = 0; p < kPixels; ++p) {
-    for (int v = k.vectors; v < 4; ++v) {
-      tile[p][v] = _mm512_setzero_ps();  // stored under no byte of the mask
-    }
-  }
+  __m512 tile[kPixels][4];  // uint8 results: vectors past k.vectors are never read
   for (int64_t ox = 0; ox < job.ow; ox += kPixels) {
     const int64_t pixels = std::min<int64_t>(kPixels, job.ow - ox);
     float* to = job.y != nullptr ? job.y + (out_pixel + ox) * job.c + ch : nullptr;
@@ -251,11 +247,20 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void output_row(
                         to != nullptr ? to + 16 * v : nullptr,
                         lanes_left(job.c - ch - 16 * v), tile);
     }
-    if (job.ranges.out_u8 != nullptr) {
+    if (job.ranges.out_u8 != nullptr && k.vectors == 4) {
       uint8_t* out = job.ranges.out_u8 + (out_pixel + ox) * job.c + ch;
       for (int64_t p = 0; p < pixels; ++p) {
         _mm512_mask_storeu_epi8(out + p * job.c, bytes_mask,
                                 uint8_pack64(tile[p], _mm512_setzero_si512()));
+      }
+    } else if (job.ranges.out_u8 != nullptr) {  // a block's last vectors, 16 bytes each
+      uint8_t* out = job.ranges.out_u8 + (out_pixel + ox) * job.c + ch;
+      const __m512 zero = _mm512_setzero_ps();
+      for (int64_t p = 0; p < pixels; ++p) {
+        for (int v = 0; v < k.vectors; ++v) {
+          _mm_mask_storeu_epi8(out + p * job.c + 16 * v, lanes_left(job.c - ch - 16 * v),
+                               _mm512_cvtepi32_epi8(uint8_steps(tile[p][v], zero)));
+        }
       }
     }
   }
@@ -305,7 +310,7 @@ void convolve_by_stride(const Job& job) {
 
 bool depthwise_int8_available() {
   static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
-                                has_cpu_feature("avx512vbmi") &&
+                                has_cpu_feature("avx512vl") && has_cpu_feature("avx512vbmi") &&
                                 has_cpu_feature("avx512_vnni");
   return available;
 }

@@ -19,7 +19,7 @@
 
 namespace blade::ral {
 
-// Whether the kernel runs here (AVX-512 F, BW, VBMI and VNNI).
+// Whether the kernel runs here (AVX-512 F, BW, VL, VBMI and VNNI).
 bool depthwise_int8_available();
 // Whether weights packed from now on are this kernel's (where it runs), else the float
 // kernel's filters: tests turn it off (false) to run the float kernel, which CPUs without
