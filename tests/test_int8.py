@@ -138,10 +138,11 @@ def test_quantized_conv2d_matches_its_definition(stride, padding, groups, use_bi
 def test_depthwise_int8_kernel_matches_its_definition(channels, size, kernel, stride,
                                                       padding, post_op, uint8_out,
                                                       dot_products):
-    """Blade's depthwise kernel (VNNI dot products over 4 interleaved rows, or float32 on
-    AVX-512 CPUs without them) on carried uint8 data: every channel count past a vector of
-    16 and a block of 64, windows at every row offset of a quad, the padding's zero point,
-    each post-op, float32 and uint8 results, against the convolution of the real values."""
+    """Blade's depthwise kernels on carried uint8 data (VNNI dot products over 4 interleaved
+    rows; float32 on AVX-512 CPUs without VBMI, and for 16 channels or fewer): channel
+    counts past a vector of 16 and a block of 64, windows at every row offset of a quad,
+    the padding's zero point, each post-op, float32 and uint8 results, against the
+    convolution of the real values."""
     torch.manual_seed(channels + kernel + stride)
     x = torch.randint(0, 256, (2, *size, channels), dtype=torch.uint8)
     weight_q = torch.randint(-127, 128, (channels, 1, kernel, kernel), dtype=torch.int8)
@@ -586,10 +587,10 @@ def run_block_in_int8(model, shape):
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert float(cosine) > 0.999, float(cosine)
     engine = getattr(optimized, report.clusters[0].name)
-    # The engine's code against its subgraph, both on oneDNN's int8 kernels: the engine's
-    # kernel trials may keep oneDNN's for a layer whose op runs Blade's kernel outside an
-    # engine, and the two round a hardswish's result differently by a uint8 step now and
-    # then (Blade's kernels have tests of their own against the ops' definitions).
+    # The engine's code against its subgraph, both on oneDNN's int8 kernels: in an engine a
+    # layer runs whichever kernel its trial timed faster, outside one Blade's, and the two
+    # round a hardswish's result apart by a uint8 step now and then (seen with some
+    # weights). Blade's kernels have tests of their own against the ops' definitions.
     _C.set_int8_conv_enabled(False)
     try:
         with torch.no_grad():

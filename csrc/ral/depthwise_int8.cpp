@@ -35,8 +35,6 @@ int64_t block_bytes(int64_t kw) {
   return kPhases * kQuads * kw * kColumnBytes + kBlock * 4;
 }
 
-// Interleaving puts the 4 rows of channel 16 * v + t in dword t of vector v, so a block's
-// vectors hold its channels in order (only those up to the last channel are computed).
 struct Job {
   const uint8_t* x;
   int64_t n, h, w, c, kh, kw, sh, sw, ph, pw, oh, ow;
@@ -85,7 +83,9 @@ __attribute__((target("avx512f"), always_inline)) inline __mmask16 lanes_left(in
 
 // Rows [first, first + 4 * quads) of image b, channels [ch, ch + 64) under `mask`,
 // interleaved into `out` (quad by quad, column by column: `columns` of them from the
-// padding's first), the zero point wherever no byte of the image is.
+// padding's first), the zero point wherever no byte of the image is. A column's vector v
+// holds the 4 rows of channel 16 * v + t in its dword t: the block's channels in order, so
+// that a block's last vectors past its last channel need not be summed.
 __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void interleave(const Job& job, int64_t b,
                                                             int64_t first, int64_t quads,
                                                             int64_t ch, __mmask64 mask,

@@ -662,14 +662,16 @@ at::Tensor blade_depthwise(const ConvCall& call, const at::Tensor& weight,
   at::Tensor result = conv_result_tensor(call, made);
   const at::Tensor quantized = quantized_input().contiguous(at::MemoryFormat::ChannelsLast);
   // VNNI's dot products where the CPU has them (an int8 pack), else the float kernel's
-  // float32 filters; those too for 16 channels or fewer, a quarter of the dot products'
-  // vector of 64 (112 x 112 x 16, 3x3: 71 -> 50 us in MobileNetV3's engine).
+  // float32 filters; those too for 16 channels or fewer, which would fill a quarter of
+  // each dot product's 64 bytes (MobileNetV3's first depthwise layer ran slower so).
   const at::Tensor filters = packed_weight(weight, kInt8ConvKey, [&] {
-    return depthwise_int8_chosen() && weight.size(0) > 16 ? pack_depthwise_int8(weight)
-                                   : weight.to(at::kFloat)
-                                         .view({weight.size(0), weight.size(2), weight.size(3)})
-                                         .permute({1, 2, 0})
-                                         .contiguous();
+    if (depthwise_int8_chosen() && weight.size(0) > 16) {
+      return pack_depthwise_int8(weight);
+    }
+    return weight.to(at::kFloat)
+        .view({weight.size(0), weight.size(2), weight.size(3)})
+        .permute({1, 2, 0})
+        .contiguous();
   });
   const bool dot_products = filters.scalar_type() == at::kChar;
   const at::Tensor bias_values = bias.has_value() ? bias->contiguous() : at::Tensor();
