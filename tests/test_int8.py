@@ -131,7 +131,8 @@ def test_quantized_conv2d_matches_its_definition(stride, padding, groups, use_bi
 @needs_int8
 @pytest.mark.parametrize("channels, size, kernel, stride, padding", [
     (16, (9, 10), 3, 1, 1), (40, (11, 12), 5, 1, 2), (72, (13, 9), 3, 2, 1),
-    (136, (7, 7), 5, 1, 2), (64, (12, 15), 5, 2, 0), (24, (10, 11), 3, 3, 2)])
+    (136, (7, 7), 5, 1, 2), (64, (12, 15), 5, 2, 0), (24, (10, 11), 3, 3, 2),
+    (64, (4, 4200), 3, 1, 1)])  # interleaved rows past what a thread keeps: made per call
 @pytest.mark.parametrize("post_op", ["none", "relu", "hardswish"])
 @pytest.mark.parametrize("uint8_out", [False, True])
 @pytest.mark.parametrize("dot_products", [True, False])

@@ -1,6 +1,7 @@
 // Depthwise convolutions of uint8 NHWC data by VNNI dot products (depthwise_int8.h).
 #include "ral/depthwise_int8.h"
 
+#include "ral/conv_planes.h"
 #include "ral/cpu_features.h"
 #include "ral/int8_epilogue.h"
 
@@ -28,6 +29,9 @@ constexpr int kPhases = 4;             // where a window's first row lies in its
 constexpr int kQuads = 2;              // quads a window of at most 5 rows spans
 constexpr int64_t kColumnBytes = 256;  // a quad's column: 4 vectors of 16 channels x 4 rows
 constexpr int64_t kMaxQuads = 8;       // of a task's band (its buffer stays in L2)
+// The most bytes of interleaved rows a thread keeps between calls (a wider image's are
+// made per call, not held for the thread's life).
+constexpr int64_t kKeptBytes = int64_t{1} << 20;
 
 // A block's pack: [phase][quad][kw][vector][64 bytes], then the int32 sums of each
 // channel's filter (64, in channel order).
@@ -272,8 +276,8 @@ void convolve(const Job& job) {
   const int64_t bands = (job.oh + job.rows - 1) / job.rows;
   const int64_t quads = ((job.rows - 1) * job.sh + job.kh - 1) / 4 + 1;
   at::parallel_for(0, job.n * bands * blocks, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<Column> buffer;
-    buffer.resize(std::max<size_t>(buffer.size(), quads * job.columns));
+    at::Tensor large;  // the buffer past kKeptBytes, for this call only
+    Column* buffer = planes_buffer<Column>(quads * job.columns, kKeptBytes, large);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t block = task % blocks;
       const int64_t band = task / blocks % bands;
@@ -284,10 +288,10 @@ void convolve(const Job& job) {
       const int64_t oy0 = band * job.rows;
       const int64_t oy1 = std::min(job.oh, oy0 + job.rows);
       const int64_t used = ((oy1 - oy0 - 1) * job.sh + job.kh - 1) / 4 + 1;
-      interleave(job, b, oy0 * job.sh - job.ph, used, ch, mask, buffer.data());
+      interleave(job, b, oy0 * job.sh - job.ph, used, ch, mask, buffer);
       const Constants k = block_constants(job, block);
       for (int64_t oy = oy0; oy < oy1; ++oy) {
-        output_row<KW, S>(job, buffer.data(), oy - oy0, b, oy, block, k);
+        output_row<KW, S>(job, buffer, oy - oy0, b, oy, block, k);
       }
     }
   });
