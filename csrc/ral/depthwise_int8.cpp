@@ -51,28 +51,22 @@ struct Job {
   int64_t columns;  // of a quad: the whole groups of kPixels outputs' columns
 };
 
-// The permutations' indices (interleave): bytes of the first operand from 0, of the
-// second from 64; words from 0 and 32.
-constexpr auto kPairs = [] {
-  std::array<std::array<uint8_t, 64>, 2> index{};
+// The permutations' indices (interleave): for each half h of the operands, element i of
+// the first operand's half h, then the second's (its elements counted from 2 * kHalf),
+// side by side.
+template <typename T, int kHalf>
+constexpr std::array<std::array<T, 2 * kHalf>, 2> side_by_side() {
+  std::array<std::array<T, 2 * kHalf>, 2> index{};
   for (int half = 0; half < 2; ++half) {
-    for (int c = 0; c < 32; ++c) {
-      index[half][2 * c] = static_cast<uint8_t>(32 * half + c);
-      index[half][2 * c + 1] = static_cast<uint8_t>(64 + 32 * half + c);
+    for (int i = 0; i < kHalf; ++i) {
+      index[half][2 * i] = static_cast<T>(kHalf * half + i);
+      index[half][2 * i + 1] = static_cast<T>(2 * kHalf + kHalf * half + i);
     }
   }
   return index;
-}();
-constexpr auto kQuadWords = [] {
-  std::array<std::array<uint16_t, 32>, 2> index{};
-  for (int half = 0; half < 2; ++half) {
-    for (int t = 0; t < 16; ++t) {
-      index[half][2 * t] = static_cast<uint16_t>(16 * half + t);
-      index[half][2 * t + 1] = static_cast<uint16_t>(32 + 16 * half + t);
-    }
-  }
-  return index;
-}();
+}
+constexpr auto kPairs = side_by_side<uint8_t, 32>();       // bytes of rows 0 and 1 (2 and 3)
+constexpr auto kQuadWords = side_by_side<uint16_t, 16>();  // their pairs' words
 
 struct alignas(64) Column {
   uint8_t bytes[kColumnBytes];
@@ -83,6 +77,11 @@ __attribute__((target("avx512f"), always_inline)) inline __mmask16 lanes_left(in
   return left >= 16 ? static_cast<__mmask16>(0xFFFF)
                     : left <= 0 ? static_cast<__mmask16>(0)
                                 : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+// The block's bytes (`left` channels from its first, at least one) under a 64-bit mask.
+inline __mmask64 bytes_left(int64_t left) {
+  return left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
 }
 
 // Rows [first, first + 4 * quads) of image b, channels [ch, ch + 64) under `mask`,
@@ -240,8 +239,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void output_row(
       job.pack + block * block_bytes(KW) + phase * kQuads * KW * kColumnBytes;
   const int64_t ch = block * kBlock;
   const int64_t out_pixel = (b * job.oh + oy) * job.ow;
-  const __mmask64 bytes_mask = job.c - ch >= 64 ? ~__mmask64{0}
-                                                : (__mmask64{1} << (job.c - ch)) - 1;
+  const __mmask64 bytes_mask = bytes_left(job.c - ch);
   __m512 tile[kPixels][4];  // uint8 results: vectors past k.vectors are never read
   for (int64_t ox = 0; ox < job.ow; ox += kPixels) {
     const int64_t pixels = std::min<int64_t>(kPixels, job.ow - ox);
@@ -251,20 +249,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void output_row(
                         to != nullptr ? to + 16 * v : nullptr,
                         lanes_left(job.c - ch - 16 * v), tile);
     }
-    if (job.ranges.out_u8 != nullptr && k.vectors == 4) {
-      uint8_t* out = job.ranges.out_u8 + (out_pixel + ox) * job.c + ch;
-      for (int64_t p = 0; p < pixels; ++p) {
+    if (job.ranges.out_u8 == nullptr) {
+      continue;
+    }
+    uint8_t* out = job.ranges.out_u8 + (out_pixel + ox) * job.c + ch;
+    for (int64_t p = 0; p < pixels; ++p) {
+      if (k.vectors == 4) {
         _mm512_mask_storeu_epi8(out + p * job.c, bytes_mask,
                                 uint8_pack64(tile[p], _mm512_setzero_si512()));
+        continue;
       }
-    } else if (job.ranges.out_u8 != nullptr) {  // a block's last vectors, 16 bytes each
-      uint8_t* out = job.ranges.out_u8 + (out_pixel + ox) * job.c + ch;
-      const __m512 zero = _mm512_setzero_ps();
-      for (int64_t p = 0; p < pixels; ++p) {
-        for (int v = 0; v < k.vectors; ++v) {
-          _mm_mask_storeu_epi8(out + p * job.c + 16 * v, lanes_left(job.c - ch - 16 * v),
-                               _mm512_cvtepi32_epi8(uint8_steps(tile[p][v], zero)));
-        }
+      for (int v = 0; v < k.vectors; ++v) {  // a block's last vectors, 16 bytes each
+        _mm_mask_storeu_epi8(out + p * job.c + 16 * v, lanes_left(job.c - ch - 16 * v),
+                             _mm512_cvtepi32_epi8(uint8_steps(tile[p][v], _mm512_setzero_ps())));
       }
     }
   }
@@ -283,12 +280,10 @@ void convolve(const Job& job) {
       const int64_t band = task / blocks % bands;
       const int64_t b = task / blocks / bands;
       const int64_t ch = block * kBlock;
-      const __mmask64 mask = job.c - ch >= 64 ? ~__mmask64{0}
-                                              : (__mmask64{1} << (job.c - ch)) - 1;
       const int64_t oy0 = band * job.rows;
       const int64_t oy1 = std::min(job.oh, oy0 + job.rows);
       const int64_t used = ((oy1 - oy0 - 1) * job.sh + job.kh - 1) / 4 + 1;
-      interleave(job, b, oy0 * job.sh - job.ph, used, ch, mask, buffer);
+      interleave(job, b, oy0 * job.sh - job.ph, used, ch, bytes_left(job.c - ch), buffer);
       const Constants k = block_constants(job, block);
       for (int64_t oy = oy0; oy < oy1; ++oy) {
         output_row<KW, S>(job, buffer, oy - oy0, b, oy, block, k);
@@ -323,8 +318,8 @@ namespace {
 std::atomic<bool> enabled{true};
 }  // namespace
 
-bool depthwise_int8_chosen() {
-  return depthwise_int8_available() && enabled.load(std::memory_order_relaxed);
+bool depthwise_int8_chosen(int64_t channels) {
+  return channels > 16 && depthwise_int8_available() && enabled.load(std::memory_order_relaxed);
 }
 
 void set_depthwise_int8_enabled(bool value) { enabled.store(value, std::memory_order_relaxed); }

@@ -21,10 +21,11 @@ namespace blade::ral {
 
 // Whether the kernel runs here (AVX-512 F, BW, VL, VBMI and VNNI).
 bool depthwise_int8_available();
-// Whether weights packed from now on are this kernel's (where it runs), else the float
-// kernel's filters: tests turn it off (false) to run the float kernel, which CPUs without
-// VBMI (Cascade Lake) run. A pack's type says which kernel it is for.
-bool depthwise_int8_chosen();
+// Whether a weight of `channels` filters packed now is this kernel's (where it runs and the
+// weight has more than 16: 16 would fill a quarter of each dot product's 64 bytes), else
+// the float kernel's filters. Tests turn it off (false) to run the float kernel, which
+// CPUs without VBMI (Cascade Lake) run. A pack's type says which kernel it is for.
+bool depthwise_int8_chosen(int64_t channels);
 void set_depthwise_int8_enabled(bool enabled);
 
 // The weight [C, 1, kh, kw] int8 (3x3 or 5x5) packed for depthwise_conv2d_int8.

@@ -661,11 +661,10 @@ at::Tensor blade_depthwise(const ConvCall& call, const at::Tensor& weight,
       call.image.sizes(), weight.sizes(), padding, stride, {1, 1});
   at::Tensor result = conv_result_tensor(call, made);
   const at::Tensor quantized = quantized_input().contiguous(at::MemoryFormat::ChannelsLast);
-  // VNNI's dot products where the CPU has them (an int8 pack), else the float kernel's
-  // float32 filters; those too for 16 channels or fewer, which would fill a quarter of
-  // each dot product's 64 bytes (MobileNetV3's first depthwise layer ran slower so).
+  // VNNI's dot products where they take the weight (an int8 pack), else the float
+  // kernel's float32 filters.
   const at::Tensor filters = packed_weight(weight, kInt8ConvKey, [&] {
-    if (depthwise_int8_chosen() && weight.size(0) > 16) {
+    if (depthwise_int8_chosen(weight.size(0))) {
       return pack_depthwise_int8(weight);
     }
     return weight.to(at::kFloat)
