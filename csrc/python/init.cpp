@@ -72,11 +72,11 @@ ral::Digest to_digest(const py::bytes& bytes) {
 // out, its weight packed by `pack` for this call; checked as an op would check it.
 using FloatConv = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, const at::Tensor&,
                            int64_t, int64_t, int64_t, at::IntArrayRef, at::IntArrayRef,
-                           const float*, bool, float*);
+                           const float*, ral::ConvActivation, float*);
 at::Tensor float_conv2d(const char* what, at::Tensor (*pack)(const at::Tensor&),
                         FloatConv conv, const at::Tensor& x, const at::Tensor& weight,
                         const std::optional<at::Tensor>& bias, const std::vector<int64_t>& stride,
-                        const std::vector<int64_t>& padding, bool relu) {
+                        const std::vector<int64_t>& padding, bool relu, bool silu) {
   TORCH_CHECK(x.dim() == 4 && weight.dim() == 4 && x.scalar_type() == at::kFloat &&
                   weight.scalar_type() == at::kFloat && weight.size(1) == x.size(1),
               what, ": float32 x [N, C, H, W] and weight [O, C, kh, kw] are needed, got ",
@@ -99,7 +99,11 @@ at::Tensor float_conv2d(const char* what, at::Tensor (*pack)(const at::Tensor&),
   at::Tensor out = at::empty({x.size(0), out_h, out_w, weight.size(0)}, x.options());
   conv(nhwc.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
        weight.size(0), weight.size(2), weight.size(3), stride, padding,
-       b.defined() ? b.const_data_ptr<float>() : nullptr, relu, out.data_ptr<float>());
+       b.defined() ? b.const_data_ptr<float>() : nullptr,
+       silu   ? ral::ConvActivation::kSilu
+       : relu ? ral::ConvActivation::kRelu
+              : ral::ConvActivation::kNone,
+       out.data_ptr<float>());
   return out.permute({0, 3, 1, 2});
 }
 
@@ -302,13 +306,13 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "bf16_conv2d",
       [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-         std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu) {
+         std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu, bool silu) {
         TORCH_CHECK(ral::bf16_conv_available(), "bf16_conv2d: this CPU lacks AVX512-BF16");
         return float_conv2d("bf16_conv2d", ral::pack_bf16_conv_weight, ral::bf16_conv, x,
-                            weight, bias, stride, padding, relu);
+                            weight, bias, stride, padding, relu, silu);
       },
       py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
-      py::arg("relu"),
+      py::arg("relu"), py::arg("silu") = false,
       "The runtime's own bfloat16 convolution (NCHW in and out, the weight packed per "
       "call; tests).");
   m.def("f32_conv_available", &ral::f32_conv_available,
@@ -321,13 +325,13 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "f32_conv2d",
       [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-         std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu) {
+         std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu, bool silu) {
         TORCH_CHECK(ral::f32_conv_available(), "f32_conv2d: this CPU lacks AVX512-F/BW/VL");
         return float_conv2d("f32_conv2d", ral::pack_f32_conv_weight, ral::f32_conv, x, weight,
-                            bias, stride, padding, relu);
+                            bias, stride, padding, relu, silu);
       },
       py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
-      py::arg("relu"),
+      py::arg("relu"), py::arg("silu") = false,
       "The runtime's own float32 convolution (NCHW in and out, the weight packed per call; "
       "tests).");
   m.def(
@@ -358,7 +362,7 @@ PYBIND11_MODULE(_C, m) {
       "depthwise_conv2d",
       [](const at::Tensor& x, const at::Tensor& filters, const std::optional<at::Tensor>& bias,
          std::vector<int64_t> stride, std::vector<int64_t> padding,
-         std::vector<int64_t> dilation, bool relu, std::optional<at::Tensor> out) {
+         std::vector<int64_t> dilation, bool relu, std::optional<at::Tensor> out, bool silu) {
         TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 4 &&
                         filters.scalar_type() == at::kFloat && filters.dim() == 3 &&
                         filters.size(2) == x.size(3) && stride.size() == 2 &&
@@ -392,7 +396,10 @@ PYBIND11_MODULE(_C, m) {
                             input.data_ptr<float>(), x.size(0), x.size(1), x.size(2), x.size(3),
                             f.data_ptr<float>(), kh, kw, stride[0], stride[1], padding[0],
                             padding[1], dilation[0], dilation[1],
-                            b.defined() ? b.data_ptr<float>() : nullptr, relu,
+                            b.defined() ? b.data_ptr<float>() : nullptr,
+                            silu   ? ral::DepthwisePostOp::kSilu
+                            : relu ? ral::DepthwisePostOp::kRelu
+                                   : ral::DepthwisePostOp::kNone,
                             y.data_ptr<float>(), oh, ow),
                     "depthwise_conv2d: does not run here (AVX-512) or for a ", kh, "x", kw,
                     " filter");
@@ -400,8 +407,9 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("x"), py::arg("filters"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
       py::arg("dilation"), py::arg("relu"), py::arg("out") = py::none(),
+      py::arg("silu") = false,
       "The runtime's own depthwise convolution (NHWC in and out, into `out` when given; "
-      "tests and benchmarks).");
+      "SiLU after the bias where `silu`, else ReLU where `relu`; tests and benchmarks).");
   m.def("few_rows_gemm_available", &ral::few_rows_gemm_available,
         "Whether GEMMs of a few rows by a weight run the runtime's own loop here (AVX-512F).");
   m.def(

@@ -1,8 +1,10 @@
 // A time profile of engine calls by kernel, off unless asked for (benchmarks/lengths.py
 // --breakdown turns it on): each library call (ral_kernels.h: matmul, convolution,
 // attention, sort) and each kernel call (kernel_calls.h: the aten and int8 ops) adds its
-// seconds under its name, and each engine call its whole time under kEngineCalls, so what
-// the generated code itself took (its loops, and the glue between calls) is the rest.
+// seconds under its name, each parallel loop of generated code (ral_parallel.cpp) under its
+// task's address and extent, and each engine call its whole time under kEngineCalls, so
+// what the rest of the generated code took (its serial loops, the glue between calls) is
+// what is left.
 // The counters are process-wide; the calls of several threads add up.
 #pragma once
 

@@ -138,7 +138,7 @@ bool winograd_applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 // False where it does not apply (oneDNN's bfloat16 kernel is tried next).
 bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
                          const at::Tensor& target, const std::optional<at::Tensor>& bias,
-                         bool relu, const std::vector<int64_t>& padding,
+                         ConvActivation activation, const std::vector<int64_t>& padding,
                          const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& dilation) {
   const auto cl = at::MemoryFormat::ChannelsLast;
@@ -155,7 +155,7 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
   }
   bf16_conv(x.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
             w.size(0), w.size(2), w.size(3), stride, padding,
-            bias.has_value() ? bias->const_data_ptr<float>() : nullptr, relu,
+            bias.has_value() ? bias->const_data_ptr<float>() : nullptr, activation,
             target.data_ptr<float>());
   return true;
 }
@@ -180,7 +180,7 @@ bool f32_tiles_apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 // there is none (not a param, or the pack would pass the limit).
 bool convolve_f32_tiles(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
                         const at::Tensor& target, const std::optional<at::Tensor>& bias,
-                        bool relu, const std::vector<int64_t>& padding,
+                        ConvActivation activation, const std::vector<int64_t>& padding,
                         const std::vector<int64_t>& stride) {
   if (!f32_conv_enabled()) {  // turned off after its trial began: declined, oneDNN's runs
     return false;
@@ -192,7 +192,7 @@ bool convolve_f32_tiles(PreparedWeights* prepared, const at::Tensor& x, const at
   const at::Tensor dense_bias = bias.has_value() ? bias->contiguous() : at::Tensor();
   f32_conv(x.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
            w.size(0), w.size(2), w.size(3), stride, padding,
-           dense_bias.defined() ? dense_bias.const_data_ptr<float>() : nullptr, relu,
+           dense_bias.defined() ? dense_bias.const_data_ptr<float>() : nullptr, activation,
            target.data_ptr<float>());
   return true;
 }
@@ -208,11 +208,23 @@ bool depthwise_applies(const at::Tensor& x, const at::Tensor& w, const at::Tenso
          target.is_contiguous(cl);
 }
 
+// The depthwise kernel's post-op for a convolution's activation.
+DepthwisePostOp depthwise_post_op(ConvActivation activation) {
+  switch (activation) {
+    case ConvActivation::kRelu:
+      return DepthwisePostOp::kRelu;
+    case ConvActivation::kSilu:
+      return DepthwisePostOp::kSilu;
+    default:
+      return DepthwisePostOp::kNone;
+  }
+}
+
 // The depthwise convolution into `target` (an NCHW view of the NHWC buffer, its shape
 // checked) by the weight's [kh, kw, C] filters; false without them (not a param).
 bool convolve_depthwise(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
                         const at::Tensor& target, const std::optional<at::Tensor>& bias,
-                        bool relu, const std::vector<int64_t>& padding,
+                        ConvActivation activation, const std::vector<int64_t>& padding,
                         const std::vector<int64_t>& stride, const std::vector<int64_t>& dilation) {
   const at::Tensor filters = prepared->depthwise(w);
   if (!filters.defined()) {
@@ -222,8 +234,9 @@ bool convolve_depthwise(PreparedWeights* prepared, const at::Tensor& x, const at
   return depthwise_conv2d(x.data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1),
                           filters.data_ptr<float>(), w.size(2), w.size(3), stride[0], stride[1],
                           padding[0], padding[1], dilation[0], dilation[1],
-                          dense_bias.defined() ? dense_bias.data_ptr<float>() : nullptr, relu,
-                          target.data_ptr<float>(), target.size(2), target.size(3));
+                          dense_bias.defined() ? dense_bias.data_ptr<float>() : nullptr,
+                          depthwise_post_op(activation), target.data_ptr<float>(),
+                          target.size(2), target.size(3));
 }
 
 // The convolution by Winograd's algorithm into `target` (an NCHW view of the NHWC buffer,
@@ -249,7 +262,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
             BladeUnrankedMemRef* out, int64_t stride_h, int64_t stride_w, int64_t pad_top,
             int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
             int64_t dilation_w, int64_t groups, bool channels_last,
-            BladeUnrankedMemRef* bias_memref = nullptr, bool relu = false) noexcept {
+            BladeUnrankedMemRef* bias_memref = nullptr, int64_t activation_code = 0) noexcept {
   const char* what = channels_last ? "blade_ral_conv2d_nhwc" : "blade_ral_conv2d";
   const auto profile_name = [&] {
     std::ostringstream name;
@@ -280,6 +293,21 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
                   " values for ", w.size(0), " output channels");
     }
     PreparedWeights* prepared = active_prepared_weights();
+    // ReLU is every kernel's post-op; SiLU is applied by Blade's float32, bfloat16 and
+    // depthwise kernels (`fuses_silu`) and after any other (a pass over the result).
+    const ConvActivation activation = conv_activation(activation_code);
+    const bool relu = activation == ConvActivation::kRelu;
+    const auto silu_after = [&] {
+      if (activation != ConvActivation::kSilu) {
+        return;
+      }
+      if (target.scalar_type() == at::kFloat &&
+          target.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+        silu_dense(target.data_ptr<float>(), target.numel());
+      } else {
+        at::silu_(target);
+      }
+    };
     // The float32 path: oneDNN's kernel, or a second where one applies.
     const auto convolve_f32 = [&] {
       // A second kernel where one applies (Winograd's algorithm, MKL's sgemm), timed
@@ -305,13 +333,18 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
               : prepared->next_kernel(w, false, input_size, alternative);
       Stopwatch stopwatch;
       bool done = false;
+      const bool fuses_silu = kernel == Kernel::kF32Tiles || kernel == Kernel::kDepthwise;
       if ((kernel == Kernel::kF32Tiles &&
-           convolve_f32_tiles(prepared, x, w, target, bias, relu, padding, stride)) ||
+           convolve_f32_tiles(prepared, x, w, target, bias, activation, padding, stride)) ||
           (kernel == Kernel::kWinograd &&
            convolve_winograd(prepared, x, plain_weight(w), target, bias, relu)) ||
           (kernel == Kernel::kGemm && convolve_1x1_by_gemm(prepared, x, w, target, bias, relu)) ||
           (kernel == Kernel::kDepthwise &&
-           convolve_depthwise(prepared, x, w, target, bias, relu, padding, stride, dilation))) {
+           convolve_depthwise(prepared, x, w, target, bias, activation, padding, stride,
+                              dilation))) {
+        if (!fuses_silu) {
+          silu_after();
+        }
         prepared->record_kernel_time(w, false, input_size, kernel, stopwatch.seconds());
         // A trial's first call runs oneDNN's too (below; the same result within rounding).
         if (!prepared->onednn_run_pending(w, false, input_size)) {
@@ -335,6 +368,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       if (channels_last &&
           convolve_into(target, x, reordered.defined() ? reordered : plain_weight(w), bias,
                         relu, padding, stride, dilation, groups)) {
+        silu_after();
         if ((kernel == Kernel::kOneDnn || done) && alternative != Kernel::kOneDnn) {
           prepared->record_kernel_time(param, false, input_size, Kernel::kOneDnn,
                                        stopwatch.seconds());
@@ -346,6 +380,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       }
       at::Tensor result = at::conv2d(x, plain_weight(w), bias, stride, padding, dilation, groups);
       target.copy_(relu ? at::relu(result) : result);
+      silu_after();
     };
     // A bf16 engine's convolutions by its params (depthwise and grouped ones excepted:
     // memory-bound, they ran slower in bfloat16 with the conversions) run in bfloat16 or
@@ -363,10 +398,16 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
         param, PreparedWeights::kPrecisionTrial, x.sizes().vec(),
         PreparedWeights::Kernel::kBf16,
         [&] {
-          return convolve_bf16_tiles(prepared, x, param, target, bias, relu, padding, stride,
-                                     dilation) ||
-                 convolve_bf16(prepared, x, param, false, target, bias, relu, padding, stride,
-                               dilation);
+          if (convolve_bf16_tiles(prepared, x, param, target, bias, activation, padding,
+                                  stride, dilation)) {
+            return true;
+          }
+          if (convolve_bf16(prepared, x, param, false, target, bias, relu, padding, stride,
+                            dilation)) {
+            silu_after();
+            return true;
+          }
+          return false;
         },
         convolve_f32);
   });
@@ -500,12 +541,12 @@ extern "C" {
       BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
       BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w, int64_t pad_top,            \
       int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,           \
-      int64_t dilation_w, int64_t groups, int64_t relu) {                                    \
+      int64_t dilation_w, int64_t groups, int64_t activation) {                              \
     BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
                         b = BLADE_RAL_UNRANKED(bias), result = BLADE_RAL_UNRANKED(out);      \
     blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
                        pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
-                       true, &b, relu != 0);                                                 \
+                       true, &b, activation);                                                \
   }
 BLADE_RAL_FOR_EACH_FLOAT_TYPE(BLADE_RAL_DEFINE_CONV2D)
 #undef BLADE_RAL_DEFINE_CONV2D

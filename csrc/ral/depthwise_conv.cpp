@@ -1,6 +1,7 @@
 // Depthwise 3x3 and 5x5 convolutions of NHWC float32 data (depthwise_conv.h).
 #include "ral/depthwise_conv.h"
 
+#include "ral/conv_activation.h"
 #include "ral/cpu_features.h"
 #include "ral/int8_epilogue.h"
 
@@ -277,6 +278,11 @@ void convolve(const In* x, int64_t n, const float* filters, const Finish& e, flo
       } else {
         row_block<KH, KW, false>(x, filters, e, y, g, row / g.oh, row % g.oh, ch, mask);
       }
+      // SiLU over the row just made, in cache (in `finish`, its constants would take the
+      // registers that hold the filters).
+      if (e.post_op == DepthwisePostOp::kSilu) {
+        silu_rows(y + row * g.ow * g.c + ch, g.ow, std::min<int64_t>(16, g.c - ch), g.c);
+      }
     }
   });
 }
@@ -312,9 +318,8 @@ bool depthwise_conv_takes(int64_t kh, int64_t kw) {
 bool depthwise_conv2d(const float* x, int64_t n, int64_t h, int64_t w, int64_t c,
                       const float* filters, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                       int64_t ph, int64_t pw, int64_t dh, int64_t dw, const float* bias,
-                      bool relu, float* y, int64_t oh, int64_t ow) {
-  return run(x, n, kh, kw, filters,
-             Finish{bias, relu ? DepthwisePostOp::kRelu : DepthwisePostOp::kNone, {}}, y,
+                      DepthwisePostOp post_op, float* y, int64_t oh, int64_t ow) {
+  return run(x, n, kh, kw, filters, Finish{bias, post_op, {}}, y,
              Geometry{h, w, c, sh, sw, ph, pw, dh, dw, oh, ow});
 }
 
@@ -323,6 +328,8 @@ bool depthwise_conv2d_uint8(const uint8_t* x, int64_t n, int64_t h, int64_t w, i
                             int64_t sw, int64_t ph, int64_t pw, const float* bias,
                             DepthwisePostOp post_op, const DepthwiseRanges& ranges, float* y,
                             int64_t oh, int64_t ow) {
+  TORCH_CHECK(post_op != DepthwisePostOp::kSilu,
+              "depthwise_conv2d_uint8: SiLU is a post-op of float32 data only");
   return run(x, n, kh, kw, filters, Finish{bias, post_op, ranges}, y,
              Geometry{h, w, c, sh, sw, ph, pw, 1, 1, oh, ow});
 }

@@ -9,6 +9,10 @@
 
 namespace blade::ral {
 
+// What follows the bias: nothing, ReLU, hardswish (x * min(max(x + 3, 0), 6) / 6), or SiLU
+// (float32 results only: run over each task's row of results, conv_activation.h).
+enum class DepthwisePostOp { kNone, kRelu, kHardswish, kSilu };
+
 // Whether depthwise_conv2d runs here (AVX-512 F, BW and VL).
 bool depthwise_conv_available();
 
@@ -17,14 +21,14 @@ bool depthwise_conv_takes(int64_t kh, int64_t kw);
 
 // y[b, oy, ox, c] = bias[c] + sum over i < kh, j < kw of
 //   x[b, oy * sh - ph + i * dh, ox * sw - pw + j * dw, c] * w[(i * kw + j) * c_count + c]
-// (positions outside the image are zero padding), then max(0, .) keeping NaN where `relu`;
+// (positions outside the image are zero padding), then the post-op (ReLU keeps NaN);
 // x dense [n, h, w, c], w the filters as [kh, kw, c], y dense [n, oh, ow, c], bias [c] or
 // null. On the intra-op threads by output rows. False (nothing written) where it does not
 // run or takes the sizes.
 bool depthwise_conv2d(const float* x, int64_t n, int64_t h, int64_t w, int64_t c,
                       const float* filters, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                       int64_t ph, int64_t pw, int64_t dh, int64_t dw, const float* bias,
-                      bool relu, float* y, int64_t oh, int64_t ow);
+                      DepthwisePostOp post_op, float* y, int64_t oh, int64_t ow);
 
 // The ranges of depthwise_conv2d_uint8's data: the input's real values are
 // (x - zero_point) * scale, the filters' are theirs times channel_scale[c] (null: 1); with
@@ -39,8 +43,6 @@ struct DepthwiseRanges {
   int32_t out_zero_point = 0;
 };
 
-// What follows the bias: nothing, ReLU, or hardswish (x * min(max(x + 3, 0), 6) / 6).
-enum class DepthwisePostOp { kNone, kRelu, kHardswish };
 
 // depthwise_conv2d of uint8 NHWC data without dilation (an int8 network's: the filters
 // its int8 weight as float32), computed in float32: the sums of the bytes by the filters,

@@ -380,7 +380,8 @@ bool depthwise_conv2d_int8(const uint8_t* x, int64_t n, int64_t h, int64_t w, in
       h <= 0 || w <= 0 || c <= 0 || oh <= 0 || ow <= 0 || sh <= 0 || sw <= 0 || ph < 0 ||
       pw < 0 || packed.scalar_type() != at::kChar || !packed.is_contiguous() ||
       packed.numel() != blocks * block_bytes(kw) ||
-      reinterpret_cast<uintptr_t>(packed.const_data_ptr()) % 64 != 0) {
+      reinterpret_cast<uintptr_t>(packed.const_data_ptr()) % 64 != 0 ||
+      post_op == DepthwisePostOp::kSilu) {  // float32 data's post-op only
     return false;
   }
   Job job{x, n, h, w, c, kh, kw, sh, sw, ph, pw, oh, ow, packed.const_data_ptr<int8_t>(),

@@ -2,6 +2,7 @@
 // register tiles of FMAs or AVX512-BF16 dot products (float_conv.h).
 #include "ral/float_conv.h"
 
+#include "ral/conv_activation.h"
 #include "ral/conv_planes.h"
 #include "ral/cpu_features.h"
 
@@ -392,8 +393,10 @@ template <Kind K>
 void convolve(const char* what, const float* input, int64_t batch, int64_t height,
               int64_t width, int64_t channels, const at::Tensor& packed, int64_t out_channels,
               int64_t kh, int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding,
-              const float* bias, bool relu, float* out) {
+              const float* bias, ConvActivation activation, float* out) {
   using T = ElementType<K>;
+  const bool relu = activation == ConvActivation::kRelu;
+  const bool silu = activation == ConvActivation::kSilu;
   TORCH_CHECK(K == Kind::kBf16 ? bf16_conv_available() : f32_conv_available(), what,
               ": this CPU lacks ", K == Kind::kBf16 ? "AVX512-BF16" : "AVX512-F/BW/VL");
   TORCH_CHECK(packed.scalar_type() == (K == Kind::kBf16 ? at::kShort : at::kFloat), what,
@@ -426,6 +429,9 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
         const float value = bias != nullptr ? bias[o] : 0.0f;
         out[p * out_channels + o] = relu && value < 0.0f ? 0.0f : value;
       }
+    }
+    if (silu) {
+      silu_dense(out, batch * out_h * out_w * out_channels);
     }
     return;
   }
@@ -487,13 +493,19 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
         base = first;
       }
       const int64_t column = block * kColumnBlock;
+      const int64_t width = std::min(kColumnBlock, out_channels - column);
       tile_rows<K, false>(image, base, count, depth, taps, weights + block * block_words,
                           kColumnBlock,
                           RowWalk(n, first, planes.plane_w, batch, out_h, out_w,
                                   /*pixels=*/true),
-                          std::min(kColumnBlock, out_channels - column), out_channels, column,
-                          bias, relu, out,
+                          width, out_channels, column, bias, relu, out,
                           work.next_block(task, end, weights, block_bytes));
+      // SiLU over the task's block while it is in cache (in the tiles, its constants and
+      // temporaries would take registers from the sums).
+      if (silu) {
+        silu_rows(out + (n * rows + first) * out_channels + column, count, width,
+                  out_channels);
+      }
     }
   });
 }
@@ -539,17 +551,17 @@ at::Tensor pack_f32_conv_weight(const at::Tensor& weight) {
 void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
                int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
                int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
-               bool relu, float* out) {
+               ConvActivation activation, float* out) {
   convolve<Kind::kBf16>("bf16_conv", input, batch, height, width, channels, packed,
-                        out_channels, kh, kw, stride, padding, bias, relu, out);
+                        out_channels, kh, kw, stride, padding, bias, activation, out);
 }
 
 void f32_conv(const float* input, int64_t batch, int64_t height, int64_t width,
               int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
               int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
-              bool relu, float* out) {
+              ConvActivation activation, float* out) {
   convolve<Kind::kF32>("f32_conv", input, batch, height, width, channels, packed,
-                       out_channels, kh, kw, stride, padding, bias, relu, out);
+                       out_channels, kh, kw, stride, padding, bias, activation, out);
 }
 
 void bf16_pairs_gemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda,

@@ -105,7 +105,7 @@ bool bf16_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
     const at::Tensor packed = prepared->bf16_linear(weight, transposed);
     if (packed.defined()) {
       bf16_conv(lhs.const_data_ptr<float>(), 1, rows, 1, k, packed, n, 1, 1, {1, 1}, {0, 0},
-                nullptr, false, result.data_ptr<float>());
+                nullptr, ConvActivation::kNone, result.data_ptr<float>());
       return true;
     }
   }
@@ -152,7 +152,7 @@ bool matmul_by_f32_tiles(PreparedWeights* prepared, const at::Tensor& lhs, int64
     return false;
   }
   f32_conv(lhs.const_data_ptr<float>(), 1, 1, rows, weight.size(1), packed, weight.size(0), 1,
-           1, {1, 1}, {0, 0}, nullptr, false, result.data_ptr<float>());
+           1, {1, 1}, {0, 0}, nullptr, ConvActivation::kNone, result.data_ptr<float>());
   return true;
 }
 

@@ -260,7 +260,7 @@ def test_convolutions_run_channels_last_and_transposes_cancel(tmp_path):
     # run on NHWC too, so the only layout changes are the input's and the two outputs'.
     # Each convolution takes its bias and ReLU along as its own bias and post-op.
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 2, linalg
-    assert linalg.count("blade.relu = 1") == 2, linalg
+    assert linalg.count("blade.activation = 1") == 2, linalg
     stablehlo = ir_before(tmp_path, "channels-last")
     assert "stablehlo.transpose" not in stablehlo   # the rewrite happens after this stage
     with torch.no_grad():  # weights prepared once (channels_last copies) serve every call
@@ -280,7 +280,7 @@ def test_convolutions_of_dynamic_size_run_channels_last(tmp_path):
     # As with static sizes: NHWC convolutions with their bias and ReLU as post-ops, the
     # residual on NHWC data, and no shape.assuming region left to split the loops.
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 2, linalg
-    assert linalg.count("blade.relu = 1") == 2, linalg
+    assert linalg.count("blade.activation = 1") == 2, linalg
     assert "shape.assuming" not in linalg
     with torch.no_grad():
         for shape in ((1, 8, 5, 7), (3, 8, 10, 12), (2, 8, 1, 9)):
@@ -321,7 +321,54 @@ def test_bias_and_relu_run_inside_the_convolution(dtype, tmp_path):
     linalg = ir_before(tmp_path, "write-slices-in-place")
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 3, linalg
     assert linalg.count('blade.library_call = "conv2d_nhwc"') == 1, linalg
-    assert linalg.count("blade.relu = 1") == 1, linalg    # only the first one's ReLU
+    assert linalg.count("blade.activation = 1") == 1, linalg    # only the first one's ReLU
+
+
+class SiluConvolutions(torch.nn.Module):
+    """An MBConv's convolutions, each followed by SiLU: a 1x1 expansion, 3x3 and strided 5x5
+    depthwise ones, a dense 3x3 (oneDNN's or Winograd's, SiLU after it), and a 1x1 whose
+    biased sum something besides its SiLU reads (its SiLU stays a loop)."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(8, 24, 1)
+        self.depthwise3 = torch.nn.Conv2d(24, 24, 3, padding=1, groups=24)
+        self.depthwise5 = torch.nn.Conv2d(24, 24, 5, stride=2, padding=2, groups=24)
+        self.dense = torch.nn.Conv2d(24, 16, 3, padding=1)
+        self.shared = torch.nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        silu = torch.nn.functional.silu
+        y = silu(self.depthwise5(silu(self.depthwise3(silu(self.expand(x))))))
+        z = self.shared(silu(self.dense(y)))
+        return silu(z) + z
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_silu_runs_inside_the_convolution(dtype, dynamic, tmp_path):
+    """float32 convolutions take their SiLU as their post-op (activation 2); a float64
+    one keeps it as loops. Either way the results are eager's, and Blade's own kernels ran
+    (the float32 tiles, or the depthwise kernel, where the CPU has AVX-512)."""
+    torch.manual_seed(0)
+    model = SiluConvolutions().to(dtype).eval()
+    x = random_tensor((2, 8, 12, 10), dtype) * 3
+    rtol, atol = TOLERANCE[dtype]
+    config = blade.Config(dump_dir=str(tmp_path), dynamic=dynamic)
+    calls = _C.f32_conv_calls()
+    optimized, report = run_compiled(model, (x,), config, rtol=rtol, atol=max(atol, 1e-4))
+    assert report.clusters[0].library_calls == 5, str(report)
+    linalg = ir_before(tmp_path, "write-slices-in-place")
+    fused = 4 if dtype == torch.float32 else 0
+    assert linalg.count("blade.activation = 2") == fused, linalg
+    assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 5, linalg
+    with torch.no_grad():
+        for shape in ((2, 8, 12, 10), (1, 8, 7, 9)) if dynamic else ((2, 8, 12, 10),):
+            x = random_tensor(shape, dtype) * 3
+            torch.testing.assert_close(optimized(x), model(x), rtol=rtol, atol=max(atol, 1e-4))
+    assert blade.report(optimized).runtime_fallbacks == 0
+    if dtype == torch.float32 and _C.f32_conv_available():
+        assert _C.f32_conv_calls() > calls
 
 
 class UpsampleAndConcatenate(torch.nn.Module):

@@ -1,7 +1,8 @@
 """Blade's own float convolutions (csrc/ral/float_conv.*): in bfloat16, as a bf16 engine runs
 it on a CPU with AVX512-BF16 and no AMX (the float32 input rounded to bfloat16 into
 stride-phase planes, bf16 pair products summed in float32), and in float32, as any engine's
-float32 path tries it on an AVX-512 CPU; register tiles, bias and ReLU in the registers.
+float32 path tries it on an AVX-512 CPU; register tiles, bias and ReLU in the registers,
+SiLU over each task's block after them.
 Compared with a float64 convolution of the same (rounded) operands, which leaves only
 float32 summation order between them."""
 import pytest
@@ -32,10 +33,11 @@ def kind(request):
     return conv, calls, rounded
 
 
-def reference(x, weight, bias, stride, padding, relu, rounded=lambda t: t.bfloat16().double()):
+def reference(x, weight, bias, stride, padding, relu, rounded=lambda t: t.bfloat16().double(),
+              silu=False):
     out = torch.nn.functional.conv2d(rounded(x), rounded(weight),
                                      None if bias is None else bias.double(), stride, padding)
-    return out.clamp_min(0) if relu else out
+    return torch.nn.functional.silu(out) if silu else out.clamp_min(0) if relu else out
 
 
 @pytest.mark.parametrize("shape", [
@@ -59,17 +61,18 @@ def reference(x, weight, bias, stride, padding, relu, rounded=lambda t: t.bfloat
     (1, 4, 6, 6, 8, (3, 3), (1, 1), (3, 3)),    # padding as wide as the filter: no sharing
     (1, 5, 2, 2, 8, (2, 2), (3, 3), (0, 0)),    # stride past the filter
 ])
-@pytest.mark.parametrize("relu", [False, True])
-def test_convolution_matches_the_rounded_reference(kind, shape, relu):
+@pytest.mark.parametrize("activation", ["none", "relu", "silu"])
+def test_convolution_matches_the_rounded_reference(kind, shape, activation):
     conv, conv_calls, rounded = kind
     n, c, h, w, o, k, s, p = shape
     k, s, p = [v if isinstance(v, tuple) else (v, v) for v in (k, s, p)]
+    relu, silu = activation == "relu", activation == "silu"
     torch.manual_seed(0)
     x, weight, bias = torch.randn(n, c, h, w), torch.randn(o, c, *k), torch.randn(o)
     calls = conv_calls()
-    got = conv(x, weight, bias, list(s), list(p), relu)
+    got = conv(x, weight, bias, list(s), list(p), relu, silu=silu)
     assert conv_calls() == calls + 1
-    want = reference(x, weight, bias, list(s), list(p), relu, rounded)
+    want = reference(x, weight, bias, list(s), list(p), relu, rounded, silu)
     assert got.shape == want.shape
     assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
 
@@ -84,6 +87,10 @@ def test_convolution_of_empty_sizes(kind):
                              [1, 1], relu)
         want = (bias.clamp_min(0) if relu else bias).view(1, 3, 1, 1).expand(2, 3, 5, 4)
         torch.testing.assert_close(got, want)
+    got = conv(torch.randn(2, 0, 5, 4), torch.randn(3, 0, 3, 3), bias, [1, 1], [1, 1], False,
+               silu=True)
+    torch.testing.assert_close(got, torch.nn.functional.silu(bias).view(1, 3, 1, 1)
+                               .expand(2, 3, 5, 4))
     got = conv(torch.randn(0, 4, 5, 5), torch.randn(3, 4, 3, 3), None, [1, 1],
                          [1, 1], False)
     assert got.shape == (0, 3, 5, 5)
@@ -100,16 +107,17 @@ def test_convolution_without_bias_and_past_the_kept_planes(kind):
 
 
 def test_convolution_keeps_nan_and_infinities(kind):
-    """A NaN input gives NaN outputs where its taps reach, ReLU keeps it (torch.relu's NaN),
-    and an infinite one gives infinities (or NaN where signs meet), as eager does."""
+    """A NaN input gives NaN outputs where its taps reach, ReLU and SiLU keep it (torch's
+    NaN), and an infinite one gives infinities (or NaN where signs meet, and SiLU's of
+    -inf), as eager does."""
     conv, _, rounded = kind
     torch.manual_seed(0)
     x, weight, bias = torch.randn(1, 8, 6, 6), torch.randn(4, 8, 3, 3), torch.randn(4)
     x[0, 2, 1, 1] = float("nan")
     x[0, 5, 4, 4] = float("inf")
-    for relu in (False, True):
-        got = conv(x, weight, bias, [1, 1], [1, 1], relu)
-        want = reference(x, weight, bias, [1, 1], [1, 1], relu, rounded)
+    for relu, silu in ((False, False), (True, False), (False, True)):
+        got = conv(x, weight, bias, [1, 1], [1, 1], relu, silu=silu)
+        want = reference(x, weight, bias, [1, 1], [1, 1], relu, rounded, silu)
         assert torch.equal(got.isnan(), want.isnan())
         assert torch.equal(got.isinf(), want.isinf())
         finite = want.isfinite()

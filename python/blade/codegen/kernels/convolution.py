@@ -1,15 +1,16 @@
 """2-d convolutions that the RAL runs as PyTorch's (`blade_ral_conv2d[_nhwc]_<type>`): the
 `stablehlo.convolution` forms the kernels take, OIHW weights on NCHW data or NHWC data
 (channels_last, see codegen/stablehlo/layouts.py), and an NHWC convolution's epilogue: a
-per-channel bias add and a ReLU that the kernel applies itself (`conv2d_nhwc_bias`)
-instead of a pass of loops over its result.
+per-channel bias add and a ReLU or SiLU that the kernel applies itself
+(`conv2d_nhwc_bias`) instead of a pass of loops over its result.
 """
 from typing import List, Optional, Tuple
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
 
-from blade.codegen.ir_queries import as_operation, i64_array, only_data_user, producer, rank_of
+from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, i64_array, only_data_user,
+                                      producer, rank_of)
 from blade.codegen.kernels.library_calls import element_suffix
 
 
@@ -104,11 +105,33 @@ def _zero_splat(value) -> Optional[List]:
         value = op.operands[0]
 
 
-def _epilogue(conv) -> Optional[Tuple[object, List, object, bool]]:
-    """For an NHWC convolution followed by a per-channel bias add (and a ReLU) that nothing
-    else reads in between: (the bias source, the ops between, the last op, relu?), which
-    the kernel runs as the convolution's own bias and an in-place ReLU (NaN-preserving)
-    instead of a pass of loops over its result. None otherwise."""
+# The kernel's `activation` argument (csrc/ral/conv_activation.h).
+NO_ACTIVATION, RELU, SILU = 0, 1, 2
+
+
+def _silu_of(value) -> Optional[Tuple[object, object]]:
+    """(logistic, multiply) where `value` is read by exactly `logistic(value)` and
+    `multiply(logistic, value)` (either order), the logistic read by the multiply alone:
+    SiLU as torch.nn.SiLU decomposes. None otherwise."""
+    users = [as_operation(use.owner) for use in value.uses
+             if as_operation(use.owner).name not in SHAPE_QUERIES]
+    logistic = next((u for u in users if u.name == "stablehlo.logistic"), None)
+    if len(users) != 2 or logistic is None:
+        return None
+    multiply = only_data_user(logistic.result)
+    if multiply is None or multiply.name != "stablehlo.multiply" or \
+            {multiply.operands[0], multiply.operands[1]} != {logistic.result, value} or \
+            not any(u == multiply for u in users):
+        return None
+    return logistic, multiply
+
+
+def _epilogue(conv) -> Optional[Tuple[object, List, object, int]]:
+    """For an NHWC convolution followed by a per-channel bias add (and a ReLU, or a float32
+    SiLU) that nothing else reads in between: (the bias source, the ops between, the last
+    op, the activation), which the kernel runs as the convolution's own bias and post-op
+    (ReLU NaN-preserving; SiLU over each block of results while it is in cache) instead of
+    a pass of loops over its result. None otherwise."""
     add = only_data_user(conv.result)
     if add is None or add.name != "stablehlo.add":
         return None
@@ -122,8 +145,12 @@ def _epilogue(conv) -> Optional[Tuple[object, List, object, bool]]:
         zero = _zero_splat(relu.operands[1] if relu.operands[0] == add.result else
                            relu.operands[0])
         if zero is not None:
-            return source, peeled + zero + [add], relu, True
-    return source, peeled, add, False
+            return source, peeled + zero + [add], relu, RELU
+    silu = _silu_of(add.result)
+    if silu is not None and isinstance(ir.ShapedType(add.result.type).element_type, ir.F32Type):
+        logistic, multiply = silu
+        return source, peeled + [add, logistic], multiply, SILU
+    return source, peeled, add, NO_ACTIVATION
 
 
 def convolution_with_epilogue(main, op) -> Optional[Tuple[object, List, List, dict, List]]:
@@ -135,7 +162,7 @@ def convolution_with_epilogue(main, op) -> Optional[Tuple[object, List, List, di
 
     Example:
         >>> convolution_with_epilogue(main, conv)   # maximum(conv + broadcast(%b), 0)
-        (maximum, [%x, %w, %b], [conv, broadcast, add], {..., 'relu': 1}, [conv])
+        (maximum, [%x, %w, %b], [conv, broadcast, add], {..., 'activation': 1}, [conv])
     """
     if op.name != "stablehlo.convolution":
         return None
@@ -144,9 +171,9 @@ def convolution_with_epilogue(main, op) -> Optional[Tuple[object, List, List, di
         else None
     if epilogue is None:
         return None
-    bias, between, last, relu = epilogue
+    bias, between, last, activation = epilogue
     return (last, list(op.operands) + [bias], _in_block_order(main, [op] + between),
-            {**attributes, "kind": "conv2d_nhwc_bias", "relu": int(relu)}, [op])
+            {**attributes, "kind": "conv2d_nhwc_bias", "activation": activation}, [op])
 
 
 def _in_block_order(main, ops) -> List:

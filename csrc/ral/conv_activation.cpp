@@ -1,0 +1,102 @@
+// SiLU for the convolutions' epilogue (conv_activation.h).
+#include "ral/conv_activation.h"
+
+#include "ral/cpu_features.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <immintrin.h>
+
+#include <algorithm>
+
+namespace blade::ral {
+namespace {
+
+// GCC 12 warns inside its own intrinsics' headers here (their _mm512_undefined).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// x * sigmoid(x) of 16 values: exp(-x) = 2^n e^r, n = round(-x log2 e), computed as e^-u
+// with u = x + n ln 2 (Cody-Waite: ln 2 in two parts), |u| <= ln2 / 2, e^-u = 1 - u + u^2
+// P(-u) (P's odd coefficients negated). x is clamped to [-80, 87.3] so that 2^n e^r and
+// the reciprocal of 1 + exp(-x) stay normal floats; below -80 the sigmoid is taken as 0
+// (the result -0, NaN for -inf, as x * 0). About 22 vector operations.
+__attribute__((target("avx512f"), always_inline)) inline __m512 silu16(__m512 x) {
+  const __m512 c =
+      _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(87.3f)), _mm512_set1_ps(-80.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(-1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 u = _mm512_fmadd_ps(n, _mm512_set1_ps(0.693359375f), c);
+  u = _mm512_fmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), u);
+  __m512 p = _mm512_set1_ps(-1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(-8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(-1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 e = _mm512_scalef_ps(
+      _mm512_fmadd_ps(_mm512_mul_ps(u, u), p, _mm512_sub_ps(one, u)), n);
+  const __m512 d = _mm512_add_ps(e, one);
+  const __m512 estimate = _mm512_rcp14_ps(d);
+  // One Newton step: s = s0 (2 - d s0).
+  const __m512 sigmoid = _mm512_mul_ps(
+      estimate, _mm512_fnmadd_ps(d, estimate, _mm512_set1_ps(2.0f)));
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-80.0f), _CMP_LT_OQ);
+  return _mm512_mul_ps(x, _mm512_mask_mov_ps(sigmoid, tiny, _mm512_setzero_ps()));
+}
+
+__attribute__((target("avx512f"))) void silu_rows_avx512(float* data, int64_t rows,
+                                                         int64_t width, int64_t stride) {
+  const int64_t whole = width / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (width - whole)) - 1u);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = data + r * stride;
+    for (int64_t j = 0; j < whole; j += 16) {
+      _mm512_storeu_ps(row + j, silu16(_mm512_loadu_ps(row + j)));
+    }
+    if (tail != 0) {
+      _mm512_mask_storeu_ps(row + whole, tail,
+                            silu16(_mm512_maskz_loadu_ps(tail, row + whole)));
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+}  // namespace
+
+ConvActivation conv_activation(int64_t code) {
+  TORCH_CHECK(code >= 0 && code <= static_cast<int64_t>(ConvActivation::kSilu),
+              "blade_ral_conv2d_nhwc_bias: activation ", code,
+              " is none of 0 (none), 1 (ReLU) and 2 (SiLU)");
+  return static_cast<ConvActivation>(code);
+}
+
+bool silu_available() {
+  static const bool available = has_cpu_feature("avx512f");
+  return available;
+}
+
+void silu_rows(float* data, int64_t rows, int64_t width, int64_t stride) {
+  TORCH_CHECK(silu_available(), "silu_rows: this CPU lacks AVX-512F");
+  silu_rows_avx512(data, rows, width, stride);
+}
+
+void silu_dense(float* data, int64_t count) {
+  if (count <= 0) {
+    return;
+  }
+  if (!silu_available()) {
+    at::Tensor values = at::from_blob(data, {count}, at::kFloat);
+    at::silu_(values);
+    return;
+  }
+  at::parallel_for(0, count, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+    silu_rows_avx512(data + begin, 1, end - begin, 0);
+  });
+}
+
+}  // namespace blade::ral

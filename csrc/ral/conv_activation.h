@@ -1,0 +1,32 @@
+// The activation a float32 convolution applies after its bias (conv2d_nhwc_bias's
+// `activation` argument, python/blade/codegen/kernels/convolution.py), and SiLU over rows
+// of values: Blade's own convolutions run it on each task's block of results while the
+// block is in the core's cache, where a loop of generated code after the call read and
+// wrote the whole result through memory again (EfficientNet's expanded activations are
+// several times a core's L2 cache).
+#pragma once
+
+#include <cstdint>
+
+namespace blade::ral {
+
+// The ABI's values: 0 and 1 as the argument's old meaning (ReLU or not), so an engine
+// compiled before SiLU was added calls the same.
+enum class ConvActivation : int64_t { kNone = 0, kRelu = 1, kSilu = 2 };
+
+// The activation the ABI's argument names; throws for any other value.
+ConvActivation conv_activation(int64_t code);
+
+// x * sigmoid(x) in place over `rows` rows of `width` float32 values, row r starting at
+// data + r * stride; needs AVX-512F (silu_available). exp is a degree-5 polynomial after
+// Cody-Waite reduction (codegen/loops/approximations.py's) and the reciprocal an estimate
+// refined by a Newton step: a few float32 ulps from x / (1 + exp(-x)); -0 below -80 (the
+// exact value is under 2e-33 there), NaN for NaN and -inf, as PyTorch's.
+void silu_rows(float* data, int64_t rows, int64_t width, int64_t stride);
+bool silu_available();
+
+// SiLU over `count` dense float32 values in place on the intra-op threads, on any CPU
+// (PyTorch's kernel where silu_rows does not run).
+void silu_dense(float* data, int64_t count);
+
+}  // namespace blade::ral
