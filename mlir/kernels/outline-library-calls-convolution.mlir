@@ -15,5 +15,5 @@ func.func @main(%arg0: tensor<1x8x8x3xf32>, %arg1: tensor<8x3x3x3xf32>, %arg2: t
 // CHECK: call @blade_library_call_0(%arg0, %arg1, %arg2)
 // CHECK-NOT: stablehlo.maximum
 // CHECK: func.func private @blade_library_call_0
+// CHECK-SAME: blade.activation = 1
 // CHECK-SAME: blade.library_call = "conv2d_nhwc_bias"
-// CHECK-SAME: blade.relu = 1
