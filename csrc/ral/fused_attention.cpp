@@ -5,7 +5,7 @@
 #include "ral/cpu_features.h"
 #include "ral/kernel_trials.h"
 #include "ral/mkl_functions.h"
-#include "ral/ral_abi.h"
+#include "ral/ral_parallel.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
@@ -832,7 +832,7 @@ bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // at most one per block.
   const int64_t workers = std::min<int64_t>(at::get_num_threads(),
                                             p.batches * p.heads * p.blocks_per_head);
-  blade_ral_parallel_for(workers, 1, p.bf16 ? &run_blocks_bf16 : &run_blocks, arguments);
+  run_parallel_tasks(workers, 1, p.bf16 ? &run_blocks_bf16 : &run_blocks, arguments);
   return true;
 }
 
