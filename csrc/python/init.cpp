@@ -322,6 +322,10 @@ PYBIND11_MODULE(_C, m) {
         "convolution, as without AVX-512 (tests).");
   m.def("f32_conv_calls", &ral::f32_conv_calls,
         "How many convolutions the runtime's own float32 kernel ran in this process.");
+  m.def("depth_sliced_conv_calls", &ral::depth_sliced_conv_calls,
+        "How many of the runtime's float32 and bfloat16 convolutions (and linear layers) "
+        "ran in slices of their depth, a deep 1x1 layer's weight and rows too large for L2 "
+        "together (tests).");
   m.def(
       "f32_conv2d",
       [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

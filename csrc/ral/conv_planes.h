@@ -201,9 +201,12 @@ struct ConvTasks {
   // What task `task` of a thread's run [.., end) fetches ahead: the next task's block of
   // `block_bytes` at `weights`, when it is another block and at most next_block_limit (it
   // and the block being read both stay in L2).
-  NextBlock next_block(int64_t task, int64_t end, const void* weights,
-                       int64_t block_bytes) const {
-    if (task + 1 >= end || block_bytes > next_block_limit()) {
+  // With `bytes` (0: the block's), that many of the next block's bytes from `weights` on
+  // (a slice of its rows, `weights` past the slice's start).
+  NextBlock next_block(int64_t task, int64_t end, const void* weights, int64_t block_bytes,
+                       int64_t bytes = 0) const {
+    const int64_t fetched = bytes > 0 ? bytes : block_bytes;
+    if (task + 1 >= end || fetched > next_block_limit()) {
       return {};
     }
     const int64_t block = at(task).block, next = at(task + 1).block;
@@ -211,7 +214,7 @@ struct ConvTasks {
       return {};
     }
     const char* start = static_cast<const char*>(weights) + next * block_bytes;
-    return {start, start + block_bytes};
+    return {start, start + fetched};
   }
 };
 

@@ -52,6 +52,7 @@ using ElementType = typename Element<K>::Type;
 std::atomic<bool> f32_enabled{true};
 std::atomic<int64_t> bf16_calls{0};
 std::atomic<int64_t> f32_calls{0};
+std::atomic<int64_t> sliced_calls{0};
 
 // A pixel's depth: the channels, padded to whole steps.
 template <Kind K>
@@ -110,17 +111,27 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 multiply_add(__m
 // How many depth steps ahead a block's first tile fetches its weight rows.
 constexpr int64_t kFetchSteps = 32;
 
+// How a tile starts and ends: its sums from zero, or from the values `out` holds (a
+// deep 1x1 convolution's later slices of depth add to its earlier ones); then the bias
+// (null: none) and ReLU before the store.
+struct TileEnd {
+  const float* bias = nullptr;
+  bool relu = false;
+  bool accumulate = false;
+};
+
 // A tile of kRows output pixels (as `walk` steps over them; plane pixel p at `image` + (p -
 // `base`) x depth) by kVecs x 16 output channels of a block (`width` of them real; the
 // block's weight rows of words `ldb` apart, a row per depth step, read whole: a pack's
 // padding, or with kMaskB masked to the width: a GEMM's b, which may end there; masked
 // loads took 15% longer in a ResNet-50): the products of every tap group summed in kVecs x
-// kRows registers, then the bias and ReLU, stored as float32 (`out_channels` apart).
+// kRows registers (from `end`'s start), then the bias and ReLU, stored as float32
+// (`out_channels` apart).
 template <Kind K, int kRows, int kVecs, bool kMaskB, bool kFetch = false>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
     const ElementType<K>* image, int64_t base, int64_t depth, const std::vector<TapGroup>& taps,
     const uint32_t* b, int64_t ldb, RowWalk& walk, int64_t width, int64_t out_channels,
-    int64_t column, const float* bias, bool relu, float* out, NextBlock& next) {
+    int64_t column, const TileEnd& end, float* out, NextBlock& next) {
   constexpr int64_t kStep = Element<K>::kStep;
   int64_t pixels[kRows];
   const ElementType<K>* x[kRows];
@@ -129,18 +140,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
     pixels[r] = walk.next();
     x[r] = image + (walk.plane_row - base) * depth;
   }
+  __mmask16 masks[kVecs];
+#pragma GCC unroll 4
+  for (int v = 0; v < kVecs; ++v) {
+    masks[v] = static_cast<__mmask16>((1u << std::clamp<int64_t>(width - 16 * v, 0, 16)) - 1);
+  }
   __m512 acc[kRows][kVecs];
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) {
-      acc[r][v] = _mm512_setzero_ps();
+      acc[r][v] = end.accumulate ? _mm512_maskz_loadu_ps(
+                                       masks[v], out + pixels[r] * out_channels + column + 16 * v)
+                                 : _mm512_setzero_ps();
     }
-  }
-  __mmask16 masks[kVecs];
-#pragma GCC unroll 4
-  for (int v = 0; v < kVecs; ++v) {
-    masks[v] = static_cast<__mmask16>((1u << std::clamp<int64_t>(width - 16 * v, 0, 16)) - 1);
   }
   // The next block's lines (conv_planes.h) in locals: the stores below may alias `next`.
   const char* next_line = next.line;
@@ -185,8 +198,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
   __m512 offset[kVecs];
 #pragma GCC unroll 4
   for (int v = 0; v < kVecs; ++v) {
-    offset[v] = bias != nullptr ? _mm512_maskz_loadu_ps(masks[v], bias + column + 16 * v)
-                                : _mm512_setzero_ps();
+    offset[v] = end.bias != nullptr ? _mm512_maskz_loadu_ps(masks[v], end.bias + column + 16 * v)
+                                    : _mm512_setzero_ps();
   }
   const __m512 zero = _mm512_setzero_ps();
 #pragma GCC unroll 12
@@ -195,7 +208,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
 #pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) {
       __m512 value = _mm512_add_ps(acc[r][v], offset[v]);
-      if (relu) {
+      if (end.relu) {
         value = _mm512_max_ps(zero, value);  // the second operand where either is NaN
       }
       // A whole vector's store unmasked: on an AMD EPYC a 16-channel 1x1 layer at 112 x 112
@@ -214,16 +227,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
 template <Kind K, int kVecs, int kRows, bool kMaskB>
 void tail_tile(int64_t left, const ElementType<K>* image, int64_t base, int64_t depth,
                const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
-               int64_t width, int64_t out_channels, int64_t column, const float* bias,
-               bool relu, float* out, NextBlock& next) {
+               int64_t width, int64_t out_channels, int64_t column, const TileEnd& end,
+               float* out, NextBlock& next) {
   if constexpr (kRows > 0) {
     if (left == kRows) {
       conv_tile<K, kRows, kVecs, kMaskB>(image, base, depth, taps, b, ldb, walk, width,
-                                         out_channels, column, bias, relu, out, next);
+                                         out_channels, column, end, out, next);
       return;
     }
     tail_tile<K, kVecs, kRows - 1, kMaskB>(left, image, base, depth, taps, b, ldb, walk,
-                                           width, out_channels, column, bias, relu, out, next);
+                                           width, out_channels, column, end, out, next);
   }
 }
 
@@ -233,21 +246,21 @@ void tail_tile(int64_t left, const ElementType<K>* image, int64_t base, int64_t 
 template <Kind K, int kVecs, int kRows, bool kMaskB>
 void tiles_of(const ElementType<K>* image, int64_t base, int64_t rows, int64_t depth,
               const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
-              int64_t width, int64_t out_channels, int64_t column, const float* bias,
-              bool relu, float* out, NextBlock next) {
+              int64_t width, int64_t out_channels, int64_t column, const TileEnd& end,
+              float* out, NextBlock next) {
   next.spread_over(rows / kRows - 1, taps, Element<K>::kStep);
   int64_t r = 0;
   if (kRows <= rows) {  // the first tile reads the block's weight from memory: fetched ahead
     conv_tile<K, kRows, kVecs, kMaskB, true>(image, base, depth, taps, b, ldb, walk, width,
-                                             out_channels, column, bias, relu, out, next);
+                                             out_channels, column, end, out, next);
     r = kRows;
   }
   for (; r + kRows <= rows; r += kRows) {
     conv_tile<K, kRows, kVecs, kMaskB>(image, base, depth, taps, b, ldb, walk, width,
-                                       out_channels, column, bias, relu, out, next);
+                                       out_channels, column, end, out, next);
   }
   tail_tile<K, kVecs, kRows - 1, kMaskB>(rows - r, image, base, depth, taps, b, ldb, walk,
-                                         width, out_channels, column, bias, relu, out, next);
+                                         width, out_channels, column, end, out, next);
 }
 
 // `rows` output pixels from `walk`'s on by one block of output channels, its `width` real
@@ -255,24 +268,24 @@ void tiles_of(const ElementType<K>* image, int64_t base, int64_t rows, int64_t d
 template <Kind K, bool kMaskB>
 void tile_rows(const ElementType<K>* image, int64_t base, int64_t rows, int64_t depth,
                const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk walk,
-               int64_t width, int64_t out_channels, int64_t column, const float* bias,
-               bool relu, float* out, NextBlock next = {}) {
+               int64_t width, int64_t out_channels, int64_t column, const TileEnd& end,
+               float* out, NextBlock next = {}) {
   switch ((width + 15) / 16) {
     case 1:
       tiles_of<K, 1, 12, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
-                                 out_channels, column, bias, relu, out, next);
+                                 out_channels, column, end, out, next);
       break;
     case 2:
       tiles_of<K, 2, 12, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
-                                 out_channels, column, bias, relu, out, next);
+                                 out_channels, column, end, out, next);
       break;
     case 3:
       tiles_of<K, 3, 8, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
-                                out_channels, column, bias, relu, out, next);
+                                out_channels, column, end, out, next);
       break;
     default:
       tiles_of<K, 4, kTileRows, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
-                                        out_channels, column, bias, relu, out, next);
+                                        out_channels, column, end, out, next);
       break;
   }
 }
@@ -388,6 +401,21 @@ int64_t pack_bytes(int64_t out_channels, int64_t channels, int64_t kh, int64_t k
          static_cast<int64_t>(sizeof(ElementType<K>));
 }
 
+// The depth a slice of a deep 1x1 convolution takes (convolve): its weight rows of a
+// column block and its columns of `rows` input rows at most kSliceBytes together, in equal
+// slices of whole 256-unit steps; `depth` itself where one slice holds it all.
+constexpr int64_t kSliceBytes = int64_t{1} << 20;
+int64_t depth_slice(int64_t depth, int64_t rows, size_t element_bytes) {
+  constexpr int64_t kUnit = 256;
+  const int64_t unit_bytes = (kColumnBlock + rows) * static_cast<int64_t>(element_bytes);
+  const int64_t fits = std::max<int64_t>(kUnit, kSliceBytes / unit_bytes / kUnit * kUnit);
+  if (fits >= depth) {
+    return depth;
+  }
+  const int64_t slices = (depth + fits - 1) / fits;
+  return (depth + slices * kUnit - 1) / (slices * kUnit) * kUnit;
+}
+
 // The convolution by the kind's tiles (float_conv.h's bf16_conv and f32_conv).
 template <Kind K>
 void convolve(const char* what, const float* input, int64_t batch, int64_t height,
@@ -472,39 +500,68 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
     }
     planes_data = dst;
   }
+  // A deep 1x1 convolution whose threads each walk every row for their column blocks (a
+  // transformer's second FFN matmul: [128, 3072] by [3072, 768], a 786 KB block of weight
+  // rows and 1.5 MB of rows, more than a core's L2 together) runs in slices of its depth:
+  // for each slice every task adds the slice's products to what the slices before it
+  // stored (bit for bit the sums of one pass: float32 stored and loaded exactly), the
+  // slice's weight rows and input columns staying in L2 across the tasks.
+  const int64_t slice = columns_outer && !rows_in_turn && kh == 1 && kw == 1
+                            ? depth_slice(depth, batch * rows, sizeof(T))
+                            : depth;
+  const int64_t slice_bytes = slice / Element<K>::kStep * kColumnBlock *
+                              static_cast<int64_t>(sizeof(uint32_t));
+  if (slice < depth) {
+    sliced_calls.fetch_add(1, std::memory_order_relaxed);
+  }
   at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<T> block_rows;  // rows_in_turn's rounded rows
     int64_t rounded = -1;                    // the image row they are
-    for (int64_t task = begin; task < end; ++task) {
-      const auto [block, image_row, n, first, count] = work.at(task);
-      const T* image = nullptr;
-      int64_t base = 0;
-      if (!rows_in_turn) {
-        image = planes_data + n * image_elements;
-      } else {
-        if (rounded != image_row) {  // the row block's other column blocks reuse it
-          block_rows.resize(std::max<size_t>(block_rows.size(),
-                                             static_cast<size_t>(count * depth)));
-          store_values(input + (n * rows + first) * channels, block_rows.data(),
-                       count * channels, 0);
-          rounded = image_row;
+    for (int64_t from = 0; from < depth; from += slice) {
+      const int64_t to = std::min(depth, from + slice);
+      const std::vector<TapGroup> slice_taps =
+          slice == depth ? taps : std::vector<TapGroup>{{from, from, to - from}};
+      const bool last = to == depth;
+      const TileEnd tile_end{last ? bias : nullptr, last && relu, from > 0};
+      for (int64_t task = begin; task < end; ++task) {
+        const auto [block, image_row, n, first, count] = work.at(task);
+        const T* image = nullptr;
+        int64_t base = 0;
+        if (!rows_in_turn) {
+          image = planes_data + n * image_elements;
+        } else {
+          if (rounded != image_row) {  // the row block's other column blocks reuse it
+            block_rows.resize(std::max<size_t>(block_rows.size(),
+                                               static_cast<size_t>(count * depth)));
+            store_values(input + (n * rows + first) * channels, block_rows.data(),
+                         count * channels, 0);
+            rounded = image_row;
+          }
+          image = block_rows.data();
+          base = first;
         }
-        image = block_rows.data();
-        base = first;
-      }
-      const int64_t column = block * kColumnBlock;
-      const int64_t width = std::min(kColumnBlock, out_channels - column);
-      tile_rows<K, false>(image, base, count, depth, taps, weights + block * block_words,
-                          kColumnBlock,
-                          RowWalk(n, first, planes.plane_w, batch, out_h, out_w,
-                                  /*pixels=*/true),
-                          width, out_channels, column, bias, relu, out,
-                          work.next_block(task, end, weights, block_bytes));
-      // SiLU over the task's block while it is in cache (in the tiles, its constants and
-      // temporaries would take registers from the sums).
-      if (silu) {
-        silu_rows(out + (n * rows + first) * out_channels + column, count, width,
-                  out_channels);
+        const int64_t column = block * kColumnBlock;
+        const int64_t width = std::min(kColumnBlock, out_channels - column);
+        // The next task's weight rows ahead (of this slice: its first block's at a
+        // slice's end were read from memory by the slice's first tile anyway).
+        const NextBlock next =
+            slice == depth ? work.next_block(task, end, weights, block_bytes)
+                           : work.next_block(task, end,
+                                             reinterpret_cast<const char*>(weights) +
+                                                 from / Element<K>::kStep * kColumnBlock *
+                                                     static_cast<int64_t>(sizeof(uint32_t)),
+                                             block_bytes, slice_bytes);
+        tile_rows<K, false>(image, base, count, depth, slice_taps,
+                            weights + block * block_words, kColumnBlock,
+                            RowWalk(n, first, planes.plane_w, batch, out_h, out_w,
+                                    /*pixels=*/true),
+                            width, out_channels, column, tile_end, out, next);
+        // SiLU over the task's block while it is in cache (in the tiles, its constants
+        // and temporaries would take registers from the sums).
+        if (last && silu) {
+          silu_rows(out + (n * rows + first) * out_channels + column, count, width,
+                    out_channels);
+        }
       }
     }
   });
@@ -519,6 +576,8 @@ bool f32_conv_enabled() { return f32_enabled.load(std::memory_order_relaxed); }
 int64_t bf16_conv_calls() { return bf16_calls.load(std::memory_order_relaxed); }
 
 int64_t f32_conv_calls() { return f32_calls.load(std::memory_order_relaxed); }
+
+int64_t depth_sliced_conv_calls() { return sliced_calls.load(std::memory_order_relaxed); }
 
 bool bf16_conv_available() {
   static const bool available = f32_conv_available() && has_cpu_feature("avx512_bf16") &&
@@ -575,8 +634,8 @@ void bf16_pairs_gemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, in
   for (int64_t column = 0; column < n; column += kColumnBlock) {
     tile_rows<Kind::kBf16, true>(rows, 0, m, lda, taps, b + column, ldb,
                                  RowWalk(0, 0, m, 1, 1, m, true),
-                                 std::min(kColumnBlock, n - column), ldc, column, nullptr,
-                                 false, c);
+                                 std::min(kColumnBlock, n - column), ldc, column, TileEnd{},
+                                 c);
   }
 }
 

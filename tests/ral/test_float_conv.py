@@ -77,6 +77,31 @@ def test_convolution_matches_the_rounded_reference(kind, shape, activation):
     assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
 
 
+@pytest.mark.parametrize("channels, out_channels, size", [
+    (4000, 192, 10),   # 3 slices of the depth (bfloat16's half as wide: 2)
+    (5001, 130, 7),    # an odd depth (bf16: a zero channel), the last block's 2 of 64
+    (3072, 768, 11),   # a transformer's second FFN matmul's depth and width
+])
+def test_deep_1x1_in_slices_of_depth_is_the_one_pass_sum(kind, channels, out_channels,
+                                                         size):
+    """A 1x1 layer with more weight than input and a depth whose weight rows and input
+    columns overflow L2 together runs in slices of its depth, each adding to the sums the
+    slices before it stored: bit for bit the sums of one pass, which the same images among
+    many (more input than weight: one pass over rows) give."""
+    conv, _, rounded = kind
+    torch.manual_seed(channels)
+    x = torch.randn(1, channels, size, size)
+    weight, bias = torch.randn(out_channels, channels, 1, 1) * 0.05, torch.randn(out_channels)
+    sliced = _C.depth_sliced_conv_calls()
+    got = conv(x, weight, bias, [1, 1], [0, 0], True)
+    assert _C.depth_sliced_conv_calls() == sliced + 1
+    many = conv(x.repeat(64, 1, 1, 1), weight, bias, [1, 1], [0, 0], True)
+    assert _C.depth_sliced_conv_calls() == sliced + 1
+    assert torch.equal(got, many[:1])
+    want = reference(x, weight, bias, [1, 1], [0, 0], True, rounded)
+    assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
+
+
 def test_convolution_of_empty_sizes(kind):
     """No input channels: an empty sum, so the bias alone (and its ReLU); no images:
     nothing."""
