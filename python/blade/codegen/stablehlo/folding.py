@@ -13,6 +13,10 @@ in L2, but only when nothing else sits between them. Two things did:
 - Both reductions start from one zero-filled accumulator; bufferization gives the second
   its own buffer by copying the filled one (`memref.copy`). `fill_per_use` gives each
   reduction a fill of its own, which bufferizes in place.
+
+`fold_splat_constants` also folds float math of splat constants (GELU's decomposition
+computes rsqrt(2) over the whole activation; CSE shares it between a stage's blocks, so no
+loop fused it and it became a buffer written and read on every call).
 """
 import math
 
@@ -71,10 +75,80 @@ _SPLAT_PRESERVING = ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadc
                      "stablehlo.transpose")
 
 
+def _rsqrt(v: float) -> float:
+    return 1.0 / math.sqrt(v) if v > 0 else math.inf if v == 0 else math.nan
+
+
+def _exp(v: float) -> float:
+    return math.exp(v) if v < 710.0 else math.inf
+
+
+def _log(v: float) -> float:
+    return math.log(v) if v > 0 else -math.inf if v == 0 else math.nan
+
+
+def _logistic(v: float) -> float:
+    return 1.0 / (1.0 + _exp(-v)) if not math.isnan(v) else math.nan
+
+
+def _divide(a: float, b: float) -> float:
+    if b != 0:
+        return a / b
+    return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * \
+        math.copysign(1.0, b)
+
+
+# Float math on splats, each result rounded to the element type as the op rounds it: a
+# decomposition's constant subexpressions (GELU's rsqrt(2) over the whole activation, which
+# CSE shares between the blocks of a stage so that no loop fused it: a 4.8 MB buffer written
+# and read on each call of ConvNeXt's first stage) become splat constants.
+_UNARY = {"stablehlo.rsqrt": _rsqrt, "stablehlo.sqrt":
+          lambda v: math.sqrt(v) if v >= 0 else math.nan,
+          "stablehlo.negate": lambda v: -v, "stablehlo.abs": abs,
+          "stablehlo.exponential": _exp, "stablehlo.log": _log, "stablehlo.tanh": math.tanh,
+          "stablehlo.logistic": _logistic}
+_BINARY = {"stablehlo.add": lambda a, b: a + b, "stablehlo.subtract": lambda a, b: a - b,
+           "stablehlo.multiply": lambda a, b: a * b, "stablehlo.divide": _divide}
+
+
+def _float_splat_operands(op):
+    """The splat values of `op`'s operands where every one is a float splat constant of a
+    static shape, else None."""
+    values = []
+    for operand in op.operands:
+        owner = operand.owner
+        if isinstance(owner, ir.Block):
+            return None
+        source = as_operation(owner)
+        if source.name not in _CONSTANTS:
+            return None
+        value = splat_value(source.attributes["value"])
+        if not isinstance(value, float):
+            return None
+        values.append(value)
+    return values
+
+
+def _folded_math(op):
+    """The value of a float math op of splat constants (_UNARY, _BINARY), or None."""
+    result = ir.RankedTensorType(op.results[0].type)
+    if not result.has_static_shape or not isinstance(result.element_type, ir.FloatType):
+        return None
+    values = _float_splat_operands(op)
+    if values is None:
+        return None
+    try:
+        return (_UNARY[op.name](*values) if op.name in _UNARY else
+                _BINARY[op.name](*values))
+    except OverflowError:
+        return None
+
+
 def fold_splat_constants(module) -> int:
     """Each convert, reshape, broadcast or transpose of a splat constant (float or
-    integer, static shape) becomes a `stablehlo.constant` splat of its result type, in
-    order, so chains fold whole; returns how many ops were folded.
+    integer, static shape), and each float math op of splat constants (_UNARY, _BINARY),
+    becomes a `stablehlo.constant` splat of its result type, in order, so chains fold
+    whole; returns how many ops were folded.
 
     Example:
         >>> fold_splat_constants(module)   # broadcast(reshape(convert(dense<768> : i64)))
@@ -83,7 +157,7 @@ def fold_splat_constants(module) -> int:
     candidates = []
 
     def visit(op):
-        if op.name in _SPLAT_PRESERVING:
+        if op.name in _SPLAT_PRESERVING or op.name in _UNARY or op.name in _BINARY:
             candidates.append(op)
         return ir.WalkResult.ADVANCE
 
@@ -91,6 +165,15 @@ def fold_splat_constants(module) -> int:
     with module.context:
         module.operation.walk(visit)
         for op in candidates:
+            if op.name not in _SPLAT_PRESERVING:
+                value = _folded_math(op)
+                if value is not None:
+                    with ir.InsertionPoint(op), op.location:
+                        constant = splat_constant(op.results[0].type, value)
+                    op.results[0].replace_all_uses_with(constant.results[0])
+                    op.erase()
+                    folded += 1
+                continue
             owner = op.operands[0].owner
             if isinstance(owner, ir.Block):
                 continue
