@@ -81,11 +81,13 @@ def cold_optimize(model, inputs, config: blade.Config):
 
 
 GENERATED = "generated code"
+LOOPS = "generated parallel loops"
 
 
 def kernel_times(fn, inputs, runs):
-    """ms per call of `fn(*inputs)` in each library and kernel call, and in the generated
-    code (the engines' whole calls less those)."""
+    """ms per call of `fn(*inputs)` in each library and kernel call, in the generated
+    code's parallel loops together (each engine names its own by address), and in the rest
+    of the generated code (the engines' whole calls less those)."""
     _C.reset_call_profile()
     _C.set_call_profiling(True)
     try:
@@ -94,7 +96,10 @@ def kernel_times(fn, inputs, runs):
                 fn(*inputs)
     finally:
         _C.set_call_profiling(False)
-    times = {name: seconds * 1e3 / runs for name, _, seconds in _C.call_profile()}
+    times = {LOOPS: 0.0}
+    for name, _, seconds in _C.call_profile():
+        key = LOOPS if name.startswith("parallel loop") else name
+        times[key] = times.get(key, 0.0) + seconds * 1e3 / runs
     whole = times.pop("engine calls (whole)", 0.0)
     times[GENERATED] = whole - sum(times.values())
     return times
