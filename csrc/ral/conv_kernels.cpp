@@ -272,9 +272,12 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
   };
   guarded(what, profile_name, [&] {
     // NHWC buffers are viewed as NCHW tensors with channels_last strides: PyTorch (oneDNN)
-    // convolves those without reordering them, and returns a channels_last result.
-    const auto as_nchw = [&](at::Tensor t) { return channels_last ? t.permute({0, 3, 1, 2}) : t; };
-    at::Tensor x = as_nchw(buffer_view(input, dtype));
+    // convolves those without reordering them, and returns a channels_last result. The
+    // views are kept for the call (its weight's address) between calls.
+    const ViewShape layout = channels_last ? ViewShape::kNchw : ViewShape::kAsIs;
+    const void* site =
+        reinterpret_cast<const void*>(static_cast<const int64_t*>(weight->descriptor)[1]);
+    at::Tensor x = kept_view(site, 0, input, dtype, layout);
     std::vector<int64_t> padding{pad_top, pad_left};
     if (pad_top != pad_bottom || pad_left != pad_right) {
       x = at::constant_pad_nd(x, {pad_left, pad_right, pad_top, pad_bottom}, 0);
@@ -282,13 +285,16 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     }
     const std::vector<int64_t> stride{stride_h, stride_w};
     const std::vector<int64_t> dilation{dilation_h, dilation_w};
-    at::Tensor w = buffer_view(weight, dtype);
-    at::Tensor target = as_nchw(buffer_view(out, dtype));
+    at::Tensor w = kept_view(site, 1, weight, dtype, ViewShape::kAsIs);
+    at::Tensor target = kept_view(site, 2, out, dtype, layout);
     check_result_shape("blade_ral_conv2d", target,
                        conv_output_sizes(x, w, padding, stride, dilation));
     std::optional<at::Tensor> bias;
     if (bias_memref != nullptr) {
-      bias = buffer_view(bias_memref, dtype).reshape({-1});
+      bias = kept_view(site, 3, bias_memref, dtype, ViewShape::kAsIs);
+      if (bias->dim() != 1) {
+        bias = bias->reshape({-1});
+      }
       TORCH_CHECK(bias->numel() == w.size(0), "blade_ral_conv2d: a bias of ", bias->numel(),
                   " values for ", w.size(0), " output channels");
     }

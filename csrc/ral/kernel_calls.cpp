@@ -27,7 +27,6 @@
 #include <sstream>
 #include <string_view>
 #include <system_error>
-#include <unordered_map>
 
 namespace blade::ral {
 namespace {
@@ -106,51 +105,6 @@ at::Tensor op_view(const BladeUnrankedMemRef* buffer, c10::ScalarType type, bool
   }
   TORCH_CHECK(view.dim() == 4, "an NHWC buffer of rank ", view.dim());
   return view.permute({0, 3, 1, 2});
-}
-
-// The operand views of the kernel calls a thread made, kept between calls: an engine's
-// weights, scales and ranges are the same buffers on every call, and wrapping each in a
-// new tensor (its TensorImpl and storage) was most of what a small int8 layer's call cost
-// besides its work. A view is reused only while its buffer's descriptor (address, sizes,
-// strides) and type are the same, so it views exactly what a new one would; operands are
-// never written (a kernel call's schema writes none). Keyed by the call and its operand;
-// cleared when it holds the operands of more than kCachedCalls calls (engines come and
-// go; a stale key's views fail the comparison or view the same memory alike).
-struct CachedView {
-  std::vector<int64_t> descriptor;  // address, offset, sizes, strides
-  c10::ScalarType type = c10::ScalarType::Undefined;
-  bool nhwc = false;
-  at::Tensor view;
-};
-constexpr size_t kCachedCalls = 4096;
-
-// This thread's cached views of `call`'s operands, one per operand.
-std::vector<CachedView>& cached_views(const KernelCall& call) {
-  thread_local std::unordered_map<const KernelCall*, std::vector<CachedView>> cache;
-  if (cache.size() > kCachedCalls) {
-    cache.clear();
-  }
-  std::vector<CachedView>& views = cache[&call];
-  views.resize(call.operand_types.size());
-  return views;
-}
-
-// Operand `operand` of `call` in `buffer`, its cached view where the buffer is the same.
-const at::Tensor& operand_view(const KernelCall& call, size_t operand,
-                               const BladeUnrankedMemRef* buffer, CachedView& cached) {
-  const auto* d = static_cast<const int64_t*>(buffer->descriptor);
-  const int64_t* first = d + 1;  // the aligned address, the offset, sizes, strides
-  const int64_t* last = d + 3 + 2 * buffer->rank;
-  const c10::ScalarType type = call.operand_types[operand];
-  const bool nhwc = call.operand_nhwc[operand];
-  if (!cached.view.defined() || cached.type != type || cached.nhwc != nhwc ||
-      !std::equal(first, last, cached.descriptor.begin(), cached.descriptor.end())) {
-    cached.view = op_view(buffer, type, nhwc);
-    cached.descriptor.assign(first, last);
-    cached.type = type;
-    cached.nhwc = nhwc;
-  }
-  return cached.view;
 }
 
 template <typename T, typename Parse>
@@ -331,13 +285,18 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
                 call.result_types.size());
     torch::jit::Stack stack;
     stack.reserve(call.constants.size());
-    std::vector<CachedView>& views = cached_views(call);
+    // The operands' views kept between calls (kept_view): an engine's weights, scales and
+    // ranges are the same buffers on every call, and wrapping each in a new tensor was most
+    // of what a small int8 layer's call cost besides its work.
     for (size_t a = 0; a < call.constants.size(); ++a) {
       const int64_t operand = call.tensor_operand[a];
-      stack.push_back(operand < 0 ? call.constants[a]
-                                  : c10::IValue(operand_view(call, static_cast<size_t>(operand),
-                                                             &buffers[operand],
-                                                             views[operand])));
+      stack.push_back(operand < 0
+                          ? call.constants[a]
+                          : c10::IValue(kept_view(&call, static_cast<int>(operand),
+                                                  &buffers[operand],
+                                                  call.operand_types[operand],
+                                                  call.operand_nhwc[operand] ? ViewShape::kNchw
+                                                                             : ViewShape::kAsIs)));
     }
     // Timed to the end of the try block while calls are profiled, keyed by the op and the
     // sizes of its tensor operands (e.g. an int8 convolution's input, weight and bias),

@@ -22,6 +22,21 @@ namespace blade::ral {
 // A tensor of `scalar_type` viewing the memory a descriptor describes (no copy, not owned).
 at::Tensor buffer_view(const BladeUnrankedMemRef* memref, c10::ScalarType scalar_type);
 
+// How kept_view shapes a buffer's view: as it is, or an NHWC buffer as the channels_last
+// [N, C, H, W] tensor (a permutation).
+enum class ViewShape { kAsIs, kNchw };
+
+// The view of `memref` as buffer_view makes it, shaped as `shape` says, kept between the
+// calls of this thread for the library call `site` (e.g. its weight's address) and its
+// operand number `operand`: an engine's buffers lie at the same addresses call after call,
+// and making each view anew (a TensorImpl and its storage, a permutation through the
+// dispatcher) was half of what a small convolution's call cost besides its work. A view
+// is reused only while the buffer's descriptor (address, offset, sizes, strides), type and
+// shape are the same, so it views exactly what a new one would; the views are only read
+// and written through, never resized. The cache is cleared past a few thousand views.
+const at::Tensor& kept_view(const void* site, int operand, const BladeUnrankedMemRef* memref,
+                            c10::ScalarType scalar_type, ViewShape shape);
+
 // ATen's out= variants resize an output of the wrong shape and copy_ broadcasts into one;
 // the generated code's buffers must be written exactly, so shapes are checked first.
 void check_result_shape(const char* what, const at::Tensor& out, at::IntArrayRef expected);

@@ -262,10 +262,13 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
     return name.str();
   };
   guarded("blade_ral_matmul", profile_name, [&] {
-    const at::Tensor weight = buffer_view(b, dtype);
+    // The operands' views kept for the call (its b's address) between calls.
+    const void* site =
+        reinterpret_cast<const void*>(static_cast<const int64_t*>(b->descriptor)[1]);
+    const at::Tensor weight = kept_view(site, 1, b, dtype, ViewShape::kAsIs);
     at::Tensor rhs = transpose_b != 0 ? weight.transpose(-1, -2) : weight;
-    at::Tensor lhs = buffer_view(a, dtype);
-    at::Tensor result = buffer_view(out, dtype);
+    at::Tensor lhs = kept_view(site, 0, a, dtype, ViewShape::kAsIs);
+    at::Tensor result = kept_view(site, 2, out, dtype, ViewShape::kAsIs);
     TORCH_CHECK(lhs.dim() >= 2 && rhs.dim() >= 2 && lhs.size(-1) == rhs.size(-2),
                 "blade_ral_matmul: cannot multiply ", lhs.sizes(), " by ", rhs.sizes());
     std::vector<int64_t> expected = at::infer_size(lhs.sizes().slice(0, lhs.dim() - 2),
