@@ -2,6 +2,7 @@
 #include "ral/conv_activation.h"
 
 #include "ral/cpu_features.h"
+#include "ral/lane_masks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -51,7 +52,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 silu16(__m512 x)
 __attribute__((target("avx512f"))) void silu_rows_avx512(float* data, int64_t rows,
                                                          int64_t width, int64_t stride) {
   const int64_t whole = width / 16 * 16;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (width - whole)) - 1u);
+  const __mmask16 tail = lanes_left(width - whole);
   for (int64_t r = 0; r < rows; ++r) {
     float* row = data + r * stride;
     for (int64_t j = 0; j < whole; j += 16) {

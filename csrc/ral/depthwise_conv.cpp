@@ -4,6 +4,7 @@
 #include "ral/conv_activation.h"
 #include "ral/cpu_features.h"
 #include "ral/int8_epilogue.h"
+#include "ral/lane_masks.h"
 
 #include <ATen/Parallel.h>
 
@@ -271,8 +272,7 @@ void convolve(const In* x, int64_t n, const float* filters, const Finish& e, flo
     for (int64_t task = begin; task < end; ++task) {
       const int64_t row = task / blocks;
       const int64_t ch = task % blocks * 16;
-      const __mmask16 mask = ch + 16 <= g.c ? static_cast<__mmask16>(0xffff)
-                                            : static_cast<__mmask16>((1u << (g.c - ch)) - 1u);
+      const __mmask16 mask = lanes_left(g.c - ch);
       if (mask == 0xffff) {
         row_block<KH, KW, true>(x, filters, e, y, g, row / g.oh, row % g.oh, ch, mask);
       } else {

@@ -4,6 +4,7 @@
 #include "ral/conv_planes.h"
 #include "ral/cpu_features.h"
 #include "ral/int8_epilogue.h"
+#include "ral/lane_masks.h"
 
 #include <ATen/Parallel.h>
 
@@ -71,18 +72,6 @@ constexpr auto kQuadWords = side_by_side<uint16_t, 16>();  // their pairs' words
 struct alignas(64) Column {
   uint8_t bytes[kColumnBytes];
 };
-
-// The channels of a block under 16-bit masks, one per vector.
-__attribute__((target("avx512f"), always_inline)) inline __mmask16 lanes_left(int64_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xFFFF)
-                    : left <= 0 ? static_cast<__mmask16>(0)
-                                : static_cast<__mmask16>((1u << left) - 1u);
-}
-
-// The block's bytes (`left` channels from its first, at least one) under a 64-bit mask.
-inline __mmask64 bytes_left(int64_t left) {
-  return left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
-}
 
 // Rows [first, first + 4 * quads) of image b, channels [ch, ch + 64) under `mask`,
 // interleaved into `out` (quad by quad, column by column: `columns` of them from the

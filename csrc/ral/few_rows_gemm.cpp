@@ -2,6 +2,7 @@
 #include "ral/few_rows_gemm.h"
 
 #include "ral/cpu_features.h"
+#include "ral/lane_masks.h"
 
 #include <ATen/Parallel.h>
 
@@ -34,7 +35,7 @@ __attribute__((target("avx512f"))) void columns_avx512(const float* x, int64_t l
                                                        int64_t ldout, int64_t begin,
                                                        int64_t end, int64_t depth) {
   const int64_t whole = depth & ~int64_t{15};
-  const __mmask16 tail = static_cast<__mmask16>((1u << (depth & 15)) - 1u);
+  const __mmask16 tail = lanes_left(depth & 15);
   for (int64_t n = begin; n < end; ++n) {
     const float* weights = w + n * ldw;
     __m512 sum[Rows];

@@ -5,6 +5,7 @@
 #include "ral/conv_activation.h"
 #include "ral/conv_planes.h"
 #include "ral/cpu_features.h"
+#include "ral/lane_masks.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -75,7 +76,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_value
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<__m256i>(rounded));
   }
   if (i < n) {
-    const auto mask = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 mask = lanes_left(n - i);
     const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, src + i));
     _mm256_mask_storeu_epi16(dst + i, mask, reinterpret_cast<__m256i>(rounded));
   }
@@ -143,7 +144,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
   __mmask16 masks[kVecs];
 #pragma GCC unroll 4
   for (int v = 0; v < kVecs; ++v) {
-    masks[v] = static_cast<__mmask16>((1u << std::clamp<int64_t>(width - 16 * v, 0, 16)) - 1);
+    masks[v] = lanes_left(width - 16 * v);
   }
   __m512 acc[kRows][kVecs];
 #pragma GCC unroll 12

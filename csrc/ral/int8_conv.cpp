@@ -5,6 +5,7 @@
 #include "ral/conv_planes.h"
 #include "ral/cpu_features.h"
 #include "ral/int8_epilogue.h"
+#include "ral/lane_masks.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
@@ -123,8 +124,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
   const __m512 out_scale = _mm512_set1_ps(terms.out_scale);
   const __m512 out_zero = _mm512_set1_ps(terms.out_zero);
   for (int64_t j = 0; j < width; j += 16) {
-    const __mmask16 mask = width - j >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                           : static_cast<__mmask16>((1u << (width - j)) - 1);
+    const __mmask16 mask = lanes_left(width - j);
     const __m512i correction =
         _mm512_maskz_loadu_epi32(mask, terms.correction.data() + column + j);
     const __m512 multiplier = _mm512_maskz_loadu_ps(mask, terms.multiplier.data() + column + j);
@@ -266,8 +266,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   next.line = next_line;
   next.wait = next_wait;
   // The terms of the block's columns, and the masks of its width (whole vectors first).
-  const __mmask64 bytes_mask =
-      width >= 64 ? ~__mmask64{0} : (__mmask64{1} << std::max<int64_t>(width, 0)) - 1;
+  const __mmask64 bytes_mask = bytes_left(width);
   __mmask16 masks[kVecs];
   __m512i correction[kVecs];
   __m512 multiplier[kVecs], offset[kVecs];
@@ -484,18 +483,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) void spread_pixe
   }
   const __m512i pick = _mm512_load_si512(order);
   const __m512i zero = _mm512_set1_epi8(static_cast<char>(zero_point));
-  const auto bytes = [](int64_t n) {
-    return n >= 64 ? ~__mmask64{0} : n <= 0 ? __mmask64{0} : (__mmask64{1} << n) - 1;
-  };
   for (int64_t i = 0; i < count; i += 16) {
     const int64_t n = std::min<int64_t>(16, count - i);
     const uint8_t* from = src + i * stride * channels;
     const int64_t need = (n - 1) * stride * channels + channels;
-    const __m512i low = _mm512_maskz_loadu_epi8(bytes(need), from);
-    const __m512i high = _mm512_maskz_loadu_epi8(bytes(need - 64), from + 64);
+    const __m512i low = _mm512_maskz_loadu_epi8(bytes_left(need), from);
+    const __m512i high = _mm512_maskz_loadu_epi8(bytes_left(need - 64), from + 64);
     const __m512i pixels = _mm512_mask_blend_epi8(
         padding, _mm512_permutex2var_epi8(low, pick, high), zero);
-    _mm512_mask_storeu_epi8(out + i * 4, bytes(n * 4), pixels);
+    _mm512_mask_storeu_epi8(out + i * 4, bytes_left(n * 4), pixels);
   }
 }
 
@@ -594,8 +590,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void unfold_block(
   const uint8_t* const image_end = image + height * line_bytes;
   const int64_t tail = depth - kh * row_bytes;
   const bool narrow = row_bytes <= 32;
-  const __mmask64 row_mask =
-      row_bytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << row_bytes) - 1;
+  const __mmask64 row_mask = bytes_left(row_bytes);
   const __m512i zero_row = _mm512_set1_epi8(static_cast<char>(zero_point));
   const __m256i zero_row_256 = _mm256_set1_epi8(static_cast<char>(zero_point));
   int64_t oh = first / out_w, ow = first % out_w;
@@ -624,7 +619,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void unfold_block(
         const int64_t lo = std::max<int64_t>(0, -first_byte);
         const int64_t hi = std::min(row_bytes, line_bytes - first_byte);
         const __mmask64 inside =
-            hi <= lo ? 0 : ((hi >= 64 ? ~__mmask64{0} : (__mmask64{1} << hi) - 1) >> lo) << lo;
+            hi <= lo ? 0 : (bytes_left(hi) >> lo) << lo;
         for (int64_t i = 0; i < kh; ++i) {
           uint8_t* to = row + i * row_bytes;
           if (lines[i] == nullptr) {

@@ -3,6 +3,7 @@
 
 #include "ral/cpu_features.h"
 #include "ral/int8_epilogue.h"
+#include "ral/lane_masks.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -50,9 +51,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void gemv_blocks
       }
     }
     const int64_t column = block * kColumns;
-    const __mmask16 mask = n - column >= kColumns
-                               ? static_cast<__mmask16>(0xFFFF)
-                               : static_cast<__mmask16>((1u << (n - column)) - 1);
+    const __mmask16 mask = lanes_left(n - column);  // kColumns: 16
     const __m512i correction =
         _mm512_mullo_epi32(zero_point, _mm512_maskz_loadu_epi32(mask, sums + column));
     const __m512 multiplier =

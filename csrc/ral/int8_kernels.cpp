@@ -5,6 +5,7 @@
 #include "ral/depthwise_int8.h"
 #include "ral/int8_conv.h"
 #include "ral/int8_gemv.h"
+#include "ral/lane_masks.h"
 #include "ral/offered_buffers.h"
 #include "ral/layout_kernels.h"
 #include "ral/prepared_weights.h"
@@ -901,8 +902,7 @@ namespace {
 __attribute__((target("avx512f,avx512bw"))) void max_pixels_avx512(
     uint8_t* dst, const uint8_t* image, const int64_t* pixels, int64_t count, int64_t c) {
   for (int64_t i = 0; i < c; i += 64) {
-    const __mmask64 mask =
-        c - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (c - i)) - 1;
+    const __mmask64 mask = bytes_left(c - i);
     __m512i largest = _mm512_setzero_si512();  // below every value
     for (int64_t p = 0; p < count; ++p) {
       largest = _mm512_max_epu8(largest,

@@ -3,6 +3,7 @@
 #include "ral/cpu_features.h"
 #include "ral/int8_epilogue.h"
 #include "ral/int8_kernels.h"
+#include "ral/lane_masks.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -134,7 +135,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) void quantize_pi
   const __m512i pick = _mm512_load_si512(order.data());
   for (int64_t p = p0; p < p1; p += 16) {
     const int64_t count = std::min<int64_t>(16, p1 - p);
-    const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
+    const __mmask16 mask = lanes_left(count);
     __m512i word = _mm512_setzero_si512();
     for (int64_t ch = 0; ch < c; ++ch) {
       const __m512i q = quantize16(_mm512_maskz_loadu_ps(mask, src + ch * hw + p), scale,
@@ -142,8 +143,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) void quantize_pi
       word = _mm512_or_si512(word, _mm512_slli_epi32(q, static_cast<unsigned>(8 * ch)));
     }
     uint8_t* to = dst + p * c;
-    const __mmask64 bytes = count * c >= 64 ? ~__mmask64{0}
-                                            : (__mmask64{1} << (count * c)) - 1;
+    const __mmask64 bytes = bytes_left(count * c);
     if (c == 4) {
       _mm512_mask_storeu_epi8(to, bytes, word);
     } else if (c == 3) {

@@ -8,6 +8,7 @@
 #include "ral/winograd.h"
 
 #include "ral/cpu_features.h"
+#include "ral/lane_masks.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
@@ -135,8 +136,7 @@ __attribute__((target("avx512f"))) void transform_patch_avx512(const float* cons
                                                                float* v, int64_t stride,
                                                                int64_t c) {
   for (int64_t ch = 0; ch < c; ch += 16) {
-    const __mmask16 mask =
-        ch + 16 <= c ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (c - ch)) - 1u);
+    const __mmask16 mask = lanes_left(c - ch);
     __m512 s[4][4];
     for (int j = 0; j < 4; ++j) {  // B^T d: rows
       const __m512 d0 = _mm512_maskz_loadu_ps(mask, d[0][j] + ch);
@@ -165,8 +165,7 @@ __attribute__((target("avx512f"))) bool untransform_tile_avx512(
   const __m512 zero = _mm512_setzero_ps();
   __mmask16 non_finite_lanes = 0;
   for (int64_t ch = 0; ch < k; ch += 16) {
-    const __mmask16 mask =
-        ch + 16 <= k ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (k - ch)) - 1u);
+    const __mmask16 mask = lanes_left(k - ch);
     __m512 in[16];
     for (int xi = 0; xi < 16; ++xi) {
       in[xi] = _mm512_maskz_loadu_ps(mask, m + xi * stride + ch);
