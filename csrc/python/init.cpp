@@ -68,6 +68,12 @@ ral::Digest to_digest(const py::bytes& bytes) {
   return digest;
 }
 
+// The test ops' activation flags as the kernels take them (SiLU where both are set).
+ral::ConvActivation activation_of(bool relu, bool silu) {
+  return silu ? ral::ConvActivation::kSilu
+              : relu ? ral::ConvActivation::kRelu : ral::ConvActivation::kNone;
+}
+
 // A float convolution by one of the runtime's tile kernels (float_conv.h), NCHW in and
 // out, its weight packed by `pack` for this call; checked as an op would check it.
 using FloatConv = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, const at::Tensor&,
@@ -99,10 +105,7 @@ at::Tensor float_conv2d(const char* what, at::Tensor (*pack)(const at::Tensor&),
   at::Tensor out = at::empty({x.size(0), out_h, out_w, weight.size(0)}, x.options());
   conv(nhwc.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
        weight.size(0), weight.size(2), weight.size(3), stride, padding,
-       b.defined() ? b.const_data_ptr<float>() : nullptr,
-       silu   ? ral::ConvActivation::kSilu
-       : relu ? ral::ConvActivation::kRelu
-              : ral::ConvActivation::kNone,
+       b.defined() ? b.const_data_ptr<float>() : nullptr, activation_of(relu, silu),
        out.data_ptr<float>());
   return out.permute({0, 3, 1, 2});
 }
@@ -401,9 +404,7 @@ PYBIND11_MODULE(_C, m) {
                             f.data_ptr<float>(), kh, kw, stride[0], stride[1], padding[0],
                             padding[1], dilation[0], dilation[1],
                             b.defined() ? b.data_ptr<float>() : nullptr,
-                            silu   ? ral::DepthwisePostOp::kSilu
-                            : relu ? ral::DepthwisePostOp::kRelu
-                                   : ral::DepthwisePostOp::kNone,
+                            ral::depthwise_post_op(activation_of(relu, silu)),
                             y.data_ptr<float>(), oh, ow),
                     "depthwise_conv2d: does not run here (AVX-512) or for a ", kh, "x", kw,
                     " filter");

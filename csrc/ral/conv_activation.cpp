@@ -9,8 +9,6 @@
 #include <c10/util/Exception.h>
 #include <immintrin.h>
 
-#include <algorithm>
-
 namespace blade::ral {
 namespace {
 

@@ -208,18 +208,6 @@ bool depthwise_applies(const at::Tensor& x, const at::Tensor& w, const at::Tenso
          target.is_contiguous(cl);
 }
 
-// The depthwise kernel's post-op for a convolution's activation.
-DepthwisePostOp depthwise_post_op(ConvActivation activation) {
-  switch (activation) {
-    case ConvActivation::kRelu:
-      return DepthwisePostOp::kRelu;
-    case ConvActivation::kSilu:
-      return DepthwisePostOp::kSilu;
-    default:
-      return DepthwisePostOp::kNone;
-  }
-}
-
 // The depthwise convolution into `target` (an NCHW view of the NHWC buffer, its shape
 // checked) by the weight's [kh, kw, C] filters; false without them (not a param).
 bool convolve_depthwise(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
@@ -275,8 +263,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     // convolves those without reordering them, and returns a channels_last result. The
     // views are kept for the call (its weight's address) between calls.
     const ViewShape layout = channels_last ? ViewShape::kNchw : ViewShape::kAsIs;
-    const void* site =
-        reinterpret_cast<const void*>(static_cast<const int64_t*>(weight->descriptor)[1]);
+    const void* site = buffer_address(weight);
     at::Tensor x = kept_view(site, 0, input, dtype, layout);
     std::vector<int64_t> padding{pad_top, pad_left};
     if (pad_top != pad_bottom || pad_left != pad_right) {

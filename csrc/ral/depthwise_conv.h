@@ -5,6 +5,8 @@
 // convolution than the convolution itself.
 #pragma once
 
+#include "ral/conv_activation.h"
+
 #include <cstdint>
 
 namespace blade::ral {
@@ -12,6 +14,18 @@ namespace blade::ral {
 // What follows the bias: nothing, ReLU, hardswish (x * min(max(x + 3, 0), 6) / 6), or SiLU
 // (float32 results only: run over each task's row of results, conv_activation.h).
 enum class DepthwisePostOp { kNone, kRelu, kHardswish, kSilu };
+
+// The post-op of a float32 convolution's activation.
+inline DepthwisePostOp depthwise_post_op(ConvActivation activation) {
+  switch (activation) {
+    case ConvActivation::kRelu:
+      return DepthwisePostOp::kRelu;
+    case ConvActivation::kSilu:
+      return DepthwisePostOp::kSilu;
+    default:
+      return DepthwisePostOp::kNone;
+  }
+}
 
 // Whether depthwise_conv2d runs here (AVX-512 F, BW and VL).
 bool depthwise_conv_available();

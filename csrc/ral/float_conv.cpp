@@ -510,9 +510,16 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   const int64_t slice = columns_outer && !rows_in_turn && kh == 1 && kw == 1
                             ? depth_slice(depth, batch * rows, sizeof(T))
                             : depth;
-  const int64_t slice_bytes = slice / Element<K>::kStep * kColumnBlock *
-                              static_cast<int64_t>(sizeof(uint32_t));
-  if (slice < depth) {
+  // A block's bytes of weight rows for `units` of the depth.
+  const auto rows_bytes = [](int64_t units) {
+    return units / Element<K>::kStep * kColumnBlock * static_cast<int64_t>(sizeof(uint32_t));
+  };
+  // Each slice's one tap group (none: the taps themselves serve).
+  std::vector<std::vector<TapGroup>> slices;
+  for (int64_t from = 0; slice < depth && from < depth; from += slice) {
+    slices.push_back({{from, from, std::min(slice, depth - from)}});
+  }
+  if (!slices.empty()) {
     sliced_calls.fetch_add(1, std::memory_order_relaxed);
   }
   at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
@@ -520,8 +527,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
     int64_t rounded = -1;                    // the image row they are
     for (int64_t from = 0; from < depth; from += slice) {
       const int64_t to = std::min(depth, from + slice);
-      const std::vector<TapGroup> slice_taps =
-          slice == depth ? taps : std::vector<TapGroup>{{from, from, to - from}};
+      const std::vector<TapGroup>& slice_taps = slices.empty() ? taps : slices[from / slice];
       const bool last = to == depth;
       const TileEnd tile_end{last ? bias : nullptr, last && relu, from > 0};
       for (int64_t task = begin; task < end; ++task) {
@@ -546,12 +552,11 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
         // The next task's weight rows ahead (of this slice: its first block's at a
         // slice's end were read from memory by the slice's first tile anyway).
         const NextBlock next =
-            slice == depth ? work.next_block(task, end, weights, block_bytes)
-                           : work.next_block(task, end,
-                                             reinterpret_cast<const char*>(weights) +
-                                                 from / Element<K>::kStep * kColumnBlock *
-                                                     static_cast<int64_t>(sizeof(uint32_t)),
-                                             block_bytes, slice_bytes);
+            slice == depth
+                ? work.next_block(task, end, weights, block_bytes)
+                : work.next_block(task, end,
+                                  reinterpret_cast<const char*>(weights) + rows_bytes(from),
+                                  block_bytes, rows_bytes(slice));
         tile_rows<K, false>(image, base, count, depth, slice_taps,
                             weights + block * block_words, kColumnBlock,
                             RowWalk(n, first, planes.plane_w, batch, out_h, out_w,

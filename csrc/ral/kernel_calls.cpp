@@ -99,12 +99,7 @@ std::vector<c10::ScalarType> parse_dtypes(const std::string& text, std::vector<b
 
 // A buffer as the op takes it: an NHWC one as the channels_last [N, C, H, W] view.
 at::Tensor op_view(const BladeUnrankedMemRef* buffer, c10::ScalarType type, bool nhwc) {
-  at::Tensor view = buffer_view(buffer, type);
-  if (!nhwc) {
-    return view;
-  }
-  TORCH_CHECK(view.dim() == 4, "an NHWC buffer of rank ", view.dim());
-  return view.permute({0, 3, 1, 2});
+  return shaped_view(buffer, type, nhwc ? ViewShape::kNchw : ViewShape::kAsIs);
 }
 
 template <typename T, typename Parse>

@@ -42,6 +42,16 @@ constexpr size_t kKeptViews = 4096;
 
 }  // namespace
 
+at::Tensor shaped_view(const BladeUnrankedMemRef* memref, c10::ScalarType scalar_type,
+                       ViewShape shape) {
+  at::Tensor view = buffer_view(memref, scalar_type);
+  if (shape == ViewShape::kAsIs) {
+    return view;
+  }
+  TORCH_CHECK(view.dim() == 4, "an NHWC buffer of rank ", view.dim());
+  return view.permute({0, 3, 1, 2});
+}
+
 const at::Tensor& kept_view(const void* site, int operand, const BladeUnrankedMemRef* memref,
                             c10::ScalarType scalar_type, ViewShape shape) {
   thread_local std::unordered_map<std::pair<const void*, int>, KeptView, SiteHash> kept;
@@ -54,12 +64,7 @@ const at::Tensor& kept_view(const void* site, int operand, const BladeUnrankedMe
   const int64_t* last = d + 3 + 2 * memref->rank;
   if (!entry.view.defined() || entry.type != scalar_type || entry.shape != shape ||
       !std::equal(first, last, entry.descriptor.begin(), entry.descriptor.end())) {
-    at::Tensor view = buffer_view(memref, scalar_type);
-    if (shape == ViewShape::kNchw) {
-      TORCH_CHECK(view.dim() == 4, "an NHWC buffer of rank ", view.dim());
-      view = view.permute({0, 3, 1, 2});
-    }
-    entry.view = std::move(view);
+    entry.view = shaped_view(memref, scalar_type, shape);
     entry.descriptor.assign(first, last);
     entry.type = scalar_type;
     entry.shape = shape;

@@ -22,13 +22,21 @@ namespace blade::ral {
 // A tensor of `scalar_type` viewing the memory a descriptor describes (no copy, not owned).
 at::Tensor buffer_view(const BladeUnrankedMemRef* memref, c10::ScalarType scalar_type);
 
-// How kept_view shapes a buffer's view: as it is, or an NHWC buffer as the channels_last
+// The aligned address a descriptor holds (a call's weight's names the call in kept_view).
+inline const void* buffer_address(const BladeUnrankedMemRef* memref) {
+  return reinterpret_cast<const void*>(static_cast<const int64_t*>(memref->descriptor)[1]);
+}
+
+// How a buffer's view is shaped: as it is, or an NHWC buffer as the channels_last
 // [N, C, H, W] tensor (a permutation).
 enum class ViewShape { kAsIs, kNchw };
 
-// The view of `memref` as buffer_view makes it, shaped as `shape` says, kept between the
-// calls of this thread for the library call `site` (e.g. its weight's address) and its
-// operand number `operand`: an engine's buffers lie at the same addresses call after call,
+// buffer_view of `memref` shaped as `shape` says.
+at::Tensor shaped_view(const BladeUnrankedMemRef* memref, c10::ScalarType scalar_type,
+                       ViewShape shape);
+
+// The view of `memref` as shaped_view makes it, kept between the calls of this thread for
+// the library call `site` (e.g. its weight's address) and its operand number `operand`: an engine's buffers lie at the same addresses call after call,
 // and making each view anew (a TensorImpl and its storage, a permutation through the
 // dispatcher) was half of what a small convolution's call cost besides its work. A view
 // is reused only while the buffer's descriptor (address, offset, sizes, strides), type and

@@ -263,8 +263,7 @@ void matmul(c10::ScalarType dtype, BladeUnrankedMemRef* a, BladeUnrankedMemRef* 
   };
   guarded("blade_ral_matmul", profile_name, [&] {
     // The operands' views kept for the call (its b's address) between calls.
-    const void* site =
-        reinterpret_cast<const void*>(static_cast<const int64_t*>(b->descriptor)[1]);
+    const void* site = buffer_address(b);
     const at::Tensor weight = kept_view(site, 1, b, dtype, ViewShape::kAsIs);
     at::Tensor rhs = transpose_b != 0 ? weight.transpose(-1, -2) : weight;
     at::Tensor lhs = kept_view(site, 0, a, dtype, ViewShape::kAsIs);

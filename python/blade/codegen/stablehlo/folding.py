@@ -111,35 +111,35 @@ _BINARY = {"stablehlo.add": lambda a, b: a + b, "stablehlo.subtract": lambda a, 
            "stablehlo.multiply": lambda a, b: a * b, "stablehlo.divide": _divide}
 
 
-def _float_splat_operands(op):
-    """The splat values of `op`'s operands where every one is a float splat constant of a
-    static shape, else None."""
-    values = []
-    for operand in op.operands:
-        owner = operand.owner
-        if isinstance(owner, ir.Block):
-            return None
-        source = as_operation(owner)
-        if source.name not in _CONSTANTS:
-            return None
-        value = splat_value(source.attributes["value"])
-        if not isinstance(value, float):
-            return None
-        values.append(value)
-    return values
-
-
-def _folded_math(op):
-    """The value of a float math op of splat constants (_UNARY, _BINARY), or None."""
-    result = ir.RankedTensorType(op.results[0].type)
-    if not result.has_static_shape or not isinstance(result.element_type, ir.FloatType):
+def _splat_of(value):
+    """The number every element of `value` holds where a splat constant defines it, or
+    None."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
         return None
-    values = _float_splat_operands(op)
-    if values is None:
+    source = as_operation(owner)
+    if source.name not in _CONSTANTS:
+        return None
+    return splat_value(source.attributes["value"])
+
+
+def _folded(op):
+    """The splat value `op`'s result holds where its operands are splat constants and its
+    result has a static shape: a splat-preserving op's operand converted to its element
+    type, or the value of float math (_UNARY, _BINARY); None otherwise."""
+    result = ir.RankedTensorType(op.results[0].type)
+    if not result.has_static_shape:
+        return None
+    values = [_splat_of(operand) for operand in op.operands]
+    if any(v is None for v in values):
+        return None
+    if op.name in _SPLAT_PRESERVING:
+        return _converted(values[0], result.element_type)
+    if not isinstance(result.element_type, ir.FloatType) or \
+            not all(isinstance(v, float) for v in values):
         return None
     try:
-        return (_UNARY[op.name](*values) if op.name in _UNARY else
-                _BINARY[op.name](*values))
+        return _UNARY[op.name](*values) if op.name in _UNARY else _BINARY[op.name](*values)
     except OverflowError:
         return None
 
@@ -165,29 +165,11 @@ def fold_splat_constants(module) -> int:
     with module.context:
         module.operation.walk(visit)
         for op in candidates:
-            if op.name not in _SPLAT_PRESERVING:
-                value = _folded_math(op)
-                if value is not None:
-                    with ir.InsertionPoint(op), op.location:
-                        constant = splat_constant(op.results[0].type, value)
-                    op.results[0].replace_all_uses_with(constant.results[0])
-                    op.erase()
-                    folded += 1
-                continue
-            owner = op.operands[0].owner
-            if isinstance(owner, ir.Block):
-                continue
-            source = as_operation(owner)
-            result = ir.RankedTensorType(op.results[0].type)
-            if source.name not in _CONSTANTS or not result.has_static_shape:
-                continue
-            value = splat_value(source.attributes["value"])
-            element = result.element_type
-            converted = None if value is None else _converted(value, element)
-            if converted is None:
+            value = _folded(op)
+            if value is None:
                 continue
             with ir.InsertionPoint(op), op.location:
-                constant = splat_constant(result, converted)
+                constant = splat_constant(op.results[0].type, value)
             op.results[0].replace_all_uses_with(constant.results[0])
             op.erase()
             folded += 1
