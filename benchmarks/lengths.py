@@ -39,9 +39,9 @@ import blade  # noqa: E402
 
 LENGTHS = (8, 24, 48, 77, 128, 200, 384)
 # Untimed calls of each backend at each length before its timing: an engine's kernel trials
-# take its first 7 calls at an input size (PreparedWeights::next_kernel), which would
-# otherwise be 3 or 4 of the 10 timed rounds, each running the kernel that may lose.
-WARM_CALLS = 8
+# take its first calls at an input size (PreparedWeights::next_kernel), which would
+# otherwise be some of the timed rounds, each running the kernel that may lose.
+WARM_CALLS = _C.kernel_trial_calls()
 EXAMPLE_LENGTH = 128
 
 

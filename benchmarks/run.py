@@ -157,9 +157,9 @@ def matmul_flops(model, inputs) -> int:
     return counter.get_total_flops()
 
 
-# Calls by which every kernel trial of an engine has decided (an untimed call, then three
-# timed ones of each kernel: kernel_trials.cpp), and so the warmup's least.
-TRIAL_CALLS = 8
+# Calls by which every kernel trial of an engine has decided (kernel_trials.cpp), and so
+# the warmup's least.
+TRIAL_CALLS = blade._C.kernel_trial_calls()
 
 
 def bench(workload, names, runs, warmup):

@@ -523,7 +523,8 @@ def test_int8_convolutions_read_and_write_float_nhwc(tmp_path):
     optimized = blade.optimize(model, (x,), blade.Config(
         precision="int8", calibration=cal, dump_dir=str(tmp_path)))
     with torch.no_grad():
-        got = optimized(x)
+        for _ in range(_C.kernel_trial_calls()):  # then each layer runs its kept kernel
+            got = optimized(x)
     report = assert_ran_compiled(optimized)
     assert report.int8["layers"] == ["expand", "project"], str(report)
     module = ir_before(tmp_path, "sink-slices")
@@ -664,7 +665,8 @@ def test_int8_engines_multiply_attention_in_bf16(batch, heads, rows, keys, head_
     optimized = blade.optimize(model, inputs, blade.Config(precision="int8",
                                                            calibration=[inputs]))
     with torch.no_grad():
-        optimized(*inputs)
+        for _ in range(_C.kernel_trial_calls()):  # past the projection's kernel trial
+            optimized(*inputs)
     report = assert_ran_compiled(optimized)
     assert [c.precision for c in report.clusters] == ["int8"], str(report)
     with torch.no_grad():
@@ -1124,7 +1126,7 @@ def test_pt2e_quantized_mobile_blocks_run_compiled(block):
     optimized = blade.optimize(quantized, (x,))
     with torch.no_grad():
         own = quantized(x)
-        for _ in range(3):  # the kernel trials' calls: Blade's kernels and oneDNN's
+        for _ in range(_C.kernel_trial_calls()):  # the trials': Blade's kernels, oneDNN's
             torch.testing.assert_close(optimized(x), own, rtol=0, atol=1e-4)
     report = assert_ran_compiled(optimized)
     assert report.coverage == 1.0, str(report)

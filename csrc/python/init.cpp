@@ -239,6 +239,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_kernel_trials", &ral::set_kernel_trials, py::arg("enabled"),
         "Whether engines time a second kernel against oneDNN's (off: oneDNN's always, a bf16 "
         "engine's convolutions in bfloat16).");
+  m.def("kernel_trial_calls", &ral::kernel_trial_calls,
+        "The calls of an engine by which each of its kernel trials has decided.");
   m.def("host_cpu_flags", &ral::host_cpu_flags,
         "This CPU's flags as /proc/cpuinfo names them, as the runtime reads them (the "
         "features an engine records are checked against these when it loads).");

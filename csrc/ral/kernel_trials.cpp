@@ -29,6 +29,13 @@ namespace {
 // pick the slower kernel for the engine's life.
 constexpr int kTimedTrialRuns = 3;
 constexpr size_t kMaxTrials = 256;
+// Each kernel of a trial is timed on its own turns, one call in kOneDnnSpread each,
+// staggered by the trial's order: while one layer times oneDNN's kernel the layers around
+// it (trials begin in the order layers run) run the alternative, as they will where it
+// wins; the alternative's turn is half a spread later. Timed on the same calls in every
+// layer at once, each kernel ran beside its own kind, a context the engine rarely keeps:
+// oneDNN's int8 convolutions timed faster so than they then ran beside Blade's.
+constexpr int64_t kOneDnnSpread = 4;
 
 thread_local bool one_kernel_per_call = false;
 std::atomic<bool> kernel_trials{true};
@@ -44,6 +51,8 @@ PreparedWeights::Kernel untried(PreparedWeights::Kernel alternative) {
 }  // namespace
 
 void set_kernel_trials(bool enabled) { kernel_trials.store(enabled, std::memory_order_relaxed); }
+
+int64_t kernel_trial_calls() { return 1 + kTimedTrialRuns * kOneDnnSpread; }
 
 PreparedWeights::Kernel PreparedWeights::next_kernel(
     const at::Tensor& weight, bool onednn_transposed,
@@ -68,16 +77,22 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
     trial.order = trials_.size();
     it = trials_.emplace(key, trial).first;
   }
-  const KernelTrial& trial = it->second;
+  KernelTrial& trial = it->second;
   if (trial.choice.has_value()) {
     return *trial.choice;
   }
-  // The alternative first (the caller then runs oneDNN's too: onednn_run_pending), then
-  // whichever has run less, oneDNN's on a tie.
+  // The alternative first (the caller then runs oneDNN's too: onednn_run_pending; where it
+  // may not, oneDNN's untimed first is the next call), then oneDNN's on its staggered
+  // turns until timed enough, the alternative on the rest.
+  const int64_t call = trial.calls++;
   if (trial.runs[1] == 0) {
     return trial.alternative;
   }
-  return trial.runs[0] <= trial.runs[1] ? Kernel::kOneDnn : trial.alternative;
+  if (trial.runs[0] == 0) {
+    return Kernel::kOneDnn;
+  }
+  const bool onednn_turn = (call + static_cast<int64_t>(trial.order)) % kOneDnnSpread == 0;
+  return onednn_turn && trial.runs[0] <= kTimedTrialRuns ? Kernel::kOneDnn : trial.alternative;
 }
 
 PreparedWeights::Kernel PreparedWeights::settled_kernel(
@@ -129,6 +144,13 @@ void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_t
   }
   KernelTrial& trial = it->second;
   const int k = kernel == Kernel::kOneDnn ? 0 : 1;
+  // After the untimed first, each kernel's calls count on its turns only (see
+  // kOneDnnSpread), until timed enough: the two spread alike over the trial's calls.
+  const int64_t phase = (trial.calls - 1 + static_cast<int64_t>(trial.order)) % kOneDnnSpread;
+  if (trial.runs[k] > 0 &&
+      (phase != (k == 0 ? 0 : kOneDnnSpread / 2) || trial.runs[k] > kTimedTrialRuns)) {
+    return;
+  }
   if (trial.runs[k]++ > 0) {  // the first call prepared the weight: not timed
     trial.best[k] = trial.runs[k] == 2 ? seconds : std::min(trial.best[k], seconds);
   }

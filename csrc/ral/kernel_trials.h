@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 
 namespace blade::ral {
 
@@ -12,6 +13,10 @@ namespace blade::ral {
 // on by default). Off, every kernel with a second way runs oneDNN's (a bf16 engine's
 // convolutions in bfloat16): tests use it to get the same kernels on every CPU.
 void set_kernel_trials(bool enabled);
+
+// The calls of an engine by which each of its trials has decided (its first call, then
+// each kernel's timed turns): benchmarks and tests warm an engine up with as many.
+int64_t kernel_trial_calls();
 
 // While one lives on a thread, its calls run one kernel per trial op (onednn_run_pending
 // is false): the compile-time check (Engine::run_code) needs the result, not the timing.

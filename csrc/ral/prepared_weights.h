@@ -171,9 +171,9 @@ class PreparedWeights {
   // are no alternative: larger than a BERT weight, where its sgemm needs no copy and was as
   // fast.) So the engine's own calls decide, per weight and oneDNN input size: the first
   // call runs both, untimed (each prepares its weight copy, and oneDNN creates its kernel),
-  // the second and third time oneDNN's and the alternative, then the faster stays and the
-  // other's copy is freed:
-  // from the third call on, a loaded model holds what it keeps (and gives back what
+  // the next time each on its staggered turns (kernel_trials.cpp), the alternative on the
+  // calls between, then the faster stays and the other's copy is freed: from
+  // kernel_trial_calls() calls on, a loaded model holds what it keeps (and gives back what
   // release_plain_weights can). Both give the result within float32 rounding (a precision
   // trial's: within bfloat16's).
   enum class Kernel { kOneDnn, kWinograd, kGemm, kDepthwise, kInt8Conv, kBf16, kF32Tiles };
@@ -199,7 +199,7 @@ class PreparedWeights {
   // first call of a trial runs both).
   bool onednn_run_pending(const at::Tensor& weight, bool onednn_transposed,
                           const std::vector<int64_t>& onednn_input_size);
-  // The time a call took by `kernel` (ignored outside a trial).
+  // The time a call took by `kernel` (ignored outside a trial and off the kernel's turns).
   void record_kernel_time(const at::Tensor& weight, bool onednn_transposed,
                           const std::vector<int64_t>& onednn_input_size, Kernel kernel,
                           double seconds);
@@ -284,6 +284,7 @@ class PreparedWeights {
     Kernel alternative = Kernel::kWinograd;
     std::vector<int64_t> weight_sizes;
     size_t order = 0;  // how many trials began before it
+    int64_t calls = 0;     // next_kernel's answers so far
     int runs[2] = {0, 0};  // oneDNN's, the alternative's; the untimed first included
     double best[2] = {0.0, 0.0};
     std::optional<Kernel> choice;

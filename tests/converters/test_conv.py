@@ -479,7 +479,7 @@ def run_logging_onednn(capfd, optimized, x):
 def test_3x3_convolutions_time_winograd_against_onednn_and_keep_the_faster(capfd, request):
     """The stride-1 3x3 convolution that both algorithms take runs Winograd's on its first
     call (it never reaches oneDNN: the verbose log shows only the other two) and oneDNN's
-    direct one on the next, alternating until each has been timed three times; then it stays
+    direct one on the next, then each on its turns until timed three times; then it stays
     with one, the other's weight copy is freed (the report's prepared copies: 4 during the
     trial, 3 after), and every call matches eager, at odd sizes (edge tiles) and under a
     dynamic batch. Blade's float32 kernel, which would try the other two, is off (as on a
@@ -492,7 +492,7 @@ def test_3x3_convolutions_time_winograd_against_onednn_and_keep_the_faster(capfd
         x = torch.randn(2, 48, 9, 7)
         optimized = blade.optimize(model, (x,), config)
         direct, copies = [], []
-        for _ in range(12):  # the first runs both, six time them in turn (three each)
+        for _ in range(_C.kernel_trial_calls() + 4):  # the trial's calls, then 4 decided
             y, executed = run_logging_onednn(capfd, optimized, x)
             direct.append(any("ic48" in line for line in executed))
             assert len(executed) == 2 + direct[-1], executed
@@ -511,6 +511,41 @@ def test_3x3_convolutions_time_winograd_against_onednn_and_keep_the_faster(capfd
             torch.testing.assert_close(optimized(y), model(y), rtol=1e-4, atol=1e-5)
 
 
+class TwoSame(torch.nn.Module):
+    """Two 3x3 stride-1 convolutions in a row, each Winograd's or oneDNN's."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Conv2d(48, 64, 3, padding=1)
+        self.second = torch.nn.Conv2d(64, 64, 3, padding=1)
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(x)))
+
+
+def test_neighbouring_layers_time_onednn_on_different_calls(capfd, request):
+    """After the call that prepares both kernels, a trial times oneDNN's kernel on its own
+    turns: the two layers never run oneDNN's convolution on the same call (each runs
+    Winograd's while the other times oneDNN's), each runs oneDNN's at least three times,
+    and both have decided after kernel_trial_calls() calls."""
+    _C.set_f32_conv_enabled(False)
+    request.addfinalizer(lambda: _C.set_f32_conv_enabled(True))
+    torch.manual_seed(0)
+    model, x = TwoSame().eval(), torch.randn(1, 48, 12, 12)
+    optimized = blade.optimize(model, (x,))
+    layers = []
+    for _ in range(_C.kernel_trial_calls()):
+        y, executed = run_logging_onednn(capfd, optimized, x)
+        layers.append({key for key in ("ic48", "ic64") if any(key in line for line in executed)})
+        with torch.no_grad():
+            torch.testing.assert_close(y, model(x), rtol=1e-4, atol=1e-5)
+    assert layers[0] == {"ic48", "ic64"}, layers  # each kernel's untimed first call
+    assert all(len(ran) < 2 for ran in layers[1:]), layers
+    assert all(sum(key in ran for ran in layers[1:]) >= 3 for key in ("ic48", "ic64")), layers
+    choices = assert_ran_compiled(optimized).clusters[0].kernel_choices
+    assert len(choices) == 2 and "undecided" not in str(choices), choices
+
+
 class Pointwise(torch.nn.Module):
     """Two 1x1 convolutions, one with a bias and a ReLU: oneDNN's or MKL's sgemm each."""
 
@@ -527,7 +562,7 @@ def test_1x1_convolutions_time_mkl_against_onednn_and_match_eager_every_call(cap
     """Without Blade's float32 kernel (as on a CPU without AVX-512), a 1x1 convolution runs
     the plain-weight GEMM on the first call (no oneDNN convolution in the verbose log: MKL's
     sgemm on the weight as it is, or on an AVX-512 CPU blocked_gemm on its [K, N] copy) and
-    oneDNN's on the next, alternating until each has been timed, then keeps one and frees
+    oneDNN's on the next, each then timed on its turns, then keeps one and frees
     the other's copy; every call matches eager, NaN kept by the ReLU."""
     _C.set_f32_conv_enabled(False)
     request.addfinalizer(lambda: _C.set_f32_conv_enabled(True))
@@ -537,7 +572,7 @@ def test_1x1_convolutions_time_mkl_against_onednn_and_match_eager_every_call(cap
     optimized = blade.optimize(model, (x,))
     x[1, 5, 4, 3] = float("nan")
     onednn, copies = [], []
-    for _ in range(10):
+    for _ in range(_C.kernel_trial_calls() + 4):
         y, executed = run_logging_onednn(capfd, optimized, x)
         onednn.append(len(executed))
         with torch.no_grad():
@@ -580,12 +615,15 @@ def test_inf_and_nan_inputs_give_eagers_inf_and_nan(channels, value):
     assert_ran_compiled(optimized)
 
 
-def test_convolution_results_are_made_in_the_engine_buffers():
+def test_convolution_results_are_made_in_the_engine_buffers(request):
     """oneDNN's float32 convolution writes its output in the buffer the engine allocated
     for it (offered to PyTorch's allocator), rather than zeroing the buffer and adding into
-    it or copying a fresh output there; the ReLU after it still keeps NaN."""
+    it or copying a fresh output there; the ReLU after it still keeps NaN. (Trials off:
+    oneDNN's kernels on every call.)"""
     from blade import _C
 
+    _C.set_kernel_trials(False)
+    request.addfinalizer(lambda: _C.set_kernel_trials(True))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.ReLU(),
                                 torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)).eval()
@@ -635,7 +673,7 @@ def test_depthwise_convolutions_time_blades_kernel_and_match_eager(channels, ker
     optimized = blade.optimize(model, (x,))
     x[1, 5, min(6, size[0] - 1), min(3, size[1] - 1)] = float("nan")
     with torch.no_grad():
-        for _ in range(8):
+        for _ in range(_C.kernel_trial_calls()):
             assert_same_values(optimized(x), model(x), rtol=1e-4, atol=1e-5)
     report = assert_ran_compiled(optimized)
     choices = report.clusters[0].kernel_choices
