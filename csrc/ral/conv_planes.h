@@ -1,6 +1,8 @@
 // What Blade's own implicit-GEMM convolutions (int8_conv.h, float_conv.h) share: the
 // padded input split into stride-phase planes, so that every convolution is a stride-1
-// one over a plane's flat pixel index; the order of a filter's taps in a packed weight;
+// one over a plane's flat pixel index, or (for the register tiles, which read each row at
+// its own position) the padded image walked with the stride; the order of a filter's taps
+// in a packed weight;
 // runs of taps that read adjacent pixels, multiplied as one; and the walk of a block's rows
 // over output pixels.
 #pragma once
@@ -48,29 +50,38 @@ struct TapGroup {
 // 0) split by position modulo the stride, so plane (a, b) holds padded pixels
 // (y * sh + a, x * sw + b) and tap (i, j) of output pixel (oh, ow) reads plane
 // (i % sh, j % sw) at (oh + i / sh, ow + j / sw): a stride-1 convolution in every plane.
-// With a column stride of 1 (and padding narrower than the filter) a row holds its left
+// With a column step of 1 (and padding narrower than the filter) a row holds its left
 // padding only: a tap past the right edge reads on into the next row's left padding (or a
 // last row of padding), so fewer GEMM rows are dropped.
+// A walk that reads each row at its own position (the register tiles') needs no phases:
+// with `strided_walk` the one plane is the padded image, sampled every pixel (step 1), and
+// output pixel (oh, ow) reads it from (oh * sh, ow * sw) on (walk_h, walk_w: the stride),
+// so a strided convolution copies its padding only, or nothing. Taps then lie in the
+// natural order, so it suits filters of fewer than 5 columns (tap_order).
 struct ConvPlanes {
   int64_t height, width, kh, kw, sh, sw, ph, pw;
   int64_t out_h, out_w;
+  int64_t step_h, step_w;  // the plane's pixels are every step-th padded pixel
+  int64_t walk_h, walk_w;  // plane pixels from one output pixel to the next
   int64_t phases_h, phases_w;
   bool shared_padding;
   int64_t plane_h, plane_w;
 
   ConvPlanes(int64_t height, int64_t width, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
-             int64_t ph, int64_t pw)
+             int64_t ph, int64_t pw, bool strided_walk = false)
       : height(height), width(width), kh(kh), kw(kw), sh(sh), sw(sw), ph(ph), pw(pw),
         out_h((height + 2 * ph - kh) / sh + 1), out_w((width + 2 * pw - kw) / sw + 1),
-        phases_h(std::min(sh, kh)), phases_w(std::min(sw, kw)),
-        shared_padding(sw == 1 && pw < kw),
-        plane_h((height + 2 * ph + sh - 1) / sh + (shared_padding && pw > 0 ? 1 : 0)),
-        plane_w(shared_padding ? width + pw : (width + 2 * pw + sw - 1) / sw) {}
+        step_h(strided_walk ? 1 : sh), step_w(strided_walk ? 1 : sw),
+        walk_h(strided_walk ? sh : 1), walk_w(strided_walk ? sw : 1),
+        phases_h(std::min(step_h, kh)), phases_w(std::min(step_w, kw)),
+        shared_padding(step_w == 1 && pw < kw),
+        plane_h((height + 2 * ph + step_h - 1) / step_h + (shared_padding && pw > 0 ? 1 : 0)),
+        plane_w(shared_padding ? width + pw : (width + 2 * pw + step_w - 1) / step_w) {}
 
   // Whether the filter fits the padded input (else the sizes above mean nothing).
   bool filter_fits() const { return height + 2 * ph >= kh && width + 2 * pw >= kw; }
-  // Whether the input, as it is, is the one plane (no padding or stride).
-  bool input_is_plane() const { return ph == 0 && pw == 0 && sh == 1 && sw == 1; }
+  // Whether the input, as it is, is the one plane (no padding, a step of 1).
+  bool input_is_plane() const { return ph == 0 && pw == 0 && step_h == 1 && step_w == 1; }
   int64_t phases() const { return phases_h * phases_w; }
   // Elements of a plane and of an image's planes, `depth` elements a pixel.
   int64_t plane_elements(int64_t depth) const { return plane_h * plane_w * depth; }
@@ -79,22 +90,23 @@ struct ConvPlanes {
   int64_t plane_rows(int64_t batch) const { return batch * phases() * plane_h; }
 
   // Plane row `row`: its image, the input row it copies (outside [0, height): padding),
-  // and the input column of its pixel x = 0 (x steps sw columns).
+  // and the input column of its pixel x = 0 (x steps step_w columns).
   struct Row {
     int64_t image, input_row, first_column;
   };
   Row row(int64_t row) const {
     const int64_t y = row % plane_h;
     const int64_t phase = row / plane_h % phases();
-    return {row / plane_h / phases(), y * sh + phase / phases_w - ph, phase % phases_w - pw};
+    return {row / plane_h / phases(), y * step_h + phase / phases_w - ph,
+            phase % phases_w - pw};
   }
 
   // Each tap's input offset from a row's, in tap_order.
   std::vector<int64_t> tap_offsets(int64_t depth) const {
     std::vector<int64_t> offsets;
     for (const auto& [i, j] : tap_order(kh, kw)) {
-      offsets.push_back(((i % sh) * phases_w + j % sw) * plane_elements(depth) +
-                        ((i / sh) * plane_w + j / sw) * depth);
+      offsets.push_back(((i % step_h) * phases_w + j % step_w) * plane_elements(depth) +
+                        ((i / step_h) * plane_w + j / step_w) * depth);
     }
     return offsets;
   }
@@ -236,24 +248,26 @@ T* planes_buffer(int64_t elements, int64_t kept_bytes, at::Tensor& large) {
 // Where GEMM rows go: row p of image n (a plane's flat pixel index) is output pixel
 // (oh, ow) = (p / plane_w, p % plane_w), dropped if ow >= out_w. Stepped row by row, without
 // a division per row. The register tiles walk output pixels instead (`pixels`: rows are
-// output pixels, each reading its plane row `plane_row`): no row is dropped.
+// output pixels, each reading its plane row `plane_row`, (oh * walk_h, ow * walk_w) in the
+// plane: ConvPlanes' strided walk): no row is dropped.
 struct RowWalk {
   int64_t image_base;  // the image's first output pixel
   int64_t row_w;       // a walked row's length: plane_w, or out_w walking output pixels
   int64_t oh, ow;
   int64_t plane_w, out_w;
   int64_t last;  // the last pixel of the result (of every image)
+  int64_t walk_h = 1, walk_w = 1;
   int64_t plane_row = 0;  // next()'s row's
 
   RowWalk(int64_t n, int64_t first_row, int64_t plane_w, int64_t batch, int64_t out_h,
-          int64_t out_w, bool pixels = false)
+          int64_t out_w, bool pixels = false, int64_t walk_h = 1, int64_t walk_w = 1)
       : image_base(n * out_h * out_w), row_w(pixels ? out_w : plane_w),
         oh(first_row / row_w), ow(first_row % row_w), plane_w(plane_w), out_w(out_w),
-        last(batch * out_h * out_w - 1) {}
+        last(batch * out_h * out_w - 1), walk_h(walk_h), walk_w(walk_w) {}
   // The row's output pixel (negative: dropped), then on to the next row.
   int64_t next() {
     const int64_t pixel = ow < out_w ? image_base + oh * out_w + ow : -1;
-    plane_row = oh * plane_w + ow;
+    plane_row = oh * walk_h * plane_w + ow * walk_w;
     if (++ow == row_w) {
       ow = 0;
       ++oh;

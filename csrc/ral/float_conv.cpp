@@ -311,7 +311,7 @@ void fill_planes(const float* input, int64_t batch, int64_t height, int64_t widt
         continue;
       }
       const float* line = input + (n * height + h) * width * channels;
-      if (planes.sw == 1 && depth == channels) {  // whole runs of pixels at once
+      if (planes.step_w == 1 && depth == channels) {  // whole runs of pixels at once
         const int64_t lo = std::clamp<int64_t>(-first_w, 0, plane_w);
         const int64_t hi = std::clamp<int64_t>(width - first_w, lo, plane_w);
         std::fill(line_out, line_out + lo * depth, T{0});
@@ -334,7 +334,7 @@ void fill_planes(const float* input, int64_t batch, int64_t height, int64_t widt
         source = line;
       }
       // Plane columns [lo, hi) lie inside the image; the rest is padding.
-      const int64_t sw = planes.sw;
+      const int64_t sw = planes.step_w;
       const int64_t lo = std::min(plane_w, first_w >= 0 ? 0 : (-first_w + sw - 1) / sw);
       const int64_t hi = first_w >= width
                              ? lo
@@ -435,8 +435,11 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
                   padding[0] >= 0 && padding[1] >= 0,
               what, ": two positive strides and two paddings not negative are needed, got ",
               stride, " and ", padding);
+  // The tiles read each row at its own position: a strided filter of fewer than 5 columns
+  // reads the padded image stepping by the stride (ConvPlanes' strided walk), its copy the
+  // padding only, row by row, or none.
   const ConvPlanes planes(height, width, kh, kw, stride[0], stride[1], padding[0],
-                          padding[1]);
+                          padding[1], /*strided_walk=*/kw < 5);
   TORCH_CHECK(planes.filter_fits(), what, ": a ", kh, " x ", kw, " filter does not fit the ",
               height, " x ", width, " input padded by ", padding);
   const int64_t depth = padded_depth<K>(channels);
@@ -475,14 +478,15 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   const ConvTasks work(batch, rows, blocks, kMaxRowBlock,
                        out_channels % kColumnBlock == 0 ? kTileRows : kStepRows, columns_outer,
                        at::get_num_threads());
-  // Without padding or stride the input is the plane: a float32 one is read as it is; a
-  // bfloat16 1x1 convolution taking its rows in turn rounds each block of them just before
-  // its products, in the thread's cache (a large image's planes went through memory twice
-  // more). Otherwise the planes are made first.
+  // Without padding the input is the plane (a strided 1x1's read stepping by the stride):
+  // a float32 one is read as it is; a bfloat16 1x1 convolution of stride 1 taking its rows
+  // in turn rounds each block of them just before its products, in the thread's cache (a
+  // large image's planes went through memory twice more). Otherwise the planes are made
+  // first.
   const bool input_is_plane = planes.input_is_plane() && depth == channels;
   const bool as_it_is = K == Kind::kF32 && input_is_plane;
-  const bool rows_in_turn =
-      K == Kind::kBf16 && !columns_outer && kh == 1 && kw == 1 && input_is_plane;
+  const bool rows_in_turn = K == Kind::kBf16 && !columns_outer && kh == 1 && kw == 1 &&
+                            input_is_plane && planes.walk_h == 1 && planes.walk_w == 1;
   const int64_t image_elements = planes.image_elements(depth);
   const T* planes_data = nullptr;
   at::Tensor large;
@@ -560,7 +564,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
         tile_rows<K, false>(image, base, count, depth, slice_taps,
                             weights + block * block_words, kColumnBlock,
                             RowWalk(n, first, planes.plane_w, batch, out_h, out_w,
-                                    /*pixels=*/true),
+                                    /*pixels=*/true, planes.walk_h, planes.walk_w),
                             width, out_channels, column, tile_end, out, next);
         // SiLU over the task's block while it is in cache (in the tiles, its constants
         // and temporaries would take registers from the sums).

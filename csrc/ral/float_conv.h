@@ -1,5 +1,6 @@
 // Blade's own float convolutions, in float32 and in bfloat16, over float32 NHWC activations:
-// the input copied into the stride-phase planes (conv_planes.h) where padding or a stride
+// the input copied into planes (conv_planes.h: the padded image, walked with the stride
+// by a filter of fewer than 5 columns, else stride-phase planes) where padding or a stride
 // needs them (bfloat16: always rounded into a copy), then an implicit GEMM in register
 // tiles of 6 output pixels by 64 output channels (a narrow last block: 8 or 12 pixels by
 // fewer), summed in float32 in registers over every tap (`vfmadd231ps` of one input
@@ -7,7 +8,7 @@
 // before the float32 result is stored. The library's call it replaces (PyTorch's mkldnn
 // convolution) cost more per call than a small layer's products: building its tensors,
 // finding its kernel in its cache, allocating the result; here a call costs the copy (none
-// for a float32 convolution without padding or stride) and the products.
+// for a float32 convolution without padding) and the products.
 #pragma once
 
 #include "ral/conv_activation.h"

@@ -782,11 +782,17 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t sh = stride[0], sw = stride[1], ph = padding[0], pw = padding[1];
   TORCH_CHECK(sh > 0 && sw > 0 && ph >= 0 && pw >= 0, "int8_conv: strides must be positive "
               "and padding not negative, got ", stride, " and ", padding);
-  const ConvPlanes planes(height, width, kh, kw, sh, sw, ph, pw);
+  const bool unfolded = unfolds(channels, kh, kw);
+  const bool tiled = int8_conv_tiles_run();
+  // The register tiles read each row at its own position: a strided filter of fewer than 5
+  // columns reads the padded image stepping by the stride (ConvPlanes' strided walk), its
+  // copy the padding only (row by row), or none; stride-phase planes were copied pixel by
+  // pixel, and each thread's half read half the other core's rows.
+  const ConvPlanes planes(height, width, kh, kw, sh, sw, ph, pw,
+                          /*strided_walk=*/tiled && !unfolded && kw < 5);
   TORCH_CHECK(planes.filter_fits(), "int8_conv: a ", kh, " x ", kw, " filter does not fit the ",
               height, " x ", width, " input padded by ", padding);
   const int64_t out_h = planes.out_h, out_w = planes.out_w;
-  const bool unfolded = unfolds(channels, kh, kw);
   const int64_t taps = unfolded ? 1 : kh * kw;
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
   const int64_t depth = padded_depth(unfolded ? kh * kw * channels : channels);
@@ -826,21 +832,24 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
           continue;
         }
         // An image's (16 pixels at a time; their bytes within two vectors' reach).
-        if (depth == 4 && sw * channels <= 8 && few_channels_avx512()) {
+        const int64_t step = planes.step_w;
+        if (depth == 4 && step * channels <= 8 && few_channels_avx512()) {
           // Plane columns [lo, hi) lie inside the image; the rest is padding.
-          const int64_t lo = std::min(plane_w, first_w >= 0 ? 0 : (-first_w + sw - 1) / sw);
+          const int64_t lo =
+              std::min(plane_w, first_w >= 0 ? 0 : (-first_w + step - 1) / step);
           const int64_t hi =
-              first_w >= width ? lo
-                               : std::max(lo, std::min(plane_w, (width - 1 - first_w) / sw + 1));
+              first_w >= width
+                  ? lo
+                  : std::max(lo, std::min(plane_w, (width - 1 - first_w) / step + 1));
           std::memset(out, e.input_zero_point, lo * depth);
-          spread_pixels_avx512(line + (lo * sw + first_w) * channels, out + lo * depth,
-                               hi - lo, sw, channels,
+          spread_pixels_avx512(line + (lo * step + first_w) * channels, out + lo * depth,
+                               hi - lo, step, channels,
                                static_cast<uint8_t>(e.input_zero_point));
           std::memset(out + hi * depth, e.input_zero_point, (plane_w - hi) * depth);
           continue;
         }
         for (int64_t x = 0; x < plane_w; ++x) {
-          const int64_t w = x * sw + first_w;
+          const int64_t w = x * step + first_w;
           uint8_t* pixel = out + x * depth;
           if (w < 0 || w >= width) {
             std::memset(pixel, e.input_zero_point, depth);
@@ -876,7 +885,6 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   // and the last one read is the plane's last pixel at most. The register tiles read each
   // row's input at its own plane position, so their rows are the output pixels only.
   // Unfolded rows are the output pixels in both ways, one tap of the whole depth.
-  const bool tiled = int8_conv_tiles_run();
   const int64_t rows = tiled || unfolded ? out_h * out_w : (out_h - 1) * plane_w + out_w;
   // Each tap's input offset from a row's (the microkernel's calls), and runs of taps
   // reading adjacent pixels grouped (the register tiles').
@@ -894,7 +902,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   // A 1x1 convolution over more input than the cores' L2 caches hold streams it in; the
   // tiles ask for the rows two tiles ahead (see register_tile).
   const int64_t fetch_ahead = !unfolded && taps == 1 && batch * rows * depth >= kStreamedBytes
-                                  ? kFetchAheadTiles * kTileRows * depth
+                                  ? kFetchAheadTiles * kTileRows * planes.walk_w * depth
                                   : 0;
   at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
     // The microkernel's int32 block and its rows' pixels.
@@ -919,7 +927,8 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       // or an unfolded filter's block of rows, row r unfolded row r (output pixel
       // `first` + r of the image).
       const uint8_t* image = src + n * image_bytes;
-      RowWalk walk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/tiled);
+      RowWalk walk(n, first, plane_w, batch, out_h, out_w, /*pixels=*/tiled, planes.walk_h,
+                   planes.walk_w);
       if (unfolded) {
         if (image_row != unfolded_block) {
           unfold_block(input + n * height * width * channels, planes, channels, first, count,

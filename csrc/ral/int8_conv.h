@@ -1,8 +1,11 @@
 // Blade's own int8 convolution over NHWC uint8 activations, an implicit GEMM whose rows are
-// output pixels and whose depth is the input channels of one filter tap at a time. The
-// padded input is split into stride-phase planes (int8_conv.cpp), so every convolution is a
+// output pixels and whose depth is the input channels of one filter tap at a time, read
+// from planes (conv_planes.h). The register tiles read each row at its own position: from
+// the padded image (the input itself without padding) walked with the stride, for a filter
+// of fewer than 5 columns. Otherwise, and for the microkernel, whose rows lie one pixel
+// apart, the padded input is split into stride-phase planes, so every convolution is a
 // stride-1 one over a plane's flat pixel index: one block of rows covers several output
-// rows, the padding columns' results dropped. A filter over fewer than 4 channels (an
+// rows, the microkernel's padding columns' results dropped. A filter over fewer than 4 channels (an
 // image's) of a few taps (kw * C <= 64 bytes a filter row, kh * kw * C <= 256) is unfolded
 // instead: each pixel's kh x kw x C inputs side by side, multiplied as a 1x1 convolution of
 // that depth, and its weight packed so.

@@ -49,15 +49,19 @@ def reference(x, weight, bias, stride, padding, relu, rounded=lambda t: t.bfloat
     (1, 64, 3, 3, 256, 1, 1, 0),     # a 1x1 with more weight than input: rounded first
     (1, 33, 11, 10, 64, 3, 2, 1),    # stride 2 with padding
     (1, 16, 7, 7, 16, 5, 1, 2),      # a 5x5 (even and odd columns apart in the pack)
-    (3, 8, 6, 9, 20, 3, 2, 0),       # several images, no padding, rows of unequal planes
+    (3, 8, 6, 9, 20, 3, 2, 0),       # several images, no padding: the input as it is, strided
     (1, 128, 8, 8, 64, 1, 2, 0),     # a strided 1x1 (a projection shortcut)
-    (1, 7, 5, 4, 9, 3, 3, 2),        # stride 3: 3 x 3 phases
+    (1, 7, 5, 4, 9, 3, 3, 2),        # stride 3: the walk steps 3 pixels of the padded image
+    (2, 32, 12, 10, 40, 1, 2, 0),    # a strided 1x1 of more input than weight
+    (2, 8, 10, 10, 24, 2, 2, 0),     # a 2x2 stride-2 downsampling
+    (1, 12, 9, 12, 16, 4, 2, 1),     # a 4x4 filter at stride 2
+    (1, 8, 8, 7, 16, 3, 2, 2),       # padding 2 at stride 2: taps read the next row's
     (1, 240, 1, 1, 960, 1, 1, 0),    # a squeeze-excitation's: one pixel
     (1, 96, 7, 7, 192, 1, 1, 0),     # 3 column blocks of 49 rows: rows split for the threads
     # kernel (rows, columns), stride and padding differing between the two axes
-    (1, 6, 9, 10, 12, (3, 1), (2, 1), (1, 0)),  # row phases, shared padding's extra row
-    (1, 6, 9, 10, 12, (1, 3), (1, 2), (0, 1)),  # column phases only
-    (2, 4, 7, 8, 8, (5, 7), (2, 1), (2, 3)),    # a 5 x 7 filter
+    (1, 6, 9, 10, 12, (3, 1), (2, 1), (1, 0)),  # a row stride, shared padding's extra row
+    (1, 6, 9, 10, 12, (1, 3), (1, 2), (0, 1)),  # a column stride only
+    (2, 4, 7, 8, 8, (5, 7), (2, 1), (2, 3)),    # a 5 x 7 filter: stride-phase planes
     (1, 4, 6, 6, 8, (3, 3), (1, 1), (3, 3)),    # padding as wide as the filter: no sharing
     (1, 5, 2, 2, 8, (2, 2), (3, 3), (0, 0)),    # stride past the filter
 ])

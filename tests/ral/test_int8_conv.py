@@ -91,8 +91,8 @@ def assert_rounds_to(result, want, onednn=None):
 @pytest.mark.parametrize("batch, channels, size, out_channels, kernel, stride, padding", [
     (1, 64, (14, 14), 256, 1, 1, 0),   # a bottleneck's 1x1: rows in one plane, no copy
     (2, 32, (9, 11), 70, 3, 1, 1),     # padding; a partial block of output channels
-    (1, 36, (13, 10), 130, 3, 2, 1),   # stride 2: four planes, odd sizes
-    (2, 68, (12, 12), 8, 1, 2, 0),     # a strided 1x1: one plane, subsampled
+    (1, 36, (13, 10), 130, 3, 2, 1),   # stride 2: a strided walk (tiles), 4 planes, odd sizes
+    (2, 68, (12, 12), 8, 1, 2, 0),     # a strided 1x1: the input as it is (tiles), subsampled
     (1, 16, (11, 9), 24, 5, 1, 2),     # a 5x5 filter
     (1, 4, (23, 23), 64, 7, 2, 3),     # a 7x7 stem of four channels
     (2, 3, (20, 17), 64, 7, 2, 3),     # an image's 3 channels: unfolded, 147 bytes a pixel
@@ -117,6 +117,10 @@ def assert_rounds_to(result, want, onednn=None):
     (1, 256, (96, 96), 130, 1, 1, 0),  # the same by three column blocks taking rows in turn
     (1, 2, (7, 9), 8, 1, 3, 0),        # a strided 1x1 of 2 channels: spread at stride 3
     (1, 2, (9, 10), 8, 1, 4, 0),       # and at stride 4
+    (1, 16, (11, 9), 20, 3, 3, 1),     # stride 3: the walk steps 3 pixels
+    (2, 8, (10, 10), 24, 2, 2, 0),     # a 2x2 stride-2 downsampling: the tiles copy nothing
+    (1, 12, (9, 12), 16, 4, 2, 1),     # a 4x4 filter at stride 2: a filter row one group
+    (1, 8, (8, 7), 16, 3, 2, 2),       # padding 2 at stride 2: taps read the next row's
 ])
 def test_blades_kernel_matches_the_real_convolution_and_onednns(
         batch, channels, size, out_channels, kernel, stride, padding, threads, multiply):
