@@ -301,15 +301,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   for (int r = 0; r < kRows; ++r) {
     const int64_t at = pixels[r] * out_channels + column;
     __m512 x[4];
-    __m512i added_u8;
-    if constexpr (kAddU8) {
-      added_u8 = _mm512_maskz_loadu_epi8(bytes_mask, e.add_u8 + at);
-    }
 #pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) {
       __m512 added = zero;
-      if constexpr (kAddU8) {
-        added = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(added_u8, v)));
+      if constexpr (kAddU8) {  // 16 bytes widened as they load (no lane extracted)
+        const uint8_t* bytes = e.add_u8 + at + 16 * v;
+        added = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            masks[v] == 0xFFFF ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))
+                               : _mm_maskz_loadu_epi8(masks[v], bytes)));
       }
       if constexpr (kAddF32) {
         added = _mm512_maskz_loadu_ps(masks[v], e.add_f32 + at + 16 * v);
