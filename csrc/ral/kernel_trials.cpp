@@ -64,8 +64,7 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
     return untried(alternative);
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  const TrialKey key(weight.data_ptr(), onednn_transposed, onednn_input_size);
-  auto it = trials_.find(key);
+  auto it = trials_.find(trial_key(weight, onednn_transposed, onednn_input_size));
   if (it == trials_.end()) {
     if (trials_.size() >= kMaxTrials) {
       return settled_kernel(weight.data_ptr(), onednn_transposed, onednn_input_size,
@@ -75,7 +74,9 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
     trial.alternative = alternative;
     trial.weight_sizes = weight.sizes().vec();
     trial.order = trials_.size();
-    it = trials_.emplace(key, trial).first;
+    it = trials_
+             .emplace(TrialKey(weight.data_ptr(), onednn_transposed, onednn_input_size), trial)
+             .first;
   }
   KernelTrial& trial = it->second;
   if (trial.choice.has_value()) {
@@ -128,7 +129,7 @@ bool PreparedWeights::onednn_run_pending(const at::Tensor& weight, bool onednn_t
     return false;
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto it = trials_.find(TrialKey(weight.data_ptr(), onednn_transposed, onednn_input_size));
+  const auto it = trials_.find(trial_key(weight, onednn_transposed, onednn_input_size));
   return it != trials_.end() && !it->second.choice.has_value() && it->second.runs[0] == 0 &&
          it->second.runs[1] > 0;
 }
@@ -137,11 +138,11 @@ void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_t
                                          const std::vector<int64_t>& onednn_input_size,
                                          Kernel kernel, double seconds) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const TrialKey key(weight.data_ptr(), onednn_transposed, onednn_input_size);
-  auto it = trials_.find(key);
+  auto it = trials_.find(trial_key(weight, onednn_transposed, onednn_input_size));
   if (it == trials_.end() || it->second.choice.has_value()) {
     return;
   }
+  const TrialKey& key = it->first;
   KernelTrial& trial = it->second;
   const int k = kernel == Kernel::kOneDnn ? 0 : 1;
   // After the untimed first, each kernel's calls count on its turns only (see
@@ -165,6 +166,22 @@ void PreparedWeights::run_trial(const at::Tensor& weight, bool onednn_transposed
                                 const std::vector<int64_t>& onednn_input_size,
                                 Kernel alternative, c10::function_ref<bool()> run_alternative,
                                 c10::function_ref<void()> run_onednn) {
+  // A decided trial's kernel, untimed, after one lookup (the kept alternative may still
+  // decline: then oneDNN's).
+  std::optional<Kernel> kept;
+  if (kernel_trials.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = trials_.find(trial_key(weight, onednn_transposed, onednn_input_size));
+    if (it != trials_.end()) {
+      kept = it->second.choice;
+    }
+  }
+  if (kept.has_value()) {
+    if (*kept != alternative || !run_alternative()) {
+      run_onednn();
+    }
+    return;
+  }
   if (next_kernel(weight, onednn_transposed, onednn_input_size, alternative) == alternative) {
     Stopwatch stopwatch;
     const bool ran = run_alternative();

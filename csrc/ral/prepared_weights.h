@@ -293,6 +293,13 @@ class PreparedWeights {
   // kPrecisionTrial), and that of oneDNN's copy (onednn_; a bfloat16 copy's size by
   // onednn_key_size)
   using TrialKey = std::tuple<const void*, bool, std::vector<int64_t>>;
+  // A key's view, to find a trial without copying the input size (calls look theirs up
+  // several times each).
+  static std::tuple<const void*, bool, const std::vector<int64_t>&> trial_key(
+      const at::Tensor& weight, bool onednn_transposed,
+      const std::vector<int64_t>& onednn_input_size) {
+    return {weight.data_ptr(), onednn_transposed, onednn_input_size};
+  }
   // Past the most trials an engine keeps: the kernel kept for the same weight at the
   // decided input size nearest in elements, else oneDNN's (a precision trial's:
   // bfloat16) (mutex_ held).
@@ -342,7 +349,7 @@ class PreparedWeights {
   std::map<std::pair<const void*, bool>, at::Tensor> k_by_n_;  // (data, transposed)
   std::atomic<bool> freed_{false};  // set by release_loser, taken by return_freed_memory
   // oneDNN's copy's key -> the trial of its two kernels
-  std::map<TrialKey, KernelTrial> trials_;
+  std::map<TrialKey, KernelTrial, std::less<>> trials_;  // found by trial_key's view
   std::map<TrialKey, at::Tensor> onednn_;  // oneDNN's copies, by the same key
 };
 
