@@ -282,12 +282,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   // The terms of the block's columns, and the masks of its width (whole vectors first).
   const __mmask64 bytes_mask = bytes_left(width);
   __mmask16 masks[kVecs];
-  __m512i correction[kVecs];
   __m512 multiplier[kVecs], offset[kVecs];
 #pragma GCC unroll 4
   for (int v = 0; v < kVecs; ++v) {
     masks[v] = static_cast<__mmask16>(bytes_mask >> (16 * v));
-    correction[v] = _mm512_maskz_loadu_epi32(masks[v], terms.correction.data() + column + 16 * v);
     multiplier[v] = _mm512_maskz_loadu_ps(masks[v], terms.multiplier.data() + column + 16 * v);
     offset[v] = _mm512_maskz_loadu_ps(masks[v], terms.offset.data() + column + 16 * v);
   }
@@ -297,6 +295,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   const __m512 out_scale = _mm512_set1_ps(terms.out_scale);
   const __m512 out_zero = _mm512_set1_ps(terms.out_zero);
   const __m512 low = _mm512_set1_ps(terms.low);
+  // The input zero point's share, subtracted here once where there is one (an input of a
+  // zero point 0, as after a ReLU, has none: the epilogue below subtracts zeros, folded).
+  if (e.input_zero_point != 0) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) {
+      const __m512i correction =
+          _mm512_maskz_loadu_epi32(masks[v], terms.correction.data() + column + 16 * v);
+#pragma GCC unroll 12
+      for (int r = 0; r < kRows; ++r) {
+        acc[r][v] = _mm512_sub_epi32(acc[r][v], correction);
+      }
+    }
+  }
+  const __m512i corrected = _mm512_setzero_si512();
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
     const int64_t at = pixels[r] * out_channels + column;
@@ -313,8 +325,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       if constexpr (kAddF32) {
         added = _mm512_maskz_loadu_ps(masks[v], e.add_f32 + at + 16 * v);
       }
-      x[v] = epilogue_value<kAddU8 || kAddF32>(acc[r][v], correction[v], multiplier[v],
-                                               offset[v], added, add_factor);
+      x[v] = epilogue_value<kAddU8 || kAddF32>(acc[r][v], corrected, multiplier[v], offset[v],
+                                               added, add_factor);
       x[v] = activate<kGelu>(x[v], terms, out_scale, out_zero);
       if constexpr (!kOutU8) {
         if (e.relu) {

@@ -235,6 +235,29 @@ def test_residual_adds(added_dtype, uint8_result, kernel, out_channels, threads,
 
 
 @needs_kernel
+@pytest.mark.parametrize("kernel, out_channels", [(1, 64), (3, 40)])
+def test_an_input_of_zero_point_0_matches_the_real_convolution(kernel, out_channels, threads,
+                                                                multiply):
+    """An input whose zero point is 0 (a ReLU's) has no share of it to subtract from the
+    sums (the register tiles skip the step): the result is still the real convolution's,
+    a residual added, within one step of oneDNN's."""
+    x, weight, scale, bias = operands(2, 32, (8, 8), out_channels, kernel, 4)
+    input_range = torch.tensor([0.02, 0.0])
+    added = torch.randint(0, 256, (2, 8, 8, out_channels), dtype=torch.uint8,
+                          generator=torch.Generator().manual_seed(5))
+    added_real = ((added.double() - ADDED_RANGE[1]) * ADDED_RANGE[0]).permute(0, 3, 1, 2)
+    (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d_add(
+        x, weight, scale, bias, [1, 1], [kernel // 2] * 2, [1, 1], 1, input_range,
+        added.view(torch.int8), ADDED_RANGE, OUTPUT_RANGE, "relu"))
+    assert ran == [1, 0]
+    real = (x.view(torch.uint8).double() * 0.02).permute(0, 3, 1, 2)
+    w = weight.double() * scale.double().view(-1, 1, 1, 1)
+    want = torch.relu(torch.nn.functional.conv2d(real, w, bias.double(), 1, kernel // 2) +
+                      added_real)
+    assert_rounds_to(mine, want, onednn)
+
+
+@needs_kernel
 @pytest.mark.parametrize("channels, groups, dilation", [(16, 2, 1), (16, 1, 2)])
 def test_what_it_does_not_take_runs_onednns(channels, groups, dilation):
     """Groups, dilation: oneDNN's kernel, still right."""
