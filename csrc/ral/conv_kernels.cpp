@@ -320,10 +320,15 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       }
       const std::vector<int64_t> input_size = x.sizes().vec();
       const at::Tensor param = w;  // the trial's key (w may become a channels_last copy)
-      const Kernel kernel =
-          alternative == Kernel::kOneDnn
-              ? Kernel::kOneDnn
-              : prepared->next_kernel(w, false, input_size, alternative);
+      // A decided trial's kernel runs untimed (one lookup); a running one's is timed.
+      const std::optional<Kernel> kept =
+          alternative == Kernel::kOneDnn ? std::nullopt
+                                         : prepared->kept_kernel(w, false, input_size);
+      const bool timed = alternative != Kernel::kOneDnn && !kept.has_value();
+      const Kernel kernel = alternative == Kernel::kOneDnn ? Kernel::kOneDnn
+                            : kept.has_value()
+                                ? *kept
+                                : prepared->next_kernel(w, false, input_size, alternative);
       Stopwatch stopwatch;
       bool done = false;
       const bool fuses_silu = kernel == Kernel::kF32Tiles || kernel == Kernel::kDepthwise;
@@ -337,6 +342,9 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
                               dilation))) {
         if (!fuses_silu) {
           silu_after();
+        }
+        if (!timed) {
+          return;
         }
         prepared->record_kernel_time(w, false, input_size, kernel, stopwatch.seconds());
         // A trial's first call runs oneDNN's too (below; the same result within rounding).
@@ -362,7 +370,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
           convolve_into(target, x, reordered.defined() ? reordered : plain_weight(w), bias,
                         relu, padding, stride, dilation, groups)) {
         silu_after();
-        if ((kernel == Kernel::kOneDnn || done) && alternative != Kernel::kOneDnn) {
+        if ((kernel == Kernel::kOneDnn || done) && timed) {
           prepared->record_kernel_time(param, false, input_size, Kernel::kOneDnn,
                                        stopwatch.seconds());
         }

@@ -162,20 +162,24 @@ void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_t
   }
 }
 
+std::optional<PreparedWeights::Kernel> PreparedWeights::kept_kernel(
+    const at::Tensor& weight, bool onednn_transposed,
+    const std::vector<int64_t>& onednn_input_size) {
+  if (!kernel_trials.load(std::memory_order_relaxed)) {
+    return std::nullopt;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = trials_.find(trial_key(weight, onednn_transposed, onednn_input_size));
+  return it != trials_.end() ? it->second.choice : std::nullopt;
+}
+
 void PreparedWeights::run_trial(const at::Tensor& weight, bool onednn_transposed,
                                 const std::vector<int64_t>& onednn_input_size,
                                 Kernel alternative, c10::function_ref<bool()> run_alternative,
                                 c10::function_ref<void()> run_onednn) {
-  // A decided trial's kernel, untimed, after one lookup (the kept alternative may still
-  // decline: then oneDNN's).
-  std::optional<Kernel> kept;
-  if (kernel_trials.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = trials_.find(trial_key(weight, onednn_transposed, onednn_input_size));
-    if (it != trials_.end()) {
-      kept = it->second.choice;
-    }
-  }
+  // A decided trial's kernel, untimed (the kept alternative may still decline: then
+  // oneDNN's).
+  const std::optional<Kernel> kept = kept_kernel(weight, onednn_transposed, onednn_input_size);
   if (kept.has_value()) {
     if (*kept != alternative || !run_alternative()) {
       run_onednn();

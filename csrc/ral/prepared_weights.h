@@ -203,6 +203,10 @@ class PreparedWeights {
   void record_kernel_time(const at::Tensor& weight, bool onednn_transposed,
                           const std::vector<int64_t>& onednn_input_size, Kernel kernel,
                           double seconds);
+  // The kernel a decided trial kept, after one lookup; none while it runs, with trials off,
+  // or with no trial for the key (callers then ask next_kernel and time the call).
+  std::optional<Kernel> kept_kernel(const at::Tensor& weight, bool onednn_transposed,
+                                    const std::vector<int64_t>& onednn_input_size);
   // One call of a trial's two kernels, as next_kernel says, timed: `run_alternative` (false
   // when it declines: counted as endless, so that the trial settles on the other), or
   // `run_onednn`, which also runs after the alternative on a trial's first call (the
