@@ -320,15 +320,12 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       }
       const std::vector<int64_t> input_size = x.sizes().vec();
       const at::Tensor param = w;  // the trial's key (w may become a channels_last copy)
-      // A decided trial's kernel runs untimed (one lookup); a running one's is timed.
-      const std::optional<Kernel> kept =
-          alternative == Kernel::kOneDnn ? std::nullopt
-                                         : prepared->kept_kernel(w, false, input_size);
-      const bool timed = alternative != Kernel::kOneDnn && !kept.has_value();
-      const Kernel kernel = alternative == Kernel::kOneDnn ? Kernel::kOneDnn
-                            : kept.has_value()
-                                ? *kept
-                                : prepared->next_kernel(w, false, input_size, alternative);
+      // A running trial's calls are timed; a decided one's kernel runs untimed.
+      bool timed = false;
+      const Kernel kernel =
+          alternative == Kernel::kOneDnn
+              ? Kernel::kOneDnn
+              : prepared->next_kernel(w, false, input_size, alternative, &timed);
       Stopwatch stopwatch;
       bool done = false;
       const bool fuses_silu = kernel == Kernel::kF32Tiles || kernel == Kernel::kDepthwise;

@@ -334,15 +334,15 @@ void fill_planes(const float* input, int64_t batch, int64_t height, int64_t widt
         source = line;
       }
       // Plane columns [lo, hi) lie inside the image; the rest is padding.
-      const int64_t sw = planes.step_w;
-      const int64_t lo = std::min(plane_w, first_w >= 0 ? 0 : (-first_w + sw - 1) / sw);
+      const int64_t step = planes.step_w;
+      const int64_t lo = std::min(plane_w, first_w >= 0 ? 0 : (-first_w + step - 1) / step);
       const int64_t hi = first_w >= width
                              ? lo
-                             : std::max(lo, std::min(plane_w, (width - 1 - first_w) / sw + 1));
+                             : std::max(lo, std::min(plane_w, (width - 1 - first_w) / step + 1));
       std::fill(line_out, line_out + lo * depth, T{0});
       std::fill(line_out + hi * depth, line_out + plane_w * depth, T{0});
       for (int64_t x = lo; x < hi; ++x) {
-        const int64_t w = x * sw + first_w;
+        const int64_t w = x * step + first_w;
         T* pixel = line_out + x * depth;
         if (!whole_row) {
           store_values(line + w * channels, pixel, channels, depth - channels);

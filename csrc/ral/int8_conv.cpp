@@ -308,7 +308,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       }
     }
   }
-  const __m512i corrected = _mm512_setzero_si512();
+  const __m512i no_share = _mm512_setzero_si512();  // subtracted above where any
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
     const int64_t at = pixels[r] * out_channels + column;
@@ -325,7 +325,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       if constexpr (kAddF32) {
         added = _mm512_maskz_loadu_ps(masks[v], e.add_f32 + at + 16 * v);
       }
-      x[v] = epilogue_value<kAddU8 || kAddF32>(acc[r][v], corrected, multiplier[v], offset[v],
+      x[v] = epilogue_value<kAddU8 || kAddF32>(acc[r][v], no_share, multiplier[v], offset[v],
                                                added, add_factor);
       x[v] = activate<kGelu>(x[v], terms, out_scale, out_zero);
       if constexpr (!kOutU8) {

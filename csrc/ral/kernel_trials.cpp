@@ -56,11 +56,25 @@ int64_t kernel_trial_calls() { return 1 + kTimedTrialRuns * kOneDnnSpread; }
 
 PreparedWeights::Kernel PreparedWeights::next_kernel(
     const at::Tensor& weight, bool onednn_transposed,
-    const std::vector<int64_t>& onednn_input_size, Kernel alternative) {
-  if (!is_param(weight) || (alternative == Kernel::kGemm && mkl_functions().sgemm == nullptr)) {
-    return Kernel::kOneDnn;  // nothing prepared without a param; no sgemm without MKL
+    const std::vector<int64_t>& onednn_input_size, Kernel alternative, bool* timed) {
+  if (timed != nullptr) {
+    *timed = false;
   }
-  if (!kernel_trials.load(std::memory_order_relaxed)) {
+  if (alternative == Kernel::kGemm && mkl_functions().sgemm == nullptr) {
+    return Kernel::kOneDnn;  // no sgemm without MKL
+  }
+  const bool trials = kernel_trials.load(std::memory_order_relaxed);
+  if (trials) {  // a decided trial's kernel after one lookup (trials are of params only)
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = trials_.find(trial_key(weight, onednn_transposed, onednn_input_size));
+    if (it != trials_.end() && it->second.choice.has_value()) {
+      return *it->second.choice;
+    }
+  }
+  if (!is_param(weight)) {
+    return Kernel::kOneDnn;  // nothing prepared without a param
+  }
+  if (!trials) {
     return untried(alternative);
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -79,8 +93,11 @@ PreparedWeights::Kernel PreparedWeights::next_kernel(
              .first;
   }
   KernelTrial& trial = it->second;
-  if (trial.choice.has_value()) {
+  if (trial.choice.has_value()) {  // decided since the lookup above
     return *trial.choice;
+  }
+  if (timed != nullptr) {
+    *timed = true;
   }
   // The alternative first (the caller then runs oneDNN's too: onednn_run_pending; where it
   // may not, oneDNN's untimed first is the next call), then oneDNN's on its staggered
@@ -162,31 +179,20 @@ void PreparedWeights::record_kernel_time(const at::Tensor& weight, bool onednn_t
   }
 }
 
-std::optional<PreparedWeights::Kernel> PreparedWeights::kept_kernel(
-    const at::Tensor& weight, bool onednn_transposed,
-    const std::vector<int64_t>& onednn_input_size) {
-  if (!kernel_trials.load(std::memory_order_relaxed)) {
-    return std::nullopt;
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto it = trials_.find(trial_key(weight, onednn_transposed, onednn_input_size));
-  return it != trials_.end() ? it->second.choice : std::nullopt;
-}
-
 void PreparedWeights::run_trial(const at::Tensor& weight, bool onednn_transposed,
                                 const std::vector<int64_t>& onednn_input_size,
                                 Kernel alternative, c10::function_ref<bool()> run_alternative,
                                 c10::function_ref<void()> run_onednn) {
-  // A decided trial's kernel, untimed (the kept alternative may still decline: then
-  // oneDNN's).
-  const std::optional<Kernel> kept = kept_kernel(weight, onednn_transposed, onednn_input_size);
-  if (kept.has_value()) {
-    if (*kept != alternative || !run_alternative()) {
+  bool timed = false;
+  const Kernel kernel =
+      next_kernel(weight, onednn_transposed, onednn_input_size, alternative, &timed);
+  if (!timed) {  // decided (or untried): the kernel, untimed; a declining alternative's
+    if (kernel != alternative || !run_alternative()) {  // call runs oneDNN's
       run_onednn();
     }
     return;
   }
-  if (next_kernel(weight, onednn_transposed, onednn_input_size, alternative) == alternative) {
+  if (kernel == alternative) {
     Stopwatch stopwatch;
     const bool ran = run_alternative();
     record_kernel_time(weight, onednn_transposed, onednn_input_size, alternative,

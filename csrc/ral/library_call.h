@@ -36,9 +36,10 @@ at::Tensor shaped_view(const BladeUnrankedMemRef* memref, c10::ScalarType scalar
                        ViewShape shape);
 
 // The view of `memref` as shaped_view makes it, kept between the calls of this thread for
-// the library call `site` (e.g. its weight's address) and its operand number `operand`: an engine's buffers lie at the same addresses call after call,
-// and making each view anew (a TensorImpl and its storage, a permutation through the
-// dispatcher) was half of what a small convolution's call cost besides its work. A view
+// the library call `site` (e.g. its weight's address) and its operand number `operand`:
+// an engine's buffers lie at the same addresses call after call, and making each view anew
+// (a TensorImpl and its storage, a permutation through the dispatcher) was half of what a
+// small convolution's call cost besides its work. A view
 // is reused only while the buffer's descriptor (address, offset, sizes, strides), type and
 // shape are the same, so it views exactly what a new one would; the views are only read
 // and written through, never resized. The cache is cleared past a few thousand views.

@@ -215,7 +215,9 @@ bool f32_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows, 
   const Kernel alternative = f32_tiles_take(weight, transposed, rows, lda, ldc, lhs, result)
                                  ? Kernel::kF32Tiles
                                  : Kernel::kGemm;
-  const Kernel kernel = prepared->next_kernel(weight, transposed, input_size, alternative);
+  bool timed = false;  // a running trial's call (a decided one's runs untimed)
+  const Kernel kernel =
+      prepared->next_kernel(weight, transposed, input_size, alternative, &timed);
   // oneDNN's kernel stands for its reordered copy for these rows or, once the weight has
   // all the copies it may have (a dynamic engine's), its one [K, N] copy through oneDNN's
   // microkernel on AVX-512 CPUs (blocked_gemm.h): the trial times whichever ran.
@@ -230,22 +232,24 @@ bool f32_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows, 
       : kernel == Kernel::kGemm ? trial_gemm(prepared, lhs.data_ptr<float>(), lda, weight,
                                              transposed, result.data_ptr<float>(), ldc, rows)
                                 : matmul_by_f32_tiles(prepared, lhs, rows, weight, result);
-  if (ran) {
+  if (ran && timed) {
     prepared->record_kernel_time(weight, transposed, input_size, kernel, stopwatch.seconds());
   }
   // A trial's first call runs oneDNN's too (its result the same within rounding); an
   // alternative that declined (its copy refused by the limit, its kernel turned off) counts
   // as endless, so that the trial settles on oneDNN's, which runs instead.
   if (kernel != Kernel::kOneDnn &&
-      (!ran || prepared->onednn_run_pending(weight, transposed, input_size))) {
-    if (!ran) {
+      (!ran || (timed && prepared->onednn_run_pending(weight, transposed, input_size)))) {
+    if (!ran && timed) {
       prepared->record_kernel_time(weight, transposed, input_size, kernel,
                                    std::numeric_limits<double>::infinity());
     }
     const Stopwatch again;
     if (reordered()) {
-      prepared->record_kernel_time(weight, transposed, input_size, Kernel::kOneDnn,
-                                   again.seconds());
+      if (timed) {
+        prepared->record_kernel_time(weight, transposed, input_size, Kernel::kOneDnn,
+                                     again.seconds());
+      }
       return true;
     }
   }

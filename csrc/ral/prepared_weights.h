@@ -191,10 +191,14 @@ class PreparedWeights {
   // The kernel for this call: oneDNN's (with onednn_weight's copy for `onednn_transposed`
   // and `onednn_input_size`) or `alternative` (kWinograd, kGemm, kDepthwise, kInt8Conv,
   // kBf16, kF32Tiles). kOneDnn when `weight` is not a param, or for kGemm without MKL; with
-  // trials off (set_kernel_trials), kOneDnn, or kBf16 for a precision trial.
+  // trials off (set_kernel_trials), kOneDnn, or kBf16 for a precision trial. `timed`
+  // (optional) says whether the call belongs to a running trial, whose caller then times it
+  // (record_kernel_time) and asks onednn_run_pending; a decided trial's kernel comes after
+  // one lookup, untimed.
   static constexpr bool kPrecisionTrial = true;
   Kernel next_kernel(const at::Tensor& weight, bool onednn_transposed,
-                     const std::vector<int64_t>& onednn_input_size, Kernel alternative);
+                     const std::vector<int64_t>& onednn_input_size, Kernel alternative,
+                     bool* timed = nullptr);
   // Whether this call, which ran the alternative, should also run oneDNN's kernel (the
   // first call of a trial runs both).
   bool onednn_run_pending(const at::Tensor& weight, bool onednn_transposed,
@@ -203,10 +207,6 @@ class PreparedWeights {
   void record_kernel_time(const at::Tensor& weight, bool onednn_transposed,
                           const std::vector<int64_t>& onednn_input_size, Kernel kernel,
                           double seconds);
-  // The kernel a decided trial kept, after one lookup; none while it runs, with trials off,
-  // or with no trial for the key (callers then ask next_kernel and time the call).
-  std::optional<Kernel> kept_kernel(const at::Tensor& weight, bool onednn_transposed,
-                                    const std::vector<int64_t>& onednn_input_size);
   // One call of a trial's two kernels, as next_kernel says, timed: `run_alternative` (false
   // when it declines: counted as endless, so that the trial settles on the other), or
   // `run_onednn`, which also runs after the alternative on a trial's first call (the
