@@ -68,10 +68,13 @@ ral::Digest to_digest(const py::bytes& bytes) {
   return digest;
 }
 
-// The test ops' activation flags as the kernels take them (SiLU where both are set).
-ral::ConvActivation activation_of(bool relu, bool silu) {
-  return silu ? ral::ConvActivation::kSilu
-              : relu ? ral::ConvActivation::kRelu : ral::ConvActivation::kNone;
+// The test ops' activation flags as the kernels take them (hardswish, then SiLU, then ReLU
+// where several are set).
+ral::ConvActivation activation_of(bool relu, bool silu, bool hardswish = false) {
+  return hardswish ? ral::ConvActivation::kHardswish
+         : silu    ? ral::ConvActivation::kSilu
+         : relu    ? ral::ConvActivation::kRelu
+                   : ral::ConvActivation::kNone;
 }
 
 // A float convolution by one of the runtime's tile kernels (float_conv.h), NCHW in and
@@ -82,7 +85,8 @@ using FloatConv = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, con
 at::Tensor float_conv2d(const char* what, at::Tensor (*pack)(const at::Tensor&),
                         FloatConv conv, const at::Tensor& x, const at::Tensor& weight,
                         const std::optional<at::Tensor>& bias, const std::vector<int64_t>& stride,
-                        const std::vector<int64_t>& padding, bool relu, bool silu) {
+                        const std::vector<int64_t>& padding, bool relu, bool silu,
+                        bool hardswish) {
   TORCH_CHECK(x.dim() == 4 && weight.dim() == 4 && x.scalar_type() == at::kFloat &&
                   weight.scalar_type() == at::kFloat && weight.size(1) == x.size(1),
               what, ": float32 x [N, C, H, W] and weight [O, C, kh, kw] are needed, got ",
@@ -105,7 +109,7 @@ at::Tensor float_conv2d(const char* what, at::Tensor (*pack)(const at::Tensor&),
   at::Tensor out = at::empty({x.size(0), out_h, out_w, weight.size(0)}, x.options());
   conv(nhwc.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
        weight.size(0), weight.size(2), weight.size(3), stride, padding,
-       b.defined() ? b.const_data_ptr<float>() : nullptr, activation_of(relu, silu),
+       b.defined() ? b.const_data_ptr<float>() : nullptr, activation_of(relu, silu, hardswish),
        out.data_ptr<float>());
   return out.permute({0, 3, 1, 2});
 }
@@ -311,13 +315,14 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "bf16_conv2d",
       [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-         std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu, bool silu) {
+         std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu, bool silu,
+         bool hardswish) {
         TORCH_CHECK(ral::bf16_conv_available(), "bf16_conv2d: this CPU lacks AVX512-BF16");
         return float_conv2d("bf16_conv2d", ral::pack_bf16_conv_weight, ral::bf16_conv, x,
-                            weight, bias, stride, padding, relu, silu);
+                            weight, bias, stride, padding, relu, silu, hardswish);
       },
       py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
-      py::arg("relu"), py::arg("silu") = false,
+      py::arg("relu"), py::arg("silu") = false, py::arg("hardswish") = false,
       "The runtime's own bfloat16 convolution (NCHW in and out, the weight packed per "
       "call; tests).");
   m.def("f32_conv_available", &ral::f32_conv_available,
@@ -334,13 +339,14 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "f32_conv2d",
       [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-         std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu, bool silu) {
+         std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu, bool silu,
+         bool hardswish) {
         TORCH_CHECK(ral::f32_conv_available(), "f32_conv2d: this CPU lacks AVX512-F/BW/VL");
         return float_conv2d("f32_conv2d", ral::pack_f32_conv_weight, ral::f32_conv, x, weight,
-                            bias, stride, padding, relu, silu);
+                            bias, stride, padding, relu, silu, hardswish);
       },
       py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
-      py::arg("relu"), py::arg("silu") = false,
+      py::arg("relu"), py::arg("silu") = false, py::arg("hardswish") = false,
       "The runtime's own float32 convolution (NCHW in and out, the weight packed per call; "
       "tests).");
   m.def(
@@ -371,7 +377,8 @@ PYBIND11_MODULE(_C, m) {
       "depthwise_conv2d",
       [](const at::Tensor& x, const at::Tensor& filters, const std::optional<at::Tensor>& bias,
          std::vector<int64_t> stride, std::vector<int64_t> padding,
-         std::vector<int64_t> dilation, bool relu, std::optional<at::Tensor> out, bool silu) {
+         std::vector<int64_t> dilation, bool relu, std::optional<at::Tensor> out, bool silu,
+         bool hardswish) {
         TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 4 &&
                         filters.scalar_type() == at::kFloat && filters.dim() == 3 &&
                         filters.size(2) == x.size(3) && stride.size() == 2 &&
@@ -406,7 +413,7 @@ PYBIND11_MODULE(_C, m) {
                             f.data_ptr<float>(), kh, kw, stride[0], stride[1], padding[0],
                             padding[1], dilation[0], dilation[1],
                             b.defined() ? b.data_ptr<float>() : nullptr,
-                            ral::depthwise_post_op(activation_of(relu, silu)),
+                            ral::depthwise_post_op(activation_of(relu, silu, hardswish)),
                             y.data_ptr<float>(), oh, ow),
                     "depthwise_conv2d: does not run here (AVX-512) or for a ", kh, "x", kw,
                     " filter");
@@ -414,7 +421,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("x"), py::arg("filters"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
       py::arg("dilation"), py::arg("relu"), py::arg("out") = py::none(),
-      py::arg("silu") = false,
+      py::arg("silu") = false, py::arg("hardswish") = false,
       "The runtime's own depthwise convolution (NHWC in and out, into `out` when given; "
       "SiLU after the bias where `silu`, else ReLU where `relu`; tests and benchmarks).");
   m.def("few_rows_gemm_available", &ral::few_rows_gemm_available,

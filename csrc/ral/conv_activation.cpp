@@ -47,18 +47,27 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 silu16(__m512 x)
   return _mm512_mul_ps(x, _mm512_mask_mov_ps(sigmoid, tiny, _mm512_setzero_ps()));
 }
 
-__attribute__((target("avx512f"))) void silu_rows_avx512(float* data, int64_t rows,
-                                                         int64_t width, int64_t stride) {
+// x * (min(max(x + 3, 0), 6) / 6) of 16 values (NaN: max gives 0, x * 0 is NaN).
+__attribute__((target("avx512f"), always_inline)) inline __m512 hardswish16(__m512 x) {
+  const __m512 gate = _mm512_min_ps(
+      _mm512_max_ps(_mm512_add_ps(x, _mm512_set1_ps(3.0f)), _mm512_setzero_ps()),
+      _mm512_set1_ps(6.0f));
+  return _mm512_mul_ps(x, _mm512_mul_ps(gate, _mm512_set1_ps(1.0f / 6.0f)));
+}
+
+// f over `rows` rows of `width` values, row r at data + r * stride.
+template <__m512 (*f)(__m512)>
+__attribute__((target("avx512f"))) void rows_avx512(float* data, int64_t rows, int64_t width,
+                                                    int64_t stride) {
   const int64_t whole = width / 16 * 16;
   const __mmask16 tail = lanes_left(width - whole);
   for (int64_t r = 0; r < rows; ++r) {
     float* row = data + r * stride;
     for (int64_t j = 0; j < whole; j += 16) {
-      _mm512_storeu_ps(row + j, silu16(_mm512_loadu_ps(row + j)));
+      _mm512_storeu_ps(row + j, f(_mm512_loadu_ps(row + j)));
     }
     if (tail != 0) {
-      _mm512_mask_storeu_ps(row + whole, tail,
-                            silu16(_mm512_maskz_loadu_ps(tail, row + whole)));
+      _mm512_mask_storeu_ps(row + whole, tail, f(_mm512_maskz_loadu_ps(tail, row + whole)));
     }
   }
 }
@@ -68,9 +77,9 @@ __attribute__((target("avx512f"))) void silu_rows_avx512(float* data, int64_t ro
 }  // namespace
 
 ConvActivation conv_activation(int64_t code) {
-  TORCH_CHECK(code >= 0 && code <= static_cast<int64_t>(ConvActivation::kSilu),
+  TORCH_CHECK(code >= 0 && code <= static_cast<int64_t>(ConvActivation::kHardswish),
               "blade_ral_conv2d_nhwc_bias: activation ", code,
-              " is none of 0 (none), 1 (ReLU) and 2 (SiLU)");
+              " is none of 0 (none), 1 (ReLU), 2 (SiLU) and 3 (hardswish)");
   return static_cast<ConvActivation>(code);
 }
 
@@ -81,20 +90,42 @@ bool silu_available() {
 
 void silu_rows(float* data, int64_t rows, int64_t width, int64_t stride) {
   TORCH_CHECK(silu_available(), "silu_rows: this CPU lacks AVX-512F");
-  silu_rows_avx512(data, rows, width, stride);
+  rows_avx512<silu16>(data, rows, width, stride);
+}
+
+void hardswish_rows(float* data, int64_t rows, int64_t width, int64_t stride) {
+  TORCH_CHECK(silu_available(), "hardswish_rows: this CPU lacks AVX-512F");
+  rows_avx512<hardswish16>(data, rows, width, stride);
+}
+
+void activation_rows(ConvActivation activation, float* data, int64_t rows, int64_t width,
+                     int64_t stride) {
+  if (activation == ConvActivation::kSilu) {
+    silu_rows(data, rows, width, stride);
+  } else if (activation == ConvActivation::kHardswish) {
+    hardswish_rows(data, rows, width, stride);
+  }
 }
 
 void silu_dense(float* data, int64_t count) {
-  if (count <= 0) {
+  activation_dense(ConvActivation::kSilu, data, count);
+}
+
+void activation_dense(ConvActivation activation, float* data, int64_t count) {
+  if (count <= 0 || !activation_pass(activation)) {
     return;
   }
   if (!silu_available()) {
     at::Tensor values = at::from_blob(data, {count}, at::kFloat);
-    at::silu_(values);
+    if (activation == ConvActivation::kSilu) {
+      at::silu_(values);
+    } else {
+      at::hardswish_(values);
+    }
     return;
   }
   at::parallel_for(0, count, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
-    silu_rows_avx512(data + begin, 1, end - begin, 0);
+    activation_rows(activation, data + begin, 1, end - begin, 0);
   });
 }
 

@@ -1,9 +1,10 @@
 // The activation a float32 convolution applies after its bias (conv2d_nhwc_bias's
-// `activation` argument, python/blade/codegen/kernels/convolution.py), and SiLU over rows
-// of values: Blade's own convolutions run it on each task's block of results while the
-// block is in the core's cache, where a loop of generated code after the call read and
-// wrote the whole result through memory again (EfficientNet's expanded activations are
-// several times a core's L2 cache).
+// `activation` argument, python/blade/codegen/kernels/convolution.py), and SiLU or
+// hardswish over rows of values: Blade's own convolutions run them on each task's block of
+// results while the block is in the core's cache, where a loop of generated code after the
+// call read and wrote the whole result through memory again (EfficientNet's expanded
+// activations are several times a core's L2 cache; MobileNetV3's hardswish follows most of
+// its convolutions).
 #pragma once
 
 #include <cstdint>
@@ -11,8 +12,15 @@
 namespace blade::ral {
 
 // The ABI's values: 0 and 1 as the argument's old meaning (ReLU or not), so an engine
-// compiled before SiLU was added calls the same.
-enum class ConvActivation : int64_t { kNone = 0, kRelu = 1, kSilu = 2 };
+// compiled before SiLU was added calls the same. Hardswish is x * (min(max(x + 3, 0), 6)
+// / 6), the division a multiply by 1/6 (within a float32 ulp of PyTorch's).
+enum class ConvActivation : int64_t { kNone = 0, kRelu = 1, kSilu = 2, kHardswish = 3 };
+
+// Whether the activation is a pass over the results (SiLU, hardswish), not a kernel's own
+// ReLU.
+inline bool activation_pass(ConvActivation activation) {
+  return activation == ConvActivation::kSilu || activation == ConvActivation::kHardswish;
+}
 
 // The activation the ABI's argument names; throws for any other value.
 ConvActivation conv_activation(int64_t code);
@@ -28,5 +36,12 @@ bool silu_available();
 // SiLU over `count` dense float32 values in place on the intra-op threads, on any CPU
 // (PyTorch's kernel where silu_rows does not run).
 void silu_dense(float* data, int64_t count);
+
+// The activation's pass (activation_pass; nothing for the others) as silu_rows and
+// silu_dense do SiLU's; hardswish_rows as silu_rows.
+void hardswish_rows(float* data, int64_t rows, int64_t width, int64_t stride);
+void activation_rows(ConvActivation activation, float* data, int64_t rows, int64_t width,
+                     int64_t stride);
+void activation_dense(ConvActivation activation, float* data, int64_t count);
 
 }  // namespace blade::ral

@@ -286,19 +286,22 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
                   " values for ", w.size(0), " output channels");
     }
     PreparedWeights* prepared = active_prepared_weights();
-    // ReLU is every kernel's post-op; SiLU is applied by Blade's float32, bfloat16 and
-    // depthwise kernels (`fuses_silu`) and after any other (a pass over the result).
+    // ReLU is every kernel's post-op; SiLU and hardswish are applied by Blade's float32,
+    // bfloat16 and depthwise kernels (`fuses_pass`) and after any other (a pass over the
+    // result).
     const ConvActivation activation = conv_activation(activation_code);
     const bool relu = activation == ConvActivation::kRelu;
-    const auto silu_after = [&] {
-      if (activation != ConvActivation::kSilu) {
+    const auto pass_after = [&] {
+      if (!activation_pass(activation)) {
         return;
       }
       if (target.scalar_type() == at::kFloat &&
           target.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-        silu_dense(target.data_ptr<float>(), target.numel());
-      } else {
+        activation_dense(activation, target.data_ptr<float>(), target.numel());
+      } else if (activation == ConvActivation::kSilu) {
         at::silu_(target);
+      } else {
+        at::hardswish_(target);
       }
     };
     // The float32 path: oneDNN's kernel, or a second where one applies.
@@ -328,7 +331,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
               : prepared->next_kernel(w, false, input_size, alternative, &timed);
       Stopwatch stopwatch;
       bool done = false;
-      const bool fuses_silu = kernel == Kernel::kF32Tiles || kernel == Kernel::kDepthwise;
+      const bool fuses_pass = kernel == Kernel::kF32Tiles || kernel == Kernel::kDepthwise;
       if ((kernel == Kernel::kF32Tiles &&
            convolve_f32_tiles(prepared, x, w, target, bias, activation, padding, stride)) ||
           (kernel == Kernel::kWinograd &&
@@ -337,8 +340,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
           (kernel == Kernel::kDepthwise &&
            convolve_depthwise(prepared, x, w, target, bias, activation, padding, stride,
                               dilation))) {
-        if (!fuses_silu) {
-          silu_after();
+        if (!fuses_pass) {
+          pass_after();
         }
         if (!timed) {
           return;
@@ -366,7 +369,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       if (channels_last &&
           convolve_into(target, x, reordered.defined() ? reordered : plain_weight(w), bias,
                         relu, padding, stride, dilation, groups)) {
-        silu_after();
+        pass_after();
         if ((kernel == Kernel::kOneDnn || done) && timed) {
           prepared->record_kernel_time(param, false, input_size, Kernel::kOneDnn,
                                        stopwatch.seconds());
@@ -378,7 +381,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       }
       at::Tensor result = at::conv2d(x, plain_weight(w), bias, stride, padding, dilation, groups);
       target.copy_(relu ? at::relu(result) : result);
-      silu_after();
+      pass_after();
     };
     // A bf16 engine's convolutions by its params (depthwise and grouped ones excepted:
     // memory-bound, they ran slower in bfloat16 with the conversions) run in bfloat16 or
@@ -402,7 +405,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
           }
           if (convolve_bf16(prepared, x, param, false, target, bias, relu, padding, stride,
                             dilation)) {
-            silu_after();
+            pass_after();
             return true;
           }
           return false;

@@ -52,8 +52,9 @@ struct Ends {
   __m512 bias, start, scale, in_zero_point, out_inverse, out_zero_point, zero;
 };
 
-// A pixel's sum (`taps`: the filters of its taps inside the image, for uint8 data's zero
-// point) finished as e says and stored at pixel `ox` of the output row.
+// A pixel's sum finished as e says and stored at pixel `ox` of the output row. uint8 data's
+// sums are of raw bytes, a tap outside the image reading the zero point's byte: every tap's
+// filter (`taps`) times the zero point is taken off before scaling.
 template <typename In>
 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void finish(
     __m512 sum, __m512 taps, const Finish& e, const Ends& v, float* y, int64_t out_row,
@@ -99,26 +100,166 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 sum_rows(const _
   }
 }
 
-// Pixels a stride-1 row sums at once from one window of input columns.
-constexpr int kSlide = 8;
+// Pixels a block of one output row sums at once (eight sums in flight cover the
+// multiply-adds' latency on two ports), and the fewer a row's end takes.
+constexpr int kBlock = 8;
+constexpr int kShortBlock = 4;
 
-// What a tap outside the image reads: zeros (16 lanes of any input type).
+// What a float32 tap outside the image reads: 16 zeros.
 alignas(64) constexpr uint8_t kZeroBytes[64] = {};
 
-// One output row (image row `oy` of image `b`) for the channels [ch, ch + 16) under
-// `mask`: the KH x KW filter vectors loaded once, then the pixels whose taps all lie
-// inside the image four at a time (four sums in flight: one pixel's taps are a chain of
-// dependent multiply-adds), and the others one at a time, each tap outside reading zeros
-// instead (no branch). Float32 data sums from the bias; uint8 data sums its bytes, and the
-// zero point times the taps' filters inside the image is taken off before scaling (a tap
-// outside is a real zero).
+// The output row a task makes: its image's input rows under each filter row, and what a
+// tap outside the image reads (zeros; uint8 data: the zero point's byte, a real zero).
+template <int KH, typename In>
+struct RowTask {
+  const In* line[KH];  // filter row i's input row at the channel block (when row_in[i])
+  bool row_in[KH];
+  bool all_rows;
+  const In* pad;
+  int64_t out_row;
+  int64_t ch;
+  __mmask16 mask;
+};
+
+// U neighbouring pixels at stride SW (filter columns one pixel apart) from the input column
+// ix0 on: each input column of their window is loaded once and multiplied by every filter
+// tap that reads it, the column's address one pixel on from the last. (Sums of four pixels
+// tap by tap needed a row's taps' addresses, more than the registers hold: each
+// multiply-add waited on an address reloaded from the stack.) kGuard: some columns or (for
+// uint8 data) rows lie outside the image and read the pad; float32 data skips rows outside.
+template <int KH, int KW, int SW, int U, bool kGuard, bool kFull, typename In>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void slide(
+    const RowTask<KH, In>& t, const Geometry& g, int64_t ix0, const __m512* f, __m512 start,
+    __m512* sums) {
+  constexpr int kColumns = (U - 1) * SW + KW;
+#pragma GCC unroll 16
+  for (int p = 0; p < U; ++p) {
+    sums[p] = start;
+  }
+#pragma GCC unroll 5
+  for (int i = 0; i < KH; ++i) {
+    if (std::is_same_v<In, float> && !t.row_in[i]) {
+      continue;  // its taps all read zeros
+    }
+    // The column's offset stepped in a register: left to itself, the compiler keeps each
+    // column's offset (k times the row's pixel size) apart, on the stack.
+    int64_t offset = ix0 * g.c;
+#pragma GCC unroll 40
+    for (int k = 0; k < kColumns; ++k) {
+      const In* at = t.line[i] + offset;
+      if constexpr (kGuard) {
+        const bool inside = t.row_in[i] && static_cast<uint64_t>(ix0 + k) <
+                                               static_cast<uint64_t>(g.w);
+        at = inside ? at : t.pad;
+      }
+      offset += g.c;
+      asm("" : "+r"(offset));
+      const __m512 column = load16<kFull>(at, t.mask);
+#pragma GCC unroll 16
+      for (int p = 0; p < U; ++p) {
+        const int j = k - p * SW;  // the filter column that reads this input column
+        if (j >= 0 && j < KW) {
+          sums[p] = _mm512_fmadd_ps(column, f[i * KW + j], sums[p]);
+        }
+      }
+    }
+  }
+}
+
+// The pixels [ox, ox + blocks * U) of a task's row, U at a time, summed by slide and
+// finished. A function of its own: inlined into the row's, its loop's registers were
+// shared with the whole row's and its addresses kept on the stack.
+template <int KH, int KW, int U, bool kFull, typename In>
+__attribute__((target("avx512f,avx512bw,avx512vl"), noinline)) void blocks(
+    const RowTask<KH, In>& task, const Finish& e, const Ends& ends, const __m512* filters,
+    __m512 all_taps, float* y, const Geometry& geometry, int64_t ox, int64_t count) {
+  const RowTask<KH, In> t = task;
+  const Geometry g = geometry;
+  const Ends v = ends;
+  __m512 f[KH * KW];
+#pragma GCC unroll 25
+  for (int k = 0; k < KH * KW; ++k) {
+    f[k] = filters[k];
+  }
+  for (int64_t n = 0; n < count; ++n, ox += U) {
+    const int64_t ix0 = ox * g.sw - g.pw;
+    const bool guard = ix0 < 0 || ix0 + (U - 1) * g.sw + KW > g.w ||
+                       (std::is_same_v<In, uint8_t> && !t.all_rows);
+    __m512 sums[U];
+    if (g.sw == 1) {
+      if (guard) {
+        slide<KH, KW, 1, U, true, kFull>(t, g, ix0, f, v.start, sums);
+      } else {
+        slide<KH, KW, 1, U, false, kFull>(t, g, ix0, f, v.start, sums);
+      }
+    } else if (guard) {
+      slide<KH, KW, 2, U, true, kFull>(t, g, ix0, f, v.start, sums);
+    } else {
+      slide<KH, KW, 2, U, false, kFull>(t, g, ix0, f, v.start, sums);
+    }
+#pragma GCC unroll 16
+    for (int p = 0; p < U; ++p) {
+      finish<In>(sums[p], all_taps, e, v, y, t.out_row, ox + p, g, t.ch, t.mask);
+    }
+  }
+}
+
+// Output row `oy` of image `b` (row_block's).
+template <int KH, int KW, bool kFull, typename In>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void row(
+    RowTask<KH, In>& t, const In* image, const Finish& e, const Ends& v, const __m512* f,
+    __m512 all_taps, float* y, const Geometry& g, int64_t b, int64_t oy) {
+  t.out_row = (b * g.oh + oy) * g.ow * g.c;
+  t.all_rows = true;
+  for (int i = 0; i < KH; ++i) {
+    const int64_t iy = oy * g.sh - g.ph + i * g.dh;
+    t.row_in[i] = iy >= 0 && iy < g.h;
+    t.line[i] = image + (t.row_in[i] ? iy : 0) * g.w * g.c + t.ch;
+    t.all_rows = t.all_rows && t.row_in[i];
+  }
+  int64_t ox = 0;
+  if (g.dw == 1 && (g.sw == 1 || g.sw == 2)) {
+    if (const int64_t count = g.ow / kBlock; count > 0) {
+      blocks<KH, KW, kBlock, kFull>(t, e, v, f, all_taps, y, g, ox, count);
+      ox += count * kBlock;
+    }
+    if (ox + kShortBlock <= g.ow) {
+      blocks<KH, KW, kShortBlock, kFull>(t, e, v, f, all_taps, y, g, ox, 1);
+      ox += kShortBlock;
+    }
+  }
+  // The rest one pixel at a time, at any stride and dilation.
+  for (; ox < g.ow; ++ox) {
+    __m512 part[KH];
+#pragma GCC unroll 5
+    for (int i = 0; i < KH; ++i) {
+      part[i] = i == 0 ? v.start : v.zero;
+#pragma GCC unroll 5
+      for (int j = 0; j < KW; ++j) {
+        const int64_t ix = ox * g.sw - g.pw + j * g.dw;
+        const bool inside = t.row_in[i] && ix >= 0 && ix < g.w;
+        part[i] = _mm512_fmadd_ps(
+            load16<kFull>(inside ? t.line[i] + ix * g.c : t.pad, t.mask), f[i * KW + j],
+            part[i]);
+      }
+    }
+    finish<In>(sum_rows<KH>(part), all_taps, e, v, y, t.out_row, ox, g, t.ch, t.mask);
+  }
+}
+
+// Output rows [oy_begin, oy_end) of image `b` for the channels [ch, ch + 16) under `mask`:
+// the KH x KW filter vectors loaded once, then in each row at stride 1 or 2 without
+// dilation the pixels kBlock, then kShortBlock at a time (slide), and the others one at a
+// time, each tap outside the image reading the pad; SiLU over each row made, in cache (in
+// `finish`, its constants would take the registers that hold the filters). Float32 data
+// sums from the bias; uint8 data sums its bytes.
 template <int KH, int KW, bool kFull, typename In>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
     const In* x, const float* filters, const Finish& finish_as, float* y,
-    const Geometry& geometry, int64_t b, int64_t oy, int64_t ch, __mmask16 mask) {
-  constexpr bool kUint8 = std::is_same_v<In, uint8_t>;
+    const Geometry& geometry, int64_t b, int64_t oy_begin, int64_t oy_end, int64_t ch,
+    __mmask16 mask) {
   // Copies in locals: a vector store may alias anything, so fields read through the
-  // references were loaded again after each one (and the taps' offsets computed again).
+  // references were loaded again after each one.
   const Geometry g = geometry;
   const Finish e = finish_as;
   __m512 f[KH * KW];
@@ -132,7 +273,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
   }
   Ends v;
   v.bias = e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + ch) : _mm512_setzero_ps();
-  v.start = kUint8 ? _mm512_setzero_ps() : v.bias;
+  v.start = std::is_same_v<In, uint8_t> ? _mm512_setzero_ps() : v.bias;
   // uint8 data: the input's scale times the filters' (whose int8 values the filters are).
   const DepthwiseRanges& r = e.ranges;
   v.scale = _mm512_mul_ps(_mm512_set1_ps(r.scale),
@@ -143,120 +284,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
   v.out_inverse = _mm512_set1_ps(1.0f / r.out_scale);
   v.out_zero_point = _mm512_set1_ps(static_cast<float>(r.out_zero_point));
   v.zero = _mm512_setzero_ps();
+  alignas(64) uint8_t zero_point_bytes[16];
+  std::fill(zero_point_bytes, zero_point_bytes + 16, static_cast<uint8_t>(r.zero_point));
+  RowTask<KH, In> t;
+  t.pad = reinterpret_cast<const In*>(std::is_same_v<In, uint8_t> ? zero_point_bytes
+                                                                   : kZeroBytes);
+  t.ch = ch;
+  t.mask = mask;
   const In* image = x + b * g.h * g.w * g.c;
-  const int64_t out_row = (b * g.oh + oy) * g.ow * g.c;
-  // The columns [first, end) whose taps all lie inside the image, on rows that all do: no
-  // bounds to check there.
-  int64_t iy[KH];
-  bool row_in[KH];
-  bool all_rows = true;
-  for (int i = 0; i < KH; ++i) {
-    iy[i] = oy * g.sh - g.ph + i * g.dh;
-    row_in[i] = iy[i] >= 0 && iy[i] < g.h;
-    all_rows = all_rows && row_in[i];
-  }
-  const int64_t first = std::min((g.pw + g.sw - 1) / g.sw, g.ow);
-  const int64_t reach = g.w - 1 + g.pw - (KW - 1) * g.dw;
-  const int64_t end = all_rows && reach >= 0 ? std::max(first, std::min(reach / g.sw + 1, g.ow))
-                                             : first;
-  const In* zeros = reinterpret_cast<const In*>(kZeroBytes);
-  for (int64_t ox = 0; ox < g.ow; ++ox) {
-    if (ox == first && end > first) {
-      // The inside pixels: uint8 data at stride 1 kSlide at a time, each input column of
-      // their window widened to float32 once for the KW sums that read it (float32 data
-      // lost so: its loads cost nothing to redo); then four at a time, then one at a time.
-      if (kUint8 && g.sw == 1 && g.dw == 1) {
-        for (; ox + kSlide <= end; ox += kSlide) {
-          const In* tap = image + (iy[0] * g.w + ox - g.pw) * g.c + ch;
-          __m512 sums[kSlide];
-#pragma GCC unroll 8
-          for (int p = 0; p < kSlide; ++p) {
-            sums[p] = v.start;
-          }
-#pragma GCC unroll 5
-          for (int i = 0; i < KH; ++i) {
-            const In* line = tap + i * g.dh * g.w * g.c;
-            __m512 column[kSlide + KW - 1];
-#pragma GCC unroll 12
-            for (int c = 0; c < kSlide + KW - 1; ++c) {
-              column[c] = load16<kFull>(line + c * g.c, mask);
-            }
-#pragma GCC unroll 5
-            for (int j = 0; j < KW; ++j) {
-#pragma GCC unroll 8
-              for (int p = 0; p < kSlide; ++p) {
-                sums[p] = _mm512_fmadd_ps(column[p + j], f[i * KW + j], sums[p]);
-              }
-            }
-          }
-#pragma GCC unroll 8
-          for (int p = 0; p < kSlide; ++p) {
-            finish<In>(sums[p], all_taps, e, v, y, out_row, ox + p, g, ch, mask);
-          }
-        }
-      }
-      const int64_t step = g.sw * g.c;
-      for (; ox + 4 <= end; ox += 4) {
-        const In* tap = image + (iy[0] * g.w + ox * g.sw - g.pw) * g.c + ch;
-        __m512 s0 = v.start;
-        __m512 s1 = v.start;
-        __m512 s2 = v.start;
-        __m512 s3 = v.start;
-#pragma GCC unroll 5
-        for (int i = 0; i < KH; ++i) {
-#pragma GCC unroll 5
-          for (int j = 0; j < KW; ++j) {
-            const In* p = tap + (i * g.dh * g.w + j * g.dw) * g.c;
-            const __m512 w = f[i * KW + j];
-            s0 = _mm512_fmadd_ps(load16<kFull>(p, mask), w, s0);
-            s1 = _mm512_fmadd_ps(load16<kFull>(p + step, mask), w, s1);
-            s2 = _mm512_fmadd_ps(load16<kFull>(p + 2 * step, mask), w, s2);
-            s3 = _mm512_fmadd_ps(load16<kFull>(p + 3 * step, mask), w, s3);
-          }
-        }
-        finish<In>(s0, all_taps, e, v, y, out_row, ox, g, ch, mask);
-        finish<In>(s1, all_taps, e, v, y, out_row, ox + 1, g, ch, mask);
-        finish<In>(s2, all_taps, e, v, y, out_row, ox + 2, g, ch, mask);
-        finish<In>(s3, all_taps, e, v, y, out_row, ox + 3, g, ch, mask);
-      }
-      for (; ox < end; ++ox) {
-        const In* tap = image + (iy[0] * g.w + ox * g.sw - g.pw) * g.c + ch;
-        __m512 part[KH];
-#pragma GCC unroll 5
-        for (int i = 0; i < KH; ++i) {
-          part[i] = i == 0 ? v.start : v.zero;
-#pragma GCC unroll 5
-          for (int j = 0; j < KW; ++j) {
-            const In* p = tap + (i * g.dh * g.w + j * g.dw) * g.c;
-            part[i] = _mm512_fmadd_ps(load16<kFull>(p, mask), f[i * KW + j], part[i]);
-          }
-        }
-        finish<In>(sum_rows<KH>(part), all_taps, e, v, y, out_row, ox, g, ch, mask);
-      }
-      if (ox >= g.ow) {
-        break;
-      }
+  for (int64_t oy = oy_begin; oy < oy_end; ++oy) {
+    row<KH, KW, kFull>(t, image, e, v, f, all_taps, y, g, b, oy);
+    if (e.post_op == DepthwisePostOp::kSilu) {
+      silu_rows(y + t.out_row + ch, g.ow, std::min<int64_t>(16, g.c - ch), g.c);
     }
-    // A pixel at the image's edge: each tap outside reads zeros.
-    __m512 part[KH];
-    __m512 taps = v.zero;  // the filters of the taps inside the image
-#pragma GCC unroll 5
-    for (int i = 0; i < KH; ++i) {
-      const In* line = row_in[i] ? image + iy[i] * g.w * g.c + ch : zeros;
-      part[i] = i == 0 ? v.start : v.zero;
-#pragma GCC unroll 5
-      for (int j = 0; j < KW; ++j) {
-        const int64_t ix = ox * g.sw - g.pw + j * g.dw;
-        const bool inside = row_in[i] && ix >= 0 && ix < g.w;
-        part[i] = _mm512_fmadd_ps(load16<kFull>(inside ? line + ix * g.c : zeros, mask),
-                                  f[i * KW + j], part[i]);
-        if constexpr (kUint8) {
-          taps = _mm512_mask_add_ps(taps, inside ? mask : 0, taps, f[i * KW + j]);
-        }
-      }
-    }
-    finish<In>(sum_rows<KH>(part), kUint8 ? taps : all_taps, e, v, y, out_row, ox, g, ch,
-               mask);
   }
 }
 
@@ -265,23 +305,31 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
 template <int KH, int KW, typename In>
 void convolve(const In* x, int64_t n, const float* filters, const Finish& e, float* y,
               const Geometry& g) {
-  // Tasks of one output row and one block of 16 channels: a 7 x 7 image has too few rows
-  // to share evenly among the threads on its own.
+  // Tasks of a band of output rows and one block of 16 channels, in bands of about
+  // kTaskPixels pixels (a small image's filters and constants set up once, not per row).
+  // Each thread's share is whole bands, a multiple of the threads' count: the image's rows
+  // split among the threads as the layer before mostly wrote them (reading the half of each
+  // row another core wrote cost more than the sums).
+  constexpr int64_t kTaskPixels = 256;
   const int64_t blocks = (g.c + 15) / 16;
-  at::parallel_for(0, n * g.oh * blocks, 1, [&](int64_t begin, int64_t end) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t most = std::clamp<int64_t>((kTaskPixels + g.ow - 1) / g.ow, 1, g.oh);
+  const int64_t bands = std::min(
+      g.oh, threads * std::max<int64_t>(1, (g.oh + threads * most - 1) / (threads * most)));
+  const int64_t row_tasks = n * bands;
+  at::parallel_for(0, row_tasks * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t row = task / blocks;
-      const int64_t ch = task % blocks * 16;
+      const int64_t band = task / blocks;
+      const int64_t block = task % blocks;
+      const int64_t b = band / bands;
+      const int64_t oy = band % bands * g.oh / bands;  // bands as even as they go
+      const int64_t oy_end = (band % bands + 1) * g.oh / bands;
+      const int64_t ch = block * 16;
       const __mmask16 mask = lanes_left(g.c - ch);
       if (mask == 0xffff) {
-        row_block<KH, KW, true>(x, filters, e, y, g, row / g.oh, row % g.oh, ch, mask);
+        row_block<KH, KW, true>(x, filters, e, y, g, b, oy, oy_end, ch, mask);
       } else {
-        row_block<KH, KW, false>(x, filters, e, y, g, row / g.oh, row % g.oh, ch, mask);
-      }
-      // SiLU over the row just made, in cache (in `finish`, its constants would take the
-      // registers that hold the filters).
-      if (e.post_op == DepthwisePostOp::kSilu) {
-        silu_rows(y + row * g.ow * g.c + ch, g.ow, std::min<int64_t>(16, g.c - ch), g.c);
+        row_block<KH, KW, false>(x, filters, e, y, g, b, oy, oy_end, ch, mask);
       }
     }
   });
@@ -330,6 +378,9 @@ bool depthwise_conv2d_uint8(const uint8_t* x, int64_t n, int64_t h, int64_t w, i
                             int64_t oh, int64_t ow) {
   TORCH_CHECK(post_op != DepthwisePostOp::kSilu,
               "depthwise_conv2d_uint8: SiLU is a post-op of float32 data only");
+  TORCH_CHECK(ranges.zero_point >= 0 && ranges.zero_point <= 255,
+              "depthwise_conv2d_uint8: a uint8 zero point is in [0, 255], got ",
+              ranges.zero_point);
   return run(x, n, kh, kw, filters, Finish{bias, post_op, ranges}, y,
              Geometry{h, w, c, sh, sw, ph, pw, 1, 1, oh, ow});
 }

@@ -1,6 +1,6 @@
 // Depthwise 3x3 and 5x5 convolutions of NHWC float32 data (MobileNet's and EfficientNet's),
 // each channel by its own filter, bias and ReLU fused: a channel block's filter stays in
-// vector registers while the block's row of outputs is made. A kernel trial times it
+// vector registers while the block's band of output rows is made. A kernel trial times it
 // against oneDNN's depthwise convolution, whose call costs more around such a small
 // convolution than the convolution itself.
 #pragma once
@@ -22,6 +22,8 @@ inline DepthwisePostOp depthwise_post_op(ConvActivation activation) {
       return DepthwisePostOp::kRelu;
     case ConvActivation::kSilu:
       return DepthwisePostOp::kSilu;
+    case ConvActivation::kHardswish:
+      return DepthwisePostOp::kHardswish;
     default:
       return DepthwisePostOp::kNone;
   }

@@ -425,7 +425,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
               const float* bias, ConvActivation activation, float* out) {
   using T = ElementType<K>;
   const bool relu = activation == ConvActivation::kRelu;
-  const bool silu = activation == ConvActivation::kSilu;
+  const bool pass = activation_pass(activation);  // SiLU or hardswish after the sums
   TORCH_CHECK(K == Kind::kBf16 ? bf16_conv_available() : f32_conv_available(), what,
               ": this CPU lacks ", K == Kind::kBf16 ? "AVX512-BF16" : "AVX512-F/BW/VL");
   TORCH_CHECK(packed.scalar_type() == (K == Kind::kBf16 ? at::kShort : at::kFloat), what,
@@ -462,9 +462,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
         out[p * out_channels + o] = relu && value < 0.0f ? 0.0f : value;
       }
     }
-    if (silu) {
-      silu_dense(out, batch * out_h * out_w * out_channels);
-    }
+    activation_dense(activation, out, batch * out_h * out_w * out_channels);
     return;
   }
 
@@ -566,11 +564,11 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
                             RowWalk(n, first, planes.plane_w, batch, out_h, out_w,
                                     /*pixels=*/true, planes.walk_h, planes.walk_w),
                             width, out_channels, column, tile_end, out, next);
-        // SiLU over the task's block while it is in cache (in the tiles, its constants
-        // and temporaries would take registers from the sums).
-        if (last && silu) {
-          silu_rows(out + (n * rows + first) * out_channels + column, count, width,
-                    out_channels);
+        // SiLU or hardswish over the task's block while it is in cache (in the tiles,
+        // their constants and temporaries would take registers from the sums).
+        if (last && pass) {
+          activation_rows(activation, out + (n * rows + first) * out_channels + column,
+                          count, width, out_channels);
         }
       }
     }

@@ -324,13 +324,15 @@ def test_bias_and_relu_run_inside_the_convolution(dtype, tmp_path):
     assert linalg.count("blade.activation = 1") == 1, linalg    # only the first one's ReLU
 
 
-class SiluConvolutions(torch.nn.Module):
-    """An MBConv's convolutions, each followed by SiLU: a 1x1 expansion, 3x3 and strided 5x5
-    depthwise ones, a dense 3x3 (oneDNN's or Winograd's, SiLU after it), and a 1x1 whose
-    biased sum something besides its SiLU reads (its SiLU stays a loop)."""
+class ActivatedConvolutions(torch.nn.Module):
+    """An MBConv's convolutions, each followed by the activation (SiLU, or MobileNetV3's
+    hardswish): a 1x1 expansion, 3x3 and strided 5x5 depthwise ones, a dense 3x3 (oneDNN's
+    or Winograd's, the activation after it), and a 1x1 whose biased sum something besides
+    its activation reads (the activation stays a loop)."""
 
-    def __init__(self):
+    def __init__(self, activation):
         super().__init__()
+        self.activation = activation
         self.expand = torch.nn.Conv2d(8, 24, 1)
         self.depthwise3 = torch.nn.Conv2d(24, 24, 3, padding=1, groups=24)
         self.depthwise5 = torch.nn.Conv2d(24, 24, 5, stride=2, padding=2, groups=24)
@@ -338,20 +340,23 @@ class SiluConvolutions(torch.nn.Module):
         self.shared = torch.nn.Conv2d(16, 16, 1)
 
     def forward(self, x):
-        silu = torch.nn.functional.silu
-        y = silu(self.depthwise5(silu(self.depthwise3(silu(self.expand(x))))))
-        z = self.shared(silu(self.dense(y)))
-        return silu(z) + z
+        act = self.activation
+        y = act(self.depthwise5(act(self.depthwise3(act(self.expand(x))))))
+        z = self.shared(act(self.dense(y)))
+        return act(z) + z
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_silu_runs_inside_the_convolution(dtype, dynamic, tmp_path):
-    """float32 convolutions take their SiLU as their post-op (activation 2); a float64
-    one keeps it as loops. Either way the results are eager's, and Blade's own kernels ran
-    (the float32 tiles, or the depthwise kernel, where the CPU has AVX-512)."""
+@pytest.mark.parametrize("activation, code", [(torch.nn.functional.silu, 2),
+                                              (torch.nn.functional.hardswish, 3)],
+                         ids=["silu", "hardswish"])
+def test_activation_runs_inside_the_convolution(activation, code, dtype, dynamic, tmp_path):
+    """float32 convolutions take their SiLU or hardswish as their post-op (activation 2 or
+    3); a float64 one keeps it as loops. Either way the results are eager's, and Blade's own
+    kernels ran (the float32 tiles, or the depthwise kernel, where the CPU has AVX-512)."""
     torch.manual_seed(0)
-    model = SiluConvolutions().to(dtype).eval()
+    model = ActivatedConvolutions(activation).to(dtype).eval()
     x = random_tensor((2, 8, 12, 10), dtype) * 3
     rtol, atol = TOLERANCE[dtype]
     config = blade.Config(dump_dir=str(tmp_path), dynamic=dynamic)
@@ -360,7 +365,7 @@ def test_silu_runs_inside_the_convolution(dtype, dynamic, tmp_path):
     assert report.clusters[0].library_calls == 5, str(report)
     linalg = ir_before(tmp_path, "write-slices-in-place")
     fused = 4 if dtype == torch.float32 else 0
-    assert linalg.count("blade.activation = 2") == fused, linalg
+    assert linalg.count(f"blade.activation = {code}") == fused, linalg
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 5, linalg
     with torch.no_grad():
         for shape in ((2, 8, 12, 10), (1, 8, 7, 9)) if dynamic else ((2, 8, 12, 10),):

@@ -12,11 +12,13 @@ pytestmark = pytest.mark.skipif(not _C.blocked_gemm_available(),
 F = torch.nn.functional
 
 
-def reference(x, weight, bias, stride, padding, dilation, relu, silu=False):
+def reference(x, weight, bias, stride, padding, dilation, relu, silu=False, hardswish=False):
     """float64 NCHW convolution of the NHWC input, back to NHWC."""
     y = F.conv2d(x.double().permute(0, 3, 1, 2), weight.double(),
                  None if bias is None else bias.double(), stride, padding, dilation,
                  groups=x.shape[3]).permute(0, 2, 3, 1)
+    if hardswish:
+        return F.hardswish(y)
     return F.silu(y) if silu else torch.relu(y) if relu else y
 
 
@@ -31,10 +33,11 @@ def test_matches_a_float64_convolution(kernel, stride, dilation, channels, size)
     bias = torch.randn(channels)
     padding = dilation * (kernel // 2)
     filters = weight[:, 0].permute(1, 2, 0).contiguous()
-    for relu, silu, b in ((False, False, bias), (True, False, None), (False, True, bias)):
+    for relu, silu, hardswish, b in ((False, False, False, bias), (True, False, False, None),
+                                     (False, True, False, bias), (False, False, True, bias)):
         got = _C.depthwise_conv2d(x, filters, b, [stride] * 2, [padding] * 2,
-                                  [dilation] * 2, relu, silu=silu)
-        want = reference(x, weight, b, stride, padding, dilation, relu, silu)
+                                  [dilation] * 2, relu, silu=silu, hardswish=hardswish)
+        want = reference(x, weight, b, stride, padding, dilation, relu, silu, hardswish)
         assert got.shape == want.shape
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 

@@ -34,9 +34,11 @@ def kind(request):
 
 
 def reference(x, weight, bias, stride, padding, relu, rounded=lambda t: t.bfloat16().double(),
-              silu=False):
+              silu=False, hardswish=False):
     out = torch.nn.functional.conv2d(rounded(x), rounded(weight),
                                      None if bias is None else bias.double(), stride, padding)
+    if hardswish:
+        return torch.nn.functional.hardswish(out)
     return torch.nn.functional.silu(out) if silu else out.clamp_min(0) if relu else out
 
 
@@ -65,18 +67,18 @@ def reference(x, weight, bias, stride, padding, relu, rounded=lambda t: t.bfloat
     (1, 4, 6, 6, 8, (3, 3), (1, 1), (3, 3)),    # padding as wide as the filter: no sharing
     (1, 5, 2, 2, 8, (2, 2), (3, 3), (0, 0)),    # stride past the filter
 ])
-@pytest.mark.parametrize("activation", ["none", "relu", "silu"])
+@pytest.mark.parametrize("activation", ["none", "relu", "silu", "hardswish"])
 def test_convolution_matches_the_rounded_reference(kind, shape, activation):
     conv, conv_calls, rounded = kind
     n, c, h, w, o, k, s, p = shape
     k, s, p = [v if isinstance(v, tuple) else (v, v) for v in (k, s, p)]
-    relu, silu = activation == "relu", activation == "silu"
+    relu, silu, hardswish = (activation == name for name in ("relu", "silu", "hardswish"))
     torch.manual_seed(0)
     x, weight, bias = torch.randn(n, c, h, w), torch.randn(o, c, *k), torch.randn(o)
     calls = conv_calls()
-    got = conv(x, weight, bias, list(s), list(p), relu, silu=silu)
+    got = conv(x, weight, bias, list(s), list(p), relu, silu=silu, hardswish=hardswish)
     assert conv_calls() == calls + 1
-    want = reference(x, weight, bias, list(s), list(p), relu, rounded, silu)
+    want = reference(x, weight, bias, list(s), list(p), relu, rounded, silu, hardswish)
     assert got.shape == want.shape
     assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
 

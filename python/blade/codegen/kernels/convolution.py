@@ -1,9 +1,10 @@
 """2-d convolutions that the RAL runs as PyTorch's (`blade_ral_conv2d[_nhwc]_<type>`): the
 `stablehlo.convolution` forms the kernels take, OIHW weights on NCHW data or NHWC data
 (channels_last, see codegen/stablehlo/layouts.py), and an NHWC convolution's epilogue: a
-per-channel bias add and a ReLU or SiLU that the kernel applies itself
+per-channel bias add and a ReLU, SiLU or hardswish that the kernel applies itself
 (`conv2d_nhwc_bias`) instead of a pass of loops over its result.
 """
+import struct
 from typing import List, Optional, Tuple
 
 from torch_mlir import ir
@@ -89,6 +90,12 @@ def _channel_bias(value, channels: int) -> Optional[Tuple[object, List]]:
 def _zero_splat(value) -> Optional[List]:
     """The ops (a constant, then broadcasts of it) that make `value` a splat of 0.0, in
     block order; None when it is anything else."""
+    return _splat(value, 0.0)
+
+
+def _splat(value, number: float) -> Optional[List]:
+    """The ops (a constant, then broadcasts of it) that make `value` a splat of `number`
+    (as float32 rounds it), in block order; None when it is anything else."""
     ops = []
     while True:
         op = producer(value, "stablehlo.broadcast_in_dim") or \
@@ -99,14 +106,19 @@ def _zero_splat(value) -> Optional[List]:
         ops.insert(0, op)
         if op.name == "stablehlo.constant":
             attr = op.attributes["value"]
-            zero = isinstance(attr, ir.DenseFPElementsAttr) and attr.is_splat and \
-                float(ir.FloatAttr(attr.get_splat_value()).value) == 0.0
-            return ops if zero else None
+            equal = isinstance(attr, ir.DenseFPElementsAttr) and attr.is_splat and \
+                _float32(float(ir.FloatAttr(attr.get_splat_value()).value)) == _float32(number)
+            return ops if equal else None
         value = op.operands[0]
 
 
+def _float32(number: float) -> float:
+    """`number` rounded to float32."""
+    return struct.unpack("f", struct.pack("f", number))[0]
+
+
 # The kernel's `activation` argument (csrc/ral/conv_activation.h).
-NO_ACTIVATION, RELU, SILU = 0, 1, 2
+NO_ACTIVATION, RELU, SILU, HARDSWISH = 0, 1, 2, 3
 
 
 def _silu_of(value) -> Optional[Tuple[object, object]]:
@@ -126,12 +138,50 @@ def _silu_of(value) -> Optional[Tuple[object, object]]:
     return logistic, multiply
 
 
+def _other_operand(op, value):
+    """The operand of the binary `op` that is not `value` (None when neither or both are)."""
+    first, second = op.operands[0], op.operands[1]
+    if (first == value) == (second == value):
+        return None
+    return second if first == value else first
+
+
+def _hardswish_of(value) -> Optional[Tuple[List, object]]:
+    """(the ops, the last) where `value` is read by exactly hardswish as PyTorch's
+    decomposes it, value * (min(max(value + 3, 0), 6) / 6) (the division, or a multiply
+    by 1/6), each step's result read by the next alone; the splat constants' ops among
+    the ops. None otherwise."""
+    users = [as_operation(use.owner) for use in value.uses
+             if as_operation(use.owner).name not in SHAPE_QUERIES]
+    step = next((u for u in users if u.name == "stablehlo.add"), None)
+    if len(users) != 2:
+        return None
+    ops, current = [], value
+    for name, number in (("stablehlo.add", 3.0), ("stablehlo.maximum", 0.0),
+                         ("stablehlo.minimum", 6.0), ("stablehlo.divide", 6.0)):
+        if step is not None and name == "stablehlo.divide" and step.name == "stablehlo.multiply":
+            name, number = step.name, 1.0 / 6.0
+        if step is None or step.name != name or \
+                (name == "stablehlo.divide" and step.operands[0] != current):
+            return None
+        other = _other_operand(step, current)
+        constant = _splat(other, number) if other is not None else None
+        if constant is None:
+            return None
+        ops += constant + [step]
+        current, step = step.result, only_data_user(step.result)
+    if step is None or step.name != "stablehlo.multiply" or \
+            _other_operand(step, current) != value or not any(u == step for u in users):
+        return None
+    return ops, step
+
+
 def _epilogue(conv) -> Optional[Tuple[object, List, object, int]]:
     """For an NHWC convolution followed by a per-channel bias add (and a ReLU, or a float32
-    SiLU) that nothing else reads in between: (the bias source, the ops between, the last
-    op, the activation), which the kernel runs as the convolution's own bias and post-op
-    (ReLU NaN-preserving; SiLU over each block of results while it is in cache) instead of
-    a pass of loops over its result. None otherwise."""
+    SiLU or hardswish) that nothing else reads in between: (the bias source, the ops
+    between, the last op, the activation), which the kernel runs as the convolution's own
+    bias and post-op (ReLU NaN-preserving; SiLU and hardswish over each block of results
+    while it is in cache) instead of a pass of loops over its result. None otherwise."""
     add = only_data_user(conv.result)
     if add is None or add.name != "stablehlo.add":
         return None
@@ -150,6 +200,11 @@ def _epilogue(conv) -> Optional[Tuple[object, List, object, int]]:
     if silu is not None and isinstance(ir.ShapedType(add.result.type).element_type, ir.F32Type):
         logistic, multiply = silu
         return source, peeled + [add, logistic], multiply, SILU
+    hardswish = _hardswish_of(add.result)
+    if hardswish is not None and \
+            isinstance(ir.ShapedType(add.result.type).element_type, ir.F32Type):
+        steps, multiply = hardswish
+        return source, peeled + [add] + steps, multiply, HARDSWISH
     return source, peeled, add, NO_ACTIVATION
 
 
