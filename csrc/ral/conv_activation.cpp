@@ -83,39 +83,29 @@ ConvActivation conv_activation(int64_t code) {
   return static_cast<ConvActivation>(code);
 }
 
-bool silu_available() {
+bool activation_rows_available() {
   static const bool available = has_cpu_feature("avx512f");
   return available;
 }
 
-void silu_rows(float* data, int64_t rows, int64_t width, int64_t stride) {
-  TORCH_CHECK(silu_available(), "silu_rows: this CPU lacks AVX-512F");
-  rows_avx512<silu16>(data, rows, width, stride);
-}
-
-void hardswish_rows(float* data, int64_t rows, int64_t width, int64_t stride) {
-  TORCH_CHECK(silu_available(), "hardswish_rows: this CPU lacks AVX-512F");
-  rows_avx512<hardswish16>(data, rows, width, stride);
-}
-
 void activation_rows(ConvActivation activation, float* data, int64_t rows, int64_t width,
                      int64_t stride) {
-  if (activation == ConvActivation::kSilu) {
-    silu_rows(data, rows, width, stride);
-  } else if (activation == ConvActivation::kHardswish) {
-    hardswish_rows(data, rows, width, stride);
+  if (!activation_pass(activation)) {
+    return;
   }
-}
-
-void silu_dense(float* data, int64_t count) {
-  activation_dense(ConvActivation::kSilu, data, count);
+  TORCH_CHECK(activation_rows_available(), "activation_rows: this CPU lacks AVX-512F");
+  if (activation == ConvActivation::kSilu) {
+    rows_avx512<silu16>(data, rows, width, stride);
+  } else {
+    rows_avx512<hardswish16>(data, rows, width, stride);
+  }
 }
 
 void activation_dense(ConvActivation activation, float* data, int64_t count) {
   if (count <= 0 || !activation_pass(activation)) {
     return;
   }
-  if (!silu_available()) {
+  if (!activation_rows_available()) {
     at::Tensor values = at::from_blob(data, {count}, at::kFloat);
     if (activation == ConvActivation::kSilu) {
       at::silu_(values);

@@ -25,23 +25,18 @@ inline bool activation_pass(ConvActivation activation) {
 // The activation the ABI's argument names; throws for any other value.
 ConvActivation conv_activation(int64_t code);
 
-// x * sigmoid(x) in place over `rows` rows of `width` float32 values, row r starting at
-// data + r * stride; needs AVX-512F (silu_available). exp is a degree-5 polynomial after
+// The activation's pass (activation_pass; nothing for the others) in place over `rows`
+// rows of `width` float32 values, row r starting at data + r * stride; needs AVX-512F
+// (activation_rows_available). SiLU, x * sigmoid(x): exp is a degree-5 polynomial after
 // Cody-Waite reduction (codegen/loops/approximations.py's) and the reciprocal an estimate
 // refined by a Newton step: a few float32 ulps from x / (1 + exp(-x)); -0 below -80 (the
 // exact value is under 2e-33 there), NaN for NaN and -inf, as PyTorch's.
-void silu_rows(float* data, int64_t rows, int64_t width, int64_t stride);
-bool silu_available();
-
-// SiLU over `count` dense float32 values in place on the intra-op threads, on any CPU
-// (PyTorch's kernel where silu_rows does not run).
-void silu_dense(float* data, int64_t count);
-
-// The activation's pass (activation_pass; nothing for the others) as silu_rows and
-// silu_dense do SiLU's; hardswish_rows as silu_rows.
-void hardswish_rows(float* data, int64_t rows, int64_t width, int64_t stride);
 void activation_rows(ConvActivation activation, float* data, int64_t rows, int64_t width,
                      int64_t stride);
+bool activation_rows_available();
+
+// The activation's pass over `count` dense float32 values in place on the intra-op
+// threads, on any CPU (PyTorch's kernel where activation_rows does not run).
 void activation_dense(ConvActivation activation, float* data, int64_t count);
 
 }  // namespace blade::ral

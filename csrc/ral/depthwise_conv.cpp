@@ -171,10 +171,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
 // shared with the whole row's and its addresses kept on the stack.
 template <int KH, int KW, int U, bool kFull, typename In>
 __attribute__((target("avx512f,avx512bw,avx512vl"), noinline)) void blocks(
-    const RowTask<KH, In>& task, const Finish& e, const Ends& ends, const __m512* filters,
-    __m512 all_taps, float* y, const Geometry& geometry, int64_t ox, int64_t count) {
+    const RowTask<KH, In>& task, const Finish& finish_as, const Ends& ends,
+    const __m512* filters, __m512 all_taps, float* y, const Geometry& geometry, int64_t ox,
+    int64_t count) {
+  // Copies in locals, as row_block's: the stores would reload fields read by reference.
   const RowTask<KH, In> t = task;
   const Geometry g = geometry;
+  const Finish e = finish_as;
   const Ends v = ends;
   __m512 f[KH * KW];
 #pragma GCC unroll 25
@@ -295,7 +298,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
   for (int64_t oy = oy_begin; oy < oy_end; ++oy) {
     row<KH, KW, kFull>(t, image, e, v, f, all_taps, y, g, b, oy);
     if (e.post_op == DepthwisePostOp::kSilu) {
-      silu_rows(y + t.out_row + ch, g.ow, std::min<int64_t>(16, g.c - ch), g.c);
+      activation_rows(ConvActivation::kSilu, y + t.out_row + ch, g.ow,
+                      std::min<int64_t>(16, g.c - ch), g.c);
     }
   }
 }

@@ -87,12 +87,6 @@ def _channel_bias(value, channels: int) -> Optional[Tuple[object, List]]:
         source = move.operands[0]
 
 
-def _zero_splat(value) -> Optional[List]:
-    """The ops (a constant, then broadcasts of it) that make `value` a splat of 0.0, in
-    block order; None when it is anything else."""
-    return _splat(value, 0.0)
-
-
 def _splat(value, number: float) -> Optional[List]:
     """The ops (a constant, then broadcasts of it) that make `value` a splat of `number`
     (as float32 rounds it), in block order; None when it is anything else."""
@@ -192,8 +186,8 @@ def _epilogue(conv) -> Optional[Tuple[object, List, object, int]]:
     source, peeled = bias
     relu = only_data_user(add.result)
     if relu is not None and relu.name == "stablehlo.maximum":
-        zero = _zero_splat(relu.operands[1] if relu.operands[0] == add.result else
-                           relu.operands[0])
+        zero = _splat(relu.operands[1] if relu.operands[0] == add.result else
+                      relu.operands[0], 0.0)
         if zero is not None:
             return source, peeled + zero + [add], relu, RELU
     silu = _silu_of(add.result)
