@@ -18,6 +18,7 @@
 #include "passes/graph_contents.h"
 #include "python/tolerance.h"
 #include "ral/call_profile.h"
+#include "ral/conv_planes.h"
 #include "ral/cpu_features.h"
 #include "ral/depthwise_conv.h"
 #include "ral/depthwise_int8.h"
@@ -325,6 +326,26 @@ PYBIND11_MODULE(_C, m) {
       py::arg("relu"), py::arg("silu") = false, py::arg("hardswish") = false,
       "The runtime's own bfloat16 convolution (NCHW in and out, the weight packed per "
       "call; tests).");
+  m.def(
+      "conv_tasks",
+      [](int64_t batch, int64_t rows, int64_t blocks, int64_t max_rows, int64_t whole,
+         bool columns_outer, int64_t threads) {
+        TORCH_CHECK(batch > 0 && rows > 0 && blocks > 0 && max_rows > 0 && whole > 0 &&
+                        threads > 0,
+                    "conv_tasks: every count must be positive");
+        const ral::ConvTasks work(batch, rows, blocks, max_rows, whole, columns_outer,
+                                  threads);
+        std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> tasks;
+        for (int64_t t = 0; t < work.count(); ++t) {
+          const auto task = work.at(t);
+          tasks.emplace_back(task.image, task.block, task.first, task.rows);
+        }
+        return std::make_pair(tasks, work.step);
+      },
+      py::arg("batch"), py::arg("rows"), py::arg("blocks"), py::arg("max_rows"),
+      py::arg("whole"), py::arg("columns_outer"), py::arg("threads"),
+      "How the convolution kernels split their work: (image, column block, first row, "
+      "rows) for each task in order, and the most rows a task holds (tests).");
   m.def("f32_conv_available", &ral::f32_conv_available,
         "Whether the runtime's own float32 convolution runs here (AVX-512F/BW/VL).");
   m.def("set_f32_conv_enabled", &ral::set_f32_conv_enabled, py::arg("enabled"),

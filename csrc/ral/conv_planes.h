@@ -164,37 +164,45 @@ struct NextBlock {
   }
 };
 
-// The convolution's work in tasks: blocks of at most `max_rows` GEMM rows of each image
-// (split evenly, rounded up to whole multiples of `whole` rows: the tiles') by column
-// blocks. The threads take contiguous runs of tasks; with `columns_outer` (where the weight
-// outweighs the input: a deep layer's) column blocks are the outer order, so each thread
-// reads its share of the weight, not all of it; else rows are, so each reads its share of
-// the input. Given the `threads` that share them, too few tasks to share evenly (a 7 x 7
-// image's 3 column blocks on 2 threads: one thread idle a third of the call) split the
-// rows further, in whole tiles, until they do or there are 4 a thread.
+// The convolution's work in tasks: blocks of an image's GEMM rows by column blocks. The
+// threads take contiguous runs of tasks; with `columns_outer` (where the weight outweighs
+// the input: a deep layer's) column blocks are the outer order, so each thread reads its
+// share of the weight, not all of it; else rows are, so each reads its share of the input.
+// An image's rows split into `steps` blocks of about equal size, at most `max_rows` where
+// whole tiles (`whole` rows) allow, each starting on a whole tile (a short tile once per
+// image, not per block). Given the `threads` that share them, the rows split further until
+// the tasks share evenly among the threads: equal runs of tasks then hold equal rows within
+// a tile (a 56 x 56 image's 25 blocks of 126 rows and one of 112 gave one thread 9% more
+// rows than the other; a 7 x 7 image's 3 column blocks left one thread idle a third of the
+// call).
 struct ConvTasks {
   int64_t batch, rows, blocks;
   bool columns_outer;
-  int64_t step, steps;  // rows a block, blocks an image
+  int64_t whole;
+  int64_t steps;     // blocks of rows an image
+  int64_t step = 0;  // the most rows a block holds
 
   ConvTasks(int64_t batch, int64_t rows, int64_t blocks, int64_t max_rows, int64_t whole,
             bool columns_outer, int64_t threads = 1)
-      : batch(batch), rows(rows), blocks(blocks), columns_outer(columns_outer) {
-    int64_t split = std::max<int64_t>(1, (rows + max_rows - 1) / max_rows);
-    layout(split, whole);
-    while (threads > 1 && step > whole) {
-      const int64_t tasks = count();
-      if (tasks % threads == 0 || tasks >= 4 * threads) {
+      : batch(batch), rows(rows), blocks(blocks), columns_outer(columns_outer),
+        whole(std::max<int64_t>(1, whole)) {
+    // No more blocks than whole tiles: each holds one at least.
+    const int64_t most = std::max<int64_t>(1, rows / this->whole);
+    steps = std::min(most, std::max<int64_t>(1, (rows + max_rows - 1) / max_rows));
+    for (int64_t split = steps; threads > 1 && split <= most; ++split) {
+      if (batch * split * blocks % threads == 0) {
+        steps = split;
         break;
       }
-      layout(++split, whole);
+    }
+    for (int64_t i = 0; i < steps; ++i) {
+      step = std::max(step, bound(i + 1) - bound(i));
     }
   }
-  // `split` blocks of rows an image, rounded up to whole tiles.
-  void layout(int64_t split, int64_t whole) {
-    const int64_t even = (rows + split - 1) / split;
-    step = std::max<int64_t>(1, (even + whole - 1) / whole * whole);
-    steps = (rows + step - 1) / step;
+  // The first row of an image's block i (rows at i == steps): its share of the rows,
+  // rounded down to whole tiles.
+  int64_t bound(int64_t i) const {
+    return i >= steps ? rows : i * rows / steps / whole * whole;
   }
   int64_t count() const { return batch * steps * blocks; }
 
@@ -207,8 +215,9 @@ struct ConvTasks {
   Task at(int64_t task) const {
     const int64_t block = columns_outer ? task / (batch * steps) : task % blocks;
     const int64_t image_row = columns_outer ? task % (batch * steps) : task / blocks;
-    const int64_t first = (image_row % steps) * step;
-    return {block, image_row, image_row / steps, first, std::min(step, rows - first)};
+    const int64_t i = image_row % steps;
+    const int64_t first = bound(i);
+    return {block, image_row, image_row / steps, first, bound(i + 1) - first};
   }
   // What task `task` of a thread's run [.., end) fetches ahead: the next task's block of
   // `block_bytes` at `weights`, when it is another block and at most next_block_limit (it

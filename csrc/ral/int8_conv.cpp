@@ -923,7 +923,8 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   // 8 dot-product chains, too few to hide their latency) once per image, not per block.
   const ConvTasks work(batch, rows, blocks, kMaxRowBlock, tiled ? kTileRows : 1,
                        /*columns_outer=*/blocks * block_bytes >
-                           kColumnsOuterRatio * batch * rows * depth);
+                           kColumnsOuterRatio * batch * rows * depth,
+                       at::get_num_threads());
   // A 1x1 convolution over more input than the cores' L2 caches hold streams it in; the
   // tiles ask for the rows two tiles ahead (see register_tile).
   const int64_t fetch_ahead = !unfolded && taps == 1 && batch * rows * depth >= kStreamedBytes
