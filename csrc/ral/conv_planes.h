@@ -165,9 +165,10 @@ struct NextBlock {
 };
 
 // The convolution's work in tasks: blocks of an image's GEMM rows by column blocks. The
-// threads take contiguous runs of tasks; with `columns_outer` (where the weight outweighs
-// the input: a deep layer's) column blocks are the outer order, so each thread reads its
-// share of the weight, not all of it; else rows are, so each reads its share of the input.
+// threads take contiguous runs of tasks; with `columns_outer` (a deep layer's, whose weight
+// outweighs its input: each kernel has its rule) column blocks are the outer order, so each
+// thread reads its share of the weight, not all of it; else rows are, so each reads its
+// share of the input and writes its share of the output, on the core that reads it next.
 // An image's rows split into `steps` blocks of about equal size, at most `max_rows` where
 // whole tiles (`whole` rows) allow, each starting on a whole tile (a short tile once per
 // image, not per block). Given the `threads` that share them, the rows split further until

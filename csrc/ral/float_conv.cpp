@@ -28,6 +28,18 @@ constexpr int64_t kStepRows = 24;
 constexpr int64_t kMaxRowBlock = 120;
 // The most bytes of planes a thread keeps between calls (larger ones are made per call).
 constexpr int64_t kKeptPlaneBytes = int64_t{8} << 20;
+// When the threads split a convolution by column blocks (each reading its share of the
+// weight and every input row) rather than by rows (each reading all of the weight and its
+// share of the rows): where the weight is more than kColumnsOuterRatio times the input, or
+// larger than kSharedWeightBytes. Split by columns, each thread reads the half of its input
+// the other core wrote and writes the half of the output the next layer's other thread
+// reads (MobileNetV3's depthwise layers after a 1x1 split so took twice their time alone);
+// a small weight read by both threads costs less (MobileNetV3 float32 4.5% faster), a
+// large one from memory more (BERT-base's [768, 768] weight, 2.4 MB: the model 3% slower).
+// int8_conv.cpp splits by the same ratio alone (the cap changed nothing for BERT-base int8,
+// whose weights are a quarter of these bytes).
+constexpr int64_t kColumnsOuterRatio = 16;
+constexpr int64_t kSharedWeightBytes = int64_t{1} << 20;
 
 // The two kinds of element the kernel multiplies: bfloat16 pairs (storage uint16_t, a
 // pixel's depth padded with a zero channel to an even count) summed by `vdpbf16ps`, or
@@ -472,7 +484,11 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   const int64_t block_bytes = block_words * static_cast<int64_t>(sizeof(uint32_t));
   // Tasks: blocks of output pixels (whole tiles but the last) by column blocks.
   const int64_t rows = out_h * out_w;
-  const bool columns_outer = blocks * block_elements > batch * rows * depth;
+  const int64_t weight_bytes = blocks * block_elements * static_cast<int64_t>(sizeof(T));
+  const int64_t input_bytes = batch * rows * depth * static_cast<int64_t>(sizeof(T));
+  const bool columns_outer =
+      weight_bytes > input_bytes && (weight_bytes > kColumnsOuterRatio * input_bytes ||
+                                     weight_bytes > kSharedWeightBytes);
   const ConvTasks work(batch, rows, blocks, kMaxRowBlock,
                        out_channels % kColumnBlock == 0 ? kTileRows : kStepRows, columns_outer,
                        at::get_num_threads());
