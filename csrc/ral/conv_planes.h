@@ -169,8 +169,8 @@ struct NextBlock {
 // outweighs its input: each kernel has its rule) column blocks are the outer order, so each
 // thread reads its share of the weight, not all of it; else rows are, so each reads its
 // share of the input and writes its share of the output, on the core that reads it next.
-// An image's rows split into `steps` blocks of about equal size, at most `max_rows` where
-// whole tiles (`whole` rows) allow, each starting on a whole tile (a short tile once per
+// An image's rows split into `steps` blocks of about equal size, about `max_rows` at most
+// (within a tile of `whole` rows), each starting on a whole tile (a short tile once per
 // image, not per block). Given the `threads` that share them, the rows split further until
 // the tasks share evenly among the threads: equal runs of tasks then hold equal rows within
 // a tile (a 56 x 56 image's 25 blocks of 126 rows and one of 112 gave one thread 9% more

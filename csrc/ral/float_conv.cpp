@@ -32,12 +32,10 @@ constexpr int64_t kKeptPlaneBytes = int64_t{8} << 20;
 // weight and every input row) rather than by rows (each reading all of the weight and its
 // share of the rows): where the weight is more than kColumnsOuterRatio times the input, or
 // larger than kSharedWeightBytes. Split by columns, each thread reads the half of its input
-// the other core wrote and writes the half of the output the next layer's other thread
-// reads (MobileNetV3's depthwise layers after a 1x1 split so took twice their time alone);
-// a small weight read by both threads costs less (MobileNetV3 float32 4.5% faster), a
-// large one from memory more (BERT-base's [768, 768] weight, 2.4 MB: the model 3% slower).
-// int8_conv.cpp splits by the same ratio alone (the cap changed nothing for BERT-base int8,
-// whose weights are a quarter of these bytes).
+// the other core wrote and leaves half its output to the other core's next layer (a
+// MobileNetV3 depthwise layer after such a 1x1 layer took twice its time alone); a small
+// weight read by both threads costs less, a large one read twice from memory more
+// (BERT-base's [768, 768], 2.4 MB). int8_conv.cpp splits by the same ratio alone.
 constexpr int64_t kColumnsOuterRatio = 16;
 constexpr int64_t kSharedWeightBytes = int64_t{1} << 20;
 
