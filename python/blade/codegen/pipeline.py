@@ -33,7 +33,8 @@ from blade.codegen.linalg.integer_division import lower_integer_divisions
 from blade.codegen.linalg.scatters import lower_scatters
 from blade.codegen.linalg.pooling import lower_reduce_windows
 from blade.codegen.llvm import abi, identical, launchers
-from blade.codegen.loops import approximations, loop_order, parallel, serial, tiled_transpose
+from blade.codegen.loops import (approximations, loop_order, parallel, serial, split_reductions,
+                                 tiled_transpose)
 from blade.codegen.stablehlo import folding, layouts, slices
 from blade.codegen.stablehlo.user_calls import ConverterError, fill_bodies
 from blade.codegen.stablehlo.unsigned import signless_boundaries, unsigned_reduction_identities
@@ -267,7 +268,8 @@ def build(options: Options) -> List[Pass]:
         Pass("allow-contraction", lambda c: approximations.allow_contraction(c.module)),
         Pass("allow-reciprocal", lambda c: approximations.allow_reciprocal(c.module)),
         Pass("order-loops", lambda c: loop_order.order_loops(c.main)),
-        *([Pass("outline-parallel-loops", _outline_parallel_loops)]
+        *([Pass("split-reductions", lambda c: split_reductions.split_reductions(c.main)),
+           Pass("outline-parallel-loops", _outline_parallel_loops)]
           if options.parallel_loops else []),
         Pass("lower-library-calls", lambda c: lowering.lower(c.module)),
         Pass("tile-transposes", _tile_transposes),
