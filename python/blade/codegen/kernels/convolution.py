@@ -13,6 +13,7 @@ from torch_mlir._mlir_libs import _stablehlo as stablehlo
 from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, i64_array, only_data_user,
                                       producer, rank_of)
 from blade.codegen.kernels.library_calls import element_suffix
+from blade.codegen.stablehlo.folding import splat_value
 
 
 def conv_form(op) -> Optional[dict]:
@@ -100,9 +101,8 @@ def _splat(value, number: float) -> Optional[List]:
         ops.insert(0, op)
         if op.name == "stablehlo.constant":
             attr = op.attributes["value"]
-            equal = isinstance(attr, ir.DenseFPElementsAttr) and attr.is_splat and \
-                _float32(float(ir.FloatAttr(attr.get_splat_value()).value)) == _float32(number)
-            return ops if equal else None
+            held = splat_value(attr) if isinstance(attr, ir.DenseFPElementsAttr) else None
+            return ops if isinstance(held, float) and held == _float32(number) else None
         value = op.operands[0]
 
 
@@ -147,9 +147,9 @@ def _hardswish_of(value) -> Optional[Tuple[List, object]]:
     the ops. None otherwise."""
     users = [as_operation(use.owner) for use in value.uses
              if as_operation(use.owner).name not in SHAPE_QUERIES]
-    step = next((u for u in users if u.name == "stablehlo.add"), None)
     if len(users) != 2:
         return None
+    step = next((u for u in users if u.name == "stablehlo.add"), None)
     ops, current = [], value
     for name, number in (("stablehlo.add", 3.0), ("stablehlo.maximum", 0.0),
                          ("stablehlo.minimum", 6.0), ("stablehlo.divide", 6.0)):

@@ -23,6 +23,7 @@ before the split one of extent 1, a nest large enough to share (parallel.py's
 MIN_ITERATIONS), and partial sums of KEPT_SUMS terms at least are rewritten (a sum over the
 rows alone, [512, 1024] -> [1, 1024], stays serial: its partials would be its input).
 """
+import math
 from typing import List, Optional
 
 from torch_mlir import ir
@@ -96,12 +97,8 @@ def _plan(op) -> Optional[tuple]:
     first = next((i for i, size in enumerate(sizes) if size != 1), None)
     if first is None or "reduction" not in iterators[first]:
         return None
-    total = 1
-    for size in sizes:
-        total *= size
-    out_elements = 1
-    for size in ir.MemRefType(op.operands[-1].type).shape:
-        out_elements *= size
+    total = math.prod(sizes)
+    out_elements = math.prod(ir.MemRefType(op.operands[-1].type).shape)
     # Each partial sum adds KEPT_SUMS terms at least: a sum over the split loop alone would
     # copy its input into the partials, and the serial sum after would redo the work.
     if total < MIN_ITERATIONS or sizes[first] * out_elements * KEPT_SUMS > total:
