@@ -167,13 +167,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
 }
 
 // The pixels [ox, ox + blocks * U) of a task's row, U at a time, summed by slide and
-// finished. A function of its own: inlined into the row's, its loop's registers were
-// shared with the whole row's and its addresses kept on the stack.
+// finished, the last block's first `last` alone (the others, past the row's end, are
+// summed from the pad and dropped). A function of its own: inlined into the row's, its
+// loop's registers were shared with the whole row's and its addresses kept on the stack.
 template <int KH, int KW, int U, bool kFull, typename In>
 __attribute__((target("avx512f,avx512bw,avx512vl"), noinline)) void blocks(
     const RowTask<KH, In>& task, const Finish& finish_as, const Ends& ends,
     const __m512* filters, __m512 all_taps, float* y, const Geometry& geometry, int64_t ox,
-    int64_t count) {
+    int64_t count, int last) {
   // Copies in locals, as row_block's: the stores would reload fields read by reference.
   const RowTask<KH, In> t = task;
   const Geometry g = geometry;
@@ -200,9 +201,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), noinline)) void blocks(
     } else {
       slide<KH, KW, 2, U, false, kFull>(t, g, ix0, f, v.start, sums);
     }
+    const int keep = n + 1 < count ? U : last;
 #pragma GCC unroll 16
     for (int p = 0; p < U; ++p) {
-      finish<In>(sums[p], all_taps, e, v, y, t.out_row, ox + p, g, t.ch, t.mask);
+      if (p < keep) {
+        finish<In>(sums[p], all_taps, e, v, y, t.out_row, ox + p, g, t.ch, t.mask);
+      }
     }
   }
 }
@@ -222,14 +226,23 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
   }
   int64_t ox = 0;
   if (g.dw == 1 && (g.sw == 1 || g.sw == 2)) {
-    if (const int64_t count = g.ow / kBlock; count > 0) {
-      blocks<KH, KW, kBlock, kFull>(t, e, v, f, all_taps, y, g, ox, count);
-      ox += count * kBlock;
+    // Whole blocks, then the row's end in a block of kShortBlock or kBlock whose pixels
+    // past it are dropped: one pixel at a time, a 7-pixel row of a 5x5 layer took 5 times
+    // its multiply-adds' time (each tap's bounds tested, each pixel's chains waited on).
+    const int64_t count = g.ow / kBlock;
+    const int rest = static_cast<int>(g.ow - count * kBlock);
+    if (rest > kShortBlock) {
+      blocks<KH, KW, kBlock, kFull>(t, e, v, f, all_taps, y, g, ox, count + 1, rest);
+    } else {
+      if (count > 0) {
+        blocks<KH, KW, kBlock, kFull>(t, e, v, f, all_taps, y, g, ox, count, kBlock);
+      }
+      if (rest > 0) {
+        blocks<KH, KW, kShortBlock, kFull>(t, e, v, f, all_taps, y, g, ox + count * kBlock,
+                                           1, rest);
+      }
     }
-    if (ox + kShortBlock <= g.ow) {
-      blocks<KH, KW, kShortBlock, kFull>(t, e, v, f, all_taps, y, g, ox, 1);
-      ox += kShortBlock;
-    }
+    ox = g.ow;
   }
   // The rest one pixel at a time, at any stride and dilation.
   for (; ox < g.ow; ++ox) {

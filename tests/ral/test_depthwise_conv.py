@@ -25,7 +25,7 @@ def reference(x, weight, bias, stride, padding, dilation, relu, silu=False, hard
 @pytest.mark.parametrize("kernel", [3, 5])
 @pytest.mark.parametrize("stride, dilation", [(1, 1), (2, 1), (1, 2), (2, 2)])
 @pytest.mark.parametrize("channels, size", [(16, (7, 7)), (37, (13, 11)), (5, (2, 17)),
-                                            (48, (1, 1)), (33, (9, 4))])
+                                            (48, (1, 1)), (33, (9, 4)), (3, (5, 30))])
 def test_matches_a_float64_convolution(kernel, stride, dilation, channels, size):
     torch.manual_seed(channels * 10 + kernel)
     x = torch.randn(2, *size, channels)
