@@ -203,11 +203,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   // lie in memory by now, the tensor added written long before).
   int64_t pixels[kRows];
   const uint8_t* x[kRows];
+  // The walk stepped in a local copy: through the reference, each step's fields went to
+  // memory and back, a chain of stores and loads through every row.
+  RowWalk rows = walk;
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
-    pixels[r] = walk.next();
-    x[r] = image + walk.plane_row * depth;
-    const int64_t ahead = std::min(pixels[r] + kRows, walk.last) * out_channels + column;
+    pixels[r] = rows.next();
+    x[r] = image + rows.plane_row * depth;
+    const int64_t ahead = std::min(pixels[r] + kRows, rows.last) * out_channels + column;
     if constexpr (kAddU8) {
       _mm_prefetch(reinterpret_cast<const char*>(e.add_u8 + ahead), _MM_HINT_T0);
     }
@@ -215,6 +218,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       _mm_prefetch(reinterpret_cast<const char*>(e.out_u8 + ahead), _MM_HINT_T0);
     }
   }
+  walk = rows;
   // A streamed input's rows `fetch_ahead` bytes on, into L2: with the hardware's
   // prefetchers alone, a 1x1 layer over a batch's 56 x 56 x 256 bytes stalled on its input
   // on an AMD EPYC (fetched ahead, its time fell by a fifth there; layers whose input stays
