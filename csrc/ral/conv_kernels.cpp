@@ -14,6 +14,7 @@
 #include "ral/offered_buffers.h"
 #include "ral/winograd.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -140,7 +141,7 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
                          const at::Tensor& target, const std::optional<at::Tensor>& bias,
                          ConvActivation activation, const std::vector<int64_t>& padding,
                          const std::vector<int64_t>& stride,
-                         const std::vector<int64_t>& dilation) {
+                         const std::vector<int64_t>& dilation, const float* added) {
   const auto cl = at::MemoryFormat::ChannelsLast;
   if (!bf16_conv_available() || x.scalar_type() != at::kFloat || w.dim() != 4 ||
       target.scalar_type() != at::kFloat || !x.is_contiguous(cl) ||
@@ -156,7 +157,7 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
   bf16_conv(x.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
             w.size(0), w.size(2), w.size(3), stride, padding,
             bias.has_value() ? bias->const_data_ptr<float>() : nullptr, activation,
-            target.data_ptr<float>());
+            target.data_ptr<float>(), added);
   return true;
 }
 
@@ -181,7 +182,7 @@ bool f32_tiles_apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 bool convolve_f32_tiles(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
                         const at::Tensor& target, const std::optional<at::Tensor>& bias,
                         ConvActivation activation, const std::vector<int64_t>& padding,
-                        const std::vector<int64_t>& stride) {
+                        const std::vector<int64_t>& stride, const float* added) {
   if (!f32_conv_enabled()) {  // turned off after its trial began: declined, oneDNN's runs
     return false;
   }
@@ -193,7 +194,7 @@ bool convolve_f32_tiles(PreparedWeights* prepared, const at::Tensor& x, const at
   f32_conv(x.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
            w.size(0), w.size(2), w.size(3), stride, padding,
            dense_bias.defined() ? dense_bias.const_data_ptr<float>() : nullptr, activation,
-           target.data_ptr<float>());
+           target.data_ptr<float>(), added);
   return true;
 }
 
@@ -250,7 +251,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
             BladeUnrankedMemRef* out, int64_t stride_h, int64_t stride_w, int64_t pad_top,
             int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
             int64_t dilation_w, int64_t groups, bool channels_last,
-            BladeUnrankedMemRef* bias_memref = nullptr, int64_t activation_code = 0) noexcept {
+            BladeUnrankedMemRef* bias_memref = nullptr, int64_t activation_code = 0,
+            BladeUnrankedMemRef* added_memref = nullptr) noexcept {
   const char* what = channels_last ? "blade_ral_conv2d_nhwc" : "blade_ral_conv2d";
   const auto profile_name = [&] {
     std::ostringstream name;
@@ -285,13 +287,38 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       TORCH_CHECK(bias->numel() == w.size(0), "blade_ral_conv2d: a bias of ", bias->numel(),
                   " values for ", w.size(0), " output channels");
     }
+    // A tensor added to the result before the activation (a residual connection), of the
+    // result's shape; read before the result is written where the two share memory.
+    std::optional<at::Tensor> added;
+    if (added_memref != nullptr) {
+      added = kept_view(site, 4, added_memref, dtype, layout);
+      check_result_shape("blade_ral_conv2d: the tensor added", *added, target.sizes());
+      if (at::get_overlap_status(*added, target) != at::MemOverlapStatus::No) {
+        added = added->clone(at::MemoryFormat::ChannelsLast);
+      }
+    }
+    // Blade's float32 and bfloat16 tiles add it in registers (`tiles_add`), for float32
+    // data in the channels_last layout they write.
+    const auto cl = at::MemoryFormat::ChannelsLast;
+    const bool tiles_add = !added.has_value() ||
+                           (added->scalar_type() == at::kFloat && added->is_contiguous(cl));
+    const float* added_data = added.has_value() && tiles_add ? added->const_data_ptr<float>()
+                                                             : nullptr;
     PreparedWeights* prepared = active_prepared_weights();
     // ReLU is every kernel's post-op; SiLU and hardswish are applied by Blade's float32,
     // bfloat16 and depthwise kernels (`fuses_pass`) and after any other (a pass over the
-    // result).
+    // result). With a tensor added, the kernels that do not add it run without the
+    // activation, and the addition and the activation follow (`add_after`).
     const ConvActivation activation = conv_activation(activation_code);
-    const bool relu = activation == ConvActivation::kRelu;
+    const ConvActivation own_activation = added.has_value() ? ConvActivation::kNone : activation;
+    const bool relu = own_activation == ConvActivation::kRelu;
     const auto pass_after = [&] {
+      if (added.has_value()) {
+        target.add_(*added);
+        if (activation == ConvActivation::kRelu) {
+          target.relu_();  // max(x, 0) keeping NaN, as eager
+        }
+      }
       if (!activation_pass(activation)) {
         return;
       }
@@ -331,14 +358,17 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
               : prepared->next_kernel(w, false, input_size, alternative, &timed);
       Stopwatch stopwatch;
       bool done = false;
-      const bool fuses_pass = kernel == Kernel::kF32Tiles || kernel == Kernel::kDepthwise;
+      const bool fuses_pass = (kernel == Kernel::kF32Tiles && tiles_add) ||
+                              (kernel == Kernel::kDepthwise && !added.has_value());
       if ((kernel == Kernel::kF32Tiles &&
-           convolve_f32_tiles(prepared, x, w, target, bias, activation, padding, stride)) ||
+           convolve_f32_tiles(prepared, x, w, target, bias,
+                              tiles_add ? activation : own_activation, padding, stride,
+                              added_data)) ||
           (kernel == Kernel::kWinograd &&
            convolve_winograd(prepared, x, plain_weight(w), target, bias, relu)) ||
           (kernel == Kernel::kGemm && convolve_1x1_by_gemm(prepared, x, w, target, bias, relu)) ||
           (kernel == Kernel::kDepthwise &&
-           convolve_depthwise(prepared, x, w, target, bias, activation, padding, stride,
+           convolve_depthwise(prepared, x, w, target, bias, own_activation, padding, stride,
                               dilation))) {
         if (!fuses_pass) {
           pass_after();
@@ -399,8 +429,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
         param, PreparedWeights::kPrecisionTrial, x.sizes().vec(),
         PreparedWeights::Kernel::kBf16,
         [&] {
-          if (convolve_bf16_tiles(prepared, x, param, target, bias, activation, padding,
-                                  stride, dilation)) {
+          if (tiles_add && convolve_bf16_tiles(prepared, x, param, target, bias, activation,
+                                               padding, stride, dilation, added_data)) {
             return true;
           }
           if (convolve_bf16(prepared, x, param, false, target, bias, relu, padding, stride,
@@ -548,6 +578,18 @@ extern "C" {
     blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
                        pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
                        true, &b, activation);                                                \
+  }                                                                                          \
+  void blade_ral_conv2d_nhwc_bias_add_##suffix(                                              \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
+      BLADE_RAL_MEMREF(added), BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w,    \
+      int64_t pad_top, int64_t pad_bottom, int64_t pad_left, int64_t pad_right,              \
+      int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t activation) {          \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
+                        b = BLADE_RAL_UNRANKED(bias), a = BLADE_RAL_UNRANKED(added),         \
+                        result = BLADE_RAL_UNRANKED(out);                                    \
+    blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
+                       pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
+                       true, &b, activation, &a);                                            \
   }
 BLADE_RAL_FOR_EACH_FLOAT_TYPE(BLADE_RAL_DEFINE_CONV2D)
 #undef BLADE_RAL_DEFINE_CONV2D

@@ -47,18 +47,21 @@ int64_t f32_conv_pack_bytes(int64_t out_channels, int64_t channels, int64_t kh, 
 
 // The convolution of `input` (float32 NHWC [batch, height, width, channels], contiguous) by
 // `packed` (the kernel's pack of an [out_channels, channels, kh, kw] weight), plus `bias`
-// ([out_channels] or null), then the activation (ReLU keeping NaN; SiLU on each task's
-// block of results after its tiles, conv_activation.h), into `out` (float32 NHWC [batch,
-// out_h, out_w, out_channels], not overlapping the input). The padding is zeros. The
-// filter must fit the padded input.
+// ([out_channels] or null), plus `added` (null, or float32 of the result's layout: a
+// residual connection, read in the tiles' registers where a pass after the call would read
+// the result again), then the activation (ReLU keeping NaN; SiLU or hardswish on each
+// task's block of results after its tiles, conv_activation.h), into `out` (float32 NHWC
+// [batch, out_h, out_w, out_channels], overlapping neither the input nor `added`: a deep
+// layer's slices of depth store partial sums there). The padding is zeros. The filter must
+// fit the padded input.
 void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
                int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
                int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
-               ConvActivation activation, float* out);
+               ConvActivation activation, float* out, const float* added = nullptr);
 void f32_conv(const float* input, int64_t batch, int64_t height, int64_t width,
               int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
               int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
-              ConvActivation activation, float* out);
+              ConvActivation activation, float* out, const float* added = nullptr);
 
 // c[m x n] = a @ b by the bfloat16 register tiles, on the calling thread: a bfloat16
 // row-major [m, k] (lda apart, k even), b its k / 2 rows of n bfloat16 pairs (rows 2p and

@@ -376,6 +376,64 @@ def test_activation_runs_inside_the_convolution(activation, code, dtype, dynamic
         assert _C.f32_conv_calls() > calls
 
 
+class ResidualBlocks(torch.nn.Module):
+    """ResNet's bottleneck ends (a 1x1 and its batch norm, plus the block's input or a
+    strided projection of it, then ReLU) and an inverted residual's (a 1x1 projection plus
+    its input, no activation): each sum is its convolution's epilogue."""
+
+    def __init__(self):
+        super().__init__()
+        self.reduce = torch.nn.Conv2d(16, 8, 1)
+        self.expand = torch.nn.Conv2d(8, 16, 1, bias=False)
+        self.expand_norm = torch.nn.BatchNorm2d(16)
+        self.project = torch.nn.Conv2d(16, 32, 1, stride=2)
+        self.widen = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.narrow = torch.nn.Conv2d(32, 32, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.expand_norm(self.expand(torch.relu(self.reduce(x)))) + x)
+        z = torch.relu(self.widen(y) + self.project(y))
+        return self.narrow(z) + z
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("blades_kernel", [True, False], ids=["blade", "library"])
+def test_residual_adds_run_inside_the_convolution(dtype, dynamic, blades_kernel, request,
+                                                  tmp_path):
+    """Each residual sum (and its ReLU) is the epilogue of the convolution it follows:
+    `conv2d_nhwc_bias_add`, no loop over the sum. Blade's float32 tiles add it in their
+    registers; the libraries' kernels (float64, or the float32 kernel off, as without
+    AVX-512) are followed by the sum and the activation. The results are eager's."""
+    if not blades_kernel:
+        _C.set_f32_conv_enabled(False)
+        request.addfinalizer(lambda: _C.set_f32_conv_enabled(True))
+    torch.manual_seed(0)
+    model = ResidualBlocks().to(dtype).eval()
+    with torch.no_grad():
+        model.expand_norm.running_mean.uniform_(-1, 1)
+        model.expand_norm.running_var.uniform_(0.5, 2)
+    x = random_tensor((2, 16, 10, 9), dtype)
+    rtol, atol = TOLERANCE[dtype]
+    config = blade.Config(dump_dir=str(tmp_path), dynamic=dynamic)
+    calls = _C.f32_conv_calls()
+    optimized, report = run_compiled(model, (x,), config, rtol=rtol, atol=max(atol, 1e-4))
+    assert report.clusters[0].library_calls == 5, str(report)
+    linalg = ir_before(tmp_path, "write-slices-in-place")
+    assert linalg.count('blade.library_call = "conv2d_nhwc_bias_add"') == 3, linalg
+    main = linalg.split("func.func private")[0]
+    assert main.count("linalg.generic") == 2, main  # the layout's two transposes alone
+    with torch.no_grad():
+        for shape in ((2, 16, 10, 9), (1, 16, 7, 12)) if dynamic else ((2, 16, 10, 9),):
+            x = random_tensor(shape, dtype)
+            for _ in range(_C.kernel_trial_calls() + 1 if dtype == torch.float32 else 1):
+                torch.testing.assert_close(optimized(x), model(x), rtol=rtol,
+                                           atol=max(atol, 1e-4))
+    assert blade.report(optimized).runtime_fallbacks == 0
+    if dtype == torch.float32 and _C.f32_conv_available():
+        assert (_C.f32_conv_calls() > calls) == blades_kernel
+
+
 class UpsampleAndConcatenate(torch.nn.Module):
     """A U-Net decoder step: nearest upsampling of the coarse features, concatenated with
     the skip connection, into a convolution."""

@@ -83,6 +83,55 @@ def test_convolution_matches_the_rounded_reference(kind, shape, activation):
     assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
 
 
+@pytest.mark.parametrize("shape", [
+    (2, 24, 9, 11, 72, 1, 1, 0),     # a 1x1: a full and a partial column block
+    (1, 16, 12, 12, 16, 3, 2, 1),    # stride 2 with padding: planes
+    (1, 240, 1, 1, 960, 1, 1, 0),    # one pixel
+    (1, 3, 23, 21, 64, 7, 2, 3),     # a stem
+])
+@pytest.mark.parametrize("activation", ["none", "relu", "silu", "hardswish"])
+def test_a_tensor_added_before_the_activation(kind, shape, activation):
+    """A residual connection added in the tiles' registers after the bias, before the
+    activation: act((conv + bias) + added), and NaN in what is added reaches exactly its
+    own result (ReLU keeps it)."""
+    conv, _, rounded = kind
+    n, c, h, w, o, k, s, p = shape
+    relu, silu, hardswish = (activation == name for name in ("relu", "silu", "hardswish"))
+    torch.manual_seed(1)
+    x, weight, bias = torch.randn(n, c, h, w), torch.randn(o, c, k, k), torch.randn(o)
+    plain = conv(x, weight, bias, [s, s], [p, p], False)
+    added = torch.randn(plain.shape) * 4
+    added[0, o - 1, 0, 0] = float("nan")
+    got = conv(x, weight, bias, [s, s], [p, p], relu, silu=silu, hardswish=hardswish,
+               added=added)
+    summed = reference(x, weight, bias, [s, s], [p, p], False, rounded) + added.double()
+    want = torch.nn.functional.hardswish(summed) if hardswish else \
+        torch.nn.functional.silu(summed) if silu else summed.clamp_min(0) if relu else summed
+    assert got.shape == want.shape
+    assert torch.equal(got.isnan(), want.isnan()) and int(got.isnan().sum()) == 1
+    finite = want.isfinite()
+    assert float((got.double() - want)[finite].abs().max()) < \
+        1e-5 * float(want[finite].abs().max())
+    with pytest.raises(RuntimeError, match="the tensor added must be float32"):
+        conv(x, weight, bias, [s, s], [p, p], relu, added=added[:, :1])
+
+
+def test_a_tensor_added_to_a_deep_1x1_in_slices_of_depth(kind):
+    """Sliced by depth, the earlier slices' partial sums go through the result: the tensor
+    is added once, after the last slice."""
+    conv, _, rounded = kind
+    torch.manual_seed(2)
+    x = torch.randn(1, 4000, 10, 10)
+    weight, bias = torch.randn(192, 4000, 1, 1) * 0.05, torch.randn(192)
+    added = torch.randn(1, 192, 10, 10)
+    sliced = _C.depth_sliced_conv_calls()
+    got = conv(x, weight, bias, [1, 1], [0, 0], True, added=added)
+    assert _C.depth_sliced_conv_calls() == sliced + 1
+    want = (reference(x, weight, bias, [1, 1], [0, 0], False, rounded) +
+            added.double()).clamp_min(0)
+    assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
+
+
 @pytest.mark.parametrize("channels, out_channels, size", [
     (4000, 192, 10),   # 3 slices of the depth (bfloat16's half as wide: 2)
     (5001, 130, 7),    # an odd depth (bf16: a zero channel), the last block's 2 of 64

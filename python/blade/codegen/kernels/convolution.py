@@ -1,7 +1,8 @@
 """2-d convolutions that the RAL runs as PyTorch's (`blade_ral_conv2d[_nhwc]_<type>`): the
 `stablehlo.convolution` forms the kernels take, OIHW weights on NCHW data or NHWC data
 (channels_last, see codegen/stablehlo/layouts.py), and an NHWC convolution's epilogue: a
-per-channel bias add and a ReLU, SiLU or hardswish that the kernel applies itself
+per-channel bias add, a tensor of the result's shape added (a residual connection:
+`conv2d_nhwc_bias_add`) and a ReLU, SiLU or hardswish, which the kernel applies itself
 (`conv2d_nhwc_bias`) instead of a pass of loops over its result.
 """
 import struct
@@ -170,12 +171,25 @@ def _hardswish_of(value) -> Optional[Tuple[List, object]]:
     return ops, step
 
 
-def _epilogue(conv) -> Optional[Tuple[object, List, object, int]]:
-    """For an NHWC convolution followed by a per-channel bias add (and a ReLU, or a float32
-    SiLU or hardswish) that nothing else reads in between: (the bias source, the ops
-    between, the last op, the activation), which the kernel runs as the convolution's own
-    bias and post-op (ReLU NaN-preserving; SiLU and hardswish over each block of results
-    while it is in cache) instead of a pass of loops over its result. None otherwise."""
+def _residual_add(value) -> Optional[Tuple[object, object]]:
+    """(the add, its other operand) where `value` is read only by an add of a tensor of its
+    own type (a residual connection); None otherwise."""
+    add = only_data_user(value)
+    other = _other_operand(add, value) if add is not None and add.name == "stablehlo.add" \
+        else None
+    if other is None or other.type != value.type:
+        return None
+    return add, other
+
+
+def _epilogue(conv) -> Optional[Tuple[object, Optional[object], List, object, int]]:
+    """For an NHWC convolution followed by a per-channel bias add (then maybe the add of a
+    tensor of the result's shape, and a ReLU, or a float32 SiLU or hardswish) that nothing
+    else reads in between: (the bias source, the tensor added or None, the ops between,
+    the last op, the activation), which the kernel runs as the convolution's own bias and
+    post-op (the tensor added and ReLU NaN-preserving in its registers; SiLU and hardswish
+    over each block of results while it is in cache) instead of a pass of loops over its
+    result. None otherwise."""
     add = only_data_user(conv.result)
     if add is None or add.name != "stablehlo.add":
         return None
@@ -184,30 +198,35 @@ def _epilogue(conv) -> Optional[Tuple[object, List, object, int]]:
     if bias is None:
         return None
     source, peeled = bias
+    added = None
+    residual = _residual_add(add.result)
+    if residual is not None:
+        peeled, (add, added) = peeled + [add], residual
     relu = only_data_user(add.result)
     if relu is not None and relu.name == "stablehlo.maximum":
         zero = _splat(relu.operands[1] if relu.operands[0] == add.result else
                       relu.operands[0], 0.0)
         if zero is not None:
-            return source, peeled + zero + [add], relu, RELU
+            return source, added, peeled + zero + [add], relu, RELU
     silu = _silu_of(add.result)
     if silu is not None and isinstance(ir.ShapedType(add.result.type).element_type, ir.F32Type):
         logistic, multiply = silu
-        return source, peeled + [add, logistic], multiply, SILU
+        return source, added, peeled + [add, logistic], multiply, SILU
     hardswish = _hardswish_of(add.result)
     if hardswish is not None and \
             isinstance(ir.ShapedType(add.result.type).element_type, ir.F32Type):
         steps, multiply = hardswish
-        return source, peeled + [add] + steps, multiply, HARDSWISH
-    return source, peeled, add, NO_ACTIVATION
+        return source, added, peeled + [add] + steps, multiply, HARDSWISH
+    return source, added, peeled, add, NO_ACTIVATION
 
 
 def convolution_with_epilogue(main, op) -> Optional[Tuple[object, List, List, dict, List]]:
     """What outlining takes for an NHWC convolution `op` of `main` with its epilogue
-    (`_epilogue`), as one call of `conv2d_nhwc_bias`: (the epilogue's last op; the
-    sources: data, weight and bias; the convolution and the ops up to the last, in block
-    order; the kernel's attributes; the convolution again, the op whose shape the call's
-    result has). None for any other op.
+    (`_epilogue`), as one call of `conv2d_nhwc_bias` (`conv2d_nhwc_bias_add` with a tensor
+    added): (the epilogue's last op; the sources: data, weight, bias and the tensor added;
+    the convolution and the ops up to the last, in block order; the kernel's attributes;
+    the convolution again, the op whose shape the call's result has). None for any other
+    op.
 
     Example:
         >>> convolution_with_epilogue(main, conv)   # maximum(conv + broadcast(%b), 0)
@@ -220,9 +239,11 @@ def convolution_with_epilogue(main, op) -> Optional[Tuple[object, List, List, di
         else None
     if epilogue is None:
         return None
-    bias, between, last, activation = epilogue
-    return (last, list(op.operands) + [bias], _in_block_order(main, [op] + between),
-            {**attributes, "kind": "conv2d_nhwc_bias", "activation": activation}, [op])
+    bias, added, between, last, activation = epilogue
+    kind = "conv2d_nhwc_bias" if added is None else "conv2d_nhwc_bias_add"
+    return (last, list(op.operands) + [bias] + ([] if added is None else [added]),
+            _in_block_order(main, [op] + between),
+            {**attributes, "kind": kind, "activation": activation}, [op])
 
 
 def _in_block_order(main, ops) -> List:
