@@ -346,6 +346,17 @@ class ActivatedConvolutions(torch.nn.Module):
         return act(z) + z
 
 
+def _five_library_calls(model, x, dynamic, tmp_path):
+    """`model` optimized from `x` (matching eager, compiled, as run_compiled checks) into
+    one cluster of 5 library calls: (the optimized model, its IR before
+    write-slices-in-place)."""
+    rtol, atol = TOLERANCE[x.dtype]
+    config = blade.Config(dump_dir=str(tmp_path), dynamic=dynamic)
+    optimized, report = run_compiled(model, (x,), config, rtol=rtol, atol=max(atol, 1e-4))
+    assert report.clusters[0].library_calls == 5, str(report)
+    return optimized, ir_before(tmp_path, "write-slices-in-place")
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("activation, code", [(torch.nn.functional.silu, 2),
@@ -359,11 +370,8 @@ def test_activation_runs_inside_the_convolution(activation, code, dtype, dynamic
     model = ActivatedConvolutions(activation).to(dtype).eval()
     x = random_tensor((2, 8, 12, 10), dtype) * 3
     rtol, atol = TOLERANCE[dtype]
-    config = blade.Config(dump_dir=str(tmp_path), dynamic=dynamic)
     calls = _C.f32_conv_calls()
-    optimized, report = run_compiled(model, (x,), config, rtol=rtol, atol=max(atol, 1e-4))
-    assert report.clusters[0].library_calls == 5, str(report)
-    linalg = ir_before(tmp_path, "write-slices-in-place")
+    optimized, linalg = _five_library_calls(model, x, dynamic, tmp_path)
     fused = 4 if dtype == torch.float32 else 0
     assert linalg.count(f"blade.activation = {code}") == fused, linalg
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias"') == 5, linalg
@@ -415,11 +423,8 @@ def test_residual_adds_run_inside_the_convolution(dtype, dynamic, blades_kernel,
         model.expand_norm.running_var.uniform_(0.5, 2)
     x = random_tensor((2, 16, 10, 9), dtype)
     rtol, atol = TOLERANCE[dtype]
-    config = blade.Config(dump_dir=str(tmp_path), dynamic=dynamic)
     calls = _C.f32_conv_calls()
-    optimized, report = run_compiled(model, (x,), config, rtol=rtol, atol=max(atol, 1e-4))
-    assert report.clusters[0].library_calls == 5, str(report)
-    linalg = ir_before(tmp_path, "write-slices-in-place")
+    optimized, linalg = _five_library_calls(model, x, dynamic, tmp_path)
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias_add"') == 3, linalg
     main = linalg.split("func.func private")[0]
     assert main.count("linalg.generic") == 2, main  # the layout's two transposes alone
