@@ -82,12 +82,14 @@ ral::ConvActivation activation_of(bool relu, bool silu, bool hardswish = false) 
 // out, its weight packed by `pack` for this call; checked as an op would check it.
 using FloatConv = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, const at::Tensor&,
                            int64_t, int64_t, int64_t, at::IntArrayRef, at::IntArrayRef,
-                           const float*, ral::ConvActivation, float*, const float*);
+                           const float*, ral::ConvActivation, float*, const float*,
+                           const float*);
 at::Tensor float_conv2d(const char* what, at::Tensor (*pack)(const at::Tensor&),
                         FloatConv conv, const at::Tensor& x, const at::Tensor& weight,
                         const std::optional<at::Tensor>& bias, const std::vector<int64_t>& stride,
                         const std::vector<int64_t>& padding, bool relu, bool silu,
-                        bool hardswish, const std::optional<at::Tensor>& added) {
+                        bool hardswish, const std::optional<at::Tensor>& added,
+                        const std::optional<at::Tensor>& input_scale) {
   TORCH_CHECK(x.dim() == 4 && weight.dim() == 4 && x.scalar_type() == at::kFloat &&
                   weight.scalar_type() == at::kFloat && weight.size(1) == x.size(1),
               what, ": float32 x [N, C, H, W] and weight [O, C, kh, kw] are needed, got ",
@@ -114,10 +116,17 @@ at::Tensor float_conv2d(const char* what, at::Tensor (*pack)(const at::Tensor&),
               out.permute({0, 3, 1, 2}).sizes());
   const at::Tensor added_nhwc =
       added.has_value() ? added->permute({0, 2, 3, 1}).contiguous() : at::Tensor();
+  TORCH_CHECK(!input_scale.has_value() ||
+                  (input_scale->scalar_type() == at::kFloat &&
+                   input_scale->sizes() == at::IntArrayRef{x.size(0), x.size(1)}),
+              what, ": the input scale must be float32 [", x.size(0), ", ", x.size(1), "]");
+  const at::Tensor scale =
+      input_scale.has_value() ? input_scale->contiguous() : at::Tensor();
   conv(nhwc.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
        weight.size(0), weight.size(2), weight.size(3), stride, padding,
        b.defined() ? b.const_data_ptr<float>() : nullptr, activation_of(relu, silu, hardswish),
-       out.data_ptr<float>(), added_nhwc.defined() ? added_nhwc.const_data_ptr<float>() : nullptr);
+       out.data_ptr<float>(), added_nhwc.defined() ? added_nhwc.const_data_ptr<float>() : nullptr,
+       scale.defined() ? scale.const_data_ptr<float>() : nullptr);
   return out.permute({0, 3, 1, 2});
 }
 
@@ -323,16 +332,19 @@ PYBIND11_MODULE(_C, m) {
       "bf16_conv2d",
       [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
          std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu, bool silu,
-         bool hardswish, const std::optional<at::Tensor>& added) {
+         bool hardswish, const std::optional<at::Tensor>& added,
+         const std::optional<at::Tensor>& input_scale) {
         TORCH_CHECK(ral::bf16_conv_available(), "bf16_conv2d: this CPU lacks AVX512-BF16");
         return float_conv2d("bf16_conv2d", ral::pack_bf16_conv_weight, ral::bf16_conv, x,
-                            weight, bias, stride, padding, relu, silu, hardswish, added);
+                            weight, bias, stride, padding, relu, silu, hardswish, added,
+                            input_scale);
       },
       py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
       py::arg("relu"), py::arg("silu") = false, py::arg("hardswish") = false,
-      py::arg("added") = py::none(),
+      py::arg("added") = py::none(), py::arg("input_scale") = py::none(),
       "The runtime's own bfloat16 convolution (NCHW in and out, the weight packed per "
-      "call; `added`: a tensor of the result's shape added before the activation; tests).");
+      "call; `added`: a tensor of the result's shape added before the activation; "
+      "`input_scale`: [N, C] the input is multiplied by first; tests).");
   m.def(
       "conv_tasks",
       [](int64_t batch, int64_t rows, int64_t blocks, int64_t max_rows, int64_t whole,
@@ -368,16 +380,18 @@ PYBIND11_MODULE(_C, m) {
       "f32_conv2d",
       [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
          std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu, bool silu,
-         bool hardswish, const std::optional<at::Tensor>& added) {
+         bool hardswish, const std::optional<at::Tensor>& added,
+         const std::optional<at::Tensor>& input_scale) {
         TORCH_CHECK(ral::f32_conv_available(), "f32_conv2d: this CPU lacks AVX512-F/BW/VL");
         return float_conv2d("f32_conv2d", ral::pack_f32_conv_weight, ral::f32_conv, x, weight,
-                            bias, stride, padding, relu, silu, hardswish, added);
+                            bias, stride, padding, relu, silu, hardswish, added, input_scale);
       },
       py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
       py::arg("relu"), py::arg("silu") = false, py::arg("hardswish") = false,
-      py::arg("added") = py::none(),
+      py::arg("added") = py::none(), py::arg("input_scale") = py::none(),
       "The runtime's own float32 convolution (NCHW in and out, the weight packed per call; "
-      "`added`: a tensor of the result's shape added before the activation; tests).");
+      "`added`: a tensor of the result's shape added before the activation; `input_scale`: "
+      "[N, C] the input is multiplied by first; tests).");
   m.def(
       "set_bf16_attention",
       [](const std::string& mode) {

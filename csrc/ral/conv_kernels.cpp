@@ -141,7 +141,8 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
                          const at::Tensor& target, const std::optional<at::Tensor>& bias,
                          ConvActivation activation, const std::vector<int64_t>& padding,
                          const std::vector<int64_t>& stride,
-                         const std::vector<int64_t>& dilation, const float* added) {
+                         const std::vector<int64_t>& dilation, const float* added,
+                         const float* input_scale) {
   const auto cl = at::MemoryFormat::ChannelsLast;
   if (!bf16_conv_available() || x.scalar_type() != at::kFloat || w.dim() != 4 ||
       target.scalar_type() != at::kFloat || !x.is_contiguous(cl) ||
@@ -157,7 +158,7 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
   bf16_conv(x.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
             w.size(0), w.size(2), w.size(3), stride, padding,
             bias.has_value() ? bias->const_data_ptr<float>() : nullptr, activation,
-            target.data_ptr<float>(), added);
+            target.data_ptr<float>(), added, input_scale);
   return true;
 }
 
@@ -182,7 +183,8 @@ bool f32_tiles_apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 bool convolve_f32_tiles(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
                         const at::Tensor& target, const std::optional<at::Tensor>& bias,
                         ConvActivation activation, const std::vector<int64_t>& padding,
-                        const std::vector<int64_t>& stride, const float* added) {
+                        const std::vector<int64_t>& stride, const float* added,
+                        const float* input_scale) {
   if (!f32_conv_enabled()) {  // turned off after its trial began: declined, oneDNN's runs
     return false;
   }
@@ -194,7 +196,7 @@ bool convolve_f32_tiles(PreparedWeights* prepared, const at::Tensor& x, const at
   f32_conv(x.const_data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1), packed,
            w.size(0), w.size(2), w.size(3), stride, padding,
            dense_bias.defined() ? dense_bias.const_data_ptr<float>() : nullptr, activation,
-           target.data_ptr<float>(), added);
+           target.data_ptr<float>(), added, input_scale);
   return true;
 }
 
@@ -252,7 +254,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
             int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,
             int64_t dilation_w, int64_t groups, bool channels_last,
             BladeUnrankedMemRef* bias_memref = nullptr, int64_t activation_code = 0,
-            BladeUnrankedMemRef* added_memref = nullptr) noexcept {
+            BladeUnrankedMemRef* added_memref = nullptr,
+            BladeUnrankedMemRef* scale_memref = nullptr) noexcept {
   const char* what = channels_last ? "blade_ral_conv2d_nhwc" : "blade_ral_conv2d";
   const auto profile_name = [&] {
     std::ostringstream name;
@@ -304,6 +307,38 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
                            (added->scalar_type() == at::kFloat && added->is_contiguous(cl));
     const float* added_data = added.has_value() && tiles_add ? added->const_data_ptr<float>()
                                                              : nullptr;
+    // The input multiplied per image and channel first (a squeeze-excitation's scale,
+    // [N, C] in any shape of that order): Blade's tiles scale it as they copy it where they
+    // read it as its plane (`f32_scales`, `bf16_scales`); the other kernels read a scaled
+    // copy, made once (`library_input`).
+    at::Tensor input_scale;
+    if (scale_memref != nullptr) {
+      const at::Tensor& scale = kept_view(site, 5, scale_memref, dtype, ViewShape::kAsIs);
+      TORCH_CHECK(scale.numel() == x.size(0) * x.size(1) || scale.numel() == x.size(1),
+                  "blade_ral_conv2d: an input scale of ", scale.sizes(), " for the input ",
+                  x.sizes(), ": one value per image and channel is needed");
+      input_scale = scale.reshape({-1, x.size(1)}).expand({x.size(0), x.size(1)}).contiguous();
+    }
+    const bool scales = input_scale.defined();
+    const bool float_scale = scales && input_scale.scalar_type() == at::kFloat;
+    const auto scaled_by_tiles = [&](bool bf16) {
+      return !scales || (float_scale && float_conv_scales_input(bf16, x.size(2), x.size(3),
+                                                                x.size(1), w.size(2),
+                                                                w.size(3), stride, padding));
+    };
+    const bool f32_scales = scaled_by_tiles(false), bf16_scales = scaled_by_tiles(true);
+    const float* scale_data = float_scale ? input_scale.const_data_ptr<float>() : nullptr;
+    at::Tensor scaled_x;
+    const auto library_input = [&]() -> const at::Tensor& {
+      if (!scales) {
+        return x;
+      }
+      if (!scaled_x.defined()) {
+        scaled_x = at::mul(x, input_scale.view({x.size(0), x.size(1), 1, 1}))
+                       .contiguous(at::MemoryFormat::ChannelsLast);
+      }
+      return scaled_x;
+    };
     PreparedWeights* prepared = active_prepared_weights();
     // ReLU is every kernel's post-op; SiLU and hardswish are applied by Blade's float32,
     // bfloat16 and depthwise kernels (`fuses_pass`) and after any other (a pass over the
@@ -361,15 +396,16 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       const bool fuses_pass = (kernel == Kernel::kF32Tiles && tiles_add) ||
                               (kernel == Kernel::kDepthwise && !added.has_value());
       if ((kernel == Kernel::kF32Tiles &&
-           convolve_f32_tiles(prepared, x, w, target, bias,
+           convolve_f32_tiles(prepared, f32_scales ? x : library_input(), w, target, bias,
                               tiles_add ? activation : own_activation, padding, stride,
-                              added_data)) ||
+                              added_data, f32_scales ? scale_data : nullptr)) ||
           (kernel == Kernel::kWinograd &&
-           convolve_winograd(prepared, x, plain_weight(w), target, bias, relu)) ||
-          (kernel == Kernel::kGemm && convolve_1x1_by_gemm(prepared, x, w, target, bias, relu)) ||
+           convolve_winograd(prepared, library_input(), plain_weight(w), target, bias, relu)) ||
+          (kernel == Kernel::kGemm &&
+           convolve_1x1_by_gemm(prepared, library_input(), w, target, bias, relu)) ||
           (kernel == Kernel::kDepthwise &&
-           convolve_depthwise(prepared, x, w, target, bias, own_activation, padding, stride,
-                              dilation))) {
+           convolve_depthwise(prepared, library_input(), w, target, bias, own_activation,
+                              padding, stride, dilation))) {
         if (!fuses_pass) {
           pass_after();
         }
@@ -397,7 +433,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
         }
       }
       if (channels_last &&
-          convolve_into(target, x, reordered.defined() ? reordered : plain_weight(w), bias,
+          convolve_into(target, library_input(),
+                        reordered.defined() ? reordered : plain_weight(w), bias,
                         relu, padding, stride, dilation, groups)) {
         pass_after();
         if ((kernel == Kernel::kOneDnn || done) && timed) {
@@ -409,7 +446,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       if (done) {
         return;  // the alternative's result stands
       }
-      at::Tensor result = at::conv2d(x, plain_weight(w), bias, stride, padding, dilation, groups);
+      at::Tensor result =
+          at::conv2d(library_input(), plain_weight(w), bias, stride, padding, dilation, groups);
       target.copy_(relu ? at::relu(result) : result);
       pass_after();
     };
@@ -429,11 +467,14 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
         param, PreparedWeights::kPrecisionTrial, x.sizes().vec(),
         PreparedWeights::Kernel::kBf16,
         [&] {
-          if (tiles_add && convolve_bf16_tiles(prepared, x, param, target, bias, activation,
-                                               padding, stride, dilation, added_data)) {
+          if (tiles_add &&
+              convolve_bf16_tiles(prepared, bf16_scales ? x : library_input(), param, target,
+                                  bias, activation, padding, stride, dilation, added_data,
+                                  bf16_scales ? scale_data : nullptr)) {
             return true;
           }
-          if (convolve_bf16(prepared, x, param, false, target, bias, relu, padding, stride,
+          if (convolve_bf16(prepared, library_input(), param, false, target, bias, relu,
+                            padding, stride,
                             dilation)) {
             pass_after();
             return true;
@@ -590,6 +631,31 @@ extern "C" {
     blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
                        pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
                        true, &b, activation, &a);                                            \
+  }                                                                                          \
+  void blade_ral_conv2d_nhwc_bias_scaled_##suffix(                                           \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
+      BLADE_RAL_MEMREF(scale), BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w,    \
+      int64_t pad_top, int64_t pad_bottom, int64_t pad_left, int64_t pad_right,              \
+      int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t activation) {          \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
+                        b = BLADE_RAL_UNRANKED(bias), s = BLADE_RAL_UNRANKED(scale),         \
+                        result = BLADE_RAL_UNRANKED(out);                                    \
+    blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
+                       pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
+                       true, &b, activation, nullptr, &s);                                   \
+  }                                                                                          \
+  void blade_ral_conv2d_nhwc_bias_scaled_add_##suffix(                                       \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
+      BLADE_RAL_MEMREF(scale), BLADE_RAL_MEMREF(added), BLADE_RAL_MEMREF(out),               \
+      int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_bottom,               \
+      int64_t pad_left, int64_t pad_right, int64_t dilation_h, int64_t dilation_w,           \
+      int64_t groups, int64_t activation) {                                                  \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
+                        b = BLADE_RAL_UNRANKED(bias), s = BLADE_RAL_UNRANKED(scale),         \
+                        a = BLADE_RAL_UNRANKED(added), result = BLADE_RAL_UNRANKED(out);     \
+    blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
+                       pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
+                       true, &b, activation, &a, &s);                                        \
   }
 BLADE_RAL_FOR_EACH_FLOAT_TYPE(BLADE_RAL_DEFINE_CONV2D)
 #undef BLADE_RAL_DEFINE_CONV2D

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace blade::ral {
@@ -101,6 +102,35 @@ void store_values(const float* src, uint16_t* dst, int64_t n, int64_t pad) {
 void store_values(const float* src, float* dst, int64_t n, int64_t pad) {
   std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   std::fill(dst + n, dst + n + pad, 0.0f);
+}
+
+// `rows` rows of `channels` float32 values from `src` on, each times its channel's
+// `scale` (null: as they are), stored as the kind's elements at `dst` (bfloat16: rounded).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void scale_values(
+    const float* src, float* dst, int64_t channels, const float* scale) {
+  for (int64_t c = 0; c < channels; c += 16) {
+    const __mmask16 mask = lanes_left(channels - c);
+    _mm512_mask_storeu_ps(dst + c, mask,
+                          _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, src + c),
+                                        _mm512_maskz_loadu_ps(mask, scale + c)));
+  }
+}
+template <typename T>
+void store_rows(const float* src, T* dst, int64_t rows, int64_t channels, const float* scale) {
+  if (scale == nullptr) {
+    store_values(src, dst, rows * channels, 0);
+    return;
+  }
+  thread_local std::vector<float> scaled;  // a bfloat16 row's float32 values, scaled
+  for (int64_t r = 0; r < rows; ++r) {
+    if constexpr (std::is_same_v<T, float>) {
+      scale_values(src + r * channels, dst + r * channels, channels, scale);
+    } else {
+      scaled.resize(static_cast<size_t>(channels));
+      scale_values(src + r * channels, scaled.data(), channels, scale);
+      store_values(scaled.data(), dst + r * channels, channels, 0);
+    }
+  }
 }
 
 // acc + the products of one depth step: 16 float32 sums, `x` the pixel's step broadcast,
@@ -460,7 +490,8 @@ template <Kind K>
 void convolve(const char* what, const float* input, int64_t batch, int64_t height,
               int64_t width, int64_t channels, const at::Tensor& packed, int64_t out_channels,
               int64_t kh, int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding,
-              const float* bias, ConvActivation activation, float* out, const float* added) {
+              const float* bias, ConvActivation activation, float* out, const float* added,
+              const float* input_scale) {
   using T = ElementType<K>;
   const bool relu = activation == ConvActivation::kRelu;
   const bool pass = activation_pass(activation);  // SiLU or hardswish after the sums
@@ -525,10 +556,15 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   // in turn rounds each block of them just before its products, in the thread's cache (a
   // large image's planes went through memory twice more). Otherwise the planes are made
   // first.
+  // An input scaled per image and channel (a squeeze-excitation's) is scaled where it is
+  // rounded: in the rows taken in turn (float32 ones too), or into the planes.
   const bool input_is_plane = planes.input_is_plane() && depth == channels;
-  const bool as_it_is = K == Kind::kF32 && input_is_plane;
-  const bool rows_in_turn = K == Kind::kBf16 && !columns_outer && kh == 1 && kw == 1 &&
-                            input_is_plane && planes.walk_h == 1 && planes.walk_w == 1;
+  TORCH_CHECK(input_scale == nullptr || input_is_plane, what,
+              ": an input scale needs an input read as its plane (no padding)");
+  const bool as_it_is = K == Kind::kF32 && input_is_plane && input_scale == nullptr;
+  const bool rows_in_turn = (K == Kind::kBf16 || input_scale != nullptr) && !columns_outer &&
+                            kh == 1 && kw == 1 && input_is_plane && planes.walk_h == 1 &&
+                            planes.walk_w == 1;
   const int64_t image_elements = planes.image_elements(depth);
   const T* planes_data = nullptr;
   at::Tensor large;
@@ -537,7 +573,16 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   } else if (!rows_in_turn) {
     const int64_t elements = batch * image_elements;
     T* dst = planes_buffer<T>(elements, kKeptPlaneBytes, large);
-    if (input_is_plane) {
+    if (input_is_plane && input_scale != nullptr) {  // scaled pixel by pixel
+      const int64_t pixels = height * width;
+      at::parallel_for(0, batch * pixels, (int64_t{1} << 14) / std::max<int64_t>(1, channels),
+                       [&](int64_t begin, int64_t end) {
+                         for (int64_t p = begin; p < end; ++p) {
+                           store_rows(input + p * channels, dst + p * channels, 1, channels,
+                                      input_scale + p / pixels * channels);
+                         }
+                       });
+    } else if (input_is_plane) {
       // The input is the plane: rounded in even shares.
       at::parallel_for(0, elements, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
         store_values(input + begin, dst + begin, end - begin, 0);
@@ -587,8 +632,9 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
           if (rounded != image_row) {  // the row block's other column blocks reuse it
             block_rows.resize(std::max<size_t>(block_rows.size(),
                                                static_cast<size_t>(count * depth)));
-            store_values(input + (n * rows + first) * channels, block_rows.data(),
-                         count * channels, 0);
+            store_rows(input + (n * rows + first) * channels, block_rows.data(), count,
+                       channels,
+                       input_scale != nullptr ? input_scale + n * channels : nullptr);
             rounded = image_row;
           }
           image = block_rows.data();
@@ -663,17 +709,35 @@ at::Tensor pack_f32_conv_weight(const at::Tensor& weight) {
 void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
                int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
                int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
-               ConvActivation activation, float* out, const float* added) {
+               ConvActivation activation, float* out, const float* added,
+               const float* input_scale) {
   convolve<Kind::kBf16>("bf16_conv", input, batch, height, width, channels, packed,
-                        out_channels, kh, kw, stride, padding, bias, activation, out, added);
+                        out_channels, kh, kw, stride, padding, bias, activation, out, added,
+                        input_scale);
 }
 
 void f32_conv(const float* input, int64_t batch, int64_t height, int64_t width,
               int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
               int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
-              ConvActivation activation, float* out, const float* added) {
+              ConvActivation activation, float* out, const float* added,
+              const float* input_scale) {
   convolve<Kind::kF32>("f32_conv", input, batch, height, width, channels, packed,
-                       out_channels, kh, kw, stride, padding, bias, activation, out, added);
+                       out_channels, kh, kw, stride, padding, bias, activation, out, added,
+                       input_scale);
+}
+
+bool float_conv_scales_input(bool bf16, int64_t height, int64_t width, int64_t channels,
+                             int64_t kh, int64_t kw, at::IntArrayRef stride,
+                             at::IntArrayRef padding) {
+  if (stride.size() != 2 || padding.size() != 2 || stride[0] <= 0 || stride[1] <= 0 ||
+      padding[0] < 0 || padding[1] < 0) {
+    return false;
+  }
+  const ConvPlanes planes(height, width, kh, kw, stride[0], stride[1], padding[0],
+                          padding[1], /*strided_walk=*/kw < 5);
+  const int64_t depth =
+      bf16 ? padded_depth<Kind::kBf16>(channels) : padded_depth<Kind::kF32>(channels);
+  return planes.filter_fits() && planes.input_is_plane() && depth == channels;
 }
 
 void bf16_pairs_gemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda,

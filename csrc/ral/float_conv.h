@@ -52,16 +52,25 @@ int64_t f32_conv_pack_bytes(int64_t out_channels, int64_t channels, int64_t kh, 
 // the result again), then the activation (ReLU keeping NaN; SiLU or hardswish on each
 // task's block of results after its tiles, conv_activation.h), into `out` (float32 NHWC
 // [batch, out_h, out_w, out_channels], overlapping neither the input nor `added`: a deep
-// layer's slices of depth store partial sums there). The padding is zeros. The filter must
-// fit the padded input.
+// layer's slices of depth store partial sums there). `input_scale` (null, or [batch,
+// channels] float32): the input multiplied by it per image and channel first (a
+// squeeze-excitation's), as the input is copied, where float_conv_scales_input. The
+// padding is zeros. The filter must fit the padded input.
 void bf16_conv(const float* input, int64_t batch, int64_t height, int64_t width,
                int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
                int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
-               ConvActivation activation, float* out, const float* added = nullptr);
+               ConvActivation activation, float* out, const float* added = nullptr,
+               const float* input_scale = nullptr);
 void f32_conv(const float* input, int64_t batch, int64_t height, int64_t width,
               int64_t channels, const at::Tensor& packed, int64_t out_channels, int64_t kh,
               int64_t kw, at::IntArrayRef stride, at::IntArrayRef padding, const float* bias,
-              ConvActivation activation, float* out, const float* added = nullptr);
+              ConvActivation activation, float* out, const float* added = nullptr,
+              const float* input_scale = nullptr);
+// Whether those take an `input_scale` for this input and filter: one where the input is
+// read as its own plane (no padding; bfloat16: an even channel count).
+bool float_conv_scales_input(bool bf16, int64_t height, int64_t width, int64_t channels,
+                             int64_t kh, int64_t kw, at::IntArrayRef stride,
+                             at::IntArrayRef padding);
 
 // c[m x n] = a @ b by the bfloat16 register tiles, on the calling thread: a bfloat16
 // row-major [m, k] (lda apart, k even), b its k / 2 rows of n bfloat16 pairs (rows 2p and

@@ -47,6 +47,8 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
 // `activation` (0 none, 1 ReLU, 2 SiLU, 3 hardswish: conv_activation.h), run as the
 // convolution's own bias and post-op. conv2d_nhwc_bias_add: the same with a tensor of the
 // result's shape (a residual connection) added after the bias, before the activation.
+// conv2d_nhwc_bias_scaled[_add]: the input multiplied first by `scale`, one value per
+// image and channel ([N, 1, 1, C]: a squeeze-excitation's), then as those.
 // attention: out = softmax(q @ k^T * scale + mask) @ v over the last dim, q/k/v of rank 3
 // or 4 ([batch..., length, head dim]; k and v stored transposed when `transpose_k` /
 // `transpose_v`), the mask broadcasting to the scores; PyTorch's fused CPU attention, which
@@ -77,6 +79,17 @@ void memrefCopy(int64_t element_size, BladeUnrankedMemRef* source,
       BLADE_RAL_MEMREF(added), BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w,    \
       int64_t pad_top, int64_t pad_bottom, int64_t pad_left, int64_t pad_right,              \
       int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t activation);           \
+  void blade_ral_conv2d_nhwc_bias_scaled_##suffix(                                           \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
+      BLADE_RAL_MEMREF(scale), BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w,    \
+      int64_t pad_top, int64_t pad_bottom, int64_t pad_left, int64_t pad_right,              \
+      int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t activation);           \
+  void blade_ral_conv2d_nhwc_bias_scaled_add_##suffix(                                       \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
+      BLADE_RAL_MEMREF(scale), BLADE_RAL_MEMREF(added), BLADE_RAL_MEMREF(out),               \
+      int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_bottom,               \
+      int64_t pad_left, int64_t pad_right, int64_t dilation_h, int64_t dilation_w,           \
+      int64_t groups, int64_t activation);                                                   \
   void blade_ral_attention_##suffix(BLADE_RAL_MEMREF(q), BLADE_RAL_MEMREF(k),                \
                                     BLADE_RAL_MEMREF(v), BLADE_RAL_MEMREF(out),              \
                                     int64_t transpose_k, int64_t transpose_v, double scale,  \

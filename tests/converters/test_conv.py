@@ -439,6 +439,61 @@ def test_residual_adds_run_inside_the_convolution(dtype, dynamic, blades_kernel,
         assert (_C.f32_conv_calls() > calls) == blades_kernel
 
 
+class SqueezeExcitationBlocks(torch.nn.Module):
+    """Two MBConv blocks' ends: a depthwise convolution's SiLU output scaled by its
+    squeeze-excitation (global average pool, two 1x1s, sigmoid), then the 1x1 projection,
+    plus the block's input in the second."""
+
+    def __init__(self):
+        super().__init__()
+        self.depthwise = torch.nn.Conv2d(24, 24, 3, padding=1, groups=24)
+        self.squeeze = torch.nn.Conv2d(24, 6, 1)
+        self.excite = torch.nn.Conv2d(6, 24, 1)
+        self.project = torch.nn.Conv2d(24, 24, 1)
+        self.project_again = torch.nn.Conv2d(24, 24, 1)
+
+    def scaled(self, x):
+        y = F.silu(self.depthwise(x))
+        return y * torch.sigmoid(self.excite(F.silu(self.squeeze(y.mean((2, 3), True)))))
+
+    def forward(self, x):
+        x = self.project(self.scaled(x))
+        return self.project_again(self.scaled(x)) + x
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("blades_kernel", [True, False], ids=["blade", "library"])
+def test_squeeze_excitation_scales_run_inside_the_projection(dtype, dynamic, blades_kernel,
+                                                             request, tmp_path):
+    """The scale of a squeeze-excitation (per image and channel) is the input scale of the
+    1x1 projection it feeds (`conv2d_nhwc_bias_scaled`, `_scaled_add` with the residual),
+    which Blade's float32 tiles apply as they copy their rows and the libraries' kernels
+    read as a scaled copy: eager's results, each image with its own scale."""
+    if not blades_kernel:
+        _C.set_f32_conv_enabled(False)
+        request.addfinalizer(lambda: _C.set_f32_conv_enabled(True))
+    torch.manual_seed(0)
+    model = SqueezeExcitationBlocks().to(dtype).eval()
+    x = random_tensor((2, 24, 9, 10), dtype)
+    rtol, atol = TOLERANCE[dtype]
+    config = blade.Config(dump_dir=str(tmp_path), dynamic=dynamic)
+    calls = _C.f32_conv_calls()
+    optimized, report = run_compiled(model, (x,), config, rtol=rtol, atol=max(atol, 1e-4))
+    linalg = ir_before(tmp_path, "write-slices-in-place")
+    assert linalg.count('blade.library_call = "conv2d_nhwc_bias_scaled"') == 1, linalg
+    assert linalg.count('blade.library_call = "conv2d_nhwc_bias_scaled_add"') == 1, linalg
+    with torch.no_grad():
+        for shape in ((2, 24, 9, 10), (3, 24, 6, 7)) if dynamic else ((2, 24, 9, 10),):
+            x = random_tensor(shape, dtype)
+            for _ in range(_C.kernel_trial_calls() + 1 if dtype == torch.float32 else 1):
+                torch.testing.assert_close(optimized(x), model(x), rtol=rtol,
+                                           atol=max(atol, 1e-4))
+    assert blade.report(optimized).runtime_fallbacks == 0
+    if dtype == torch.float32 and _C.f32_conv_available():
+        assert (_C.f32_conv_calls() > calls) == blades_kernel
+
+
 class UpsampleAndConcatenate(torch.nn.Module):
     """A U-Net decoder step: nearest upsampling of the coarse features, concatenated with
     the skip connection, into a convolution."""

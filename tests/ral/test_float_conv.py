@@ -132,6 +132,30 @@ def test_a_tensor_added_to_a_deep_1x1_in_slices_of_depth(kind):
     assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
 
 
+@pytest.mark.parametrize("shape", [
+    (2, 144, 14, 13, 40, 1),    # rows taken in turn, each image by its own scale
+    (1, 96, 7, 7, 320, 1),      # more weight than input: the scaled planes made first
+    (2, 64, 9, 9, 24, 2),       # a strided 1x1: its planes too
+    (1, 4000, 6, 6, 192, 1),    # a deep 1x1 in slices of its depth
+])
+def test_an_input_scaled_per_image_and_channel(kind, shape):
+    """A squeeze-excitation's scale of the input, one value per image and channel, taken as
+    the input is copied: the convolution of the scaled input (bfloat16: the product
+    rounded). A filter that pads its input (planes of their own) refuses it."""
+    conv, _, rounded = kind
+    n, c, h, w, o, s = shape
+    torch.manual_seed(3)
+    x, weight, bias = torch.randn(n, c, h, w), torch.randn(o, c, 1, 1), torch.randn(o)
+    scale = torch.rand(n, c) * 2
+    got = conv(x, weight, bias, [s, s], [0, 0], True, input_scale=scale)
+    want = reference(x * scale[:, :, None, None], weight, bias, [s, s], [0, 0], True, rounded)
+    assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
+    with pytest.raises(RuntimeError, match="an input scale needs an input read as its plane"):
+        conv(x, torch.randn(o, c, 3, 3), bias, [1, 1], [1, 1], True, input_scale=scale)
+    with pytest.raises(RuntimeError, match="the input scale must be float32"):
+        conv(x, weight, bias, [s, s], [0, 0], True, input_scale=scale[:, :-1])
+
+
 @pytest.mark.parametrize("channels, out_channels, size", [
     (4000, 192, 10),   # 3 slices of the depth (bfloat16's half as wide: 2)
     (5001, 130, 7),    # an odd depth (bf16: a zero channel), the last block's 2 of 64

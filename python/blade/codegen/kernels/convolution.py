@@ -3,7 +3,9 @@
 (channels_last, see codegen/stablehlo/layouts.py), and an NHWC convolution's epilogue: a
 per-channel bias add, a tensor of the result's shape added (a residual connection:
 `conv2d_nhwc_bias_add`) and a ReLU, SiLU or hardswish, which the kernel applies itself
-(`conv2d_nhwc_bias`) instead of a pass of loops over its result.
+(`conv2d_nhwc_bias`) instead of a pass of loops over its result; and its input's scale
+per image and channel (a squeeze-excitation's: `conv2d_nhwc_bias_scaled[_add]`), which the
+kernel applies as it reads the input instead of a pass of loops writing a scaled copy.
 """
 import struct
 from typing import List, Optional, Tuple
@@ -220,13 +222,37 @@ def _epilogue(conv) -> Optional[Tuple[object, Optional[object], List, object, in
     return source, added, peeled, add, NO_ACTIVATION
 
 
+def _input_scale(conv) -> Optional[Tuple[object, object, List]]:
+    """(the data, the scale, the ops between) where the NHWC convolution's input is read by
+    it alone and is the product of a tensor and a broadcast of one value per image and
+    channel ([N or 1, 1, 1, C]) over its pixels: a squeeze-excitation's scaling, which the
+    kernel applies as it reads its input. None otherwise."""
+    multiply = producer(conv.operands[0], "stablehlo.multiply")
+    if multiply is None or only_data_user(multiply.result) != conv:
+        return None
+    shape = ir.ShapedType(multiply.result.type).shape
+    for data, other in ((multiply.operands[0], multiply.operands[1]),
+                        (multiply.operands[1], multiply.operands[0])):
+        broadcast = producer(other, "stablehlo.broadcast_in_dim") or \
+            producer(other, "stablehlo.dynamic_broadcast_in_dim")
+        if broadcast is None:
+            continue
+        source = broadcast.operands[0]
+        scale = ir.ShapedType(source.type).shape
+        # (A broadcast's source dim is 1 or the result's: the images' count or one.)
+        if i64_array(broadcast.attributes["broadcast_dimensions"]) == [0, 1, 2, 3] and \
+                len(scale) == 4 and scale[1:3] == [1, 1] and scale[3] == shape[3] >= 0:
+            return data, source, [broadcast, multiply]
+    return None
+
+
 def convolution_with_epilogue(main, op) -> Optional[Tuple[object, List, List, dict, List]]:
     """What outlining takes for an NHWC convolution `op` of `main` with its epilogue
-    (`_epilogue`), as one call of `conv2d_nhwc_bias` (`conv2d_nhwc_bias_add` with a tensor
-    added): (the epilogue's last op; the sources: data, weight, bias and the tensor added;
-    the convolution and the ops up to the last, in block order; the kernel's attributes;
-    the convolution again, the op whose shape the call's result has). None for any other
-    op.
+    (`_epilogue`) and, for a 1x1 of one group, its input's scale (`_input_scale`), as one
+    call of `conv2d_nhwc_bias[_scaled][_add]`: (the epilogue's last op; the sources: data,
+    weight, bias, the scale and the tensor added; the ops from the scaling to the last, in
+    block order; the kernel's attributes; the convolution again, the op whose shape the
+    call's result has). None for any other op.
 
     Example:
         >>> convolution_with_epilogue(main, conv)   # maximum(conv + broadcast(%b), 0)
@@ -240,9 +266,13 @@ def convolution_with_epilogue(main, op) -> Optional[Tuple[object, List, List, di
     if epilogue is None:
         return None
     bias, added, between, last, activation = epilogue
-    kind = "conv2d_nhwc_bias" if added is None else "conv2d_nhwc_bias_add"
-    return (last, list(op.operands) + [bias] + ([] if added is None else [added]),
-            _in_block_order(main, [op] + between),
+    one_by_one = ir.ShapedType(op.operands[1].type).shape[2:] == [1, 1]
+    scaled = _input_scale(op) if one_by_one and attributes["groups"] == 1 else None
+    data, scale, before = scaled if scaled is not None else (op.operands[0], None, [])
+    kind = "conv2d_nhwc_bias" + ("" if scale is None else "_scaled") + \
+        ("" if added is None else "_add")
+    return (last, [data, op.operands[1], bias] + [v for v in (scale, added) if v is not None],
+            _in_block_order(main, before + [op] + between),
             {**attributes, "kind": kind, "activation": activation}, [op])
 
 

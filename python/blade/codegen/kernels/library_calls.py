@@ -43,7 +43,8 @@ KERNEL_ARGUMENTS = {
 }
 KERNEL_ARGUMENTS["conv2d_nhwc"] = KERNEL_ARGUMENTS["conv2d"]
 KERNEL_ARGUMENTS["conv2d_nhwc_bias"] = KERNEL_ARGUMENTS["conv2d"] + ["activation"]
-KERNEL_ARGUMENTS["conv2d_nhwc_bias_add"] = KERNEL_ARGUMENTS["conv2d_nhwc_bias"]
+for _kind in ("conv2d_nhwc_bias_add", "conv2d_nhwc_bias_scaled", "conv2d_nhwc_bias_scaled_add"):
+    KERNEL_ARGUMENTS[_kind] = KERNEL_ARGUMENTS["conv2d_nhwc_bias"]
 KERNEL_ARGUMENTS["attention"] = ["transpose_k", "transpose_v", "scale",  # scale: f64
                                   "zero_masked_rows"]
 KERNEL_ARGUMENTS["attention_masked"] = KERNEL_ARGUMENTS["attention"]

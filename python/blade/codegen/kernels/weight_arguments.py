@@ -13,7 +13,8 @@ from blade.codegen.kernels.library_calls import LIBRARY_CALL
 
 # Library calls whose operand 1 is a float32 weight the RAL kernel may read only through
 # the engine's prepared copy of it (csrc/ral/prepared_weights.h).
-WEIGHT_KINDS = ("matmul", "conv2d", "conv2d_nhwc", "conv2d_nhwc_bias", "conv2d_nhwc_bias_add")
+WEIGHT_KINDS = ("matmul", "conv2d", "conv2d_nhwc", "conv2d_nhwc_bias", "conv2d_nhwc_bias_add",
+                "conv2d_nhwc_bias_scaled", "conv2d_nhwc_bias_scaled_add")
 # The exported function that returns main's weight-only arguments, as decimal indices
 # separated by spaces; code that has none has no such function.
 WEIGHT_ARGUMENTS_SYMBOL = "blade_weight_arguments"
