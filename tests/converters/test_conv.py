@@ -384,6 +384,22 @@ def test_activation_runs_inside_the_convolution(activation, code, dtype, dynamic
         assert _C.f32_conv_calls() > calls
 
 
+def _matches_eager_through_the_trials(optimized, model, shapes, dtype, calls, blades_kernel):
+    """Eager's results on inputs of each shape, through a float32 engine's kernel trials and
+    a decided call; no run-time fallback; Blade's float32 tiles ran (since `calls`) exactly
+    where `blades_kernel` (float32 on an AVX-512 CPU)."""
+    rtol, atol = TOLERANCE[dtype]
+    with torch.no_grad():
+        for shape in shapes:
+            x = random_tensor(shape, dtype)
+            for _ in range(_C.kernel_trial_calls() + 1 if dtype == torch.float32 else 1):
+                torch.testing.assert_close(optimized(x), model(x), rtol=rtol,
+                                           atol=max(atol, 1e-4))
+    assert blade.report(optimized).runtime_fallbacks == 0
+    if dtype == torch.float32 and _C.f32_conv_available():
+        assert (_C.f32_conv_calls() > calls) == blades_kernel
+
+
 class ResidualBlocks(torch.nn.Module):
     """ResNet's bottleneck ends (a 1x1 and its batch norm, plus the block's input or a
     strided projection of it, then ReLU) and an inverted residual's (a 1x1 projection plus
@@ -422,21 +438,13 @@ def test_residual_adds_run_inside_the_convolution(dtype, dynamic, blades_kernel,
         model.expand_norm.running_mean.uniform_(-1, 1)
         model.expand_norm.running_var.uniform_(0.5, 2)
     x = random_tensor((2, 16, 10, 9), dtype)
-    rtol, atol = TOLERANCE[dtype]
     calls = _C.f32_conv_calls()
     optimized, linalg = _five_library_calls(model, x, dynamic, tmp_path)
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias_add"') == 3, linalg
     main = linalg.split("func.func private")[0]
     assert main.count("linalg.generic") == 2, main  # the layout's two transposes alone
-    with torch.no_grad():
-        for shape in ((2, 16, 10, 9), (1, 16, 7, 12)) if dynamic else ((2, 16, 10, 9),):
-            x = random_tensor(shape, dtype)
-            for _ in range(_C.kernel_trial_calls() + 1 if dtype == torch.float32 else 1):
-                torch.testing.assert_close(optimized(x), model(x), rtol=rtol,
-                                           atol=max(atol, 1e-4))
-    assert blade.report(optimized).runtime_fallbacks == 0
-    if dtype == torch.float32 and _C.f32_conv_available():
-        assert (_C.f32_conv_calls() > calls) == blades_kernel
+    shapes = ((2, 16, 10, 9), (1, 16, 7, 12)) if dynamic else ((2, 16, 10, 9),)
+    _matches_eager_through_the_trials(optimized, model, shapes, dtype, calls, blades_kernel)
 
 
 class SqueezeExcitationBlocks(torch.nn.Module):
@@ -483,15 +491,8 @@ def test_squeeze_excitation_scales_run_inside_the_projection(dtype, dynamic, bla
     linalg = ir_before(tmp_path, "write-slices-in-place")
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias_scaled"') == 1, linalg
     assert linalg.count('blade.library_call = "conv2d_nhwc_bias_scaled_add"') == 1, linalg
-    with torch.no_grad():
-        for shape in ((2, 24, 9, 10), (3, 24, 6, 7)) if dynamic else ((2, 24, 9, 10),):
-            x = random_tensor(shape, dtype)
-            for _ in range(_C.kernel_trial_calls() + 1 if dtype == torch.float32 else 1):
-                torch.testing.assert_close(optimized(x), model(x), rtol=rtol,
-                                           atol=max(atol, 1e-4))
-    assert blade.report(optimized).runtime_fallbacks == 0
-    if dtype == torch.float32 and _C.f32_conv_available():
-        assert (_C.f32_conv_calls() > calls) == blades_kernel
+    shapes = ((2, 24, 9, 10), (3, 24, 6, 7)) if dynamic else ((2, 24, 9, 10),)
+    _matches_eager_through_the_trials(optimized, model, shapes, dtype, calls, blades_kernel)
 
 
 class UpsampleAndConcatenate(torch.nn.Module):
