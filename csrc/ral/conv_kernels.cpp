@@ -291,7 +291,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
                   " values for ", w.size(0), " output channels");
     }
     // A tensor added to the result before the activation (a residual connection), of the
-    // result's shape; read before the result is written where the two share memory.
+    // result's shape; copied first where it shares memory with the result.
     std::optional<at::Tensor> added;
     if (added_memref != nullptr) {
       added = kept_view(site, 4, added_memref, dtype, layout);
@@ -340,10 +340,10 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       return scaled_x;
     };
     PreparedWeights* prepared = active_prepared_weights();
-    // ReLU is every kernel's post-op; SiLU and hardswish are applied by Blade's float32,
-    // bfloat16 and depthwise kernels (`fuses_pass`) and after any other (a pass over the
-    // result). With a tensor added, the kernels that do not add it run without the
-    // activation, and the addition and the activation follow (`add_after`).
+    // Without a tensor added, ReLU is every kernel's post-op; SiLU and hardswish are
+    // applied by Blade's float32, bfloat16 and depthwise kernels (`fuses_pass`) and after
+    // any other (`pass_after`, over the result). With a tensor added, the kernels that do
+    // not add it run without the activation, and `pass_after` adds it and activates.
     const ConvActivation activation = conv_activation(activation_code);
     const ConvActivation own_activation = added.has_value() ? ConvActivation::kNone : activation;
     const bool relu = own_activation == ConvActivation::kRelu;

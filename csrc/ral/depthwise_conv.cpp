@@ -244,7 +244,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
     }
     ox = g.ow;
   }
-  // The rest one pixel at a time, at any stride and dilation.
+  // Other strides and dilations one pixel at a time.
   for (; ox < g.ow; ++ox) {
     __m512 part[KH];
 #pragma GCC unroll 5
@@ -265,10 +265,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
 
 // Output rows [oy_begin, oy_end) of image `b` for the channels [ch, ch + 16) under `mask`:
 // the KH x KW filter vectors loaded once, then in each row at stride 1 or 2 without
-// dilation the pixels kBlock, then kShortBlock at a time (slide), and the others one at a
-// time, each tap outside the image reading the pad; SiLU over each row made, in cache (in
-// `finish`, its constants would take the registers that hold the filters). Float32 data
-// sums from the bias; uint8 data sums its bytes.
+// dilation the pixels kBlock at a time and the row's end in one block (slide), at other
+// strides or dilations one at a time, each tap outside the image reading the pad; SiLU
+// over each row made, in cache (in `finish`, its constants would take the registers that
+// hold the filters). Float32 data sums from the bias; uint8 data sums its bytes.
 template <int KH, int KW, bool kFull, typename In>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
     const In* x, const float* filters, const Finish& finish_as, float* y,

@@ -104,8 +104,7 @@ void store_values(const float* src, float* dst, int64_t n, int64_t pad) {
   std::fill(dst + n, dst + n + pad, 0.0f);
 }
 
-// `rows` rows of `channels` float32 values from `src` on, each times its channel's
-// `scale` (null: as they are), stored as the kind's elements at `dst` (bfloat16: rounded).
+// `channels` float32 values from `src` on, each times its channel's `scale`, at `dst`.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void scale_values(
     const float* src, float* dst, int64_t channels, const float* scale) {
   for (int64_t c = 0; c < channels; c += 16) {
@@ -115,6 +114,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void scale_values(
                                         _mm512_maskz_loadu_ps(mask, scale + c)));
   }
 }
+// `rows` rows of `channels` float32 values from `src` on, each times its channel's
+// `scale` (null: as they are), stored as the kind's elements at `dst` (bfloat16: rounded).
 template <typename T>
 void store_rows(const float* src, T* dst, int64_t rows, int64_t channels, const float* scale) {
   if (scale == nullptr) {

@@ -13,8 +13,8 @@ from typing import List, Optional, Tuple
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo as stablehlo
 
-from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, i64_array, only_data_user,
-                                      producer, rank_of)
+from blade.codegen.ir_queries import (SHAPE_QUERIES, as_operation, defining_op, i64_array,
+                                      only_data_user, producer, rank_of)
 from blade.codegen.kernels.library_calls import element_suffix
 from blade.codegen.stablehlo.folding import splat_value
 
@@ -175,13 +175,33 @@ def _hardswish_of(value) -> Optional[Tuple[List, object]]:
 
 def _residual_add(value) -> Optional[Tuple[object, object]]:
     """(the add, its other operand) where `value` is read only by an add of a tensor of its
-    own type (a residual connection); None otherwise."""
+    own type that no broadcast makes (a residual connection: a broadcast of a smaller
+    tensor, a splat or a channel vector, would be materialized in full for the kernel);
+    None otherwise."""
     add = only_data_user(value)
     other = _other_operand(add, value) if add is not None and add.name == "stablehlo.add" \
         else None
-    if other is None or other.type != value.type:
+    if other is None or other.type != value.type or \
+            producer(other, "stablehlo.broadcast_in_dim") is not None or \
+            producer(other, "stablehlo.dynamic_broadcast_in_dim") is not None:
         return None
     return add, other
+
+
+def _reads_shape_of(values, ops) -> bool:
+    """Whether any of `values` is computed from a shape query of one of `ops`' results:
+    once those are the call's, such a value would come after the call that reads it."""
+    results = [op.result for op in ops]
+    seen, pending = set(), [v for v in values if v is not None]
+    while pending:
+        op = defining_op(pending.pop())
+        if op is None or op in seen:
+            continue
+        seen.add(op)
+        if op.name in SHAPE_QUERIES and any(op.operands[0] == r for r in results):
+            return True
+        pending.extend(op.operands)
+    return False
 
 
 def _epilogue(conv) -> Optional[Tuple[object, Optional[object], List, object, int]]:
@@ -251,8 +271,9 @@ def convolution_with_epilogue(main, op) -> Optional[Tuple[object, List, List, di
     (`_epilogue`) and, for a 1x1 of one group, its input's scale (`_input_scale`), as one
     call of `conv2d_nhwc_bias[_scaled][_add]`: (the epilogue's last op; the sources: data,
     weight, bias, the scale and the tensor added; the ops from the scaling to the last, in
-    block order; the kernel's attributes; the convolution again, the op whose shape the
-    call's result has). None for any other op.
+    block order; the kernel's attributes; the chain's ops whose shape the call's result
+    has). None for any other op, and where the scale or the tensor added is computed from
+    a shape query of the chain.
 
     Example:
         >>> convolution_with_epilogue(main, conv)   # maximum(conv + broadcast(%b), 0)
@@ -269,11 +290,15 @@ def convolution_with_epilogue(main, op) -> Optional[Tuple[object, List, List, di
     one_by_one = ir.ShapedType(op.operands[1].type).shape[2:] == [1, 1]
     scaled = _input_scale(op) if one_by_one and attributes["groups"] == 1 else None
     data, scale, before = scaled if scaled is not None else (op.operands[0], None, [])
+    chain = _in_block_order(main, before + [op] + between)
+    if _reads_shape_of([scale, added], chain + [last]):
+        return None
     kind = "conv2d_nhwc_bias" + ("" if scale is None else "_scaled") + \
         ("" if added is None else "_add")
+    # Shape queries of the chain's ops of the result's type ask the call's result instead.
+    same_shape = [o for o in [op] + between if o.result.type == op.result.type]
     return (last, [data, op.operands[1], bias] + [v for v in (scale, added) if v is not None],
-            _in_block_order(main, before + [op] + between),
-            {**attributes, "kind": kind, "activation": activation}, [op])
+            chain, {**attributes, "kind": kind, "activation": activation}, same_shape)
 
 
 def _in_block_order(main, ops) -> List:
