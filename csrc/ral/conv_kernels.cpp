@@ -347,6 +347,10 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
     const ConvActivation activation = conv_activation(activation_code);
     const ConvActivation own_activation = added.has_value() ? ConvActivation::kNone : activation;
     const bool relu = own_activation == ConvActivation::kRelu;
+    // The pass's SiLU or hardswish, which oneDNN's convolve_into may take as its post-op
+    // (without a tensor added, which comes first).
+    ConvActivation pass_activation = activation;
+    ConvActivation* const onednn_post_op = added.has_value() ? nullptr : &pass_activation;
     const auto pass_after = [&] {
       if (added.has_value()) {
         target.add_(*added);
@@ -354,13 +358,13 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
           target.relu_();  // max(x, 0) keeping NaN, as eager
         }
       }
-      if (!activation_pass(activation)) {
+      if (!activation_pass(pass_activation)) {
         return;
       }
       if (target.scalar_type() == at::kFloat &&
           target.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-        activation_dense(activation, target.data_ptr<float>(), target.numel());
-      } else if (activation == ConvActivation::kSilu) {
+        activation_dense(pass_activation, target.data_ptr<float>(), target.numel());
+      } else if (pass_activation == ConvActivation::kSilu) {
         at::silu_(target);
       } else {
         at::hardswish_(target);
@@ -434,8 +438,8 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       }
       if (channels_last &&
           convolve_into(target, library_input(),
-                        reordered.defined() ? reordered : plain_weight(w), bias,
-                        relu, padding, stride, dilation, groups)) {
+                        reordered.defined() ? reordered : plain_weight(w), bias, relu, padding,
+                        stride, dilation, groups, onednn_post_op)) {
         pass_after();
         if ((kernel == Kernel::kOneDnn || done) && timed) {
           prepared->record_kernel_time(param, false, input_size, Kernel::kOneDnn,
@@ -497,7 +501,8 @@ bool onednn_takes_bf16() {
 bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
                    const std::optional<at::Tensor>& bias, bool relu,
                    const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
-                   const std::vector<int64_t>& dilation, int64_t groups) {
+                   const std::vector<int64_t>& dilation, int64_t groups,
+                   ConvActivation* post_op) {
   static const std::optional<c10::OperatorHandle> plain = c10::Dispatcher::singleton().findOp(
       c10::OperatorName("mkldnn::_convolution_pointwise", ""));
   static const std::optional<c10::OperatorHandle> adding = c10::Dispatcher::singleton().findOp(
@@ -518,6 +523,10 @@ bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
   if (plain.has_value() && offering_installed()) {
     // oneDNN's result made in the engine's buffer, offered to the allocator (an output
     // made elsewhere, where a temporary of its size took the offer, is copied in).
+    const ConvActivation own = post_op != nullptr ? *post_op : ConvActivation::kNone;
+    const char* attr = own == ConvActivation::kSilu        ? "swish"
+                       : own == ConvActivation::kHardswish ? "hardswish"
+                                                           : "none";
     torch::jit::Stack stack{x,
                             w,
                             bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
@@ -525,7 +534,7 @@ bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
                             stride,
                             dilation,
                             groups,
-                            std::string("none"),
+                            std::string(attr),
                             c10::List<std::optional<at::Scalar>>(),
                             c10::IValue()};
     {
@@ -533,6 +542,9 @@ bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
       plain->callBoxed(&stack);
     }
     settle(stack.at(0).toTensor(), target, copy_into);
+    if (post_op != nullptr && activation_pass(own)) {
+      *post_op = ConvActivation::kNone;
+    }
   } else if (adding.has_value()) {
     // out = conv(x, w) + bias + out, into the buffer zeroed first.
     target.zero_();

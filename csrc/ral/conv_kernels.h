@@ -3,6 +3,7 @@
 // (matmul_kernels.cpp).
 #pragma once
 
+#include "ral/conv_activation.h"
 #include "ral/prepared_weights.h"
 
 #include <ATen/ATen.h>
@@ -22,11 +23,15 @@ bool onednn_takes_bf16();
 // op's output (offered_buffers.h), or else, where the offer cannot be made, oneDNN adds
 // its result into the zeroed buffer (what Inductor uses for conv + add). float32 data, or
 // a bfloat16 model's. False when it does not apply or is unavailable, and the caller
-// convolves as usual.
+// convolves as usual. `post_op` (null: none), SiLU or hardswish: oneDNN's own post-op where
+// the offer is made (eager's values at NaN and infinities, within float32 ulps elsewhere),
+// over each block of results in cache where a pass after the call read the whole result
+// again; *post_op becomes kNone where it ran.
 bool convolve_into(at::Tensor& target, const at::Tensor& x, const at::Tensor& w,
                    const std::optional<at::Tensor>& bias, bool relu,
                    const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
-                   const std::vector<int64_t>& dilation, int64_t groups);
+                   const std::vector<int64_t>& dilation, int64_t groups,
+                   ConvActivation* post_op = nullptr);
 
 // The convolution in bfloat16 (a bf16 engine: prepared_weights.h) into `target`: the input
 // rounded to bfloat16, convolved by the weight's bfloat16 oneDNN copy with the float32 bias

@@ -600,6 +600,30 @@ def run_logging_onednn(capfd, optimized, x):
     return y, [line for line in log.splitlines() if ",exec," in line and "convolution" in line]
 
 
+@pytest.mark.parametrize("activation, post_op", [(torch.nn.SiLU(), "eltwise_swish"),
+                                                  (torch.nn.Hardswish(), "eltwise_hardswish")],
+                         ids=["silu", "hardswish"])
+def test_onednn_applies_silu_and_hardswish_as_its_post_op(activation, post_op, capfd):
+    """A convolution only oneDNN runs (strided 3x3) takes a following SiLU or hardswish as
+    oneDNN's own post-op, over its blocks of results in cache, not as a pass over the
+    whole result after it: eager's values, NaN, infinities and large negatives included."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
+                                activation).eval()
+    x = torch.randn(2, 8, 9, 11) * 4
+    x[0, 0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    x[1, :, 4, 4] = -1000.0
+    optimized = blade.optimize(model, (x,))
+    for _ in range(2):
+        y, executed = run_logging_onednn(capfd, optimized, x)
+        assert len(executed) == 1 and post_op in executed[0], executed
+        with torch.no_grad():
+            want = model(x)
+        assert torch.equal(y.isnan(), want.isnan())
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert_ran_compiled(optimized)
+
+
 def test_3x3_convolutions_time_winograd_against_onednn_and_keep_the_faster(capfd, request):
     """The stride-1 3x3 convolution that both algorithms take runs Winograd's on its first
     call (it never reaches oneDNN: the verbose log shows only the other two) and oneDNN's
