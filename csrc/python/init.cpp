@@ -110,10 +110,10 @@ at::Tensor float_conv2d(const char* what, at::Tensor (*pack)(const at::Tensor&),
   const at::Tensor packed = pack(weight);
   const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   at::Tensor out = at::empty({x.size(0), out_h, out_w, weight.size(0)}, x.options());
-  TORCH_CHECK(!added.has_value() || (added->scalar_type() == at::kFloat &&
-                                     added->sizes() == out.permute({0, 3, 1, 2}).sizes()),
-              what, ": the tensor added must be float32 of the result's shape ",
-              out.permute({0, 3, 1, 2}).sizes());
+  const std::vector<int64_t> result_sizes{x.size(0), weight.size(0), out_h, out_w};
+  TORCH_CHECK(!added.has_value() ||
+                  (added->scalar_type() == at::kFloat && added->sizes() == result_sizes),
+              what, ": the tensor added must be float32 of the result's shape ", result_sizes);
   const at::Tensor added_nhwc =
       added.has_value() ? added->permute({0, 2, 3, 1}).contiguous() : at::Tensor();
   TORCH_CHECK(!input_scale.has_value() ||

@@ -618,58 +618,54 @@ extern "C" {
                        pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
                        channels_last);                                                       \
   }
-#define BLADE_RAL_DEFINE_CONV2D(suffix, scalar_type)                                         \
-  BLADE_RAL_DEFINE_UNBIASED_CONV2D(blade_ral_conv2d_##suffix, scalar_type, false)            \
-  BLADE_RAL_DEFINE_UNBIASED_CONV2D(blade_ral_conv2d_nhwc_##suffix, scalar_type, true)        \
-  void blade_ral_conv2d_nhwc_bias_##suffix(                                                  \
-      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
-      BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w, int64_t pad_top,            \
-      int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t dilation_h,           \
-      int64_t dilation_w, int64_t groups, int64_t activation) {                              \
-    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
-                        b = BLADE_RAL_UNRANKED(bias), result = BLADE_RAL_UNRANKED(out);      \
-    blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
-                       pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
-                       true, &b, activation);                                                \
-  }                                                                                          \
-  void blade_ral_conv2d_nhwc_bias_add_##suffix(                                              \
-      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
-      BLADE_RAL_MEMREF(added), BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w,    \
-      int64_t pad_top, int64_t pad_bottom, int64_t pad_left, int64_t pad_right,              \
-      int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t activation) {          \
-    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
-                        b = BLADE_RAL_UNRANKED(bias), a = BLADE_RAL_UNRANKED(added),         \
-                        result = BLADE_RAL_UNRANKED(out);                                    \
-    blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
-                       pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
-                       true, &b, activation, &a);                                            \
-  }                                                                                          \
-  void blade_ral_conv2d_nhwc_bias_scaled_##suffix(                                           \
-      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
-      BLADE_RAL_MEMREF(scale), BLADE_RAL_MEMREF(out), int64_t stride_h, int64_t stride_w,    \
-      int64_t pad_top, int64_t pad_bottom, int64_t pad_left, int64_t pad_right,              \
-      int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t activation) {          \
-    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
-                        b = BLADE_RAL_UNRANKED(bias), s = BLADE_RAL_UNRANKED(scale),         \
-                        result = BLADE_RAL_UNRANKED(out);                                    \
-    blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
-                       pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
-                       true, &b, activation, nullptr, &s);                                   \
-  }                                                                                          \
-  void blade_ral_conv2d_nhwc_bias_scaled_add_##suffix(                                       \
-      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),             \
-      BLADE_RAL_MEMREF(scale), BLADE_RAL_MEMREF(added), BLADE_RAL_MEMREF(out),               \
-      int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_bottom,               \
-      int64_t pad_left, int64_t pad_right, int64_t dilation_h, int64_t dilation_w,           \
-      int64_t groups, int64_t activation) {                                                  \
-    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),       \
-                        b = BLADE_RAL_UNRANKED(bias), s = BLADE_RAL_UNRANKED(scale),         \
-                        a = BLADE_RAL_UNRANKED(added), result = BLADE_RAL_UNRANKED(out);     \
-    blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
-                       pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
-                       true, &b, activation, &a, &s);                                        \
+// The biased NHWC entries' integer arguments, and their call of conv2d with a tensor added
+// and an input scale (null: none), their memrefs unpacked as x, w, b and result.
+#define BLADE_RAL_BIASED_CONV2D_INTS                                                       \
+  int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_bottom,                 \
+      int64_t pad_left, int64_t pad_right, int64_t dilation_h, int64_t dilation_w,         \
+      int64_t groups, int64_t activation
+#define BLADE_RAL_CALL_BIASED_CONV2D(scalar_type, added, scale)                            \
+  blade::ral::conv2d(scalar_type, &x, &w, &result, stride_h, stride_w, pad_top,            \
+                     pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups,      \
+                     true, &b, activation, added, scale)
+#define BLADE_RAL_DEFINE_CONV2D(suffix, scalar_type)                                       \
+  BLADE_RAL_DEFINE_UNBIASED_CONV2D(blade_ral_conv2d_##suffix, scalar_type, false)          \
+  BLADE_RAL_DEFINE_UNBIASED_CONV2D(blade_ral_conv2d_nhwc_##suffix, scalar_type, true)      \
+  void blade_ral_conv2d_nhwc_bias_##suffix(                                                \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),           \
+      BLADE_RAL_MEMREF(out), BLADE_RAL_BIASED_CONV2D_INTS) {                               \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),     \
+                        b = BLADE_RAL_UNRANKED(bias), result = BLADE_RAL_UNRANKED(out);    \
+    BLADE_RAL_CALL_BIASED_CONV2D(scalar_type, nullptr, nullptr);                           \
+  }                                                                                        \
+  void blade_ral_conv2d_nhwc_bias_add_##suffix(                                            \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),           \
+      BLADE_RAL_MEMREF(added), BLADE_RAL_MEMREF(out), BLADE_RAL_BIASED_CONV2D_INTS) {      \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),     \
+                        b = BLADE_RAL_UNRANKED(bias), a = BLADE_RAL_UNRANKED(added),       \
+                        result = BLADE_RAL_UNRANKED(out);                                  \
+    BLADE_RAL_CALL_BIASED_CONV2D(scalar_type, &a, nullptr);                                \
+  }                                                                                        \
+  void blade_ral_conv2d_nhwc_bias_scaled_##suffix(                                         \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),           \
+      BLADE_RAL_MEMREF(scale), BLADE_RAL_MEMREF(out), BLADE_RAL_BIASED_CONV2D_INTS) {      \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),     \
+                        b = BLADE_RAL_UNRANKED(bias), s = BLADE_RAL_UNRANKED(scale),       \
+                        result = BLADE_RAL_UNRANKED(out);                                  \
+    BLADE_RAL_CALL_BIASED_CONV2D(scalar_type, nullptr, &s);                                \
+  }                                                                                        \
+  void blade_ral_conv2d_nhwc_bias_scaled_add_##suffix(                                     \
+      BLADE_RAL_MEMREF(input), BLADE_RAL_MEMREF(weight), BLADE_RAL_MEMREF(bias),           \
+      BLADE_RAL_MEMREF(scale), BLADE_RAL_MEMREF(added), BLADE_RAL_MEMREF(out),             \
+      BLADE_RAL_BIASED_CONV2D_INTS) {                                                      \
+    BladeUnrankedMemRef x = BLADE_RAL_UNRANKED(input), w = BLADE_RAL_UNRANKED(weight),     \
+                        b = BLADE_RAL_UNRANKED(bias), s = BLADE_RAL_UNRANKED(scale),       \
+                        a = BLADE_RAL_UNRANKED(added), result = BLADE_RAL_UNRANKED(out);   \
+    BLADE_RAL_CALL_BIASED_CONV2D(scalar_type, &a, &s);                                     \
   }
 BLADE_RAL_FOR_EACH_FLOAT_TYPE(BLADE_RAL_DEFINE_CONV2D)
 #undef BLADE_RAL_DEFINE_CONV2D
+#undef BLADE_RAL_CALL_BIASED_CONV2D
+#undef BLADE_RAL_BIASED_CONV2D_INTS
 #undef BLADE_RAL_DEFINE_UNBIASED_CONV2D
 }

@@ -72,6 +72,21 @@ int64_t padded_depth(int64_t channels) {
   return (channels + Element<K>::kStep - 1) / Element<K>::kStep * Element<K>::kStep;
 }
 
+// The planes the kernels read an input through: the padded image, walked with the stride
+// by a filter of fewer than 5 columns, else stride-phase planes (conv_planes.h).
+ConvPlanes planes_of(int64_t height, int64_t width, int64_t kh, int64_t kw,
+                     at::IntArrayRef stride, at::IntArrayRef padding) {
+  return ConvPlanes(height, width, kh, kw, stride[0], stride[1], padding[0], padding[1],
+                    /*strided_walk=*/kw < 5);
+}
+
+// Whether the kind's kernel reads the input as its own plane: no padding, and a pixel's
+// channels a whole number of depth steps.
+template <Kind K>
+bool input_is_plane(const ConvPlanes& planes, int64_t channels) {
+  return planes.input_is_plane() && padded_depth<K>(channels) == channels;
+}
+
 // GCC 12 warns inside its own intrinsics' headers here (their _mm512_undefined).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -508,8 +523,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   // The tiles read each row at its own position: a strided filter of fewer than 5 columns
   // reads the padded image stepping by the stride (ConvPlanes' strided walk), its copy the
   // padding only, row by row, or none.
-  const ConvPlanes planes(height, width, kh, kw, stride[0], stride[1], padding[0],
-                          padding[1], /*strided_walk=*/kw < 5);
+  const ConvPlanes planes = planes_of(height, width, kh, kw, stride, padding);
   TORCH_CHECK(planes.filter_fits(), what, ": a ", kh, " x ", kw, " filter does not fit the ",
               height, " x ", width, " input padded by ", padding);
   const int64_t depth = padded_depth<K>(channels);
@@ -559,7 +573,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   // first.
   // An input scaled per image and channel (a squeeze-excitation's) is scaled where it is
   // rounded: in the rows taken in turn (float32 ones too), or into the planes.
-  const bool input_is_plane = planes.input_is_plane() && depth == channels;
+  const bool input_is_plane = ral::input_is_plane<K>(planes, channels);
   TORCH_CHECK(input_scale == nullptr || input_is_plane, what,
               ": an input scale needs an input read as its plane (no padding)");
   const bool as_it_is = K == Kind::kF32 && input_is_plane && input_scale == nullptr;
@@ -734,11 +748,9 @@ bool float_conv_scales_input(bool bf16, int64_t height, int64_t width, int64_t c
       padding[0] < 0 || padding[1] < 0) {
     return false;
   }
-  const ConvPlanes planes(height, width, kh, kw, stride[0], stride[1], padding[0],
-                          padding[1], /*strided_walk=*/kw < 5);
-  const int64_t depth =
-      bf16 ? padded_depth<Kind::kBf16>(channels) : padded_depth<Kind::kF32>(channels);
-  return planes.filter_fits() && planes.input_is_plane() && depth == channels;
+  const ConvPlanes planes = planes_of(height, width, kh, kw, stride, padding);
+  return planes.filter_fits() && (bf16 ? input_is_plane<Kind::kBf16>(planes, channels)
+                                       : input_is_plane<Kind::kF32>(planes, channels));
 }
 
 void bf16_pairs_gemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda,

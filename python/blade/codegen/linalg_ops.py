@@ -16,17 +16,18 @@ __all__ = ["GenericOp", "IndexOp", "IteratorType", "YieldOp", "fill", "iterator_
 
 
 def fill(value, outs):
-    """`linalg.fill` of tensor `outs[0]` with scalar `value`, of its element type (no cast
-    is made); the filled tensor."""
+    """`linalg.fill` of tensor or memref `outs[0]` with scalar `value`, of its element type
+    (no cast is made); the filled tensor (a memref's: None)."""
     target = outs[0]
-    element = ir.RankedTensorType(target.type).element_type
+    element = ir.ShapedType(target.type).element_type
     if value.type != element:
-        raise ValueError(f"linalg.fill of a tensor of {element} with a {value.type}")
-    op = FillOp([target.type], [value], [target])
+        raise ValueError(f"linalg.fill of a {target.type} with a {value.type}")
+    tensor = isinstance(target.type, ir.RankedTensorType)
+    op = FillOp([target.type] if tensor else [], [value], [target])
     block = op.regions[0].blocks.append(value.type, element)
     with ir.InsertionPoint(block):
         YieldOp([block.arguments[0]])
-    return op.result
+    return op.result if tensor else None
 
 
 def iterator_attribute(kind, context):

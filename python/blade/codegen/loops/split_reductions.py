@@ -108,6 +108,15 @@ def _plan(op) -> Optional[tuple]:
     return first, units, kept, sizes
 
 
+def _sum_body(generic, types) -> None:
+    """`generic`'s body of block arguments of `types`: yield output + input 0, reassociable."""
+    block = generic.regions[0].blocks.append(*types)
+    with ir.InsertionPoint(block):
+        add = arith.AddFOp(block.arguments[-1], block.arguments[0])
+        add.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<reassoc,contract>")
+        linalg.YieldOp([add.result])
+
+
 def _rewrite(op) -> bool:
     plan = _plan(op)
     if plan is None:
@@ -125,11 +134,7 @@ def _rewrite(op) -> bool:
         # A partial sum per row of the split loop: [rows] + the output's shape.
         rows_type = ir.MemRefType.get([sizes[split]] + list(out_type.shape), f32)
         rows = memref.AllocOp(rows_type, [], []).result
-        zero = arith.ConstantOp(f32, 0.0).result
-        fill = linalg.FillOp([], [zero], [rows])
-        fill_block = fill.regions[0].blocks.append(f32, f32)
-        with ir.InsertionPoint(fill_block):
-            linalg.YieldOp([fill_block.arguments[0]])
+        linalg.fill(arith.ConstantOp(f32, 0.0).result, outs=[rows])
         # The sums of each row, the split loop (now first) parallel.
         out_map = _renumbered(maps[-1], units, kept)
         row_map = ir.AffineMap.get(len(kept), 0,
@@ -140,12 +145,7 @@ def _rewrite(op) -> bool:
         partial = linalg.GenericOp([], list(op.operands[:-1]), [rows],
                                    ir.ArrayAttr.get(in_maps + [ir.AffineMapAttr.get(row_map)]),
                                    ir.ArrayAttr.get(row_iterators))
-        body = op.regions[0].blocks[0]
-        block = partial.regions[0].blocks.append(*[a.type for a in body.arguments])
-        with ir.InsertionPoint(block):
-            add = arith.AddFOp(block.arguments[-1], block.arguments[0])
-            add.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<reassoc,contract>")
-            linalg.YieldOp([add.result])
+        _sum_body(partial, [a.type for a in op.regions[0].blocks[0].arguments])
         # The rows' sums added to the output, row by row.
         rank = out_type.rank
         identity = [ir.AffineDimExpr.get(i + 1) for i in range(rank)]
@@ -156,11 +156,7 @@ def _rewrite(op) -> bool:
                                                                      + identity)),
                               ir.AffineMapAttr.get(ir.AffineMap.get(rank + 1, 0, identity))]),
             ir.ArrayAttr.get([reduction] + [parallel] * rank))
-        block = combine.regions[0].blocks.append(f32, f32)
-        with ir.InsertionPoint(block):
-            add = arith.AddFOp(block.arguments[1], block.arguments[0])
-            add.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<reassoc,contract>")
-            linalg.YieldOp([add.result])
+        _sum_body(combine, [f32, f32])
     op.erase()
     return True
 
