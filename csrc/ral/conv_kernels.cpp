@@ -163,19 +163,16 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
 }
 
 // Whether Blade's float32 convolution (float_conv.h) is the alternative to oneDNN's: on
-// AVX-512, for a 1x1 convolution in place of MKL's sgemm (which runs its AVX2 code on AMD's
-// cores; on Intel's its AVX-512 code may win against both, untried), reading the input as
-// it is, and for an image's stem (at most 3 input channels, any filter and stride), which
-// oneDNN runs slowly on so few channels. Tried on an AMD EPYC on every convolution of one
-// group, it lost as many other strided and kxk layers as it won: their planes copy cost
-// what the products saved.
+// AVX-512, for every dense convolution of one group that Winograd's does not take. It wins
+// 1x1 layers (in place of MKL's sgemm, which runs its AVX2 code on AMD's cores), an
+// image's stem (oneDNN runs few input channels slowly) and most of ResNet-50's strided
+// layers; it loses some other strided and kxk ones by a little (their planes copy costs
+// what the products save), which the kernel trial leaves to oneDNN.
 bool f32_tiles_apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                      const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                      const std::vector<int64_t>& dilation, int64_t groups) {
-  const bool stem = dense_float_conv(x, w, target, groups) && x.size(1) <= 3 &&
-                    dilation == std::vector<int64_t>{1, 1};
   return f32_conv_available() && f32_conv_enabled() &&
-         (stem || is_1x1_gemm(x, w, target, padding, stride, dilation, groups));
+         dense_float_conv(x, w, target, groups) && dilation == std::vector<int64_t>{1, 1};
 }
 
 // The convolution by Blade's float32 kernel into `target`, by the param's pack; false when

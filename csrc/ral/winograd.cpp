@@ -250,12 +250,12 @@ struct Convolution {
 
 // The 2x2 outputs of one tile as the direct convolution computes them (sums in double):
 // +-inf and NaN come out where they do in oneDNN's convolution. Only for the few tiles
-// whose Winograd sums are not finite.
-void direct_tile(const Convolution& conv, const TileOrigin& o) {
+// whose Winograd sums are not finite; output channels [k0, k1).
+void direct_tile(const Convolution& conv, const TileOrigin& o, int64_t k0, int64_t k1) {
   for (int64_t i = 0; i < 2 && o.row + i < conv.h; ++i) {
     for (int64_t j = 0; j < 2 && o.col + j < conv.w; ++j) {
       float* y = conv.out + ((o.image * conv.h + o.row + i) * conv.w + o.col + j) * conv.k;
-      for (int64_t ko = 0; ko < conv.k; ++ko) {
+      for (int64_t ko = k0; ko < k1; ++ko) {
         double sum = 0.0;
         for (int64_t di = 0; di < 3; ++di) {
           const int64_t row = o.row + i + di - 1;
@@ -278,12 +278,15 @@ void direct_tile(const Convolution& conv, const TileOrigin& o) {
   }
 }
 
-// The inverse transform of the products m[16][count][k] of those tiles, plus the bias and
-// the ReLU, written to the 2x2 output blocks that lie inside the image; tiles whose sums
-// are not finite are computed directly. Returns how many were.
+// The inverse transform of the products m[16][count][kn] of those tiles for the output
+// channels [k0, k0 + kn), plus the bias and the ReLU, written to the 2x2 output blocks that
+// lie inside the image; tiles whose sums are not finite are computed directly. Returns how
+// many were.
 int64_t transform_output(const float* m, int64_t m_stride, const Convolution& conv,
-                         int64_t tiles_h, int64_t tiles_w, int64_t first, int64_t count) {
+                         int64_t tiles_h, int64_t tiles_w, int64_t first, int64_t count,
+                         int64_t k0, int64_t kn) {
   int64_t direct = 0;
+  const float* bias = conv.bias != nullptr ? conv.bias + k0 : nullptr;
   for (int64_t t = 0; t < count; ++t) {
     const TileOrigin o = tile_origin(first + t, tiles_h, tiles_w);
     float* y[2][2];
@@ -291,22 +294,58 @@ int64_t transform_output(const float* m, int64_t m_stride, const Convolution& co
       for (int64_t j = 0; j < 2; ++j) {
         const bool inside = o.row + i < conv.h && o.col + j < conv.w;
         y[i][j] = inside ? conv.out + ((o.image * conv.h + o.row + i) * conv.w + o.col + j) *
-                               conv.k
+                                          conv.k + k0
                          : nullptr;
       }
     }
     const bool finite =
         transforms_in_avx512()
-            ? untransform_tile_avx512(m + t * conv.k, m_stride, conv.k, conv.bias, conv.relu,
-                                      y[0][0], y[0][1], y[1][0], y[1][1])
-            : untransform_tile(m + t * conv.k, m_stride, conv.k, conv.bias, conv.relu, y[0][0],
-                               y[0][1], y[1][0], y[1][1]);
+            ? untransform_tile_avx512(m + t * kn, m_stride, kn, bias, conv.relu, y[0][0],
+                                      y[0][1], y[1][0], y[1][1])
+            : untransform_tile(m + t * kn, m_stride, kn, bias, conv.relu, y[0][0], y[0][1],
+                               y[1][0], y[1][1]);
     if (!finite) {
-      direct_tile(conv, o);
+      direct_tile(conv, o, k0, k0 + kn);
       ++direct;
     }
   }
   return direct;
+}
+
+// How a call's work is shared: the tiles in `blocks` blocks of `block`, the output channels
+// in `chunks` chunks of `chunk`, a task per (chunk, block) pair numbered chunk-major.
+struct WorkSplit {
+  int64_t block, blocks, chunk, chunks;
+};
+
+// Where the transformed weight outweighs the transformed input (more output channels than
+// tiles: the 14 x 14 and 7 x 7 layers of an image network at batch 1), each thread takes a
+// chunk of the output channels over every tile, so each weight byte is read by one thread
+// once; blocks of tiles each thread took whole re-read every matrix per block (a 7 x 7
+// layer of 512 channels read its 16 MB weight once per block). Otherwise the tiles are
+// shared and each block multiplies by every output channel.
+WorkSplit split_work(int64_t tiles, int64_t c, int64_t k, int64_t threads) {
+  constexpr int64_t kVector = 16;
+  int64_t chunks = 1;
+  if (threads > 1 && k > tiles) {
+    chunks = std::min(threads, std::max<int64_t>(1, k / (4 * kVector)));
+  }
+  int64_t chunk = (k + chunks - 1) / chunks;
+  chunk = std::min(k, (chunk + kVector - 1) / kVector * kVector);
+  chunks = (k + chunk - 1) / chunk;
+  // A block's transformed input and products, 16 x block x (C + chunk) floats: with shared
+  // tiles within about half of a 1 MB L2, as many blocks as that takes, rounded up to a
+  // multiple of the threads and the tiles shared evenly among them (4 blocks of 16, 16, 16
+  // and 1 tiles left one of 2 threads idle a third of a 14 x 14 convolution). A chunk's
+  // thread re-reads its weight per block, so its blocks may fill more of the L2.
+  const int64_t budget = (chunks > 1 ? 1536 : 512) * 1024;
+  const int64_t largest = std::clamp<int64_t>(budget / (4 * kTiles * (c + chunk)), 8, 256);
+  int64_t blocks = (tiles + largest - 1) / largest;
+  if (chunks == 1) {
+    blocks = std::min(tiles, (blocks + threads - 1) / threads * threads);
+  }
+  const int64_t block = (tiles + blocks - 1) / blocks;
+  return {block, (tiles + block - 1) / block, chunk, chunks};
 }
 
 }  // namespace
@@ -356,44 +395,39 @@ bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
   const int64_t tiles_h = (h + 1) / 2;
   const int64_t tiles_w = (w + 1) / 2;
   const int64_t tiles = n * tiles_h * tiles_w;
-  // A block's transformed input and products, 16 x block x (C + K) floats, within about
-  // half of a 1 MB L2; as many blocks as that takes, rounded up to a multiple of the
-  // threads and the tiles shared evenly among them (4 blocks of 16, 16, 16 and 1 tiles left
-  // one of 2 threads idle a third of a 14 x 14 convolution).
-  const int64_t largest = std::clamp<int64_t>(512 * 1024 / (4 * kTiles * (c + k)), 8, 256);
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  int64_t blocks = (tiles + largest - 1) / largest;
-  blocks = std::min(tiles, (blocks + threads - 1) / threads * threads);
-  const int64_t block = (tiles + blocks - 1) / blocks;
-  blocks = (tiles + block - 1) / block;
+  const WorkSplit split = split_work(tiles, c, k, threads);
   const Convolution conv{x, weight, h, w, c, k, bias, relu, out};
   // Tiles computed directly (non-finite inputs) so far. Each costs tens of Winograd tiles,
   // so past a sixteenth of them the call gives up and the caller convolves another way.
-  const int64_t max_direct = std::max<int64_t>(tiles / 16, 16);
+  const int64_t max_direct = std::max<int64_t>(tiles / 16, 16) * split.chunks;
   std::atomic<int64_t> direct{0};
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, split.blocks * split.chunks, 1, [&](int64_t begin, int64_t end) {
     // Per task, not per call of the kernel: the blocks' buffers are overwritten whole.
-    const int64_t v_stride = block * c + kSkew;
-    const int64_t m_stride = block * k + kSkew;
+    const int64_t v_stride = split.block * c + kSkew;
+    const int64_t m_stride = split.block * split.chunk + kSkew;
     std::unique_ptr<float[]> scratch(new float[kTiles * (v_stride + m_stride) + c]);
     float* v = scratch.get();
     float* m = v + kTiles * v_stride;
     float* zeros = m + kTiles * m_stride;
     std::fill(zeros, zeros + c, 0.0f);
-    for (int64_t b = begin; b < end && direct.load(std::memory_order_relaxed) <= max_direct;
-         ++b) {
-      const int64_t first = b * block;
-      const int64_t count = std::min(block, tiles - first);
+    for (int64_t task = begin;
+         task < end && direct.load(std::memory_order_relaxed) <= max_direct; ++task) {
+      const int64_t k0 = task / split.blocks * split.chunk;
+      const int64_t kn = std::min(split.chunk, k - k0);
+      const int64_t first = task % split.blocks * split.block;
+      const int64_t count = std::min(split.block, tiles - first);
       transform_input(x, h, w, c, tiles_h, tiles_w, first, count, zeros, v, v_stride);
-      // m[xi] = v[xi] [count, C] @ u[xi] [C, K], row-major: oneDNN's GEMM microkernel
-      // (as fused_attention.cpp; MKL's sgemm took 1.6 times as long on these small GEMMs).
+      // m[xi] = v[xi] [count, C] @ u[xi][:, k0:k0 + kn], row-major: oneDNN's GEMM
+      // microkernel (as fused_attention.cpp; MKL's sgemm took 1.6 times as long on these
+      // small GEMMs).
       for (int64_t xi = 0; xi < kTiles; ++xi) {
-        at::native::cpublas::brgemm(count, k, c, c, k, k, /*add_C=*/false,
-                                    v + xi * v_stride, transformed + xi * c * k,
+        at::native::cpublas::brgemm(count, kn, c, c, k, kn, /*add_C=*/false,
+                                    v + xi * v_stride, transformed + xi * c * k + k0,
                                     m + xi * m_stride, /*is_vnni=*/false);
       }
       const int64_t direct_tiles =
-          transform_output(m, m_stride, conv, tiles_h, tiles_w, first, count);
+          transform_output(m, m_stride, conv, tiles_h, tiles_w, first, count, k0, kn);
       if (direct_tiles > 0) {
         direct.fetch_add(direct_tiles, std::memory_order_relaxed);
       }

@@ -577,7 +577,8 @@ def test_reshapes_of_channels_last_values_keep_their_values():
 
 
 class WinogradAndDirect(torch.nn.Module):
-    """A 3x3 stride-1 convolution (Winograd's) with ReLU, then a strided one (oneDNN's);
+    """A 3x3 stride-1 convolution (Winograd's) with ReLU, then a strided one (oneDNN's, with
+    Blade's float32 kernel off);
     a 3x3 convolution with few channels (oneDNN's: the transforms would cost more than the
     GEMMs save)."""
 
@@ -604,11 +605,11 @@ def run_logging_onednn(capfd, optimized, x):
                                                   (torch.nn.Hardswish(), "eltwise_hardswish")],
                          ids=["silu", "hardswish"])
 def test_onednn_applies_silu_and_hardswish_as_its_post_op(activation, post_op, capfd):
-    """A convolution only oneDNN runs (strided 3x3) takes a following SiLU or hardswish as
+    """A convolution only oneDNN runs (grouped) takes a following SiLU or hardswish as
     oneDNN's own post-op, over its blocks of results in cache, not as a pass over the
     whole result after it: eager's values, NaN, infinities and large negatives included."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=2),
                                 activation).eval()
     x = torch.randn(2, 8, 9, 11) * 4
     x[0, 0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])

@@ -292,14 +292,16 @@ void expect_memref_copy(const at::Tensor& src, at::Tensor base,
 
 // Winograd's F(2x2, 3x3) against PyTorch's direct convolution: odd and even sizes (tiles
 // that hang over the bottom and right edges), a batch, bias and ReLU or neither, channel
-// counts that are not multiples of a vector, on one thread and on several.
+// counts that are not multiples of a vector, on one thread and on several; more output
+// channels than tiles (each thread a chunk of them, the last one short).
 void test_winograd_convolution_matches_direct() {
   struct Case {
     int64_t n, c, h, w, k;
     bool bias, relu;
   };
   const Case cases[] = {{2, 16, 9, 7, 24, true, true}, {1, 33, 6, 11, 17, false, false},
-                        {3, 64, 28, 28, 64, true, false}, {1, 20, 1, 1, 16, true, true}};
+                        {3, 64, 28, 28, 64, true, false}, {1, 20, 1, 1, 16, true, true},
+                        {1, 40, 5, 6, 200, true, true}};
   for (int threads : {1, 3}) {
     at::set_num_threads(threads);
     for (const Case& t : cases) {
@@ -328,9 +330,10 @@ void test_winograd_convolution_matches_direct() {
 
 // An inf or a NaN in the input lands where the direct convolution puts +-inf and NaN (the
 // transforms alone would subtract inf from inf in every output of its tiles), on tiles at
-// the edges too; an input mostly inf is declined.
-void test_winograd_convolution_keeps_inf_and_nan_where_direct_does() {
-  const int64_t n = 2, c = 32, h = 17, w = 15, k = 40;  // 144 tiles
+// the edges too, with the output channels in one piece and in a chunk per thread; an input
+// mostly inf is declined.
+void keeps_inf_and_nan_where_direct_does(int64_t k) {
+  const int64_t n = 2, c = 32, h = 17, w = 15;  // 144 tiles
   at::manual_seed(5);
   const at::Tensor weight = at::randn({k, c, 3, 3}) * 0.2;
   const at::Tensor bias = at::randn({k});
@@ -361,6 +364,13 @@ void test_winograd_convolution_keeps_inf_and_nan_where_direct_does() {
   EXPECT(!blade::ral::winograd_conv3x3(all_inf.data_ptr<float>(), n, h, w, c,
                                        transformed.data_ptr<float>(), weight.data_ptr<float>(),
                                        k, bias.data_ptr<float>(), false, out.data_ptr<float>()));
+}
+
+void test_winograd_convolution_keeps_inf_and_nan_where_direct_does() {
+  at::set_num_threads(2);
+  for (const int64_t k : {40, 160}) {  // one piece; more channels than tiles: 2 chunks of 80
+    keeps_inf_and_nan_where_direct_does(k);
+  }
 }
 
 void test_memref_copy_of_every_layout() {
