@@ -35,6 +35,7 @@
 #include "ral/ral_abi.h"
 #include "ral/signing.h"
 #include "ral/tensor_spec.h"
+#include "ral/winograd.h"
 
 #include <ATen/native/ConvUtils.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -370,6 +371,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_f32_conv_enabled", &ral::set_f32_conv_enabled, py::arg("enabled"),
         "False makes float32 engines try Winograd's, MKL's or no kernel against oneDNN's "
         "convolution, as without AVX-512 (tests).");
+  m.def("winograd_calls", &ral::winograd_calls, py::arg("tile"),
+        "How many convolutions Winograd's F(tile x tile, 3x3) ran in this process (tile 2 "
+        "or 4; tests).");
   m.def("f32_conv_calls", &ral::f32_conv_calls,
         "How many convolutions the runtime's own float32 kernel ran in this process.");
   m.def("depth_sliced_conv_calls", &ral::depth_sliced_conv_calls,

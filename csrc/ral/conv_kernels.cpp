@@ -233,7 +233,8 @@ bool convolve_depthwise(PreparedWeights* prepared, const at::Tensor& x, const at
 bool convolve_winograd(PreparedWeights* prepared, const at::Tensor& x, const at::Tensor& w,
                        const at::Tensor& target, const std::optional<at::Tensor>& bias,
                        bool relu) {
-  const at::Tensor transformed = prepared->winograd(w);
+  const int64_t tile = winograd_tile(x.size(0), x.size(2), x.size(3));
+  const at::Tensor transformed = prepared->winograd(w, tile);
   if (!transformed.defined()) {
     return false;
   }
@@ -241,7 +242,7 @@ bool convolve_winograd(PreparedWeights* prepared, const at::Tensor& x, const at:
   const at::Tensor dense_weight = w.contiguous();  // a param: already contiguous
   return winograd_conv3x3(
       x.data_ptr<float>(), x.size(0), x.size(2), x.size(3), x.size(1),
-      transformed.data_ptr<float>(), dense_weight.data_ptr<float>(), w.size(0),
+      transformed.data_ptr<float>(), tile, dense_weight.data_ptr<float>(), w.size(0),
       dense_bias.defined() ? dense_bias.data_ptr<float>() : nullptr, relu,
       target.data_ptr<float>());
 }

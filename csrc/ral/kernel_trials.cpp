@@ -268,7 +268,7 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
     if (bf16_won && !others_keep(Kernel::kOneDnn)) {
       // The float32 path's other copies serve every size (its own trial, left undecided,
       // made them): freed once no size of the weight runs or tries float32.
-      erase(winograd_, data);
+      erase_all(winograd_, [&](const auto& form) { return form.first == data; });
       erase(f32_convs_, data);
       erase(channels_last_, data);
       erase(k_by_n_, std::make_pair(data, true));
@@ -297,7 +297,9 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
                       other.second.choice != Kernel::kOneDnn;
              })) {
     switch (trial.alternative) {
-      case Kernel::kWinograd: erase(winograd_, data); break;
+      case Kernel::kWinograd:
+        erase_all(winograd_, [&](const auto& form) { return form.first == data; });
+        break;
       case Kernel::kDepthwise: erase(depthwise_, data); break;
       case Kernel::kGemm:
         // A 1x1 convolution's [K, N] copy is its [O, C] weight's, kept as transposed.

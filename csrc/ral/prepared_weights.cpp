@@ -169,13 +169,14 @@ at::Tensor PreparedWeights::depthwise(const at::Tensor& weight) {
                    [&] { return weight.squeeze(1).permute({1, 2, 0}).contiguous(); });
 }
 
-at::Tensor PreparedWeights::winograd(const at::Tensor& weight) {
+at::Tensor PreparedWeights::winograd(const at::Tensor& weight, int64_t tile) {
   if (weight.dim() != 4 || weight.scalar_type() != at::kFloat || !is_param(weight)) {
     return at::Tensor();
   }
-  return made_once(winograd_, weight.data_ptr(), weight,
-                   static_cast<int64_t>(weight.nbytes()) * 16 / 9,
-                   [&] { return winograd_weight(weight); });
+  const int64_t patch = tile + 2;
+  return made_once(winograd_, {weight.data_ptr(), tile}, weight,
+                   static_cast<int64_t>(weight.nbytes()) * patch * patch / 9,
+                   [&] { return winograd_weight(weight, tile); });
 }
 
 at::Tensor PreparedWeights::bf16_matrix(const at::Tensor& weight, bool transposed) {

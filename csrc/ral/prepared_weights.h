@@ -130,9 +130,10 @@ class PreparedWeights {
   // once if `weight` is a param; otherwise `weight` itself.
   at::Tensor channels_last(const at::Tensor& weight);
 
-  // A float32 3x3 convolution weight in Winograd's form (winograd.h), made once if
-  // `weight` is a param; otherwise an undefined tensor (the caller convolves directly).
-  at::Tensor winograd(const at::Tensor& weight);
+  // A float32 3x3 convolution weight in Winograd's form for output tiles of `tile`
+  // (winograd.h), made once if `weight` is a param; otherwise an undefined tensor (the
+  // caller convolves directly).
+  at::Tensor winograd(const at::Tensor& weight, int64_t tile);
   // A depthwise convolution's float32 param [C, 1, kh, kw] as its filters [kh, kw, C]
   // (depthwise_conv.h), made once for every input size; undefined when `weight` is not
   // such a param or the copy would pass the limit.
@@ -342,7 +343,8 @@ class PreparedWeights {
   // (weight data, transposed, rows) -> packed bytes
   std::map<std::tuple<const void*, bool, int64_t>, at::Tensor> packs_;
   std::map<const void*, at::Tensor> channels_last_;  // weight data -> its channels_last copy
-  std::map<const void*, at::Tensor> winograd_;       // weight data -> its Winograd form
+  // (weight data, output tile) -> its Winograd form
+  std::map<std::pair<const void*, int64_t>, at::Tensor> winograd_;
   std::map<const void*, at::Tensor> depthwise_;      // weight data -> its [kh, kw, C] filters
   std::map<const void*, at::Tensor> bf16_convs_;     // weight data -> bf16_conv's pack
   std::map<const void*, at::Tensor> f32_convs_;      // weight data -> f32_conv's pack

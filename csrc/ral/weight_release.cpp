@@ -45,8 +45,13 @@ void PreparedWeights::set_weight_only(const std::vector<size_t>& indices) {
 const std::pair<const PreparedWeights::TrialKey, at::Tensor>* PreparedWeights::release_source(
     const void* data) const {
   if (released_.count(data) > 0 || kept_plain_.count(data) > 0 ||
-      channels_last_.count(data) > 0 || winograd_.count(data) > 0) {
+      channels_last_.count(data) > 0) {
     return nullptr;
+  }
+  for (const auto& entry : winograd_) {
+    if (entry.first.first == data) {
+      return nullptr;  // Winograd's tiles computed directly read the plain weight
+    }
   }
   for (const auto& entry : packs_) {
     if (std::get<0>(entry.first) == data) {

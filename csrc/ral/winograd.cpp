@@ -1,10 +1,15 @@
-// Winograd F(2x2, 3x3) convolutions (see winograd.h).
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) convolutions (see winograd.h).
 //
 // With d a 4x4 input patch, g a 3x3 filter and
 //   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],  G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
 //   A^T = [1 1 1 0; 0 1 -1 -1],
 // the 2x2 outputs are A^T [(G g G^T) . (B^T d B)] A, summed over input channels before
-// the last transform (it is linear), which is where the GEMMs come in.
+// the last transform (it is linear), which is where the GEMMs come in. F(4x4, 3x3) takes
+// a 6x6 patch to 4x4 outputs with the points 0, +-1, +-2 and infinity:
+//   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0;
+//          0 4 0 -5 0 1],
+//   G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1],
+//   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1].
 #include "ral/winograd.h"
 
 #include "ral/cpu_features.h"
@@ -23,7 +28,14 @@
 namespace blade::ral {
 namespace {
 
-constexpr int64_t kTiles = 16;  // entries of a transformed 4x4 tile
+// Entries of a transformed patch: 16 for F(2x2, 3x3), 36 for F(4x4, 3x3).
+constexpr int64_t entries(int64_t tile) { return (tile + 2) * (tile + 2); }
+constexpr int64_t kMaxPatch = 6;
+
+// A tile's patch rows (the input pixels it reads, or the padding's zeros) and its output
+// pixels (null outside the image); F(2x2, 3x3) uses the first 4x4 and 2x2 of them.
+using Patch = const float* [kMaxPatch][kMaxPatch];
+using Outputs = float* [4][4];
 // Floats between the 16 matrices of a block: without it they lie a power of two apart and
 // a tile's 16 entries, written and read together, contend for the same L1 sets.
 constexpr int64_t kSkew = 16;
@@ -32,7 +44,7 @@ constexpr int64_t kSkew = 16;
 // CPUs without AVX-512F (transform_patch_avx512 below serves those with it; GCC leaves this
 // loop scalar whatever the target).
 __attribute__((target_clones("avx2", "default"))) void transform_patch(
-    const float* const (&d)[4][4], float* __restrict v, int64_t stride, int64_t c) {
+    const Patch& d, float* __restrict v, int64_t stride, int64_t c) {
   const float* __restrict d00 = d[0][0]; const float* __restrict d01 = d[0][1];
   const float* __restrict d02 = d[0][2]; const float* __restrict d03 = d[0][3];
   const float* __restrict d10 = d[1][0]; const float* __restrict d11 = d[1][1];
@@ -86,8 +98,11 @@ inline uint32_t non_finite(float x) {
 // tile is computed again directly (direct_tile).
 __attribute__((target_clones("avx2", "default"))) bool untransform_tile(
     const float* __restrict m, int64_t stride, int64_t k, const float* __restrict bias,
-    bool relu, float* __restrict y00, float* __restrict y01, float* __restrict y10,
-    float* __restrict y11) {
+    bool relu, const Outputs& y) {
+  float* __restrict y00 = y[0][0];
+  float* __restrict y01 = y[0][1];
+  float* __restrict y10 = y[1][0];
+  float* __restrict y11 = y[1][1];
   uint32_t any_non_finite = 0;
   for (int64_t ch = 0; ch < k; ++ch) {
     float in[16];
@@ -132,9 +147,8 @@ __attribute__((target_clones("avx2", "default"))) bool untransform_tile(
 // The two transforms above, 16 channels to a vector: GCC leaves those loops scalar (their
 // 16 rows of v or m lie a runtime stride apart, which it cannot prove apart), and they
 // took more of a 64-channel 56 x 56 convolution than its GEMMs.
-__attribute__((target("avx512f"))) void transform_patch_avx512(const float* const (&d)[4][4],
-                                                               float* v, int64_t stride,
-                                                               int64_t c) {
+__attribute__((target("avx512f"))) void transform_patch_avx512(const Patch& d, float* v,
+                                                               int64_t stride, int64_t c) {
   for (int64_t ch = 0; ch < c; ch += 16) {
     const __mmask16 mask = lanes_left(c - ch);
     __m512 s[4][4];
@@ -159,8 +173,7 @@ __attribute__((target("avx512f"))) void transform_patch_avx512(const float* cons
 }
 
 __attribute__((target("avx512f"))) bool untransform_tile_avx512(
-    const float* m, int64_t stride, int64_t k, const float* bias, bool relu, float* y00,
-    float* y01, float* y10, float* y11) {
+    const float* m, int64_t stride, int64_t k, const float* bias, bool relu, const Outputs& y) {
   const __m512i exponent = _mm512_set1_epi32(0x7f800000);
   const __m512 zero = _mm512_setzero_ps();
   __mmask16 non_finite_lanes = 0;
@@ -189,10 +202,112 @@ __attribute__((target("avx512f"))) bool untransform_tile_avx512(
         r[q] = _mm512_max_ps(zero, r[q]);
       }
     }
-    _mm512_mask_storeu_ps(y00 + ch, mask, r[0]);
-    if (y01 != nullptr) _mm512_mask_storeu_ps(y01 + ch, mask, r[1]);
-    if (y10 != nullptr) _mm512_mask_storeu_ps(y10 + ch, mask, r[2]);
-    if (y11 != nullptr) _mm512_mask_storeu_ps(y11 + ch, mask, r[3]);
+    _mm512_mask_storeu_ps(y[0][0] + ch, mask, r[0]);
+    if (y[0][1] != nullptr) _mm512_mask_storeu_ps(y[0][1] + ch, mask, r[1]);
+    if (y[1][0] != nullptr) _mm512_mask_storeu_ps(y[1][0] + ch, mask, r[2]);
+    if (y[1][1] != nullptr) _mm512_mask_storeu_ps(y[1][1] + ch, mask, r[3]);
+  }
+  return non_finite_lanes == 0;
+}
+
+// B^T x of F(4x4, 3x3) for one column (or row) x of a 6x6 patch, 16 channels a vector.
+__attribute__((target("avx512f"))) inline void input_transform6(const __m512 (&x)[6],
+                                                                __m512 (&r)[6]) {
+  const __m512 two = _mm512_set1_ps(2.0f);
+  const __m512 four = _mm512_set1_ps(4.0f);
+  const __m512 five = _mm512_set1_ps(5.0f);
+  const __m512 t1 = _mm512_fnmadd_ps(four, x[2], x[4]);  // x4 - 4 x2
+  const __m512 t2 = _mm512_fnmadd_ps(four, x[1], x[3]);  // x3 - 4 x1
+  const __m512 t3 = _mm512_sub_ps(x[4], x[2]);
+  const __m512 t4 = _mm512_mul_ps(two, _mm512_sub_ps(x[3], x[1]));
+  r[0] = _mm512_fmadd_ps(four, x[0], _mm512_fnmadd_ps(five, x[2], x[4]));
+  r[1] = _mm512_add_ps(t1, t2);
+  r[2] = _mm512_sub_ps(t1, t2);
+  r[3] = _mm512_add_ps(t3, t4);
+  r[4] = _mm512_sub_ps(t3, t4);
+  r[5] = _mm512_fmadd_ps(four, x[1], _mm512_fnmadd_ps(five, x[3], x[5]));
+}
+
+// A^T m of F(4x4, 3x3) for one column (or row) m of a tile's 6x6 products.
+__attribute__((target("avx512f"))) inline void output_transform6(const __m512 (&m)[6],
+                                                                 __m512 (&y)[4]) {
+  const __m512 two = _mm512_set1_ps(2.0f);
+  const __m512 four = _mm512_set1_ps(4.0f);
+  const __m512 eight = _mm512_set1_ps(8.0f);
+  const __m512 a = _mm512_add_ps(m[1], m[2]);
+  const __m512 b = _mm512_sub_ps(m[1], m[2]);
+  const __m512 c = _mm512_add_ps(m[3], m[4]);
+  const __m512 d = _mm512_sub_ps(m[3], m[4]);
+  y[0] = _mm512_add_ps(_mm512_add_ps(m[0], a), c);
+  y[1] = _mm512_fmadd_ps(two, d, b);
+  y[2] = _mm512_fmadd_ps(four, c, a);
+  y[3] = _mm512_add_ps(_mm512_fmadd_ps(eight, d, b), m[5]);
+}
+
+// B^T d B of one 6x6 patch into v[xi * stride + ch], xi = 6 i + j.
+__attribute__((target("avx512f"))) void transform_patch4_avx512(const Patch& d, float* v,
+                                                                int64_t stride, int64_t c) {
+  for (int64_t ch = 0; ch < c; ch += 16) {
+    const __mmask16 mask = lanes_left(c - ch);
+    __m512 t[6][6];  // B^T d
+    for (int j = 0; j < 6; ++j) {
+      __m512 column[6];
+      __m512 r[6];
+      for (int i = 0; i < 6; ++i) {
+        column[i] = _mm512_maskz_loadu_ps(mask, d[i][j] + ch);
+      }
+      input_transform6(column, r);
+      for (int i = 0; i < 6; ++i) {
+        t[i][j] = r[i];
+      }
+    }
+    for (int i = 0; i < 6; ++i) {  // (B^T d) B, row by row
+      __m512 r[6];
+      input_transform6(t[i], r);
+      for (int j = 0; j < 6; ++j) {
+        _mm512_mask_storeu_ps(v + (6 * i + j) * stride + ch, mask, r[j]);
+      }
+    }
+  }
+}
+
+// A^T m A of one tile's products m[xi * stride + ch], plus the bias and the ReLU, into its
+// 4x4 outputs y (null outside the image); whether every sum before the bias is finite.
+__attribute__((target("avx512f"))) bool untransform_tile4_avx512(
+    const float* m, int64_t stride, int64_t k, const float* bias, bool relu, const Outputs& y) {
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  const __m512 zero = _mm512_setzero_ps();
+  __mmask16 non_finite_lanes = 0;
+  for (int64_t ch = 0; ch < k; ch += 16) {
+    const __mmask16 mask = lanes_left(k - ch);
+    __m512 s[4][6];  // A^T m
+    for (int j = 0; j < 6; ++j) {
+      __m512 column[6];
+      __m512 r[4];
+      for (int i = 0; i < 6; ++i) {
+        column[i] = _mm512_maskz_loadu_ps(mask, m + (6 * i + j) * stride + ch);
+      }
+      output_transform6(column, r);
+      for (int i = 0; i < 4; ++i) {
+        s[i][j] = r[i];
+      }
+    }
+    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + ch) : zero;
+    for (int i = 0; i < 4; ++i) {  // (A^T m) A, row by row
+      __m512 r[4];
+      output_transform6(s[i], r);
+      for (int j = 0; j < 4; ++j) {
+        const __m512i bits = _mm512_and_si512(_mm512_castps_si512(r[j]), exponent);
+        non_finite_lanes |= _mm512_mask_cmpeq_epi32_mask(mask, bits, exponent);
+        __m512 out = _mm512_add_ps(r[j], b);
+        if (relu) {  // NaN stays, as torch.relu (see untransform_tile_avx512)
+          out = _mm512_max_ps(zero, out);
+        }
+        if (y[i][j] != nullptr) {
+          _mm512_mask_storeu_ps(y[i][j] + ch, mask, out);
+        }
+      }
+    }
   }
   return non_finite_lanes == 0;
 }
@@ -204,33 +319,37 @@ bool transforms_in_avx512() {
   return available;
 }
 
-// Where tile `tile` lies: its image and the row and column of its 2x2 output block. Tiles
-// are numbered (image, row block, column block) in row-major order.
+// Where tile `t` lies: its image and the row and column of its output block (`tile` x
+// `tile` pixels). Tiles are numbered (image, row block, column block) in row-major order.
 struct TileOrigin {
   int64_t image, row, col;
 };
 
-TileOrigin tile_origin(int64_t tile, int64_t tiles_h, int64_t tiles_w) {
-  return {tile / (tiles_h * tiles_w), 2 * ((tile / tiles_w) % tiles_h), 2 * (tile % tiles_w)};
+TileOrigin tile_origin(int64_t t, int64_t tile, int64_t tiles_h, int64_t tiles_w) {
+  return {t / (tiles_h * tiles_w), tile * ((t / tiles_w) % tiles_h), tile * (t % tiles_w)};
 }
 
-// Transforms the 4x4 patches of the tiles [first, first + count) of the NHWC input into
-// v[16][count][c]; patch rows and columns outside the image read `zeros` (the padding).
-void transform_input(const float* x, int64_t h, int64_t w, int64_t c, int64_t tiles_h,
-                     int64_t tiles_w, int64_t first, int64_t count, const float* zeros,
-                     float* v, int64_t v_stride) {
+// Transforms the patches of the tiles [first, first + count) of the NHWC input into
+// v[entries][count][c]; patch rows and columns outside the image read `zeros` (the
+// padding).
+void transform_input(const float* x, int64_t tile, int64_t h, int64_t w, int64_t c,
+                     int64_t tiles_h, int64_t tiles_w, int64_t first, int64_t count,
+                     const float* zeros, float* v, int64_t v_stride) {
+  const int64_t patch = tile + 2;
   for (int64_t t = 0; t < count; ++t) {
-    const TileOrigin o = tile_origin(first + t, tiles_h, tiles_w);
-    const float* d[4][4];   // the patch starts one row and column before the block (padding)
-    for (int64_t i = 0; i < 4; ++i) {
-      for (int64_t j = 0; j < 4; ++j) {
+    const TileOrigin o = tile_origin(first + t, tile, tiles_h, tiles_w);
+    Patch d;  // the patch starts one row and column before the block (padding)
+    for (int64_t i = 0; i < patch; ++i) {
+      for (int64_t j = 0; j < patch; ++j) {
         const int64_t y = o.row - 1 + i;
         const int64_t z = o.col - 1 + j;
         d[i][j] = (y < 0 || y >= h || z < 0 || z >= w) ? zeros
                                                         : x + ((o.image * h + y) * w + z) * c;
       }
     }
-    if (transforms_in_avx512()) {
+    if (tile == 4) {
+      transform_patch4_avx512(d, v + t * c, v_stride, c);
+    } else if (transforms_in_avx512()) {
       transform_patch_avx512(d, v + t * c, v_stride, c);
     } else {
       transform_patch(d, v + t * c, v_stride, c);
@@ -248,12 +367,13 @@ struct Convolution {
   float* out;           // NHWC [n, h, w, k]
 };
 
-// The 2x2 outputs of one tile as the direct convolution computes them (sums in double):
-// +-inf and NaN come out where they do in oneDNN's convolution. Only for the few tiles
-// whose Winograd sums are not finite; output channels [k0, k1).
-void direct_tile(const Convolution& conv, const TileOrigin& o, int64_t k0, int64_t k1) {
-  for (int64_t i = 0; i < 2 && o.row + i < conv.h; ++i) {
-    for (int64_t j = 0; j < 2 && o.col + j < conv.w; ++j) {
+// The outputs of one tile as the direct convolution computes them (sums in double): +-inf
+// and NaN come out where they do in oneDNN's convolution. Only for the few tiles whose
+// Winograd sums are not finite; output channels [k0, k1).
+void direct_tile(const Convolution& conv, const TileOrigin& o, int64_t tile, int64_t k0,
+                 int64_t k1) {
+  for (int64_t i = 0; i < tile && o.row + i < conv.h; ++i) {
+    for (int64_t j = 0; j < tile && o.col + j < conv.w; ++j) {
       float* y = conv.out + ((o.image * conv.h + o.row + i) * conv.w + o.col + j) * conv.k;
       for (int64_t ko = k0; ko < k1; ++ko) {
         double sum = 0.0;
@@ -278,34 +398,36 @@ void direct_tile(const Convolution& conv, const TileOrigin& o, int64_t k0, int64
   }
 }
 
-// The inverse transform of the products m[16][count][kn] of those tiles for the output
-// channels [k0, k0 + kn), plus the bias and the ReLU, written to the 2x2 output blocks that
-// lie inside the image; tiles whose sums are not finite are computed directly. Returns how
-// many were.
+// The inverse transform of the products m[entries][count][kn] of those tiles for the
+// output channels [k0, k0 + kn), plus the bias and the ReLU, written to the output pixels
+// that lie inside the image; tiles whose sums are not finite are computed directly.
+// Returns how many were.
 int64_t transform_output(const float* m, int64_t m_stride, const Convolution& conv,
-                         int64_t tiles_h, int64_t tiles_w, int64_t first, int64_t count,
-                         int64_t k0, int64_t kn) {
+                         int64_t tile, int64_t tiles_h, int64_t tiles_w, int64_t first,
+                         int64_t count, int64_t k0, int64_t kn) {
   int64_t direct = 0;
   const float* bias = conv.bias != nullptr ? conv.bias + k0 : nullptr;
   for (int64_t t = 0; t < count; ++t) {
-    const TileOrigin o = tile_origin(first + t, tiles_h, tiles_w);
-    float* y[2][2];
-    for (int64_t i = 0; i < 2; ++i) {
-      for (int64_t j = 0; j < 2; ++j) {
+    const TileOrigin o = tile_origin(first + t, tile, tiles_h, tiles_w);
+    Outputs y{};
+    for (int64_t i = 0; i < tile; ++i) {
+      for (int64_t j = 0; j < tile; ++j) {
         const bool inside = o.row + i < conv.h && o.col + j < conv.w;
         y[i][j] = inside ? conv.out + ((o.image * conv.h + o.row + i) * conv.w + o.col + j) *
                                           conv.k + k0
                          : nullptr;
       }
     }
-    const bool finite =
-        transforms_in_avx512()
-            ? untransform_tile_avx512(m + t * kn, m_stride, kn, bias, conv.relu, y[0][0],
-                                      y[0][1], y[1][0], y[1][1])
-            : untransform_tile(m + t * kn, m_stride, kn, bias, conv.relu, y[0][0], y[0][1],
-                               y[1][0], y[1][1]);
+    bool finite;
+    if (tile == 4) {
+      finite = untransform_tile4_avx512(m + t * kn, m_stride, kn, bias, conv.relu, y);
+    } else if (transforms_in_avx512()) {
+      finite = untransform_tile_avx512(m + t * kn, m_stride, kn, bias, conv.relu, y);
+    } else {
+      finite = untransform_tile(m + t * kn, m_stride, kn, bias, conv.relu, y);
+    }
     if (!finite) {
-      direct_tile(conv, o, k0, k0 + kn);
+      direct_tile(conv, o, tile, k0, k0 + kn);
       ++direct;
     }
   }
@@ -324,7 +446,7 @@ struct WorkSplit {
 // once; blocks of tiles each thread took whole re-read every matrix per block (a 7 x 7
 // layer of 512 channels read its 16 MB weight once per block). Otherwise the tiles are
 // shared and each block multiplies by every output channel.
-WorkSplit split_work(int64_t tiles, int64_t c, int64_t k, int64_t threads) {
+WorkSplit split_work(int64_t tiles, int64_t entries, int64_t c, int64_t k, int64_t threads) {
   constexpr int64_t kVector = 16;
   int64_t chunks = 1;
   if (threads > 1 && k > tiles) {
@@ -333,13 +455,13 @@ WorkSplit split_work(int64_t tiles, int64_t c, int64_t k, int64_t threads) {
   int64_t chunk = (k + chunks - 1) / chunks;
   chunk = std::min(k, (chunk + kVector - 1) / kVector * kVector);
   chunks = (k + chunk - 1) / chunk;
-  // A block's transformed input and products, 16 x block x (C + chunk) floats: with shared
-  // tiles within about half of a 1 MB L2, as many blocks as that takes, rounded up to a
-  // multiple of the threads and the tiles shared evenly among them (4 blocks of 16, 16, 16
-  // and 1 tiles left one of 2 threads idle a third of a 14 x 14 convolution). A chunk's
-  // thread re-reads its weight per block, so its blocks may fill more of the L2.
+  // A block's transformed input and products, entries x block x (C + chunk) floats: with
+  // shared tiles within about half of a 1 MB L2, as many blocks as that takes, rounded up
+  // to a multiple of the threads and the tiles shared evenly among them (4 blocks of 16,
+  // 16, 16 and 1 tiles left one of 2 threads idle a third of a 14 x 14 convolution). A
+  // chunk's thread re-reads its weight per block, so its blocks may fill more of the L2.
   const int64_t budget = (chunks > 1 ? 1536 : 512) * 1024;
-  const int64_t largest = std::clamp<int64_t>(budget / (4 * kTiles * (c + chunk)), 8, 256);
+  const int64_t largest = std::clamp<int64_t>(budget / (4 * entries * (c + chunk)), 8, 256);
   int64_t blocks = (tiles + largest - 1) / largest;
   if (chunks == 1) {
     blocks = std::min(tiles, (blocks + threads - 1) / threads * threads);
@@ -348,17 +470,53 @@ WorkSplit split_work(int64_t tiles, int64_t c, int64_t k, int64_t threads) {
   return {block, (tiles + block - 1) / block, chunk, chunks};
 }
 
+std::atomic<int64_t> calls_by_tile[2];  // F(2x2, 3x3)'s, F(4x4, 3x3)'s
+
+int64_t tiles_of(int64_t n, int64_t h, int64_t w, int64_t tile) {
+  return n * ((h + tile - 1) / tile) * ((w + tile - 1) / tile);
+}
+
 }  // namespace
 
-at::Tensor winograd_weight(const at::Tensor& weight) {
+int64_t winograd_calls(int64_t tile) {
+  return tile == 2 || tile == 4 ? calls_by_tile[tile / 4].load(std::memory_order_relaxed) : 0;
+}
+
+int64_t winograd_tile(int64_t n, int64_t h, int64_t w) {
+  // F(4x4, 3x3) multiplies 36 entries per tile of 16 outputs, F(2x2, 3x3) 16 per 4, but
+  // its tiles overhang an image whose sides are not multiples of 4 (14 x 14: 16 x 16
+  // computed) and its weight is 2.25 times as large: taken where its products are at most
+  // 0.7 of F(2x2, 3x3)'s and its GEMMs have 32 rows or more to read the weight for
+  // (ResNet-50's 56 x 56 and 28 x 28 layers; not 14 x 14 or 7 x 7 at batch 1), with
+  // AVX-512 for its transforms.
+  const int64_t tiles = tiles_of(n, h, w, 4);
+  if (!transforms_in_avx512() || tiles < 32) {
+    return 2;
+  }
+  return 36 * tiles * 10 <= 7 * 16 * tiles_of(n, h, w, 2) ? 4 : 2;
+}
+
+at::Tensor winograd_weight(const at::Tensor& weight, int64_t tile) {
   TORCH_CHECK(weight.dim() == 4 && weight.size(2) == 3 && weight.size(3) == 3,
               "winograd_weight: expected a [K, C, 3, 3] weight, got ", weight.sizes());
+  TORCH_CHECK(tile == 2 || tile == 4, "winograd_weight: the output tile is 2 or 4, not ",
+              tile);
   const at::Tensor g = weight.to(at::kDouble).contiguous();
   const int64_t k = g.size(0);
   const int64_t c = g.size(1);
-  at::Tensor u = at::empty({kTiles, c, k}, weight.options().dtype(at::kFloat));
+  const int64_t patch = tile + 2;
+  at::Tensor u = at::empty({entries(tile), c, k}, weight.options().dtype(at::kFloat));
   const double* gp = g.data_ptr<double>();
   float* up = u.data_ptr<float>();
+  // G's rows (header comment) as the weights of g's three taps.
+  static constexpr double kG2[4][3] = {{1, 0, 0}, {.5, .5, .5}, {.5, -.5, .5}, {0, 0, 1}};
+  static constexpr double kG4[6][3] = {{1.0 / 4, 0, 0},
+                                       {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                       {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                       {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                       {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                       {0, 0, 1}};
+  const double(*gm)[3] = tile == 4 ? kG4 : kG2;
   // Made on an engine's first calls (ResNet-50's 3x3 weights: tens of milliseconds on one
   // thread), so on the intra-op threads, a range of input channels each; the filters of
   // one channel are written side by side (u's innermost dimension is k).
@@ -366,18 +524,16 @@ at::Tensor winograd_weight(const at::Tensor& weight) {
     for (int64_t i = begin; i < end; ++i) {
       for (int64_t o = 0; o < k; ++o) {
         const double* f = gp + (o * c + i) * 9;
-        double a[4][3];  // G g
-        for (int64_t j = 0; j < 3; ++j) {
-          a[0][j] = f[j];
-          a[1][j] = 0.5 * (f[j] + f[3 + j] + f[6 + j]);
-          a[2][j] = 0.5 * (f[j] - f[3 + j] + f[6 + j]);
-          a[3][j] = f[6 + j];
+        double a[kMaxPatch][3];  // G g
+        for (int64_t r = 0; r < patch; ++r) {
+          for (int64_t j = 0; j < 3; ++j) {
+            a[r][j] = gm[r][0] * f[j] + gm[r][1] * f[3 + j] + gm[r][2] * f[6 + j];
+          }
         }
-        for (int64_t r = 0; r < 4; ++r) {  // (G g) G^T
-          const double row[4] = {a[r][0], 0.5 * (a[r][0] + a[r][1] + a[r][2]),
-                                 0.5 * (a[r][0] - a[r][1] + a[r][2]), a[r][2]};
-          for (int64_t s = 0; s < 4; ++s) {
-            up[((4 * r + s) * c + i) * k + o] = static_cast<float>(row[s]);
+        for (int64_t r = 0; r < patch; ++r) {  // (G g) G^T
+          for (int64_t s = 0; s < patch; ++s) {
+            const double e = a[r][0] * gm[s][0] + a[r][1] * gm[s][1] + a[r][2] * gm[s][2];
+            up[((patch * r + s) * c + i) * k + o] = static_cast<float>(e);
           }
         }
       }
@@ -387,16 +543,20 @@ at::Tensor winograd_weight(const at::Tensor& weight) {
 }
 
 bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c,
-                      const float* transformed, const float* weight, int64_t k,
+                      const float* transformed, int64_t tile, const float* weight, int64_t k,
                       const float* bias, bool relu, float* out) {
+  TORCH_CHECK(tile == 2 || (tile == 4 && transforms_in_avx512()),
+              "winograd_conv3x3: no F(", tile, "x", tile, ", 3x3) on this CPU");
   if (n <= 0 || h <= 0 || w <= 0 || c <= 0 || k <= 0) {
     return false;
   }
-  const int64_t tiles_h = (h + 1) / 2;
-  const int64_t tiles_w = (w + 1) / 2;
+  calls_by_tile[tile / 4].fetch_add(1, std::memory_order_relaxed);
+  const int64_t n_entries = entries(tile);
+  const int64_t tiles_h = (h + tile - 1) / tile;
+  const int64_t tiles_w = (w + tile - 1) / tile;
   const int64_t tiles = n * tiles_h * tiles_w;
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const WorkSplit split = split_work(tiles, c, k, threads);
+  const WorkSplit split = split_work(tiles, n_entries, c, k, threads);
   const Convolution conv{x, weight, h, w, c, k, bias, relu, out};
   // Tiles computed directly (non-finite inputs) so far. Each costs tens of Winograd tiles,
   // so past a sixteenth of them the call gives up and the caller convolves another way.
@@ -406,10 +566,10 @@ bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
     // Per task, not per call of the kernel: the blocks' buffers are overwritten whole.
     const int64_t v_stride = split.block * c + kSkew;
     const int64_t m_stride = split.block * split.chunk + kSkew;
-    std::unique_ptr<float[]> scratch(new float[kTiles * (v_stride + m_stride) + c]);
+    std::unique_ptr<float[]> scratch(new float[n_entries * (v_stride + m_stride) + c]);
     float* v = scratch.get();
-    float* m = v + kTiles * v_stride;
-    float* zeros = m + kTiles * m_stride;
+    float* m = v + n_entries * v_stride;
+    float* zeros = m + n_entries * m_stride;
     std::fill(zeros, zeros + c, 0.0f);
     for (int64_t task = begin;
          task < end && direct.load(std::memory_order_relaxed) <= max_direct; ++task) {
@@ -417,17 +577,17 @@ bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c
       const int64_t kn = std::min(split.chunk, k - k0);
       const int64_t first = task % split.blocks * split.block;
       const int64_t count = std::min(split.block, tiles - first);
-      transform_input(x, h, w, c, tiles_h, tiles_w, first, count, zeros, v, v_stride);
+      transform_input(x, tile, h, w, c, tiles_h, tiles_w, first, count, zeros, v, v_stride);
       // m[xi] = v[xi] [count, C] @ u[xi][:, k0:k0 + kn], row-major: oneDNN's GEMM
       // microkernel (as fused_attention.cpp; MKL's sgemm took 1.6 times as long on these
       // small GEMMs).
-      for (int64_t xi = 0; xi < kTiles; ++xi) {
+      for (int64_t xi = 0; xi < n_entries; ++xi) {
         at::native::cpublas::brgemm(count, kn, c, c, k, kn, /*add_C=*/false,
                                     v + xi * v_stride, transformed + xi * c * k + k0,
                                     m + xi * m_stride, /*is_vnni=*/false);
       }
-      const int64_t direct_tiles =
-          transform_output(m, m_stride, conv, tiles_h, tiles_w, first, count, k0, kn);
+      const int64_t direct_tiles = transform_output(m, m_stride, conv, tile, tiles_h, tiles_w,
+                                                    first, count, k0, kn);
       if (direct_tiles > 0) {
         direct.fetch_add(direct_tiles, std::memory_order_relaxed);
       }

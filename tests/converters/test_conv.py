@@ -660,6 +660,36 @@ def test_3x3_convolutions_time_winograd_against_onednn_and_keep_the_faster(capfd
             torch.testing.assert_close(optimized(y), model(y), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.skipif(not _C.f32_conv_available(), reason="F(4x4, 3x3) needs AVX-512")
+def test_winograd_takes_4x4_tiles_on_large_images_and_2x2_on_small(request):
+    """One dynamic engine's 3x3 convolution runs Winograd's F(4x4, 3x3) on a 24 x 24 image
+    (36 tiles of 4x4) and F(2x2, 3x3) on a 10 x 10 one (4x4 tiles would overhang it) on
+    their trials' turns, every call within 1e-5 of the largest output of the float64
+    convolution (F(4x4, 3x3)'s transforms scale by up to 8, so its roundings are coarser
+    than F(2x2, 3x3)'s), inf and NaN where eager has them."""
+    _C.set_f32_conv_enabled(False)
+    request.addfinalizer(lambda: _C.set_f32_conv_enabled(True))
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(48, 64, 3, padding=1).eval()
+    optimized = blade.optimize(model, (torch.randn(1, 48, 24, 24),), blade.Config(dynamic=True))
+    for size, tile in ((24, 4), (10, 2)):
+        x = torch.relu(torch.randn(1, 48, size, size))
+        x[0, 5, size // 2, 3] = float("inf")
+        with torch.no_grad():
+            want = model.double()(x.double())
+            model.float()
+        finite = want.isfinite()
+        calls = _C.winograd_calls(tile)
+        for _ in range(_C.kernel_trial_calls()):
+            with torch.no_grad():
+                y = optimized(x)
+            assert torch.equal(y.isnan(), want.isnan()) and torch.equal(y.isinf(), want.isinf())
+            error = (y.double() - want)[finite].abs().max() / want[finite].abs().max()
+            assert error < 1e-5, (size, float(error))
+        assert _C.winograd_calls(tile) > calls, tile
+    assert_ran_compiled(optimized)
+
+
 class TwoSame(torch.nn.Module):
     """Two 3x3 stride-1 convolutions in a row, each Winograd's or oneDNN's."""
 

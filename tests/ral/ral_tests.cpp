@@ -290,10 +290,19 @@ void expect_memref_copy(const at::Tensor& src, at::Tensor base,
   EXPECT(at::equal(base, expected));
 }
 
-// Winograd's F(2x2, 3x3) against PyTorch's direct convolution: odd and even sizes (tiles
-// that hang over the bottom and right edges), a batch, bias and ReLU or neither, channel
-// counts that are not multiples of a vector, on one thread and on several; more output
-// channels than tiles (each thread a chunk of them, the last one short).
+// The output tiles winograd_conv3x3 takes on this CPU: F(4x4, 3x3) needs AVX-512.
+std::vector<int64_t> winograd_tiles() {
+  if (blade::ral::has_cpu_feature("avx512f")) {
+    return {2, 4};
+  }
+  return {2};
+}
+
+// Winograd's F(2x2, 3x3) and F(4x4, 3x3) against PyTorch's direct convolution: odd and
+// even sizes (tiles that hang over the bottom and right edges), a batch, bias and ReLU or
+// neither, channel counts that are not multiples of a vector, on one thread and on
+// several; more output channels than tiles (each thread a chunk of them, the last one
+// short).
 void test_winograd_convolution_matches_direct() {
   struct Case {
     int64_t n, c, h, w, k;
@@ -302,42 +311,57 @@ void test_winograd_convolution_matches_direct() {
   const Case cases[] = {{2, 16, 9, 7, 24, true, true}, {1, 33, 6, 11, 17, false, false},
                         {3, 64, 28, 28, 64, true, false}, {1, 20, 1, 1, 16, true, true},
                         {1, 40, 5, 6, 200, true, true}};
-  for (int threads : {1, 3}) {
-    at::set_num_threads(threads);
-    for (const Case& t : cases) {
-      at::manual_seed(t.n * 1000 + t.c);
-      const at::Tensor x =
-          at::randn({t.n, t.c, t.h, t.w}).contiguous(at::MemoryFormat::ChannelsLast);
-      const at::Tensor w = at::randn({t.k, t.c, 3, 3}) * 0.2;
-      const at::Tensor b = at::randn({t.k});
-      at::Tensor expected = at::conv2d(x, w, t.bias ? b : at::Tensor(), 1, 1);
-      if (t.relu) {
-        expected = at::relu(expected);
+  for (const int64_t tile : winograd_tiles()) {
+    for (int threads : {1, 3}) {
+      at::set_num_threads(threads);
+      for (const Case& t : cases) {
+        at::manual_seed(t.n * 1000 + t.c);
+        const at::Tensor x =
+            at::randn({t.n, t.c, t.h, t.w}).contiguous(at::MemoryFormat::ChannelsLast);
+        const at::Tensor w = at::randn({t.k, t.c, 3, 3}) * 0.2;
+        const at::Tensor b = at::randn({t.k});
+        at::Tensor expected = at::conv2d(x, w, t.bias ? b : at::Tensor(), 1, 1);
+        if (t.relu) {
+          expected = at::relu(expected);
+        }
+        const at::Tensor transformed = blade::ral::winograd_weight(w, tile);
+        at::Tensor out = at::full({t.n, t.h, t.w, t.k}, std::nan(""));   // NHWC
+        const bool ran = blade::ral::winograd_conv3x3(
+            x.data_ptr<float>(), t.n, t.h, t.w, t.c, transformed.data_ptr<float>(), tile,
+            w.data_ptr<float>(), t.k, t.bias ? b.data_ptr<float>() : nullptr, t.relu,
+            out.data_ptr<float>());
+        EXPECT(ran);
+        const at::Tensor got = out.permute({0, 3, 1, 2});
+        EXPECT(at::allclose(got, expected, 1e-4, 1e-4));
       }
-      const at::Tensor transformed = blade::ral::winograd_weight(w);
-      at::Tensor out = at::full({t.n, t.h, t.w, t.k}, std::nan(""));   // NHWC
-      const bool ran = blade::ral::winograd_conv3x3(
-          x.data_ptr<float>(), t.n, t.h, t.w, t.c, transformed.data_ptr<float>(),
-          w.data_ptr<float>(), t.k, t.bias ? b.data_ptr<float>() : nullptr, t.relu,
-          out.data_ptr<float>());
-      EXPECT(ran);
-      const at::Tensor got = out.permute({0, 3, 1, 2});
-      EXPECT(at::allclose(got, expected, 1e-4, 1e-4));
     }
   }
   at::set_num_threads(2);
+}
+
+// F(4x4, 3x3) where its tiles cover the image well (ResNet-50's 56 x 56 and 28 x 28 layers
+// at batch 1, its 7 x 7 ones at batch 8) on AVX-512; F(2x2, 3x3) where 4x4 tiles overhang
+// too much (14 x 14 and 7 x 7 at batch 1) and on CPUs without AVX-512.
+void test_winograd_tile_by_image_size() {
+  const int64_t large = blade::ral::has_cpu_feature("avx512f") ? 4 : 2;
+  EXPECT(blade::ral::winograd_tile(1, 56, 56) == large);
+  EXPECT(blade::ral::winograd_tile(1, 28, 28) == large);
+  EXPECT(blade::ral::winograd_tile(8, 7, 7) == large);
+  EXPECT(blade::ral::winograd_tile(1, 14, 14) == 2);
+  EXPECT(blade::ral::winograd_tile(1, 7, 7) == 2);
+  EXPECT(blade::ral::winograd_tile(1, 1, 1) == 2);
 }
 
 // An inf or a NaN in the input lands where the direct convolution puts +-inf and NaN (the
 // transforms alone would subtract inf from inf in every output of its tiles), on tiles at
 // the edges too, with the output channels in one piece and in a chunk per thread; an input
 // mostly inf is declined.
-void keeps_inf_and_nan_where_direct_does(int64_t k) {
+void keeps_inf_and_nan_where_direct_does(int64_t k, int64_t tile) {
   const int64_t n = 2, c = 32, h = 17, w = 15;  // 144 tiles
   at::manual_seed(5);
   const at::Tensor weight = at::randn({k, c, 3, 3}) * 0.2;
   const at::Tensor bias = at::randn({k});
-  const at::Tensor transformed = blade::ral::winograd_weight(weight);
+  const at::Tensor transformed = blade::ral::winograd_weight(weight, tile);
   const double inf = std::numeric_limits<double>::infinity();
   for (bool relu : {false, true}) {
     at::Tensor x = at::randn({n, c, h, w}).contiguous(at::MemoryFormat::ChannelsLast);
@@ -350,7 +374,8 @@ void keeps_inf_and_nan_where_direct_does(int64_t k) {
     }
     at::Tensor out = at::zeros({n, h, w, k});
     EXPECT(blade::ral::winograd_conv3x3(x.data_ptr<float>(), n, h, w, c,
-                                        transformed.data_ptr<float>(), weight.data_ptr<float>(),
+                                        transformed.data_ptr<float>(), tile,
+                                        weight.data_ptr<float>(),
                                         k, bias.data_ptr<float>(), relu, out.data_ptr<float>()));
     const at::Tensor got = out.permute({0, 3, 1, 2});
     EXPECT(at::equal(got.isnan(), expected.isnan()));
@@ -362,14 +387,18 @@ void keeps_inf_and_nan_where_direct_does(int64_t k) {
   const at::Tensor all_inf = at::full({n, h, w, c}, inf);
   at::Tensor out = at::zeros({n, h, w, k});
   EXPECT(!blade::ral::winograd_conv3x3(all_inf.data_ptr<float>(), n, h, w, c,
-                                       transformed.data_ptr<float>(), weight.data_ptr<float>(),
+                                       transformed.data_ptr<float>(), tile,
+                                       weight.data_ptr<float>(),
                                        k, bias.data_ptr<float>(), false, out.data_ptr<float>()));
 }
 
 void test_winograd_convolution_keeps_inf_and_nan_where_direct_does() {
   at::set_num_threads(2);
-  for (const int64_t k : {40, 160}) {  // one piece; more channels than tiles: 2 chunks of 80
-    keeps_inf_and_nan_where_direct_does(k);
+  for (const int64_t tile : winograd_tiles()) {
+    // one piece; more channels than tiles: 2 chunks of 80
+    for (const int64_t k : {40, 160}) {
+      keeps_inf_and_nan_where_direct_does(k, tile);
+    }
   }
 }
 
@@ -1047,6 +1076,7 @@ int main(int argc, char** argv) {
       {"freed_buffers_are_reused_and_released", test_freed_buffers_are_reused_and_released},
       {"memref_copy_of_every_layout", test_memref_copy_of_every_layout},
       {"winograd_convolution_matches_direct", test_winograd_convolution_matches_direct},
+      {"winograd_tile_by_image_size", test_winograd_tile_by_image_size},
       {"winograd_convolution_keeps_inf_and_nan_where_direct_does",
        test_winograd_convolution_keeps_inf_and_nan_where_direct_does},
       {"matmul_library_call", test_matmul_library_call},
