@@ -371,6 +371,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_f32_conv_enabled", &ral::set_f32_conv_enabled, py::arg("enabled"),
         "False makes float32 engines try Winograd's, MKL's or no kernel against oneDNN's "
         "convolution, as without AVX-512 (tests).");
+  m.def("set_winograd_4x4", &ral::set_winograd_4x4, py::arg("enabled"),
+        "False keeps Winograd's convolutions F(2x2, 3x3) (blade.set_winograd_4x4).");
+  m.def("winograd_4x4_enabled", &ral::winograd_4x4_enabled,
+        "Whether Winograd's convolutions may take F(4x4, 3x3).");
   m.def("winograd_calls", &ral::winograd_calls, py::arg("tile"),
         "How many convolutions Winograd's F(tile x tile, 3x3) ran in this process (tile 2 "
         "or 4; tests).");

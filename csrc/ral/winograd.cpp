@@ -471,12 +471,17 @@ WorkSplit split_work(int64_t tiles, int64_t entries, int64_t c, int64_t k, int64
 }
 
 std::atomic<int64_t> calls_by_tile[2];  // F(2x2, 3x3)'s, F(4x4, 3x3)'s
+std::atomic<bool> allow_4x4{true};
 
 int64_t tiles_of(int64_t n, int64_t h, int64_t w, int64_t tile) {
   return n * ((h + tile - 1) / tile) * ((w + tile - 1) / tile);
 }
 
 }  // namespace
+
+void set_winograd_4x4(bool enabled) { allow_4x4.store(enabled, std::memory_order_relaxed); }
+
+bool winograd_4x4_enabled() { return allow_4x4.load(std::memory_order_relaxed); }
 
 int64_t winograd_calls(int64_t tile) {
   return tile == 2 || tile == 4 ? calls_by_tile[tile / 4].load(std::memory_order_relaxed) : 0;
@@ -490,7 +495,7 @@ int64_t winograd_tile(int64_t n, int64_t h, int64_t w) {
   // (ResNet-50's 56 x 56 and 28 x 28 layers; not 14 x 14 or 7 x 7 at batch 1), with
   // AVX-512 for its transforms.
   const int64_t tiles = tiles_of(n, h, w, 4);
-  if (!transforms_in_avx512() || tiles < 32) {
+  if (!transforms_in_avx512() || !winograd_4x4_enabled() || tiles < 32) {
     return 2;
   }
   return 36 * tiles * 10 <= 7 * 16 * tiles_of(n, h, w, 2) ? 4 : 2;

@@ -31,6 +31,11 @@ namespace blade::ral {
 // 36 products per 16 outputs, on CPUs with AVX-512) where its tiles fit the image well
 // enough to need clearly fewer products than F(2x2, 3x3), else 2.
 int64_t winograd_tile(int64_t n, int64_t h, int64_t w);
+// Process-wide: false keeps every Winograd convolution F(2x2, 3x3) (results within 1e-6
+// of eager's rather than about 1e-5 of a layer's largest output), for calls from then on;
+// true (the default) lets winograd_tile choose F(4x4, 3x3). blade.set_winograd_4x4.
+void set_winograd_4x4(bool enabled);
+bool winograd_4x4_enabled();
 
 // The Winograd form of a [K, C, 3, 3] float32 weight for output tiles of `tile` (2 or 4):
 // [(tile + 2)^2, C, K], element (xi, c, k) the xi-th entry of G g G^T for filter

@@ -95,6 +95,23 @@ def set_cached_memory_limit(num_bytes: int):
     _C.set_cached_memory_limit(int(num_bytes))
 
 
+def set_winograd_4x4(enabled: bool):
+    """Whether float32 3x3 convolutions may run Winograd's F(4x4, 3x3) (process-wide, for
+    calls from then on; on by default). It takes about 0.45 of oneDNN's time on large
+    images (ResNet-50's 56 x 56 and 28 x 28 layers) against F(2x2, 3x3)'s 0.55-0.7, but its
+    results differ from eager's by about 1e-5 of a layer's largest output rather than 1e-6.
+    False keeps F(2x2, 3x3) everywhere. A C++ service calls `blade::ral::set_winograd_4x4`
+    (csrc/ral/winograd.h).
+
+    Example:
+        >>> blade.set_winograd_4x4(False)  # results closest to eager's
+    """
+    # Loaded on first use, so that `import blade` stays cheap.
+    from blade import _C
+
+    _C.set_winograd_4x4(bool(enabled))
+
+
 def set_prepared_weights_limit(num_bytes: Optional[int]):
     """The most memory (bytes, process-wide) the runtime's prepared weight copies may take:
     the weights of GEMMs and convolutions reordered into oneDNN's layout, packed for MKL or

@@ -690,6 +690,33 @@ def test_winograd_takes_4x4_tiles_on_large_images_and_2x2_on_small(request):
     assert_ran_compiled(optimized)
 
 
+def test_winograd_4x4_turned_off_keeps_2x2_tiles(request):
+    """blade.set_winograd_4x4(False) keeps the 24 x 24 image's convolution on F(2x2, 3x3)
+    (within 1e-6 of the largest float64 output) for an engine already made, and True gives
+    it F(4x4, 3x3) back on AVX-512 CPUs."""
+    _C.set_f32_conv_enabled(False)
+    request.addfinalizer(lambda: _C.set_f32_conv_enabled(True))
+    request.addfinalizer(lambda: blade.set_winograd_4x4(True))
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(48, 64, 3, padding=1).eval()
+    x = torch.randn(1, 48, 24, 24)
+    optimized = blade.optimize(model, (x,))
+    with torch.no_grad():
+        want = model.double()(x.double())
+        model.float()
+    for enabled in (False, True):
+        blade.set_winograd_4x4(enabled)
+        calls = {tile: _C.winograd_calls(tile) for tile in (2, 4)}
+        for _ in range(_C.kernel_trial_calls()):
+            with torch.no_grad():
+                error = (optimized(x).double() - want).abs().max() / want.abs().max()
+            assert error < (1e-5 if enabled else 1e-6), (enabled, float(error))
+        big = enabled and _C.f32_conv_available()
+        assert _C.winograd_calls(4) > calls[4] if big else _C.winograd_calls(4) == calls[4]
+        assert _C.winograd_calls(2) == calls[2] if big else _C.winograd_calls(2) > calls[2]
+    assert_ran_compiled(optimized)
+
+
 class TwoSame(torch.nn.Module):
     """Two 3x3 stride-1 convolutions in a row, each Winograd's or oneDNN's."""
 
