@@ -491,14 +491,15 @@ int64_t winograd_tile(int64_t n, int64_t h, int64_t w) {
   // F(4x4, 3x3) multiplies 36 entries per tile of 16 outputs, F(2x2, 3x3) 16 per 4, but
   // its tiles overhang an image whose sides are not multiples of 4 (14 x 14: 16 x 16
   // computed) and its weight is 2.25 times as large: taken where its products are at most
-  // 0.7 of F(2x2, 3x3)'s and its GEMMs have 32 rows or more to read the weight for
-  // (ResNet-50's 56 x 56 and 28 x 28 layers; not 14 x 14 or 7 x 7 at batch 1), with
+  // 0.75 of F(2x2, 3x3)'s and its GEMMs have 32 rows or more to read the weight for
+  // (ResNet-50's 56 x 56 and 28 x 28 layers, its 14 x 14 ones from batch 2 and 7 x 7 ones
+  // at batch 8; at batch 1 a 14 x 14 layer's 16 tiles made it wait on its weight), with
   // AVX-512 for its transforms.
   const int64_t tiles = tiles_of(n, h, w, 4);
   if (!transforms_in_avx512() || !winograd_4x4_enabled() || tiles < 32) {
     return 2;
   }
-  return 36 * tiles * 10 <= 7 * 16 * tiles_of(n, h, w, 2) ? 4 : 2;
+  return 36 * tiles * 4 <= 3 * 16 * tiles_of(n, h, w, 2) ? 4 : 2;
 }
 
 at::Tensor winograd_weight(const at::Tensor& weight, int64_t tile) {

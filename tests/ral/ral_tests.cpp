@@ -340,13 +340,16 @@ void test_winograd_convolution_matches_direct() {
 }
 
 // F(4x4, 3x3) where its tiles cover the image well (ResNet-50's 56 x 56 and 28 x 28 layers
-// at batch 1, its 7 x 7 ones at batch 8) on AVX-512; F(2x2, 3x3) where 4x4 tiles overhang
-// too much (14 x 14 and 7 x 7 at batch 1) and on CPUs without AVX-512.
+// at batch 1, its 14 x 14 and 7 x 7 ones at batch 8) on AVX-512; F(2x2, 3x3) where 4x4
+// tiles are too few or overhang too much (14 x 14 and 7 x 7 at batch 1, 7 x 7 at batch 4)
+// and on CPUs without AVX-512.
 void test_winograd_tile_by_image_size() {
   const int64_t large = blade::ral::has_cpu_feature("avx512f") ? 4 : 2;
   EXPECT(blade::ral::winograd_tile(1, 56, 56) == large);
   EXPECT(blade::ral::winograd_tile(1, 28, 28) == large);
   EXPECT(blade::ral::winograd_tile(8, 7, 7) == large);
+  EXPECT(blade::ral::winograd_tile(8, 14, 14) == large);
+  EXPECT(blade::ral::winograd_tile(4, 7, 7) == 2);
   EXPECT(blade::ral::winograd_tile(1, 14, 14) == 2);
   EXPECT(blade::ral::winograd_tile(1, 7, 7) == 2);
   EXPECT(blade::ral::winograd_tile(1, 1, 1) == 2);
