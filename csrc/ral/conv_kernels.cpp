@@ -169,7 +169,6 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
 // layers; it loses some other strided and kxk ones by a little (their planes copy costs
 // what the products save), which the kernel trial leaves to oneDNN.
 bool f32_tiles_apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
-                     const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                      const std::vector<int64_t>& dilation, int64_t groups) {
   return f32_conv_available() && f32_conv_enabled() &&
          dense_float_conv(x, w, target, groups) && dilation == std::vector<int64_t>{1, 1};
@@ -377,7 +376,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
       if (channels_last && prepared != nullptr) {
         if (winograd_applies(x, w, target, padding, stride, dilation, groups)) {
           alternative = Kernel::kWinograd;
-        } else if (f32_tiles_apply(x, w, target, padding, stride, dilation, groups)) {
+        } else if (f32_tiles_apply(x, w, target, dilation, groups)) {
           alternative = Kernel::kF32Tiles;
         } else if (is_1x1_gemm(x, w, target, padding, stride, dilation, groups)) {
           alternative = Kernel::kGemm;
