@@ -475,8 +475,7 @@ void conv2d(c10::ScalarType dtype, BladeUnrankedMemRef* input, BladeUnrankedMemR
             return true;
           }
           if (convolve_bf16(prepared, library_input(), param, false, target, bias, relu,
-                            padding, stride,
-                            dilation)) {
+                            padding, stride, dilation)) {
             pass_after();
             return true;
           }

@@ -588,13 +588,16 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   } else if (!rows_in_turn) {
     const int64_t elements = batch * image_elements;
     T* dst = planes_buffer<T>(elements, kKeptPlaneBytes, large);
-    if (input_is_plane && input_scale != nullptr) {  // scaled pixel by pixel
+    if (input_is_plane && input_scale != nullptr) {  // scaled a run of one image at a time
       const int64_t pixels = height * width;
       at::parallel_for(0, batch * pixels, (int64_t{1} << 14) / std::max<int64_t>(1, channels),
                        [&](int64_t begin, int64_t end) {
-                         for (int64_t p = begin; p < end; ++p) {
-                           store_rows(input + p * channels, dst + p * channels, 1, channels,
-                                      input_scale + p / pixels * channels);
+                         for (int64_t p = begin; p < end;) {
+                           const int64_t image = p / pixels;
+                           const int64_t run = std::min(end, (image + 1) * pixels) - p;
+                           store_rows(input + p * channels, dst + p * channels, run, channels,
+                                      input_scale + image * channels);
+                           p += run;
                          }
                        });
     } else if (input_is_plane) {
