@@ -490,6 +490,9 @@ int64_t pack_bytes(int64_t out_channels, int64_t channels, int64_t kh, int64_t k
 // column block and its columns of `rows` input rows at most kSliceBytes together, in equal
 // slices of whole 256-unit steps; `depth` itself where one slice holds it all.
 constexpr int64_t kSliceBytes = int64_t{1} << 20;
+// The depth steps of a streamed layer's slices (convolve): 32 KB of a block's float32
+// weight rows, within L1.
+constexpr int64_t kStreamSlice = 128;
 int64_t depth_slice(int64_t depth, int64_t rows, size_t element_bytes) {
   constexpr int64_t kUnit = 256;
   const int64_t unit_bytes = (kColumnBlock + rows) * static_cast<int64_t>(element_bytes);
@@ -628,38 +631,77 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   for (int64_t from = 0; slice < depth && from < depth; from += slice) {
     slices.push_back({{from, from, std::min(slice, depth - from)}});
   }
-  if (!slices.empty()) {
+  // A 1x1 layer of one full tile of rows and a shorter one (a linear layer over 7 to 11
+  // tokens), its weight outweighing them, streams the weight from memory while the short
+  // tile, a second pass over each block, left the memory idle (BERT-base at 8 tokens: a
+  // tenth of its time). Each task runs in slices of kStreamSlice depth steps instead, both
+  // tiles over a slice while its weight rows are in L1, the first tile's fetches running
+  // on into the next slice. More rows lost: their slices' partial sums stored and loaded
+  // cost more than the idle memory.
+  const bool streamed = slice == depth && columns_outer && !rows_in_turn && kh == 1 &&
+                        kw == 1 && batch * rows > kTileRows && batch * rows < 2 * kTileRows &&
+                        depth > kStreamSlice * Element<K>::kStep;
+  const int64_t task_slice = streamed ? kStreamSlice * Element<K>::kStep : depth;
+  std::vector<std::vector<TapGroup>> task_slices;
+  for (int64_t from = 0; streamed && from < depth; from += task_slice) {
+    task_slices.push_back({{from, from, std::min(task_slice, depth - from)}});
+  }
+  if (!slices.empty() || streamed) {
     sliced_calls.fetch_add(1, std::memory_order_relaxed);
   }
   at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<T> block_rows;  // rows_in_turn's rounded rows
     int64_t rounded = -1;                    // the image row they are
-    for (int64_t from = 0; from < depth; from += slice) {
-      const int64_t to = std::min(depth, from + slice);
-      const std::vector<TapGroup>& slice_taps = slices.empty() ? taps : slices[from / slice];
+    // Task `task`'s products over the depth [from, to) (its tap groups `part`), added to
+    // what earlier parts stored; `next`: the lines its later tiles ask for.
+    const auto run = [&](int64_t task, int64_t from, int64_t to,
+                         const std::vector<TapGroup>& part, const NextBlock& next) {
       const bool last = to == depth;
       const TileEnd tile_end{last ? bias : nullptr, last && relu, from > 0,
                              last ? added : nullptr};
-      for (int64_t task = begin; task < end; ++task) {
-        const auto [block, image_row, n, first, count] = work.at(task);
-        const T* image = nullptr;
-        int64_t base = 0;
-        if (!rows_in_turn) {
-          image = planes_data + n * image_elements;
-        } else {
-          if (rounded != image_row) {  // the row block's other column blocks reuse it
-            block_rows.resize(std::max<size_t>(block_rows.size(),
-                                               static_cast<size_t>(count * depth)));
-            store_rows(input + (n * rows + first) * channels, block_rows.data(), count,
-                       channels,
-                       input_scale != nullptr ? input_scale + n * channels : nullptr);
-            rounded = image_row;
-          }
-          image = block_rows.data();
-          base = first;
+      const auto [block, image_row, n, first, count] = work.at(task);
+      const T* image = nullptr;
+      int64_t base = 0;
+      if (!rows_in_turn) {
+        image = planes_data + n * image_elements;
+      } else {
+        if (rounded != image_row) {  // the row block's other column blocks reuse it
+          block_rows.resize(std::max<size_t>(block_rows.size(),
+                                             static_cast<size_t>(count * depth)));
+          store_rows(input + (n * rows + first) * channels, block_rows.data(), count,
+                     channels, input_scale != nullptr ? input_scale + n * channels : nullptr);
+          rounded = image_row;
         }
-        const int64_t column = block * kColumnBlock;
-        const int64_t width = std::min(kColumnBlock, out_channels - column);
+        image = block_rows.data();
+        base = first;
+      }
+      const int64_t column = block * kColumnBlock;
+      const int64_t width = std::min(kColumnBlock, out_channels - column);
+      tile_rows<K, false>(image, base, count, depth, part, weights + block * block_words,
+                          kColumnBlock,
+                          RowWalk(n, first, planes.plane_w, batch, out_h, out_w,
+                                  /*pixels=*/true, planes.walk_h, planes.walk_w),
+                          width, out_channels, column, tile_end, out, next);
+      // SiLU or hardswish over the task's block while it is in cache (in the tiles,
+      // their constants and temporaries would take registers from the sums).
+      if (last && pass) {
+        activation_rows(activation, out + (n * rows + first) * out_channels + column, count,
+                        width, out_channels);
+      }
+    };
+    if (streamed) {
+      for (int64_t task = begin; task < end; ++task) {
+        for (const std::vector<TapGroup>& part : task_slices) {
+          const TapGroup& group = part.front();
+          run(task, group.weight_row, group.weight_row + group.depth, part, {});
+        }
+      }
+      return;
+    }
+    for (int64_t from = 0; from < depth; from += slice) {
+      const int64_t to = std::min(depth, from + slice);
+      const std::vector<TapGroup>& slice_taps = slices.empty() ? taps : slices[from / slice];
+      for (int64_t task = begin; task < end; ++task) {
         // The next task's weight rows ahead (of this slice: its first block's at a
         // slice's end were read from memory by the slice's first tile anyway).
         const NextBlock next =
@@ -668,17 +710,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
                 : work.next_block(task, end,
                                   reinterpret_cast<const char*>(weights) + rows_bytes(from),
                                   block_bytes, rows_bytes(slice));
-        tile_rows<K, false>(image, base, count, depth, slice_taps,
-                            weights + block * block_words, kColumnBlock,
-                            RowWalk(n, first, planes.plane_w, batch, out_h, out_w,
-                                    /*pixels=*/true, planes.walk_h, planes.walk_w),
-                            width, out_channels, column, tile_end, out, next);
-        // SiLU or hardswish over the task's block while it is in cache (in the tiles,
-        // their constants and temporaries would take registers from the sums).
-        if (last && pass) {
-          activation_rows(activation, out + (n * rows + first) * out_channels + column,
-                          count, width, out_channels);
-        }
+        run(task, from, to, slice_taps, next);
       }
     }
   });

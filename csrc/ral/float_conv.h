@@ -32,7 +32,8 @@ bool f32_conv_enabled();
 // How many convolutions each has run in this process (tests: that it ran).
 int64_t bf16_conv_calls();
 int64_t f32_conv_calls();
-// How many of either kernel's calls ran a deep 1x1 convolution in slices of its depth.
+// How many of either kernel's calls ran a 1x1 convolution in slices of its depth (a deep
+// one, or one of few rows streaming its weight).
 int64_t depth_sliced_conv_calls();
 
 // The float32 weight [O, C, kh, kw] as a kernel multiplies it: 64 output channels at a
