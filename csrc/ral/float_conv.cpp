@@ -631,8 +631,8 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   for (int64_t from = 0; slice < depth && from < depth; from += slice) {
     slices.push_back({{from, from, std::min(slice, depth - from)}});
   }
-  // A 1x1 layer of one full tile of rows and a shorter one (a linear layer over 7 to 11
-  // tokens), its weight outweighing them, streams the weight from memory while the short
+  // A 1x1 layer of one full tile of rows and a shorter one an image (a linear layer over 7
+  // to 11 tokens; a task's rows are of one image), its weight outweighing them, streams the weight from memory while the short
   // tile, a second pass over each block, left the memory idle (BERT-base at 8 tokens: a
   // tenth of its time). Each task runs in slices of kStreamSlice depth steps instead, both
   // tiles over a slice while its weight rows are in L1, the first tile's fetches running
@@ -640,8 +640,8 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   // cost more than the idle memory; so did bfloat16's tiles, whose dot products run at half
   // the FMA rate on AVX512-BF16 without AMX, more bound by their products than by memory.
   const bool streamed = K == Kind::kF32 && slice == depth && columns_outer && !rows_in_turn &&
-                        kh == 1 && kw == 1 && batch * rows > kTileRows &&
-                        batch * rows < 2 * kTileRows && depth > kStreamSlice;
+                        kh == 1 && kw == 1 && rows > kTileRows && rows < 2 * kTileRows &&
+                        depth > kStreamSlice;
   const int64_t task_slice = streamed ? kStreamSlice : depth;
   std::vector<std::vector<TapGroup>> task_slices;
   for (int64_t from = 0; streamed && from < depth; from += task_slice) {

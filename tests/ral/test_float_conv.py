@@ -189,9 +189,10 @@ def test_deep_1x1_in_slices_of_depth_is_the_one_pass_sum(kind, channels, out_cha
 def test_few_rows_stream_their_weight_in_slices_of_depth(kind, channels, out_channels, rows):
     """A float32 1x1 layer of between one and two tiles of rows (a linear layer over 7 to
     11 tokens), its weight far larger than them, runs each block in slices of its depth:
-    the same sums bit for bit as twice the rows give (not streamed), the tensor added and
-    SiLU applied once, after the last slice. bfloat16's tiles run such a layer in one
-    pass."""
+    the same sums bit for bit as an image of twice the rows gives (not streamed; in one pass
+    or the deep layers' slices, whose sums are one pass's), the tensor added and SiLU
+    applied once, after the last slice; two images of those rows each stream alike.
+    bfloat16's tiles run such a layer in one pass."""
     conv, _, rounded = kind
     torch.manual_seed(rows)
     x = torch.randn(1, channels, 1, rows)
@@ -200,9 +201,15 @@ def test_few_rows_stream_their_weight_in_slices_of_depth(kind, channels, out_cha
     sliced = _C.depth_sliced_conv_calls()
     got = conv(x, weight, bias, [1, 1], [0, 0], False, silu=True, added=added)
     assert _C.depth_sliced_conv_calls() == sliced + (conv is _C.f32_conv2d)
-    twice = conv(x.repeat(2, 1, 1, 1), weight, bias, [1, 1], [0, 0], False, silu=True,
-                 added=added.repeat(2, 1, 1, 1))
-    assert torch.equal(got, twice[:1]) and torch.equal(got, twice[1:])
+    twice = conv(torch.cat([x, x], 2), weight, bias, [1, 1], [0, 0], False, silu=True,
+                 added=torch.cat([added, added], 2))
+    assert torch.equal(got, twice[:, :, :1]) and torch.equal(got, twice[:, :, 1:])
+    # Two images of those rows: each image's rows streamed alike.
+    sliced = _C.depth_sliced_conv_calls()
+    two = conv(x.repeat(2, 1, 1, 1), weight, bias, [1, 1], [0, 0], False, silu=True,
+               added=added.repeat(2, 1, 1, 1))
+    assert _C.depth_sliced_conv_calls() == sliced + (conv is _C.f32_conv2d)
+    assert torch.equal(got, two[:1]) and torch.equal(got, two[1:])
     want = torch.nn.functional.silu(reference(x, weight, bias, [1, 1], [0, 0], False, rounded)
                                     + added.double())
     assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
