@@ -504,6 +504,16 @@ int64_t depth_slice(int64_t depth, int64_t rows, size_t element_bytes) {
   return (depth + slices * kUnit - 1) / (slices * kUnit) * kUnit;
 }
 
+// The depth [0, depth) in parts of `step` units (the last one shorter), each part as the
+// one tap group a 1x1 layer's tiles run over it.
+std::vector<std::vector<TapGroup>> depth_parts(int64_t depth, int64_t step) {
+  std::vector<std::vector<TapGroup>> parts;
+  for (int64_t from = 0; from < depth; from += step) {
+    parts.push_back({{from, from, std::min(step, depth - from)}});
+  }
+  return parts;
+}
+
 // The convolution by the kind's tiles (float_conv.h's bf16_conv and f32_conv).
 template <Kind K>
 void convolve(const char* what, const float* input, int64_t batch, int64_t height,
@@ -627,26 +637,22 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
     return units / Element<K>::kStep * kColumnBlock * static_cast<int64_t>(sizeof(uint32_t));
   };
   // Each slice's one tap group (none: the taps themselves serve).
-  std::vector<std::vector<TapGroup>> slices;
-  for (int64_t from = 0; slice < depth && from < depth; from += slice) {
-    slices.push_back({{from, from, std::min(slice, depth - from)}});
-  }
+  const std::vector<std::vector<TapGroup>> slices =
+      slice < depth ? depth_parts(depth, slice) : std::vector<std::vector<TapGroup>>{};
   // A 1x1 layer of one full tile of rows and a shorter one an image (a linear layer over 7
-  // to 11 tokens; a task's rows are of one image), its weight outweighing them, streams the weight from memory while the short
-  // tile, a second pass over each block, left the memory idle (BERT-base at 8 tokens: a
-  // tenth of its time). Each task runs in slices of kStreamSlice depth steps instead, both
-  // tiles over a slice while its weight rows are in L1, the first tile's fetches running
-  // on into the next slice. More rows lost: their slices' partial sums stored and loaded
-  // cost more than the idle memory; so did bfloat16's tiles, whose dot products run at half
-  // the FMA rate on AVX512-BF16 without AMX, more bound by their products than by memory.
+  // to 11 tokens; a task's rows are of one image), its weight outweighing them, streams
+  // the weight from memory while the short tile, a second pass over each block, left the
+  // memory idle (BERT-base at 8 tokens: a tenth of its time). Each task runs in slices of
+  // kStreamSlice depth steps instead, both tiles over a slice while its weight rows are in
+  // L1, the first tile's fetches running on into the next slice. More rows lost: their
+  // slices' partial sums stored and loaded cost more than the idle memory; so did
+  // bfloat16's tiles, whose dot products run at half the FMA rate on AVX512-BF16 without
+  // AMX, more bound by their products than by memory.
   const bool streamed = K == Kind::kF32 && slice == depth && columns_outer && !rows_in_turn &&
                         kh == 1 && kw == 1 && rows > kTileRows && rows < 2 * kTileRows &&
                         depth > kStreamSlice;
-  const int64_t task_slice = streamed ? kStreamSlice : depth;
-  std::vector<std::vector<TapGroup>> task_slices;
-  for (int64_t from = 0; streamed && from < depth; from += task_slice) {
-    task_slices.push_back({{from, from, std::min(task_slice, depth - from)}});
-  }
+  const std::vector<std::vector<TapGroup>> task_slices =
+      streamed ? depth_parts(depth, kStreamSlice) : std::vector<std::vector<TapGroup>>{};
   if (!slices.empty() || streamed) {
     sliced_calls.fetch_add(1, std::memory_order_relaxed);
   }

@@ -230,6 +230,8 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
       copy = loser ? copies.erase(copy) : std::next(copy);
     }
   };
+  // The weight's Winograd forms, one per output tile.
+  const auto its_winograd = [&](const auto& form) { return form.first == data; };
   // Whether another trial of this weight with the same alternative keeps, or may still
   // keep, `kernel`.
   const auto others_keep = [&](Kernel kernel) {
@@ -268,7 +270,7 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
     if (bf16_won && !others_keep(Kernel::kOneDnn)) {
       // The float32 path's other copies serve every size (its own trial, left undecided,
       // made them): freed once no size of the weight runs or tries float32.
-      erase_all(winograd_, [&](const auto& form) { return form.first == data; });
+      erase_all(winograd_, its_winograd);
       erase(f32_convs_, data);
       erase(channels_last_, data);
       erase(k_by_n_, std::make_pair(data, true));
@@ -286,7 +288,7 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
     }
   } else if (std::none_of(trials_.begin(), trials_.end(), [&](const auto& other) {
                // oneDNN won. The alternative's copy serves every input size of the weight
-               // (Winograd's form, the depthwise filters, Blade's float32 pack,
+               // (Winograd's forms, the depthwise filters, Blade's float32 pack,
                // blocked_gemm's [K, N] copy; MKL's
                // sgemm reads the weight as it is): freed once no size still uses or tries
                // it (a dynamic engine's size past its oneDNN copies makes [K, N] again).
@@ -297,9 +299,7 @@ void PreparedWeights::release_loser(const TrialKey& key, const KernelTrial& tria
                       other.second.choice != Kernel::kOneDnn;
              })) {
     switch (trial.alternative) {
-      case Kernel::kWinograd:
-        erase_all(winograd_, [&](const auto& form) { return form.first == data; });
-        break;
+      case Kernel::kWinograd: erase_all(winograd_, its_winograd); break;
       case Kernel::kDepthwise: erase(depthwise_, data); break;
       case Kernel::kGemm:
         // A 1x1 convolution's [K, N] copy is its [O, C] weight's, kept as transposed.

@@ -36,8 +36,8 @@ constexpr int64_t kMaxPatch = 6;
 // pixels (null outside the image); F(2x2, 3x3) uses the first 4x4 and 2x2 of them.
 using Patch = const float* [kMaxPatch][kMaxPatch];
 using Outputs = float* [4][4];
-// Floats between the 16 matrices of a block: without it they lie a power of two apart and
-// a tile's 16 entries, written and read together, contend for the same L1 sets.
+// Floats between the 16 or 36 matrices of a block: without it they lie a power of two
+// apart and a tile's entries, written and read together, contend for the same L1 sets.
 constexpr int64_t kSkew = 16;
 
 // B^T d B of one patch, channel by channel: v[xi * stride + ch] for the 16 entries xi, on
@@ -244,23 +244,33 @@ __attribute__((target("avx512f"))) inline void output_transform6(const __m512 (&
   y[3] = _mm512_add_ps(_mm512_fmadd_ps(eight, d, b), m[5]);
 }
 
+// The first half of a 6x6 transform, 16 channels a vector: `transform` (B^T or A^T) of
+// each column j of the 6x6 values at address(i, j) (masked by `mask`) into column j of t.
+template <int kRows, void (*transform)(const __m512 (&)[6], __m512 (&)[kRows]),
+          typename Address>
+__attribute__((target("avx512f"), always_inline)) inline void transform_columns(
+    __mmask16 mask, const Address& address, __m512 (&t)[kRows][6]) {
+  for (int j = 0; j < 6; ++j) {
+    __m512 column[6];
+    __m512 r[kRows];
+    for (int i = 0; i < 6; ++i) {
+      column[i] = _mm512_maskz_loadu_ps(mask, address(i, j));
+    }
+    transform(column, r);
+    for (int i = 0; i < kRows; ++i) {
+      t[i][j] = r[i];
+    }
+  }
+}
+
 // B^T d B of one 6x6 patch into v[xi * stride + ch], xi = 6 i + j.
 __attribute__((target("avx512f"))) void transform_patch4_avx512(const Patch& d, float* v,
                                                                 int64_t stride, int64_t c) {
   for (int64_t ch = 0; ch < c; ch += 16) {
     const __mmask16 mask = lanes_left(c - ch);
     __m512 t[6][6];  // B^T d
-    for (int j = 0; j < 6; ++j) {
-      __m512 column[6];
-      __m512 r[6];
-      for (int i = 0; i < 6; ++i) {
-        column[i] = _mm512_maskz_loadu_ps(mask, d[i][j] + ch);
-      }
-      input_transform6(column, r);
-      for (int i = 0; i < 6; ++i) {
-        t[i][j] = r[i];
-      }
-    }
+    transform_columns<6, input_transform6>(mask, [&](int i, int j) { return d[i][j] + ch; },
+                                           t);
     for (int i = 0; i < 6; ++i) {  // (B^T d) B, row by row
       __m512 r[6];
       input_transform6(t[i], r);
@@ -281,17 +291,8 @@ __attribute__((target("avx512f"))) bool untransform_tile4_avx512(
   for (int64_t ch = 0; ch < k; ch += 16) {
     const __mmask16 mask = lanes_left(k - ch);
     __m512 s[4][6];  // A^T m
-    for (int j = 0; j < 6; ++j) {
-      __m512 column[6];
-      __m512 r[4];
-      for (int i = 0; i < 6; ++i) {
-        column[i] = _mm512_maskz_loadu_ps(mask, m + (6 * i + j) * stride + ch);
-      }
-      output_transform6(column, r);
-      for (int i = 0; i < 4; ++i) {
-        s[i][j] = r[i];
-      }
-    }
+    transform_columns<4, output_transform6>(
+        mask, [&](int i, int j) { return m + (6 * i + j) * stride + ch; }, s);
     const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + ch) : zero;
     for (int i = 0; i < 4; ++i) {  // (A^T m) A, row by row
       __m512 r[4];

@@ -37,6 +37,10 @@ int64_t winograd_tile(int64_t n, int64_t h, int64_t w);
 void set_winograd_4x4(bool enabled);
 bool winograd_4x4_enabled();
 
+// How many convolutions winograd_conv3x3 has run (or begun) in this process with output
+// tiles of `tile` (tests: which algorithm ran).
+int64_t winograd_calls(int64_t tile);
+
 // The Winograd form of a [K, C, 3, 3] float32 weight for output tiles of `tile` (2 or 4):
 // [(tile + 2)^2, C, K], element (xi, c, k) the xi-th entry of G g G^T for filter
 // g = weight[k, c].
@@ -50,10 +54,6 @@ at::Tensor winograd_weight(const at::Tensor& weight, int64_t tile);
 // (nothing written), and when more than a sixteenth of the tiles needed the direct
 // computation (part of `out` written); the caller then convolves another way, overwriting
 // `out`.
-// How many convolutions winograd_conv3x3 has run (or begun) in this process with output
-// tiles of `tile` (tests: which algorithm ran).
-int64_t winograd_calls(int64_t tile);
-
 bool winograd_conv3x3(const float* x, int64_t n, int64_t h, int64_t w, int64_t c,
                       const float* transformed, int64_t tile, const float* weight, int64_t k,
                       const float* bias, bool relu, float* out);

@@ -97,10 +97,9 @@ def set_cached_memory_limit(num_bytes: int):
 
 def set_winograd_4x4(enabled: bool):
     """Whether float32 3x3 convolutions may run Winograd's F(4x4, 3x3) (process-wide, for
-    calls from then on; on by default). It takes about 0.45 of oneDNN's time on large
-    images (ResNet-50's 56 x 56 and 28 x 28 layers) against F(2x2, 3x3)'s 0.55-0.7, but its
-    results differ from eager's by about 1e-5 of a layer's largest output rather than 1e-6.
-    False keeps F(2x2, 3x3) everywhere. A C++ service calls `blade::ral::set_winograd_4x4`
+    calls from then on; on by default). It is faster than F(2x2, 3x3) on large images, but
+    its results differ more from eager's (the user guide gives both). False keeps
+    F(2x2, 3x3) everywhere. A C++ service calls `blade::ral::set_winograd_4x4`
     (csrc/ral/winograd.h).
 
     Example:
