@@ -14,8 +14,14 @@ from blade import _C
 from blade.frontend import quantize as q
 from helpers import assert_ran_compiled, ir_before
 
-HAS_INT8 = _C.has_int8_dot_product()
-needs_int8 = pytest.mark.skipif(not HAS_INT8, reason="this CPU lacks VNNI, AVX-VNNI and AMX")
+HAS_INT8 = blade.int8_supported()
+needs_int8 = pytest.mark.skipif(not HAS_INT8, reason="this CPU has no int8 kernels")
+# Blade's own int8 kernels, and the doors for models quantized before (their 8-bit weights),
+# need a dot product (VNNI, AVX-VNNI or AMX); AVX2 alone runs oneDNN's with 7-bit weights.
+HAS_DOT_PRODUCT = _C.has_int8_dot_product()
+needs_dot_product = pytest.mark.skipif(not HAS_DOT_PRODUCT,
+                                       reason="this CPU lacks VNNI, AVX-VNNI and AMX")
+HAS_AVX2 = "avx2" in _C.host_cpu_flags()
 
 
 @pytest.fixture(autouse=True)
@@ -27,12 +33,25 @@ def small_layers_quantized(monkeypatch):
 
 @pytest.fixture
 def without_int8_dot_product():
-    """The process behaves as on a CPU without VNNI and AMX."""
+    """The process behaves as on a CPU without VNNI and AMX: with AVX2, as on one whose
+    int8 kernels take weights within +-64 only."""
     _C.set_int8_dot_product_allowed(False)
     try:
         yield
     finally:
         _C.set_int8_dot_product_allowed(True)
+
+
+@pytest.fixture
+def without_int8_kernels():
+    """The process behaves as on a CPU with neither VNNI nor AVX2."""
+    _C.set_int8_dot_product_allowed(False)
+    _C.set_int8_pair_sums_allowed(False)
+    try:
+        yield
+    finally:
+        _C.set_int8_dot_product_allowed(True)
+        _C.set_int8_pair_sums_allowed(True)
 
 
 def reference_linear(x, weight_q, weight_scale, bias, scale, zero_point):
@@ -87,6 +106,57 @@ def test_quantized_linear_without_dot_product_instructions_gives_the_same_answer
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not HAS_AVX2, reason="this CPU lacks AVX2")
+@pytest.mark.parametrize("kind", ["linear", "conv2d"])
+def test_int8_products_without_a_dot_product_never_saturate(without_int8_dot_product, kind):
+    """AVX2's u8 x s8 multiply-add sums pairs of products in 16 bits: 255 * 127 * 2 would
+    saturate. Inputs at the top of their range times weights of 127 must run in float32
+    (counted), weights of 64 on the int8 kernels, and both give the exact answer."""
+    scale, zero_point = 0.01, 0
+    x = torch.full((3, 64), 255 * scale)  # every byte 255
+    if kind == "conv2d":
+        x = x.reshape(3, 64, 1, 1).expand(3, 64, 4, 4).contiguous()
+    for value, in_float in ((127, 1), (64, 0), (-64, 0), (-128, 1)):
+        shape = (16, 64) if kind == "linear" else (16, 64, 1, 1)
+        weight_q = torch.full(shape, value, dtype=torch.int8)
+        weight_scale = torch.full((16,), 0.002)
+        before = _C.int8_float_path_calls()
+        if kind == "linear":
+            got = torch.ops.blade.quantized_linear(
+                x, weight_q, weight_scale, None, torch.tensor([scale, zero_point]), None,
+                "none")
+            want = reference_linear(x, weight_q, weight_scale, None, scale, zero_point)
+        else:
+            got = torch.ops.blade.quantized_conv2d(
+                x, weight_q, weight_scale, None, [1, 1], [0, 0], [1, 1], 1,
+                torch.tensor([scale, zero_point]), None, "none")
+            want = reference_conv(x, weight_q, weight_scale, None, scale, zero_point, 1, 0)
+        assert _C.int8_float_path_calls() - before == in_float, value
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not HAS_AVX2, reason="this CPU lacks AVX2")
+def test_int8_without_a_dot_product_compiles_7_bit_weights(without_int8_dot_product):
+    """On a CPU with AVX2 but no VNNI, Config(precision="int8") quantizes weights within
+    +-64, which its int8 kernels multiply exactly: the engine runs them, none in float32,
+    close to eager."""
+    model, cal = mlp(), calibration(4)
+    x = torch.randn(32, 64)
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal))
+    before = _C.int8_float_path_calls()
+    with torch.no_grad():
+        got, want = optimized(x), model(x)
+    assert _C.int8_float_path_calls() == before
+    report = assert_ran_compiled(optimized)
+    assert report.clusters[0].precision == "int8" and len(report.int8["layers"]) == 3, \
+        str(report)
+    engine = getattr(optimized, report.clusters[0].name)
+    weights = [p for p in engine.params() if p.dtype == torch.int8]
+    assert len(weights) == 3 and max(int(w.abs().max()) for w in weights) == 64
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert float(cosine) > 0.999
+
+
 def test_quantized_linear_names_what_is_wrong():
     weight_q, weight_scale = quantized_weight(8, 16)
     in_range = torch.tensor([0.1, 0.0])
@@ -128,7 +198,7 @@ def test_quantized_conv2d_matches_its_definition(stride, padding, groups, use_bi
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
 
 
-@needs_int8
+@needs_dot_product
 @pytest.mark.parametrize("channels, size, kernel, stride, padding", [
     (16, (9, 10), 3, 1, 1), (40, (11, 12), 5, 1, 2), (72, (13, 9), 3, 2, 1),
     (136, (7, 7), 5, 1, 2), (64, (12, 15), 5, 2, 0), (24, (10, 11), 3, 3, 2),
@@ -223,7 +293,7 @@ def test_quantized_conv2d_add_matches_its_definition(accum_kind, output_kind, po
                                                      dot_product):
     """post_op(conv + accum) for every mix of float32 and uint8 operands and result, with
     and without int8 dot products, and the accum is left as it was."""
-    if dot_product and not HAS_INT8:
+    if dot_product and not HAS_DOT_PRODUCT:
         pytest.skip("this CPU lacks VNNI, AVX-VNNI and AMX")
     torch.manual_seed(6)
     weight_q, weight_scale = q.quantize_weight(torch.randn(16, 8, 3, 3) * 0.1)
@@ -349,7 +419,8 @@ def test_weights_are_symmetric_per_output_channel():
     weight = torch.randn(16, 32)
     weight[3] = 0.0  # an all-zero row keeps a usable scale
     values, scales = q.quantize_weight(weight)
-    assert values.dtype == torch.int8 and int(values.abs().max()) == 127
+    assert values.dtype == torch.int8
+    assert int(values.abs().max()) == _C.int8_weight_limit() and _C.int8_weight_limit() > 0
     assert scales.shape == (16,) and bool((scales > 0).all())
     assert bool((values[3] == 0).all())
     error = (values.float() * scales.unsqueeze(1) - weight).abs()
@@ -379,13 +450,13 @@ def test_config_checks_the_int8_options():
         blade.Config(float_layers=["fc"])
 
 
-@pytest.mark.skipif(HAS_INT8, reason="this CPU has int8 dot products")
-def test_cpu_without_int8_dot_products_refuses_int8_at_compile_time():
+@pytest.mark.skipif(HAS_INT8, reason="this CPU has int8 kernels")
+def test_cpu_without_int8_kernels_refuses_int8_at_compile_time():
     with pytest.raises(ValueError, match="VNNI"):
         blade.optimize(mlp(), (torch.randn(32, 64),), blade.Config(precision="int8"))
 
 
-def test_optimize_refuses_int8_where_the_cpu_lacks_it(without_int8_dot_product):
+def test_optimize_refuses_int8_where_the_cpu_lacks_it(without_int8_kernels):
     with pytest.raises(ValueError, match="precision='int8'.*VNNI"):
         blade.optimize(mlp(), (torch.randn(32, 64),), blade.Config(precision="int8"))
 
@@ -559,7 +630,7 @@ class InvertedResidual(torch.nn.Module):
         return self.project(y)
 
 
-@needs_int8
+@needs_dot_product
 def test_depthwise_convolutions_are_int8_and_pass_uint8_on():
     """Depthwise 3x3 and 5x5 convolutions are int8 (uint8 data, Blade's depthwise kernel),
     handed uint8 by the layer before and handing it on; other grouped ones stay float32."""
@@ -619,7 +690,7 @@ class HardswishBlock(torch.nn.Module):
         return self.project(h(self.depthwise(h(self.expand(x)))))
 
 
-@needs_int8
+@needs_dot_product
 def test_hardswish_is_a_convolutions_post_op_and_uint8_passes_on():
     """A hardswish between int8 convolutions runs in the first one's epilogue, before it
     rounds its result to uint8 for the next: nothing float32 between them."""
@@ -725,7 +796,9 @@ def test_int8_convolutions_run_compiled_close_to_eager():
         got, want = optimized(x), model(x)
     report = assert_ran_compiled(optimized)
     assert report.coverage == 1.0, str(report)
-    assert set(report.int8["layers"]) >= {"conv1", "depthwise", "conv2"}, str(report)
+    # The depthwise layer is int8 where Blade's depthwise kernel runs (AVX-512), else float.
+    expected = {"conv1", "conv2"} | ({"depthwise"} if _C.int8_conv_available() else set())
+    assert set(report.int8["layers"]) >= expected, str(report)
     engine = getattr(optimized, report.clusters[0].name)
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert float(cosine) > 0.999, float(cosine)
@@ -911,8 +984,10 @@ def test_int8_classifier_agrees_with_its_float_model():
 LOAD_AND_RUN = textwrap.dedent("""
     import sys, torch, blade
     from blade import _C
-    if sys.argv[3] == "without":
+    if sys.argv[3] != "with":
         _C.set_int8_dot_product_allowed(False)
+    if sys.argv[3] == "without_int8":
+        _C.set_int8_pair_sums_allowed(False)
     model = torch.jit.load(sys.argv[1])
     x, expected = torch.load(sys.argv[2])
     with torch.no_grad():
@@ -925,11 +1000,13 @@ LOAD_AND_RUN = textwrap.dedent("""
 
 
 @needs_int8
-@pytest.mark.parametrize("cpu", ["with", "without"])
+@pytest.mark.parametrize("cpu", ["with", "without_dot_product", "without_int8"])
 @pytest.mark.parametrize("kind", ["linears", "convolutions"])
 def test_saved_int8_model_runs_in_a_fresh_process(tmp_path, cpu, kind):
     """Linears, or convolutions with a residual add folded into one (the op the loading
-    process must know too)."""
+    process must know too). Loaded where the CPU lacks a dot product, the engine runs if
+    its weights were quantized for AVX2 (this CPU has no dot product either), else it is
+    refused; where the CPU has no int8 kernels at all, refused."""
     if kind == "linears":
         model, cal = mlp(), calibration(4)
         x = torch.randn(32, 64)
@@ -956,19 +1033,21 @@ def test_saved_int8_model_runs_in_a_fresh_process(tmp_path, cpu, kind):
                              cpu], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
-    if cpu == "with":
+    if cpu == "with" or (cpu == "without_dot_product" and not HAS_DOT_PRODUCT):
         assert lines["compiled"] == "True", result.stdout
         assert float(lines["maxdiff"]) < 1e-5, result.stdout
     else:
         # Refused at load with the reason; the fallback runs the same int8 math in float32.
         assert lines["compiled"] == "False", result.stdout
         assert "int8" in lines["status"] and "avx512_vnni" in lines["status"], result.stdout
+        if cpu == "without_dot_product":
+            assert "within +-64" in lines["status"], result.stdout
         assert float(lines["maxdiff"]) < 1e-3, result.stdout
 
 
 # --- models quantized before optimize ------------------------------------------------------
 
-@needs_int8
+@needs_dot_product
 @pytest.mark.parametrize("qconfig", ["per_tensor", "per_channel"])
 def test_quantize_dynamic_model_compiles_its_int8_layers(qconfig):
     """torch.ao.quantization.quantize_dynamic's layers become Blade's int8 layers, with the
@@ -1018,14 +1097,13 @@ class WritesAfterQuantizing(StaticLinears):
         return self.dequantize(self.first(q)), x
 
 
+@needs_dot_product
 @pytest.mark.parametrize("qconfig", ["per_tensor", "per_channel"])
 def test_static_quantized_linears_compile_to_eager_s_numbers(qconfig):
     """torch.ao.quantization's static quantized::linear between quantize_per_tensor and
     dequantize becomes Blade's int8 layer with the model's int8 weight, input range and
     output range: compiled whole, and eager's int8 results (both round the same
     integers; at most a rounding of the float result to uint8 may differ, one step)."""
-    if not blade.int8_supported():
-        pytest.skip("this CPU has no int8 dot product")
     torch.manual_seed(0)
     model = StaticLinears().eval()
     chosen = {"per_tensor": torch.ao.quantization.default_qconfig,
@@ -1088,7 +1166,7 @@ def pt2e_quantized(model, x, dynamic: bool):
     return pt2e.convert_pt2e(prepared)
 
 
-@needs_int8
+@needs_dot_product
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("form", ["graph_module", "exported_program"])
 def test_pt2e_quantized_model_runs_as_fused_int8_layers(dynamic, form, tmp_path):
@@ -1115,7 +1193,7 @@ def test_pt2e_quantized_model_runs_as_fused_int8_layers(dynamic, form, tmp_path)
         torch.testing.assert_close(torch.jit.load(str(path))(x), got, rtol=0, atol=0)
 
 
-@needs_int8
+@needs_dot_product
 @pytest.mark.parametrize("block", [InvertedResidual, HardswishBlock])
 def test_pt2e_quantized_mobile_blocks_run_compiled(block):
     """PT2E's depthwise and grouped convolutions, and its hardswish between them, run
@@ -1182,6 +1260,7 @@ def test_model_cache_keys_the_calibration_inputs_by_their_values(tmp_path, reque
         assert not torch.equal(other(x), first(x))  # its ranges differ
 
 
+@needs_int8
 def test_a_calibration_input_the_model_cannot_take_is_one_clear_error():
     cal = [torch.randn(32, 64), torch.randn(32, 48)]  # the second: wrong feature count
     with pytest.raises(blade.ExampleInputsError, match=r"calibration input 1 \(input: "
@@ -1220,3 +1299,14 @@ def test_int8_with_dynamic_shapes_serves_other_batch_sizes():
     assert report.guard_fallbacks == 0 and report.coverage == 1.0, str(report)
     assert [c.precision for c in report.clusters] == ["int8"], str(report)
     assert len(report.int8["layers"]) == 3, str(report)
+
+
+def test_model_cache_keys_the_weight_limit(without_int8_dot_product):
+    """Weights quantized for one limit must not be served where the CPU's kernels take
+    another (a test switching the dot product off; a cache shared across CPUs)."""
+    from blade import model_cache
+    without = model_cache._environment()
+    _C.set_int8_dot_product_allowed(True)
+    with_dot_product = model_cache._environment()
+    assert (without == with_dot_product) == (not HAS_DOT_PRODUCT)
+    assert f"int8 weights within {_C.int8_weight_limit()}" in with_dot_product

@@ -269,10 +269,18 @@ PYBIND11_MODULE(_C, m) {
         "The features `required` lists (comma-separated) that this CPU lacks: why the "
         "runtime would refuse code compiled for them.");
   m.def("has_int8_dot_product", &ral::has_int8_dot_product,
-        "Whether int8 engines run here: the CPU has VNNI, AVX-VNNI or AMX-INT8.");
+        "Whether the CPU has VNNI, AVX-VNNI or AMX-INT8 (Blade's own int8 kernels).");
   m.def("set_int8_dot_product_allowed", &ral::set_int8_dot_product_allowed,
         py::arg("allowed"),
         "False makes this CPU behave as one without int8 dot products (tests).");
+  m.def("int8_weight_limit", &ral::int8_weight_limit,
+        "The largest |weight| this CPU's int8 kernels multiply exactly: 127 with a dot "
+        "product, 64 with AVX2 only, 0 without int8 kernels.");
+  m.def("int8_float_path_calls", &ral::int8_float_path_calls,
+        "Calls of Blade's int8 ops that ran in float32: this CPU's kernels did not take "
+        "their weight.");
+  m.def("set_int8_pair_sums_allowed", &ral::set_int8_pair_sums_allowed, py::arg("allowed"),
+        "False makes an AVX2 CPU behave as one without int8 kernels (tests).");
   m.def("set_call_profiling", &ral::set_call_profiling, py::arg("enabled"),
         "Whether engine calls are timed by kernel (benchmarks: call_profile below).");
   m.def("call_profile", &ral::call_profile,

@@ -291,10 +291,20 @@ std::string Engine::load_verified_code(const Digest& code) {
     return "the engine runs its GEMMs and convolutions in bfloat16 (precision='bf16'), "
            "which needs a CPU with avx512_bf16; this one lacks it";
   }
-  if (precision_ == "int8" && !has_int8_dot_product()) {
+  if (precision_ == "int8" && int8_weight_limit() == 0) {
     return std::string("the engine runs int8 GEMMs (precision='int8'), which need a CPU "
                        "with ") +
            int8_features_needed() + "; this one has none of them";
+  }
+  if (precision_ == "int8" && !has_int8_dot_product()) {
+    // Without a dot product, int8 products are exact only for weights within the limit.
+    if (const auto [param, value] = int8_params_exceeding(params_); param >= 0) {
+      return "the engine's int8 weights need a CPU with avx512_vnni, avx_vnni or amx_int8: "
+             "param " + std::to_string(param) + " holds " + std::to_string(value) +
+             ", and this CPU's int8 products (AVX2) take weights within +-" +
+             std::to_string(int8_weight_limit()) + " only (compile on this CPU for such "
+             "weights)";
+    }
   }
   try {
     code_ = CompiledCode::load_shared(code_bytes_.data_ptr<uint8_t>(),

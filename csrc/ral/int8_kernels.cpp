@@ -80,6 +80,11 @@ void check_operands(const at::Tensor& input, const at::Tensor& weight,
 }
 
 std::atomic<bool> int8_dot_product_allowed{true};
+std::atomic<bool> int8_pair_sums_allowed{true};
+// Calls of the int8 ops that ran in float32 (int8_float_path_calls).
+std::atomic<int64_t> in_float_calls{0};
+// outside_pack's key for whether a weight lies within int8_weight_limit (not a pack).
+constexpr int64_t kWeightRangeKey = -7;
 
 // oneDNN's packed copies of the weights quantized_linear ran on outside an engine (in
 // TorchScript: a fallback, a layer left out of every cluster), so that such a call does not
@@ -207,7 +212,62 @@ void set_int8_dot_product_allowed(bool allowed) {
   int8_dot_product_allowed.store(allowed, std::memory_order_relaxed);
 }
 
-const char* int8_features_needed() { return "avx512_vnni, avx_vnni or amx_int8"; }
+int64_t int8_weight_limit() {
+  if (has_int8_dot_product()) {
+    return 127;
+  }
+  static const bool avx2 = has_cpu_feature("avx2");
+  return avx2 && int8_pair_sums_allowed.load(std::memory_order_relaxed) ? 64 : 0;
+}
+
+void set_int8_pair_sums_allowed(bool allowed) {
+  int8_pair_sums_allowed.store(allowed, std::memory_order_relaxed);
+}
+
+const char* int8_features_needed() { return "avx512_vnni, avx_vnni, amx_int8 or avx2"; }
+
+namespace {
+
+// Whether every value of the int8 tensor lies within [-limit, limit].
+bool within(const at::Tensor& values, int64_t limit) {
+  if (values.numel() == 0) {
+    return true;
+  }
+  const auto [low, high] = at::aminmax(values);
+  return low.item<int8_t>() >= -limit && high.item<int8_t>() <= limit;
+}
+
+}  // namespace
+
+bool int8_kernels_take(const at::Tensor& weight) {
+  const int64_t limit = int8_weight_limit();
+  if (limit >= 127 || limit == 0) {
+    return limit > 0;  // -128 included: a dot product's sums do not saturate
+  }
+  if (PreparedWeights* prepared = active_prepared_weights();
+      prepared != nullptr && prepared->is_param(weight)) {
+    return true;  // checked when its engine was loaded
+  }
+  const at::Tensor fits = outside_pack(weight, {kWeightRangeKey, limit}, [&] {
+    return at::scalar_tensor(within(weight, limit), at::kBool);
+  });
+  return fits.item<bool>();
+}
+
+int64_t int8_float_path_calls() { return in_float_calls.load(std::memory_order_relaxed); }
+
+std::pair<int64_t, int64_t> int8_params_exceeding(const std::vector<at::Tensor>& params) {
+  const int64_t limit = int8_weight_limit();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].scalar_type() == at::kChar && !within(params[i], limit)) {
+      const auto [low, high] = at::aminmax(params[i]);
+      const int64_t worst = std::max(-static_cast<int64_t>(low.item<int8_t>()),
+                                     static_cast<int64_t>(high.item<int8_t>()));
+      return {static_cast<int64_t>(i), worst};
+    }
+  }
+  return {-1, 0};
+}
 
 std::pair<double, int64_t> uint8_range(double low, double high) {
   low = std::min(low, 0.0);
@@ -351,7 +411,8 @@ at::Tensor quantized_linear(const at::Tensor& input, const at::Tensor& weight,
   }
   const at::Tensor quantized =
       carried ? rows.view(at::kByte) : quantize_uint8(rows, scale, zero_point);
-  if (!has_int8_dot_product()) {
+  if (!int8_kernels_take(weight)) {
+    in_float_calls.fetch_add(1, std::memory_order_relaxed);
     at::Tensor y = at::linear((quantized.to(at::kFloat) - zero_point) * scale,
                               weight.to(at::kFloat) * weight_scale.unsqueeze(1), bias);
     if (post_op == "relu") {
@@ -756,7 +817,8 @@ at::Tensor quantized_conv2d(const at::Tensor& input, const at::Tensor& weight,
   const ConvCall call = check_conv("blade::quantized_conv2d", input, weight, weight_scale, bias,
                                    stride, padding, dilation, groups, input_range,
                                    output_range, post_op);
-  if (!has_int8_dot_product() || input.numel() == 0) {
+  if (!int8_kernels_take(weight) || input.numel() == 0) {
+    in_float_calls.fetch_add(input.numel() > 0 ? 1 : 0, std::memory_order_relaxed);
     return conv_in_float(call, weight, weight_scale, bias, stride, padding, dilation, groups,
                          std::nullopt, post_op);
   }
@@ -826,7 +888,8 @@ at::Tensor quantized_conv2d_add(const at::Tensor& input, const at::Tensor& weigh
   const auto float_addend = [&] {
     return carried_accum ? (addend.to(at::kFloat) - accum_zero_point) * accum_scale : addend;
   };
-  if (!has_int8_dot_product() || input.numel() == 0) {
+  if (!int8_kernels_take(weight) || input.numel() == 0) {
+    in_float_calls.fetch_add(input.numel() > 0 ? 1 : 0, std::memory_order_relaxed);
     // As oneDNN would add it: a float32 accum of a uint8 sum rounded with accum_range.
     const at::Tensor added =
         call.quantized_out && !carried_accum

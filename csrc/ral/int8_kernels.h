@@ -18,17 +18,38 @@
 
 #include <optional>
 #include <utility>
+#include <vector>
 
 namespace blade::ral {
 
 // Whether this CPU has u8 x s8 dot-product instructions that do not saturate (VNNI, AVX-VNNI
-// or AMX-INT8).
+// or AMX-INT8): Blade's own int8 kernels (int8_conv.h, int8_gemv.h, depthwise_int8.h) use
+// them.
 bool has_int8_dot_product();
-// Tests make a CPU with them behave as one without (false), to check the refusal and the
-// float32 path.
+// Tests make a CPU with them behave as one without (false), to check AVX2's path.
 void set_int8_dot_product_allowed(bool allowed);
+
+// The largest |weight| this CPU's int8 kernels multiply exactly: 127 with a dot product;
+// 64 with AVX2 only, whose u8 x s8 multiply-add (vpmaddubsw, in oneDNN's AVX2 kernels) sums
+// pairs of products in 16 bits, and 2 * 255 * 64 = 32640 still fits; 0 without AVX2 either
+// (no int8 kernels). Config(precision="int8") quantizes weights to this limit; a layer
+// whose weight exceeds it runs in float32 instead (dequantized operands): slower, never
+// wrong.
+int64_t int8_weight_limit();
+// Tests make an AVX2 CPU behave as one without int8 kernels (false).
+void set_int8_pair_sums_allowed(bool allowed);
 // The feature names int8 engines need, for messages.
 const char* int8_features_needed();
+// Whether this CPU's int8 kernels take `weight` (int8): within int8_weight_limit. An
+// engine's params were checked when it was loaded (int8_params_exceeding); other weights
+// are checked once per storage and version.
+bool int8_kernels_take(const at::Tensor& weight);
+// Calls of quantized_linear, quantized_conv2d and quantized_conv2d_add that ran in float32
+// because this CPU's kernels do not take their weight (tests and the report read it).
+int64_t int8_float_path_calls();
+// The first of `params` (int8 ones only) holding a value beyond int8_weight_limit, as its
+// index and that value; index -1 when none does.
+std::pair<int64_t, int64_t> int8_params_exceeding(const std::vector<at::Tensor>& params);
 
 // input [..., K] float32, weight [N, K] int8, weight_scale [N] float32, bias [N] float32
 // or None, input_range float32 [2]: the input's scale and zero point (a scale <= 0

@@ -170,7 +170,7 @@ KernelCall parse_call(const std::string& line) {
               "'", call.name, "' is neither an aten op nor one of Blade's int8 ops");
   // Checked here, where the code is loaded: an engine with int8 calls is refused on a CPU
   // that would run them slowly (the fallback runs them in float32, int8_kernels.h).
-  TORCH_CHECK(op_name.rfind("blade::", 0) != 0 || has_int8_dot_product(), call.name,
+  TORCH_CHECK(op_name.rfind("blade::", 0) != 0 || int8_weight_limit() > 0, call.name,
               " needs a CPU with ", int8_features_needed(), "; this one has none of them");
   call.op = c10::Dispatcher::singleton().findSchema({op_name, overload});
   TORCH_CHECK(call.op.has_value(), "this PyTorch has no op '", call.name, "'");

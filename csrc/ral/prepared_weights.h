@@ -268,8 +268,10 @@ class PreparedWeights {
   // The bytes those copies (and channels_last copies) hold, beside the weights themselves.
   int64_t prepared_bytes() const;
 
- private:
+  // Whether `t` is one of the engine's params (its data, sizes and strides).
   bool is_param(const at::Tensor& t) const;
+
+ private:
   // The copy of `weight` under `key` in `copies`: made by `make()` on the first call, if
   // `bytes` more fit the limit (the weight's values are put back first: make reads them),
   // and counted; an undefined tensor when they do not fit.

@@ -69,8 +69,8 @@ def release_cached_memory():
 
 
 def int8_supported() -> bool:
-    """Whether this CPU runs `Config(precision="int8")` engines: it has VNNI, AVX-VNNI or
-    AMX-INT8 instructions.
+    """Whether this CPU runs `Config(precision="int8")` engines: it has VNNI, AVX-VNNI,
+    AMX-INT8 or AVX2 instructions (with AVX2 alone, weights get 7 bits: see the user guide).
 
     Example:
         >>> config = blade.Config(precision="int8" if blade.int8_supported() else "float32")
@@ -78,7 +78,7 @@ def int8_supported() -> bool:
     # Loaded on first use, so that `import blade` stays cheap.
     from blade import _C
 
-    return _C.has_int8_dot_product()
+    return _C.int8_weight_limit() > 0
 
 
 def set_cached_memory_limit(num_bytes: int):

@@ -106,9 +106,9 @@ def _optimize_with_progress(model, args: Tuple, kwargs: Dict, config: Config,
                          "convolutions with avx512_bf16 instructions, which this CPU lacks "
                          f"(it has: {native.host_cpu_features() or 'none of those Blade uses'}); "
                          "use precision='float32'")
-    if config.precision == "int8" and not _C.has_int8_dot_product():
+    if config.precision == "int8" and _C.int8_weight_limit() == 0:
         raise ValueError("blade.optimize: Config(precision='int8') runs int8 GEMMs with "
-                         "VNNI, AVX-VNNI or AMX-INT8 instructions, which this CPU lacks "
+                         "VNNI, AVX-VNNI, AMX-INT8 or AVX2 instructions, which this CPU lacks "
                          f"(it has: {native.host_cpu_features() or 'none of those Blade uses'}); "
                          "use precision='float32'")
     models = ModelCache.for_config(config)

@@ -91,10 +91,12 @@ class Config:
             gives the measured errors). ``"int8"`` quantizes the model's linear layers
             after freezing (`blade.frontend.quantize`): int8 weights with one scale per
             output channel, uint8 activations with one scale per tensor from the
-            `calibration` runs, multiplied by oneDNN's VNNI/AMX kernels; everything else
-            stays float32. optimize refuses it on a CPU without VNNI, AVX-VNNI or AMX, and
-            a saved int8 engine loaded on one runs its TorchScript subgraph (the same int8
-            math, in float32) instead, the report saying why.
+            `calibration` runs, multiplied by VNNI/AMX kernels; everything else stays
+            float32. On a CPU with AVX2 but no VNNI, weights get 7 bits ([-64, 64]), the
+            most AVX2's 16-bit pair sums take exactly. optimize refuses it on a CPU with
+            neither; a saved int8 engine loaded where its weights do not fit runs its
+            TorchScript subgraph (the same int8 math, in float32) instead, the report
+            saying why.
         calibration: with ``precision="int8"``, the inputs that set the activations'
             ranges: a list of example inputs, each in the form of `example_inputs` (a
             tensor, a tuple or a dict). ``None`` calibrates on the example inputs alone;

@@ -691,7 +691,8 @@ def _environment() -> str:
     # Global state that changes what scripting, freezing or the runs make.
     state = (f"threads {torch.get_num_threads()}, default dtype {torch.get_default_dtype()}, "
              f"deterministic {torch.are_deterministic_algorithms_enabled()}, "
-             f"mkldnn {torch.backends.mkldnn.enabled}")
+             f"mkldnn {torch.backends.mkldnn.enabled}, "
+             f"int8 weights within {_C.int8_weight_limit()}")
     return "\n".join([compiler_fingerprint(), torch.__version__, native.host_cpu_features(),
                       state, *libraries])
 

@@ -10,8 +10,9 @@ and the last of them are quantized only where the calibration run shows it safe 
 int8 most often costs accuracy.
 
 How: the weight gets one symmetric int8 scale per output channel (max |w| / 127, the
-values in [-127, 127]); the layer's input gets one uint8 scale and zero point per tensor,
-from the calibration inputs. Its range is chosen by the error it leaves: the run keeps a
+values in [-127, 127]; on a CPU with AVX2 but no VNNI, max |w| / 64: the most its 16-bit
+pair sums take exactly, `_C.int8_weight_limit`); the layer's input gets one uint8 scale and
+zero point per tensor, from the calibration inputs. Its range is chosen by the error it leaves: the run keeps a
 sample of the values each layer reads, and of the ranges [alpha * low, alpha * high] for
 alpha in `_CLIP_FACTORS` (alpha = 1 is min/max) the one whose quantize-dequantize of the
 sample has the least mean squared error wins. Min/max alone lets one outlier of a GELU's
@@ -347,12 +348,13 @@ def uint8_range(low: float, high: float) -> Tuple[float, int]:
 
 
 def quantize_weight(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per output channel (dim 0), symmetric: int8 values in [-127, 127] and float32
-    scales."""
-    scale = weight.abs().amax(dim=tuple(range(1, weight.dim()))) / 127.0
+    """Per output channel (dim 0), symmetric: int8 values in [-limit, limit] (this CPU's
+    `_C.int8_weight_limit()`: 127, or 64 with AVX2 alone) and float32 scales."""
+    limit = _C.int8_weight_limit()
+    scale = weight.abs().amax(dim=tuple(range(1, weight.dim()))) / float(limit)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     rows = scale.view([-1] + [1] * (weight.dim() - 1))
-    q = torch.clamp(torch.round(weight / rows), -127, 127).to(torch.int8)
+    q = torch.clamp(torch.round(weight / rows), -limit, limit).to(torch.int8)
     return q, scale.float().contiguous()
 
 
