@@ -5,8 +5,11 @@ quoted as a share of it. On CPUs with avx512_bf16, the bfloat16 dot-product peak
 (`vdpbf16ps`: 16 lanes of two multiply-adds each, into float32), the limit of GEMMs run in
 bfloat16 (Blade's Config(precision="bf16"), OpenVINO's default there). On CPUs with
 avx512_vnni, the int8 dot-product peak (`vpdpbusd`: 16 lanes of four u8 x s8 products
-added into int32, counted as 2 ops each), and the rate of oneDNN's own u8 x s8 GEMM on a
-large square problem, which reaches past it on CPUs with AMX: the limits of int8 engines.
+added into int32, counted as 2 ops each); on CPUs with AVX2 but no VNNI, the rate of the
+three instructions that stand in for it (`vpmaddubsw`, pairs of u8 x s8 products into
+int16; `vpmaddwd` by ones, pairs of those into int32; `vpaddd`); and the rate of oneDNN's
+own u8 x s8 GEMM on a large square problem, which reaches past the first on CPUs with AMX:
+the limits of int8 engines.
 And the rate at which the threads read memory (`measure_read_bandwidth`), the limit of a
 decode step that reads every weight once (benchmarks/decode.py).
 
@@ -126,6 +129,44 @@ float vnni_loop(int64_t iterations) {
   return (float)out[0];
 }
 #endif
+
+#if defined(__AVX2__) && !defined(__AVX512VNNI__)
+/* 2 * 32 * 10 * iterations int8 ops: per chain, 32 u8 x s8 products summed into 8 int32
+   lanes. The chain's accumulator is also the u8 operand, so no product is loop-invariant;
+   10 chains cover the three instructions' latency with both multiply ports busy. Written
+   in assembly: with intrinsics, GCC spilled accumulators and read the peak low. */
+#define PAIR_SUMS(acc, tmp) \
+  "vpmaddubsw %[b], %[" #acc "], %%" #tmp "\n\t" \
+  "vpmaddwd %[ones], %%" #tmp ", %%" #tmp "\n\t" \
+  "vpaddd %%" #tmp ", %[" #acc "], %[" #acc "]\n\t"
+float pair_sums_loop(int64_t iterations) {
+  const __m256i b = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+  __m256i a0 = _mm256_set1_epi32(0), a1 = _mm256_set1_epi32(1), a2 = _mm256_set1_epi32(2),
+          a3 = _mm256_set1_epi32(3), a4 = _mm256_set1_epi32(4), a5 = _mm256_set1_epi32(5),
+          a6 = _mm256_set1_epi32(6), a7 = _mm256_set1_epi32(7), a8 = _mm256_set1_epi32(8),
+          a9 = _mm256_set1_epi32(9);
+  if (iterations > 0) {
+    __asm__ volatile(
+        "1:\n\t"
+        PAIR_SUMS(a0, ymm12) PAIR_SUMS(a1, ymm13) PAIR_SUMS(a2, ymm14) PAIR_SUMS(a3, ymm15)
+        PAIR_SUMS(a4, ymm12) PAIR_SUMS(a5, ymm13) PAIR_SUMS(a6, ymm14) PAIR_SUMS(a7, ymm15)
+        PAIR_SUMS(a8, ymm12) PAIR_SUMS(a9, ymm13)
+        "dec %[n]\n\t"
+        "jnz 1b\n\t"
+        : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [a4] "+x"(a4),
+          [a5] "+x"(a5), [a6] "+x"(a6), [a7] "+x"(a7), [a8] "+x"(a8), [a9] "+x"(a9),
+          [n] "+r"(iterations)
+        : [b] "x"(b), [ones] "x"(ones)
+        : "ymm12", "ymm13", "ymm14", "ymm15", "cc");
+  }
+  __m256i sum = _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3));
+  sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_add_epi32(a4, a5), a6));
+  sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_add_epi32(a7, a8), a9));
+  int out[8];
+  _mm256_storeu_si256((__m256i*)out, sum);
+  return (float)out[0];
+}
+#endif
 """
 
 
@@ -156,7 +197,7 @@ def build_kernel(directory: Path):
     kernel.fma_loop.restype = ctypes.c_float
     kernel.read_loop.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     kernel.read_loop.restype = ctypes.c_float
-    for loop in ("dpbf16_loop", "vnni_loop"):  # built only with their flags
+    for loop in ("dpbf16_loop", "vnni_loop", "pair_sums_loop"):  # built with their flags
         if hasattr(kernel, loop):
             getattr(kernel, loop).argtypes = [ctypes.c_int64]
             getattr(kernel, loop).restype = ctypes.c_float
@@ -192,18 +233,24 @@ def _at_once(calls) -> float:
 
 def measure_peak_gflops(threads: int = THREADS, seconds: float = 0.3) -> dict:
     """The float32 FMA rate of `threads` threads running at once ("gflops"), and the
-    bfloat16 dot-product rate ("bf16_gflops", None without avx512_bf16)."""
+    bfloat16 dot-product rate ("bf16_gflops", None without avx512_bf16), the int8 one
+    ("int8_gops": VNNI's dot product, else AVX2's pair sums; "int8_isa" says which) and
+    oneDNN's int8 GEMM rate ("int8_gemm_gops")."""
     with tempfile.TemporaryDirectory() as tmp:
         kernel, isa = build_kernel(Path(tmp))
         gflops = _rate(kernel.fma_loop, 2 * kernel.lanes() * kernel.chains(), threads, seconds)
-        bf16 = vnni = None
+        bf16 = int8 = int8_isa = None
         if hasattr(kernel, "dpbf16_loop"):
             bf16 = _rate(kernel.dpbf16_loop, 4 * 16 * 16, threads, seconds)
         if hasattr(kernel, "vnni_loop"):
-            vnni = _rate(kernel.vnni_loop, 2 * 64 * 16, threads, seconds)
-        peak = {"gflops": gflops, "bf16_gflops": bf16, "vnni_gops": vnni, "isa": isa,
-                "threads": threads}
-        if vnni:
+            int8, int8_isa = _rate(kernel.vnni_loop, 2 * 64 * 16, threads, seconds), \
+                "avx512_vnni vpdpbusd"
+        elif hasattr(kernel, "pair_sums_loop"):
+            int8, int8_isa = _rate(kernel.pair_sums_loop, 2 * 32 * 10, threads, seconds), \
+                "avx2 vpmaddubsw + vpmaddwd + vpaddd"
+        peak = {"gflops": gflops, "bf16_gflops": bf16, "int8_gops": int8, "int8_isa": int8_isa,
+                "isa": isa, "threads": threads}
+        if int8:
             peak["int8_gemm_size"] = INT8_GEMM_SIZE
             peak["int8_gemm_gops"] = int8_gemm_gops(threads)
         return peak
@@ -225,7 +272,9 @@ def int8_gemm_gops(threads: int, size: int = INT8_GEMM_SIZE) -> float:
     torch.set_num_threads(threads)
     try:
         x = torch.randint(0, 255, (size, size), dtype=torch.uint8)
-        w = torch.randint(-127, 127, (size, size), dtype=torch.int8)
+        # Within what this CPU's kernels multiply exactly (AVX2: +-64), as Blade's weights.
+        limit = _C.int8_weight_limit() or 127
+        w = torch.randint(-limit, limit + 1, (size, size), dtype=torch.int8)
         packed = torch.ops.onednn.qlinear_prepack(w, [size, size])
         scales, zeros = torch.ones(size), torch.zeros(size, dtype=torch.int32)
 
@@ -289,8 +338,8 @@ if __name__ == "__main__":
           f"({peak['isa']})")
     if peak["bf16_gflops"]:
         print(f"bfloat16 dot-product peak: {peak['bf16_gflops']:.1f} GFLOP/s (avx512_bf16)")
-    if peak["vnni_gops"]:
-        print(f"int8 dot-product peak: {peak['vnni_gops']:.1f} GOP/s (avx512_vnni); oneDNN's "
+    if peak["int8_gops"]:
+        print(f"int8 peak: {peak['int8_gops']:.1f} GOP/s ({peak['int8_isa']}); oneDNN's "
               f"u8 x s8 GEMM: {peak['int8_gemm_gops']:.1f} GOP/s")
     print(f"read bandwidth: {measure_read_bandwidth():.1f} GB/s on {THREADS} threads")
     sys.exit(0)

@@ -31,8 +31,9 @@ example's) against the int8 peers of `peers.py` (onnxruntime_int8, openvino_int8
 inductor_int8), every one calibrated on the same inputs. The int8 table gives each one's
 ratio to eager, Blade int8's ratio to the fastest int8 peer and to Blade float32, and the
 cosine similarity of each one's output to float32 eager (Blade int8's, and the best
-peer's). `peak.py` measures the int8 limits too: the VNNI dot-product peak and the rate of
-oneDNN's own u8 x s8 GEMM on a large square problem (AMX where the CPU has it).
+peer's). `peak.py` measures the int8 limits too: the int8 peak (VNNI's dot product, else
+AVX2's pair sums) and the rate of oneDNN's own u8 x s8 GEMM on a large square problem (AMX
+where the CPU has it).
 
 `--kernel-choices` lists each Blade backend's kernel trials after the timed calls (every
 weight and input size with a second kernel, each kernel's best time, the one kept): the
@@ -317,8 +318,8 @@ def main():
     if peak.get("bf16_gflops"):
         print(f"bfloat16 dot-product peak: {peak['bf16_gflops']:.0f} GFLOP/s (avx512_bf16; "
               "the %peak of blade_bf16 and openvino_bf16 rows is of this one)")
-    if peak.get("vnni_gops"):
-        print(f"int8 dot-product peak: {peak['vnni_gops']:.0f} GOP/s (avx512_vnni vpdpbusd); "
+    if peak.get("int8_gops"):
+        print(f"int8 peak: {peak['int8_gops']:.0f} GOP/s ({peak['int8_isa']}); "
               f"oneDNN's u8 x s8 GEMM, {peak['int8_gemm_size']}^3: "
               f"{peak['int8_gemm_gops']:.0f} GOP/s (the %peak of int8 rows is of the larger)")
     print()
@@ -333,8 +334,8 @@ def main():
         for name, r in rows.items():
             limit = peak["bf16_gflops"] if name.endswith("bf16") and peak.get("bf16_gflops") \
                 else peak["gflops"]
-            if name.endswith("int8") and peak.get("vnni_gops"):
-                limit = max(peak["vnni_gops"], peak["int8_gemm_gops"])
+            if name.endswith("int8") and peak.get("int8_gops"):
+                limit = max(peak["int8_gops"], peak["int8_gemm_gops"])
             rate = f"{r['gflops']:>9.1f}{100 * r['gflops'] / limit:>6.0f}%" \
                 if r["gflops"] else ""
             note = ""
