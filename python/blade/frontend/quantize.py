@@ -12,12 +12,13 @@ int8 most often costs accuracy.
 How: the weight gets one symmetric int8 scale per output channel (max |w| / 127, the
 values in [-127, 127]; on a CPU with AVX2 but no VNNI, max |w| / 64: the most its 16-bit
 pair sums take exactly, `_C.int8_weight_limit`); the layer's input gets one uint8 scale and
-zero point per tensor, from the calibration inputs. Its range is chosen by the error it leaves: the run keeps a
-sample of the values each layer reads, and of the ranges [alpha * low, alpha * high] for
-alpha in `_CLIP_FACTORS` (alpha = 1 is min/max) the one whose quantize-dequantize of the
-sample has the least mean squared error wins. Min/max alone lets one outlier of a GELU's
-output stretch the steps for all the other values; a percentile cut must be tuned per
-model; the squared error weighs both effects on the values actually seen.
+zero point per tensor, from the calibration inputs. Its range is chosen by the error it
+leaves: the run keeps a sample of the values each layer reads, and of the ranges
+[alpha * low, alpha * high] for alpha in `_CLIP_FACTORS` (alpha = 1 is min/max) the one
+whose quantize-dequantize of the sample has the least mean squared error wins. Min/max
+alone lets one outlier of a GELU's output stretch the steps for all the other values; a
+percentile cut must be tuned per model; the squared error weighs both effects on the values
+actually seen.
 
 The layer becomes `blade::quantized_linear(x, w_int8, w_scale, bias, input_range)` or
 `blade::quantized_conv2d(x, w_int8, w_scale, bias, stride, padding, dilation, groups,
