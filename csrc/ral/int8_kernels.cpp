@@ -153,6 +153,10 @@ at::Tensor zero_points(int64_t n) {
 }
 
 at::Tensor pack_linear(const at::Tensor& weight) {
+  // oneDNN's packing allocates raw memory, which fails on an offered buffer of its size
+  // (offered_buffers.h): the offer waits for the result. (On VNNI CPUs Blade's kernel
+  // usually ran first and took it; on AVX2 oneDNN's is the only one.)
+  const SuspendedOffer suspended;
   static const auto prepack = onednn_op("onednn::qlinear_prepack");
   torch::jit::Stack stack{weight.contiguous(), c10::IValue()};
   prepack.callBoxed(stack);
@@ -249,6 +253,7 @@ bool int8_kernels_take(const at::Tensor& weight) {
     return true;  // checked when its engine was loaded
   }
   const at::Tensor fits = outside_pack(weight, {kWeightRangeKey, limit}, [&] {
+    const SuspendedOffer suspended;  // the small tensors made here are not the result
     return at::scalar_tensor(within(weight, limit), at::kBool);
   });
   return fits.item<bool>();

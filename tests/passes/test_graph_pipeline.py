@@ -129,8 +129,8 @@ def test_fold_tensor_attributes_makes_unwritten_attribute_tensors_constants():
 
 
 def test_from_dynamic_quantized_runs_quantize_dynamic_layers_as_blade_s_op():
-    if not blade.int8_supported():
-        pytest.skip("this CPU has no int8 dot product")
+    if not blade._C.has_int8_dot_product():
+        pytest.skip("models quantized before need a dot product (VNNI)")
     model = torch.ao.quantization.quantize_dynamic(Linear().eval(), {torch.nn.Linear})
     before, _, after, _ = run_pass(model, (torch.randn(4, 8),), "from_dynamic_quantized")
     assert "quantized::linear_dynamic" in before
@@ -138,8 +138,8 @@ def test_from_dynamic_quantized_runs_quantize_dynamic_layers_as_blade_s_op():
 
 
 def test_from_static_quantized_runs_eager_static_quantized_linears_as_blade_s_op():
-    if not blade.int8_supported():
-        pytest.skip("this CPU has no int8 dot product")
+    if not blade._C.has_int8_dot_product():
+        pytest.skip("models quantized before need a dot product (VNNI)")
     model = torch.nn.Sequential(torch.ao.quantization.QuantStub(), torch.nn.Linear(8, 8),
                                 torch.ao.quantization.DeQuantStub()).eval()
     model.qconfig = torch.ao.quantization.default_qconfig
@@ -205,7 +205,7 @@ def int8_model():
 
 def test_quantize_int8_makes_linear_layers_int8():
     if not blade.int8_supported():
-        pytest.skip("this CPU has no int8 dot product")
+        pytest.skip("this CPU has no int8 kernels")
     model = int8_model()
     x = torch.randn(128, 512)
     before, _, after, c = run_pass(model, (x,), "quantize_int8",
@@ -415,7 +415,7 @@ def test_release_edge_views_makes_a_returned_view_after_the_engine():
 
 def test_int8_readers_point_every_reader_at_the_int8_weights():
     if not blade.int8_supported():
-        pytest.skip("this CPU has no int8 dot product")
+        pytest.skip("this CPU has no int8 kernels")
     model = int8_model()
     _, _, _, c = run_pass(model, (torch.randn(128, 512),), "int8_readers",
                           blade.Config(precision="int8"))
@@ -482,8 +482,8 @@ class TwiceDequantized(torch.nn.Module):
 def test_from_static_quantized_leaves_a_result_dequantized_twice():
     """Two dequantize calls return two tensors in eager; one rewritten value would be
     shared by both."""
-    if not blade.int8_supported():
-        pytest.skip("this CPU has no int8 dot product")
+    if not blade._C.has_int8_dot_product():
+        pytest.skip("models quantized before need a dot product (VNNI)")
     model = TwiceDequantized().eval()
     model.qconfig = torch.ao.quantization.default_qconfig
     torch.ao.quantization.prepare(model, inplace=True)

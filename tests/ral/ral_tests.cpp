@@ -533,7 +533,7 @@ void test_kernel_calls_run_pytorch_ops_from_a_table() {
                      "takes no NHWC buffers");
   EXPECT_THROWS_WITH(KernelCallTable("aten::cumprod float32 float32:nhwcx T0 i0 N"),
                      "unknown dtype");
-  if (blade::ral::has_int8_dot_product()) {
+  if (blade::ral::int8_weight_limit() > 0) {
     // A float32 input and result as NHWC buffers: taken.
     EXPECT(KernelCallTable("blade::quantized_conv2d float32:nhwc,int8,float32,float32 "
                            "float32:nhwc T0 T1 T2 N I1,1 I0,0 I1,1 i1 T3 N s6e6f6e65")
@@ -904,7 +904,7 @@ void test_engine_writes_into_its_inputs() {
 // uint8 max pooling): the saved model's own results, every call, nothing left allocated.
 void test_int8_engine_runs_its_kernel_calls() {
   if (!std::ifstream(g_fixtures + "/int8.pt")) {
-    std::cout << "  (no int8.pt: this CPU has no int8 dot product)\n";
+    std::cout << "  (no int8.pt: this CPU has no int8 kernels)\n";
     return;
   }
   auto module = load_model("int8.pt");
