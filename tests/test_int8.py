@@ -157,6 +157,37 @@ def test_int8_without_a_dot_product_compiles_7_bit_weights(without_int8_dot_prod
     assert float(cosine) > 0.999
 
 
+@pytest.mark.parametrize("dot_product", [True, False])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("uint8_out", [False, True])
+def test_few_rows_run_blade_s_matrix_vector_product(dot_product, rows, uint8_out):
+    """A linear layer's 1 to 4 rows run Blade's matrix-vector product (VNNI's, or AVX2's
+    where the CPU has no dot product), counted as Blade's kernel and not in float32: 37
+    columns (a partial block of 16), a depth of 70 (no multiple of 4), ReLU, float32 or
+    uint8 results, against the definition."""
+    if dot_product and not HAS_DOT_PRODUCT or not HAS_INT8:
+        pytest.skip("this CPU lacks the instructions")
+    _C.set_int8_dot_product_allowed(dot_product)
+    try:
+        weight_q, weight_scale = q.quantize_weight(torch.randn(37, 70) * 0.1)
+        bias, x = torch.randn(37), torch.randn(rows, 70)
+        out_range = torch.tensor([0.02, 30.0]) if uint8_out else None
+        calls, in_float = _C.int8_conv_calls(), _C.int8_float_path_calls()
+        got = torch.ops.blade.quantized_linear(x, weight_q, weight_scale, bias,
+                                               torch.tensor([0.03, 110.0]), out_range, "relu")
+        assert _C.int8_conv_calls() == calls + 1 and _C.int8_float_path_calls() == in_float
+    finally:
+        _C.set_int8_dot_product_allowed(True)
+    want = torch.relu(reference_linear(x, weight_q, weight_scale, bias, 0.03, 110))
+    if uint8_out:
+        assert got.dtype == torch.int8
+        want = torch.clamp(torch.round(want / 0.02) + 30, 0, 255)
+        # Float32 rounding of the scaled sums may move a tie by one step.
+        assert float((got.view(torch.uint8).double() - want).abs().max()) <= 1
+    else:
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_quantized_linear_names_what_is_wrong():
     weight_q, weight_scale = quantized_weight(8, 16)
     in_range = torch.tensor([0.1, 0.0])

@@ -3,12 +3,14 @@
 
 #include "ral/cpu_features.h"
 #include "ral/int8_epilogue.h"
+#include "ral/int8_kernels.h"
 #include "ral/lane_masks.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -78,12 +80,78 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void gemv_blocks
 
 #pragma GCC diagnostic pop
 
-}  // namespace
+// The same blocks on AVX2 without VNNI, from the same packed weight: a group's 64 bytes are
+// two 32-byte halves (columns 0-7 and 8-15), each multiplied by vpmaddubsw (pairs of u8 x
+// s8 products into int16) and vpmaddwd by ones (pairs of those into int32). Exact for
+// weights within int8_weight_limit (+-64), the only ones int8_kernels_take gives it. The
+// epilogue, a few operations per column against the K bytes streamed for each, is scalar
+// and rounds as the AVX-512 one does (fused multiply-adds, ties to even, NaN to the
+// lower bound).
+template <int kRows>
+__attribute__((target("avx2,fma"))) void gemv_blocks_avx2(
+    const uint8_t* x, int64_t k4, const int8_t* weights, const int32_t* sums, int64_t n,
+    int64_t first, int64_t last, const Int8GemvEpilogue& e) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t block = first; block < last; ++block) {
+    const int8_t* w = weights + block * k4 * kColumns;
+    __m256i low[kRows], high[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      low[r] = _mm256_setzero_si256();
+      high[r] = _mm256_setzero_si256();
+    }
+    for (int64_t g = 0; g < k4; g += kGroup) {
+      const __m256i b_low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * kColumns));
+      const __m256i b_high =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * kColumns + 32));
+      for (int r = 0; r < kRows; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, x + r * k4 + g, sizeof quad);
+        const __m256i a = _mm256_set1_epi32(quad);
+        low[r] = _mm256_add_epi32(low[r],
+                                  _mm256_madd_epi16(_mm256_maddubs_epi16(a, b_low), ones));
+        high[r] = _mm256_add_epi32(high[r],
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b_high), ones));
+      }
+    }
+    const int64_t column = block * kColumns;
+    const int64_t columns = std::min(kColumns, n - column);
+    for (int r = 0; r < kRows; ++r) {
+      int32_t acc[kColumns];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc), low[r]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + 8), high[r]);
+      for (int64_t c = 0; c < columns; ++c) {
+        const int64_t col = column + c;
+        const int32_t correction = e.input_zero_point * sums[col];
+        const float multiplier = e.input_scale * e.weight_scale[col];
+        float v = std::fma(static_cast<float>(acc[c] - correction), multiplier,
+                           e.bias != nullptr ? e.bias[col] : 0.0f);
+        if (e.relu) {
+          v = v > 0.0f ? v : 0.0f;
+        }
+        if (e.out_u8 != nullptr) {
+          v = std::fma(v, 1.0f / e.out_scale, static_cast<float>(e.out_zero_point));
+          v = v > 0.0f ? v : 0.0f;  // NaN: 0
+          v = v < 255.0f ? v : 255.0f;
+          e.out_u8[r * n + col] = static_cast<uint8_t>(std::nearbyint(v));
+        } else {
+          e.out_f32[r * n + col] = v;
+        }
+      }
+    }
+  }
+}
 
-bool int8_gemv_available() {
+bool avx512_vnni_gemv() {
   static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
                                 has_cpu_feature("avx512vl") && has_cpu_feature("avx512_vnni");
   return available;
+}
+
+}  // namespace
+
+bool int8_gemv_available() {
+  static const bool avx2 = has_cpu_feature("avx2") && has_cpu_feature("fma");
+  return avx512_vnni_gemv() || avx2;
 }
 
 at::Tensor pack_int8_gemv_weight(const at::Tensor& weight) {
@@ -135,8 +203,13 @@ void int8_gemv(const uint8_t* x, int64_t rows, int64_t k, const at::Tensor& pack
                           int64_t, int64_t, const Int8GemvEpilogue&);
   static constexpr Blocks kByRows[] = {nullptr, gemv_blocks<1>, gemv_blocks<2>,
                                        gemv_blocks<3>, gemv_blocks<4>};
+  static constexpr Blocks kByRowsAvx2[] = {nullptr, gemv_blocks_avx2<1>, gemv_blocks_avx2<2>,
+                                           gemv_blocks_avx2<3>, gemv_blocks_avx2<4>};
   static_assert(std::size(kByRows) == kGemvMaxRows + 1);
-  const Blocks run = kByRows[rows];
+  static_assert(std::size(kByRowsAvx2) == kGemvMaxRows + 1);
+  // AVX2's where the CPU (or a test, set_int8_dot_product_allowed) has no dot product.
+  const Blocks run =
+      (avx512_vnni_gemv() && has_int8_dot_product() ? kByRows : kByRowsAvx2)[rows];
   const int64_t tasks = (blocks + kBlocksPerTask - 1) / kBlocksPerTask;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     run(x, k4, weights, sums, n, begin * kBlocksPerTask,

@@ -2,7 +2,8 @@
 // a decoder's) by its int8 weight, which the call reads once from memory. oneDNN's GEMM
 // reads such a weight at a fraction of the memory's rate once it has left the caches (a
 // ResNet's classifier after its convolutions' weights); here each thread streams its own
-// columns' weight in order, 64 bytes a product (AVX-512 VNNI).
+// columns' weight in order, 64 bytes a product (AVX-512 VNNI; on AVX2, two halves of 32 by
+// vpmaddubsw and vpmaddwd, for weights within int8_weight_limit).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,7 +15,7 @@ namespace blade::ral {
 // The most rows int8_gemv takes.
 constexpr int64_t kGemvMaxRows = 4;
 
-// Whether int8_gemv runs here (AVX-512 VNNI, BW, VL).
+// Whether int8_gemv runs here (AVX-512 VNNI, BW, VL; or AVX2 and FMA).
 bool int8_gemv_available();
 
 // The weight [N, K] int8 in the product's layout: 16 output columns at a time, per group of
