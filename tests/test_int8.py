@@ -188,6 +188,25 @@ def test_few_rows_run_blade_s_matrix_vector_product(dot_product, rows, uint8_out
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@needs_int8
+def test_an_input_rounds_to_uint8_ties_to_even_clamped_nan_to_zero():
+    """Rounding the float32 input to uint8 (vectorized per instruction set, with a scalar
+    tail): ties to even, clamped to [0, 255], NaN to 0, over 1850 values (no multiple of
+    any vector), read back exactly through an identity weight of 64s."""
+    scale, zero_point = 0.5, 100
+    values = (torch.arange(1850) % 700 - 350).float() / 2 + 0.25  # ties at x * 2 + 100
+    values[::7] = (torch.arange(0, 1850, 7) % 600 - 300).float() / 4
+    values[5], values[40], values[333], values[1849] = \
+        float("nan"), float("inf"), -float("inf"), 1e30
+    x = values.reshape(50, 37)
+    weight_q = (torch.eye(37) * 64).to(torch.int8)
+    got = torch.ops.blade.quantized_linear(x, weight_q, torch.full((37,), 1 / 64), None,
+                                           torch.tensor([scale, zero_point]), None, "none")
+    scaled = x * (1 / scale) + zero_point
+    want = torch.where(scaled.isnan(), 0.0, torch.round(scaled).clamp(0, 255))
+    assert torch.equal(got / scale + zero_point, want)
+
+
 def test_quantized_linear_names_what_is_wrong():
     weight_q, weight_scale = quantized_weight(8, 16)
     in_range = torch.tensor([0.1, 0.0])

@@ -325,6 +325,31 @@ __attribute__((target("avx512f"))) void quantize_avx512(const float* src, uint8_
 }
 #pragma GCC diagnostic pop
 
+// The same on AVX2, 32 values at a time: the packs to 16 and 8 bits work within 128-bit
+// lanes, so a permutation of dwords puts the four vectors' bytes back in order.
+__attribute__((target("avx2"))) void quantize_avx2(const float* src, uint8_t* dst, int64_t n,
+                                                   float inverse, float zero) {
+  const __m256 scale = _mm256_set1_ps(inverse);
+  const __m256 offset = _mm256_set1_ps(zero);
+  const __m256 low = _mm256_setzero_ps();
+  const __m256 high = _mm256_set1_ps(255.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) {
+      // max(v, 0) gives 0 for NaN (its second operand), as the scalar loop does.
+      __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8 * j), scale), offset);
+      q[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, low), high));
+    }
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]),
+                                              _mm256_packus_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm256_permutevar8x32_epi32(bytes, order));
+  }
+  quantize_scalar(src + i, dst + i, n - i, inverse, zero);
+}
+
 // The linear layer by oneDNN's qlinear_pointwise on the uint8 rows, its weight packed
 // once; the result [sizes], uint8 as int8 bytes with an output range, else float32.
 at::Tensor onednn_linear(const at::Tensor& quantized, double scale, int64_t zero_point,
@@ -368,9 +393,10 @@ at::Tensor quantize_uint8(const at::Tensor& input, double scale, int64_t zero_po
   const float inverse = static_cast<float>(1.0 / scale);
   const float zero = static_cast<float>(zero_point);
   static const bool avx512 = has_cpu_feature("avx512f");
+  static const bool avx2 = has_cpu_feature("avx2");
   at::parallel_for(0, x.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-    (avx512 ? quantize_avx512 : quantize_scalar)(src + begin, dst + begin, end - begin,
-                                                  inverse, zero);
+    (avx512 ? quantize_avx512 : avx2 ? quantize_avx2 : quantize_scalar)(
+        src + begin, dst + begin, end - begin, inverse, zero);
   });
   return q;
 }
