@@ -10,8 +10,9 @@
 // result scaled back to float32 with the bias added. A param weight's packed copies are
 // made once per engine (PreparedWeights::int8_weight).
 //
-// Without VNNI or AMX, x86's u8 x s8 multiply-add saturates its 16-bit pair sums, so the
-// same math runs in float32 instead (dequantized operands): slower, never wrong.
+// Without VNNI or AMX, x86's u8 x s8 multiply-add saturates its 16-bit pair sums beyond
+// weights of +-64 (int8_weight_limit): such a weight's layer runs the same math in float32
+// instead (dequantized operands), slower, never wrong.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -45,7 +46,7 @@ const char* int8_features_needed();
 // are checked once per storage and version.
 bool int8_kernels_take(const at::Tensor& weight);
 // Calls of quantized_linear, quantized_conv2d and quantized_conv2d_add that ran in float32
-// because this CPU's kernels do not take their weight (tests and the report read it).
+// because this CPU's kernels do not take their weight (tests read it).
 int64_t int8_float_path_calls();
 // The first of `params` (int8 ones only) holding a value beyond int8_weight_limit, as its
 // index and that value; index -1 when none does.

@@ -350,8 +350,9 @@ def uint8_range(low: float, high: float) -> Tuple[float, int]:
 
 def quantize_weight(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per output channel (dim 0), symmetric: int8 values in [-limit, limit] (this CPU's
-    `_C.int8_weight_limit()`: 127, or 64 with AVX2 alone) and float32 scales."""
-    limit = _C.int8_weight_limit()
+    `_C.int8_weight_limit()`: 127, or 64 with AVX2 alone; 127 where it has no int8
+    kernels, whose ops then compute in float32) and float32 scales."""
+    limit = _C.int8_weight_limit() or 127
     scale = weight.abs().amax(dim=tuple(range(1, weight.dim()))) / float(limit)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     rows = scale.view([-1] + [1] * (weight.dim() - 1))
