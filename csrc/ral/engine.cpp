@@ -302,8 +302,8 @@ std::string Engine::load_verified_code(const Digest& code) {
       return "the engine's int8 weights need a CPU with avx512_vnni, avx_vnni or amx_int8: "
              "param " + std::to_string(param) + " holds " + std::to_string(value) +
              ", and this CPU's int8 products (AVX2) take weights within +-" +
-             std::to_string(int8_weight_limit()) + " only (compile on this CPU for such "
-             "weights)";
+             std::to_string(int8_weight_limit()) + " only (Config(precision='int8') on "
+             "this CPU quantizes within that)";
     }
   }
   try {
