@@ -375,7 +375,8 @@ PYBIND11_MODULE(_C, m) {
       "How the convolution kernels split their work: (image, column block, first row, "
       "rows) for each task in order, and the most rows a task holds (tests).");
   m.def("f32_conv_available", &ral::f32_conv_available,
-        "Whether the runtime's own float32 convolution runs here (AVX-512F/BW/VL).");
+        "Whether the runtime's own float32 convolution runs here (AVX-512F/BW/VL, or AVX2 "
+        "and FMA).");
   m.def("set_f32_conv_enabled", &ral::set_f32_conv_enabled, py::arg("enabled"),
         "False makes float32 engines try Winograd's, MKL's or no kernel against oneDNN's "
         "convolution, as without AVX-512 (tests).");
@@ -398,7 +399,7 @@ PYBIND11_MODULE(_C, m) {
          std::vector<int64_t> stride, std::vector<int64_t> padding, bool relu, bool silu,
          bool hardswish, const std::optional<at::Tensor>& added,
          const std::optional<at::Tensor>& input_scale) {
-        TORCH_CHECK(ral::f32_conv_available(), "f32_conv2d: this CPU lacks AVX512-F/BW/VL");
+        TORCH_CHECK(ral::f32_conv_available(), "f32_conv2d: this CPU lacks AVX2 and FMA");
         return float_conv2d("f32_conv2d", ral::pack_f32_conv_weight, ral::f32_conv, x, weight,
                             bias, stride, padding, relu, silu, hardswish, added, input_scale);
       },

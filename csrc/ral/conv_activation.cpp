@@ -55,6 +55,39 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 hardswish16(__m5
   return _mm512_mul_ps(x, _mm512_mul_ps(gate, _mm512_set1_ps(1.0f / 6.0f)));
 }
 
+// silu16 of 8 values by AVX2 and FMA: the same steps, 2^n made in the exponent's bits
+// (n is within [-126, 116] after the clamp) and the reciprocal divided.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 silu8(__m256 x) {
+  const __m256 c =
+      _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(87.3f)), _mm256_set1_ps(-80.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(-1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 u = _mm256_fmadd_ps(n, _mm256_set1_ps(0.693359375f), c);
+  u = _mm256_fmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), u);
+  __m256 p = _mm256_set1_ps(-1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(-8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(-1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 power = _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  const __m256 e =
+      _mm256_mul_ps(_mm256_fmadd_ps(_mm256_mul_ps(u, u), p, _mm256_sub_ps(one, u)), power);
+  const __m256 sigmoid = _mm256_div_ps(one, _mm256_add_ps(e, one));
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-80.0f), _CMP_LT_OQ);
+  return _mm256_mul_ps(x, _mm256_blendv_ps(sigmoid, _mm256_setzero_ps(), tiny));
+}
+
+// hardswish16 of 8 values.
+__attribute__((target("avx2"), always_inline)) inline __m256 hardswish8(__m256 x) {
+  const __m256 gate = _mm256_min_ps(
+      _mm256_max_ps(_mm256_add_ps(x, _mm256_set1_ps(3.0f)), _mm256_setzero_ps()),
+      _mm256_set1_ps(6.0f));
+  return _mm256_mul_ps(x, _mm256_mul_ps(gate, _mm256_set1_ps(1.0f / 6.0f)));
+}
+
 // f over `rows` rows of `width` values, row r at data + r * stride.
 template <__m512 (*f)(__m512)>
 __attribute__((target("avx512f"))) void rows_avx512(float* data, int64_t rows, int64_t width,
@@ -72,6 +105,23 @@ __attribute__((target("avx512f"))) void rows_avx512(float* data, int64_t rows, i
   }
 }
 
+template <__m256 (*f)(__m256)>
+__attribute__((target("avx2,fma"))) void rows_avx2(float* data, int64_t rows, int64_t width,
+                                                  int64_t stride) {
+  const int64_t whole = width / 8 * 8;
+  const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(width - whole)),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = data + r * stride;
+    for (int64_t j = 0; j < whole; j += 8) {
+      _mm256_storeu_ps(row + j, f(_mm256_loadu_ps(row + j)));
+    }
+    if (whole < width) {
+      _mm256_maskstore_ps(row + whole, tail, f(_mm256_maskload_ps(row + whole, tail)));
+    }
+  }
+}
+
 #pragma GCC diagnostic pop
 
 }  // namespace
@@ -84,7 +134,8 @@ ConvActivation conv_activation(int64_t code) {
 }
 
 bool activation_rows_available() {
-  static const bool available = has_cpu_feature("avx512f");
+  static const bool available =
+      has_cpu_feature("avx512f") || (has_cpu_feature("avx2") && has_cpu_feature("fma"));
   return available;
 }
 
@@ -93,11 +144,14 @@ void activation_rows(ConvActivation activation, float* data, int64_t rows, int64
   if (!activation_pass(activation)) {
     return;
   }
-  TORCH_CHECK(activation_rows_available(), "activation_rows: this CPU lacks AVX-512F");
-  if (activation == ConvActivation::kSilu) {
-    rows_avx512<silu16>(data, rows, width, stride);
+  TORCH_CHECK(activation_rows_available(),
+              "activation_rows: this CPU has neither AVX-512F nor AVX2 with FMA");
+  static const bool avx512 = has_cpu_feature("avx512f");
+  const bool silu = activation == ConvActivation::kSilu;
+  if (avx512) {
+    (silu ? rows_avx512<silu16> : rows_avx512<hardswish16>)(data, rows, width, stride);
   } else {
-    rows_avx512<hardswish16>(data, rows, width, stride);
+    (silu ? rows_avx2<silu8> : rows_avx2<hardswish8>)(data, rows, width, stride);
   }
 }
 

@@ -26,10 +26,10 @@ inline bool activation_pass(ConvActivation activation) {
 ConvActivation conv_activation(int64_t code);
 
 // The activation's pass (activation_pass; nothing for the others) in place over `rows`
-// rows of `width` float32 values, row r starting at data + r * stride; needs AVX-512F
-// (activation_rows_available). SiLU, x * sigmoid(x): exp is a degree-5 polynomial after
-// Cody-Waite reduction (codegen/loops/approximations.py's) and the reciprocal an estimate
-// refined by a Newton step: a few float32 ulps from x / (1 + exp(-x)); -0 below -80 (the
+// rows of `width` float32 values, row r starting at data + r * stride; needs AVX-512F, or
+// AVX2 and FMA (activation_rows_available). SiLU, x * sigmoid(x): exp is a degree-5
+// polynomial after Cody-Waite reduction (codegen/loops/approximations.py's) and the
+// reciprocal an estimate refined by a Newton step (AVX2: divided): a few float32 ulps from x / (1 + exp(-x)); -0 below -80 (the
 // exact value is under 2e-33 there), NaN for NaN and -inf, as PyTorch's.
 void activation_rows(ConvActivation activation, float* data, int64_t rows, int64_t width,
                      int64_t stride);

@@ -163,10 +163,10 @@ bool convolve_bf16_tiles(PreparedWeights* prepared, const at::Tensor& x, const a
 }
 
 // Whether Blade's float32 convolution (float_conv.h) is the alternative to oneDNN's: on
-// AVX-512, for every dense convolution of one group that Winograd's does not take. It wins
-// 1x1 layers (in place of MKL's sgemm, which runs its AVX2 code on AMD's cores), an
-// image's stem (oneDNN runs few input channels slowly) and most of ResNet-50's strided
-// layers; it loses some other strided and kxk ones by a little (their planes copy costs
+// AVX-512 or AVX2 with FMA, for every dense convolution of one group that Winograd's does
+// not take. It wins 1x1 layers (in place of MKL's sgemm, which runs its AVX2 code on AMD's
+// cores), an image's stem (oneDNN runs few input channels slowly) and most of ResNet-50's
+// strided layers; it loses some other strided and kxk ones by a little (their planes copy costs
 // what the products save), which the kernel trial leaves to oneDNN.
 bool f32_tiles_apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                      const std::vector<int64_t>& dilation, int64_t groups) {

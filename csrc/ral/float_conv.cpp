@@ -61,6 +61,13 @@ struct Element<Kind::kF32> {
 template <Kind K>
 using ElementType = typename Element<K>::Type;
 
+// Whether the tiles run on AVX-512 (F, BW and VL), else on AVX2 and FMA (float32 only).
+bool avx512_tiles() {
+  static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
+                                has_cpu_feature("avx512vl");
+  return available;
+}
+
 std::atomic<bool> f32_enabled{true};
 std::atomic<int64_t> bf16_calls{0};
 std::atomic<int64_t> f32_calls{0};
@@ -119,8 +126,15 @@ void store_values(const float* src, float* dst, int64_t n, int64_t pad) {
   std::fill(dst + n, dst + n + pad, 0.0f);
 }
 
-// `channels` float32 values from `src` on, each times its channel's `scale`, at `dst`.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void scale_values(
+// `channels` float32 values from `src` on, each times its channel's `scale`, at `dst`
+// (scale_values: by AVX-512 or AVX2).
+__attribute__((target("avx2"))) void scale_values_avx2(const float* src, float* dst,
+                                                       int64_t channels, const float* scale) {
+  for (int64_t c = 0; c < channels; ++c) {  // vectorised by the compiler
+    dst[c] = src[c] * scale[c];
+  }
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void scale_values_avx512(
     const float* src, float* dst, int64_t channels, const float* scale) {
   for (int64_t c = 0; c < channels; c += 16) {
     const __mmask16 mask = lanes_left(channels - c);
@@ -129,6 +143,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void scale_values(
                                         _mm512_maskz_loadu_ps(mask, scale + c)));
   }
 }
+void scale_values(const float* src, float* dst, int64_t channels, const float* scale) {
+  if (avx512_tiles()) {
+    scale_values_avx512(src, dst, channels, scale);
+  } else {
+    scale_values_avx2(src, dst, channels, scale);
+  }
+}
+
 // `rows` rows of `channels` float32 values from `src` on, each times its channel's
 // `scale` (null: as they are), stored as the kind's elements at `dst` (bfloat16: rounded).
 template <typename T>
@@ -306,29 +328,166 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
     store_tile<false>(acc, offset, masks, pixels, added, relu, out, out_channels, column);
   }
 }
+
+// The first `left` of an AVX2 vector's 8 lanes, as the mask _mm256_maskload_ps and
+// _mm256_maskstore_ps take (each lane's top bit).
+__attribute__((target("avx2"), always_inline)) inline __m256i lanes8(int64_t left) {
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(
+      _mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(left, 0, 8))), index);
+}
+
+// The products of a 16-channel slice of a block's weight rows (`weights`, `ldb` apart)
+// added to kRows x 2 sums, over every tap group: kFetch fetches the rows kFetchSteps
+// ahead, kFetchNext asks for the next block's lines as conv_tile does. The slices' loops
+// apart: one that tested which to do kept a row's address on the stack.
+template <int kRows, bool kFetch, bool kFetchNext>
+__attribute__((target("avx2,fma"), always_inline)) inline void slice_sums(
+    __m256 (&acc)[kRows][2], const float* const (&x)[kRows], const std::vector<TapGroup>& taps,
+    const float* weights, int64_t ldb, NextBlock& fetch) {
+  for (const TapGroup& group : taps) {
+    const float* row = weights + group.weight_row * ldb;
+    const float* at[kRows];
+#pragma GCC unroll 12
+    for (int r = 0; r < kRows; ++r) {
+      at[r] = x[r] + group.offset;
+    }
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < group.depth; ++k, row += ldb) {
+      if constexpr (kFetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(row + kFetchSteps * ldb), _MM_HINT_T1);
+      }
+      if constexpr (kFetchNext) {
+        if (fetch.line < fetch.end && --fetch.wait <= 0) {
+          _mm_prefetch(fetch.line, _MM_HINT_T1);
+          fetch.line += 64;
+          fetch.wait = fetch.every;
+        }
+      }
+      const __m256 w0 = _mm256_loadu_ps(row);
+      const __m256 w1 = _mm256_loadu_ps(row + 8);
+#pragma GCC unroll 12
+      for (int r = 0; r < kRows; ++r) {
+        const __m256 step = _mm256_broadcast_ss(at[r] + k);
+        acc[r][0] = _mm256_fmadd_ps(step, w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(step, w1, acc[r][1]);
+      }
+    }
+  }
+}
+
+// conv_tile on a CPU with AVX2 and FMA but no AVX-512 (float32, the weight rows read
+// whole): kRows output pixels by the block's `width` channels, 16 at a time (12 sums, two
+// weight vectors and the broadcast step fill the 16 registers), each slice of 16 channels
+// over every tap group while the tile's input rows stay in L1; then the same end.
+template <int kRows, bool kFetch = false>
+__attribute__((target("avx2,fma"))) void conv_tile_avx2(
+    const float* image, int64_t base, int64_t depth, const std::vector<TapGroup>& taps,
+    const uint32_t* b, int64_t ldb, RowWalk& walk, int64_t width, int64_t out_channels,
+    int64_t column, const TileEnd& end, float* out, NextBlock& next) {
+  int64_t pixels[kRows];
+  const float* x[kRows];
+  RowWalk rows = walk;
+#pragma GCC unroll 12
+  for (int r = 0; r < kRows; ++r) {
+    pixels[r] = rows.next();
+    x[r] = image + (rows.plane_row - base) * depth;
+  }
+  walk = rows;
+  // In locals: the stores below may alias `end` and `next`.
+  const float* const bias = end.bias;
+  const float* const added = end.added;
+  const bool relu = end.relu;
+  const bool accumulate = end.accumulate;
+  NextBlock fetch = next;
+  const auto* weights = reinterpret_cast<const float*>(b);
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t c = 0; c < width; c += 16) {
+    const __m256i masks[2] = {lanes8(width - c), lanes8(width - c - 8)};
+    const bool whole = width - c >= 16;
+    __m256 acc[kRows][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < kRows; ++r) {
+      for (int v = 0; v < 2; ++v) {
+        acc[r][v] = accumulate ? _mm256_maskload_ps(
+                                     out + pixels[r] * out_channels + column + c + 8 * v,
+                                     masks[v])
+                               : zero;
+      }
+    }
+    if (c == 0 && !kFetch) {
+      slice_sums<kRows, false, true>(acc, x, taps, weights, ldb, fetch);
+    } else {
+      slice_sums<kRows, kFetch, false>(acc, x, taps, weights + c, ldb, fetch);
+    }
+    __m256 offset[2];
+    for (int v = 0; v < 2; ++v) {
+      offset[v] = bias != nullptr ? _mm256_maskload_ps(bias + column + c + 8 * v, masks[v])
+                                  : zero;
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < kRows; ++r) {
+      float* at = out + pixels[r] * out_channels + column + c;
+      for (int v = 0; v < 2; ++v) {
+        __m256 value = _mm256_add_ps(acc[r][v], offset[v]);
+        if (added != nullptr) {  // (conv + bias) + added, as eager rounds it
+          value = _mm256_add_ps(
+              value, _mm256_maskload_ps(added + pixels[r] * out_channels + column + c + 8 * v,
+                                        masks[v]));
+        }
+        if (relu) {
+          value = _mm256_max_ps(zero, value);  // the second operand where either is NaN
+        }
+        if (whole) {
+          _mm256_storeu_ps(at + 8 * v, value);
+        } else {
+          _mm256_maskstore_ps(at + 8 * v, masks[v], value);
+        }
+      }
+    }
+  }
+  next.line = fetch.line;
+  next.wait = fetch.wait;
+}
 #pragma GCC diagnostic pop
 
+// One tile: conv_tile, or with kAvx2 its AVX2 form (float32; kVecs unused).
+template <Kind K, int kRows, int kVecs, bool kMaskB, bool kAvx2, bool kFetch = false>
+inline void one_tile(const ElementType<K>* image, int64_t base, int64_t depth,
+                     const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb,
+                     RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
+                     const TileEnd& end, float* out, NextBlock& next) {
+  if constexpr (kAvx2) {
+    conv_tile_avx2<kRows, kFetch>(image, base, depth, taps, b, ldb, walk, width, out_channels,
+                                  column, end, out, next);
+  } else {
+    conv_tile<K, kRows, kVecs, kMaskB, kFetch>(image, base, depth, taps, b, ldb, walk, width,
+                                               out_channels, column, end, out, next);
+  }
+}
+
 // The tile of `left` < kRows rows (the last of a block), by kVecs vectors.
-template <Kind K, int kVecs, int kRows, bool kMaskB>
+template <Kind K, int kVecs, int kRows, bool kMaskB, bool kAvx2>
 void tail_tile(int64_t left, const ElementType<K>* image, int64_t base, int64_t depth,
                const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
                int64_t width, int64_t out_channels, int64_t column, const TileEnd& end,
                float* out, NextBlock& next) {
   if constexpr (kRows > 0) {
     if (left == kRows) {
-      conv_tile<K, kRows, kVecs, kMaskB>(image, base, depth, taps, b, ldb, walk, width,
-                                         out_channels, column, end, out, next);
+      one_tile<K, kRows, kVecs, kMaskB, kAvx2>(image, base, depth, taps, b, ldb, walk, width,
+                                               out_channels, column, end, out, next);
       return;
     }
-    tail_tile<K, kVecs, kRows - 1, kMaskB>(left, image, base, depth, taps, b, ldb, walk,
-                                           width, out_channels, column, end, out, next);
+    tail_tile<K, kVecs, kRows - 1, kMaskB, kAvx2>(left, image, base, depth, taps, b, ldb,
+                                                  walk, width, out_channels, column, end, out,
+                                                  next);
   }
 }
 
 // `rows` output pixels from `walk`'s on by kVecs vectors of one block of output channels,
-// in tiles of kRows (about 24 sums in registers, which the products' latency needs) and a
-// shorter last one.
-template <Kind K, int kVecs, int kRows, bool kMaskB>
+// in tiles of kRows (about 24 sums in registers, which the products' latency needs; AVX2's
+// 12) and a shorter last one.
+template <Kind K, int kVecs, int kRows, bool kMaskB, bool kAvx2 = false>
 void tiles_of(const ElementType<K>* image, int64_t base, int64_t rows, int64_t depth,
               const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
               int64_t width, int64_t out_channels, int64_t column, const TileEnd& end,
@@ -336,16 +495,18 @@ void tiles_of(const ElementType<K>* image, int64_t base, int64_t rows, int64_t d
   next.spread_over(rows / kRows - 1, taps, Element<K>::kStep);
   int64_t r = 0;
   if (kRows <= rows) {  // the first tile reads the block's weight from memory: fetched ahead
-    conv_tile<K, kRows, kVecs, kMaskB, true>(image, base, depth, taps, b, ldb, walk, width,
-                                             out_channels, column, end, out, next);
+    one_tile<K, kRows, kVecs, kMaskB, kAvx2, true>(image, base, depth, taps, b, ldb, walk,
+                                                   width, out_channels, column, end, out,
+                                                   next);
     r = kRows;
   }
   for (; r + kRows <= rows; r += kRows) {
-    conv_tile<K, kRows, kVecs, kMaskB>(image, base, depth, taps, b, ldb, walk, width,
-                                       out_channels, column, end, out, next);
+    one_tile<K, kRows, kVecs, kMaskB, kAvx2>(image, base, depth, taps, b, ldb, walk, width,
+                                             out_channels, column, end, out, next);
   }
-  tail_tile<K, kVecs, kRows - 1, kMaskB>(rows - r, image, base, depth, taps, b, ldb, walk,
-                                         width, out_channels, column, end, out, next);
+  tail_tile<K, kVecs, kRows - 1, kMaskB, kAvx2>(rows - r, image, base, depth, taps, b, ldb,
+                                                walk, width, out_channels, column, end, out,
+                                                next);
 }
 
 // `rows` output pixels from `walk`'s on by one block of output channels, its `width` real
@@ -355,6 +516,13 @@ void tile_rows(const ElementType<K>* image, int64_t base, int64_t rows, int64_t 
                const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk walk,
                int64_t width, int64_t out_channels, int64_t column, const TileEnd& end,
                float* out, NextBlock next = {}) {
+  if constexpr (K == Kind::kF32 && !kMaskB) {
+    if (!avx512_tiles()) {
+      tiles_of<K, 2, kTileRows, false, true>(image, base, rows, depth, taps, b, ldb, walk,
+                                             width, out_channels, column, end, out, next);
+      return;
+    }
+  }
   switch ((width + 15) / 16) {
     case 1:
       tiles_of<K, 1, 12, kMaskB>(image, base, rows, depth, taps, b, ldb, walk, width,
@@ -525,7 +693,7 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   const bool relu = activation == ConvActivation::kRelu;
   const bool pass = activation_pass(activation);  // SiLU or hardswish after the sums
   TORCH_CHECK(K == Kind::kBf16 ? bf16_conv_available() : f32_conv_available(), what,
-              ": this CPU lacks ", K == Kind::kBf16 ? "AVX512-BF16" : "AVX512-F/BW/VL");
+              ": this CPU lacks ", K == Kind::kBf16 ? "AVX512-BF16" : "AVX2 and FMA");
   TORCH_CHECK(packed.scalar_type() == (K == Kind::kBf16 ? at::kShort : at::kFloat), what,
               ": the packed weight is ", packed.scalar_type(), ", not ",
               K == Kind::kBf16 ? "bfloat16 bits" : "float32");
@@ -736,14 +904,14 @@ int64_t f32_conv_calls() { return f32_calls.load(std::memory_order_relaxed); }
 int64_t depth_sliced_conv_calls() { return sliced_calls.load(std::memory_order_relaxed); }
 
 bool bf16_conv_available() {
-  static const bool available = f32_conv_available() && has_cpu_feature("avx512_bf16") &&
+  static const bool available = avx512_tiles() && has_cpu_feature("avx512_bf16") &&
                                 !has_cpu_feature("amx_bf16");
   return available;
 }
 
 bool f32_conv_available() {
-  static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
-                                has_cpu_feature("avx512vl");
+  static const bool available =
+      avx512_tiles() || (has_cpu_feature("avx2") && has_cpu_feature("fma"));
   return available;
 }
 

@@ -23,7 +23,8 @@ namespace blade::ral {
 // Whether the bfloat16 kernel runs here: AVX512-BF16 (with AVX512-BW/VL), and no
 // AMX-BF16, whose tiles make oneDNN's kernel the faster.
 bool bf16_conv_available();
-// Whether the float32 kernel runs here: AVX512-F/BW/VL.
+// Whether the float32 kernel runs here: AVX512-F/BW/VL, or AVX2 and FMA (its tiles of
+// 6 pixels by 16 channels).
 bool f32_conv_available();
 // Tests turn the float32 kernel off (false) so that an engine's float32 convolutions try
 // Winograd's, MKL's or none against oneDNN's, as on a CPU without AVX-512, and back on.

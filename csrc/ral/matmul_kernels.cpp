@@ -1,8 +1,8 @@
 // The matmul library calls (blade_ral_matmul_*, ral_kernels.h). A GEMM by one of the
 // engine's weights takes one of four paths: oneDNN's 1x1 convolution over its rows by the
 // weight's reordered copy, MKL's sgemm on the weight as it is, for a few rows
-// few_rows_gemm, or for more rows of a linear layer on AVX-512 Blade's float32 tiles
-// (whichever the engine's kernel trials find faster), bfloat16 for a bf16
+// few_rows_gemm, or for more rows of a linear layer Blade's float32 tiles (AVX-512 or
+// AVX2; whichever the engine's kernel trials find faster), bfloat16 for a bf16
 // engine, or, where oneDNN has no copy for the rows, blocked_gemm on AVX-512 CPUs or MKL's
 // packed GEMM; anything else is ATen's matmul.
 #include "ral/matmul_kernels.h"
@@ -131,9 +131,9 @@ bool bf16_matmul(PreparedWeights* prepared, const at::Tensor& lhs, int64_t rows,
 }
 
 // Whether Blade's float32 tiles (float_conv.h, the rows as a 1 x rows image convolved by
-// the weight as a 1x1 filter) are the alternative to oneDNN's kernel: on AVX-512, for more
-// rows than few_rows_gemm streams, a linear layer's [N, K] weight (a view of it is the
-// filter) and dense rows.
+// the weight as a 1x1 filter) are the alternative to oneDNN's kernel: on AVX-512 or AVX2
+// with FMA, for more rows than few_rows_gemm streams, a linear layer's [N, K] weight (a
+// view of it is the filter) and dense rows.
 bool f32_tiles_take(const at::Tensor& weight, bool transposed, int64_t rows, int64_t lda,
                     int64_t ldc, const at::Tensor& lhs, const at::Tensor& result) {
   return rows > kFewRows && transposed && f32_conv_available() && f32_conv_enabled() &&

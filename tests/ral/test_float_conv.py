@@ -1,7 +1,8 @@
 """Blade's own float convolutions (csrc/ral/float_conv.*): in bfloat16, as a bf16 engine runs
 it on a CPU with AVX512-BF16 and no AMX (the float32 input rounded to bfloat16 into
 stride-phase planes, bf16 pair products summed in float32), and in float32, as any engine's
-float32 path tries it on an AVX-512 CPU; register tiles, bias and ReLU in the registers,
+float32 path tries it on an AVX-512 CPU or one with AVX2 and FMA; register tiles, bias and
+ReLU in the registers,
 SiLU over each task's block after them.
 Compared with a float64 convolution of the same (rounded) operands, which leaves only
 float32 summation order between them."""
@@ -15,7 +16,7 @@ from helpers import assert_ran_compiled
 needs_kernel = pytest.mark.skipif(not _C.bf16_conv_available(),
                                   reason="the kernel runs on AVX512-BF16 CPUs without AMX")
 needs_f32_kernel = pytest.mark.skipif(not _C.f32_conv_available(),
-                                      reason="the float32 kernel runs on AVX-512 CPUs")
+                                      reason="the float32 kernel needs AVX2 and FMA")
 
 # Each kind: its availability, the op, its call count, and how it rounds its operands.
 KINDS = {
@@ -261,6 +262,24 @@ def test_convolution_keeps_nan_and_infinities(kind):
         finite = want.isfinite()
         assert float((got.double() - want)[finite].abs().max()) < \
             1e-5 * float(want[finite].abs().max())
+
+
+@needs_f32_kernel
+def test_silu_and_hardswish_match_torch_over_their_whole_range():
+    """The float32 kernel's SiLU and hardswish (AVX-512's or AVX2's, over each task's block
+    after the tiles) of values from -120 to 100, through an identity 1x1 convolution, with
+    row tails of every length: within 2 float32 ulps of torch's (SiLU: -0 for a tiny value
+    below -80)."""
+    eye = torch.eye(24).view(24, 24, 1, 1)
+    x = torch.linspace(-120.0, 100.0, 24 * 7 * 13).view(1, 24, 7, 13)
+    for channels in (24, 17, 9, 3):  # vector tails of the activation's rows
+        part, weight = x[:, :channels].contiguous(), eye[:channels, :channels].contiguous()
+        got = _C.f32_conv2d(part, weight, None, [1, 1], [0, 0], False, silu=True)
+        torch.testing.assert_close(got, torch.nn.functional.silu(part), rtol=2.5e-7,
+                                   atol=1e-30)
+        got = _C.f32_conv2d(part, weight, None, [1, 1], [0, 0], False, hardswish=True)
+        torch.testing.assert_close(got, torch.nn.functional.hardswish(part), rtol=2.5e-7,
+                                   atol=0)
 
 
 @pytest.mark.parametrize("name", list(KINDS))
