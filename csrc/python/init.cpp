@@ -433,6 +433,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("settled_result_counts", &ral::settled_result_counts,
         "(placed, copied): results of ops offered the engine's buffer (convolutions, int8 "
         "kernel calls) in this process that they made there, and that were copied into it.");
+  m.def("depthwise_conv_available", &ral::depthwise_conv_available,
+        "Whether the runtime's own float32 depthwise convolution runs here (AVX-512, or AVX2 "
+        "and FMA).");
   m.def(
       "depthwise_conv2d",
       [](const at::Tensor& x, const at::Tensor& filters, const std::optional<at::Tensor>& bias,
@@ -475,7 +478,8 @@ PYBIND11_MODULE(_C, m) {
                             b.defined() ? b.data_ptr<float>() : nullptr,
                             ral::depthwise_post_op(activation_of(relu, silu, hardswish)),
                             y.data_ptr<float>(), oh, ow),
-                    "depthwise_conv2d: does not run here (AVX-512) or for a ", kh, "x", kw,
+                    "depthwise_conv2d: does not run here (AVX-512, or AVX2 and FMA) or for a ",
+                    kh, "x", kw,
                     " filter");
         return y;
       },

@@ -319,6 +319,176 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
 
 #pragma GCC diagnostic pop
 
+// The AVX2 form of float32 data's kernel (no AVX-512): 8 channels a vector, the filters in
+// a local array (their multiply-adds read them from L1: 3x3's nine vectors and eight sums
+// would not fit the 16 registers with the columns), 8 pixels of a row at a time at stride
+// 1 or 2 without dilation, each input column of their window loaded once for every tap
+// that reads it, a tap outside the image reading zeros; other strides, dilations and the
+// row's last pixels one at a time.
+namespace avx2 {
+
+constexpr int kBlock = 8;
+
+// The channels [ch, ch + 8) of a pixel, those past `left` as zeros.
+template <bool kFull>
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 load8(const float* p,
+                                                                      __m256i mask) {
+  return kFull ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask);
+}
+
+// An output row's task: its input rows under each filter row (row_in: inside the image).
+template <int KH>
+struct Row {
+  const float* line[KH];
+  bool row_in[KH];
+};
+
+// kBlock pixels from input column ix0 on at stride SW: their KH x KW taps' sums from
+// `start`, rows outside the image skipped; kGuard: some columns lie outside and read the
+// zeros at `pad`.
+template <int KH, int KW, int SW, bool kGuard, bool kFull>
+__attribute__((target("avx2,fma"), always_inline)) inline void slide(
+    const Row<KH>& t, const Geometry& g, int64_t ix0, const __m256* f, __m256 start,
+    const float* pad, __m256i mask, __m256* sums) {
+  constexpr int kColumns = (kBlock - 1) * SW + KW;
+#pragma GCC unroll 8
+  for (int p = 0; p < kBlock; ++p) {
+    sums[p] = start;
+  }
+#pragma GCC unroll 5
+  for (int i = 0; i < KH; ++i) {
+    if (!t.row_in[i]) {
+      continue;
+    }
+    int64_t offset = ix0 * g.c;
+#pragma GCC unroll 40
+    for (int k = 0; k < kColumns; ++k) {
+      const float* at = t.line[i] + offset;
+      if constexpr (kGuard) {
+        at = static_cast<uint64_t>(ix0 + k) < static_cast<uint64_t>(g.w) ? at : pad;
+      }
+      offset += g.c;
+      const __m256 column = load8<kFull>(at, mask);
+#pragma GCC unroll 8
+      for (int p = 0; p < kBlock; ++p) {
+        const int j = k - p * SW;
+        if (j >= 0 && j < KW) {
+          sums[p] = _mm256_fmadd_ps(column, f[i * KW + j], sums[p]);
+        }
+      }
+    }
+  }
+}
+
+// A pixel's sum finished: the post-op (ReLU keeps NaN), stored at pixel ox of the row.
+template <bool kFull>
+__attribute__((target("avx2,fma"), always_inline)) inline void finish(__m256 sum,
+                                                                      DepthwisePostOp post_op,
+                                                                      float* at, __m256i mask) {
+  const __m256 zero = _mm256_setzero_ps();
+  if (post_op == DepthwisePostOp::kRelu) {
+    sum = _mm256_max_ps(zero, sum);
+  } else if (post_op == DepthwisePostOp::kHardswish) {
+    const __m256 gate = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(sum, _mm256_set1_ps(3.0f)),
+                                                    zero),
+                                      _mm256_set1_ps(6.0f));
+    sum = _mm256_mul_ps(sum, _mm256_mul_ps(gate, _mm256_set1_ps(1.0f / 6.0f)));
+  }
+  if constexpr (kFull) {
+    _mm256_storeu_ps(at, sum);
+  } else {
+    _mm256_maskstore_ps(at, mask, sum);
+  }
+}
+
+// Output rows [oy_begin, oy_end) of image b for the channels [ch, ch + 8).
+template <int KH, int KW, bool kFull>
+__attribute__((target("avx2,fma"))) void row_block(const float* x, const float* filters,
+                                                   const Finish& e, float* y,
+                                                   const Geometry& geometry, int64_t b,
+                                                   int64_t oy_begin, int64_t oy_end,
+                                                   int64_t ch) {
+  const Geometry g = geometry;
+  const __m256i mask = _mm256_cmpgt_epi32(
+      _mm256_set1_epi32(static_cast<int>(std::min<int64_t>(8, g.c - ch))),
+      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256 f[KH * KW];
+#pragma GCC unroll 25
+  for (int k = 0; k < KH * KW; ++k) {
+    f[k] = load8<kFull>(filters + k * g.c + ch, mask);
+  }
+  const __m256 bias = e.bias != nullptr ? load8<kFull>(e.bias + ch, mask) : _mm256_setzero_ps();
+  alignas(32) static constexpr float kZeros[8] = {};
+  const float* image = x + b * g.h * g.w * g.c + ch;
+  const bool slides = g.dw == 1 && (g.sw == 1 || g.sw == 2);
+  for (int64_t oy = oy_begin; oy < oy_end; ++oy) {
+    Row<KH> t;
+    for (int i = 0; i < KH; ++i) {
+      const int64_t iy = oy * g.sh - g.ph + i * g.dh;
+      t.row_in[i] = iy >= 0 && iy < g.h;
+      t.line[i] = image + (t.row_in[i] ? iy : 0) * g.w * g.c;
+    }
+    float* out = y + (b * g.oh + oy) * g.ow * g.c + ch;
+    // Blocks of kBlock pixels, the last one's pixels past the row summed from the zeros
+    // and dropped.
+    for (int64_t ox = 0; slides && ox < g.ow; ox += kBlock) {
+      const int64_t ix0 = ox * g.sw - g.pw;
+      const bool guard = ix0 < 0 || ix0 + (kBlock - 1) * g.sw + KW > g.w;
+      __m256 sums[kBlock];
+      if (g.sw == 1 && guard) {
+        slide<KH, KW, 1, true, kFull>(t, g, ix0, f, bias, kZeros, mask, sums);
+      } else if (g.sw == 1) {
+        slide<KH, KW, 1, false, kFull>(t, g, ix0, f, bias, kZeros, mask, sums);
+      } else if (guard) {
+        slide<KH, KW, 2, true, kFull>(t, g, ix0, f, bias, kZeros, mask, sums);
+      } else {
+        slide<KH, KW, 2, false, kFull>(t, g, ix0, f, bias, kZeros, mask, sums);
+      }
+      const int64_t keep = std::min<int64_t>(kBlock, g.ow - ox);
+#pragma GCC unroll 8
+      for (int p = 0; p < kBlock; ++p) {
+        if (p < keep) {
+          finish<kFull>(sums[p], e.post_op, out + (ox + p) * g.c, mask);
+        }
+      }
+    }
+    // Other strides and dilations one pixel at a time, a chain of multiply-adds per
+    // filter row.
+    for (int64_t ox = 0; !slides && ox < g.ow; ++ox) {
+      __m256 part[KH];
+#pragma GCC unroll 5
+      for (int i = 0; i < KH; ++i) {
+        part[i] = i == 0 ? bias : _mm256_setzero_ps();
+#pragma GCC unroll 5
+        for (int j = 0; j < KW; ++j) {
+          const int64_t ix = ox * g.sw - g.pw + j * g.dw;
+          const bool inside = t.row_in[i] && ix >= 0 && ix < g.w;
+          part[i] = _mm256_fmadd_ps(load8<kFull>(inside ? t.line[i] + ix * g.c : kZeros, mask),
+                                    f[i * KW + j], part[i]);
+        }
+      }
+      __m256 sum = part[0];
+#pragma GCC unroll 5
+      for (int i = 1; i < KH; ++i) {
+        sum = _mm256_add_ps(sum, part[i]);
+      }
+      finish<kFull>(sum, e.post_op, out + ox * g.c, mask);
+    }
+    if (e.post_op == DepthwisePostOp::kSilu) {
+      activation_rows(ConvActivation::kSilu, out, g.ow, std::min<int64_t>(8, g.c - ch), g.c);
+    }
+  }
+}
+
+}  // namespace avx2
+
+// Whether the float32 kernel runs its AVX-512 form (else AVX2's).
+bool depthwise_in_avx512() {
+  static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
+                                has_cpu_feature("avx512vl");
+  return available;
+}
+
 template <int KH, int KW, typename In>
 void convolve(const In* x, int64_t n, const float* filters, const Finish& e, float* y,
               const Geometry& g) {
@@ -328,7 +498,9 @@ void convolve(const In* x, int64_t n, const float* filters, const Finish& e, flo
   // split among the threads as the layer before mostly wrote them (reading the half of each
   // row another core wrote cost more than the sums).
   constexpr int64_t kTaskPixels = 256;
-  const int64_t blocks = (g.c + 15) / 16;
+  const bool avx512 = depthwise_in_avx512();
+  const int64_t lanes = avx512 ? 16 : 8;
+  const int64_t blocks = (g.c + lanes - 1) / lanes;
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t most = std::clamp<int64_t>((kTaskPixels + g.ow - 1) / g.ow, 1, g.oh);
   const int64_t bands = std::min(
@@ -341,7 +513,14 @@ void convolve(const In* x, int64_t n, const float* filters, const Finish& e, flo
       const int64_t b = band / bands;
       const int64_t oy = band % bands * g.oh / bands;  // bands as even as they go
       const int64_t oy_end = (band % bands + 1) * g.oh / bands;
-      const int64_t ch = block * 16;
+      const int64_t ch = block * lanes;
+      if constexpr (std::is_same_v<In, float>) {
+        if (!avx512) {
+          (ch + 8 <= g.c ? avx2::row_block<KH, KW, true> : avx2::row_block<KH, KW, false>)(
+              x, filters, e, y, g, b, oy, oy_end, ch);
+          continue;
+        }
+      }
       const __mmask16 mask = lanes_left(g.c - ch);
       if (mask == 0xffff) {
         row_block<KH, KW, true>(x, filters, e, y, g, b, oy, oy_end, ch, mask);
@@ -355,7 +534,9 @@ void convolve(const In* x, int64_t n, const float* filters, const Finish& e, flo
 template <typename In>
 bool run(const In* x, int64_t n, int64_t kh, int64_t kw, const float* filters,
          const Finish& e, float* y, const Geometry& g) {
-  if (!depthwise_conv_available() || !depthwise_conv_takes(kh, kw) || n <= 0 || g.h <= 0 ||
+  const bool available =
+      std::is_same_v<In, float> ? depthwise_conv_available() : depthwise_uint8_available();
+  if (!available || !depthwise_conv_takes(kh, kw) || n <= 0 || g.h <= 0 ||
       g.w <= 0 || g.c <= 0 || g.oh <= 0 || g.ow <= 0 || g.sh <= 0 || g.sw <= 0 ||
       g.dh <= 0 || g.dw <= 0 || g.ph < 0 || g.pw < 0) {
     return false;
@@ -371,10 +552,12 @@ bool run(const In* x, int64_t n, int64_t kh, int64_t kw, const float* filters,
 }  // namespace
 
 bool depthwise_conv_available() {
-  static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
-                                has_cpu_feature("avx512vl");
+  static const bool available =
+      depthwise_in_avx512() || (has_cpu_feature("avx2") && has_cpu_feature("fma"));
   return available;
 }
+
+bool depthwise_uint8_available() { return depthwise_in_avx512(); }
 
 bool depthwise_conv_takes(int64_t kh, int64_t kw) {
   return (kh == 3 && kw == 3) || (kh == 5 && kw == 5);

@@ -1,6 +1,7 @@
 // Depthwise 3x3 and 5x5 convolutions of NHWC float32 data (MobileNet's and EfficientNet's),
 // each channel by its own filter, bias and ReLU fused: a channel block's filter stays in
-// vector registers while the block's band of output rows is made. A kernel trial times it
+// vector registers (AVX2: in L1) while the block's band of output rows is made. A kernel
+// trial times it
 // against oneDNN's depthwise convolution, whose call costs more around such a small
 // convolution than the convolution itself.
 #pragma once
@@ -29,8 +30,10 @@ inline DepthwisePostOp depthwise_post_op(ConvActivation activation) {
   }
 }
 
-// Whether depthwise_conv2d runs here (AVX-512 F, BW and VL).
+// Whether depthwise_conv2d runs here (AVX-512 F, BW and VL; or AVX2 and FMA, 8 channels a
+// vector), and depthwise_conv2d_uint8 (AVX-512 only).
 bool depthwise_conv_available();
+bool depthwise_uint8_available();
 
 // Whether depthwise_conv2d takes a kernel of kh x kw (3x3 and 5x5).
 bool depthwise_conv_takes(int64_t kh, int64_t kw);

@@ -738,7 +738,7 @@ bool depthwise_takes(const ConvCall& call, const at::Tensor& weight, at::IntArra
   return int8_conv_enabled() && groups > 1 && groups == call.image.size(1) &&
          weight.size(0) == groups &&
          weight.size(1) == 1 && dilation[0] == 1 && dilation[1] == 1 &&
-         depthwise_conv_available() && depthwise_conv_takes(weight.size(2), weight.size(3));
+         depthwise_uint8_available() && depthwise_conv_takes(weight.size(2), weight.size(3));
 }
 
 // The depthwise convolution by Blade's kernel on the uint8 input, in float32 with the

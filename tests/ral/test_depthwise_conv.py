@@ -1,14 +1,14 @@
 """Blade's depthwise convolution (csrc/ral/depthwise_conv.*) called directly: every
 geometry an engine may hand it (3x3 and 5x5 filters, strides, dilations, paddings, images
-smaller than the filter's reach, channel counts off the 16-lane blocks) against a float64
+smaller than the filter's reach, channel counts off the 16- or 8-lane blocks) against a float64
 convolution of the same operands, and the bias, ReLU, SiLU and NaN handling."""
 import pytest
 import torch
 
 from blade import _C
 
-pytestmark = pytest.mark.skipif(not _C.blocked_gemm_available(),
-                                reason="the kernel runs on AVX-512 CPUs")
+pytestmark = pytest.mark.skipif(not _C.depthwise_conv_available(),
+                                reason="the kernel runs on AVX-512 CPUs or AVX2 ones with FMA")
 F = torch.nn.functional
 
 
