@@ -1,9 +1,8 @@
 // Depthwise 3x3 and 5x5 convolutions of NHWC float32 data (MobileNet's and EfficientNet's),
 // each channel by its own filter, bias and ReLU fused: a channel block's filter stays in
 // vector registers (AVX2: in L1) while the block's band of output rows is made. A kernel
-// trial times it
-// against oneDNN's depthwise convolution, whose call costs more around such a small
-// convolution than the convolution itself.
+// trial times it against oneDNN's depthwise convolution, whose call costs more around such
+// a small convolution than the convolution itself.
 #pragma once
 
 #include "ral/conv_activation.h"
