@@ -339,8 +339,8 @@ __attribute__((target("avx2"), always_inline)) inline __m256i lanes8(int64_t lef
 
 // The products of a 16-channel slice of a block's weight rows (`weights`, `ldb` apart)
 // added to kRows x 2 sums, over every tap group: kFetch fetches the rows kFetchSteps
-// ahead, kFetchNext asks for the next block's lines as conv_tile does. The slices' loops
-// apart: one that tested which to do kept a row's address on the stack.
+// ahead, kFetchNext asks for the next block's (or streamed slice's) lines as conv_tile
+// does.
 template <int kRows, bool kFetch, bool kFetchNext>
 __attribute__((target("avx2,fma"), always_inline)) inline void slice_sums(
     __m256 (&acc)[kRows][2], const float* const (&x)[kRows], const std::vector<TapGroup>& taps,
@@ -415,11 +415,7 @@ __attribute__((target("avx2,fma"))) void conv_tile_avx2(
                                : zero;
       }
     }
-    if (c == 0 && !kFetch) {
-      slice_sums<kRows, false, true>(acc, x, taps, weights, ldb, fetch);
-    } else {
-      slice_sums<kRows, kFetch, false>(acc, x, taps, weights + c, ldb, fetch);
-    }
+    slice_sums<kRows, kFetch, !kFetch>(acc, x, taps, weights + c, ldb, fetch);
     __m256 offset[2];
     for (int v = 0; v < 2; ++v) {
       offset[v] = bias != nullptr ? _mm256_maskload_ps(bias + column + c + 8 * v, masks[v])
@@ -492,7 +488,9 @@ void tiles_of(const ElementType<K>* image, int64_t base, int64_t rows, int64_t d
               const std::vector<TapGroup>& taps, const uint32_t* b, int64_t ldb, RowWalk& walk,
               int64_t width, int64_t out_channels, int64_t column, const TileEnd& end,
               float* out, NextBlock next) {
-  next.spread_over(rows / kRows - 1, taps, Element<K>::kStep);
+  // (An AVX2 tile asks for the next lines in each of its passes over 16 channels.)
+  next.spread_over((rows / kRows - 1) * (kAvx2 ? (width + 15) / 16 : 1), taps,
+                   Element<K>::kStep);
   int64_t r = 0;
   if (kRows <= rows) {  // the first tile reads the block's weight from memory: fetched ahead
     one_tile<K, kRows, kVecs, kMaskB, kAvx2, true>(image, base, depth, taps, b, ldb, walk,
@@ -866,9 +864,19 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
     };
     if (streamed) {
       for (int64_t task = begin; task < end; ++task) {
-        for (const std::vector<TapGroup>& part : task_slices) {
-          const TapGroup& group = part.front();
-          run(task, group.weight_row, group.weight_row + group.depth, part, {});
+        const char* block_weights =
+            reinterpret_cast<const char*>(weights + work.at(task).block * block_words);
+        for (size_t i = 0; i < task_slices.size(); ++i) {
+          const TapGroup& group = task_slices[i].front();
+          // On AVX2 the tiles after the first ask for the next slice's weight rows: the
+          // first tile's passes over 16 channels each read from memory otherwise.
+          NextBlock next;
+          if (!avx512_tiles() && i + 1 < task_slices.size()) {
+            const TapGroup& following = task_slices[i + 1].front();
+            next.line = block_weights + rows_bytes(following.weight_row);
+            next.end = next.line + rows_bytes(following.depth);
+          }
+          run(task, group.weight_row, group.weight_row + group.depth, task_slices[i], next);
         }
       }
       return;
