@@ -323,8 +323,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void row_block(
 // a local array (their multiply-adds read them from L1: 3x3's nine vectors and eight sums
 // would not fit the 16 registers with the columns), 8 pixels of a row at a time at stride
 // 1 or 2 without dilation, each input column of their window loaded once for every tap
-// that reads it, a tap outside the image reading zeros; other strides, dilations and the
-// row's last pixels one at a time.
+// that reads it, a tap outside the image reading zeros (a row's last block sums pixels
+// past its end so and drops them); other strides and dilations one pixel at a time.
 namespace avx2 {
 
 constexpr int kBlock = 8;

@@ -102,6 +102,15 @@ std::map<OutsideKey, OutsidePack> outside_packs;
 // Entries kept before the ones of freed weights are dropped.
 constexpr size_t kOutsidePacksSwept = 64;
 
+// `pack` run with this thread's offered buffer withdrawn (offered_buffers.h): a pack is
+// never the result, and oneDNN's packing allocates raw memory, which fails on an offered
+// buffer of its size. (On VNNI CPUs Blade's kernel usually ran first and took the offer; on
+// AVX2 oneDNN's is the only one.)
+at::Tensor unoffered(const std::function<at::Tensor()>& pack) {
+  const SuspendedOffer suspended;
+  return pack();
+}
+
 at::Tensor outside_pack(const at::Tensor& weight, const std::vector<int64_t>& key,
                         const std::function<at::Tensor()>& pack) {
   c10::StorageImpl* storage = weight.storage().unsafeGetStorageImpl();
@@ -122,7 +131,7 @@ at::Tensor outside_pack(const at::Tensor& weight, const std::vector<int64_t>& ke
   }
   OutsidePack entry{c10::weak_intrusive_ptr<c10::StorageImpl>(
                         weight.storage().getWeakStorageImpl()),
-                    version, pack()};
+                    version, unoffered(pack)};
   return outside_packs.insert_or_assign(entry_key, std::move(entry)).first->second.packed;
 }
 
@@ -131,7 +140,7 @@ at::Tensor outside_pack(const at::Tensor& weight, const std::vector<int64_t>& ke
 at::Tensor packed_weight(const at::Tensor& weight, const std::vector<int64_t>& key,
                          const std::function<at::Tensor()>& pack) {
   if (PreparedWeights* prepared = active_prepared_weights()) {
-    at::Tensor packed = prepared->int8_weight(weight, key, pack);
+    at::Tensor packed = prepared->int8_weight(weight, key, [&] { return unoffered(pack); });
     if (packed.defined()) {
       return packed;
     }
@@ -153,10 +162,6 @@ at::Tensor zero_points(int64_t n) {
 }
 
 at::Tensor pack_linear(const at::Tensor& weight) {
-  // oneDNN's packing allocates raw memory, which fails on an offered buffer of its size
-  // (offered_buffers.h): the offer waits for the result. (On VNNI CPUs Blade's kernel
-  // usually ran first and took it; on AVX2 oneDNN's is the only one.)
-  const SuspendedOffer suspended;
   static const auto prepack = onednn_op("onednn::qlinear_prepack");
   torch::jit::Stack stack{weight.contiguous(), c10::IValue()};
   prepack.callBoxed(stack);
@@ -233,12 +238,14 @@ const char* int8_features_needed() { return "avx512_vnni, avx_vnni, amx_int8 or 
 namespace {
 
 // Whether every value of the int8 tensor lies within [-limit, limit].
-bool within(const at::Tensor& values, int64_t limit) {
+// The largest magnitude of int8 `values` (0 when there are none).
+int64_t largest_magnitude(const at::Tensor& values) {
   if (values.numel() == 0) {
-    return true;
+    return 0;
   }
   const auto [low, high] = at::aminmax(values);
-  return low.item<int8_t>() >= -limit && high.item<int8_t>() <= limit;
+  return std::max(-static_cast<int64_t>(low.item<int8_t>()),
+                  static_cast<int64_t>(high.item<int8_t>()));
 }
 
 }  // namespace
@@ -253,8 +260,7 @@ bool int8_kernels_take(const at::Tensor& weight) {
     return true;  // checked when its engine was loaded
   }
   const at::Tensor fits = outside_pack(weight, {kWeightRangeKey, limit}, [&] {
-    const SuspendedOffer suspended;  // the small tensors made here are not the result
-    return at::scalar_tensor(within(weight, limit), at::kBool);
+    return at::scalar_tensor(largest_magnitude(weight) <= limit, at::kBool);
   });
   return fits.item<bool>();
 }
@@ -264,10 +270,10 @@ int64_t int8_float_path_calls() { return in_float_calls.load(std::memory_order_r
 std::pair<int64_t, int64_t> int8_params_exceeding(const std::vector<at::Tensor>& params) {
   const int64_t limit = int8_weight_limit();
   for (size_t i = 0; i < params.size(); ++i) {
-    if (params[i].scalar_type() == at::kChar && !within(params[i], limit)) {
-      const auto [low, high] = at::aminmax(params[i]);
-      const int64_t worst = std::max(-static_cast<int64_t>(low.item<int8_t>()),
-                                     static_cast<int64_t>(high.item<int8_t>()));
+    if (params[i].scalar_type() != at::kChar) {
+      continue;
+    }
+    if (const int64_t worst = largest_magnitude(params[i]); worst > limit) {
       return {static_cast<int64_t>(i), worst};
     }
   }
@@ -614,9 +620,6 @@ at::Tensor packed_conv_weight(const ConvCall& call, const at::Tensor& weight,
   }
   key.insert(key.end(), {groups, bits_of(call.scale), call.zero_point});
   return packed_weight(weight, key, [&] {
-    // oneDNN's packing allocates raw memory, which fails on an offered buffer of its size
-    // (offered_buffers.h): the offer waits for the result.
-    const SuspendedOffer suspended;
     static const auto prepack = onednn_op("onednn::qconv_prepack");
     torch::jit::Stack stack{weight.contiguous(), weight_scale.contiguous(), call.scale,
                             call.zero_point, stride.vec(), padding.vec(), dilation.vec(),
