@@ -379,7 +379,7 @@ PYBIND11_MODULE(_C, m) {
         "and FMA).");
   m.def("set_f32_conv_enabled", &ral::set_f32_conv_enabled, py::arg("enabled"),
         "False makes float32 engines try Winograd's, MKL's or no kernel against oneDNN's "
-        "convolution, as without AVX-512 (tests).");
+        "convolution, as on a CPU without AVX2 (tests).");
   m.def("set_winograd_4x4", &ral::set_winograd_4x4, py::arg("enabled"),
         "False keeps Winograd's convolutions F(2x2, 3x3) (blade.set_winograd_4x4).");
   m.def("winograd_4x4_enabled", &ral::winograd_4x4_enabled,
@@ -479,8 +479,7 @@ PYBIND11_MODULE(_C, m) {
                             ral::depthwise_post_op(activation_of(relu, silu, hardswish)),
                             y.data_ptr<float>(), oh, ow),
                     "depthwise_conv2d: does not run here (AVX-512, or AVX2 and FMA) or for a ",
-                    kh, "x", kw,
-                    " filter");
+                    kh, "x", kw, " filter");
         return y;
       },
       py::arg("x"), py::arg("filters"), py::arg("bias"), py::arg("stride"), py::arg("padding"),

@@ -17,6 +17,13 @@ namespace {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+// The constants of both forms (silu16, silu8): the clamp, log2 e, ln 2's two parts, and
+// P's coefficients from the highest degree's down.
+constexpr float kSiluLow = -80.0f, kSiluHigh = 87.3f, kLog2e = 1.44269504f;
+constexpr float kLn2High = 0.693359375f, kLn2Low = -2.12194440e-4f;
+constexpr float kExpPoly[] = {-1.9875691500e-4f, 1.3981999507e-3f, -8.3334519073e-3f,
+                              4.1665795894e-2f,  -1.6666665459e-1f, 5.0000001201e-1f};
+
 // x * sigmoid(x) of 16 values: exp(-x) = 2^n e^r, n = round(-x log2 e), computed as e^-u
 // with u = x + n ln 2 (Cody-Waite: ln 2 in two parts), |u| <= ln2 / 2, e^-u = 1 - u + u^2
 // P(-u) (P's odd coefficients negated). x is clamped to [-80, 87.3] so that 2^n e^r and
@@ -24,17 +31,16 @@ namespace {
 // (the result -0, NaN for -inf, as x * 0). About 22 vector operations.
 __attribute__((target("avx512f"), always_inline)) inline __m512 silu16(__m512 x) {
   const __m512 c =
-      _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(87.3f)), _mm512_set1_ps(-80.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(-1.44269504f)),
+      _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(kSiluHigh)), _mm512_set1_ps(kSiluLow));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(-kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 u = _mm512_fmadd_ps(n, _mm512_set1_ps(0.693359375f), c);
-  u = _mm512_fmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), u);
-  __m512 p = _mm512_set1_ps(-1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(-8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(-1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 u = _mm512_fmadd_ps(n, _mm512_set1_ps(kLn2High), c);
+  u = _mm512_fmadd_ps(n, _mm512_set1_ps(kLn2Low), u);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+#pragma GCC unroll 5
+  for (int i = 1; i < 6; ++i) {
+    p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(kExpPoly[i]));
+  }
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 e = _mm512_scalef_ps(
       _mm512_fmadd_ps(_mm512_mul_ps(u, u), p, _mm512_sub_ps(one, u)), n);
@@ -43,7 +49,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 silu16(__m512 x)
   // One Newton step: s = s0 (2 - d s0).
   const __m512 sigmoid = _mm512_mul_ps(
       estimate, _mm512_fnmadd_ps(d, estimate, _mm512_set1_ps(2.0f)));
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-80.0f), _CMP_LT_OQ);
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kSiluLow), _CMP_LT_OQ);
   return _mm512_mul_ps(x, _mm512_mask_mov_ps(sigmoid, tiny, _mm512_setzero_ps()));
 }
 
@@ -59,24 +65,23 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 hardswish16(__m5
 // (n is within [-126, 116] after the clamp) and the reciprocal divided.
 __attribute__((target("avx2,fma"), always_inline)) inline __m256 silu8(__m256 x) {
   const __m256 c =
-      _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(87.3f)), _mm256_set1_ps(-80.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(-1.44269504f)),
+      _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(kSiluHigh)), _mm256_set1_ps(kSiluLow));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(-kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 u = _mm256_fmadd_ps(n, _mm256_set1_ps(0.693359375f), c);
-  u = _mm256_fmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), u);
-  __m256 p = _mm256_set1_ps(-1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(-8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(-1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 u = _mm256_fmadd_ps(n, _mm256_set1_ps(kLn2High), c);
+  u = _mm256_fmadd_ps(n, _mm256_set1_ps(kLn2Low), u);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+#pragma GCC unroll 5
+  for (int i = 1; i < 6; ++i) {
+    p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(kExpPoly[i]));
+  }
   const __m256 one = _mm256_set1_ps(1.0f);
   const __m256 power = _mm256_castsi256_ps(_mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   const __m256 e =
       _mm256_mul_ps(_mm256_fmadd_ps(_mm256_mul_ps(u, u), p, _mm256_sub_ps(one, u)), power);
   const __m256 sigmoid = _mm256_div_ps(one, _mm256_add_ps(e, one));
-  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-80.0f), _CMP_LT_OQ);
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(kSiluLow), _CMP_LT_OQ);
   return _mm256_mul_ps(x, _mm256_blendv_ps(sigmoid, _mm256_setzero_ps(), tiny));
 }
 

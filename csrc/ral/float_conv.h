@@ -27,7 +27,7 @@ bool bf16_conv_available();
 // 6 pixels by 16 channels).
 bool f32_conv_available();
 // Tests turn the float32 kernel off (false) so that an engine's float32 convolutions try
-// Winograd's, MKL's or none against oneDNN's, as on a CPU without AVX-512, and back on.
+// Winograd's, MKL's or none against oneDNN's, as on a CPU without AVX2, and back on.
 void set_f32_conv_enabled(bool enabled);
 bool f32_conv_enabled();
 // How many convolutions each has run in this process (tests: that it ran).

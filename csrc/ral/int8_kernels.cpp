@@ -237,7 +237,6 @@ const char* int8_features_needed() { return "avx512_vnni, avx_vnni, amx_int8 or 
 
 namespace {
 
-// Whether every value of the int8 tensor lies within [-limit, limit].
 // The largest magnitude of int8 `values` (0 when there are none).
 int64_t largest_magnitude(const at::Tensor& values) {
   if (values.numel() == 0) {

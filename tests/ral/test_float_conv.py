@@ -2,8 +2,7 @@
 it on a CPU with AVX512-BF16 and no AMX (the float32 input rounded to bfloat16 into
 stride-phase planes, bf16 pair products summed in float32), and in float32, as any engine's
 float32 path tries it on an AVX-512 CPU or one with AVX2 and FMA; register tiles, bias and
-ReLU in the registers,
-SiLU over each task's block after them.
+ReLU in the registers, SiLU over each task's block after them.
 Compared with a float64 convolution of the same (rounded) operands, which leaves only
 float32 summation order between them."""
 import pytest
