@@ -85,14 +85,6 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 silu8(__m256 x)
   return _mm256_mul_ps(x, _mm256_blendv_ps(sigmoid, _mm256_setzero_ps(), tiny));
 }
 
-// hardswish16 of 8 values.
-__attribute__((target("avx2"), always_inline)) inline __m256 hardswish8(__m256 x) {
-  const __m256 gate = _mm256_min_ps(
-      _mm256_max_ps(_mm256_add_ps(x, _mm256_set1_ps(3.0f)), _mm256_setzero_ps()),
-      _mm256_set1_ps(6.0f));
-  return _mm256_mul_ps(x, _mm256_mul_ps(gate, _mm256_set1_ps(1.0f / 6.0f)));
-}
-
 // f over `rows` rows of `width` values, row r at data + r * stride.
 template <__m512 (*f)(__m512)>
 __attribute__((target("avx512f"))) void rows_avx512(float* data, int64_t rows, int64_t width,
@@ -114,8 +106,7 @@ template <__m256 (*f)(__m256)>
 __attribute__((target("avx2,fma"))) void rows_avx2(float* data, int64_t rows, int64_t width,
                                                   int64_t stride) {
   const int64_t whole = width / 8 * 8;
-  const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(width - whole)),
-                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i tail = lanes8(width - whole);
   for (int64_t r = 0; r < rows; ++r) {
     float* row = data + r * stride;
     for (int64_t j = 0; j < whole; j += 8) {

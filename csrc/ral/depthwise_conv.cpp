@@ -389,10 +389,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void finish(__m256 sum
   if (post_op == DepthwisePostOp::kRelu) {
     sum = _mm256_max_ps(zero, sum);
   } else if (post_op == DepthwisePostOp::kHardswish) {
-    const __m256 gate = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(sum, _mm256_set1_ps(3.0f)),
-                                                    zero),
-                                      _mm256_set1_ps(6.0f));
-    sum = _mm256_mul_ps(sum, _mm256_mul_ps(gate, _mm256_set1_ps(1.0f / 6.0f)));
+    sum = hardswish8(sum);
   }
   if constexpr (kFull) {
     _mm256_storeu_ps(at, sum);
@@ -409,9 +406,7 @@ __attribute__((target("avx2,fma"))) void row_block(const float* x, const float* 
                                                    int64_t oy_begin, int64_t oy_end,
                                                    int64_t ch) {
   const Geometry g = geometry;
-  const __m256i mask = _mm256_cmpgt_epi32(
-      _mm256_set1_epi32(static_cast<int>(std::min<int64_t>(8, g.c - ch))),
-      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i mask = lanes8(g.c - ch);
   __m256 f[KH * KW];
 #pragma GCC unroll 25
   for (int k = 0; k < KH * KW; ++k) {

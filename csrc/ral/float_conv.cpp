@@ -329,14 +329,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
   }
 }
 
-// The first `left` of an AVX2 vector's 8 lanes, as the mask _mm256_maskload_ps and
-// _mm256_maskstore_ps take (each lane's top bit).
-__attribute__((target("avx2"), always_inline)) inline __m256i lanes8(int64_t left) {
-  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(
-      _mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(left, 0, 8))), index);
-}
-
 // The products of a 16-channel slice of a block's weight rows (`weights`, `ldb` apart)
 // added to kRows x 2 sums, over every tap group: kFetch fetches the rows kFetchSteps
 // ahead, kFetchNext asks for the next block's (or streamed slice's) lines as conv_tile
