@@ -847,7 +847,7 @@ def test_int8_convolutions_run_compiled_close_to_eager():
     report = assert_ran_compiled(optimized)
     assert report.coverage == 1.0, str(report)
     # The depthwise layer is int8 where Blade's depthwise kernel runs (AVX-512), else float.
-    expected = {"conv1", "conv2"} | ({"depthwise"} if _C.int8_conv_available() else set())
+    expected = {"conv1", "conv2"} | ({"depthwise"} if _C.int8_depthwise_available() else set())
     assert set(report.int8["layers"]) >= expected, str(report)
     engine = getattr(optimized, report.clusters[0].name)
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
@@ -1085,7 +1085,10 @@ def test_saved_int8_model_runs_in_a_fresh_process(tmp_path, cpu, kind):
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     if cpu == "with" or (cpu == "without_dot_product" and not HAS_DOT_PRODUCT):
         assert lines["compiled"] == "True", result.stdout
-        assert float(lines["maxdiff"]) < 1e-5, result.stdout
+        # The loaded engine's kernel trials may run oneDNN's kernel on the call where this
+        # process ran Blade's: the two GELUs may round an activation to neighbouring steps
+        # (seen: 1 of 8192, 9.4e-4 at the output), else they agree.
+        assert float(lines["maxdiff"]) < 2e-3, result.stdout
     else:
         # Refused at load with the reason; the fallback runs the same int8 math in float32.
         assert lines["compiled"] == "False", result.stdout

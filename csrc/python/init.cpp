@@ -289,7 +289,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_call_profile", &ral::reset_call_profile, "Forgets the times taken so far.");
   m.def("int8_conv_available", &ral::int8_conv_available,
         "Whether int8 convolutions run the runtime's own kernel here (its register tiles "
-        "on AVX-512 VNNI, or oneDNN's u8 x s8 microkernel on VNNI or AMX-INT8).");
+        "on AVX-512 VNNI or, for weights within 64, AVX2, or oneDNN's u8 x s8 microkernel "
+        "on VNNI or AMX-INT8).");
+  m.def("int8_depthwise_available", &ral::depthwise_uint8_available,
+        "Whether int8 depthwise convolutions run the runtime's own kernel here (AVX-512).");
   m.def("int8_conv_tiles_run", &ral::int8_conv_tiles_run,
         "Whether that kernel multiplies in its own register tiles (else oneDNN's "
         "microkernel).");

@@ -5,6 +5,7 @@
 #include "ral/conv_planes.h"
 #include "ral/cpu_features.h"
 #include "ral/int8_epilogue.h"
+#include "ral/int8_kernels.h"
 #include "ral/lane_masks.h"
 
 #include <ATen/Parallel.h>
@@ -361,20 +362,214 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
   }
 }
 
+// Blade's tiles on a CPU with AVX2 but no VNNI (int8_weight_limit() 64): each group of 4
+// depth units multiplied by vpmaddubsw (pairs of u8 x s8 products summed into int16, which
+// a weight of magnitude 64 or less never saturates: 2 x 255 x 64 < 2^15), vpmaddwd by ones
+// (pairs of those into int32) and an add. A tile is kRows rows by 16 channels (12 sums,
+// the broadcast input, a product and the ones fill the registers; the weight is read as
+// the products' memory operands), a block of 64 channels in four passes while the tile's
+// input rows stay in L1; each pass finishes its 16 channels as register_tile does.
+template <int kRows>
+__attribute__((target("avx2"), always_inline)) inline void pair_step(
+    __m256i (&acc)[kRows][2], const uint8_t* const (&x)[kRows], int64_t offset,
+    const int8_t* w, __m256i ones) {
+  const auto* b = reinterpret_cast<const __m256i*>(w);
+#pragma GCC unroll 12
+  for (int r = 0; r < kRows; ++r) {
+    int32_t quad;
+    std::memcpy(&quad, x[r] + offset, sizeof quad);
+    const __m256i step = _mm256_set1_epi32(quad);
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; ++v) {
+      // The weight as the instruction's memory operand: held in registers (GCC hoists the
+      // intrinsic's load out of the rows), it left 17 live vectors and spilled a sum.
+      __m256i pairs;
+      asm("vpmaddubsw %1, %2, %0" : "=x"(pairs) : "m"(b[v]), "x"(step));
+      acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(pairs, ones));
+    }
+  }
+}
+
+// 8 bytes of a tensor added (the first `count`), widened to float32.
+__attribute__((target("avx2"), always_inline)) inline __m256 added_bytes8(const uint8_t* at,
+                                                                        int64_t count) {
+  int64_t bytes = 0;
+  std::memcpy(&bytes, at, static_cast<size_t>(std::clamp<int64_t>(count, 0, 8)));
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes)));
+}
+
+template <int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
+__attribute__((target("avx2,fma"))) void pair_sum_tile(
+    const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
+    int64_t fetch_ahead, bool fetch_weights, NextBlock& next, RowWalk& walk, int64_t width,
+    int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
+  int64_t pixels[kRows];
+  const uint8_t* x[kRows];
+  RowWalk rows = walk;
+#pragma GCC unroll 12
+  for (int r = 0; r < kRows; ++r) {
+    pixels[r] = rows.next();
+    x[r] = image + rows.plane_row * depth;
+    const int64_t ahead = std::min(pixels[r] + kRows, rows.last) * out_channels + column;
+    if constexpr (kAddU8) {
+      _mm_prefetch(reinterpret_cast<const char*>(e.add_u8 + ahead), _MM_HINT_T0);
+    }
+    if constexpr (kOutU8) {
+      _mm_prefetch(reinterpret_cast<const char*>(e.out_u8 + ahead), _MM_HINT_T0);
+    }
+  }
+  walk = rows;
+  if (fetch_ahead > 0) {  // as register_tile's
+#pragma GCC unroll 12
+    for (int r = 0; r < kRows; ++r) {
+      for (int64_t line = 0; line < depth; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(x[r] + fetch_ahead + line), _MM_HINT_T1);
+      }
+    }
+  }
+  // In locals: the stores below may alias `next` and `terms`.
+  const char* next_line = next.line;
+  const char* const next_end = next.end;
+  const int64_t next_every = next.every;
+  int64_t next_wait = next.wait;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 add_factor = _mm256_set1_ps(terms.add_factor);
+  const __m256 out_scale = _mm256_set1_ps(terms.out_scale);
+  const __m256 out_zero = _mm256_set1_ps(terms.out_zero);
+  const __m256 low = _mm256_set1_ps(terms.low);
+  const bool shared_zero = e.input_zero_point != 0;
+  const bool relu = e.relu;
+  for (int64_t c = 0; c < width; c += 16) {
+    // Pass c / 16: its 64 bytes of each 256-byte depth group of the block's weight.
+    const int8_t* slice = b + 4 * c;
+    __m256i acc[kRows][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < kRows; ++r) {
+      acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    }
+    for (const TapGroup& group : taps) {
+      const int8_t* b_group = slice + group.weight_row * kColumnBlock;
+#pragma GCC unroll 2
+      for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
+        // A block's first tile reads each pass's lines from memory, fetched ahead; the
+        // tiles after it fetch the next block's lines, spread over their passes.
+        if (fetch_weights) {
+          _mm_prefetch(reinterpret_cast<const char*>(
+                           b_group + (k + kWeightAheadSteps * kDepthGroup) * kColumnBlock),
+                       _MM_HINT_T0);
+        } else if (next_line < next_end && --next_wait <= 0) {
+          _mm_prefetch(next_line, _MM_HINT_T1);
+          next_line += 64;
+          next_wait = next_every;
+        }
+        pair_step<kRows>(acc, x, group.offset + k, b_group + k * kColumnBlock, ones);
+      }
+    }
+    // The pass's terms, masked to the block's width.
+    const int64_t left = width - c;
+    const __m256i masks[2] = {lanes8(left), lanes8(left - 8)};
+    const float* multipliers = terms.multiplier.data() + column + c;
+    const float* offsets = terms.offset.data() + column + c;
+    const __m256 multiplier[2] = {_mm256_maskload_ps(multipliers, masks[0]),
+                                  _mm256_maskload_ps(multipliers + 8, masks[1])};
+    const __m256 offset[2] = {_mm256_maskload_ps(offsets, masks[0]),
+                              _mm256_maskload_ps(offsets + 8, masks[1])};
+    if (shared_zero) {
+      const int* corrections = terms.correction.data() + column + c;
+      for (int v = 0; v < 2; ++v) {
+        const __m256i correction = _mm256_maskload_epi32(corrections + 8 * v, masks[v]);
+#pragma GCC unroll 12
+        for (int r = 0; r < kRows; ++r) {
+          acc[r][v] = _mm256_sub_epi32(acc[r][v], correction);
+        }
+      }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t at = pixels[r] * out_channels + column + c;
+      __m256 y[2];
+#pragma GCC unroll 2
+      for (int v = 0; v < 2; ++v) {
+        y[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][v]), multiplier[v], offset[v]);
+        if constexpr (kAddU8) {
+          y[v] = _mm256_fmadd_ps(added_bytes8(e.add_u8 + at + 8 * v, left - 8 * v),
+                                 add_factor, y[v]);
+        }
+        if constexpr (kAddF32) {
+          y[v] = _mm256_fmadd_ps(_mm256_maskload_ps(e.add_f32 + at + 8 * v, masks[v]),
+                                 add_factor, y[v]);
+        }
+        if constexpr (kGelu) {
+          y[v] = gelu_units8(y[v], out_scale, out_zero, *terms.gelu_gate);
+        } else if (terms.activation == Int8Activation::kHardswish) {
+          y[v] = hardswish_units8(y[v], out_scale, out_zero);
+        }
+        if constexpr (!kOutU8) {
+          if (relu) {
+            y[v] = _mm256_max_ps(y[v], zero);
+          }
+          if (left >= 16) {
+            _mm256_storeu_ps(e.out_f32 + at + 8 * v, y[v]);
+          } else {
+            _mm256_maskstore_ps(e.out_f32 + at + 8 * v, masks[v], y[v]);
+          }
+        }
+      }
+      if constexpr (kOutU8) {
+        // Two vectors' int32 steps to 16 bytes in order: the pack interleaves their
+        // 128-bit halves, the permutation puts them back.
+        const __m256i words = _mm256_permute4x64_epi64(
+            _mm256_packs_epi32(uint8_steps8(y[0], low), uint8_steps8(y[1], low)), 0xD8);
+        const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(words),
+                                               _mm256_extracti128_si256(words, 1));
+        if (left >= 16) {
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(e.out_u8 + at), bytes);
+        } else {
+          alignas(16) uint8_t part[16];
+          _mm_store_si128(reinterpret_cast<__m128i*>(part), bytes);
+          std::memcpy(e.out_u8 + at, part, static_cast<size_t>(left));
+        }
+      }
+    }
+  }
+  next.line = next_line;
+  next.wait = next_wait;
+}
+
+// One tile: register_tile, or with kPairs pair_sum_tile (kVecs unused).
+template <int kRows, int kVecs, bool kPairs, bool kAddU8, bool kAddF32, bool kOutU8,
+          bool kGelu>
+inline void one_tile(const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps,
+                     const int8_t* b, int64_t fetch_ahead, bool first, NextBlock& next,
+                     RowWalk& walk, int64_t width, int64_t out_channels, int64_t column,
+                     const Terms& terms, const Int8ConvEpilogue& e) {
+  if constexpr (kPairs) {
+    pair_sum_tile<kRows, kAddU8, kAddF32, kOutU8, kGelu>(image, depth, taps, b, fetch_ahead,
+                                                         first, next, walk, width,
+                                                         out_channels, column, terms, e);
+  } else {
+    register_tile<kRows, kVecs, kAddU8, kAddF32, kOutU8, kGelu>(
+        image, depth, taps, b, fetch_ahead, first, next, walk, width, out_channels, column,
+        terms, e);
+  }
+}
+
 // The tile of `left` < kRows rows (a block's last), by kVecs vectors.
-template <int kVecs, int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
+template <int kVecs, int kRows, bool kPairs, bool kAddU8, bool kAddF32, bool kOutU8,
+          bool kGelu>
 void tail_tile(int64_t left, const uint8_t* image, int64_t depth,
                const std::vector<TapGroup>& taps, const int8_t* b, int64_t fetch_ahead,
                bool first, NextBlock& next, RowWalk& walk, int64_t width, int64_t out_channels,
                int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   if constexpr (kRows > 0) {
     if (left == kRows) {
-      register_tile<kRows, kVecs, kAddU8, kAddF32, kOutU8, kGelu>(
+      one_tile<kRows, kVecs, kPairs, kAddU8, kAddF32, kOutU8, kGelu>(
           image, depth, taps, b, fetch_ahead, first, next, walk, width, out_channels, column,
           terms, e);
       return;
     }
-    tail_tile<kVecs, kRows - 1, kAddU8, kAddF32, kOutU8, kGelu>(
+    tail_tile<kVecs, kRows - 1, kPairs, kAddU8, kAddF32, kOutU8, kGelu>(
         left, image, depth, taps, b, fetch_ahead, first, next, walk, width, out_channels,
         column, terms, e);
   }
@@ -382,19 +577,22 @@ void tail_tile(int64_t left, const uint8_t* image, int64_t depth,
 
 // `rows` output pixels (as `walk` steps in pixels mode, their inputs in `image`'s planes)
 // by kVecs vectors of one block of output channels, in tiles of kRows and a shorter last.
-template <int kVecs, int kRows, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
+template <int kVecs, int kRows, bool kPairs, bool kAddU8, bool kAddF32, bool kOutU8,
+          bool kGelu>
 void tiles_of(const uint8_t* image, int64_t rows, int64_t depth,
               const std::vector<TapGroup>& taps, const int8_t* b, int64_t fetch_ahead,
               NextBlock next, RowWalk& walk, int64_t width, int64_t out_channels,
               int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
-  next.spread_over(rows / kRows - 1, taps, kDepthGroup);
+  // (A pair-sum tile asks for the next lines in each of its passes over 16 channels.)
+  next.spread_over((rows / kRows - 1) * (kPairs ? (width + 15) / 16 : 1), taps,
+                   kDepthGroup);
   int64_t r = 0;
   for (; r + kRows <= rows; r += kRows) {
-    register_tile<kRows, kVecs, kAddU8, kAddF32, kOutU8, kGelu>(
+    one_tile<kRows, kVecs, kPairs, kAddU8, kAddF32, kOutU8, kGelu>(
         image, depth, taps, b, fetch_ahead, r == 0, next, walk, width, out_channels, column,
         terms, e);
   }
-  tail_tile<kVecs, kRows - 1, kAddU8, kAddF32, kOutU8, kGelu>(
+  tail_tile<kVecs, kRows - 1, kPairs, kAddU8, kAddF32, kOutU8, kGelu>(
       rows - r, image, depth, taps, b, fetch_ahead, r == 0, next, walk, width, out_channels,
       column, terms, e);
 }
@@ -409,26 +607,37 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
                const Int8ConvEpilogue& e) {
   switch ((width + 15) / 16) {
     case 1:
-      tiles_of<1, kNarrowTileRows, kAddU8, kAddF32, kOutU8, kGelu>(
+      tiles_of<1, kNarrowTileRows, false, kAddU8, kAddF32, kOutU8, kGelu>(
           image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels, column,
           terms, e);
       break;
     case 2:
-      tiles_of<2, kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(
+      tiles_of<2, kTileRows, false, kAddU8, kAddF32, kOutU8, kGelu>(
           image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels, column,
           terms, e);
       break;
     case 3:
-      tiles_of<3, kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(
+      tiles_of<3, kTileRows, false, kAddU8, kAddF32, kOutU8, kGelu>(
           image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels, column,
           terms, e);
       break;
     default:
-      tiles_of<4, kTileRows, kAddU8, kAddF32, kOutU8, kGelu>(
+      tiles_of<4, kTileRows, false, kAddU8, kAddF32, kOutU8, kGelu>(
           image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels, column,
           terms, e);
       break;
   }
+}
+
+// tile_rows by pair_sum_tile, whose passes cover any width.
+template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
+void pair_tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
+                    const std::vector<TapGroup>& taps, const int8_t* b, int64_t fetch_ahead,
+                    NextBlock next, RowWalk walk, int64_t width, int64_t out_channels,
+                    int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
+  tiles_of<2, kTileRows, true, kAddU8, kAddF32, kOutU8, kGelu>(
+      image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels, column, terms,
+      e);
 }
 #pragma GCC diagnostic pop
 
@@ -441,6 +650,10 @@ struct FinishBlock {
 template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 struct TileRows {
   static constexpr auto run = tile_rows<kAddU8, kAddF32, kOutU8, kGelu>;
+};
+template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
+struct PairTileRows {
+  static constexpr auto run = pair_tile_rows<kAddU8, kAddF32, kOutU8, kGelu>;
 };
 
 template <template <bool, bool, bool, bool> class Kernel>
@@ -582,7 +795,10 @@ int64_t padded_depth(int64_t channels) {
 // phase (a 7 x 7 stem: 196 bytes of depth for 147); unfolded, 147 pad to 148. A filter row
 // (kw * C bytes) moves as one vector.
 bool unfolds(int64_t channels, int64_t kh, int64_t kw) {
-  return kh * kw > 1 && kh <= 64 && channels > 0 && channels < kDepthGroup &&
+  // unfold_block's AVX-512 loads and stores; elsewhere such a filter reads planes.
+  static const bool runs = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
+                           has_cpu_feature("avx512vl");
+  return runs && kh * kw > 1 && kh <= 64 && channels > 0 && channels < kDepthGroup &&
          kw * channels <= 64 &&
          padded_depth(kh * kw * channels) <= kMaxUnfoldedDepth;
 }
@@ -747,13 +963,23 @@ bool microkernel_available() {
   return available;
 }
 
+// Blade's pair-sum tiles (pair_sum_tile): AVX2 and FMA without the VNNI tiles, where
+// int8_weight_limit() keeps weights within what their int16 sums hold (the int8 kernels
+// take no other weight).
+bool pair_tiles_available() {
+  static const bool isa = has_cpu_feature("avx2") && has_cpu_feature("fma");
+  return isa && !tiles_available() && int8_weight_limit() == 64;
+}
+
 }  // namespace
 
-bool int8_conv_available() { return tiles_available() || microkernel_available(); }
+bool int8_conv_available() {
+  return tiles_available() || microkernel_available() || pair_tiles_available();
+}
 
 bool int8_conv_tiles_run() {
   if (!tiles_available()) {
-    return false;
+    return pair_tiles_available();
   }
   // With AMX the microkernel's tiles multiply many times faster than VNNI's vectors; it
   // is probed only where it may be chosen.
@@ -813,6 +1039,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
               "and padding not negative, got ", stride, " and ", padding);
   const bool unfolded = unfolds(channels, kh, kw);
   const bool tiled = int8_conv_tiles_run();
+  const bool pairs = tiled && !tiles_available();
+  TORCH_CHECK(tiled || microkernel_available(), "int8_conv: this CPU runs neither of its ",
+              "ways to multiply (AVX-512 VNNI, AMX-INT8, or AVX2 with weights within 64)");
   // The register tiles read each row at its own position: a strided filter of fewer than 5
   // columns reads the padded image stepping by the stride (ConvPlanes' strided walk), its
   // copy the padding only (row by row), or none; stride-phase planes were copied pixel by
@@ -922,7 +1151,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const std::vector<TapGroup> groups =
       unfolded ? std::vector<TapGroup>{{0, 0, depth}} : planes.tap_groups(depth);
   const auto finish = for_epilogue<FinishBlock>(e);
-  const auto tiles = for_epilogue<TileRows>(e);
+  const auto tiles = pairs ? for_epilogue<PairTileRows>(e) : for_epilogue<TileRows>(e);
   // The tiles' blocks of rows are whole tiles but the last: a short tile (a 2-row one runs
   // 8 dot-product chains, too few to hide their latency) once per image, not per block.
   const ConvTasks work(batch, rows, blocks, kMaxRowBlock, tiled ? kTileRows : 1,

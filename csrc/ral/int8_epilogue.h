@@ -96,6 +96,41 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 gelu_units(
   return _mm512_fmadd_ps(d, gate, zero);
 }
 
+// AVX2 forms of the steps above for Blade's AVX2 int8 tiles (int8_conv.cpp), 8 values at
+// a time, giving the same values bit for bit.
+__attribute__((target("avx2"), always_inline)) inline __m256i uint8_steps8(__m256 v,
+                                                                        __m256 low) {
+  return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, low), _mm256_set1_ps(255.0f)));
+}
+
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 hardswish_units8(
+    __m256 v, __m256 scale, __m256 zero) {
+  const __m256 d = _mm256_sub_ps(v, zero);
+  const __m256 gate = _mm256_min_ps(
+      _mm256_max_ps(_mm256_fmadd_ps(d, scale, _mm256_set1_ps(3.0f)), _mm256_setzero_ps()),
+      _mm256_set1_ps(6.0f));
+  return _mm256_fmadd_ps(d, _mm256_mul_ps(gate, _mm256_set1_ps(1.0f / 6.0f)), zero);
+}
+
+// The segments' coefficients gathered (AVX2 has no two-register permutation).
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 gelu_units8(
+    __m256 v, __m256 scale, __m256 zero, const GateTable& table) {
+  const __m256 d = _mm256_sub_ps(v, zero);
+  const __m256 x = _mm256_mul_ps(d, scale);
+  const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+  const __m256 t = _mm256_min_ps(_mm256_mul_ps(a, _mm256_set1_ps(kGateSegments / kGateEnd)),
+                                 _mm256_set1_ps(kGateSegments - 0.5f));
+  const __m256i segment = _mm256_cvttps_epi32(t);
+  const __m256 f = _mm256_sub_ps(t, _mm256_cvtepi32_ps(segment));
+  __m256 g = _mm256_fmadd_ps(_mm256_i32gather_ps(table.c[3], segment, 4), f,
+                             _mm256_i32gather_ps(table.c[2], segment, 4));
+  g = _mm256_fmadd_ps(g, f, _mm256_i32gather_ps(table.c[1], segment, 4));
+  g = _mm256_fmadd_ps(g, f, _mm256_i32gather_ps(table.c[0], segment, 4));
+  const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 gate = _mm256_blendv_ps(g, _mm256_sub_ps(_mm256_set1_ps(1.0f), g), negative);
+  return _mm256_fmadd_ps(d, gate, zero);
+}
+
 #pragma GCC diagnostic pop
 
 }  // namespace blade::ral

@@ -219,8 +219,8 @@ def squeeze_excited_calibration():
     return [(torch.randn(1, 8, 14, 14),) for _ in range(4)]
 
 
-@pytest.mark.skipif(not _C.int8_conv_available(),
-                    reason="depthwise layers are int8 on Blade's kernels only (AVX-512 VNNI)")
+@pytest.mark.skipif(not _C.int8_depthwise_available(),
+                    reason="depthwise layers are int8 on Blade's kernel only (AVX-512)")
 def test_squeeze_excitation_reads_activated_results_and_projects_rounded_bytes():
     """The depthwise layer's hardswish moves into the layer (its float32 result only the
     activation read); the scaled result, channels-last, is rounded by graph ops and taken

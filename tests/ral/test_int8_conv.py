@@ -10,7 +10,11 @@ from blade import _C
 from helpers import assert_ran_compiled, run_both
 
 needs_kernel = pytest.mark.skipif(not _C.int8_conv_available(),
-                                  reason="this CPU lacks AVX-512 VNNI and AMX-INT8")
+                                  reason="this CPU lacks AVX-512 VNNI, AMX-INT8 and AVX2")
+# The largest weight magnitude the int8 kernels take here (AVX2's pair sums: 64).
+LIMIT = _C.int8_weight_limit() or 127
+needs_depthwise = pytest.mark.skipif(not _C.int8_depthwise_available(),
+                                     reason="this CPU lacks AVX-512 (the int8 depthwise kernel)")
 
 INPUT_RANGE = torch.tensor([0.02, 7.0])    # scale, zero point
 OUTPUT_RANGE = torch.tensor([0.05, 3.0])
@@ -46,7 +50,7 @@ def operands(batch, channels, size, out_channels, kernel, seed):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 256, (batch, size[0], size[1], channels), dtype=torch.uint8,
                       generator=gen)
-    weight = torch.randint(-127, 128, (out_channels, channels, kernel, kernel),
+    weight = torch.randint(-LIMIT, LIMIT + 1, (out_channels, channels, kernel, kernel),
                            dtype=torch.int8, generator=gen)
     scale = torch.rand(out_channels, generator=gen) * 0.01 + 0.001
     bias = torch.randn(out_channels, generator=gen)
@@ -156,7 +160,7 @@ def test_unequal_strides_paddings_and_filters(batch, channels, size, filter_size
     gen = torch.Generator().manual_seed(11)
     x = torch.randint(0, 256, (batch, size[0], size[1], channels), dtype=torch.uint8,
                       generator=gen).view(torch.int8)
-    weight = torch.randint(-127, 128, (40, channels) + filter_size, dtype=torch.int8,
+    weight = torch.randint(-LIMIT, LIMIT + 1, (40, channels) + filter_size, dtype=torch.int8,
                            generator=gen)
     scale = torch.rand(40, generator=gen) * 0.01 + 0.001
     bias = torch.randn(40, generator=gen)
@@ -262,7 +266,7 @@ def test_an_input_of_zero_point_0_matches_the_real_convolution(kernel, out_chann
 def test_what_it_does_not_take_runs_onednns(channels, groups, dilation):
     """Groups, dilation: oneDNN's kernel, still right."""
     x, _, scale, bias = operands(1, channels, (9, 9), 8, 3, 4)
-    weight = torch.randint(-127, 128, (8, channels // groups, 3, 3), dtype=torch.int8)
+    weight = torch.randint(-LIMIT, LIMIT + 1, (8, channels // groups, 3, 3), dtype=torch.int8)
     before = _C.int8_conv_calls()
     got = torch.ops.blade.quantized_conv2d(x, weight, scale, bias, [1, 1], [1, 1],
                                            [dilation] * 2, groups, INPUT_RANGE, None, "none")
@@ -326,7 +330,7 @@ def test_an_int8_engine_times_blades_kernel_against_onednns():
     torch.testing.assert_close(first, onednn, rtol=0, atol=0.05 * want.abs().max())
 
 
-@needs_kernel
+@needs_depthwise
 @pytest.mark.parametrize("batch, channels, size, kernel, stride, padding", [
     (1, 32, (12, 11), 3, 1, 1),   # MobileNet's 3x3, a whole vector of channels twice
     (2, 24, (9, 10), 3, 2, 1),    # stride 2; a partial vector of channels
@@ -412,7 +416,7 @@ def test_hardswish_post_op(kernel, stride, uint8_result, multiply):
             OUTPUT_RANGE if uint8_result else None, "hardswish")
 
 
-@needs_kernel
+@needs_depthwise
 def test_depthwise_filters_follow_their_scales():
     """The depthwise kernel keeps one float copy of an int8 weight per weight; the
     per-channel scales apply after the sums, so the same weight with other scales gives

@@ -8,8 +8,10 @@ import torch
 from blade import _C
 from helpers import assert_int8_linear_result, int8_linear_reference, run_both
 
-needs_vnni = pytest.mark.skipif(not _C.int8_conv_available(),
-                                reason="this CPU lacks AVX-512 VNNI and AMX-INT8")
+needs_kernel = pytest.mark.skipif(not _C.int8_conv_available(),
+                                  reason="this CPU lacks AVX-512 VNNI, AMX-INT8 and AVX2")
+# The largest weight magnitude the int8 kernels take here (AVX2's pair sums: 64).
+LIMIT = _C.int8_weight_limit() or 127
 
 INPUT_RANGE = torch.tensor([0.02, 7.0])    # scale, zero point
 OUTPUT_RANGE = torch.tensor([0.05, 3.0])
@@ -21,7 +23,7 @@ def oneDNN_back_on():
     _C.set_int8_conv_enabled(True)
 
 
-@needs_vnni
+@needs_kernel
 @pytest.mark.parametrize("rows, k, n", [
     (1, 2048, 1000),   # a ResNet's classifier: blocks of 16 columns and a partial one
     (4, 96, 40),       # the most rows it takes
@@ -36,7 +38,7 @@ def test_few_rows_match_the_reference_and_onednn(rows, k, n, uint8_input, uint8_
     gen = torch.Generator().manual_seed(rows * 1000 + k)
     q = torch.randint(0, 256, (rows, k), dtype=torch.uint8, generator=gen)
     real = (q.double() - INPUT_RANGE[1]) * INPUT_RANGE[0]
-    weight = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    weight = torch.randint(-LIMIT, LIMIT + 1, (n, k), dtype=torch.int8, generator=gen)
     scale = torch.rand(n, generator=gen) * 0.01 + 0.001
     bias = torch.randn(n, generator=gen)
     # A float input a third of a step from the values it stands for rounds back to them.

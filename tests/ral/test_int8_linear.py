@@ -12,8 +12,10 @@ from blade import _C
 from helpers import (assert_int8_linear_result, assert_ran_compiled, int8_linear_reference,
                      run_both)
 
-needs_vnni = pytest.mark.skipif(not _C.int8_conv_available(),
-                                reason="this CPU lacks AVX-512 VNNI and AMX-INT8")
+needs_kernel = pytest.mark.skipif(not _C.int8_conv_available(),
+                                reason="this CPU lacks AVX-512 VNNI, AMX-INT8 and AVX2")
+# The largest weight magnitude the int8 kernels take here (AVX2's pair sums: 64).
+LIMIT = _C.int8_weight_limit() or 127
 
 INPUT_RANGE = torch.tensor([0.02, 7.0])    # scale, zero point
 OUTPUT_RANGE = torch.tensor([0.05, 120.0])
@@ -35,7 +37,7 @@ def multiply(request):
     return request.param
 
 
-@needs_vnni
+@needs_kernel
 @pytest.mark.parametrize("rows, k, n", [
     (2, 40, 24),        # few rows, which GELU sends here rather than to the matrix-vector
     (5, 32, 24),        # one row past the matrix-vector product's
@@ -51,7 +53,7 @@ def test_many_rows_match_the_reference_and_onednn(rows, k, n, post_op, uint8_res
     gen = torch.Generator().manual_seed(rows * 1000 + k)
     q = torch.randint(0, 256, (1, rows, k), dtype=torch.uint8, generator=gen)
     real = (q.double() - INPUT_RANGE[1]) * INPUT_RANGE[0]
-    weight = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    weight = torch.randint(-LIMIT, LIMIT + 1, (n, k), dtype=torch.int8, generator=gen)
     # Scales that spread the sums over a few units, where GELU bends.
     scale = (torch.rand(n, generator=gen) + 0.5) * 0.02 / math.sqrt(k)
     bias = torch.randn(n, generator=gen)
@@ -64,7 +66,7 @@ def test_many_rows_match_the_reference_and_onednn(rows, k, n, post_op, uint8_res
     assert_int8_linear_result(mine, onednn, want, OUTPUT_RANGE if uint8_result else None)
 
 
-@needs_vnni
+@needs_kernel
 @pytest.mark.parametrize("post_op", ["gelu", "gelu_tanh"])
 def test_gelu_along_its_whole_curve(post_op, multiply):
     """Every uint8 input of one feature, by 16 channels whose scales spread the sums over
@@ -82,7 +84,7 @@ def test_gelu_along_its_whole_curve(post_op, multiply):
     torch.testing.assert_close(got.double(), want, rtol=0, atol=3e-6)
 
 
-@needs_vnni
+@needs_kernel
 def test_gelu_of_extreme_sums():
     """Sums far past the gate's table give x or 0 (within float32 rounding of x: the gate's
     last cubic stops an ulp short of 1), and NaN comes out of a NaN bias."""
@@ -101,7 +103,7 @@ def test_gelu_of_extreme_sums():
         torch.testing.assert_close(got[:, keep], want, rtol=1e-6, atol=big * 1e-6)
 
 
-@needs_vnni
+@needs_kernel
 def test_an_int8_engine_times_its_linear_layers_against_onednns():
     """In an engine each linear layer of many rows is a kernel trial, Blade's kernel against
     oneDNN's; either way the output is the layer's within int8's error."""

@@ -318,7 +318,7 @@ def _depthwise_on_blades_kernel(node: torch._C.Node, weight: torch.Tensor) -> bo
     return weight.dim() == 4 and weight.shape[1] == 1 and \
         _constant_value(node.inputsAt(6)) == weight.shape[0] and \
         tuple(weight.shape[2:]) in ((3, 3), (5, 5)) and \
-        _constant_value(node.inputsAt(5)) == [1, 1] and _C.int8_conv_available()
+        _constant_value(node.inputsAt(5)) == [1, 1] and _C.int8_depthwise_available()
 
 
 def choose_range(layer: LinearLayer) -> None:
