@@ -751,6 +751,13 @@ bool lines_avx512() {
   return available;
 }
 
+// Whether unfold_block runs here (else unfold_block_avx2).
+bool unfold_avx512() {
+  static const bool available =
+      has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") && has_cpu_feature("avx512vl");
+  return available;
+}
+
 // Whether spread_pixels_avx512 runs here.
 bool few_channels_avx512() {
   static const bool available = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
@@ -795,10 +802,7 @@ int64_t padded_depth(int64_t channels) {
 // phase (a 7 x 7 stem: 196 bytes of depth for 147); unfolded, 147 pad to 148. A filter row
 // (kw * C bytes) moves as one vector.
 bool unfolds(int64_t channels, int64_t kh, int64_t kw) {
-  // unfold_block's AVX-512 loads and stores; elsewhere such a filter reads planes.
-  static const bool runs = has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
-                           has_cpu_feature("avx512vl");
-  return runs && kh * kw > 1 && kh <= 64 && channels > 0 && channels < kDepthGroup &&
+  return kh * kw > 1 && kh <= 64 && channels > 0 && channels < kDepthGroup &&
          kw * channels <= 64 &&
          padded_depth(kh * kw * channels) <= kMaxUnfoldedDepth;
 }
@@ -881,6 +885,77 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void unfold_block(
             _mm512_storeu_si512(to, _mm512_mask_loadu_epi8(zero_row, inside, from));
           }
         }
+      }
+      for (int64_t k = 0; k < tail; ++k) {
+        row[kh * row_bytes + k] = zero_point;
+      }
+    }
+    ow = 0;
+    ++oh;
+  }
+}
+
+// A filter row's 32 bytes (`narrow`) or 64 from `from` to `to` (unfold_block_avx2).
+__attribute__((target("avx2"), always_inline)) inline void put_filter_row_avx2(
+    uint8_t* to, const uint8_t* from, bool narrow) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(to),
+                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from)));
+  if (!narrow) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + 32)));
+  }
+}
+
+// unfold_block on AVX2: a filter row moves as one or two 32-byte vectors where they lie
+// inside the image (else, near its end, and for pixels by an edge, through a 64-byte row
+// of the zero point that its bytes inside the line are copied into).
+__attribute__((target("avx2"))) void unfold_block_avx2(
+    const uint8_t* image, const ConvPlanes& g, int64_t channels, int64_t first, int64_t count,
+    int64_t depth, uint8_t zero_point, uint8_t* out) {
+  const int64_t kh = g.kh, kw = g.kw, sh = g.sh, sw = g.sw, ph = g.ph, pw = g.pw;
+  const int64_t height = g.height, width = g.width, out_w = g.out_w;
+  const int64_t row_bytes = kw * channels, line_bytes = width * channels;
+  const uint8_t* const image_end = image + height * line_bytes;
+  const int64_t tail = depth - kh * row_bytes;
+  const bool narrow = row_bytes <= 32;
+  const int64_t reach = narrow ? 32 : 64;  // the bytes a filter row's move reads and writes
+  const __m256i zero_row = _mm256_set1_epi8(static_cast<char>(zero_point));
+  alignas(32) uint8_t staged[64];
+  int64_t oh = first / out_w, ow = first % out_w;
+  for (int64_t r = 0; r < count;) {
+    const uint8_t* lines[64];
+    for (int64_t i = 0; i < kh; ++i) {
+      const int64_t h = oh * sh - ph + i;
+      lines[i] = h >= 0 && h < height ? image + h * line_bytes : nullptr;
+    }
+    const int64_t end = std::min(count, r + out_w - ow);
+    for (; r < end; ++r, ++ow) {
+      uint8_t* row = out + r * depth;
+      const int64_t left = ow * sw - pw;
+      const int64_t first_byte = left * channels;
+      // The filter row's bytes inside the line: [lo, hi).
+      const int64_t lo = std::max<int64_t>(0, -first_byte);
+      const int64_t hi = std::min(row_bytes, line_bytes - first_byte);
+      const bool inside = lo == 0 && hi == row_bytes;
+      for (int64_t i = 0; i < kh; ++i) {
+        uint8_t* to = row + i * row_bytes;
+        if (lines[i] == nullptr) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), zero_row);
+          if (!narrow) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32), zero_row);
+          }
+          continue;
+        }
+        if (inside && lines[i] + first_byte + reach <= image_end) {
+          put_filter_row_avx2(to, lines[i] + first_byte, narrow);
+          continue;
+        }
+        _mm256_store_si256(reinterpret_cast<__m256i*>(staged), zero_row);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(staged + 32), zero_row);
+        if (hi > lo) {
+          std::memcpy(staged + lo, lines[i] + (first_byte + lo), static_cast<size_t>(hi - lo));
+        }
+        put_filter_row_avx2(to, staged, narrow);
       }
       for (int64_t k = 0; k < tail; ++k) {
         row[kh * row_bytes + k] = zero_point;
@@ -1190,8 +1265,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
                    planes.walk_w);
       if (unfolded) {
         if (image_row != unfolded_block) {
-          unfold_block(input + n * height * width * channels, planes, channels, first, count,
-                       depth, static_cast<uint8_t>(e.input_zero_point), unfolded_rows.data());
+          (unfold_avx512() ? unfold_block : unfold_block_avx2)(
+              input + n * height * width * channels, planes, channels, first, count, depth,
+              static_cast<uint8_t>(e.input_zero_point), unfolded_rows.data());
           unfolded_block = image_row;
         }
         image = unfolded_rows.data();

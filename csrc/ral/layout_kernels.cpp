@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 
 namespace blade::ral {
 namespace {
@@ -156,6 +157,49 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) void quantize_pi
   }
 }
 
+// quantize_pixels_avx512 on AVX2: 8 pixels at a time, each channel's quantized as
+// quantize_one rounds them (no FMA in this target: two roundings), then a 3-channel
+// pixel's 3 bytes picked within each 128-bit lane; a tail of fewer than 8 pixels is
+// quantized one by one.
+__attribute__((target("avx2"))) void quantize_pixels_avx2(const float* src, uint8_t* dst,
+                                                           int64_t c, int64_t hw, int64_t p0,
+                                                           int64_t p1, float inverse,
+                                                           float zero) {
+  const __m256 scale = _mm256_set1_ps(inverse);
+  const __m256 offset = _mm256_set1_ps(zero);
+  const __m256 none = _mm256_setzero_ps();
+  const __m256i pick3 = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1,
+                                         -1, 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1,
+                                         -1, -1);
+  int64_t p = p0;
+  for (; p + 8 <= p1; p += 8) {
+    __m256i word = _mm256_setzero_si256();
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const __m256i q = uint8_steps8(
+          _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(src + ch * hw + p), scale), offset),
+          none);
+      word = _mm256_or_si256(word, _mm256_slli_epi32(q, static_cast<int>(8 * ch)));
+    }
+    uint8_t* to = dst + p * c;
+    if (c == 4) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), word);
+      continue;
+    }
+    alignas(32) uint8_t bytes[32];
+    if (c == 3) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm256_shuffle_epi8(word, pick3));
+      std::memcpy(to, bytes, 12);
+      std::memcpy(to + 12, bytes + 16, 12);
+      continue;
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), word);
+    for (int i = 0; i < 8; ++i) {
+      std::memcpy(to + i * c, bytes + 4 * i, static_cast<size_t>(c));
+    }
+  }
+  quantize_tile(src, dst, c, hw, 0, c, p, p1, inverse, zero);
+}
+
 #pragma GCC diagnostic pop
 
 bool use_avx512() {
@@ -203,14 +247,17 @@ at::Tensor quantize_uint8_channels_last(const at::Tensor& input, double scale,
   static const bool few_channels_avx512 =
       use_avx512() && has_cpu_feature("avx512bw") && has_cpu_feature("avx512vl") &&
       has_cpu_feature("avx512vbmi");
-  if (few_channels_avx512 && c <= 4) {  // an image's: a pixel's channels at once
+  static const bool avx2 = has_cpu_feature("avx2");
+  if ((few_channels_avx512 || avx2) && c <= 4) {  // an image's: a pixel's channels at once
     constexpr int64_t kPixels = 1024;
     const int64_t chunks = (hw + kPixels - 1) / kPixels;
     at::parallel_for(0, n * chunks, 4, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t image = t / chunks, p0 = t % chunks * kPixels;
-        quantize_pixels_avx512(src + image * c * hw, dst + image * c * hw, c, hw, p0,
-                               std::min(hw, p0 + kPixels), inverse, zero);
+        const auto quantize = few_channels_avx512 ? quantize_pixels_avx512
+                                                  : quantize_pixels_avx2;
+        quantize(src + image * c * hw, dst + image * c * hw, c, hw, p0,
+                 std::min(hw, p0 + kPixels), inverse, zero);
       }
     });
     return q;

@@ -205,6 +205,29 @@ def test_float_results_and_float_inputs(kernel, stride, padding, channels, layou
 
 
 @needs_kernel
+@pytest.mark.parametrize("channels", [1, 2, 3, 4])
+def test_an_images_few_channels_round_as_one_value_at_a_time(channels):
+    """A float32 NCHW image of at most 4 channels is quantized a pixel's channels at once
+    (csrc/ral/layout_kernels.cpp): x * (1 / scale) + zero point rounded twice in float32,
+    clamped to [0, 255], ties to even, NaN to 0, as the scalar form. An identity 1x1
+    convolution returns the steps (q - zero point) * scale exactly."""
+    scale, zero_point = 0.25, 7.0
+    gen = torch.Generator().manual_seed(channels)
+    # Ties (k + 0.5 steps), values past both ends, infinities and NaN, over 5 x 7 pixels
+    # (whole groups of 8 pixels and a tail).
+    x = (torch.randint(-20, 260, (1, channels, 5, 7), generator=gen).float() - zero_point +
+         0.5) * scale
+    x.view(-1)[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30])
+    weight = torch.eye(channels, dtype=torch.int8).view(channels, channels, 1, 1)
+    got = torch.ops.blade.quantized_conv2d(
+        x, weight, torch.ones(channels), None, [1, 1], [0, 0], [1, 1], 1,
+        torch.tensor([scale, zero_point]), None, "none")
+    inverse = torch.tensor(1 / scale, dtype=torch.float32)
+    steps = torch.nan_to_num(x * inverse + zero_point, nan=0.0).clamp(0, 255).round()
+    torch.testing.assert_close(got, (steps - zero_point) * scale, rtol=0, atol=0)
+
+
+@needs_kernel
 @pytest.mark.parametrize("added_dtype", [torch.int8, torch.float32])
 @pytest.mark.parametrize("uint8_result", [True, False])
 @pytest.mark.parametrize("kernel", [1, 3])
