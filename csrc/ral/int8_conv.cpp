@@ -440,6 +440,10 @@ __attribute__((target("avx2,fma"))) void pair_sum_tile(
   const __m256 low = _mm256_set1_ps(terms.low);
   const bool shared_zero = e.input_zero_point != 0;
   const bool relu = e.relu;
+  int64_t steps = 0;  // depth steps a pass
+  for (const TapGroup& group : taps) {
+    steps += (group.depth + kDepthGroup - 1) / kDepthGroup;
+  }
   for (int64_t c = 0; c < width; c += 16) {
     // Pass c / 16: its 64 bytes of each 256-byte depth group of the block's weight.
     const int8_t* slice = b + 4 * c;
@@ -448,22 +452,34 @@ __attribute__((target("avx2,fma"))) void pair_sum_tile(
     for (int r = 0; r < kRows; ++r) {
       acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     }
-    for (const TapGroup& group : taps) {
-      const int8_t* b_group = slice + group.weight_row * kColumnBlock;
+    if (fetch_weights) {
+      // A block's first tile reads each pass's lines from memory, fetched ahead.
+      for (const TapGroup& group : taps) {
+        const int8_t* b_group = slice + group.weight_row * kColumnBlock;
 #pragma GCC unroll 2
-      for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
-        // A block's first tile reads each pass's lines from memory, fetched ahead; the
-        // tiles after it fetch the next block's lines, spread over their passes.
-        if (fetch_weights) {
+        for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
           _mm_prefetch(reinterpret_cast<const char*>(
                            b_group + (k + kWeightAheadSteps * kDepthGroup) * kColumnBlock),
                        _MM_HINT_T0);
-        } else if (next_line < next_end && --next_wait <= 0) {
-          _mm_prefetch(next_line, _MM_HINT_T1);
-          next_line += 64;
-          next_wait = next_every;
+          pair_step<kRows>(acc, x, group.offset + k, b_group + k * kColumnBlock, ones);
         }
-        pair_step<kRows>(acc, x, group.offset + k, b_group + k * kColumnBlock, ones);
+      }
+    } else {
+      // The tiles after it ask for the next block's lines, as many a pass as its steps
+      // are due (NextBlock's spread), at its start: asked for step by step, the test and
+      // count in the loop took issue slots from the products.
+      next_wait -= steps;
+      while (next_wait <= 0 && next_line < next_end) {
+        _mm_prefetch(next_line, _MM_HINT_T1);
+        next_line += 64;
+        next_wait += next_every;
+      }
+      for (const TapGroup& group : taps) {
+        const int8_t* b_group = slice + group.weight_row * kColumnBlock;
+#pragma GCC unroll 4
+        for (int64_t k = 0; k < group.depth; k += kDepthGroup) {
+          pair_step<kRows>(acc, x, group.offset + k, b_group + k * kColumnBlock, ones);
+        }
       }
     }
     // The pass's terms, masked to the block's width.
