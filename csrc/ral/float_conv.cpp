@@ -331,12 +331,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void conv_tile(
 
 // The products of a 16-channel slice of a block's weight rows (`weights`, `ldb` apart)
 // added to kRows x 2 sums, over every tap group: kFetch fetches the rows kFetchSteps
-// ahead, kFetchNext asks for the next block's (or streamed slice's) lines as conv_tile
-// does.
-template <int kRows, bool kFetch, bool kFetchNext>
+// ahead.
+template <int kRows, bool kFetch>
 __attribute__((target("avx2,fma"), always_inline)) inline void slice_sums(
     __m256 (&acc)[kRows][2], const float* const (&x)[kRows], const std::vector<TapGroup>& taps,
-    const float* weights, int64_t ldb, NextBlock& fetch) {
+    const float* weights, int64_t ldb) {
   for (const TapGroup& group : taps) {
     const float* row = weights + group.weight_row * ldb;
     const float* at[kRows];
@@ -348,13 +347,6 @@ __attribute__((target("avx2,fma"), always_inline)) inline void slice_sums(
     for (int64_t k = 0; k < group.depth; ++k, row += ldb) {
       if constexpr (kFetch) {
         _mm_prefetch(reinterpret_cast<const char*>(row + kFetchSteps * ldb), _MM_HINT_T1);
-      }
-      if constexpr (kFetchNext) {
-        if (fetch.line < fetch.end && --fetch.wait <= 0) {
-          _mm_prefetch(fetch.line, _MM_HINT_T1);
-          fetch.line += 64;
-          fetch.wait = fetch.every;
-        }
       }
       const __m256 w0 = _mm256_loadu_ps(row);
       const __m256 w1 = _mm256_loadu_ps(row + 8);
@@ -392,6 +384,10 @@ __attribute__((target("avx2,fma"))) void conv_tile_avx2(
   const bool relu = end.relu;
   const bool accumulate = end.accumulate;
   NextBlock fetch = next;
+  int64_t steps = 0;  // depth steps a pass
+  for (const TapGroup& group : taps) {
+    steps += group.depth;
+  }
   const auto* weights = reinterpret_cast<const float*>(b);
   const __m256 zero = _mm256_setzero_ps();
   for (int64_t c = 0; c < width; c += 16) {
@@ -407,7 +403,18 @@ __attribute__((target("avx2,fma"))) void conv_tile_avx2(
                                : zero;
       }
     }
-    slice_sums<kRows, kFetch, !kFetch>(acc, x, taps, weights + c, ldb, fetch);
+    if constexpr (!kFetch) {
+      // The next block's (or streamed slice's) lines due over this pass's steps, asked for
+      // at its start (asked for step by step, the test and count took issue slots from
+      // the products).
+      fetch.wait -= steps;
+      while (fetch.wait <= 0 && fetch.line < fetch.end) {
+        _mm_prefetch(fetch.line, _MM_HINT_T1);
+        fetch.line += 64;
+        fetch.wait += fetch.every;
+      }
+    }
+    slice_sums<kRows, kFetch>(acc, x, taps, weights + c, ldb);
     __m256 offset[2];
     for (int v = 0; v < 2; ++v) {
       offset[v] = bias != nullptr ? _mm256_maskload_ps(bias + column + c + 8 * v, masks[v])
