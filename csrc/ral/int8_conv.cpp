@@ -449,6 +449,17 @@ __attribute__((target("avx2,fma"))) void pair_sum_tile(
   const __m256 low = _mm256_set1_ps(terms.low);
   const bool shared_zero = e.input_zero_point != 0;
   const bool relu = e.relu;
+  // The epilogue's operands in locals: the stores below may alias `e` and `terms`, whose
+  // fields GCC otherwise loads again for every row.
+  const uint8_t* const add_u8 = e.add_u8;
+  const float* const add_f32 = e.add_f32;
+  uint8_t* const out_u8 = e.out_u8;
+  float* const out_f32 = e.out_f32;
+  const bool hardswish = terms.activation == Int8Activation::kHardswish;
+  const GateTable* const gelu_gate = terms.gelu_gate;
+  const float* const all_multipliers = terms.multiplier.data();
+  const float* const all_offsets = terms.offset.data();
+  const int32_t* const all_corrections = terms.correction.data();
   int64_t steps = 0;  // depth steps a pass
   for (const TapGroup& group : taps) {
     steps += (group.depth + kDepthGroup - 1) / kDepthGroup;
@@ -494,14 +505,14 @@ __attribute__((target("avx2,fma"))) void pair_sum_tile(
     // The pass's terms, masked to the block's width.
     const int64_t left = width - c;
     const __m256i masks[2] = {lanes8(left), lanes8(left - 8)};
-    const float* multipliers = terms.multiplier.data() + column + c;
-    const float* offsets = terms.offset.data() + column + c;
+    const float* multipliers = all_multipliers + column + c;
+    const float* offsets = all_offsets + column + c;
     const __m256 multiplier[2] = {_mm256_maskload_ps(multipliers, masks[0]),
                                   _mm256_maskload_ps(multipliers + 8, masks[1])};
     const __m256 offset[2] = {_mm256_maskload_ps(offsets, masks[0]),
                               _mm256_maskload_ps(offsets + 8, masks[1])};
     if (shared_zero) {
-      const int* corrections = terms.correction.data() + column + c;
+      const int* corrections = all_corrections + column + c;
       for (int v = 0; v < 2; ++v) {
         const __m256i correction = _mm256_maskload_epi32(corrections + 8 * v, masks[v]);
 #pragma GCC unroll 12
@@ -518,16 +529,16 @@ __attribute__((target("avx2,fma"))) void pair_sum_tile(
       for (int v = 0; v < 2; ++v) {
         y[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][v]), multiplier[v], offset[v]);
         if constexpr (kAddU8) {
-          y[v] = _mm256_fmadd_ps(added_bytes8(e.add_u8 + at + 8 * v, left - 8 * v),
+          y[v] = _mm256_fmadd_ps(added_bytes8(add_u8 + at + 8 * v, left - 8 * v),
                                  add_factor, y[v]);
         }
         if constexpr (kAddF32) {
-          y[v] = _mm256_fmadd_ps(_mm256_maskload_ps(e.add_f32 + at + 8 * v, masks[v]),
+          y[v] = _mm256_fmadd_ps(_mm256_maskload_ps(add_f32 + at + 8 * v, masks[v]),
                                  add_factor, y[v]);
         }
         if constexpr (kGelu) {
-          y[v] = gelu_units8(y[v], out_scale, out_zero, *terms.gelu_gate);
-        } else if (terms.activation == Int8Activation::kHardswish) {
+          y[v] = gelu_units8(y[v], out_scale, out_zero, *gelu_gate);
+        } else if (hardswish) {
           y[v] = hardswish_units8(y[v], out_scale, out_zero);
         }
         if constexpr (!kOutU8) {
@@ -535,9 +546,9 @@ __attribute__((target("avx2,fma"))) void pair_sum_tile(
             y[v] = _mm256_max_ps(y[v], zero);
           }
           if (left >= 16) {
-            _mm256_storeu_ps(e.out_f32 + at + 8 * v, y[v]);
+            _mm256_storeu_ps(out_f32 + at + 8 * v, y[v]);
           } else {
-            _mm256_maskstore_ps(e.out_f32 + at + 8 * v, masks[v], y[v]);
+            _mm256_maskstore_ps(out_f32 + at + 8 * v, masks[v], y[v]);
           }
         }
       }
@@ -549,11 +560,11 @@ __attribute__((target("avx2,fma"))) void pair_sum_tile(
         const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(words),
                                                _mm256_extracti128_si256(words, 1));
         if (left >= 16) {
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(e.out_u8 + at), bytes);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(out_u8 + at), bytes);
         } else {
           alignas(16) uint8_t part[16];
           _mm_store_si128(reinterpret_cast<__m128i*>(part), bytes);
-          std::memcpy(e.out_u8 + at, part, static_cast<size_t>(left));
+          std::memcpy(out_u8 + at, part, static_cast<size_t>(left));
         }
       }
     }
