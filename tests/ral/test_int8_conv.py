@@ -361,6 +361,8 @@ def test_an_int8_engine_times_blades_kernel_against_onednns():
     (1, 40, (7, 7), 5, 1, 2),     # a 5x5 wider than half the image: every column a border
     (1, 16, (9, 8), 3, 2, 0),     # no padding: every tap inside
     (1, 40, (6, 21), 5, 1, 2),    # rows of 17 inside pixels: two windows of 8 and one
+    (1, 20, (7, 9), 3, 1, 1),     # 20 channels: a partial vector
+    (1, 20, (10, 11), 3, 3, 1),   # stride 3: one pixel at a time, a partial vector
 ])
 @pytest.mark.parametrize("uint8_result", [True, False])
 @pytest.mark.parametrize("float_input", [False, True])
