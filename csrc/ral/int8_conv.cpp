@@ -194,18 +194,19 @@ dot_step(__m512i (&acc)[kRows][kVecs], const uint8_t* const (&x)[kRows], int64_t
   }
 }
 
-template <int kRows, int kVecs, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
-    const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
-    int64_t fetch_ahead, bool fetch_weights, NextBlock& next, RowWalk& walk, int64_t width,
-    int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
-  // The rows' output pixels (walked as output pixels: none dropped) and inputs (their
-  // plane rows in `image`); the lines the next tile adds and writes, asked for early (they
-  // lie in memory by now, the tensor added written long before).
-  int64_t pixels[kRows];
-  const uint8_t* x[kRows];
-  // The walk stepped in a local copy: through the reference, each step's fields went to
-  // memory and back, a chain of stores and loads through every row.
+// A tile's rows, both kinds of tile: their output pixels (walked as output pixels: none
+// dropped) and inputs (their plane rows in `image`); the lines the next tile adds and
+// writes, asked for early (they lie in memory by now, the tensor added written long
+// before). The walk is stepped in a local copy: through the reference, each step's fields
+// went to memory and back, a chain of stores and loads through every row. A streamed
+// input's rows `fetch_ahead` bytes on go into L2: with the hardware's prefetchers alone, a
+// 1x1 layer over a batch's 56 x 56 x 256 bytes stalled on its input on an AMD EPYC
+// (fetched ahead, its time fell by a fifth there; layers whose input stays in cache lost).
+template <int kRows, bool kAddU8, bool kOutU8>
+__attribute__((always_inline)) inline void start_tile(
+    const uint8_t* image, int64_t depth, int64_t fetch_ahead, RowWalk& walk,
+    int64_t out_channels, int64_t column, const Int8ConvEpilogue& e, int64_t (&pixels)[kRows],
+    const uint8_t* (&x)[kRows]) {
   RowWalk rows = walk;
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
@@ -220,10 +221,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
     }
   }
   walk = rows;
-  // A streamed input's rows `fetch_ahead` bytes on, into L2: with the hardware's
-  // prefetchers alone, a 1x1 layer over a batch's 56 x 56 x 256 bytes stalled on its input
-  // on an AMD EPYC (fetched ahead, its time fell by a fifth there; layers whose input stays
-  // in cache lost).
   if (fetch_ahead > 0) {
 #pragma GCC unroll 12
     for (int r = 0; r < kRows; ++r) {
@@ -232,6 +229,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_ti
       }
     }
   }
+}
+
+template <int kRows, int kVecs, bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void register_tile(
+    const uint8_t* image, int64_t depth, const std::vector<TapGroup>& taps, const int8_t* b,
+    int64_t fetch_ahead, bool fetch_weights, NextBlock& next, RowWalk& walk, int64_t width,
+    int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
+  int64_t pixels[kRows];
+  const uint8_t* x[kRows];
+  start_tile<kRows, kAddU8, kOutU8>(image, depth, fetch_ahead, walk, out_channels, column, e,
+                                    pixels, x);
   __m512i acc[kRows][kVecs];
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
@@ -414,28 +422,8 @@ __attribute__((target("avx2,fma"))) void pair_sum_tile(
     int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
   int64_t pixels[kRows];
   const uint8_t* x[kRows];
-  RowWalk rows = walk;
-#pragma GCC unroll 12
-  for (int r = 0; r < kRows; ++r) {
-    pixels[r] = rows.next();
-    x[r] = image + rows.plane_row * depth;
-    const int64_t ahead = std::min(pixels[r] + kRows, rows.last) * out_channels + column;
-    if constexpr (kAddU8) {
-      _mm_prefetch(reinterpret_cast<const char*>(e.add_u8 + ahead), _MM_HINT_T0);
-    }
-    if constexpr (kOutU8) {
-      _mm_prefetch(reinterpret_cast<const char*>(e.out_u8 + ahead), _MM_HINT_T0);
-    }
-  }
-  walk = rows;
-  if (fetch_ahead > 0) {  // as register_tile's
-#pragma GCC unroll 12
-    for (int r = 0; r < kRows; ++r) {
-      for (int64_t line = 0; line < depth; line += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(x[r] + fetch_ahead + line), _MM_HINT_T1);
-      }
-    }
-  }
+  start_tile<kRows, kAddU8, kOutU8>(image, depth, fetch_ahead, walk, out_channels, column, e,
+                                    pixels, x);
   // In locals: the stores below may alias `next` and `terms`.
   const char* next_line = next.line;
   const char* const next_end = next.end;
