@@ -13,7 +13,9 @@
 // Two ways to multiply, with the same epilogue (zero-point correction, per-channel scales,
 // bias, residual add, ReLU, requantization):
 // - Blade's register tiles (AVX-512 VNNI): 6 rows x 64 output channels accumulated over
-//   every tap in registers and finished there, so no int32 block goes through memory;
+//   every tap in registers and finished there, so no int32 block goes through memory; on
+//   AVX2 without VNNI, where weights lie within 64 (int8_weight_limit), its pair-sum tiles:
+//   6 rows x 16 channels a pass, vpmaddubsw's int16 pair sums widened by vpmaddwd;
 // - oneDNN's u8 x s8 -> s32 brgemm microkernel (PyTorch's exported cpublas::brgemm, VNNI
 //   or AMX code generated at run time), one call per tap into an int32 block that the
 //   epilogue then reads: on AMX, whose tiles multiply many times faster.
@@ -30,14 +32,16 @@
 
 namespace blade::ral {
 
-// Whether the kernel runs here (AVX-512 VNNI, or AMX-INT8 where the microkernel answers).
+// Whether the kernel runs here (AVX-512 VNNI, AMX-INT8 where the microkernel answers, or
+// AVX2 where int8_weight_limit() is 64).
 bool int8_conv_available();
 // Tests turn it off (false) to run oneDNN's kernel everywhere, and back on (int8
 // depthwise convolutions and linear layers too, int8_kernels.cpp).
 void set_int8_conv_enabled(bool enabled);
 bool int8_conv_enabled();
 // Whether the register tiles multiply (else the microkernel): on AVX-512 VNNI without
-// AMX, unless turned off (tests: false tries the microkernel where it answers).
+// AMX, unless turned off (tests: false tries the microkernel where it answers), and on
+// AVX2 (the pair-sum tiles; there is no microkernel there).
 bool int8_conv_tiles_run();
 void set_int8_conv_tiles(bool enabled);
 // How many convolutions and linear layers it has run in this process (tests: that it ran),

@@ -13,7 +13,7 @@ from helpers import (assert_int8_linear_result, assert_ran_compiled, int8_linear
                      run_both)
 
 needs_kernel = pytest.mark.skipif(not _C.int8_conv_available(),
-                                reason="this CPU lacks AVX-512 VNNI, AMX-INT8 and AVX2")
+                                  reason="this CPU lacks AVX-512 VNNI, AMX-INT8 and AVX2")
 # The largest weight magnitude the int8 kernels take here (AVX2's pair sums: 64).
 LIMIT = _C.int8_weight_limit() or 127
 
