@@ -112,7 +112,21 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 hardswish_units
   return _mm256_fmadd_ps(d, _mm256_mul_ps(gate, _mm256_set1_ps(1.0f / 6.0f)), zero);
 }
 
-// The segments' coefficients gathered (AVX2 has no two-register permutation).
+// Coefficient k of each of 8 values' segments: the table's four runs of 8 permuted by the
+// segment's low 3 bits, then picked by its bits 3 and 4 (`bit3`, `bit4`: in the lanes'
+// sign bits, as blendv reads them): cheaper than four gathers on an AMD EPYC.
+__attribute__((target("avx2"), always_inline)) inline __m256 gate_coefficient8(
+    const GateTable& table, int k, __m256i segment, __m256 bit3, __m256 bit4) {
+  const float* c = table.c[k];
+  const __m256 low = _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_load_ps(c), segment),
+                                      _mm256_permutevar8x32_ps(_mm256_load_ps(c + 8), segment),
+                                      bit3);
+  const __m256 high =
+      _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_load_ps(c + 16), segment),
+                       _mm256_permutevar8x32_ps(_mm256_load_ps(c + 24), segment), bit3);
+  return _mm256_blendv_ps(low, high, bit4);
+}
+
 __attribute__((target("avx2,fma"), always_inline)) inline __m256 gelu_units8(
     __m256 v, __m256 scale, __m256 zero, const GateTable& table) {
   const __m256 d = _mm256_sub_ps(v, zero);
@@ -122,10 +136,12 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 gelu_units8(
                                  _mm256_set1_ps(kGateSegments - 0.5f));
   const __m256i segment = _mm256_cvttps_epi32(t);
   const __m256 f = _mm256_sub_ps(t, _mm256_cvtepi32_ps(segment));
-  __m256 g = _mm256_fmadd_ps(_mm256_i32gather_ps(table.c[3], segment, 4), f,
-                             _mm256_i32gather_ps(table.c[2], segment, 4));
-  g = _mm256_fmadd_ps(g, f, _mm256_i32gather_ps(table.c[1], segment, 4));
-  g = _mm256_fmadd_ps(g, f, _mm256_i32gather_ps(table.c[0], segment, 4));
+  const __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(segment, 28));
+  const __m256 bit4 = _mm256_castsi256_ps(_mm256_slli_epi32(segment, 27));
+  __m256 g = _mm256_fmadd_ps(gate_coefficient8(table, 3, segment, bit3, bit4), f,
+                             gate_coefficient8(table, 2, segment, bit3, bit4));
+  g = _mm256_fmadd_ps(g, f, gate_coefficient8(table, 1, segment, bit3, bit4));
+  g = _mm256_fmadd_ps(g, f, gate_coefficient8(table, 0, segment, bit3, bit4));
   const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
   const __m256 gate = _mm256_blendv_ps(g, _mm256_sub_ps(_mm256_set1_ps(1.0f), g), negative);
   return _mm256_fmadd_ps(d, gate, zero);
