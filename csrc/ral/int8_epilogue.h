@@ -60,6 +60,9 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 hardswish_units(
 // or tanh (a dozen multiply-adds and a divide), which the epilogue of a GELU layer with
 // K = 512 spent a fifth of its time on.
 constexpr int kGateSegments = 32;
+// Both lookups read a coefficient's segments as whole registers: two of 16 (AVX-512), four
+// of 8 (AVX2).
+static_assert(kGateSegments == 32, "gate_coefficient and gate_coefficient8 read 32 segments");
 constexpr float kGateEnd = 5.5f;
 
 struct GateTable {
