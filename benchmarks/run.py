@@ -24,12 +24,15 @@ measured once by `peak.py`. The FLOPs are those of direct convolutions: a backen
 summary table ends with Blade's ratio to the faster
 float32 peer (ONNX Runtime or OpenVINO-f32), and Blade's bf16 mode's ratio to OpenVINO's
 default (bf16) with its max abs difference from float32 eager, and the shares of the bfloat16
-dot-product peak both reach.
+dot-product peak both reach. Beside each ratio to a peer stands the share of the peak that
+0.90x that peer's time would take (0.85x for int8): past 100%, that ratio is beyond what
+the machine gives the direct computation.
 
 int8: blade_int8 (Config(precision="int8") calibrated on 8 inputs drawn like the
 example's) against the int8 peers of `peers.py` (onnxruntime_int8, openvino_int8,
 inductor_int8), every one calibrated on the same inputs. The int8 table gives each one's
-ratio to eager, Blade int8's ratio to the fastest int8 peer and to Blade float32, and the
+ratio to eager, Blade int8's ratio to the fastest int8 peer, its share of the int8 peak,
+its ratio to Blade float32, and the
 cosine similarity of each one's output to float32 eager (Blade int8's, and the best
 peer's). `peak.py` measures the int8 limits too: the int8 peak (VNNI's dot product, else
 AVX2's pair sums) and the rate of oneDNN's own u8 x s8 GEMM on a large square problem (AMX
@@ -242,20 +245,33 @@ def call_overhead(samples=20000):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def share_needed(row, peer_ms, factor, limit):
+    """The share of `limit` (a measured peak, per second) that running `row`'s workload in
+    `factor` x `peer_ms` would take: its FLOPs (or int8 ops) over that time. Above 1, the
+    ratio `factor` to that peer is past what the hardware gives a direct computation."""
+    if not row.get("gflops") or not limit or not peer_ms:
+        return None
+    return row["gflops"] * row["median_ms"] / (factor * peer_ms) / limit
+
+
 def summary(results, peak):
     """One line per workload: each backend's ratio to eager, Blade's to the faster float32
     peer, and the share of the FMA peak Blade reaches."""
     names = [n for n in ("inductor", "onnxruntime", "openvino", "openvino_bf16", "blade",
                          "blade_bf16")
              if any(n in rows for rows in results.values())]
-    lines = ["| workload | " + " | ".join(names) + " | blade / best f32 peer | blade GFLOP/s "
-             "(% of peak) | blade_bf16 / openvino_bf16 (max diff) |",
+    lines = ["| workload | " + " | ".join(names) + " | blade / best f32 peer (0.90x needs) | "
+             "blade GFLOP/s (% of peak) | blade_bf16 / openvino_bf16 (max diff) |",
              "|---" * (len(names) + 4) + "|"]
     for workload, rows in results.items():
         cells = [f"{rows[n]['ratio_to_eager']:.2f}" if n in rows else "-" for n in names]
         peers = [rows[n]["median_ms"] for n in F32_PEERS if n in rows]
-        versus = f"{rows['blade']['median_ms'] / min(peers):.2f}" if peers and "blade" in rows \
-            else "-"
+        versus = "-"
+        if peers and "blade" in rows:
+            versus = f"{rows['blade']['median_ms'] / min(peers):.2f}"
+            needed = share_needed(rows["blade"], min(peers), 0.90, peak and peak["gflops"])
+            if needed is not None:
+                versus += f" ({100 * needed:.0f}% of peak)"
         rate = rows.get("blade", {}).get("gflops")
         rate_text = f"{rate:.0f} ({100 * rate / peak['gflops']:.0f}%)" if rate and peak else "-"
         bf16 = "-"
@@ -266,6 +282,9 @@ def summary(results, peak):
                       "openvino_bf16") if rows[n].get("gflops") and peak.get("bf16_gflops")]
             if len(shares) == 2:
                 bf16 += f", {100 * shares[0]:.0f}% / {100 * shares[1]:.0f}% of bf16 peak"
+                needed = share_needed(rows["blade_bf16"], rows["openvino_bf16"]["median_ms"],
+                                      0.90, peak["bf16_gflops"])
+                bf16 += f"; 0.90x needs {100 * needed:.0f}%"
         lines.append(f"| {workload} | " + " | ".join(cells) +
                      f" | {versus} | {rate_text} | {bf16} |")
     return "\n".join(lines)
@@ -277,9 +296,11 @@ def int8_summary(results, peak):
     names = [n for n in ("blade_int8",) + INT8_PEERS if any(n in r for r in results.values())]
     if "blade_int8" not in names:
         return ""
+    limit = max(peak.get("int8_gops") or 0, peak.get("int8_gemm_gops") or 0) if peak else 0
     lines = ["| workload | " + " | ".join(names) + " | blade_int8 / fastest int8 peer | "
-             "blade_int8 / blade | cosine blade_int8 (best peer) |",
-             "|---" * (len(names) + 4) + "|"]
+             "blade_int8 % of int8 peak (0.85x peer needs) | blade_int8 / blade | "
+             "cosine blade_int8 (best peer) |",
+             "|---" * (len(names) + 5) + "|"]
     for workload, rows in results.items():
         if "blade_int8" not in rows:
             continue
@@ -288,13 +309,20 @@ def int8_summary(results, peak):
         fastest = min(peers, key=lambda n: rows[n]["median_ms"]) if peers else None
         versus = f"{rows['blade_int8']['median_ms'] / rows[fastest]['median_ms']:.2f} " \
                  f"({fastest})" if fastest else "-"
+        share = "-"
+        if rows["blade_int8"].get("gflops") and limit:
+            share = f"{100 * rows['blade_int8']['gflops'] / limit:.0f}%"
+            needed = share_needed(rows["blade_int8"], rows[fastest]["median_ms"], 0.85,
+                                  limit) if fastest else None
+            if needed is not None:
+                share += f" ({100 * needed:.0f}%)"
         own = f"{rows['blade_int8']['median_ms'] / rows['blade']['median_ms']:.2f}" \
             if "blade" in rows else "-"
         best = max((rows[n]["cosine"] for n in peers), default=None)
         accuracy = f"{rows['blade_int8']['cosine']:.5f}" + \
             (f" ({best:.5f})" if best is not None else "")
-        lines.append(f"| {workload} | " + " | ".join(cells) + f" | {versus} | {own} | "
-                     f"{accuracy} |")
+        lines.append(f"| {workload} | " + " | ".join(cells) + f" | {versus} | {share} | "
+                     f"{own} | {accuracy} |")
     return "\n".join(lines)
 
 
