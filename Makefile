@@ -69,6 +69,7 @@ bench: build $(BENCH_STAMP)
 	$(PY) benchmarks/footprint.py
 	$(PY) benchmarks/decode.py
 	$(PY) benchmarks/lengths.py --breakdown
+	$(PY) benchmarks/layers.py --workload resnet50 --precision int8
 
 # The runtime's C++ tests (tests/ral/ral_tests.cpp) with the runtime and the tests built
 # under AddressSanitizer + LeakSanitizer, against models saved by the regular build.

@@ -33,9 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import THREADS, export_onnx, onnxruntime_backend, openvino_backend  # noqa: E402
-from blade import _C  # noqa: E402
 
 import blade  # noqa: E402
+from blade import _C  # noqa: E402
+from profiled import profiled_calls  # noqa: E402
 
 LENGTHS = (8, 24, 48, 77, 128, 200, 384)
 # Untimed calls of each backend at each length before its timing: an engine's kernel trials
@@ -88,16 +89,8 @@ def kernel_times(fn, inputs, runs):
     """ms per call of `fn(*inputs)` in each library and kernel call, in the generated
     code's parallel loops together (each engine names its own by address), and in the rest
     of the generated code (the engines' whole calls less those)."""
-    _C.reset_call_profile()
-    _C.set_call_profiling(True)
-    try:
-        with torch.no_grad():
-            for _ in range(runs):
-                fn(*inputs)
-    finally:
-        _C.set_call_profiling(False)
     times = {LOOPS: 0.0}
-    for name, _, seconds in _C.call_profile():
+    for name, _, seconds in profiled_calls(fn, inputs, runs):
         key = LOOPS if name.startswith("parallel loop") else name
         times[key] = times.get(key, 0.0) + seconds * 1e3 / runs
     whole = times.pop("engine calls (whole)", 0.0)

@@ -1,4 +1,5 @@
 """`make bench`'s summary tables: the share of the peak a ratio to a peer would take."""
+import importlib
 import sys
 from pathlib import Path
 
@@ -7,14 +8,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def run():
+def bench_module(name):
+    """A module of benchmarks/, imported as its scripts import each other."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import run as module
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    return module
+
+
+@pytest.fixture(scope="module")
+def run():
+    return bench_module("run")
 
 
 def row(ms, gflops):
@@ -43,3 +48,39 @@ def test_tables_give_the_share_each_line_needs(run):
     int8 = run.int8_summary(results, PEAK).splitlines()[-1]
     # 1600 MOP in 0.85 x 2 ms: 941 GOP/s, 118% of the larger int8 limit (800).
     assert "| 1.25 (openvino_int8) | 80% (118%) |" in int8
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return bench_module("layers")
+
+
+def test_layer_keys_name_the_same_work(layers):
+    """Blade's profile names and OpenVINO's layer shapes give one key per convolution or
+    linear layer: NHWC and NCHW inputs alike, rows of a linear layer's input flattened."""
+    nhwc = "blade::quantized_conv2d [1, 14, 14, 256] [256, 256, 3, 3] [256] [256] [2] [2]"
+    nchw = "blade::quantized_conv2d [1, 3, 224, 224] [64, 3, 7, 7] [64] [64] [2] [2]"
+    f32 = "blade_ral_conv2d_nhwc [1, 56, 56, 64] by [256, 64, 1, 1] stride 1 groups 1"
+    assert layers.blade_key(nhwc) == layers.openvino_key(
+        "Convolution", [[1, 256, 14, 14], [256, 256, 3, 3], [256]])
+    assert layers.blade_key(nchw) == ("conv", (1, 3, 224, 224), (64, 3, 7, 7))
+    assert layers.blade_key(f32) == ("conv", (1, 64, 56, 56), (256, 64, 1, 1))
+    assert layers.blade_key("blade_ral_matmul [1, 128, 768] x [3072, 768]^T") == \
+        layers.openvino_key("FullyConnected", [[128, 768], [3072, 768]]) == \
+        ("linear", 128, 768, 3072)
+    assert layers.blade_key("parallel loop 0x1 extent 56") is None
+    assert layers.openvino_key("MaxPool", [[1, 64, 112, 112]]) is None
+
+
+def test_matched_pairs_kernels_with_layers(layers):
+    blade_rows = [("blade_ral_conv2d_nhwc [1, 7, 7, 512] by [512, 512, 3, 3] stride 1 groups 1",
+                   2, 300.0),
+                  ("parallel loop 0x1 extent 7", 1, 20.0)]
+    openvino_rows = [("a", "Convolution", "brgconv", 250.0, [[1, 512, 7, 7], [512, 512, 3, 3]]),
+                     ("b", "Convolution", "brgconv", 270.0, [[1, 512, 7, 7], [512, 512, 3, 3]]),
+                     ("c", "Convolution", "brgconv_1x1", 90.0,
+                      [[1, 512, 7, 7], [2048, 512, 1, 1]])]
+    table, unmatched = layers.matched(blade_rows, openvino_rows)
+    assert table == [(blade_rows[0][0], 2, 300.0, 2, 260.0, ["brgconv"])]
+    assert ("blade", "parallel loop 0x1 extent 7", 1, 20.0) in unmatched
+    assert ("openvino", "c", 1, 90.0) in unmatched
