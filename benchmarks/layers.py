@@ -91,10 +91,10 @@ def openvino_profiler(model, inputs, precision):
     primitive, input shapes)] in execution order."""
     import openvino
 
-    tmp = Path(tempfile.mkdtemp())
-    export_onnx(model, inputs, tmp / "model.onnx")
     core = openvino.Core()
-    ov_model = core.read_model(str(tmp / "model.onnx"))
+    with tempfile.TemporaryDirectory() as tmp:
+        export_onnx(model, inputs, Path(tmp) / "model.onnx")
+        ov_model = core.read_model(str(Path(tmp) / "model.onnx"))
     config = {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY",
               "PERF_COUNT": True}
     if precision == "float32":
@@ -183,8 +183,8 @@ def main():
           f"interleaved\n")
     print("| Blade kernel | calls | Blade us | OpenVINO layers | OpenVINO us | Blade / "
           "OpenVINO | OpenVINO primitive |\n|---|---|---|---|---|---|---|")
-    for name, count, us, layers, ov_us, primitives in table:
-        print(f"| {name} | {count:g} | {us:.1f} | {layers} | {ov_us:.1f} | {us / ov_us:.2f} | "
+    for name, count, us, ov_count, ov_us, primitives in table:
+        print(f"| {name} | {count:g} | {us:.1f} | {ov_count} | {ov_us:.1f} | {us / ov_us:.2f} | "
               f"{', '.join(primitives)} |")
     print("\nmatched nothing (side, name, calls per model call, mean us):")
     for side, name, count, us in sorted(unmatched, key=lambda r: -r[2] * r[3]):
