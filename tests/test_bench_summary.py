@@ -1,4 +1,5 @@
-"""`make bench`'s summary tables: the share of the peak a ratio to a peer would take."""
+"""`make bench`'s tables: the share of the peak a ratio to a peer would take, and
+layers.py's matching of Blade's kernels with OpenVINO's layers."""
 import importlib
 import sys
 from pathlib import Path
