@@ -296,6 +296,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("int8_conv_tiles_run", &ral::int8_conv_tiles_run,
         "Whether that kernel multiplies in its own register tiles (else oneDNN's "
         "microkernel).");
+  m.def("int8_wide_tile_rows", &ral::int8_wide_tile_rows,
+        "Rows of the int8 VNNI register tiles of 4 vectors: 5 on AMD's Zen 4, 6 elsewhere.");
+  m.def("set_int8_wide_tile_rows", &ral::set_int8_wide_tile_rows, py::arg("rows"),
+        "5 or 6 runs those tiles at that height on any CPU, 0 at this CPU's (tests).");
   m.def("set_int8_conv_tiles", &ral::set_int8_conv_tiles, py::arg("enabled"),
         "False multiplies by oneDNN's microkernel where it answers (tests).");
   m.def("set_depthwise_int8_enabled", &ral::set_depthwise_int8_enabled, py::arg("enabled"),

@@ -10,6 +10,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -169,6 +170,28 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
 // latency): computed at 64 channels, MobileNetV3's 16-channel stem did four times its work.
 constexpr int64_t kTileRows = 6;
 constexpr int64_t kNarrowTileRows = 12;
+// AMD's Zen 4 (family 25 with AVX-512) runs each 512-bit instruction as two 256-bit halves.
+// There the VNNI tiles of 4 vectors run 5 rows (20 accumulators) rather than 6: with 24
+// GCC moved accumulators between registers in the loop, which cost more there than the
+// fifth fewer loads per product saved (measured: docs/architecture.md).
+constexpr int64_t kZen4TileRows = 5;
+
+bool amd_family_25() {
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) {
+    return false;
+  }
+  // "AuthenticAMD" in ebx, edx, ecx.
+  const bool amd = ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;
+  if (!amd || __get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) {
+    return false;
+  }
+  const unsigned int base = (eax >> 8) & 0xf;
+  const unsigned int family = base == 0xf ? base + ((eax >> 20) & 0xff) : base;
+  return family == 25;
+}
+
+std::atomic<int64_t> wide_tile_rows_set{0};  // set_int8_wide_tile_rows; 0: this CPU's
 
 // One step of 4 depth units for every row of a tile: kVecs x kRows dot products of the
 // row's 4 input bytes at `offset` from its input `x[r]` by the weight's kVecs vectors at
@@ -646,9 +669,15 @@ void tile_rows(const uint8_t* image, int64_t rows, int64_t depth,
           terms, e);
       break;
     default:
-      tiles_of<4, kTileRows, false, kAddU8, kAddF32, kOutU8, kGelu>(
-          image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels, column,
-          terms, e);
+      if (int8_wide_tile_rows() == kZen4TileRows) {
+        tiles_of<4, kZen4TileRows, false, kAddU8, kAddF32, kOutU8, kGelu>(
+            image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels,
+            column, terms, e);
+      } else {
+        tiles_of<4, kTileRows, false, kAddU8, kAddF32, kOutU8, kGelu>(
+            image, rows, depth, taps, b, fetch_ahead, next, walk, width, out_channels,
+            column, terms, e);
+      }
       break;
   }
 }
@@ -1095,6 +1124,19 @@ bool int8_conv_enabled() { return enabled.load(std::memory_order_relaxed); }
 
 void set_int8_conv_tiles(bool value) { tiles_enabled.store(value, std::memory_order_relaxed); }
 
+int64_t int8_wide_tile_rows() {
+  static const int64_t here = amd_family_25() ? kZen4TileRows : kTileRows;
+  const int64_t set = wide_tile_rows_set.load(std::memory_order_relaxed);
+  return set != 0 ? set : here;
+}
+
+void set_int8_wide_tile_rows(int64_t rows) {
+  TORCH_CHECK(rows == 0 || rows == kTileRows || rows == kZen4TileRows,
+              "set_int8_wide_tile_rows: rows must be 0 (this CPU's), ", kTileRows, " or ",
+              kZen4TileRows, ", got ", rows);
+  wide_tile_rows_set.store(rows, std::memory_order_relaxed);
+}
+
 int64_t int8_conv_calls() { return calls.load(std::memory_order_relaxed); }
 
 void note_int8_conv_call() { calls.fetch_add(1, std::memory_order_relaxed); }
@@ -1253,7 +1295,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const auto tiles = pairs ? for_epilogue<PairTileRows>(e) : for_epilogue<TileRows>(e);
   // The tiles' blocks of rows are whole tiles but the last: a short tile (a 2-row one runs
   // 8 dot-product chains, too few to hide their latency) once per image, not per block.
-  const ConvTasks work(batch, rows, blocks, kMaxRowBlock, tiled ? kTileRows : 1,
+  // Blocks of rows in whole tiles of the tiles most blocks run (4 vectors, 64 channels).
+  const int64_t tile = !tiled ? 1 : pairs || out_channels < 64 ? kTileRows : int8_wide_tile_rows();
+  const ConvTasks work(batch, rows, blocks, kMaxRowBlock, tile,
                        /*columns_outer=*/blocks * block_bytes >
                            kColumnsOuterRatio * batch * rows * depth,
                        at::get_num_threads());

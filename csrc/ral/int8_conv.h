@@ -44,6 +44,10 @@ bool int8_conv_enabled();
 // AVX2 (the pair-sum tiles; there is no microkernel there).
 bool int8_conv_tiles_run();
 void set_int8_conv_tiles(bool enabled);
+// Rows of the VNNI tiles of 4 vectors (blocks of 49-64 output channels): 5 on AMD's Zen 4,
+// 6 elsewhere; tests set 5 or 6 to run either on any AVX-512 VNNI CPU (0: this CPU's).
+int64_t int8_wide_tile_rows();
+void set_int8_wide_tile_rows(int64_t rows);
 // How many convolutions and linear layers it has run in this process (tests: that it ran),
 // and the int8 depthwise ones and few-row linear layers (counted by note_int8_conv_call).
 int64_t int8_conv_calls();

@@ -228,6 +228,48 @@ def test_an_images_few_channels_round_as_one_value_at_a_time(channels):
 
 
 @needs_kernel
+@pytest.mark.parametrize("batch, channels, size, out_channels, kernel, stride, padding", [
+    (1, 64, (14, 14), 256, 1, 1, 0),   # 196 rows: 39 tiles of 5 and one of 1, 32 of 6 and 4
+    (1, 36, (13, 10), 130, 3, 2, 1),   # a strided walk; blocks of 4 vectors and of 1
+    (2, 32, (9, 11), 70, 3, 1, 1),     # padding, two images
+    (1, 256, (96, 96), 64, 1, 1, 0),   # rows fetched ahead
+])
+def test_wide_tiles_of_5_rows_give_the_6_rows_results(batch, channels, size, out_channels,
+                                                       kernel, stride, padding, threads):
+    """The tiles of 4 vectors run 5 rows on AMD's Zen 4, 6 elsewhere: both heights, run on
+    any CPU with the VNNI tiles, give the same bytes (the same sums and epilogue), with a
+    residual add too, and match the real convolution."""
+    _C.set_int8_conv_tiles(True)
+    if not _C.int8_conv_tiles_run() or LIMIT != 127:
+        pytest.skip("the VNNI register tiles do not run on this CPU")
+    x, weight, scale, bias = operands(batch, channels, size, out_channels, kernel, 4)
+    out_h = (size[0] + 2 * padding - kernel) // stride + 1
+    out_w = (size[1] + 2 * padding - kernel) // stride + 1
+    added = torch.randint(0, 256, (batch, out_h, out_w, out_channels), dtype=torch.uint8,
+                          generator=torch.Generator().manual_seed(5)).view(torch.int8)
+    results = {}
+    try:
+        for rows in (6, 5):
+            _C.set_int8_wide_tile_rows(rows)
+            calls = _C.int8_conv_calls()
+            results[rows] = (
+                torch.ops.blade.quantized_conv2d(
+                    x, weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1,
+                    INPUT_RANGE, OUTPUT_RANGE, "relu"),
+                torch.ops.blade.quantized_conv2d_add(
+                    x, weight, scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1,
+                    INPUT_RANGE, added, ADDED_RANGE, OUTPUT_RANGE, "relu"))
+            assert _C.int8_conv_calls() == calls + 2  # Blade's kernel ran both
+    finally:
+        _C.set_int8_wide_tile_rows(0)
+    assert torch.equal(results[5][0], results[6][0])
+    assert torch.equal(results[5][1], results[6][1])
+    assert_rounds_to(results[5][0], reference(x, weight, scale, bias, stride, padding))
+    with pytest.raises(RuntimeError, match="rows must be 0 .*, 6 or 5, got 4"):
+        _C.set_int8_wide_tile_rows(4)
+
+
+@needs_kernel
 @pytest.mark.parametrize("added_dtype", [torch.int8, torch.float32])
 @pytest.mark.parametrize("uint8_result", [True, False])
 @pytest.mark.parametrize("kernel", [1, 3])
