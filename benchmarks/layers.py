@@ -13,6 +13,7 @@ after. `--precision`: float32 (OpenVINO's f32 hint), bf16 (OpenVINO's default) o
 import argparse
 import ast
 import collections
+import math
 import re
 import sys
 import tempfile
@@ -37,7 +38,7 @@ def blade_key(name):
     """The work a Blade kernel call's profile name describes, as ("conv", input NCHW,
     weight) or ("linear", rows, depth, columns); None for any other call."""
     shapes = [tuple(ast.literal_eval(s)) for s in _SHAPES.findall(name)]
-    if ("conv2d" in name) and len(shapes) >= 2 and len(shapes[0]) == 4 and \
+    if "conv2d" in name and len(shapes) >= 2 and len(shapes[0]) == 4 and \
             len(shapes[1]) == 4:
         image, weight = shapes[0], shapes[1]
         channels = (weight[0], weight[1])
@@ -46,10 +47,7 @@ def blade_key(name):
             return ("conv", image, weight)
         return ("conv", (image[0], image[3], image[1], image[2]), weight)
     if ("linear" in name or "matmul" in name) and len(shapes) >= 2 and len(shapes[1]) == 2:
-        rows = 1
-        for size in shapes[0][:-1]:
-            rows *= size
-        return ("linear", rows, shapes[0][-1], shapes[1][0])
+        return ("linear", math.prod(shapes[0][:-1]), shapes[0][-1], shapes[1][0])
     return None
 
 
@@ -60,10 +58,7 @@ def openvino_key(layer_type, inputs):
         return ("conv", tuple(inputs[0]), tuple(inputs[1]))
     if layer_type.startswith("FullyConnected") and len(inputs) >= 2 and \
             len(inputs[1]) == 2:
-        rows = 1
-        for size in inputs[0][:-1]:
-            rows *= size
-        return ("linear", rows, inputs[0][-1], inputs[1][0])
+        return ("linear", math.prod(inputs[0][:-1]), inputs[0][-1], inputs[1][0])
     return None
 
 
@@ -71,10 +66,8 @@ def blade_profiler(model, inputs, precision):
     """A function that runs `calls` calls of Blade's engine, profiled, and adds each
     kernel call's time to `seconds` (name -> [calls, seconds]), the whole calls' under
     "engine calls (whole)"."""
-    config = blade.Config(precision=precision)
-    if precision == "int8":
-        config = blade.Config(precision="int8", calibration=calibration_inputs(inputs))
-    fn = blade.optimize(model, inputs, config)
+    calibration = calibration_inputs(inputs) if precision == "int8" else None
+    fn = blade.optimize(model, inputs, blade.Config(precision=precision, calibration=calibration))
     with torch.no_grad():
         for _ in range(10):
             fn(*inputs)

@@ -1,6 +1,9 @@
 """Shared checks: a compiled model must match eager AND have really run compiled code."""
+import importlib
 import math
+import sys
 import zipfile
+from pathlib import Path
 
 import torch
 
@@ -280,3 +283,14 @@ def assert_int8_linear_result(mine, onednn, want, output_range):
     clamped = want.clamp(min=-zero_point * step, max=(255 - zero_point) * step)
     assert (got - clamped).abs().max() <= 0.5 * step + 1e-4
     assert (mine.view(torch.uint8).int() - onednn.view(torch.uint8).int()).abs().max() <= 1
+
+
+def bench_module(name):
+    """A module of benchmarks/ (`workloads`, `run`, ...), imported as its scripts import
+    each other (their folder first on sys.path while it loads)."""
+    folder = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(folder)

@@ -1,21 +1,7 @@
 """`make bench`'s tables: the share of the peak a ratio to a peer would take, and
 layers.py's matching of Blade's kernels with OpenVINO's layers."""
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def bench_module(name):
-    """A module of benchmarks/, imported as its scripts import each other."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+from helpers import bench_module
 
 
 @pytest.fixture(scope="module")

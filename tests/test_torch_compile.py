@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import blade
-from helpers import GeluMlp, assert_ran_compiled
+from helpers import GeluMlp, assert_ran_compiled, bench_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,12 +74,7 @@ def test_transformer_encoder_layer():
 
 
 def _benchmark_workload(name):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from workloads import build
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return build(name)
+    return bench_module("workloads").build(name)
 
 
 @pytest.mark.parametrize("name", ["ew_chain", "ln_gelu", "softmax_attn", "mlp", "bert_layer",

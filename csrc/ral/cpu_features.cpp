@@ -1,5 +1,7 @@
 #include "ral/cpu_features.h"
 
+#include <cpuid.h>
+
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -29,6 +31,20 @@ const std::set<std::string>& host_cpu_flags() {
 }
 
 bool has_cpu_feature(const std::string& feature) { return host_cpu_flags().count(feature) > 0; }
+
+int amd_cpu_family() {
+  static const int family = [] {
+    unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+    // "AuthenticAMD" in ebx, edx, ecx.
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0 || ebx != 0x68747541 ||
+        edx != 0x69746e65 || ecx != 0x444d4163 || __get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) {
+      return 0;
+    }
+    const unsigned int base = (eax >> 8) & 0xf;
+    return static_cast<int>(base == 0xf ? base + ((eax >> 20) & 0xff) : base);
+  }();
+  return family;
+}
 
 std::string missing_cpu_features(const std::string& required) {
   std::string missing;

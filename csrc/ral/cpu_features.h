@@ -22,6 +22,10 @@ const std::set<std::string>& host_cpu_flags();
 // Whether this host has `feature`, e.g. has_cpu_feature("avx512f").
 bool has_cpu_feature(const std::string& feature);
 
+// This host's x86 family (CPUID's, extended family added) where its vendor is AMD, else 0:
+// for kernel shapes tuned to one AMD generation (25: Zen 3 and Zen 4).
+int amd_cpu_family();
+
 // The features `required` lists (comma-separated) that this host lacks, comma-separated;
 // empty when it has them all.
 std::string missing_cpu_features(const std::string& required);

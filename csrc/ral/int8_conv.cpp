@@ -10,7 +10,6 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -175,21 +174,6 @@ constexpr int64_t kNarrowTileRows = 12;
 // GCC moved accumulators between registers in the loop, which cost more there than the
 // fifth fewer loads per product saved (measured: docs/architecture.md).
 constexpr int64_t kZen4TileRows = 5;
-
-bool amd_family_25() {
-  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) {
-    return false;
-  }
-  // "AuthenticAMD" in ebx, edx, ecx.
-  const bool amd = ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;
-  if (!amd || __get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) {
-    return false;
-  }
-  const unsigned int base = (eax >> 8) & 0xf;
-  const unsigned int family = base == 0xf ? base + ((eax >> 20) & 0xff) : base;
-  return family == 25;
-}
 
 std::atomic<int64_t> wide_tile_rows_set{0};  // set_int8_wide_tile_rows; 0: this CPU's
 
@@ -1125,7 +1109,7 @@ bool int8_conv_enabled() { return enabled.load(std::memory_order_relaxed); }
 void set_int8_conv_tiles(bool value) { tiles_enabled.store(value, std::memory_order_relaxed); }
 
 int64_t int8_wide_tile_rows() {
-  static const int64_t here = amd_family_25() ? kZen4TileRows : kTileRows;
+  static const int64_t here = amd_cpu_family() == 25 ? kZen4TileRows : kTileRows;
   const int64_t set = wide_tile_rows_set.load(std::memory_order_relaxed);
   return set != 0 ? set : here;
 }
