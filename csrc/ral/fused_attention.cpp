@@ -627,7 +627,8 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
   const int64_t e = p.head_dim;
   const int64_t ev = p.value_dim;
   Bf16Scratch& scratch = bf16_scratch;
-  const bool amx = bf16_amx();
+  // oneDNN's microkernel packs v only to a row of 16, 32, 48 or 64 values (others throw).
+  const bool amx = bf16_amx() && ev % 16 == 0 && ev <= 64;
   float* scores = grown(scratch.scores, p.rows_per_block * padded);
   float* inverse_sums = grown(scratch.inverse_sums, p.rows_per_block);
   c10::BFloat16* q16 = grown(scratch.q, p.rows_per_block * e);
