@@ -27,6 +27,7 @@
 #include "ral/few_rows_gemm.h"
 #include "ral/float_conv.h"
 #include "ral/fused_attention.h"
+#include "ral/int8_amx.h"
 #include "ral/int8_conv.h"
 #include "ral/int8_kernels.h"
 #include "ral/kernel_calls.h"
@@ -289,13 +290,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_call_profile", &ral::reset_call_profile, "Forgets the times taken so far.");
   m.def("int8_conv_available", &ral::int8_conv_available,
         "Whether int8 convolutions run the runtime's own kernel here (its register tiles "
-        "on AVX-512 VNNI or, for weights within 64, AVX2, or oneDNN's u8 x s8 microkernel "
-        "on VNNI or AMX-INT8).");
+        "on AVX-512 VNNI or, for weights within 64, AVX2, its AMX-INT8 tiles, or oneDNN's "
+        "u8 x s8 microkernel on VNNI).");
   m.def("int8_depthwise_available", &ral::depthwise_uint8_available,
         "Whether int8 depthwise convolutions run the runtime's own kernel here (AVX-512).");
   m.def("int8_conv_tiles_run", &ral::int8_conv_tiles_run,
-        "Whether that kernel multiplies in its own register tiles (else oneDNN's "
-        "microkernel).");
+        "Whether that kernel multiplies in its own register tiles (else in AMX tiles or "
+        "oneDNN's microkernel).");
+  m.def("amx_int8_runs", &ral::amx_int8_runs,
+        "Whether that kernel's AMX-INT8 tiles run in this process (the CPU has them, Linux "
+        "granted their state, and they gave a plain loop's sums).");
   m.def("int8_wide_tile_rows", &ral::int8_wide_tile_rows,
         "Rows of the int8 VNNI register tiles of 4 vectors: 5 on AMD's Zen 4, 6 elsewhere.");
   m.def("set_int8_wide_tile_rows", &ral::set_int8_wide_tile_rows, py::arg("rows"),

@@ -4,6 +4,7 @@
 
 #include "ral/conv_planes.h"
 #include "ral/cpu_features.h"
+#include "ral/int8_amx.h"
 #include "ral/int8_epilogue.h"
 #include "ral/int8_kernels.h"
 #include "ral/lane_masks.h"
@@ -833,6 +834,18 @@ int64_t padded_depth(int64_t channels) {
   return (channels + kDepthGroup - 1) / kDepthGroup * kDepthGroup;
 }
 
+// Whether Blade's AMX tiles multiply (int8_amx.h): on AMX-INT8 CPUs where they answer.
+bool amx_tiles_multiply() {
+  static const bool amx = amx_int8_runs();
+  return amx && !int8_conv_tiles_run();
+}
+
+// A tap's depth in the packed weight: the GEMM's, padded to whole tile rows for the AMX
+// tiles (zeros there, against the rows' bytes their last tile reads past the depth).
+int64_t weight_depth(int64_t depth) {
+  return amx_tiles_multiply() ? amx_padded_depth(depth) : depth;
+}
+
 // Whether a filter of few input channels (an image's 3) is unfolded: each output pixel's
 // kh x kw x C inputs side by side in one row, multiplied as a 1x1 convolution of that
 // depth. As planes, each tap pads its 3 channels to 4 and a strided row's taps split by
@@ -1086,20 +1099,21 @@ bool pair_tiles_available() {
 }  // namespace
 
 bool int8_conv_available() {
-  return tiles_available() || microkernel_available() || pair_tiles_available();
+  return tiles_available() || amx_int8_runs() || microkernel_available() ||
+         pair_tiles_available();
 }
 
 bool int8_conv_tiles_run() {
   if (!tiles_available()) {
     return pair_tiles_available();
   }
-  // With AMX the microkernel's tiles multiply many times faster than VNNI's vectors; it
-  // is probed only where it may be chosen.
+  // With AMX, Blade's AMX tiles (or else the microkernel's) multiply many times faster than
+  // VNNI's vectors; the microkernel is probed only where it may be chosen.
   static const bool amx = has_cpu_feature("amx_int8");
   if (!amx && tiles_enabled.load(std::memory_order_relaxed)) {
     return true;
   }
-  return !microkernel_available();
+  return !amx_int8_runs() && !microkernel_available();
 }
 
 void set_int8_conv_enabled(bool value) { enabled.store(value, std::memory_order_relaxed); }
@@ -1144,7 +1158,7 @@ at::Tensor pack_int8_conv_weight(const at::Tensor& weight) {
                : weight.contiguous();
   const int64_t out_channels = w.size(0);
   const int64_t channels = w.size(1);
-  const int64_t depth = padded_depth(channels);
+  const int64_t depth = weight_depth(padded_depth(channels));
   const int64_t taps = w.size(2) * w.size(3);
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
   const int64_t packed_bytes = blocks * taps * depth * kColumnBlock;  // a multiple of 4
@@ -1165,7 +1179,8 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const bool unfolded = unfolds(channels, kh, kw);
   const bool tiled = int8_conv_tiles_run();
   const bool pairs = tiled && !tiles_available();
-  TORCH_CHECK(tiled || microkernel_available(), "int8_conv: this CPU runs neither of its ",
+  TORCH_CHECK(tiled || amx_int8_runs() || microkernel_available(),
+              "int8_conv: this CPU runs none of its ",
               "ways to multiply (AVX-512 VNNI, AMX-INT8, or AVX2 with weights within 64)");
   // The register tiles read each row at its own position: a strided filter of fewer than 5
   // columns reads the padded image stepping by the stride (ConvPlanes' strided walk), its
@@ -1179,7 +1194,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t taps = unfolded ? 1 : kh * kw;
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
   const int64_t depth = padded_depth(unfolded ? kh * kw * channels : channels);
-  const int64_t block_bytes = taps * depth * kColumnBlock;
+  const bool amx = !tiled && amx_tiles_multiply();
+  const int64_t packed_depth = weight_depth(depth);
+  const int64_t block_bytes = taps * packed_depth * kColumnBlock;
   TORCH_CHECK(packed.numel() == blocks * block_bytes + out_channels * 4,
               "int8_conv: the packed weight does not fit ", out_channels, " x ", channels,
               " x ", kh, " x ", kw);
@@ -1196,8 +1213,12 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t image_bytes = planes.image_elements(depth);
   const uint8_t* src = input;
   at::Tensor large_planes;  // planes past kKeptPlaneBytes, for this call only
-  if (!unfolded && (!planes.input_is_plane() || depth != channels)) {
-    uint8_t* dst = planes_buffer<uint8_t>(batch * image_bytes, kKeptPlaneBytes, large_planes);
+  // The AMX tiles read whole 64-byte rows: a depth of no multiple of 64 reads past the
+  // input's last row, so its planes are copied (with slack), as an unfolded filter's are.
+  if (!unfolded &&
+      (!planes.input_is_plane() || depth != channels || (amx && depth % kAmxDepthStep != 0))) {
+    uint8_t* dst = planes_buffer<uint8_t>(batch * image_bytes + kAmxSlack, kKeptPlaneBytes,
+                                          large_planes);
     // A thread a 64 KB at least: a small image is copied by the calling thread alone.
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plane_w * depth));
     at::parallel_for(0, planes.plane_rows(batch), grain, [&](int64_t begin, int64_t end) {
@@ -1280,7 +1301,12 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   // The tiles' blocks of rows are whole tiles but the last: a short tile (a 2-row one runs
   // 8 dot-product chains, too few to hide their latency) once per image, not per block.
   // Blocks of rows in whole tiles of the tiles most blocks run (4 vectors, 64 channels).
-  const int64_t tile = !tiled ? 1 : pairs || out_channels < 64 ? kTileRows : int8_wide_tile_rows();
+  // The AMX tiles' blocks are whole pairs of 16-row tiles (a tail configures the tiles
+  // anew).
+  const int64_t tile = amx      ? 2 * kAmxTileRows
+                       : !tiled ? 1
+                       : pairs || out_channels < 64 ? kTileRows
+                                                    : int8_wide_tile_rows();
   const ConvTasks work(batch, rows, blocks, kMaxRowBlock, tile,
                        /*columns_outer=*/blocks * block_bytes >
                            kColumnsOuterRatio * batch * rows * depth,
@@ -1335,9 +1361,14 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
         continue;
       }
       const uint8_t* a = unfolded ? image : image + first * depth;
-      // The microkernel's int32 block, one call per tap, then the epilogue.
+      // The int32 block (the AMX tiles', or the microkernel's by one call per tap), then
+      // the epilogue.
       const int64_t n_columns = (width_here + 15) / 16 * 16;  // whole vectors: zeros past O
-      for (int64_t t = 0; t < taps; ++t) {
+      if (amx) {
+        amx_int8_block(a, count, depth, packed_depth, tap_offsets.data(), taps, b, n_columns,
+                       acc.data());
+      }
+      for (int64_t t = 0; !amx && t < taps; ++t) {
         at::native::cpublas::brgemm(count, n_columns, depth, depth, kColumnBlock,
                                     kColumnBlock, /*add_C=*/t > 0, a + tap_offsets[t],
                                     b + t * depth * kColumnBlock, acc.data(),
@@ -1348,7 +1379,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       }
       finish(acc.data(), count, pixels.data(), width_here, out_channels, column, terms, e);
     }
-    if (!tiled) {
+    if (amx) {
+      amx_int8_release();
+    } else if (!tiled) {
       at::native::cpublas::brgemm_release(true);
     }
   });

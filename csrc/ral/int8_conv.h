@@ -16,9 +16,10 @@
 //   every tap in registers and finished there, so no int32 block goes through memory; on
 //   AVX2 without VNNI, where weights lie within 64 (int8_weight_limit), its pair-sum tiles:
 //   6 rows x 16 channels a pass, vpmaddubsw's int16 pair sums widened by vpmaddwd;
-// - oneDNN's u8 x s8 -> s32 brgemm microkernel (PyTorch's exported cpublas::brgemm, VNNI
-//   or AMX code generated at run time), one call per tap into an int32 block that the
-//   epilogue then reads: on AMX, whose tiles multiply many times faster.
+// - on AMX-INT8, Blade's AMX tiles (int8_amx.h): an int32 block accumulated over every tap
+//   in tiles and stored once for the epilogue; AMX multiplies many times faster than VNNI;
+// - oneDNN's u8 x s8 -> s32 brgemm microkernel (PyTorch's exported cpublas::brgemm), one
+//   call per tap into the int32 block, where the AMX tiles do not run (tests on VNNI).
 // It runs the convolutions of quantized_conv2d(_add) (int8_kernels.h) that it takes, and
 // quantized_linear's layers of more rows than int8_gemv.h takes (as 1x1 convolutions whose
 // pixels are the rows), in place of PyTorch's onednn::qconv2d_pointwise and
@@ -32,16 +33,16 @@
 
 namespace blade::ral {
 
-// Whether the kernel runs here (AVX-512 VNNI, AMX-INT8 where the microkernel answers, or
-// AVX2 where int8_weight_limit() is 64).
+// Whether the kernel runs here (AVX-512 VNNI, AMX-INT8, or AVX2 where int8_weight_limit()
+// is 64).
 bool int8_conv_available();
 // Tests turn it off (false) to run oneDNN's kernel everywhere, and back on (int8
 // depthwise convolutions and linear layers too, int8_kernels.cpp).
 void set_int8_conv_enabled(bool enabled);
 bool int8_conv_enabled();
-// Whether the register tiles multiply (else the microkernel): on AVX-512 VNNI without
-// AMX, unless turned off (tests: false tries the microkernel where it answers), and on
-// AVX2 (the pair-sum tiles; there is no microkernel there).
+// Whether the register tiles multiply (else the AMX tiles or the microkernel): on AVX-512
+// VNNI without AMX, unless turned off (tests: false tries the microkernel where it
+// answers), and on AVX2 (the pair-sum tiles; there is no microkernel there).
 bool int8_conv_tiles_run();
 void set_int8_conv_tiles(bool enabled);
 // Rows of the VNNI tiles of 4 vectors (blocks of 49-64 output channels): 5 on AMD's Zen 4,

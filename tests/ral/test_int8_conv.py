@@ -30,7 +30,8 @@ def oneDNN_back_on():
 
 @pytest.fixture(params=["tiles", "microkernel"])
 def multiply(request):
-    """Blade's register tiles, or oneDNN's brgemm microkernel (where each runs here)."""
+    """Blade's register tiles, or (on AMX-INT8 CPUs) its AMX tiles or (elsewhere) oneDNN's
+    brgemm microkernel, where each runs here."""
     _C.set_int8_conv_tiles(request.param == "tiles")
     if _C.int8_conv_tiles_run() != (request.param == "tiles"):
         pytest.skip(f"the {request.param} do not run on this CPU")
@@ -497,3 +498,35 @@ def test_depthwise_filters_follow_their_scales():
                                                 [1, 1], 16, INPUT_RANGE, None, "none")
     once, twice = run(scale), run(scale * 2)
     torch.testing.assert_close(twice, once * 2, rtol=1e-5, atol=1e-5)
+
+
+def test_amx_tiles_run_wherever_the_cpu_has_them():
+    """On an AMX-INT8 CPU the kernel multiplies in its AMX tiles: Linux granted their state
+    and they passed their start-up check (a failure there would quietly leave oneDNN's
+    slower microkernel)."""
+    from blade.codegen.llvm.native import host_cpu_features
+    if "amx_tile" not in host_cpu_features().split(","):
+        pytest.skip("this CPU has no AMX")
+    assert _C.amx_int8_runs()
+    assert not _C.int8_conv_tiles_run()
+
+
+@needs_kernel
+@pytest.mark.parametrize("channels, size, out_channels, kernel, padding", [
+    (20, (5, 7), 16, 1, 0),     # 35 rows (a 16-row tile and a 3-row one), 20 deep: one tile
+    (68, (9, 9), 48, 1, 0),     # 68 deep: a second tile row reads 60 bytes past each pixel
+    (132, (6, 11), 80, 3, 1),   # 9 taps of 132 deep; a column block of 16 after one of 64
+    (64, (1, 1), 64, 1, 0),     # one row
+])
+def test_depths_of_no_multiple_of_64_give_the_real_convolution(
+        channels, size, out_channels, kernel, padding, threads, multiply):
+    """Depths that fill no whole 64-byte tile row and row counts of no whole tile, read
+    straight from the input where it is the one plane: the real convolution, and within a
+    step of oneDNN's (the AMX tiles read past a row's depth into what follows, which the
+    weight's zero rows cancel)."""
+    x, weight, scale, bias = operands(1, channels, size, out_channels, kernel, channels)
+    (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
+        x, weight, scale, bias, [1, 1], [padding] * 2, [1, 1], 1, INPUT_RANGE,
+        OUTPUT_RANGE, "relu"))
+    assert ran == [1, 0]
+    assert_rounds_to(mine, reference(x, weight, scale, bias, 1, padding), onednn)

@@ -29,8 +29,8 @@ def tiles_back_on():
 
 @pytest.fixture(params=["tiles", "microkernel"])
 def multiply(request):
-    """Blade's register tiles, or oneDNN's brgemm microkernel with Blade's epilogue (where
-    each runs here)."""
+    """Blade's register tiles, or (on AMX-INT8 CPUs) its AMX tiles or (elsewhere) oneDNN's
+    brgemm microkernel, with Blade's epilogue, where each runs here."""
     _C.set_int8_conv_tiles(request.param == "tiles")
     if _C.int8_conv_tiles_run() != (request.param == "tiles"):
         pytest.skip(f"the {request.param} do not run on this CPU")
