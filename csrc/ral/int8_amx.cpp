@@ -22,7 +22,8 @@ namespace {
 constexpr int64_t kGroupRows = kAmxTileRows;
 constexpr int64_t kGroupColumns = 16;
 constexpr int64_t kAccStride = 64 * sizeof(int32_t);  // acc's rows: 64 columns
-constexpr int64_t kWeightStride = 64 * 4;             // a weight row: 64 columns x 4 bytes
+constexpr int64_t kWeightStride = 64;                 // a B tile's row: 16 columns x 4 bytes
+constexpr int64_t kWeightTile = 16 * kWeightStride;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -83,16 +84,15 @@ __attribute__((target("amx-tile,amx-int8"))) void tile_block(const uint8_t* a, i
     }
   }
   const int64_t second = kGroupRows * lda;
+  const int8_t* w = b;  // the pair's tiles, in order (amx_weight_index)
   for (int64_t t = 0; t < taps; ++t) {
     const uint8_t* rows = a + tap_offsets[t];
-    const int8_t* weight = b + t * kpad * 64;
-    for (int64_t k = 0; k < kpad; k += kAmxDepthStep) {
-      const int8_t* w = weight + (k / 4) * kWeightStride;
+    for (int64_t k = 0; k < kpad; k += kAmxDepthStep, w += 2 * kWeightTile) {
       _tile_loadd(4, rows + k, lda);
       _tile_loadd(6, w, kWeightStride);
       _tile_dpbusd(0, 4, 6);
       if (kTwoColumns) {
-        _tile_loadd(7, w + kGroupColumns * 4, kWeightStride);
+        _tile_loadd(7, w + kWeightTile, kWeightStride);
         _tile_dpbusd(1, 4, 7);
       }
       if (kTwoRows) {
@@ -129,7 +129,7 @@ void block_product(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
     int32_t* c_m = acc + m * 64;
     for (int64_t n = 0; n < columns; n += 2 * kGroupColumns) {
       const bool two_columns = columns - n > kGroupColumns;
-      const int8_t* b_n = b + n * 4;
+      const int8_t* b_n = b + n / (2 * kGroupColumns) * taps * kpad * 2 * kGroupColumns;
       if (rows1 > 0) {
         (two_columns ? tile_block<true, true> : tile_block<true, false>)(
             a_m, lda, kpad, tap_offsets, taps, b_n, c_m + n);
@@ -188,6 +188,9 @@ bool kernel_works() {
     }
     std::vector<uint8_t> a(offsets.back() + s.rows * lda + kAmxSlack);
     std::vector<int8_t> b(s.taps * kpad * 64, 0);
+    const auto at = [&](int64_t t, int64_t k, int64_t j) {
+      return amx_weight_index(j, t, k, s.taps, kpad);
+    };
     uint32_t state = 2463534242u;
     const auto next = [&state] {
       state ^= state << 13;
@@ -201,8 +204,7 @@ bool kernel_works() {
     for (int64_t t = 0; t < s.taps; ++t) {
       for (int64_t k = 0; k < s.depth; ++k) {
         for (int64_t j = 0; j < s.columns; ++j) {
-          b[t * kpad * 64 + (k / 4) * kWeightStride + j * 4 + k % 4] =
-              static_cast<int8_t>(next());
+          b[at(t, k, j)] = static_cast<int8_t>(next());
         }
       }
     }
@@ -215,8 +217,7 @@ bool kernel_works() {
         int32_t want = 0;
         for (int64_t t = 0; t < s.taps; ++t) {
           for (int64_t k = 0; k < s.depth; ++k) {
-            want += static_cast<int32_t>(a[offsets[t] + r * lda + k]) *
-                    b[t * kpad * 64 + (k / 4) * kWeightStride + j * 4 + k % 4];
+            want += static_cast<int32_t>(a[offsets[t] + r * lda + k]) * b[at(t, k, j)];
           }
         }
         if (acc[r * 64 + j] != want) {

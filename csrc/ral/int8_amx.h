@@ -26,12 +26,25 @@ inline int64_t amx_padded_depth(int64_t depth) {
 // state (asked once), and the kernel gave a plain loop's sums on a few shapes.
 bool amx_int8_runs();
 
+// Where weight byte (column `lane` < 64, tap, depth k) of a 64-column block lies in the
+// tiles' layout: each B tile (16 columns by 64 bytes of depth: 16 rows of 4 depth units by
+// 16 columns, each column's 4 bytes together, VNNI's layout) is 1 KB in one piece, and a
+// pair of 32 columns holds its two tiles per depth step, every tap and step in order, so
+// a block's product reads its weight front to back (a 64-column row 256 bytes wide had
+// each tile touch 16 lines 256 bytes apart, which the tiles waited for).
+inline int64_t amx_weight_index(int64_t lane, int64_t tap, int64_t k, int64_t taps,
+                                int64_t kpad) {
+  const int64_t steps = kpad / kAmxDepthStep;
+  const int64_t tile = ((lane / 32 * taps + tap) * steps + k / kAmxDepthStep) * 2 + lane / 16 % 2;
+  return (tile * 16 + k % kAmxDepthStep / 4) * 64 + lane % 16 * 4 + k % 4;
+}
+
 // acc[r * 64 + j] = sum over taps t and depth k < kpad of
-//   a[tap_offsets[t] + r * lda + k] * weight_t[k][j]      for r < rows, j < columns,
-// where weight_t (tap t at b + t * kpad * 64) holds kpad / 4 groups of 4 depth units by 64
-// columns, each column's 4 bytes together (VNNI's layout, zeros past the real depth).
-// `columns` is a multiple of 16, at most 64; kpad a multiple of kAmxDepthStep. The tiles'
-// configuration is loaded by the first call on a thread; amx_int8_release ends it.
+//   a[tap_offsets[t] + r * lda + k] * weight[t][k][j]      for r < rows, j < columns,
+// the weight a block of 64 columns at b as amx_weight_index lays it out (zeros past the
+// real depth and columns). `columns` is a multiple of 16, at most 64; kpad a multiple of
+// kAmxDepthStep. The tiles' configuration is loaded by the first call on a thread;
+// amx_int8_release ends it.
 void amx_int8_block(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
                     const int64_t* tap_offsets, int64_t taps, const int8_t* b, int64_t columns,
                     int32_t* acc);

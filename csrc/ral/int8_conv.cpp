@@ -857,9 +857,10 @@ bool few_channels_avx512() {
 }
 
 // Packs weight [O, C, kh, kw] (contiguous int8) as the header says, its taps in
-// tap_order, each tap's depth C padded with zeros to `depth` (a multiple of 4).
+// tap_order, each tap's depth C padded with zeros to `depth` (a multiple of 4); for the
+// AMX tiles (`amx`) each 64-column block as amx_weight_index lays it out.
 void pack_weight(const int8_t* weight, int64_t out_channels, int64_t channels, int64_t depth,
-                 int64_t kh, int64_t kw, int8_t* packed, int32_t* sums) {
+                 int64_t kh, int64_t kw, bool amx, int8_t* packed, int32_t* sums) {
   const int64_t taps = kh * kw;
   const auto order = tap_order(kh, kw);
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
@@ -873,8 +874,9 @@ void pack_weight(const int8_t* weight, int64_t out_channels, int64_t channels, i
         const auto [i, j] = order[t];
         const int8_t value = weight[((o * channels + c) * kh + i) * kw + j];
         sum += value;
-        block[t * depth * kColumnBlock + (c / kDepthGroup) * kColumnBlock * kDepthGroup +
-              lane * kDepthGroup + c % kDepthGroup] = value;
+        block[amx ? amx_weight_index(lane, t, c, taps, depth)
+                  : t * depth * kColumnBlock + (c / kDepthGroup) * kColumnBlock * kDepthGroup +
+                        lane * kDepthGroup + c % kDepthGroup] = value;
       }
     }
     sums[o] = sum;
@@ -1218,6 +1220,7 @@ at::Tensor pack_int8_conv_weight(const at::Tensor& weight) {
   at::Tensor packed = at::empty({packed_bytes + out_channels * 4}, w.options());
   int8_t* data = packed.data_ptr<int8_t>();
   pack_weight(w.const_data_ptr<int8_t>(), out_channels, channels, depth, w.size(2), w.size(3),
+              amx_tiles_multiply(),
               data, reinterpret_cast<int32_t*>(data + packed_bytes));
   return packed;
 }

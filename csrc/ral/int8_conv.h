@@ -62,8 +62,9 @@ bool int8_conv_takes(int64_t channels, const at::Tensor& weight, at::IntArrayRef
 // The weight [O, C, kh, kw] int8 in the multiplication's layout (an unfolded filter's as
 // the 1x1 weight [O, kh * kw * C, 1, 1]): 64 output channels at a time, per tap, groups of
 // 4 channels (VNNI's depth; C padded with zeros to a multiple of 4) interleaved per output
-// channel (zeros past O), then each output channel's sum of weights (int32), for the
-// zero-point correction.
+// channel (zeros past O; where the AMX tiles run, each block of 64 in their order, C padded
+// to a multiple of 64: int8_amx.h), then each output channel's sum of weights (int32), for
+// the zero-point correction.
 at::Tensor pack_int8_conv_weight(const at::Tensor& weight);
 
 // The function applied after the sums, scales, bias and residual, other than ReLU (which
