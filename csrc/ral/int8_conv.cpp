@@ -113,12 +113,12 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 activate(
              : v;
 }
 
-// finish_block's epilogue of a whole block of 64 channels with a uint8 result: row by row,
-// its 4 vectors packed into one 64-byte store as the register tiles store theirs
-// (uint8_pack64: the same bytes as uint8_steps'), not four 16-byte stores 64 bytes of
-// output apart (a batch-8 ResNet-50's 1x1 layers spent more in the epilogue than in the
-// AMX tiles).
-template <bool kAddU8, bool kAddF32, bool kGelu>
+// finish_block's epilogue of a whole block of 64 channels: row by row, as the register
+// tiles finish theirs, a uint8 result's 4 vectors packed into one 64-byte store
+// (uint8_pack64: the same bytes as uint8_steps'), a float32 one's 4 stored side by side,
+// rather than a vector's 16 channels a pass down the rows (a batch-8 ResNet-50's 1x1
+// layers spent more in the epilogue than in the AMX tiles).
+template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void finish_rows64(
     const int32_t* acc, int64_t rows, const int64_t* pixels, int64_t out_channels,
     int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
@@ -155,8 +155,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
                                                correction[v], multiplier[v], offset[v],
                                                added, add_factor);
       x[v] = activate<kGelu>(x[v], terms, out_scale, out_zero);
+      if constexpr (!kOutU8) {
+        _mm512_storeu_ps(e.out_f32 + at + 16 * v, e.relu ? _mm512_max_ps(x[v], zero) : x[v]);
+      }
     }
-    _mm512_storeu_si512(e.out_u8 + at, uint8_pack64(x, low_bytes));
+    if constexpr (kOutU8) {
+      _mm512_storeu_si512(e.out_u8 + at, uint8_pack64(x, low_bytes));
+    }
   }
 }
 
@@ -167,11 +172,10 @@ template <bool kAddU8, bool kAddF32, bool kOutU8, bool kGelu>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void finish_block(
     const int32_t* acc, int64_t rows, const int64_t* pixels, int64_t width,
     int64_t out_channels, int64_t column, const Terms& terms, const Int8ConvEpilogue& e) {
-  if constexpr (kOutU8) {
-    if (width == 64) {
-      finish_rows64<kAddU8, kAddF32, kGelu>(acc, rows, pixels, out_channels, column, terms, e);
-      return;
-    }
+  if (width == 64) {
+    finish_rows64<kAddU8, kAddF32, kOutU8, kGelu>(acc, rows, pixels, out_channels, column,
+                                                  terms, e);
+    return;
   }
   const __m512 add_factor = _mm512_set1_ps(terms.add_factor);
   const __m512 low = _mm512_set1_ps(terms.low);
