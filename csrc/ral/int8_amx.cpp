@@ -64,12 +64,25 @@ __attribute__((target("amx-tile,amx-int8"))) void configure(int rows0, int rows1
 
 // One block of up to 32 rows by up to 32 columns over every tap and the depth, stored to
 // c (rows kAccStride apart).
+// Lines to fetch into L2, `every` depth step (one line a step).
+struct Fetch {
+  const char* line = nullptr;
+  const char* end = nullptr;
+  int64_t per_step = 0;
+
+  __attribute__((always_inline)) void step() {
+    for (int64_t i = 0; i < per_step && line < end; ++i, line += 64) {
+      _mm_prefetch(line, _MM_HINT_T1);
+    }
+  }
+};
+
 template <bool kTwoRows, bool kTwoColumns>
 __attribute__((target("amx-tile,amx-int8"))) void tile_block(const uint8_t* a, int64_t lda,
                                                               int64_t kpad,
                                                               const int64_t* tap_offsets,
                                                               int64_t taps, const int8_t* b,
-                                                              int32_t* c) {
+                                                              int32_t* c, Fetch& fetch) {
   // The asm statements name no memory they read: what wrote the rows and the weight must
   // be done first.
   __asm__ volatile("" ::: "memory");
@@ -88,6 +101,7 @@ __attribute__((target("amx-tile,amx-int8"))) void tile_block(const uint8_t* a, i
   for (int64_t t = 0; t < taps; ++t) {
     const uint8_t* rows = a + tap_offsets[t];
     for (int64_t k = 0; k < kpad; k += kAmxDepthStep, w += 2 * kWeightTile) {
+      fetch.step();
       _tile_loadd(4, rows + k, lda);
       _tile_loadd(6, w, kWeightStride);
       _tile_dpbusd(0, 4, 6);
@@ -119,7 +133,15 @@ __attribute__((target("amx-tile,amx-int8"))) void tile_block(const uint8_t* a, i
 
 void block_product(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
                    const int64_t* tap_offsets, int64_t taps, const int8_t* b, int64_t columns,
-                   int32_t* acc) {
+                   int32_t* acc, const char* fetch_begin, const char* fetch_end) {
+  Fetch fetch;
+  if (fetch_begin != nullptr && fetch_end > fetch_begin) {
+    const int64_t steps = (rows + 2 * kGroupRows - 1) / (2 * kGroupRows) *
+                          ((columns + 2 * kGroupColumns - 1) / (2 * kGroupColumns)) * taps *
+                          (kpad / kAmxDepthStep);
+    const int64_t lines = (fetch_end - fetch_begin + 63) / 64;
+    fetch = {fetch_begin, fetch_end, (lines + steps - 1) / steps};
+  }
   for (int64_t m = 0; m < rows; m += 2 * kGroupRows) {
     const int64_t left = rows - m;
     const int rows0 = static_cast<int>(std::min(kGroupRows, left));
@@ -132,10 +154,10 @@ void block_product(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
       const int8_t* b_n = b + n / (2 * kGroupColumns) * taps * kpad * 2 * kGroupColumns;
       if (rows1 > 0) {
         (two_columns ? tile_block<true, true> : tile_block<true, false>)(
-            a_m, lda, kpad, tap_offsets, taps, b_n, c_m + n);
+            a_m, lda, kpad, tap_offsets, taps, b_n, c_m + n, fetch);
       } else {
         (two_columns ? tile_block<false, true> : tile_block<false, false>)(
-            a_m, lda, kpad, tap_offsets, taps, b_n, c_m + n);
+            a_m, lda, kpad, tap_offsets, taps, b_n, c_m + n, fetch);
       }
     }
   }
@@ -210,7 +232,7 @@ bool kernel_works() {
     }
     std::vector<int32_t> acc(s.rows * 64, -1);
     block_product(a.data(), s.rows, lda, kpad, offsets.data(), s.taps, b.data(), s.columns,
-                  acc.data());
+                  acc.data(), nullptr, nullptr);
     release_tiles();
     for (int64_t r = 0; r < s.rows; ++r) {
       for (int64_t j = 0; j < s.columns; ++j) {
@@ -239,8 +261,8 @@ bool amx_int8_runs() {
 
 void amx_int8_block(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
                     const int64_t* tap_offsets, int64_t taps, const int8_t* b, int64_t columns,
-                    int32_t* acc) {
-  block_product(a, rows, lda, kpad, tap_offsets, taps, b, columns, acc);
+                    int32_t* acc, const char* fetch, const char* fetch_end) {
+  block_product(a, rows, lda, kpad, tap_offsets, taps, b, columns, acc, fetch, fetch_end);
 }
 
 void amx_int8_release() { release_tiles(); }

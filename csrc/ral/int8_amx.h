@@ -45,9 +45,12 @@ inline int64_t amx_weight_index(int64_t lane, int64_t tap, int64_t k, int64_t ta
 // real depth and columns). `columns` is a multiple of 16, at most 64; kpad a multiple of
 // kAmxDepthStep. The tiles' configuration is loaded by the first call on a thread;
 // amx_int8_release ends it.
+// [fetch, fetch_end) (may be empty): bytes to bring into L2 meanwhile, spread over the
+// block's depth steps (the thread's next weight block, read next from memory otherwise:
+// the tiles waited for each block's first pass over its weight).
 void amx_int8_block(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
                     const int64_t* tap_offsets, int64_t taps, const int8_t* b, int64_t columns,
-                    int32_t* acc);
+                    int32_t* acc, const char* fetch = nullptr, const char* fetch_end = nullptr);
 // Gives the thread's tile state back after its blocks (and tells PyTorch's brgemm, whose
 // configuration the tiles' replaced).
 void amx_int8_release();

@@ -1425,8 +1425,9 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
       // the epilogue.
       const int64_t n_columns = (width_here + 15) / 16 * 16;  // whole vectors: zeros past O
       if (amx) {
+        const NextBlock next = work.next_block(task, end, weights, block_bytes);
         amx_int8_block(a, count, depth, packed_depth, tap_offsets.data(), taps, b, n_columns,
-                       acc.data());
+                       acc.data(), next.line, next.end);
       }
       for (int64_t t = 0; !amx && t < taps; ++t) {
         at::native::cpublas::brgemm(count, n_columns, depth, depth, kColumnBlock,
