@@ -62,9 +62,7 @@ __attribute__((target("amx-tile,amx-int8"))) void configure(int rows0, int rows1
   loaded_rows1 = rows1;
 }
 
-// One block of up to 32 rows by up to 32 columns over every tap and the depth, stored to
-// c (rows kAccStride apart).
-// Lines to fetch into L2, `every` depth step (one line a step).
+// Lines to fetch into L2, `per_step` of them a depth step.
 struct Fetch {
   const char* line = nullptr;
   const char* end = nullptr;
@@ -77,6 +75,8 @@ struct Fetch {
   }
 };
 
+// One block of up to 32 rows by up to 32 columns over every tap and the depth, stored to
+// c (rows kAccStride apart).
 template <bool kTwoRows, bool kTwoColumns>
 __attribute__((target("amx-tile,amx-int8"))) void tile_block(const uint8_t* a, int64_t lda,
                                                               int64_t kpad,
