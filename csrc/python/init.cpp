@@ -291,7 +291,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("int8_conv_available", &ral::int8_conv_available,
         "Whether int8 convolutions run the runtime's own kernel here (its register tiles "
         "on AVX-512 VNNI or, for weights within 64, AVX2, its AMX-INT8 tiles, or oneDNN's "
-        "u8 x s8 microkernel on VNNI).");
+        "u8 x s8 microkernel on VNNI or AMX where those tiles do not run).");
   m.def("int8_depthwise_available", &ral::depthwise_uint8_available,
         "Whether int8 depthwise convolutions run the runtime's own kernel here (AVX-512).");
   m.def("int8_conv_tiles_run", &ral::int8_conv_tiles_run,

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <exception>
 #include <vector>
 
 namespace blade::ral {
@@ -163,26 +162,12 @@ void block_product(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
   }
 }
 
-// Whether PyTorch's brgemm answers here (it keeps which configuration it loaded per
-// thread, so its release must be the one called after the tiles replaced it).
-bool torch_brgemm_releases() {
-  static const bool answers = [] {
-    try {
-      at::native::cpublas::brgemm_release(true);
-      return true;
-    } catch (const std::exception&) {
-      return false;
-    }
-  }();
-  return answers;
-}
-
+// PyTorch's brgemm keeps which configuration it loaded per thread, so its release is
+// called after the tiles replaced it (it does nothing where PyTorch's oneDNN has no
+// microkernel, or oneDNN runs without AMX); the tiles' own release then always runs.
 __attribute__((target("amx-tile"))) void release_tiles() {
-  if (torch_brgemm_releases()) {
-    at::native::cpublas::brgemm_release(true);
-  } else {
-    _tile_release();
-  }
+  at::native::cpublas::brgemm_release(true);
+  _tile_release();
   loaded_rows0 = 0;
   loaded_rows1 = 0;
 }
@@ -254,8 +239,10 @@ bool kernel_works() {
 }  // namespace
 
 bool amx_int8_runs() {
+  // The epilogue after the tiles is AVX-512 code.
   static const bool runs = has_cpu_feature("amx_tile") && has_cpu_feature("amx_int8") &&
-                           tile_state_granted() && kernel_works();
+                           has_cpu_feature("avx512f") && has_cpu_feature("avx512bw") &&
+                           has_cpu_feature("avx512vl") && tile_state_granted() && kernel_works();
   return runs;
 }
 

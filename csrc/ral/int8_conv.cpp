@@ -1,5 +1,5 @@
-// Blade's int8 convolution: an implicit GEMM in register tiles or by oneDNN's u8 x s8
-// brgemm microkernel (int8_conv.h).
+// Blade's int8 convolution: an implicit GEMM in register tiles, in AMX tiles (int8_amx.h)
+// or by oneDNN's u8 x s8 brgemm microkernel (int8_conv.h).
 #include "ral/int8_conv.h"
 
 #include "ral/conv_planes.h"
@@ -894,10 +894,7 @@ int64_t padded_depth(int64_t channels) {
 }
 
 // Whether Blade's AMX tiles multiply (int8_amx.h): on AMX-INT8 CPUs where they answer.
-bool amx_tiles_multiply() {
-  static const bool amx = amx_int8_runs();
-  return amx && !int8_conv_tiles_run();
-}
+bool amx_tiles_multiply() { return amx_int8_runs() && !int8_conv_tiles_run(); }
 
 // A tap's depth in the packed weight: the GEMM's, padded to whole tile rows for the AMX
 // tiles (zeros there, against the rows' bytes their last tile reads past the depth).

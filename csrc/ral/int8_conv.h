@@ -10,7 +10,7 @@
 // instead: each pixel's kh x kw x C inputs side by side, multiplied as a 1x1 convolution of
 // that depth, and its weight packed so.
 //
-// Two ways to multiply, with the same epilogue (zero-point correction, per-channel scales,
+// Three ways to multiply, with the same epilogue (zero-point correction, per-channel scales,
 // bias, residual add, ReLU, requantization):
 // - Blade's register tiles (AVX-512 VNNI): 6 rows x 64 output channels accumulated over
 //   every tap in registers and finished there, so no int32 block goes through memory; on

@@ -504,8 +504,7 @@ def test_amx_tiles_run_wherever_the_cpu_has_them():
     """On an AMX-INT8 CPU the kernel multiplies in its AMX tiles: Linux granted their state
     and they passed their start-up check (a failure there would quietly leave oneDNN's
     slower microkernel)."""
-    from blade.codegen.llvm.native import host_cpu_features
-    if "amx_tile" not in host_cpu_features().split(","):
+    if not {"amx_tile", "amx_int8", "avx512f", "avx512bw", "avx512vl"} <= _C.host_cpu_flags():
         pytest.skip("this CPU has no AMX")
     assert _C.amx_int8_runs()
     assert not _C.int8_conv_tiles_run()
@@ -513,17 +512,17 @@ def test_amx_tiles_run_wherever_the_cpu_has_them():
 
 @needs_kernel
 @pytest.mark.parametrize("channels, size, out_channels, kernel, padding", [
-    (20, (5, 7), 16, 1, 0),     # 35 rows (a 16-row tile and a 3-row one), 20 deep: one tile
+    (20, (5, 7), 16, 1, 0),     # 35 rows (a pair of 16-row tiles, then 3 rows), 20 deep
     (68, (9, 9), 48, 1, 0),     # 68 deep: a second tile row reads 60 bytes past each pixel
     (132, (6, 11), 80, 3, 1),   # 9 taps of 132 deep; a column block of 16 after one of 64
     (64, (1, 1), 64, 1, 0),     # one row
 ])
 def test_depths_of_no_multiple_of_64_give_the_real_convolution(
         channels, size, out_channels, kernel, padding, threads, multiply):
-    """Depths that fill no whole 64-byte tile row and row counts of no whole tile, read
-    straight from the input where it is the one plane: the real convolution, and within a
-    step of oneDNN's (the AMX tiles read past a row's depth into what follows, which the
-    weight's zero rows cancel)."""
+    """Depths that fill no whole 64-byte tile row and row counts of no whole tile, 1x1
+    layers whose input is the one plane (the AMX tiles copy it with slack, since they read
+    past a row's depth into what follows, which the weight's zero rows cancel): the real
+    convolution, and within a step of oneDNN's."""
     x, weight, scale, bias = operands(1, channels, size, out_channels, kernel, channels)
     (mine, onednn), ran = run_both(lambda: torch.ops.blade.quantized_conv2d(
         x, weight, scale, bias, [1, 1], [padding] * 2, [1, 1], 1, INPUT_RANGE,
