@@ -45,6 +45,10 @@ constexpr int64_t kMinRowsPerBlock = 16;
 // Query rows per block where a causal mask ends rows early: a block multiplies only the
 // keys its rows attend, so smaller blocks skip more (32 rows: 5/8 of a head's products).
 constexpr int64_t kTrimmedRowsPerBlock = 32;
+// v's columns as oneDNN's bf16 microkernel packs them (AMX): a multiple of kVColumnStep in
+// panels of at most kVPanelWidth.
+constexpr int64_t kVColumnStep = 16;
+constexpr int64_t kVPanelWidth = 64;
 
 // A [rows, cols] matrix of a rank-4 tensor for CBLAS (row-major): stored as is (unit
 // stride along cols) or transposed (unit stride along rows), `ld` apart.
@@ -627,8 +631,9 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
   const int64_t e = p.head_dim;
   const int64_t ev = p.value_dim;
   Bf16Scratch& scratch = bf16_scratch;
-  // oneDNN's microkernel packs v only to a row of 16, 32, 48 or 64 values (others throw).
-  const bool amx = bf16_amx() && ev % 16 == 0 && ev <= 64;
+  // oneDNN's microkernel packs v only to rows of 16, 32, 48 or 64 values (others throw):
+  // v is packed and multiplied in panels of up to 64 of its columns.
+  const bool amx = bf16_amx() && ev % kVColumnStep == 0;
   float* scores = grown(scratch.scores, p.rows_per_block * padded);
   float* inverse_sums = grown(scratch.inverse_sums, p.rows_per_block);
   c10::BFloat16* q16 = grown(scratch.q, p.rows_per_block * e);
@@ -655,8 +660,11 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
       transpose(reinterpret_cast<const float*>(k_rows), e / 2, p.keys, e / 2,
                 reinterpret_cast<float*>(k_pairs), padded);
       if (amx) {
-        at::native::cpublas::pack(padded, ev, ev, ev, at::kBFloat16, at::kBFloat16, v_rows,
-                                  v_pairs);
+        for (int64_t c = 0; c < ev; c += kVPanelWidth) {  // panel c at v_pairs + c * padded
+          const int64_t width = std::min(kVPanelWidth, ev - c);
+          at::native::cpublas::pack(padded, width, ev, width, at::kBFloat16, at::kBFloat16,
+                                    v_rows + c, v_pairs + c * padded);
+        }
       } else {
         pair_rows(v_rows, padded, ev, reinterpret_cast<uint32_t*>(v_pairs));
       }
@@ -671,8 +679,16 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
     pairs_gemm(amx, count, keys, e, q16, e, k_pairs, padded, scores, padded);
     exp_rows_bf16(scores, count, padded, mask_row(p, block, 0), p.mask_strides[2], p.scale,
                   keys, keys_padded, p.empty_row, inverse_sums, probabilities);
-    pairs_gemm(amx, count, ev, keys_padded, probabilities, padded, v_pairs, ev, block.out,
-               p.out_row_stride);
+    if (amx) {
+      for (int64_t c = 0; c < ev; c += kVPanelWidth) {
+        const int64_t width = std::min(kVPanelWidth, ev - c);
+        pairs_gemm(true, count, width, keys_padded, probabilities, padded, v_pairs + c * padded,
+                   width, block.out + c, p.out_row_stride);
+      }
+    } else {
+      pairs_gemm(false, count, ev, keys_padded, probabilities, padded, v_pairs, ev, block.out,
+                 p.out_row_stride);
+    }
     normalize_rows(p, block, inverse_sums);
   }
   if (amx) {

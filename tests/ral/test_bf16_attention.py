@@ -40,6 +40,7 @@ def reference(q, k, v, mask, scale):
     (1, 12, 128, 128, 64, 64),    # BERT-base's heads
     (1, 2, 13, 37, 16, 24),       # row tiles and column blocks with tails; padded keys
     (2, 3, 300, 70, 32, 80),      # several blocks of rows a head; value columns past 64
+    (1, 2, 40, 50, 64, 128),      # a 128-column v: two panels of 64 on AMX
 ])
 def test_bf16_products_match_the_rounded_reference(batch, heads, rows, keys, head_dim,
                                                    value_dim, products):
