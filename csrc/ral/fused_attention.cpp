@@ -634,6 +634,7 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
   // oneDNN's microkernel packs v only to rows of 16, 32, 48 or 64 values (others throw):
   // v is packed and multiplied in panels of up to 64 of its columns.
   const bool amx = bf16_amx() && ev % kVColumnStep == 0;
+  const int64_t panel = amx ? kVPanelWidth : ev;
   float* scores = grown(scratch.scores, p.rows_per_block * padded);
   float* inverse_sums = grown(scratch.inverse_sums, p.rows_per_block);
   c10::BFloat16* q16 = grown(scratch.q, p.rows_per_block * e);
@@ -660,8 +661,8 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
       transpose(reinterpret_cast<const float*>(k_rows), e / 2, p.keys, e / 2,
                 reinterpret_cast<float*>(k_pairs), padded);
       if (amx) {
-        for (int64_t c = 0; c < ev; c += kVPanelWidth) {  // panel c at v_pairs + c * padded
-          const int64_t width = std::min(kVPanelWidth, ev - c);
+        for (int64_t c = 0; c < ev; c += panel) {  // panel c at v_pairs + c * padded
+          const int64_t width = std::min(panel, ev - c);
           at::native::cpublas::pack(padded, width, ev, width, at::kBFloat16, at::kBFloat16,
                                     v_rows + c, v_pairs + c * padded);
         }
@@ -679,15 +680,10 @@ void run_blocks_bf16(int64_t /*first_worker*/, int64_t /*end_worker*/, void** ar
     pairs_gemm(amx, count, keys, e, q16, e, k_pairs, padded, scores, padded);
     exp_rows_bf16(scores, count, padded, mask_row(p, block, 0), p.mask_strides[2], p.scale,
                   keys, keys_padded, p.empty_row, inverse_sums, probabilities);
-    if (amx) {
-      for (int64_t c = 0; c < ev; c += kVPanelWidth) {
-        const int64_t width = std::min(kVPanelWidth, ev - c);
-        pairs_gemm(true, count, width, keys_padded, probabilities, padded, v_pairs + c * padded,
-                   width, block.out + c, p.out_row_stride);
-      }
-    } else {
-      pairs_gemm(false, count, ev, keys_padded, probabilities, padded, v_pairs, ev, block.out,
-                 p.out_row_stride);
+    for (int64_t c = 0; c < ev; c += panel) {  // the dot products' v is one panel
+      const int64_t width = std::min(panel, ev - c);
+      pairs_gemm(amx, count, width, keys_padded, probabilities, padded, v_pairs + c * padded,
+                 width, block.out + c, p.out_row_stride);
     }
     normalize_rows(p, block, inverse_sums);
   }

@@ -130,9 +130,11 @@ __attribute__((target("amx-tile,amx-int8"))) void tile_block(const uint8_t* a, i
   }
 }
 
-void block_product(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
-                   const int64_t* tap_offsets, int64_t taps, const int8_t* b, int64_t columns,
-                   int32_t* acc, const char* fetch_begin, const char* fetch_end) {
+}  // namespace
+
+void amx_int8_block(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
+                    const int64_t* tap_offsets, int64_t taps, const int8_t* b, int64_t columns,
+                    int32_t* acc, const char* fetch_begin, const char* fetch_end) {
   Fetch fetch;
   if (fetch_begin != nullptr && fetch_end > fetch_begin) {
     const int64_t steps = (rows + 2 * kGroupRows - 1) / (2 * kGroupRows) *
@@ -165,12 +167,14 @@ void block_product(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
 // PyTorch's brgemm keeps which configuration it loaded per thread, so its release is
 // called after the tiles replaced it (it does nothing where PyTorch's oneDNN has no
 // microkernel, or oneDNN runs without AMX); the tiles' own release then always runs.
-__attribute__((target("amx-tile"))) void release_tiles() {
+__attribute__((target("amx-tile"))) void amx_int8_release() {
   at::native::cpublas::brgemm_release(true);
   _tile_release();
   loaded_rows0 = 0;
   loaded_rows1 = 0;
 }
+
+namespace {
 
 // Linux hands out the tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
 // XFEATURE_XTILEDATA); without it the first tile instruction faults.
@@ -216,9 +220,9 @@ bool kernel_works() {
       }
     }
     std::vector<int32_t> acc(s.rows * 64, -1);
-    block_product(a.data(), s.rows, lda, kpad, offsets.data(), s.taps, b.data(), s.columns,
-                  acc.data(), nullptr, nullptr);
-    release_tiles();
+    amx_int8_block(a.data(), s.rows, lda, kpad, offsets.data(), s.taps, b.data(), s.columns,
+                   acc.data());
+    amx_int8_release();
     for (int64_t r = 0; r < s.rows; ++r) {
       for (int64_t j = 0; j < s.columns; ++j) {
         int32_t want = 0;
@@ -245,13 +249,5 @@ bool amx_int8_runs() {
                            has_cpu_feature("avx512vl") && tile_state_granted() && kernel_works();
   return runs;
 }
-
-void amx_int8_block(const uint8_t* a, int64_t rows, int64_t lda, int64_t kpad,
-                    const int64_t* tap_offsets, int64_t taps, const int8_t* b, int64_t columns,
-                    int32_t* acc, const char* fetch, const char* fetch_end) {
-  block_product(a, rows, lda, kpad, tap_offsets, taps, b, columns, acc, fetch, fetch_end);
-}
-
-void amx_int8_release() { release_tiles(); }
 
 }  // namespace blade::ral

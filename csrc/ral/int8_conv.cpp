@@ -894,13 +894,9 @@ int64_t padded_depth(int64_t channels) {
 }
 
 // Whether Blade's AMX tiles multiply (int8_amx.h): on AMX-INT8 CPUs where they answer.
+// Their weight's taps are padded to whole tile rows (zeros, against the rows' bytes their
+// last tile reads past the depth).
 bool amx_tiles_multiply() { return amx_int8_runs() && !int8_conv_tiles_run(); }
-
-// A tap's depth in the packed weight: the GEMM's, padded to whole tile rows for the AMX
-// tiles (zeros there, against the rows' bytes their last tile reads past the depth).
-int64_t weight_depth(int64_t depth) {
-  return amx_tiles_multiply() ? amx_padded_depth(depth) : depth;
-}
 
 // Whether a filter of few input channels (an image's 3) is unfolded: each output pixel's
 // kh x kw x C inputs side by side in one row, multiplied as a 1x1 convolution of that
@@ -1214,15 +1210,15 @@ at::Tensor pack_int8_conv_weight(const at::Tensor& weight) {
                : weight.contiguous();
   const int64_t out_channels = w.size(0);
   const int64_t channels = w.size(1);
-  const int64_t depth = weight_depth(padded_depth(channels));
+  const bool amx = amx_tiles_multiply();
+  const int64_t depth = amx ? amx_padded_depth(padded_depth(channels)) : padded_depth(channels);
   const int64_t taps = w.size(2) * w.size(3);
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
   const int64_t packed_bytes = blocks * taps * depth * kColumnBlock;  // a multiple of 4
   at::Tensor packed = at::empty({packed_bytes + out_channels * 4}, w.options());
   int8_t* data = packed.data_ptr<int8_t>();
   pack_weight(w.const_data_ptr<int8_t>(), out_channels, channels, depth, w.size(2), w.size(3),
-              amx_tiles_multiply(),
-              data, reinterpret_cast<int32_t*>(data + packed_bytes));
+              amx, data, reinterpret_cast<int32_t*>(data + packed_bytes));
   return packed;
 }
 
@@ -1251,8 +1247,8 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t taps = unfolded ? 1 : kh * kw;
   const int64_t blocks = (out_channels + kColumnBlock - 1) / kColumnBlock;
   const int64_t depth = padded_depth(unfolded ? kh * kw * channels : channels);
-  const bool amx = !tiled && amx_tiles_multiply();
-  const int64_t packed_depth = weight_depth(depth);
+  const bool amx = !tiled && amx_int8_runs();  // amx_tiles_multiply(), as the pack saw it
+  const int64_t packed_depth = amx ? amx_padded_depth(depth) : depth;
   const int64_t block_bytes = taps * packed_depth * kColumnBlock;
   TORCH_CHECK(packed.numel() == blocks * block_bytes + out_channels * 4,
               "int8_conv: the packed weight does not fit ", out_channels, " x ", channels,
@@ -1425,12 +1421,13 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
         const NextBlock next = work.next_block(task, end, weights, block_bytes);
         amx_int8_block(a, count, depth, packed_depth, tap_offsets.data(), taps, b, n_columns,
                        acc.data(), next.line, next.end);
-      }
-      for (int64_t t = 0; !amx && t < taps; ++t) {
-        at::native::cpublas::brgemm(count, n_columns, depth, depth, kColumnBlock,
-                                    kColumnBlock, /*add_C=*/t > 0, a + tap_offsets[t],
-                                    b + t * depth * kColumnBlock, acc.data(),
-                                    /*is_vnni=*/true);
+      } else {
+        for (int64_t t = 0; t < taps; ++t) {
+          at::native::cpublas::brgemm(count, n_columns, depth, depth, kColumnBlock,
+                                      kColumnBlock, /*add_C=*/t > 0, a + tap_offsets[t],
+                                      b + t * depth * kColumnBlock, acc.data(),
+                                      /*is_vnni=*/true);
+        }
       }
       for (int64_t r = 0; r < count; ++r) {
         pixels[r] = walk.next();
