@@ -8,6 +8,7 @@
 #include "ral/int8_epilogue.h"
 #include "ral/int8_kernels.h"
 #include "ral/lane_masks.h"
+#include "ral/task_runs.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
@@ -1369,7 +1370,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
   const int64_t fetch_ahead = !unfolded && taps == 1 && batch * rows * depth >= kStreamedBytes
                                   ? kFetchAheadTiles * kTileRows * planes.walk_w * depth
                                   : 0;
-  at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
+  run_task_runs(work.count(), [&](const auto& take) {
     // The microkernel's int32 block and its rows' pixels.
     thread_local std::vector<int32_t> acc;
     thread_local std::vector<int64_t> pixels;
@@ -1383,7 +1384,8 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
     if (unfolded) {
       unfolded_rows.resize(work.step * depth + kUnfoldSlack);
     }
-    for (int64_t task = begin; task < end; ++task) {
+    int64_t task = 0, end = 0;
+    while (take(task, end)) {
       const auto [block, image_row, n, first, count] = work.at(task);
       const int64_t column = block * kColumnBlock;
       const int64_t width_here = std::min(kColumnBlock, out_channels - column);

@@ -16,6 +16,7 @@
 #include "ral/ral_abi.h"
 #include "ral/ral_kernels.h"
 #include "ral/signing.h"
+#include "ral/task_runs.h"
 #include "ral/tensor_spec.h"
 #include "ral/winograd.h"
 
@@ -26,6 +27,7 @@
 #include <dirent.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -828,6 +830,71 @@ void test_parallel_for_covers_every_row_once() {
   }
 }
 
+// Every task exactly once, whatever the threads. The thread that takes task 0 as its run's
+// owner holds it until every other thread that started has run out of tasks: they take the
+// rest of its run from the back. Nested in a parallel region, one thread runs every run.
+void test_task_runs_take_every_task_once() {
+  for (int threads : {1, 2, 4}) {
+    at::set_num_threads(threads);
+    for (int64_t count : {1, 2, 7, 64}) {
+      std::vector<std::atomic<int>> taken(count);
+      std::vector<std::thread::id> by(count);
+      std::atomic<int> started{0}, idle{0};
+      std::atomic<bool> held{false};
+      std::thread::id holder;
+      blade::ral::run_task_runs(count, [&](const auto& take) {
+        started.fetch_add(1);
+        int64_t task = 0, end = 0;
+        bool first = true;
+        while (take(task, end)) {
+          EXPECT(task < end && end <= count);
+          taken[task].fetch_add(1);
+          by[task] = std::this_thread::get_id();
+          if (first && task == 0 && end > 1) {  // run 0's owner, from its front
+            holder = std::this_thread::get_id();
+            held = true;
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+            while ((started.load() < 2 || idle.load() < started.load() - 1) &&
+                   std::chrono::steady_clock::now() < deadline) {
+              std::this_thread::yield();
+            }
+          }
+          first = false;
+        }
+        idle.fetch_add(1);
+      });
+      bool once = true;
+      for (auto& t : taken) {
+        once = once && t.load() == 1;
+      }
+      EXPECT(once);
+      const int64_t runs = std::min<int64_t>(threads, count);
+      if (held && started.load() > 1) {
+        for (int64_t t = 1; t < (count + runs - 1) / runs; ++t) {
+          EXPECT(by[t] != holder);
+        }
+      }
+    }
+  }
+  at::set_num_threads(2);
+  std::vector<std::atomic<int>> taken(50);
+  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end_region) {
+    for (int64_t region = begin; region < end_region; ++region) {
+      blade::ral::run_task_runs(25, [&](const auto& take) {
+        int64_t task = 0, end = 0;
+        while (take(task, end)) {
+          taken[25 * region + task].fetch_add(1);
+        }
+      });
+    }
+  });
+  bool once = true;
+  for (auto& t : taken) {
+    once = once && t.load() == 1;
+  }
+  EXPECT(once);
+}
+
 // --- saved engines --------------------------------------------------------------------------
 
 void test_saved_model_runs_compiled_code() {
@@ -1096,6 +1163,7 @@ int main(int argc, char** argv) {
       {"cpu_flags_are_read_from_x86_and_arm_cpuinfo",
        test_cpu_flags_are_read_from_x86_and_arm_cpuinfo},
       {"parallel_for_covers_every_row_once", test_parallel_for_covers_every_row_once},
+      {"task_runs_take_every_task_once", test_task_runs_take_every_task_once},
       {"saved_model_runs_compiled_code", test_saved_model_runs_compiled_code},
       {"engine_writes_into_its_inputs", test_engine_writes_into_its_inputs},
       {"int8_engine_runs_its_kernel_calls", test_int8_engine_runs_its_kernel_calls},
