@@ -6,6 +6,7 @@
 #include "ral/conv_planes.h"
 #include "ral/cpu_features.h"
 #include "ral/lane_masks.h"
+#include "ral/task_runs.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -14,6 +15,7 @@
 #include <atomic>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace blade::ral {
@@ -821,7 +823,11 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
   if (!slices.empty() || streamed) {
     sliced_calls.fetch_add(1, std::memory_order_relaxed);
   }
-  at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
+  // A task's depth slices run in order on one thread, one after another for all its
+  // tasks (the partial sums of one slice added by the next): with slices, the threads keep
+  // at::parallel_for's runs; else they take each other's last tasks (task_runs.h), as the
+  // int8 kernel's do.
+  const auto body = [&](const auto& take) {
     thread_local std::vector<T> block_rows;  // rows_in_turn's rounded rows
     int64_t rounded = -1;                    // the image row they are
     // Task `task`'s products over the depth [from, to) (its tap groups `part`), added to
@@ -861,8 +867,9 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
                         width, out_channels);
       }
     };
+    int64_t task = 0, end = 0;
     if (streamed) {
-      for (int64_t task = begin; task < end; ++task) {
+      while (take(task, end)) {
         const char* block_weights =
             reinterpret_cast<const char*>(weights + work.at(task).block * block_words);
         for (size_t i = 0; i < task_slices.size(); ++i) {
@@ -880,22 +887,42 @@ void convolve(const char* what, const float* input, int64_t batch, int64_t heigh
       }
       return;
     }
+    if (slice == depth) {
+      while (take(task, end)) {
+        run(task, 0, depth, taps, work.next_block(task, end, weights, block_bytes));
+      }
+      return;
+    }
+    // Slices: the thread's whole run, from the first task `take` gives.
+    if (!take(task, end)) {
+      return;
+    }
+    const int64_t begin = task;
     for (int64_t from = 0; from < depth; from += slice) {
       const int64_t to = std::min(depth, from + slice);
       const std::vector<TapGroup>& slice_taps = slices.empty() ? taps : slices[from / slice];
-      for (int64_t task = begin; task < end; ++task) {
+      for (task = begin; task < end; ++task) {
         // The next task's weight rows ahead (of this slice: its first block's at a
         // slice's end were read from memory by the slice's first tile anyway).
-        const NextBlock next =
-            slice == depth
-                ? work.next_block(task, end, weights, block_bytes)
-                : work.next_block(task, end,
-                                  reinterpret_cast<const char*>(weights) + rows_bytes(from),
-                                  block_bytes, rows_bytes(slice));
+        const NextBlock next = work.next_block(
+            task, end, reinterpret_cast<const char*>(weights) + rows_bytes(from), block_bytes,
+            rows_bytes(slice));
         run(task, from, to, slice_taps, next);
       }
     }
-  });
+  };
+  if (slice == depth) {
+    run_task_runs(work.count(), body);
+  } else {
+    at::parallel_for(0, work.count(), 1, [&](int64_t begin, int64_t end) {
+      bool given = false;  // the run [begin, end) as one take
+      body([&](int64_t& task, int64_t& run_end) {
+        task = begin;
+        run_end = end;
+        return !std::exchange(given, true);
+      });
+    });
+  }
 }
 
 }  // namespace
