@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +22,8 @@ class TaskRuns {
   TaskRuns(int64_t count, int64_t runs)
       : runs_(std::max<int64_t>(1, std::min(runs, count))),
         ends_(new Ends[static_cast<size_t>(runs_)]) {
+    TORCH_CHECK(count >= 0 && count < (int64_t{1} << 32),
+                "TaskRuns: a count of tasks in [0, 2^32) expected, got ", count);
     for (int64_t r = 0; r < runs_; ++r) {
       // at::parallel_for's split: runs of ceil(count / runs), the last ones shorter.
       const int64_t size = (count + runs_ - 1) / runs_;
