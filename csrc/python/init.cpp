@@ -304,6 +304,10 @@ PYBIND11_MODULE(_C, m) {
         "Rows of the int8 VNNI register tiles of 4 vectors: 5 on AMD's Zen 4, 6 elsewhere.");
   m.def("set_int8_wide_tile_rows", &ral::set_int8_wide_tile_rows, py::arg("rows"),
         "5 or 6 runs those tiles at that height on any CPU, 0 at this CPU's (tests).");
+  m.def("set_int8_conv_serial_products", &ral::set_int8_conv_serial_products,
+        py::arg("products"),
+        "Int8 convolutions of fewer multiply-adds run on one thread; 0 splits any between "
+        "the threads, a negative value restores the default (tests).");
   m.def("set_int8_conv_tiles", &ral::set_int8_conv_tiles, py::arg("enabled"),
         "False multiplies by oneDNN's microkernel where it answers (tests).");
   m.def("set_depthwise_int8_enabled", &ral::set_depthwise_int8_enabled, py::arg("enabled"),

@@ -45,6 +45,11 @@ constexpr int64_t kFetchAheadTiles = 2;
 // core wrote, from that core's L2, several times slower a byte here than the weight from
 // L3 (ResNet-50 int8: 3% faster than splitting by columns wherever the weight is larger).
 constexpr int64_t kColumnsOuterRatio = 16;
+// The products (multiply-adds) below which a convolution runs on one thread: with two,
+// a 1x1 over one pixel of 960 -> 240 channels took 7.5 us against 6.9 on one, a
+// 1024 -> 512 one took the same, 1024 -> 1024 twice as long on one (an AMD EPYC, Zen 5).
+constexpr int64_t kSerialProducts = int64_t{1} << 18;
+std::atomic<int64_t> serial_products{kSerialProducts};  // set_int8_conv_serial_products
 // How many depth steps (256 bytes each) ahead a block's first tile fetches its weight rows.
 constexpr int64_t kWeightAheadSteps = 32;
 // The deepest unfolded filter (unfolds): a block of rows unfolded takes at most 132 x 256
@@ -1175,6 +1180,10 @@ bool int8_conv_enabled() { return enabled.load(std::memory_order_relaxed); }
 
 void set_int8_conv_tiles(bool value) { tiles_enabled.store(value, std::memory_order_relaxed); }
 
+void set_int8_conv_serial_products(int64_t products) {
+  serial_products.store(products < 0 ? kSerialProducts : products, std::memory_order_relaxed);
+}
+
 int64_t int8_wide_tile_rows() {
   static const int64_t here = amd_cpu_family() == 25 ? kZen4TileRows : kTileRows;
   const int64_t set = wide_tile_rows_set.load(std::memory_order_relaxed);
@@ -1361,10 +1370,16 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
                        : !tiled ? 1
                        : pairs || out_channels < 64 ? kTileRows
                                                     : int8_wide_tile_rows();
+  // A convolution of few products (a squeeze-excitation's 1x1 over one pixel) runs on
+  // the calling thread: waking the others cost more than they saved.
+  const int64_t threads = batch * rows * out_channels * taps * depth <
+                                  serial_products.load(std::memory_order_relaxed)
+                              ? 1
+                              : at::get_num_threads();
   const ConvTasks work(batch, rows, blocks, kMaxRowBlock, tile,
                        /*columns_outer=*/blocks * block_bytes >
                            kColumnsOuterRatio * batch * rows * depth,
-                       at::get_num_threads());
+                       threads);
   // A 1x1 convolution over more input than the cores' L2 caches hold streams it in; the
   // tiles ask for the rows two tiles ahead (see register_tile).
   const int64_t fetch_ahead = !unfolded && taps == 1 && batch * rows * depth >= kStreamedBytes
@@ -1441,7 +1456,7 @@ void int8_conv(const uint8_t* input, int64_t batch, int64_t height, int64_t widt
     } else if (!tiled) {
       at::native::cpublas::brgemm_release(true);
     }
-  });
+  }, threads);
 }
 
 const GateTable& gelu_gate_table(bool tanh_form) {

@@ -49,6 +49,9 @@ void set_int8_conv_tiles(bool enabled);
 // 6 elsewhere; tests set 5 or 6 to run either on any AVX-512 VNNI CPU (0: this CPU's).
 int64_t int8_wide_tile_rows();
 void set_int8_wide_tile_rows(int64_t rows);
+// A convolution of fewer products (multiply-adds) than this runs on the calling thread;
+// tests set 0 to split any between the threads (negative: the default).
+void set_int8_conv_serial_products(int64_t products);
 // How many convolutions and linear layers it has run in this process (tests: that it ran),
 // and the int8 depthwise ones and few-row linear layers (counted by note_int8_conv_call).
 int64_t int8_conv_calls();

@@ -79,14 +79,15 @@ class TaskRuns {
   std::unique_ptr<Ends[]> ends_;
 };
 
-// `body(take)` on each intra-op thread, where `take(task, end)` hands it tasks of
-// [0, count) (TaskRuns::next) until it returns false; every task runs exactly once.
+// `body(take)` on `threads` of the intra-op threads (all by default), where `take(task,
+// end)` hands it tasks of [0, count) (TaskRuns::next) until it returns false; every task
+// runs exactly once. On one thread, inline.
 template <typename Body>
-void run_task_runs(int64_t count, const Body& body) {
+void run_task_runs(int64_t count, const Body& body, int64_t threads = at::get_num_threads()) {
   if (count <= 0) {
     return;
   }
-  TaskRuns runs(count, at::get_num_threads());
+  TaskRuns runs(count, threads);
   at::parallel_for(0, runs.runs(), 1, [&](int64_t first_run, int64_t /*end*/) {
     body([&](int64_t& task, int64_t& end) { return runs.next(first_run, task, end); });
   });

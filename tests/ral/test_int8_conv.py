@@ -40,10 +40,13 @@ def multiply(request):
 
 @pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
 def threads(request):
-    """The kernel's blocks on one thread and split between two (tests run on one each)."""
+    """The kernel's blocks on one thread and split between two (tests run on one each),
+    however few products the convolution has (the kernel runs those on one thread)."""
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
+    _C.set_int8_conv_serial_products(0 if request.param > 1 else -1)
     yield request.param
+    _C.set_int8_conv_serial_products(-1)
     torch.set_num_threads(before)
 
 
@@ -529,3 +532,28 @@ def test_depths_of_no_multiple_of_64_give_the_real_convolution(
         OUTPUT_RANGE, "relu"))
     assert ran == [1, 0]
     assert_rounds_to(mine, reference(x, weight, scale, bias, 1, padding), onednn)
+
+
+@needs_kernel
+@pytest.mark.parametrize("channels, out_channels", [(960, 240), (32, 120), (16, 72)])
+def test_a_squeeze_excitations_1x1_gives_one_threads_bytes_split_in_two(channels,
+                                                                       out_channels):
+    """A 1x1 over one pixel has too few products to share: it runs on the calling thread
+    (waking the other cost more than it saved), with the same bytes as split in two."""
+    x, weight, scale, bias = operands(1, channels, (1, 1), out_channels, 1, 3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    results = []
+    try:
+        for serial_products in (-1, 0):  # the default (one thread), then always split
+            _C.set_int8_conv_serial_products(serial_products)
+            calls = _C.int8_conv_calls()
+            results.append(torch.ops.blade.quantized_conv2d(
+                x, weight, scale, bias, [1, 1], [0, 0], [1, 1], 1, INPUT_RANGE,
+                OUTPUT_RANGE, "relu"))
+            assert _C.int8_conv_calls() == calls + 1
+    finally:
+        _C.set_int8_conv_serial_products(-1)
+        torch.set_num_threads(before)
+    assert torch.equal(results[0], results[1])
+    assert_rounds_to(results[0], reference(x, weight, scale, bias, 1, 0))
