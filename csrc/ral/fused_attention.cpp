@@ -491,9 +491,9 @@ void normalize_rows(const Problem& p, const Block& block, const float* inverse_s
   }
 }
 
-// One worker of the pool: claims blocks one at a time from the shared counter until none
-// is left, so a thread that starts late or is preempted (a busy or virtualized host) does
-// not leave the others waiting at the barrier on a fixed share of the blocks.
+// One worker of the pool: takes its own run of blocks (TaskRuns), then the other runs'
+// last ones, so a thread that starts late or is preempted (a busy or virtualized host)
+// does not leave the others waiting at the barrier on a fixed share of the blocks.
 void run_blocks(int64_t first_worker, int64_t /*end_worker*/, void** arguments) {
   const Problem& p = *static_cast<const Problem*>(arguments[0]);
   auto& runs = *static_cast<TaskRuns*>(arguments[1]);
@@ -838,14 +838,12 @@ bool fused_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Ten
     }
   }
   p.batches = q.size(0);
-  // One range element per worker, at most one per block. Each takes its own run of
-  // blocks, head by head (so each head's k and v are converted by one thread, once), then
-  // the other runs' last blocks (task_runs.h): with one shared counter the threads took
+  // One range element per worker, at most one per block (TaskRuns' runs). Each takes its
+  // own run of blocks, head by head (so each head's k and v are converted by one thread,
+  // once), then the other runs' last blocks: with one shared counter the threads took
   // alternate blocks, and each converted almost every head again (GPT-block int8: the
   // rounding to bfloat16 was 6% of the engine's samples).
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(),
-                                            p.batches * p.heads * p.blocks_per_head);
-  TaskRuns runs(p.batches * p.heads * p.blocks_per_head, workers);
+  TaskRuns runs(p.batches * p.heads * p.blocks_per_head, at::get_num_threads());
   void* arguments[] = {&p, &runs};
   run_parallel_tasks(runs.runs(), 1, p.bf16 ? &run_blocks_bf16 : &run_blocks, arguments);
   return true;

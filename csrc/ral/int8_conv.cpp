@@ -915,6 +915,16 @@ bool unfolds(int64_t channels, int64_t kh, int64_t kw) {
          padded_depth(kh * kw * channels) <= kMaxUnfoldedDepth;
 }
 
+// An unfolded row's bytes past its filter rows, 0 to 3 (the depth is whole groups of 4),
+// set to the zero point by one 4-byte store, spilling as a filter row does: the byte loop
+// was a call to memset per pixel, 5% of an image stem's samples.
+inline void put_depth_tail(uint8_t* to, int64_t tail, uint8_t zero_point) {
+  if (tail > 0) {
+    const uint32_t zeros = 0x01010101u * zero_point;
+    std::memcpy(to, &zeros, sizeof zeros);
+  }
+}
+
 // Rows [first, first + count) of image n's output pixels unfolded into `out`, `depth`
 // bytes a row: filter row i's kw * C inputs at i * kw * C, the rest (padding, and depth
 // past kh * kw * C) the input's zero point. A filter row is read as a 32- or 64-byte
@@ -994,12 +1004,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void unfold_block(
           }
         }
       }
-      if (tail > 0) {
-        // 1 to 3 bytes (the depth is whole groups of 4) as one 4-byte store, spilling as a
-        // filter row does: the byte loop was a call to memset per pixel, 5% of a stem's.
-        const uint32_t zeros = 0x01010101u * zero_point;
-        std::memcpy(row + kh * row_bytes, &zeros, sizeof zeros);
-      }
+      put_depth_tail(row + kh * row_bytes, tail, zero_point);
     }
     ow = 0;
     ++oh;
@@ -1068,12 +1073,7 @@ __attribute__((target("avx2"))) void unfold_block_avx2(
         }
         put_filter_row_avx2(to, staged, narrow);
       }
-      if (tail > 0) {
-        // 1 to 3 bytes (the depth is whole groups of 4) as one 4-byte store, spilling as a
-        // filter row does: the byte loop was a call to memset per pixel, 5% of a stem's.
-        const uint32_t zeros = 0x01010101u * zero_point;
-        std::memcpy(row + kh * row_bytes, &zeros, sizeof zeros);
-      }
+      put_depth_tail(row + kh * row_bytes, tail, zero_point);
     }
     ow = 0;
     ++oh;
