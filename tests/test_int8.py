@@ -1354,6 +1354,62 @@ def test_int8_with_dynamic_shapes_serves_other_batch_sizes():
     assert len(report.int8["layers"]) == 3, str(report)
 
 
+class PooledResidualNet(torch.nn.Module):
+    """A strided stem, an int8 max pool (rounding its size up), a residual add folded into
+    a convolution, a 1x1 and a 3x3 of stride 2 and dilation 2 (a 5 x 5 window): every int8
+    kernel call whose result's spatial sizes follow from its input's."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.pool = torch.nn.MaxPool2d(3, 2, 1, ceil_mode=True)
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.wide = torch.nn.Conv2d(16, 32, 1)
+        self.down = torch.nn.Conv2d(32, 24, 3, stride=2, dilation=2)
+        self.head = torch.nn.Linear(24, 10)
+
+    def forward(self, x):
+        y = self.pool(torch.relu(self.stem(x)))
+        y = torch.relu(self.conv(y) + y)
+        y = torch.relu(self.down(torch.relu(self.wide(y))))
+        return self.head(y.mean((2, 3)))
+
+
+@needs_int8
+def test_int8_convolutions_with_dynamic_shapes_serve_other_image_sizes():
+    """Under Config(dynamic=True) the int8 convolutions and max pool stay inside the engine
+    (each result's batch and spatial sizes computed from its input's), for images of every
+    size and batch, square or not; an image too small for a filter is refused by the
+    convolution and runs the TorchScript fallback with eager's answer."""
+    torch.manual_seed(0)
+    model = PooledResidualNet().eval()
+    generator = torch.Generator().manual_seed(3)
+    cal = [(torch.randn(2, 3, 32, 32, generator=generator),) for _ in range(4)]
+    optimized = blade.optimize(model, (torch.randn(2, 3, 32, 32),),
+                               blade.Config(precision="int8", calibration=cal, dynamic=True))
+    for shape in ((2, 3, 32, 32), (3, 3, 40, 24), (1, 3, 17, 33), (4, 3, 64, 64),
+                  (3, 3, 40, 24)):
+        x = torch.randn(shape, generator=generator)
+        with torch.no_grad():
+            got, want = optimized(x), model(x)
+        assert got.shape == want.shape
+        assert float(torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(),
+                                                           dim=0)) > 0.999, shape
+    report = assert_ran_compiled(optimized)
+    assert report.guard_fallbacks == 0 and report.coverage == 1.0, str(report)
+    assert [c.precision for c in report.clusters] == ["int8"], str(report)
+    assert {"stem", "conv", "wide", "down"} <= set(report.int8["layers"]), str(report)
+    # 6 x 6 pixels: the 5 x 5 window does not fit the pooled 2 x 2 image.
+    tiny = torch.randn(1, 3, 6, 6, generator=generator)
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        model(tiny)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="quantized_conv2d.*does not fit"), \
+            pytest.warns(UserWarning, match="ran its TorchScript subgraph") as warned:
+        optimized(tiny)
+    # The fallback's reason is the op's message, without PyTorch's C++ backtrace.
+    assert not any("frame #" in str(w.message) for w in warned), [str(w.message) for w in warned]
+
+
 def test_model_cache_keys_the_weight_limit(without_int8_dot_product):
     """Weights quantized for one limit must not be served where the CPU's kernels take
     another (a test switching the dot product off; a cache shared across CPUs)."""

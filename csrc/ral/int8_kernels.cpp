@@ -551,6 +551,18 @@ ConvCall check_conv(const char* op, const at::Tensor& input, const at::Tensor& w
   TORCH_CHECK(call.image.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0,
               op, ": the input has ", call.image.size(1), " channels, the weight takes ",
               weight.size(1), " x ", groups, " groups");
+  // As aten::conv2d: every path (oneDNN's too, which returned an empty result) refuses a
+  // window that does not fit the padded input.
+  for (int64_t d = 0; d < 2; ++d) {
+    const int64_t padded = call.image.size(2 + d) + 2 * padding[d];
+    const int64_t window = dilation[d] * (weight.size(2 + d) - 1) + 1;
+    TORCH_CHECK(stride[d] > 0 && padding[d] >= 0 && dilation[d] > 0 && window <= padded, op,
+                ": the ", weight.size(2), " x ", weight.size(3), " filter (dilation ",
+                dilation, ") does not fit the ", call.image.size(2), " x ",
+                call.image.size(3), " input padded by ", padding,
+                "; strides and dilations must be positive and padding not negative, got ",
+                stride, ", ", dilation, " and ", padding);
+  }
   const int64_t out_channels = weight.size(0);
   TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.dim() == 1 &&
                   weight_scale.size(0) == out_channels,

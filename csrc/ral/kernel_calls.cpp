@@ -340,6 +340,8 @@ void run_kernel_call(int64_t index, const BladeUnrankedMemRef* buffers, int64_t 
       }
       (made_here ? placed_results : copied_results).fetch_add(1, std::memory_order_relaxed);
     }
+  } catch (const c10::Error& e) {  // the op's message, without PyTorch's C++ backtrace
+    record_kernel_error(std::string("blade_ral_kernel_call: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
     record_kernel_error(std::string("blade_ral_kernel_call: ") + e.what());
   } catch (...) {

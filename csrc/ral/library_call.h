@@ -62,6 +62,8 @@ void guarded(const char* what, NameFn&& profile_name, Fn&& fn) noexcept {
   try {
     const ProfiledCall<std::decay_t<NameFn>> profiled(profile_name);
     fn();
+  } catch (const c10::Error& e) {  // its message, without PyTorch's C++ backtrace
+    record_kernel_error(std::string(what) + ": " + e.what_without_backtrace());
   } catch (const std::exception& e) {
     record_kernel_error(std::string(what) + ": " + e.what());
   } catch (...) {

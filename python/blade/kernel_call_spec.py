@@ -2,7 +2,7 @@
 which nodes are called so): the call's spec line, which the importer attaches to the call's
 declaration and the code generator embeds in the engine's library, and the limits the RAL
 sets (csrc/ral/kernel_calls.h). A leaf below partition, importer and codegen."""
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 
@@ -19,6 +19,47 @@ MAX_TENSORS = 12
 # constant: an engine with dynamic shapes allocates it from the operand's
 # (codegen/kernels/declarations.define_returning), so they are kernel calls there too.
 SIZES_OF_FIRST_OPERAND = frozenset(("blade::quantized_linear",))
+
+
+class Window(NamedTuple):
+    """Where a windowed op's geometry lies among its schema arguments: its window's sizes
+    (`kernel`: an int list argument; None: dims 2 and 3 of tensor operand 1, a
+    convolution's weight), stride, padding and dilation (int lists), and ceil_mode (a bool,
+    or None: the op has none)."""
+    kernel: Optional[int]
+    stride: int
+    padding: int
+    dilation: int
+    ceil_mode: Optional[int] = None
+
+
+# Ops whose one result is the window's output over their first operand, 4-d both: its
+# batch and spatial dims follow from the operand's (H_out = (H + 2 padding - dilation
+# (kernel - 1) - 1) // stride + 1), its channels are static; an engine with dynamic shapes
+# allocates it so (codegen/kernels/kernel_calls.result_sizes), so they are kernel calls
+# there too. A 4-d tensor lies as NHWC when it is int8 (Blade's uint8 activations) or its
+# dtype in the spec is marked `:nhwc` (a float32 buffer of an int8 convolution), else as
+# NCHW.
+WINDOWED = {
+    "blade::quantized_conv2d": Window(kernel=None, stride=4, padding=5, dilation=6),
+    "blade::quantized_conv2d_add": Window(kernel=None, stride=4, padding=5, dilation=6),
+    "blade::quantized_max_pool2d": Window(kernel=1, stride=2, padding=3, dilation=4,
+                                          ceil_mode=5),
+}
+# quantized_conv2d_add's argument of the result's sizes (its accum), by schema position.
+WINDOWED_LIKE_RESULT = {"blade::quantized_conv2d_add": 9}
+
+
+def channel_dim(dtype: str) -> int:
+    """The channel dim of a windowed op's 4-d tensor of spec dtype `dtype` (see WINDOWED)."""
+    return 3 if dtype == "int8" or dtype.endswith(":nhwc") else 1
+
+
+def int_list(field: str) -> List[int]:
+    """The ints of a spec's int list argument (`I2,2`)."""
+    if not field.startswith("I"):
+        raise ValueError(f"'{field}' is not an int list argument")
+    return [int(v) for v in field[1:].split(",") if v]
 
 def spec(node: torch._C.Node) -> str:
     """The call as the RAL reads it (csrc/ral/kernel_calls.h): the overload, the dtypes of

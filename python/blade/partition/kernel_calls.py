@@ -15,9 +15,11 @@ A node is called this way when
   writes into nor returns a view of an operand;
 - its results are tensors whose sizes follow from its operands' sizes (not `nonzero`,
   `bincount`, ...) and whose values are defined (not `empty`);
-- its tensors have static shapes (but for SIZES_OF_FIRST_OPERAND's first operand and
-  result) and dtypes Blade compiles (uint8 aside), and its other arguments are constants
-  (a Generator only as None).
+- its tensors have static shapes (with Config.dynamic, SIZES_OF_FIRST_OPERAND's first
+  operand and result may vary but in their last dim, a WINDOWED op's first operand and
+  result, and quantized_conv2d_add's accum, but in their channels) and dtypes Blade
+  compiles (uint8 aside), and its other arguments are constants (a Generator only as
+  None).
 
 `blade.kernel_call_spec.spec` writes what the engine needs to make the call as one line of
 text, which the importer attaches to the call's declaration (so it is part of the code's
@@ -30,7 +32,8 @@ from typing import Optional
 import torch
 
 from blade.dtypes import SCALAR_TYPE_NAMES
-from blade.kernel_call_spec import MAX_TENSORS, SIZES_OF_FIRST_OPERAND, encode_argument
+from blade.kernel_call_spec import (MAX_TENSORS, SIZES_OF_FIRST_OPERAND, WINDOWED,
+                                     WINDOWED_LIKE_RESULT, channel_dim, encode_argument)
 
 # What the registry reports for a node compiled as a kernel call.
 ORIGIN = "pytorch kernel"
@@ -85,14 +88,12 @@ def refusal(node: torch._C.Node, static_shapes: bool) -> Optional[str]:
                if isinstance(v.type(), torch._C.TensorType)]
     if len(tensors) > MAX_TENSORS:
         return f"it has {len(tensors)} tensors, and a kernel call takes at most {MAX_TENSORS}"
-    follows = node.kind() in SIZES_OF_FIRST_OPERAND
-    if not static_shapes and not follows:
+    varying = {} if static_shapes else _varying_dims(node)
+    if varying is None:
         return "a kernel call needs the static sizes of its results (Config.dynamic is on)"
     for value in list(node.inputs()) + list(node.outputs()):
         if isinstance(value.type(), torch._C.TensorType):
-            # The first operand and the result may vary but in their last dim.
-            varies = follows and (value == node.inputsAt(0) or value == node.output())
-            why = _tensor_refusal(value, varies)
+            why = _tensor_refusal(value, varying.get(value))
             if why is not None:
                 return why
         elif encode_argument(value) is None:
@@ -101,7 +102,32 @@ def refusal(node: torch._C.Node, static_shapes: bool) -> Optional[str]:
     return None
 
 
-def _tensor_refusal(value: torch._C.Value, may_vary: bool = False) -> Optional[str]:
+def _varying_dims(node: torch._C.Node):
+    """With dynamic shapes, the tensors of `node` that may have symbolic dims, each with
+    the dim that must stay static (the rest must be static whole); None where the op's
+    results need static sizes. SIZES_OF_FIRST_OPERAND's first operand and result keep
+    their last dim; a WINDOWED op's first operand, result (and tensor of the result's
+    sizes) their channels."""
+    if node.kind() in SIZES_OF_FIRST_OPERAND:
+        varying = [node.inputsAt(0), node.output()]
+        return {v: _rank(v) - 1 for v in varying if _rank(v) is not None}
+    if node.kind() in WINDOWED:
+        varying = [node.inputsAt(0), node.output()]
+        if node.kind() in WINDOWED_LIKE_RESULT:
+            varying.append(node.inputsAt(WINDOWED_LIKE_RESULT[node.kind()]))
+        return {v: channel_dim(SCALAR_TYPE_NAMES.get(v.type().scalarType(), ""))
+                for v in varying}
+    return None
+
+
+def _rank(value: torch._C.Value) -> Optional[int]:
+    return value.type().dim()
+
+
+def _tensor_refusal(value: torch._C.Value, static_dim: Optional[int] = None) -> Optional[str]:
+    """Why `value` cannot be a tensor of a kernel call: an unknown size (or, with
+    `static_dim`, symbolic dims but that one, which must be static), or a dtype it cannot
+    take."""
     t = value.type()
     if t.scalarType() not in SCALAR_TYPE_NAMES:
         return f"%{value.debugName()} has dtype {t.scalarType()}, which Blade does not compile"
@@ -109,9 +135,10 @@ def _tensor_refusal(value: torch._C.Value, may_vary: bool = False) -> Optional[s
         # The compiled code's uint8 values are unsigned, the RAL's call boundary signless
         # (codegen/stablehlo/unsigned.py converts only main's boundary).
         return f"%{value.debugName()} is uint8, which kernel calls do not take"
-    if may_vary:  # symbolic dims (negative) but the last
+    if static_dim is not None:  # symbolic dims (negative) but that one
         symbolic = t.symbolic_sizes()
-        if symbolic and symbolic[-1] is not None and symbolic[-1] >= 0:
+        if symbolic and 0 <= static_dim < len(symbolic) and symbolic[static_dim] is not None \
+                and symbolic[static_dim] >= 0:
             return None
     sizes = t.sizes()
     if sizes is None or any(s is None or s < 0 for s in sizes):

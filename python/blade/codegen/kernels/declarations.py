@@ -21,16 +21,17 @@ def read_only(function) -> None:
     function.attributes["arg_attrs"] = ir.ArrayAttr.get([access] * arguments)
 
 
-def define_returning(function, callee: str, leading=(), trailing=(), element=None) -> List:
+def define_returning(function, callee: str, leading=(), trailing=(), element=None,
+                     sizes=None) -> List:
     """Defines the bufferized declaration `function`, `(memrefs...) -> (memrefs...)`, as a
     call of the RAL function `callee` with the constants `leading` (attributes), its
     operands and its results as unranked memrefs, then the constants `trailing`; the
     results are allocated here (a dynamic size is that of the same dim of the first
-    operand) and returned. With `element` (an MLIR type), every buffer is passed as an
-    unranked memref of that element type: one declaration of `callee` then serves calls
-    whose buffers differ in dtype (an unranked memref is (rank, descriptor) whatever its
-    element type; the RAL reads the dtypes elsewhere). Returns the call's operands (for
-    its declaration)."""
+    operand, or with `sizes`, `sizes(arguments, result_type)`'s values) and returned. With
+    `element` (an MLIR type), every buffer is passed as an unranked memref of that element
+    type: one declaration of `callee` then serves calls whose buffers differ in dtype (an
+    unranked memref is (rank, descriptor) whatever its element type; the RAL reads the
+    dtypes elsewhere). Returns the call's operands (for its declaration)."""
     function_type = ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)
     block = function.regions[0].blocks.append(*function_type.inputs)
     with ir.InsertionPoint(block):
@@ -38,9 +39,10 @@ def define_returning(function, callee: str, leading=(), trailing=(), element=Non
         results = []
         for t in function_type.results:
             result = ir.MemRefType(t)
-            sizes = [memref.DimOp(block.arguments[0], arith.ConstantOp(index, d).result).result
-                     for d in range(result.rank) if result.is_dynamic_dim(d)]
-            results.append(memref.AllocOp(result, sizes, []).result)
+            dynamic = sizes(list(block.arguments), result) if sizes is not None else [
+                memref.DimOp(block.arguments[0], arith.ConstantOp(index, d).result).result
+                for d in range(result.rank) if result.is_dynamic_dim(d)]
+            results.append(memref.AllocOp(result, dynamic, []).result)
         buffers = [memref.CastOp(ir.UnrankedMemRefType.get(
             ir.ShapedType(b.type).element_type, None), b).result
             for b in list(block.arguments) + results]

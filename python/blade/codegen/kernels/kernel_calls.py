@@ -17,11 +17,12 @@ types with main's. Then:
    code.
 """
 from torch_mlir import ir
-from torch_mlir.dialects import llvm
+from torch_mlir.dialects import arith, llvm, memref
 
 from blade.codegen.errors import CodegenError
 from blade.codegen.kernels.declarations import read_only
-from blade.kernel_call_spec import MAX_TENSORS, SIZES_OF_FIRST_OPERAND, SPEC_ATTRIBUTE
+from blade.kernel_call_spec import (MAX_TENSORS, SIZES_OF_FIRST_OPERAND, SPEC_ATTRIBUTE,
+                                    WINDOWED, channel_dim, int_list)
 
 KIND = "kernel_call"
 # The call's number: its line in the table.
@@ -40,7 +41,8 @@ def outline(module, library_call_attribute: str) -> int:
         results = [ir.RankedTensorType(t) for t in function_type.results]
         what = ir.StringAttr(op.attributes[SPEC_ATTRIBUTE]).value.split(" ", 1)[0]
         if not all(t.has_static_shape for t in results) and \
-                not _sizes_follow_first_operand(what, function_type, results):
+                not _sizes_follow_first_operand(what, function_type, results) and \
+                not _windowed_result(op, function_type, results):
             raise CodegenError(f"the kernel call of {what} has a result of dynamic size")
         buffers = len(function_type.inputs) + len(results)
         if buffers > MAX_TENSORS:  # blade.partition.kernel_calls refuses such nodes
@@ -62,6 +64,90 @@ def _sizes_follow_first_operand(what: str, function_type, results) -> bool:
     return result.rank == first.rank and not result.is_dynamic_dim(result.rank - 1) and \
         all(not result.is_dynamic_dim(d) or first.is_dynamic_dim(d)
             for d in range(result.rank - 1))
+
+
+def _windowed_result(declaration, function_type, results) -> bool:
+    """Whether the one result of a WINDOWED op's call is 4-d with static channels, over a
+    4-d first operand: result_sizes computes its other dims."""
+    fields = _spec_fields(declaration)
+    if fields[0].split(".")[0] not in WINDOWED or len(results) != 1 or \
+            not function_type.inputs:
+        return False
+    first = ir.RankedTensorType(function_type.inputs[0])
+    result = results[0]
+    return result.rank == 4 and first.rank == 4 and \
+        not result.is_dynamic_dim(channel_dim(fields[2].split(",")[0]))
+
+
+def _spec_fields(declaration):
+    return ir.StringAttr(declaration.attributes[SPEC_ATTRIBUTE]).value.split(" ")
+
+
+def result_sizes(function):
+    """For `declarations.define_returning`: how the call's result's dynamic dims are
+    computed from its operands (`sizes(arguments, result_type)` gives their index values
+    in order), or None where they are the first operand's dims (SIZES_OF_FIRST_OPERAND).
+    A WINDOWED op's batch is its input's, and each spatial dim
+    max(0, (in + 2 padding - dilation (kernel - 1) - 1) floordiv stride + 1), as PyTorch
+    computes it (with ceil_mode, rounded up, less a window that would start in the right
+    padding): a window that does not fit gets an empty buffer, and the op then raises its
+    own error."""
+    fields = _spec_fields(function)
+    window = WINDOWED.get(fields[0].split(".")[0])
+    if window is None:
+        return None
+    arguments = fields[3:]
+    stride, padding, dilation = (int_list(arguments[i]) for i in
+                                 (window.stride, window.padding, window.dilation))
+    function_type = ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)
+    if window.kernel is None:  # the weight's, static
+        kernel = list(ir.ShapedType(function_type.inputs[1]).shape[2:])
+    else:
+        kernel = int_list(arguments[window.kernel])
+    ceil = window.ceil_mode is not None and arguments[window.ceil_mode] == "b1"
+    input_spatial = _spatial_dims(fields[1].split(",")[0])
+    result_spatial = _spatial_dims(fields[2].split(",")[0])
+
+    def sizes(operands, result_type):
+        index = ir.IndexType.get()
+
+        def constant(value):
+            return arith.ConstantOp(index, value).result
+
+        def dim(d):
+            return memref.DimOp(operands[0], constant(d)).result
+
+        values = []
+        for d in range(result_type.rank):
+            if not result_type.is_dynamic_dim(d):
+                continue
+            if d == 0:
+                values.append(dim(0))
+                continue
+            if d not in result_spatial:
+                raise CodegenError(f"the kernel call of {fields[0]} has a result whose dim "
+                                   f"{d}, its channels, is dynamic")
+            axis = result_spatial.index(d)
+            size = dim(input_spatial[axis])
+            span = 2 * padding[axis] - dilation[axis] * (kernel[axis] - 1) - 1
+            steps = arith.FloorDivSIOp(
+                arith.AddIOp(size, constant(span + (stride[axis] - 1 if ceil else 0))).result,
+                constant(stride[axis])).result
+            out = arith.AddIOp(steps, constant(1)).result
+            if ceil:  # as PyTorch's pooling: no window may start in the right padding
+                last_start = arith.MulIOp(steps, constant(stride[axis])).result
+                past = arith.CmpIOp(arith.CmpIPredicate.sge, last_start,
+                                    arith.AddIOp(size, constant(padding[axis])).result).result
+                out = arith.SelectOp(past, steps, out).result
+            values.append(arith.MaxSIOp(out, constant(0)).result)
+        return values
+
+    return sizes
+
+
+def _spatial_dims(dtype: str):
+    """The H and W dims of a WINDOWED op's 4-d tensor of spec dtype `dtype`."""
+    return [1, 2] if channel_dim(dtype) == 3 else [2, 3]
 
 
 def callee_of(function):

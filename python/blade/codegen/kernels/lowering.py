@@ -36,10 +36,12 @@ def lower(module) -> None:
                 continue
             kind = ir.StringAttr(function.attributes[LIBRARY_CALL]).value
             if len(function.regions[0].blocks) == 0:  # a declaration: a sort or kernel call
+                sizes = None
                 if kind == kernel_calls.KIND:
                     calls.append(function)
                     callee, leading = kernel_calls.callee_of(function)
                     trailing = []
+                    sizes = kernel_calls.result_sizes(function)
                 else:
                     operands = ir.FunctionType(ir.TypeAttr(
                         function.attributes["function_type"]).value).inputs
@@ -51,7 +53,8 @@ def lower(module) -> None:
                 # the RAL function whatever their dtypes (csrc/ral/kernel_calls.h).
                 element = ir.IntegerType.get_signless(8) if kind == kernel_calls.KIND else None
                 _declare(module, declared, callee,
-                         define_returning(function, callee, leading, trailing, element))
+                         define_returning(function, callee, leading, trailing, element,
+                                          sizes))
                 continue
             block = function.regions[0].blocks[0]
             terminator = block.operations[len(block.operations) - 1]
