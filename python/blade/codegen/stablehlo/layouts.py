@@ -402,7 +402,13 @@ def _hoist_shape_queries(block) -> None:
             source = op.operands[0]
             producer_op = producer(source, "stablehlo.transpose")
             elementwise = defining_op(source)
-            if elementwise is not None and elementwise.name not in ELEMENTWISE:
+            # An elementwise op's operand of its own rank (clamp's bounds may be scalars).
+            same_rank = None
+            if elementwise is not None and elementwise.name in ELEMENTWISE:
+                same_rank = next((v for v in elementwise.operands
+                                  if isinstance(v.type, ir.RankedTensorType) and
+                                  v.type.rank == source.type.rank), None)
+            if same_rank is None:
                 elementwise = None
             if producer_op is None and elementwise is None:
                 continue
@@ -415,7 +421,7 @@ def _hoist_shape_queries(block) -> None:
                 else:
                     shape = ir.Operation.create(
                         "shape.shape_of", results=[op.results[0].type],
-                        operands=[elementwise.operands[0]]).result
+                        operands=[same_rank]).result
             op.results[0].replace_all_uses_with(shape)
             op.erase()
             changed = True
