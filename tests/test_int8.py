@@ -1410,6 +1410,47 @@ def test_int8_convolutions_with_dynamic_shapes_serve_other_image_sizes():
     assert not any("frame #" in str(w.message) for w in warned), [str(w.message) for w in warned]
 
 
+class SequenceConvs(torch.nn.Module):
+    """A sequence model's 1-d convolutions (padded, strided, dilated) and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Conv1d(40, 64, 5, padding=2)
+        self.strided = torch.nn.Conv1d(64, 64, 3, stride=2, padding=1)
+        self.dilated = torch.nn.Conv1d(64, 64, 3, padding=2, dilation=2)
+        self.head = torch.nn.Linear(64, 12)
+
+    def forward(self, x):
+        y = torch.relu(self.strided(torch.relu(self.first(x))))
+        return self.head(torch.relu(self.dilated(y)).mean(-1))
+
+
+@needs_int8
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_conv1d_layers_are_int8_convolutions(dynamic):
+    """aten::conv1d runs as a 2-d convolution of a 1 x k filter (decompositions.py), so its
+    layers are int8 ones, named by their weights as before; Config.float_layers keeps one
+    float by that name."""
+    torch.manual_seed(0)
+    model = SequenceConvs().eval()
+    generator = torch.Generator().manual_seed(4)
+    cal = [(torch.randn(2, 40, 120, generator=generator),) for _ in range(4)]
+    x = torch.randn(2, 40, 120, generator=generator)
+    optimized = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal,
+                                                         dynamic=dynamic))
+    for inputs in [x] + ([torch.randn(3, 40, 77, generator=generator)] if dynamic else []):
+        with torch.no_grad():
+            got, want = optimized(inputs), model(inputs)
+        assert float(torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(),
+                                                           dim=0)) > 0.999
+    report = assert_ran_compiled(optimized)
+    assert report.coverage == 1.0 and report.guard_fallbacks == 0, str(report)
+    assert {"first", "strided", "dilated"} <= set(report.int8["layers"]), str(report)
+    kept = blade.optimize(model, (x,), blade.Config(precision="int8", calibration=cal,
+                                                    float_layers=["dilated"]))
+    assert "dilated" in blade.report(kept).int8["float_layers"], str(blade.report(kept))
+
+
 def test_model_cache_keys_the_weight_limit(without_int8_dot_product):
     """Weights quantized for one limit must not be served where the CPU's kernels take
     another (a test switching the dot product off; a cache shared across CPUs)."""

@@ -887,3 +887,39 @@ def test_depthwise_convolutions_time_blades_kernel_and_match_eager(channels, ker
     choices = report.clusters[0].kernel_choices
     assert len(choices) == 1 and " ms, Blade depthwise " in choices[0] and \
         "Blade depthwise untimed" not in choices[0], choices
+
+
+class Conv1dStack(torch.nn.Module):
+    """1-d convolutions as a sequence model has them: padded, strided, dilated, grouped."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Conv1d(24, 32, 5, padding=2)
+        self.strided = torch.nn.Conv1d(32, 32, 3, stride=2, padding=1)
+        self.dilated = torch.nn.Conv1d(32, 48, 3, padding=2, dilation=2, bias=False)
+        self.grouped = torch.nn.Conv1d(48, 48, 3, padding=1, groups=4)
+
+    def forward(self, x):
+        y = torch.relu(self.strided(torch.relu(self.first(x))))
+        return self.grouped(torch.relu(self.dilated(y)))
+
+
+@pytest.mark.parametrize("shape", [(2, 24, 101), (24, 37)], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_conv1d_runs_as_a_2d_convolution(shape, dynamic, tmp_path):
+    """Each aten::conv1d becomes a conv2d over the input with a dim of 1 inserted, which
+    the 2-d convolutions' library calls run (a 1-d one compiled as loops of its own, several
+    times slower than eager); dynamic lengths too."""
+    torch.manual_seed(0)
+    model = Conv1dStack().eval()
+    x = torch.randn(shape)
+    optimized = blade.optimize(model, (x,), blade.Config(dynamic=dynamic, dump_dir=str(tmp_path)))
+    longer = torch.randn(*shape[:-1], shape[-1] + 13)
+    for inputs in ([x, longer] if dynamic else [x]):
+        with torch.no_grad():
+            assert_same_values(optimized(inputs), model(inputs), 1e-4, 1e-4)
+    report = assert_ran_compiled(optimized)
+    assert report.coverage == 1.0 and report.guard_fallbacks == 0, str(report)
+    assert report.decomposed.get("aten::conv1d") == 4, str(report)
+    module = ir_before(tmp_path, "lower-library-calls")
+    assert module.count("blade.library_call = \"conv2d") >= 3, module

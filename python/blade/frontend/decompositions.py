@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from blade import _C
+from blade.graph_queries import insert_op
 from blade.frontend.decomposition_registry import (  # noqa: F401 (the registry's API)
     _BUILTIN, _BUILTIN_DYNAMIC, _USER, Decomposition, DecompositionError, _make)
 from blade.frontend.decomposition_registry import builtin as _builtin
@@ -70,6 +71,10 @@ def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
     With `dynamic`, those for dynamic shapes."""
     _undefined_attention_weights(graph)
     counts = {}
+    if "aten::conv1d" not in excluded_ops and "aten::conv1d" not in _USER:
+        count = conv1d_as_conv2d(graph)
+        if count:
+            counts["aten::conv1d"] = count
     for overload, decomposition in active(dynamic).items():
         kind = overload.split(".")[0]
         if overload in excluded_ops or kind in excluded_ops:
@@ -83,6 +88,60 @@ def decompose(graph: torch._C.Graph, excluded_ops: Sequence[str] = (),
         if count:
             counts[overload] = count
     return counts
+
+
+_CONV1D = ("aten::conv1d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[1] "
+           "stride=[1], SymInt[1] padding=[0], SymInt[1] dilation=[1], SymInt groups=1) "
+           "-> Tensor")
+
+
+def conv1d_as_conv2d(graph: torch._C.Graph) -> int:
+    """Makes each `aten::conv1d` whose geometry is constant an `aten::conv2d` of the same
+    values: the input [N, C, L] (or [C, L]) viewed with a dim of 1 before its last, the
+    weight [O, C / groups, 1, k], stride, padding and dilation (1, s), (0, p), (1, d), the
+    result's dim squeezed out again. The 2-d convolutions' library calls (and in int8, the
+    int8 convolutions) then run it; a 1-d convolution compiled as loops of its own. A
+    constant weight becomes a constant of the new shape under the weight's name, so that
+    the report and Config.float_layers name the layer as before. Returns how many."""
+    count = 0
+    for node in graph.findAllNodes("aten::conv1d", True):
+        geometry = [_int_list(v) for v in list(node.inputs())[3:6]]
+        groups = node.inputsAt(6)
+        if node.schema() != _CONV1D or any(g is None or len(g) != 1 for g in geometry) or \
+                groups.node().kind() != "prim::Constant":
+            continue
+        (stride,), (padding,), (dilation,) = geometry
+        weight = node.inputsAt(1)
+        constant = weight.toIValue() if weight.node().kind() == "prim::Constant" else None
+        with graph.insert_point_guard(node):
+            image = insert_op(graph, "aten::unsqueeze", node.inputsAt(0), -2)
+            if isinstance(constant, torch.Tensor):
+                filters = graph.insertConstant(constant.unsqueeze(-2).contiguous())
+            else:
+                filters = insert_op(graph, "aten::unsqueeze", weight, -2)
+            result = insert_op(graph, "aten::conv2d", image, filters, node.inputsAt(2),
+                             [1, stride], [0, padding], [1, dilation], groups)
+            squeezed = insert_op(graph, "aten::squeeze", result, -2)
+        node.output().replaceAllUsesWith(squeezed)
+        node.destroy()
+        if isinstance(constant, torch.Tensor):
+            name = weight.debugName()
+            if not weight.uses():
+                weight.node().destroy()
+            filters.setDebugName(name)
+        count += 1
+    return count
+
+
+def _int_list(value: torch._C.Value) -> Optional[List[int]]:
+    """A constant int list argument's values (a constant, or a list of constants)."""
+    node = value.node()
+    items = [v.toIValue() if v.node().kind() == "prim::Constant" else None
+             for v in node.inputs()] if node.kind() == "prim::ListConstruct" else \
+        value.toIValue() if node.kind() == "prim::Constant" else None
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, int) for i in items):
+        return None
+    return list(items)
 
 
 # --- Blade's own -------------------------------------------------------------------------
