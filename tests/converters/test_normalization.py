@@ -67,3 +67,35 @@ def test_native_batch_norm_evaluated_compiles_as_batch_norm():
 
     _, report = compiled_whole(fn, (x, mean, var, weight, bias))
     assert report.decomposed == {"aten::native_batch_norm": 2}, str(report)
+
+
+INSTANCE_NORMS = {  # the norm, the convolution before it, the input's shape
+    "2d": (lambda: torch.nn.InstanceNorm2d(6), torch.nn.Conv2d, (2, 3, 9, 11)),
+    "affine": (lambda: torch.nn.InstanceNorm2d(6, affine=True), torch.nn.Conv2d, (2, 3, 9, 11)),
+    "1d": (lambda: torch.nn.InstanceNorm1d(6), torch.nn.Conv1d, (2, 3, 17)),
+    "running_stats": (lambda: torch.nn.InstanceNorm2d(6, track_running_stats=True),
+                      torch.nn.Conv2d, (2, 3, 9, 11)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(INSTANCE_NORMS))
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_instance_norm_compiles_as_reductions(kind, dynamic):
+    """Blade's decomposition of aten::instance_norm (each instance's own statistics, or the
+    running ones as batch_norm): Torch-MLIR's lowering of the op without a weight, the
+    module's default, aborted the process."""
+    torch.manual_seed(0)
+    norm, conv, shape = INSTANCE_NORMS[kind]
+    model = torch.nn.Sequential(conv(3, 6, 3), norm(), torch.nn.ReLU()).eval()
+    if model[1].running_var is not None:
+        with torch.no_grad():
+            model[1].running_mean.uniform_(-0.5, 0.5)
+            model[1].running_var.uniform_(0.5, 2.0)
+    optimized, report = run_compiled(model, (torch.randn(shape),),
+                                     blade.Config(dynamic=dynamic), rtol=1e-4, atol=1e-4)
+    assert report.coverage == 1.0 and report.decomposed.get("aten::instance_norm"), \
+        str(report)
+    if dynamic:
+        other = torch.randn(3, *shape[1:-1], shape[-1] + 4)
+        with torch.no_grad():
+            torch.testing.assert_close(optimized(other), model(other), rtol=1e-4, atol=1e-4)

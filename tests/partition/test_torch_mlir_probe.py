@@ -73,3 +73,18 @@ def test_ops_that_write_or_draw_random_numbers_are_not_asked():
                 if n.kind() in ("aten::add_", "aten::rand_like")}
     assert refusals == {"aten::add_": "it writes into an operand",
                         "aten::rand_like": "it draws random numbers"}
+
+
+def instance_norms(x, weight):
+    return (torch.instance_norm(x, None, None, None, None, True, 0.1, 1e-5, False),
+            torch.instance_norm(x, weight, weight, None, None, True, 0.1, 1e-5, False))
+
+
+def test_an_instance_norm_without_a_weight_is_never_asked():
+    """Torch-MLIR's conversion of it aborts the process (LLVM's "SmallVector unable to
+    grow"); with a weight it converts."""
+    graph = torch.jit.script(instance_norms).graph
+    refusals = [torch_mlir_probe.probe_refusal(n) for n in graph.nodes()
+                if n.kind() == "aten::instance_norm"]
+    assert refusals == ["Torch-MLIR's StableHLO conversion aborts on aten::instance_norm "
+                        "without a weight", None]

@@ -533,6 +533,35 @@ def _native_batch_norm(input: torch.Tensor, weight: Optional[torch.Tensor],
     return output, saved_mean, saved_invstd
 
 
+@_builtin("aten::instance_norm")
+def _instance_norm(input: torch.Tensor, weight: Optional[torch.Tensor],
+                   bias: Optional[torch.Tensor], running_mean: Optional[torch.Tensor],
+                   running_var: Optional[torch.Tensor], use_input_stats: bool,
+                   momentum: float, eps: float, cudnn_enabled: bool) -> torch.Tensor:
+    # Each instance's channels normalized over their own values (biased variance, as
+    # PyTorch), then scaled and shifted per channel: fused reductions and elementwise math.
+    # Torch-MLIR's lowering of the op without a weight aborted the process (an LLVM
+    # "SmallVector unable to grow"), nn.InstanceNorm2d's default. With running statistics
+    # and no input statistics it is batch_norm in evaluation; updating running statistics
+    # (training) keeps the op.
+    if use_input_stats and running_mean is None and running_var is None:
+        dims = list(range(2, input.dim()))
+        centered = input - torch.mean(input, dims, True)
+        variance = torch.mean(centered * centered, dims, True)
+        output = centered * torch.rsqrt(variance + eps)
+        shape = [1, input.size(1)] + [1] * (input.dim() - 2)
+        if weight is not None:
+            output = output * weight.reshape(shape)
+        if bias is not None:
+            output = output + bias.reshape(shape)
+        return output
+    if not use_input_stats and running_mean is not None and running_var is not None:
+        return torch.batch_norm(input, weight, bias, running_mean, running_var, False,
+                                momentum, eps, False)
+    return torch.instance_norm(input, weight, bias, running_mean, running_var,
+                               use_input_stats, momentum, eps, cudnn_enabled)
+
+
 @_builtin("aten::isclose")
 def _isclose(self: torch.Tensor, other: torch.Tensor, rtol: float = 1e-05,
              atol: float = 1e-08, equal_nan: bool = False) -> torch.Tensor:

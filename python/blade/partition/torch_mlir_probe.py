@@ -48,6 +48,10 @@ def probe_refusal(node: torch._C.Node) -> Optional[str]:
             first.type().scalarType() in crashing:
         return (f"Torch-MLIR's StableHLO conversion crashes on {node.kind()} of "
                 f"{SCALAR_TYPE_NAMES[first.type().scalarType()]} tensors")
+    if node.kind() == "aten::instance_norm" and _is_none(node.inputsAt(1)):
+        # Its conversion without a weight aborts the process (LLVM's "SmallVector unable to
+        # grow"); Blade's decomposition takes the op where it is evaluated.
+        return "Torch-MLIR's StableHLO conversion aborts on aten::instance_norm without a weight"
     schema = torch._C.parse_schema(node.schema())
     if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
         return "it writes into an operand"
@@ -56,6 +60,10 @@ def probe_refusal(node: torch._C.Node) -> Optional[str]:
     if not all(isinstance(v.type(), torch._C.TensorType) for v in node.outputs()):
         return "it has a result that is not a tensor"
     return None
+
+
+def _is_none(value: torch._C.Value) -> bool:
+    return value.node().kind() == "prim::Constant" and value.toIValue() is None
 
 
 def lowering_refusal(node: torch._C.Node, static_shapes: bool = True) -> Optional[str]:
