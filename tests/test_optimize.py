@@ -429,3 +429,18 @@ def test_an_unknown_config_option_names_the_closest_one():
     with pytest.raises(TypeError, match="no option 'colour'. The options are: allow_tracing"):
         blade.Config(colour="blue")
     assert blade.Config(dynamic=True).dynamic and blade.Config(True).allow_tracing
+
+
+@pytest.mark.parametrize("rnn", [torch.nn.LSTM, torch.nn.GRU], ids=["lstm", "gru"])
+def test_a_module_of_overloaded_forward_is_traced_with_a_warning(rnn):
+    """nn.LSTM's and nn.GRU's forward is overloaded in TorchScript (forward__0 and
+    forward__1, no forward): optimize traces it with the example inputs, says so, and
+    answers as eager does (output and hidden state)."""
+    torch.manual_seed(0)
+    model = rnn(16, 24, num_layers=2, batch_first=True).eval()
+    x = torch.randn(3, 7, 16)
+    with pytest.warns(UserWarning, match="forward is overloaded in TorchScript"):
+        optimized = blade.optimize(model, (x,))
+    with torch.no_grad():
+        got, want = optimized(x), model(x)
+    torch.testing.assert_close(got, want)

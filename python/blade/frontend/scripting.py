@@ -115,9 +115,25 @@ def to_torchscript(model, args: Tuple, kwargs: Dict,
         if config.allow_tracing:
             return torch.jit.trace(model, private_copy(args), check_trace=False)
         try:
-            return torch.jit.script(model)
+            scripted = torch.jit.script(model)
         except Exception as e:
             raise RuntimeError(
                 f"blade.optimize: TorchScript could not script {type(model).__name__}: {e}\n"
                 "Make the model scriptable, or pass Config(allow_tracing=True) to trace it "
                 "with the example inputs instead.") from e
+        if "forward" in scripted._c._method_names():
+            return scripted
+        # An overloaded forward (nn.LSTM, nn.GRU, nn.RNN: one per input kind) scripts as
+        # forward__0, forward__1, ... and no forward: the example inputs pick the one traced.
+        overloads = sorted(n for n in scripted._c._method_names() if n.startswith("forward__"))
+        warnings.warn(
+            f"blade.optimize: {type(model).__name__}'s forward is overloaded in TorchScript "
+            f"({', '.join(overloads) or 'no forward'}), so it is traced with the example "
+            "inputs; wrap it in a module whose forward calls it to script it instead",
+            UserWarning, stacklevel=4)
+        if kwargs:
+            return torch.jit.trace(
+                model, example_kwarg_inputs=private_copy(keyword_trace_inputs(model, args,
+                                                                                kwargs)),
+                check_trace=False)
+        return torch.jit.trace(model, private_copy(args), check_trace=False)
