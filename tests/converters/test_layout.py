@@ -162,11 +162,29 @@ def test_interpolate_nearest_and_linear_of_any_size_compile_whole():
                 F.interpolate(x1, size=17), F.interpolate(x1, scale_factor=1.3, mode="linear"),
                 F.interpolate(x1, size=4, mode="linear", align_corners=True),
                 F.interpolate(x.double(), size=(11, 20), mode="bilinear"),
-                F.interpolate(x.half(), size=(5, 13), mode="bilinear"))
+                F.interpolate(x.half(), size=(5, 13), mode="bilinear"),
+                # Twice the size: shifted slices, not gathers (_linear_double).
+                F.interpolate(x, scale_factor=2, mode="bilinear"),
+                F.interpolate(x, size=(14, 18), mode="bilinear"),
+                F.interpolate(x.double(), scale_factor=(2, 2), mode="bilinear"),
+                F.interpolate(x[..., :2], scale_factor=2, mode="bilinear"),
+                F.interpolate(x1, scale_factor=2, mode="linear"))
 
     optimized, _ = compiled_whole(fn, (x, x1), atol=2e-6)
     for got, want in zip(optimized(x, x1)[:4], fn(x, x1)[:4]):
         assert torch.equal(got, want)   # nearest: a gather or a broadcast, exact
+
+
+def test_doubling_bilinear_upsampling_reads_slices_not_gathers(tmp_path):
+    """Twice the size (align_corners=False) is shifted slices of the input, weighted and
+    interleaved: no gather, which along the last dim ran element by element."""
+    model = Lambda(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear") + 1)
+    x = torch.randn(1, 8, 12, 16)
+    optimized = blade.optimize(model, (x,), blade.Config(allow_tracing=True,
+                                                         dump_dir=str(tmp_path)))
+    torch.testing.assert_close(optimized(x), model(x), rtol=1e-6, atol=1e-6)
+    assert assert_ran_compiled(optimized).coverage == 1.0
+    assert "stablehlo.gather" not in ir_before(tmp_path, "lower-gathers")
 
 
 def test_max_pool3d_with_indices_compiles_whole_with_eagers_indices():

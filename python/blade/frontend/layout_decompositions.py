@@ -283,18 +283,43 @@ def _nearest(x: torch.Tensor, sizes: List[int], scales: List[Optional[float]],
 def _linear(x: torch.Tensor, sizes: List[int], align_corners: bool,
             scales: List[Optional[float]], dims: int) -> torch.Tensor:
     # Separable, the last dim first: h0 * (w0 * x00 + w1 * x01) + h1 * (...), PyTorch's
-    # order of operations.
+    # order of operations. The dims (1 or 2) are written out: a loop with this body stays a
+    # TorchScript loop, whose ops see other sizes each time round and do not compile.
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = x if x.dtype == compute else x.to(compute)
-    for d in range(dims - 1, -1, -1):
-        dim = y.dim() - dims + d
-        lower, upper, weight = _linear_source(y.size(dim), sizes[d], align_corners,
-                                              scales[d], compute, x.device)
-        shape = [-1] + [1] * (dims - 1 - d)
-        weight = weight.reshape(shape)
-        y = torch.index_select(y, dim, lower) * (1 - weight) + \
-            torch.index_select(y, dim, upper) * weight
+    y = _linear_dim(y, y.dim() - 1, sizes[dims - 1], align_corners, scales[dims - 1])
+    if dims == 2:
+        y = _linear_dim(y, y.dim() - 2, sizes[0], align_corners, scales[0])
     return y if x.dtype == compute else y.to(x.dtype)
+
+
+def _linear_dim(y: torch.Tensor, dim: int, size: int, align_corners: bool,
+                scale: Optional[float]) -> torch.Tensor:
+    if not align_corners and size == 2 * y.size(dim) and y.size(dim) >= 2 and \
+            (scale is None or scale == 2.0):
+        return _linear_double(y, dim)
+    lower, upper, weight = _linear_source(y.size(dim), size, align_corners, scale, y.dtype,
+                                          y.device)
+    weight = weight.reshape([-1] + [1] * (y.dim() - 1 - dim))
+    return torch.index_select(y, dim, lower) * (1 - weight) + \
+        torch.index_select(y, dim, upper) * weight
+
+
+def _linear_double(y: torch.Tensor, dim: int) -> torch.Tensor:
+    # Twice the size along `dim` (align_corners=False): output 2k is 0.25 y[k-1] + 0.75 y[k]
+    # (output 0: 1 y[0] + 0 y[1]) and 2k+1 is 0.75 y[k] + 0.25 y[k+1] (the last: 0.75 y[n-1]
+    # + 0.25 y[n-1]), _linear_source's positions and weights, exact in binary, in its order
+    # of operations: shifted slices, not gathers. Along the last dim the gathers ran
+    # element by element, an upsampling of 64 x 112 x 112 three times slower than eager.
+    size = y.size(dim)
+    rest = size - 1
+    head = y.narrow(dim, 0, 1) * 1.0 + y.narrow(dim, 1, 1) * 0.0
+    even = torch.cat([head, y.narrow(dim, 0, rest) * 0.25 + y.narrow(dim, 1, rest) * 0.75],
+                     dim)
+    last = y.narrow(dim, rest, 1)
+    odd = torch.cat([y.narrow(dim, 0, rest) * 0.75 + y.narrow(dim, 1, rest) * 0.25,
+                     last * 0.75 + last * 0.25], dim)
+    return torch.stack([even, odd], dim + 1).flatten(dim, dim + 1)
 
 
 def _vec_scales(scale_factors: Optional[List[float]], dims: int) -> List[Optional[float]]:
