@@ -638,7 +638,7 @@ void run_blocks_bf16(int64_t first_worker, int64_t /*end_worker*/, void** argume
   float* inverse_sums = grown(scratch.inverse_sums, p.rows_per_block);
   c10::BFloat16* q16 = grown(scratch.q, p.rows_per_block * e);
   c10::BFloat16* probabilities = grown(scratch.probabilities, p.rows_per_block * padded);
-  c10::BFloat16* k_rows = grown(scratch.k_rows, p.keys * e);
+  c10::BFloat16* k_rows = grown(scratch.k_rows, padded * e);  // k's rows, or k^T's
   c10::BFloat16* k_pairs = grown(scratch.k_pairs, e * padded);
   c10::BFloat16* v_rows = grown(scratch.v_rows, padded * ev);
   c10::BFloat16* v_pairs = grown(scratch.v_pairs, padded * ev);
@@ -652,13 +652,27 @@ void run_blocks_bf16(int64_t first_worker, int64_t /*end_worker*/, void** argume
     if (block.head_index != converted_head) {
       const float *k = block.k, *v = block.v;
       for (int64_t r = 0; r < p.keys; ++r) {
-        round_to_bf16_avx512(k + r * p.k.ld, k_rows + r * e, e);
         round_to_bf16_avx512(v + r * p.v.ld, v_rows + r * ev, ev);
       }
-      // k^T's pairs: k's row r holds the pairs (r, 0..e/2), 32 bits each, which go to
-      // column r of pair rows 0..e/2 (a transpose of 32-bit values).
-      transpose(reinterpret_cast<const float*>(k_rows), e / 2, p.keys, e / 2,
-                reinterpret_cast<float*>(k_pairs), padded);
+      if (p.k.transposed) {
+        // k stored as k^T (a key's values p.k.ld apart, the keys of one head-dim index
+        // contiguous): those rows rounded, zeros past the keys, and paired as v's are.
+        // Read as k's rows here, they were other keys' values: every score wrong.
+        for (int64_t d = 0; d < e; ++d) {
+          round_to_bf16_avx512(k + d * p.k.ld, k_rows + d * padded, p.keys);
+          std::fill(k_rows + d * padded + p.keys, k_rows + (d + 1) * padded,
+                    c10::BFloat16(0.0f));
+        }
+        pair_rows(k_rows, e, padded, reinterpret_cast<uint32_t*>(k_pairs));
+      } else {
+        for (int64_t r = 0; r < p.keys; ++r) {
+          round_to_bf16_avx512(k + r * p.k.ld, k_rows + r * e, e);
+        }
+        // k^T's pairs: k's row r holds the pairs (r, 0..e/2), 32 bits each, which go to
+        // column r of pair rows 0..e/2 (a transpose of 32-bit values).
+        transpose(reinterpret_cast<const float*>(k_rows), e / 2, p.keys, e / 2,
+                  reinterpret_cast<float*>(k_pairs), padded);
+      }
       if (amx) {
         for (int64_t c = 0; c < ev; c += panel) {  // panel c at v_pairs + c * padded
           const int64_t width = std::min(panel, ev - c);

@@ -88,6 +88,24 @@ def test_causal_masks_multiply_only_the_keys_a_block_attends(rows, keys, product
         assert (got[:, :, rows // 2] == 0).all()
 
 
+
+@needs_bf16
+@pytest.mark.parametrize("keys", [197, 64, 33])
+def test_a_key_stored_transposed_gives_the_same_products(keys, products):
+    """k handed over as k^T's storage (its keys contiguous, as an engine passes a key it
+    transposed itself; ViT's int8 engine did) and q as a view of the projection's [b, t,
+    h * d] rows: the bf16 products read k^T's rows, not k's (they read other keys'
+    values: errors of 1-3 against a result of magnitude 1)."""
+    gen = torch.Generator().manual_seed(keys)
+    q = torch.randn(1, keys, 4 * 64, generator=gen).view(1, keys, 4, 64).transpose(1, 2)
+    k = torch.randn(1, 4, 64, keys, generator=gen).transpose(-1, -2)
+    v = torch.randn(1, 4, keys, 64, generator=gen)
+    mask = torch.zeros(1, 1, keys, keys)
+    got = _C.fused_attention(q, k, v, None, 0.125, True)
+    want = reference(q, k, v, mask, 0.125)
+    torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=5e-4)
+
+
 @needs_bf16
 def test_bf16_products_zero_a_fully_masked_row_and_keep_nan(products):
     q, k, v = torch.randn(1, 1, 5, 8), torch.randn(1, 1, 9, 8), torch.randn(1, 1, 9, 8)
