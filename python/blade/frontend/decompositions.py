@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from blade import _C
-from blade.graph_queries import insert_op
+from blade.graph_queries import constant_arguments, insert_op
 from blade.frontend.decomposition_registry import (  # noqa: F401 (the registry's API)
     _BUILTIN, _BUILTIN_DYNAMIC, _USER, Decomposition, DecompositionError, _make)
 from blade.frontend.decomposition_registry import builtin as _builtin
@@ -105,10 +105,13 @@ def conv1d_as_conv2d(graph: torch._C.Graph) -> int:
     the report and Config.float_layers name the layer as before. Returns how many."""
     count = 0
     for node in graph.findAllNodes("aten::conv1d", True):
-        geometry = [_int_list(v) for v in list(node.inputs())[3:6]]
-        groups = node.inputsAt(6)
-        if node.schema() != _CONV1D or any(g is None or len(g) != 1 for g in geometry) or \
-                groups.node().kind() != "prim::Constant":
+        if node.schema() != _CONV1D:
+            continue
+        arguments = constant_arguments(node)
+        geometry = [arguments[name] for name in ("stride", "padding", "dilation")]
+        groups = arguments["groups"]
+        if not isinstance(groups, int) or any(
+                len(g) != 1 or not isinstance(g[0], int) for g in geometry):
             continue
         (stride,), (padding,), (dilation,) = geometry
         weight = node.inputsAt(1)
@@ -120,7 +123,7 @@ def conv1d_as_conv2d(graph: torch._C.Graph) -> int:
             else:
                 filters = insert_op(graph, "aten::unsqueeze", weight, -2)
             result = insert_op(graph, "aten::conv2d", image, filters, node.inputsAt(2),
-                             [1, stride], [0, padding], [1, dilation], groups)
+                               [1, stride], [0, padding], [1, dilation], groups)
             squeezed = insert_op(graph, "aten::squeeze", result, -2)
         node.output().replaceAllUsesWith(squeezed)
         node.destroy()
@@ -131,17 +134,6 @@ def conv1d_as_conv2d(graph: torch._C.Graph) -> int:
             filters.setDebugName(name)
         count += 1
     return count
-
-
-def _int_list(value: torch._C.Value) -> Optional[List[int]]:
-    """A constant int list argument's values (a constant, or a list of constants)."""
-    node = value.node()
-    items = [v.toIValue() if v.node().kind() == "prim::Constant" else None
-             for v in node.inputs()] if node.kind() == "prim::ListConstruct" else \
-        value.toIValue() if node.kind() == "prim::Constant" else None
-    if not isinstance(items, (list, tuple)) or not all(isinstance(i, int) for i in items):
-        return None
-    return list(items)
 
 
 # --- Blade's own -------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 from blade.frontend.decomposition_registry import builtin as _builtin
 
 
-def _pad_by_index(x: torch.Tensor, padding: List[int], mode: str) -> torch.Tensor:
+def _pad_by_slices(x: torch.Tensor, padding: List[int], mode: str) -> torch.Tensor:
     # padding holds (before, after) pairs from the last dim backwards, at most 3 (F.pad's
     # modes but constant pad 1 to 3 dims). Written out rather than a loop, which TorchScript
     # keeps for a body this size: its ops would see other sizes each time round.
@@ -33,10 +33,10 @@ def _pad_by_index(x: torch.Tensor, padding: List[int], mode: str) -> torch.Tenso
 
 def _pad_dim(x: torch.Tensor, dim: int, before: int, after: int, mode: str) -> torch.Tensor:
     # Dim `dim` joined from slices of itself (cat): mirrored about both ends without
-    # repeating the edge (reflect, a flipped slice), the edge expanded (replicate) or
-    # wrapped around (circular, the other end's slice). Whole rows are copied; as gathers
-    # of computed positions (index_select), element by element, ReflectionPad2d(3) over
-    # 64 x 112 x 112 ran several times slower than eager.
+    # repeating the edge (reflect, a flipped slice), the edge repeated (replicate, a gather
+    # of it) or wrapped around (circular, the other end's slice). Whole rows are copied; as
+    # gathers of computed positions (index_select), element by element, ReflectionPad2d(3)
+    # over 64 x 112 x 112 ran several times slower than eager.
     size = x.size(dim)
     if mode == "reflect" and (before >= size or after >= size):
         # The mirror would wrap around: PyTorch refuses it, and so does this.
@@ -93,38 +93,38 @@ def _pad(self: torch.Tensor, pad: List[int], mode: str = "constant",
     if len(pad) % 2 == 0 and 1 <= padded_dims <= 3 and value is None and \
             (self.dim() == padded_dims + 1 or self.dim() == padded_dims + 2) and \
             (mode == "reflect" or mode == "replicate" or mode == "circular"):
-        return _pad_by_index(self, pad, mode)
+        return _pad_by_slices(self, pad, mode)
     return torch.ops.aten.pad(self, pad, mode, value)
 
 
 @_builtin("aten::reflection_pad1d")
 def _reflection_pad1d(self: torch.Tensor, padding: List[int]) -> torch.Tensor:
-    return _pad_by_index(self, padding, "reflect")
+    return _pad_by_slices(self, padding, "reflect")
 
 
 @_builtin("aten::reflection_pad2d")
 def _reflection_pad2d(self: torch.Tensor, padding: List[int]) -> torch.Tensor:
-    return _pad_by_index(self, padding, "reflect")
+    return _pad_by_slices(self, padding, "reflect")
 
 
 @_builtin("aten::reflection_pad3d")
 def _reflection_pad3d(self: torch.Tensor, padding: List[int]) -> torch.Tensor:
-    return _pad_by_index(self, padding, "reflect")
+    return _pad_by_slices(self, padding, "reflect")
 
 
 @_builtin("aten::replication_pad1d")
 def _replication_pad1d(self: torch.Tensor, padding: List[int]) -> torch.Tensor:
-    return _pad_by_index(self, padding, "replicate")
+    return _pad_by_slices(self, padding, "replicate")
 
 
 @_builtin("aten::replication_pad2d")
 def _replication_pad2d(self: torch.Tensor, padding: List[int]) -> torch.Tensor:
-    return _pad_by_index(self, padding, "replicate")
+    return _pad_by_slices(self, padding, "replicate")
 
 
 @_builtin("aten::replication_pad3d")
 def _replication_pad3d(self: torch.Tensor, padding: List[int]) -> torch.Tensor:
-    return _pad_by_index(self, padding, "replicate")
+    return _pad_by_slices(self, padding, "replicate")
 
 
 @_builtin("aten::diag")

@@ -107,13 +107,8 @@ def to_torchscript(model, args: Tuple, kwargs: Dict,
     if is_exported_module(model):
         return trace_exported(model, args, kwargs)
     with eval_mode(model):
-        if config.allow_tracing and kwargs:
-            return torch.jit.trace(
-                model, example_kwarg_inputs=private_copy(keyword_trace_inputs(model, args,
-                                                                                kwargs)),
-                check_trace=False)
         if config.allow_tracing:
-            return torch.jit.trace(model, private_copy(args), check_trace=False)
+            return _trace(model, args, kwargs)
         try:
             scripted = torch.jit.script(model)
         except Exception as e:
@@ -131,9 +126,13 @@ def to_torchscript(model, args: Tuple, kwargs: Dict,
             f"({', '.join(overloads) or 'no forward'}), so it is traced with the example "
             "inputs; wrap it in a module whose forward calls it to script it instead",
             UserWarning, stacklevel=4)
-        if kwargs:
-            return torch.jit.trace(
-                model, example_kwarg_inputs=private_copy(keyword_trace_inputs(model, args,
-                                                                                kwargs)),
-                check_trace=False)
-        return torch.jit.trace(model, private_copy(args), check_trace=False)
+        return _trace(model, args, kwargs)
+
+
+def _trace(model, args: Tuple, kwargs: Dict) -> torch.jit.ScriptModule:
+    """`model` traced with copies of the example inputs (keyword ones by name)."""
+    if kwargs:
+        return torch.jit.trace(
+            model, example_kwarg_inputs=private_copy(keyword_trace_inputs(model, args, kwargs)),
+            check_trace=False)
+    return torch.jit.trace(model, private_copy(args), check_trace=False)

@@ -110,7 +110,7 @@ def _varying_dims(node: torch._C.Node):
     sizes) their channels."""
     if node.kind() in SIZES_OF_FIRST_OPERAND:
         varying = [node.inputsAt(0), node.output()]
-        return {v: _rank(v) - 1 for v in varying if _rank(v) is not None}
+        return {v: v.type().dim() - 1 for v in varying if v.type().dim() is not None}
     if node.kind() in WINDOWED:
         varying = [node.inputsAt(0), node.output()]
         if node.kind() in WINDOWED_LIKE_RESULT:
@@ -118,10 +118,6 @@ def _varying_dims(node: torch._C.Node):
         return {v: channel_dim(SCALAR_TYPE_NAMES.get(v.type().scalarType(), ""))
                 for v in varying}
     return None
-
-
-def _rank(value: torch._C.Value) -> Optional[int]:
-    return value.type().dim()
 
 
 def _tensor_refusal(value: torch._C.Value, static_dim: Optional[int] = None) -> Optional[str]:

@@ -39,10 +39,11 @@ def outline(module, library_call_attribute: str) -> int:
             continue
         function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
         results = [ir.RankedTensorType(t) for t in function_type.results]
-        what = ir.StringAttr(op.attributes[SPEC_ATTRIBUTE]).value.split(" ", 1)[0]
+        fields = _spec_fields(op)
+        what = fields[0]
         if not all(t.has_static_shape for t in results) and \
                 not _sizes_follow_first_operand(what, function_type, results) and \
-                not _windowed_result(op, function_type, results):
+                not _windowed_result(fields, function_type, results):
             raise CodegenError(f"the kernel call of {what} has a result of dynamic size")
         buffers = len(function_type.inputs) + len(results)
         if buffers > MAX_TENSORS:  # blade.partition.kernel_calls refuses such nodes
@@ -66,10 +67,9 @@ def _sizes_follow_first_operand(what: str, function_type, results) -> bool:
             for d in range(result.rank - 1))
 
 
-def _windowed_result(declaration, function_type, results) -> bool:
-    """Whether the one result of a WINDOWED op's call is 4-d with static channels, over a
-    4-d first operand: result_sizes computes its other dims."""
-    fields = _spec_fields(declaration)
+def _windowed_result(fields, function_type, results) -> bool:
+    """Whether the one result of a WINDOWED op's call (its spec's `fields`) is 4-d with
+    static channels, over a 4-d first operand: result_sizes computes its other dims."""
     if fields[0].split(".")[0] not in WINDOWED or len(results) != 1 or \
             not function_type.inputs:
         return False
